@@ -1,0 +1,1 @@
+//! Gateway: the HTTP APIs every node serves.

@@ -1,0 +1,3 @@
+//! Inference: transformer decoders on MLX (through mlx-rs), shardable by layer range.
+
+pub mod platform;

@@ -1,0 +1,1 @@
+//! Mesh: discovery, replicated state and liveness over iroh.

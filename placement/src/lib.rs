@@ -1,0 +1,1 @@
+//! Placement: where a model instance runs. Pure functions over plain data.

@@ -1,0 +1,119 @@
+//! `shoal`: run it on every machine you own; they find each other and serve models together.
+
+mod dirs;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const AFTER_HELP: &str = "\
+Files:
+  data    $SHOAL_DATA_DIR, else $XDG_DATA_HOME/shoal (~/.local/share/shoal): node identity, state
+  config  $XDG_CONFIG_HOME/shoal (~/.config/shoal)
+  cache   $SHOAL_CACHE_DIR, else $XDG_CACHE_HOME/shoal (~/.cache/shoal): MLX, models
+
+Logs go to stderr; RUST_LOG (e.g. RUST_LOG=mesh=debug) overrides -v/-vv.
+
+Examples:
+  shoal --model default                 run a node that serves SmolLM2 on :52415
+  shoal --peer ID@10.0.0.2:4455         also dial a known peer (when multicast is blocked)
+  shoal place --input cluster.json      compute a placement offline";
+
+/// One binary per machine: a node of a leaderless cluster that splits language models
+/// across machines and serves an OpenAI-compatible API on every node.
+#[derive(Parser, Debug)]
+#[command(name = "shoal", version, after_help = AFTER_HELP)]
+struct Cli {
+    /// More log output (-v: debug for shoal, -vv: trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+/// Flags of a running node (the default command).
+#[derive(Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// HTTP API port (OpenAI-compatible API, cluster API, /node_id).
+    #[arg(long, env = "SHOAL_API_PORT", default_value_t = 52415)]
+    pub api_port: u16,
+
+    /// Cluster namespace: nodes only join others with the same namespace.
+    #[arg(long, env = "SHOAL_NAMESPACE", default_value = "shoal")]
+    pub namespace: String,
+
+    /// A peer to dial as NODE_ID@IP:PORT, for networks that block multicast (repeatable).
+    #[arg(long = "peer", env = "SHOAL_PEERS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+
+    /// Model to place on this node at start: a path, or `default` for the SmolLM2 fixture.
+    #[arg(long, env = "SHOAL_MODEL")]
+    pub model: Option<String>,
+
+    /// Where the node keeps its identity and state.
+    #[arg(long, env = "SHOAL_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Ask runners for MLX's fast synchronisation (JACCL on macOS; on Linux it only reaches
+    /// the runner's environment).
+    #[arg(long, env = "SHOAL_FAST_SYNCH", overrides_with = "no_fast_synch")]
+    pub fast_synch: bool,
+
+    /// Do not ask runners for fast synchronisation.
+    #[arg(long, overrides_with = "fast_synch")]
+    pub no_fast_synch: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Compute a placement from a JSON description of a cluster (no network).
+    Place(PlaceArgs),
+}
+
+#[derive(Args, Debug)]
+struct PlaceArgs {
+    /// JSON input file, or `-` for stdin.
+    #[arg(long, short)]
+    input: PathBuf,
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "info",
+        1 => "info,shoal=debug,mesh=debug,gateway=debug,inference=debug,placement=debug",
+        _ => "debug,shoal=trace,mesh=trace,gateway=trace,inference=trace,placement=trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match cli.command {
+        Some(Command::Place(args)) => {
+            let _ = args;
+            eprintln!("shoal place: not implemented yet");
+            ExitCode::from(2)
+        }
+        None => {
+            let data_dir = cli
+                .node
+                .data_dir
+                .clone()
+                .unwrap_or_else(dirs::default_data_dir);
+            tracing::info!(data_dir = %data_dir.display(), config_dir = %dirs::config_dir().display(), "starting node");
+            let _ = dirs::default_model_path();
+            eprintln!("shoal node: not implemented yet");
+            ExitCode::from(2)
+        }
+    }
+}

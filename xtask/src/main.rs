@@ -1,0 +1,86 @@
+//! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
+
+mod paths;
+mod setup;
+mod util;
+
+use paths::{target_dir, workspace_root};
+use std::process::{Command, ExitCode};
+use util::run;
+
+const HELP: &str = "\
+cargo xtask <command> [args]
+
+Commands:
+  setup            prepare native dependencies (Debian packages, MLX, patched mlx-sys,
+                   model fixture) into the cache; idempotent
+  build            setup, then build the release binary; prints its path as the last line
+  run [ARGS]       build, then run one node serving the default model on
+                   http://127.0.0.1:52415 (extra ARGS go to `shoal`)
+  test             setup, then every test of the workspace
+  help             this text
+
+Environment:
+  SHOAL_CACHE_DIR   cache root (default $XDG_CACHE_HOME/shoal or ~/.cache/shoal)
+  CARGO_TARGET_DIR  build directory (default <cache>/target, shared across clones)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, rest) = match args.split_first() {
+        Some((c, rest)) => (c.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    let result = match command {
+        "setup" => setup::setup(),
+        "build" => build().map(|path| println!("{path}")),
+        "run" => run_node(rest),
+        "test" => test(rest),
+        "help" | "--help" | "-h" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n\n{HELP}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A cargo command in the workspace root with the shared target directory.
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root())
+        .env("CARGO_TARGET_DIR", target_dir());
+    cmd
+}
+
+fn build() -> Result<String, String> {
+    setup::setup()?;
+    eprintln!("building shoal (release) ...");
+    run(cargo().args(["build", "--release", "--package", "shoal", "--bin", "shoal"]))?;
+    let path = target_dir().join("release").join("shoal");
+    Ok(path.display().to_string())
+}
+
+fn run_node(args: &[String]) -> Result<(), String> {
+    let binary = build()?;
+    eprintln!(
+        "starting shoal with the default model; once it is ready, try:\n\n  \
+         curl http://127.0.0.1:52415/v1/chat/completions -H 'Content-Type: application/json' \\\n    \
+         -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'\n"
+    );
+    let mut cmd = Command::new(binary);
+    cmd.args(["--model", "default"]).args(args);
+    run(&mut cmd)
+}
+
+fn test(args: &[String]) -> Result<(), String> {
+    setup::setup()?;
+    eprintln!("running every test of the workspace ...");
+    run(cargo().args(["test", "--workspace"]).args(args))
+}
