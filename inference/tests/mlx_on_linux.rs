@@ -20,8 +20,8 @@ fn large_matmul_agrees_with_a_plain_loop() {
     let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
     let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
     let c = ops::matmul(
-        &Array::from_slice(&a, &[n as i32, n as i32]),
-        &Array::from_slice(&b, &[n as i32, n as i32]),
+        Array::from_slice(&a, &[n as i32, n as i32]),
+        Array::from_slice(&b, &[n as i32, n as i32]),
     )
     .unwrap();
     c.eval().unwrap();
@@ -38,11 +38,8 @@ fn f16_and_bf16_round_trip() {
     let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
     let arr = Array::from_slice(&halves, &[4]);
     assert_eq!(arr.dtype(), Dtype::Float16);
-    let doubled = ops::multiply(
-        &arr,
-        &Array::from_f32(2.0).as_dtype(Dtype::Float16).unwrap(),
-    )
-    .unwrap();
+    let doubled =
+        ops::multiply(&arr, Array::from_f32(2.0).as_dtype(Dtype::Float16).unwrap()).unwrap();
     doubled.eval().unwrap();
     let got: Vec<f32> = doubled
         .as_slice::<f16>()
@@ -51,7 +48,7 @@ fn f16_and_bf16_round_trip() {
         .collect();
     assert_eq!(got, vec![1.0, -4.0, 2048.0, 0.0]);
     let scalar = Array::from_slice(&[f16::from_f32(0.25)], &[1]);
-    assert_eq!(scalar.item::<f16>(), f16::from_f32(0.25)); // the scalar (item) path
+    assert_eq!(scalar.item_exact::<f16>(), f16::from_f32(0.25)); // the scalar (item) path
 
     let brains: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
     let arr = Array::from_slice(&brains, &[4]);
@@ -60,7 +57,7 @@ fn f16_and_bf16_round_trip() {
     as_f32.eval().unwrap();
     assert_eq!(as_f32.as_slice::<f32>(), &values);
     let one = Array::from_slice(&[bf16::from_f32(-3.5)], &[1]);
-    assert_eq!(one.item::<bf16>(), bf16::from_f32(-3.5));
+    assert_eq!(one.item_exact::<bf16>(), bf16::from_f32(-3.5));
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

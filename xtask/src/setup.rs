@@ -11,7 +11,7 @@
 //! 6. `native/READY`, which `native/mlx-sys/build.rs` reads.
 
 use crate::paths::{cache_dir, default_model, workspace_root};
-use crate::util::{command_exists, run, sha256_file, Step};
+use crate::util::{command_exists, run, run_quiet, sha256_file, Step};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,7 +67,8 @@ pub fn setup() -> Result<(), String> {
 
     let step = Step::new(6, 6, "native/READY");
     let stamp = format!(
-        "mlx_version={MLX_VERSION}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
+        "mlx_version={MLX_VERSION}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
+        fs::read_to_string(mlx_sys_src.join(".shoal-patch")).unwrap_or_default(),
         mlx_root.join("mlx/lib").display(),
         mlx_sys_src.join("src/mlx-c").display(),
         mlx_c_prefix.join("lib").display(),
@@ -352,34 +353,35 @@ fn mlx_c_build(
     let _ = fs::remove_dir_all(&build);
     let _ = fs::remove_dir_all(&prefix);
     step.progress("configuring (cmake)");
-    run(Command::new("cmake")
-        .arg("-S")
-        .arg(mlx_sys_src.join("src/mlx-c"))
-        .arg("-B")
-        .arg(&build)
-        .args([
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DMLX_C_USE_SYSTEM_MLX=ON",
-            "-DMLX_C_BUILD_EXAMPLES=OFF",
-            "-DBUILD_SHARED_LIBS=OFF",
-            "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
-        ])
-        .arg(format!(
-            "-DMLX_DIR={}",
-            mlx_root.join("mlx/share/cmake/MLX").display()
-        ))
-        .arg(format!("-DCMAKE_INSTALL_PREFIX={}", prefix.display()))
-        .arg("--log-level=WARNING"))?;
+    run_quiet(
+        Command::new("cmake")
+            .arg("-S")
+            .arg(mlx_sys_src.join("src/mlx-c"))
+            .arg("-B")
+            .arg(&build)
+            .args([
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DMLX_C_USE_SYSTEM_MLX=ON",
+                "-DMLX_C_BUILD_EXAMPLES=OFF",
+                "-DBUILD_SHARED_LIBS=OFF",
+                "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
+            ])
+            .arg(format!(
+                "-DMLX_DIR={}",
+                mlx_root.join("mlx/share/cmake/MLX").display()
+            ))
+            .arg(format!("-DCMAKE_INSTALL_PREFIX={}", prefix.display()))
+            .arg("--log-level=WARNING"),
+    )?;
     step.progress("compiling mlx-c (about a minute)");
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
-    run(Command::new("cmake")
-        .arg("--build")
-        .arg(&build)
-        .arg(format!("-j{jobs}")))?;
-    run(Command::new("cmake")
-        .arg("--install")
-        .arg(&build)
-        .stdout(std::process::Stdio::null()))?;
+    run_quiet(
+        Command::new("cmake")
+            .arg("--build")
+            .arg(&build)
+            .arg(format!("-j{jobs}")),
+    )?;
+    run_quiet(Command::new("cmake").arg("--install").arg(&build))?;
     let _ = fs::remove_dir_all(&build);
     fs::write(&stamp, key).map_err(|e| e.to_string())?;
     step.done(&prefix.display().to_string());

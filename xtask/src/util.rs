@@ -47,6 +47,26 @@ pub fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
+/// Runs a command with its output captured; on failure the last lines of its output are shown,
+/// so a long native build prints one progress line instead of hundreds.
+pub fn run_quiet(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+    Err(format!(
+        "{} failed ({}):\n{tail}",
+        describe(cmd),
+        out.status
+    ))
+}
+
 fn describe(cmd: &Command) -> String {
     let mut text = cmd.get_program().to_string_lossy().into_owned();
     for arg in cmd.get_args() {
