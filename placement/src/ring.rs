@@ -9,8 +9,13 @@
 //! link. Every node of any ring must offer one of the model's compute backends. Among the
 //! qualifying rings of the smallest size, placement prefers, in order: a ring containing a
 //! leaf (a node with at most one distinct successor), the largest summed download progress of
-//! the model, the largest summed free memory, and last the smallest canonical sequence of node
-//! ids (see below), which makes the choice a total order.
+//! the model, the largest summed free memory. Remaining ties are broken by a total order:
+//! number the nodes in *preference order* (leaves first, then most downloaded, then most free
+//! memory, then smallest id; distinct ids make it total), write each ring as its sequence of
+//! numbers from its smallest number along its edges, and take the lexicographically smallest.
+//! (So between otherwise equal rings, the one with the better nodes wins, and between equal
+//! nodes, the smaller ids.) This is also the order the search walks rings in, which is what
+//! makes the tie-break free.
 //!
 //! The change from exo: exo keeps the smallest size that passes the memory and tensor filters
 //! and only then filters by backend and RDMA, so it fails when a larger ring would have worked.
@@ -18,31 +23,34 @@
 //! chosen. When nothing qualifies, the error names the first filter, in the order above, that
 //! leaves no ring (see [`choose_ring`]).
 //!
-//! # Canonical ring order
-//! A ring is written starting at its smallest node id and following its edges: rank `r`
-//! verified an IP link to rank `r + 1`, and the last rank one to rank 0. When a set of nodes
-//! forms several directed cycles (a full mesh of three nodes has two), the lexicographically
-//! smallest sequence of ids wins the tie.
+//! # Canonical rank order
+//! The chosen ring is then written starting at its smallest node id and following its edges:
+//! rank `r` verified an IP link to rank `r + 1`, and the last rank one to rank 0.
 //!
 //! # Cost
 //! exo lists every simple cycle of the graph, which grows exponentially with the number of
 //! nodes. This search instead tries ring sizes upward from the smallest one that could hold
 //! the model (the fewest largest-memory nodes whose memory adds up to it) and stops at the
 //! first size with a qualifying ring. For one size `k` it walks simple paths from each start
-//! node `s` through nodes with larger ids only (so each cycle is seen once), depth-first,
-//! closing at depth `k`; without pruning that costs `O(n · d^(k−1))` for `n` nodes of out-degree
-//! `d`, polynomial in `n` for a fixed `k` (the ring size the model needs, not the cluster size).
-//! Branch and bound keeps it far below that: a branch is dropped when it cannot get back to `s`
-//! in the steps left (BFS distances), cannot reach the memory needed or include the required
-//! nodes, or cannot beat the best ring found so far (an upper bound from the best remaining
-//! nodes). Successors are tried best first, so the best ring is found early and the rest is
-//! pruned: a 64-node full mesh costs `O(n² · k)` steps, a bidirectional ring `O(n² · k)`
-//! (each start has two arcs). Preparing the bounds costs `O(n³)` once per search.
+//! node `s` through nodes later in preference order only (so each cycle is seen once),
+//! depth-first, closing at depth `k`; without pruning that costs `O(n · d^(k−1))` for `n` nodes
+//! of out-degree `d`: polynomial in `n` for a fixed `k` (the ring size the model needs, not the
+//! cluster size), but not small. Branch and bound keeps it far below that: a branch is dropped
+//! when it cannot get back to `s` in the steps left (BFS distances), cannot reach the memory
+//! needed (exact sum of the best unused nodes) or include the required nodes, or cannot beat
+//! the best ring found so far. Successors are tried best first, so on a full mesh the very
+//! first walk is the optimum and the rest is pruned at once: `O(n² · k)` steps per size; a
+//! bidirectional ring has two arcs per start, also `O(n² · k)`. Preparing the bounds costs
+//! `O(n³)` once per search (`n²` per start, lazily).
 //!
 //! Because the general problem (a best `k`-cycle under a memory sum) is NP-hard, the search
-//! also counts its steps against [`SEARCH_BUDGET`]. Past the budget it keeps the best ring found
-//! so far, or fails with `ring_search_exhausted` if it found none. Steps, not time, are
-//! counted, so every node stops at the same point and still agrees.
+//! also counts its steps: at most [`SIZE_BUDGET`] per ring size and [`SEARCH_BUDGET`] in all.
+//! When a size's budget runs out, the best ring found so far at that size is kept; if none was
+//! found, that size is skipped and the next one tried. When the whole budget runs out without
+//! a ring, placement fails with `ring_search_exhausted`. So the worst case is bounded
+//! (`SEARCH_BUDGET` steps plus `O(n³)` set-up), the result is exact whenever the budget
+//! suffices (always so far on full meshes, rings and two-switch LANs up to 64 nodes), and
+//! since steps, not time, are counted, every node stops at the same point and still agrees.
 
 use crate::error::PlaceError;
 use crate::input::Input;
@@ -54,6 +62,11 @@ use std::collections::VecDeque;
 /// attribution together. At about 20 ns a step this bounds a placement to tens of milliseconds.
 pub const SEARCH_BUDGET: u64 = 2_000_000;
 
+/// Most search steps spent on one ring size. A size whose search hits it without finding a
+/// ring is skipped (a ring of that size may exist but would cost too much to find), and the
+/// next size is tried.
+pub const SIZE_BUDGET: u64 = 200_000;
+
 /// The preference of a ring of a given size, compared field by field (larger is better).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Score {
@@ -62,7 +75,7 @@ struct Score {
     memory: u128,
 }
 
-/// Per-node values the preference sums.
+/// Per-node values the preference sums, by topology index.
 struct NodeScores {
     memory: Vec<u64>,
     download: Vec<u64>,
@@ -81,10 +94,11 @@ struct TensorRule {
 #[derive(Clone)]
 struct Filters {
     min_size: usize,
+    /// Required nodes, by topology index.
     required: Vec<usize>,
     memory_needed: Option<u64>,
     tensor: Option<TensorRule>,
-    /// Nodes that may be in a ring of any size (the compute-backend filter).
+    /// Nodes that may be in a ring of any size (the compute-backend filter), by topology index.
     node_ok: Vec<bool>,
     /// JACCL: on more than one node, RDMA on every node and between every ordered pair.
     rdma: bool,
@@ -107,24 +121,37 @@ impl Filters {
     }
 }
 
-/// The outcome of one search.
+/// The outcome of one search: a ring as topology indices in search order (from its most
+/// preferred node), or why there is none.
 enum Search {
     Found(Vec<usize>),
     NotFound,
     Exhausted,
 }
 
-/// Bounds for walks that start at one node `s`.
-struct StartInfo {
-    /// Nodes that may follow `s` in its cycles: larger index, eligible.
-    is_candidate: Vec<bool>,
-    /// Steps from each node back to `s` through candidates (`usize::MAX` if unreachable).
-    distance_to_start: Vec<usize>,
-    /// `top_memory[r]`: the sum of the `r` largest candidate memories.
-    top_memory: Vec<u128>,
-    /// `top_download[r]`: the sum of the `r` largest candidate download progresses.
-    top_download: Vec<u128>,
-    any_leaf: bool,
+/// The sum of the `count` largest `values` over `candidates` (positions, largest value
+/// first) not in the path and not `next`; `None` when fewer than `count` are left. This exact
+/// bound (rather than one that counts path nodes twice) lets a tight memory need prune early.
+fn top_unused(
+    candidates: &[usize],
+    values: &[u64],
+    in_path: &[bool],
+    next: usize,
+    count: usize,
+) -> Option<u128> {
+    let mut sum = 0u128;
+    let mut taken = 0;
+    for &v in candidates {
+        if taken == count {
+            break;
+        }
+        if in_path[v] || v == next {
+            continue;
+        }
+        sum += u128::from(values[v]);
+        taken += 1;
+    }
+    (taken == count).then_some(sum)
 }
 
 /// Sums of the largest values: `result[r]` adds the `r` largest (sums of `u64` fit `u128`).
@@ -140,18 +167,53 @@ fn prefix_sums_descending(mut values: Vec<u64>) -> Vec<u128> {
     sums
 }
 
-struct Searcher<'t, 'a> {
-    topo: &'t Topology<'a>,
-    scores: &'t NodeScores,
-    filters: &'t Filters,
-    /// Successors of each node, best first (leaf, download, memory, then id).
-    ordered_successors: Vec<Vec<usize>>,
-    is_required: Vec<bool>,
-    /// Eligible in rings of more than one node.
+/// Bounds for walks that start at one position `s`.
+struct StartInfo {
+    /// Steps from each position back to `s` through positions after it (`usize::MAX` if none).
+    distance_to_start: Vec<usize>,
+    /// Positions after `s` that may be in a ring, most memory first.
+    by_memory: Vec<usize>,
+    /// The same, most downloaded first.
+    by_download: Vec<usize>,
+    /// Whether any of them is a leaf.
+    any_leaf: bool,
+}
+
+/// The search works on *positions*: nodes numbered in preference order (leaf first, then
+/// most downloaded, most memory, smallest id). A cycle is walked from its first position
+/// through later positions only, so each directed cycle is seen once, and the walk visits
+/// cycles in lexicographic order of their position sequences, which is the final tie-break:
+/// the first ring found among equal scores wins, and a branch whose bound only ties the best
+/// is dropped. Best-first order also finds the best ring early: on a full mesh the first walk
+/// is the optimum.
+struct Searcher<'f> {
+    n: usize,
+    filters: &'f Filters,
+    /// `node_at[position]`: the topology index.
+    node_at: Vec<usize>,
+    /// `edge[a * n + b]`: an IP edge from position `a` to position `b`.
+    edge: Vec<bool>,
+    /// `rdma[a * n + b]`: an RDMA edge from position `a` to position `b`.
+    rdma: Vec<bool>,
+    /// Successor positions of each position, ascending (best first).
+    successors: Vec<Vec<usize>>,
+    memory: Vec<u64>,
+    download: Vec<u64>,
+    leaf: Vec<bool>,
+    required: Vec<bool>,
+    required_count: usize,
+    /// Lowest required position: every cycle containing it starts at or before it.
+    first_required: Option<usize>,
+    /// May be in a ring of one (compute backend).
+    single_ok: Vec<bool>,
+    /// May be in a ring of more than one (compute backend, and RDMA for JACCL).
     multi_ok: Vec<bool>,
     starts: Vec<Option<StartInfo>>,
     first_only: bool,
-    budget: &'t mut u64,
+    /// Steps left for the whole placement.
+    budget: u64,
+    /// Steps left for the current ring size (at most [`SIZE_BUDGET`]).
+    size_budget: u64,
 }
 
 /// The state of the depth-first walk for one size and one start.
@@ -169,64 +231,79 @@ struct Walk {
     done: bool,
 }
 
-impl<'t, 'a> Searcher<'t, 'a> {
+impl<'f> Searcher<'f> {
     fn new(
-        topo: &'t Topology<'a>,
-        scores: &'t NodeScores,
-        filters: &'t Filters,
+        topo: &Topology,
+        scores: &NodeScores,
+        filters: &'f Filters,
         first_only: bool,
-        budget: &'t mut u64,
+        budget: u64,
     ) -> Self {
         let n = topo.len();
-        let quality = |v: usize| {
+        let mut node_at: Vec<usize> = (0..n).collect();
+        node_at.sort_by_key(|&v| {
             (
                 std::cmp::Reverse(scores.leaf[v]),
                 std::cmp::Reverse(scores.download[v]),
                 std::cmp::Reverse(scores.memory[v]),
                 v,
             )
-        };
-        let ordered_successors = topo
-            .successors
-            .iter()
-            .map(|succ| {
-                let mut succ = succ.clone();
-                succ.sort_by_key(|&v| quality(v));
-                succ
-            })
-            .collect();
-        let mut is_required = vec![false; n];
-        for &r in &filters.required {
-            is_required[r] = true;
+        });
+        let mut position_of = vec![0; n];
+        for (position, &v) in node_at.iter().enumerate() {
+            position_of[v] = position;
         }
-        let multi_ok = (0..n)
-            .map(|v| filters.node_ok[v] && (!filters.rdma || topo.nodes[v].rdma_enabled))
+        let mut edge = vec![false; n * n];
+        let mut rdma = vec![false; n * n];
+        for a in 0..n {
+            for b in 0..n {
+                edge[a * n + b] = topo.has_ip_edge(node_at[a], node_at[b]);
+                rdma[a * n + b] = topo.has_rdma_edge(node_at[a], node_at[b]);
+            }
+        }
+        let successors = (0..n)
+            .map(|a| (0..n).filter(|&b| edge[a * n + b]).collect())
+            .collect();
+        let mut required = vec![false; n];
+        for &r in &filters.required {
+            required[position_of[r]] = true;
+        }
+        let single_ok: Vec<bool> = node_at.iter().map(|&v| filters.node_ok[v]).collect();
+        let multi_ok = node_at
+            .iter()
+            .map(|&v| filters.node_ok[v] && (!filters.rdma || topo.nodes[v].rdma_enabled))
             .collect();
         Searcher {
-            topo,
-            scores,
+            n,
             filters,
-            ordered_successors,
-            is_required,
+            edge,
+            rdma,
+            successors,
+            memory: node_at.iter().map(|&v| scores.memory[v]).collect(),
+            download: node_at.iter().map(|&v| scores.download[v]).collect(),
+            leaf: node_at.iter().map(|&v| scores.leaf[v]).collect(),
+            first_required: required.iter().position(|&r| r),
+            required_count: filters.required.len(),
+            required,
+            single_ok,
             multi_ok,
+            node_at,
             starts: (0..n).map(|_| None).collect(),
             first_only,
             budget,
+            size_budget: SIZE_BUDGET,
         }
     }
 
     fn run(&mut self) -> Search {
-        let n = self.topo.len();
-        let k_low = self.filters.min_size.max(self.filters.required.len()).max(1);
+        let n = self.n;
+        let k_low = self.filters.min_size.max(self.required_count).max(1);
         if k_low > n {
             return Search::NotFound;
         }
         if k_low == 1 {
-            if let Some(node) = self.best_single() {
-                return Search::Found(vec![node]);
-            }
-            if *self.budget == 0 {
-                return Search::Exhausted;
+            if let Some(position) = self.best_single() {
+                return Search::Found(vec![self.node_at[position]]);
             }
         }
         // The fewest multi-eligible nodes whose memory could hold the model.
@@ -235,7 +312,7 @@ impl<'t, 'a> Searcher<'t, 'a> {
             Some(needed) => {
                 let memories: Vec<u64> = (0..n)
                     .filter(|&v| self.multi_ok[v])
-                    .map(|v| self.scores.memory[v])
+                    .map(|v| self.memory[v])
                     .collect();
                 let sums = prefix_sums_descending(memories);
                 match sums.iter().position(|&s| s >= u128::from(needed)) {
@@ -244,13 +321,16 @@ impl<'t, 'a> Searcher<'t, 'a> {
                 }
             }
         };
-        let first_start_bound = self.filters.required.first().copied().unwrap_or(n - 1);
+        let last_start = self.first_required.unwrap_or(n - 1);
+        let mut skipped_a_size = false;
         for k in k_low.max(k_memory)..=n {
             if !self.filters.size_allowed(k) {
                 continue;
             }
+            self.size_budget = SIZE_BUDGET;
             let mut best: Option<(Score, Vec<usize>)> = None;
-            for start in 0..=first_start_bound {
+            let mut size_exhausted = false;
+            for start in 0..=last_start {
                 if !self.multi_ok[start] {
                     continue;
                 }
@@ -259,11 +339,10 @@ impl<'t, 'a> Searcher<'t, 'a> {
                     start,
                     path: vec![start],
                     in_path: vec![false; n],
-                    memory: u128::from(self.scores.memory[start]),
-                    download: u128::from(self.scores.download[start]),
-                    leaf: self.scores.leaf[start],
-                    required_left: self.filters.required.len()
-                        - usize::from(self.is_required[start]),
+                    memory: u128::from(self.memory[start]),
+                    download: u128::from(self.download[start]),
+                    leaf: self.leaf[start],
+                    required_left: self.required_count - usize::from(self.required[start]),
                     best: best.take(),
                     exhausted: false,
                     done: false,
@@ -273,89 +352,81 @@ impl<'t, 'a> Searcher<'t, 'a> {
                 self.extend(&mut walk);
                 best = walk.best;
                 if walk.exhausted {
-                    return match best {
-                        Some((_, ring)) => Search::Found(ring),
-                        None => Search::Exhausted,
-                    };
+                    size_exhausted = true;
+                    break;
                 }
                 if walk.done {
                     break;
                 }
             }
             if let Some((_, ring)) = best {
-                return Search::Found(ring);
+                return Search::Found(ring.iter().map(|&p| self.node_at[p]).collect());
             }
+            if self.budget == 0 {
+                return Search::Exhausted;
+            }
+            skipped_a_size |= size_exhausted;
         }
-        Search::NotFound
+        if skipped_a_size {
+            Search::Exhausted
+        } else {
+            Search::NotFound
+        }
     }
 
-    /// The best ring of one node, if any qualifies.
-    fn best_single(&mut self) -> Option<usize> {
-        let mut best: Option<(Score, usize)> = None;
-        for v in 0..self.topo.len() {
-            if *self.budget == 0 {
-                return None;
-            }
-            *self.budget -= 1;
-            let f = self.filters;
-            if !f.node_ok[v] || f.required.iter().any(|&r| r != v) {
-                continue;
-            }
-            if f.memory_needed.is_some_and(|need| self.scores.memory[v] < need) {
-                continue;
-            }
-            let score = Score {
-                leaf: self.scores.leaf[v],
-                download: u128::from(self.scores.download[v]),
-                memory: u128::from(self.scores.memory[v]),
-            };
-            // Strictly better only: on a tie the smaller id (seen first) stays.
-            if best.is_none_or(|(b, _)| score > b) {
-                best = Some((score, v));
-            }
-        }
-        best.map(|(_, v)| v)
+    /// The best ring of one node: the first position that qualifies.
+    fn best_single(&self) -> Option<usize> {
+        (0..self.n).find(|&p| {
+            self.single_ok[p]
+                && self.required_count <= usize::from(self.required[p])
+                && self
+                    .filters
+                    .memory_needed
+                    .is_none_or(|need| self.memory[p] >= need)
+        })
     }
 
     fn prepare_start(&mut self, start: usize) {
         if self.starts[start].is_some() {
             return;
         }
-        let n = self.topo.len();
-        let is_candidate: Vec<bool> = (0..n).map(|v| v > start && self.multi_ok[v]).collect();
-        // Backward BFS from `start` over candidates: distance from each node to `start`.
+        let n = self.n;
+        let is_candidate = |v: usize| v > start && self.multi_ok[v];
+        // Backward BFS from `start` over candidates: distance from each position to `start`.
         let mut distance = vec![usize::MAX; n];
         distance[start] = 0;
         let mut queue = VecDeque::from([start]);
         while let Some(x) = queue.pop_front() {
-            for u in 0..n {
-                if is_candidate[u] && distance[u] == usize::MAX && self.topo.has_ip_edge(u, x) {
+            for u in start + 1..n {
+                if is_candidate(u) && distance[u] == usize::MAX && self.edge[u * n + x] {
                     distance[u] = distance[x] + 1;
                     queue.push_back(u);
                 }
             }
         }
-        let candidates: Vec<usize> = (0..n).filter(|&v| is_candidate[v]).collect();
-        let info = StartInfo {
-            top_memory: prefix_sums_descending(
-                candidates.iter().map(|&v| self.scores.memory[v]).collect(),
-            ),
-            top_download: prefix_sums_descending(
-                candidates.iter().map(|&v| self.scores.download[v]).collect(),
-            ),
-            any_leaf: candidates.iter().any(|&v| self.scores.leaf[v]),
-            is_candidate,
+        // Only candidates that can get back to the start can be on a cycle through it.
+        let candidates: Vec<usize> = (start + 1..n)
+            .filter(|&v| is_candidate(v) && distance[v] != usize::MAX)
+            .collect();
+        let mut by_memory = candidates.clone();
+        by_memory.sort_by_key(|&v| (std::cmp::Reverse(self.memory[v]), v));
+        let mut by_download = candidates.clone();
+        by_download.sort_by_key(|&v| (std::cmp::Reverse(self.download[v]), v));
+        self.starts[start] = Some(StartInfo {
+            any_leaf: candidates.iter().any(|&v| self.leaf[v]),
             distance_to_start: distance,
-        };
-        self.starts[start] = Some(info);
+            by_memory,
+            by_download,
+        });
     }
 
     fn extend(&mut self, walk: &mut Walk) {
+        let n = self.n;
         let depth = walk.path.len();
         let last = walk.path[depth - 1];
         let filters = self.filters;
         if depth == walk.k {
-            if !self.topo.has_ip_edge(last, walk.start) || walk.required_left > 0 {
+            if !self.edge[last * n + walk.start] || walk.required_left > 0 {
                 return;
             }
             if filters
@@ -369,45 +440,45 @@ impl<'t, 'a> Searcher<'t, 'a> {
                 download: walk.download,
                 memory: walk.memory,
             };
-            let better = match &walk.best {
-                None => true,
-                Some((best, ring)) => score > *best || (score == *best && walk.path < *ring),
-            };
-            if better {
+            // Walks come in lexicographic order, so only a strictly better score wins.
+            if walk.best.as_ref().is_none_or(|(best, _)| score > *best) {
                 walk.best = Some((score, walk.path.clone()));
                 walk.done = self.first_only;
             }
             return;
         }
-        let successors = std::mem::take(&mut self.ordered_successors[last]);
+        let successors = std::mem::take(&mut self.successors[last]);
         for &v in &successors {
             if walk.done || walk.exhausted {
                 break;
             }
-            let info = self.starts[walk.start].as_ref().expect("prepared start");
-            if !info.is_candidate[v] || walk.in_path[v] {
+            if v <= walk.start || !self.multi_ok[v] || walk.in_path[v] {
                 continue;
             }
-            if *self.budget == 0 {
+            if self.budget == 0 || self.size_budget == 0 {
                 walk.exhausted = true;
                 break;
             }
-            *self.budget -= 1;
+            self.budget -= 1;
+            self.size_budget -= 1;
+            let info = self.starts[walk.start].as_ref().expect("prepared start");
             // Steps from v back to the start: k - depth.
             if info.distance_to_start[v] > walk.k - depth {
                 continue;
             }
             let slots_left = walk.k - depth - 1;
-            if slots_left >= info.top_memory.len() {
-                continue;
-            }
-            let required_left = walk.required_left - usize::from(self.is_required[v]);
+            let required_left = walk.required_left - usize::from(self.required[v]);
             if required_left > slots_left {
                 continue;
             }
-            let memory = u128::from(self.scores.memory[v]);
-            let download = u128::from(self.scores.download[v]);
-            let memory_bound = walk.memory + memory + info.top_memory[slots_left];
+            let memory = u128::from(self.memory[v]);
+            let download = u128::from(self.download[v]);
+            let Some(top_memory) =
+                top_unused(&info.by_memory, &self.memory, &walk.in_path, v, slots_left)
+            else {
+                continue;
+            };
+            let memory_bound = walk.memory + memory + top_memory;
             if filters
                 .memory_needed
                 .is_some_and(|need| memory_bound < u128::from(need))
@@ -418,27 +489,22 @@ impl<'t, 'a> Searcher<'t, 'a> {
                 && walk
                     .path
                     .iter()
-                    .any(|&u| !self.topo.has_rdma_edge(u, v) || !self.topo.has_rdma_edge(v, u))
+                    .any(|&u| !self.rdma[u * n + v] || !self.rdma[v * n + u])
             {
                 continue;
             }
-            if let Some((best, ring)) = &walk.best {
+            if let Some((best, _)) = &walk.best {
+                let top_download =
+                    top_unused(&info.by_download, &self.download, &walk.in_path, v, slots_left)
+                        .unwrap_or(0);
                 let bound = Score {
-                    leaf: walk.leaf || self.scores.leaf[v] || (slots_left > 0 && info.any_leaf),
-                    download: walk.download + download + info.top_download[slots_left],
+                    leaf: walk.leaf || self.leaf[v] || (slots_left > 0 && info.any_leaf),
+                    download: walk.download + download + top_download,
                     memory: memory_bound,
                 };
-                if bound < *best {
+                // A later walk that only ties the best loses the tie-break.
+                if bound <= *best {
                     continue;
-                }
-                // At best a tie: only a lexicographically smaller sequence could still win.
-                if bound == *best {
-                    let prefix_cmp = walk.path.as_slice().cmp(&ring[..depth]);
-                    if prefix_cmp == std::cmp::Ordering::Greater
-                        || (prefix_cmp == std::cmp::Ordering::Equal && v > ring[depth])
-                    {
-                        continue;
-                    }
                 }
             }
             walk.path.push(v);
@@ -446,17 +512,17 @@ impl<'t, 'a> Searcher<'t, 'a> {
             walk.memory += memory;
             walk.download += download;
             let leaf_before = walk.leaf;
-            walk.leaf |= self.scores.leaf[v];
+            walk.leaf |= self.leaf[v];
             walk.required_left = required_left;
             self.extend(walk);
-            walk.required_left += usize::from(self.is_required[v]);
+            walk.required_left += usize::from(self.required[v]);
             walk.leaf = leaf_before;
             walk.download -= download;
             walk.memory -= memory;
             walk.in_path[v] = false;
             walk.path.pop();
         }
-        self.ordered_successors[last] = successors;
+        self.successors[last] = successors;
     }
 }
 
@@ -586,15 +652,20 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
         stages.push((filters.clone(), PlaceError::NoRdmaRing));
     }
 
-    let mut budget = SEARCH_BUDGET;
     let full = &stages.last().expect("at least one stage").0;
-    match Searcher::new(topo, &scores, full, false, &mut budget).run() {
-        Search::Found(ring) => return Ok(ring),
+    let mut searcher = Searcher::new(topo, &scores, full, false, SEARCH_BUDGET);
+    let outcome = searcher.run();
+    let mut budget = searcher.budget;
+    match outcome {
+        Search::Found(ring) => return Ok(canonical_rotation(ring)),
         Search::Exhausted => return Err(PlaceError::RingSearchExhausted { budget: SEARCH_BUDGET }),
         Search::NotFound => {}
     }
     for (stage, error) in &stages {
-        match Searcher::new(topo, &scores, stage, true, &mut budget).run() {
+        let mut searcher = Searcher::new(topo, &scores, stage, true, budget);
+        let outcome = searcher.run();
+        budget = searcher.budget;
+        match outcome {
             Search::Found(_) => {}
             Search::NotFound => return Err(error.clone()),
             Search::Exhausted => {
@@ -604,4 +675,13 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
     }
     // The last stage is the full filter set, which found nothing, so the loop returned.
     Err(stages.pop().expect("at least one stage").1)
+}
+
+/// Rotates a ring (topology indices, which follow id order) to start at its smallest id,
+/// keeping its direction.
+fn canonical_rotation(mut ring: Vec<usize>) -> Vec<usize> {
+    if let Some(first) = ring.iter().enumerate().min_by_key(|(_, &v)| v).map(|(i, _)| i) {
+        ring.rotate_left(first);
+    }
+    ring
 }
