@@ -1,1 +1,146 @@
 //! Placement: where a model instance runs. Pure functions over plain data.
+//!
+//! In shoal every node computes every placement itself from the replicated state, so this
+//! crate is deterministic to the byte: no IO, no clock, no randomness, no hash-map order. The
+//! same [`Input`], whatever the order of its nodes, edges and interfaces, gives the same
+//! [`Placement`] on every machine.
+//!
+//! * [`place`]: choose a ring ([`ring`]: the smallest qualifying directed cycle, by a bounded
+//!   search), rank it canonically (from its smallest node id, along its edges), split the
+//!   layers ([`split`]), and tell each rank how to reach the others ([`views`]).
+//! * [`planning::next_action`]: what a node's runner should do next during start-up.
+//! * [`cli::run`]: `shoal place --input FILE|-`, JSON in and out.
+//!
+//! Errors are [`PlaceError`] values with a stable [`PlaceError::code`] and a sentence that
+//! says what to do.
+//!
+//! # The JSON format (`shoal place`)
+//!
+//! Input: one object. Memory is in bytes. Node ids are opaque strings (iroh public keys),
+//! ordered by their bytes.
+//!
+//! * `nodes`: `[{"id", "ram_available", "ram_total", "backends": ["mlx_cpu" | "mlx_metal" |
+//!   "mlx_cuda"], "rdma_enabled", "interfaces": [{"name", "ip", "kind": "thunderbolt" |
+//!   "ethernet" | "wifi" | "unknown"}], "download": {"<model id>": 0.0..1.0}}]`
+//!   (`rdma_enabled`, `interfaces` and `download` may be left out);
+//! * `edges`: `[{"from", "to", "ip"}]` (`from` reached `to` at `to`'s address `ip`) or
+//!   `[{"from", "to", "rdma": {"from_iface", "to_iface"}}]`; edges naming unknown nodes are
+//!   ignored;
+//! * `model`: `{"id", "n_layers", "storage_bytes", "hidden_size", "num_key_value_heads",
+//!   "supports_tensor", "backends"}`;
+//! * `request`: `{"sharding": "pipeline" | "tensor", "backend": "ring" | "jaccl",
+//!   "min_nodes", "required_nodes", "instance_id"}`; `min_nodes` defaults to 1,
+//!   `required_nodes` to none, and `instance_id` (from which the ring port is derived) to
+//!   [`DEFAULT_INSTANCE_ID`] (`"shoal-place"`).
+//!
+//! Output: `{"ok": true, "placement": {"sharding", "backend", "port", "ranks": [{"node",
+//! "start_layer", "end_layer", "hosts"}], "jaccl": null | {"devices", "coordinators"}}}` or
+//! `{"ok": false, "error": {"code", "message"}}`; exit code 0 either way. Layer ranges are
+//! half-open (`start_layer..end_layer`). Malformed input exits 2 with the error code
+//! `invalid_input` and a message naming the field (`nodes[1].ram_available: invalid type...`).
+//!
+//! Three nodes on a switch, 500/500/1000 MB free, a 12-layer model of 1.5 GB:
+//!
+//! ```
+//! let input = r#"{
+//!   "nodes": [
+//!     {"id": "a", "ram_available": 500000000, "ram_total": 800000000, "backends": ["mlx_cpu"],
+//!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.1", "kind": "ethernet"}],
+//!      "download": {"llama": 1.0}},
+//!     {"id": "b", "ram_available": 500000000, "ram_total": 800000000, "backends": ["mlx_cpu"],
+//!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.2", "kind": "ethernet"}],
+//!      "download": {}},
+//!     {"id": "c", "ram_available": 1000000000, "ram_total": 2000000000, "backends": ["mlx_cuda"],
+//!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.3", "kind": "ethernet"}],
+//!      "download": {}}
+//!   ],
+//!   "edges": [
+//!     {"from": "a", "to": "b", "ip": "10.0.0.2"}, {"from": "b", "to": "a", "ip": "10.0.0.1"},
+//!     {"from": "b", "to": "c", "ip": "10.0.0.3"}, {"from": "c", "to": "b", "ip": "10.0.0.2"},
+//!     {"from": "c", "to": "a", "ip": "10.0.0.1"}, {"from": "a", "to": "c", "ip": "10.0.0.3"}
+//!   ],
+//!   "model": {"id": "llama", "n_layers": 12, "storage_bytes": 1500000000, "hidden_size": 2048,
+//!             "num_key_value_heads": 8, "supports_tensor": true, "backends": ["mlx_cpu", "mlx_cuda"]},
+//!   "request": {"sharding": "pipeline", "backend": "ring", "min_nodes": 1, "required_nodes": [],
+//!               "instance_id": "demo"}
+//! }"#;
+//! let (stdout, exit_code) = placement::cli::run(input);
+//! assert_eq!(exit_code, 0);
+//! let expected = r#"{
+//!   "ok": true,
+//!   "placement": {
+//!     "sharding": "pipeline",
+//!     "backend": "ring",
+//!     "port": 57286,
+//!     "ranks": [
+//!       {
+//!         "node": "a",
+//!         "start_layer": 0,
+//!         "end_layer": 3,
+//!         "hosts": [
+//!           "0.0.0.0:57286",
+//!           "10.0.0.2:57286",
+//!           "10.0.0.3:57286"
+//!         ]
+//!       },
+//!       {
+//!         "node": "b",
+//!         "start_layer": 3,
+//!         "end_layer": 6,
+//!         "hosts": [
+//!           "10.0.0.1:57286",
+//!           "0.0.0.0:57286",
+//!           "10.0.0.3:57286"
+//!         ]
+//!       },
+//!       {
+//!         "node": "c",
+//!         "start_layer": 6,
+//!         "end_layer": 12,
+//!         "hosts": [
+//!           "10.0.0.1:57286",
+//!           "10.0.0.2:57286",
+//!           "0.0.0.0:57286"
+//!         ]
+//!       }
+//!     ],
+//!     "jaccl": null
+//!   }
+//! }
+//! "#;
+//! assert_eq!(stdout, expected);
+//! ```
+//!
+//! With three ranks every other rank is a neighbour; from four ranks on, ranks that are not
+//! neighbours read `198.51.100.1:0`.
+//!
+//! # Speed
+//!
+//! See [`ring`] for how the search's cost grows. Figures from `cargo bench -p placement`
+//! (criterion, this project's 2-core build machine) are in `placement/benches/place.rs`'s
+//! header and below:
+//!
+//! BENCH_FIGURES
+
+pub mod cli;
+pub mod edge;
+pub mod error;
+pub mod input;
+pub mod model;
+pub mod node;
+pub mod place;
+pub mod planning;
+pub mod request;
+pub mod ring;
+pub mod split;
+mod topology;
+pub mod views;
+
+pub use edge::{Edge, Link, RdmaLink};
+pub use error::PlaceError;
+pub use input::Input;
+pub use model::ModelCard;
+pub use node::{ComputeBackend, Interface, InterfaceKind, NodeId, NodeProfile};
+pub use place::{place, JacclPlan, Placement, RankPlacement};
+pub use planning::{next_action, Action, PlanInput, RankView, RunnerStatus, ShutdownReason};
+pub use request::{CollectiveBackend, Request, Sharding, DEFAULT_INSTANCE_ID};

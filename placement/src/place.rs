@@ -1,0 +1,136 @@
+//! `place`: the whole pipeline from input to placement.
+
+use crate::error::PlaceError;
+use crate::input::Input;
+use crate::node::NodeId;
+use crate::request::{CollectiveBackend, Sharding};
+use crate::ring::choose_ring;
+use crate::split::{check_share, pipeline_layer_counts};
+use crate::topology::Topology;
+use crate::views::{jaccl_coordinators, jaccl_devices, ring_hosts, ring_port};
+use serde::{Deserialize, Serialize};
+
+/// Where an instance runs. Every node computes the same value (and the same JSON bytes) from
+/// the same [`Input`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The sharding that runs: the request's, except that a ring of one runs pipeline.
+    pub sharding: Sharding,
+    /// The collective that runs: the request's, except that a ring of one runs ring.
+    pub backend: CollectiveBackend,
+    /// The TCP port ranks listen on, derived from the instance id.
+    pub port: u16,
+    /// One entry per rank, in rank order.
+    pub ranks: Vec<RankPlacement>,
+    /// JACCL's addressing, when the backend is JACCL.
+    pub jaccl: Option<JacclPlan>,
+}
+
+/// One rank of a placement.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RankPlacement {
+    /// The node that runs this rank.
+    pub node: NodeId,
+    /// First layer it holds.
+    pub start_layer: u32,
+    /// One past the last layer it holds (`end_layer - start_layer` layers). Tensor ranks hold
+    /// `0..n_layers`, each a slice of every layer.
+    pub end_layer: u32,
+    /// The ring backend's host list for this rank (see [`crate::views`]); empty for JACCL.
+    pub hosts: Vec<String>,
+}
+
+/// JACCL's addressing, indexed by rank.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct JacclPlan {
+    /// `devices[i][j]`: rank `i`'s RDMA interface to rank `j`; `null` on the diagonal.
+    pub devices: Vec<Vec<Option<String>>>,
+    /// Per rank, where rank 0's coordinator is: `0.0.0.0:PORT` for rank 0, `IP:PORT` for others.
+    pub coordinators: Vec<String>,
+}
+
+/// Places `input.model` on the cluster, deterministically: the same input, in any order of
+/// nodes, edges and interfaces, gives the same placement on every machine.
+///
+/// Steps, each of which may fail with the error named: check the input (`invalid_input`),
+/// choose the ring ([`crate::ring`]), split the layers (`too_few_layers`) and check each node
+/// holds its share (`node_short_of_memory`), then build the ring views or JACCL addressing
+/// (`neighbour_unreachable`).
+pub fn place(input: &Input) -> Result<Placement, PlaceError> {
+    input.validate()?;
+    let topo = Topology::new(&input.nodes, &input.edges);
+    let ring = choose_ring(&topo, input)?;
+    let single = ring.len() == 1;
+    let sharding = if single {
+        Sharding::Pipeline
+    } else {
+        input.request.sharding
+    };
+    let backend = if single {
+        CollectiveBackend::Ring
+    } else {
+        input.request.backend
+    };
+    let model = &input.model;
+    let layer_ranges: Vec<(u32, u32)> = match sharding {
+        Sharding::Pipeline => {
+            let memory: Vec<u64> = ring.iter().map(|&v| topo.nodes[v].ram_available).collect();
+            let counts = pipeline_layer_counts(model.n_layers, &memory)?;
+            let mut start = 0;
+            let mut ranges = Vec::with_capacity(counts.len());
+            for (&v, &count) in ring.iter().zip(&counts) {
+                check_share(
+                    topo.nodes[v],
+                    model.storage_bytes,
+                    u64::from(count),
+                    u64::from(model.n_layers),
+                )?;
+                ranges.push((start, start + count));
+                start += count;
+            }
+            ranges
+        }
+        Sharding::Tensor => {
+            if model.n_layers == 0 {
+                return Err(PlaceError::TooFewLayers {
+                    n_layers: 0,
+                    nodes: ring.len(),
+                });
+            }
+            // Each rank holds a 1/k slice of every layer.
+            for &v in &ring {
+                check_share(topo.nodes[v], model.storage_bytes, 1, ring.len() as u64)?;
+            }
+            vec![(0, model.n_layers); ring.len()]
+        }
+    };
+    let port = ring_port(&input.request.instance_id);
+    let (hosts, jaccl) = match backend {
+        CollectiveBackend::Ring => (ring_hosts(&topo, &ring, port)?, None),
+        CollectiveBackend::Jaccl => (
+            vec![Vec::new(); ring.len()],
+            Some(JacclPlan {
+                devices: jaccl_devices(&topo, &ring),
+                coordinators: jaccl_coordinators(&topo, &ring, port)?,
+            }),
+        ),
+    };
+    let ranks = ring
+        .iter()
+        .zip(layer_ranges)
+        .zip(hosts)
+        .map(|((&v, (start_layer, end_layer)), hosts)| RankPlacement {
+            node: topo.nodes[v].id.clone(),
+            start_layer,
+            end_layer,
+            hosts,
+        })
+        .collect();
+    Ok(Placement {
+        sharding,
+        backend,
+        port,
+        ranks,
+        jaccl,
+    })
+}

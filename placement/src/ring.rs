@@ -1,0 +1,687 @@
+//! Choice of the ring: the smallest directed cycle that qualifies, found by a bounded search.
+//!
+//! # Semantics (exo's, with one change)
+//! Candidate rings are directed cycles of the IP topology (a single node is a ring of one). A
+//! ring qualifies when it has at least `min_nodes` nodes, contains every required node, its
+//! nodes' summed `ram_available` holds the model, and, on more than one node: for tensor
+//! sharding the model supports it and the size divides `hidden_size` and
+//! `num_key_value_heads`; for JACCL every node has RDMA enabled and every ordered pair an RDMA
+//! link. Every node of any ring must offer one of the model's compute backends. Among the
+//! qualifying rings of the smallest size, placement prefers, in order: a ring containing a
+//! leaf (a node with at most one distinct successor), the largest summed download progress of
+//! the model, the largest summed free memory. Remaining ties are broken by a total order:
+//! number the nodes in *preference order* (leaves first, then most downloaded, then most free
+//! memory, then smallest id; distinct ids make it total), write each ring as its sequence of
+//! numbers from its smallest number along its edges, and take the lexicographically smallest.
+//! (So between otherwise equal rings, the one with the better nodes wins, and between equal
+//! nodes, the smaller ids.) This is also the order the search walks rings in, which is what
+//! makes the tie-break free.
+//!
+//! The change from exo: exo keeps the smallest size that passes the memory and tensor filters
+//! and only then filters by backend and RDMA, so it fails when a larger ring would have worked.
+//! Here every filter is part of "qualifies", so the smallest ring that can actually run is
+//! chosen. When nothing qualifies, the error names the first filter, in the order above, that
+//! leaves no ring (see [`choose_ring`]).
+//!
+//! # Canonical rank order
+//! The chosen ring is then written starting at its smallest node id and following its edges:
+//! rank `r` verified an IP link to rank `r + 1`, and the last rank one to rank 0.
+//!
+//! # Cost
+//! exo lists every simple cycle of the graph, which grows exponentially with the number of
+//! nodes. This search instead tries ring sizes upward from the smallest one that could hold
+//! the model (the fewest largest-memory nodes whose memory adds up to it) and stops at the
+//! first size with a qualifying ring. For one size `k` it walks simple paths from each start
+//! node `s` through nodes later in preference order only (so each cycle is seen once),
+//! depth-first, closing at depth `k`; without pruning that costs `O(n · d^(k−1))` for `n` nodes
+//! of out-degree `d`: polynomial in `n` for a fixed `k` (the ring size the model needs, not the
+//! cluster size), but not small. Branch and bound keeps it far below that: a branch is dropped
+//! when it cannot get back to `s` in the steps left (BFS distances), cannot reach the memory
+//! needed (exact sum of the best unused nodes) or include the required nodes, or cannot beat
+//! the best ring found so far. Successors are tried best first, so on a full mesh the very
+//! first walk is the optimum and the rest is pruned at once: `O(n² · k)` steps per size; a
+//! bidirectional ring has two arcs per start, also `O(n² · k)`. Preparing the bounds costs
+//! `O(n³)` once per search (`n²` per start, lazily).
+//!
+//! Because the general problem (a best `k`-cycle under a memory sum) is NP-hard, the search
+//! also counts its steps: at most [`SIZE_BUDGET`] per ring size and [`SEARCH_BUDGET`] in all.
+//! When a size's budget runs out, the best ring found so far at that size is kept; if none was
+//! found, that size is skipped and the next one tried. When the whole budget runs out without
+//! a ring, placement fails with `ring_search_exhausted`. So the worst case is bounded
+//! (`SEARCH_BUDGET` steps plus `O(n³)` set-up), the result is exact whenever the budget
+//! suffices (always so far on full meshes, rings and two-switch LANs up to 64 nodes), and
+//! since steps, not time, are counted, every node stops at the same point and still agrees.
+
+use crate::error::PlaceError;
+use crate::input::Input;
+use crate::request::{CollectiveBackend, Sharding};
+use crate::topology::Topology;
+use std::collections::VecDeque;
+
+/// Most search steps (path extensions tried) of one placement, all sizes and error
+/// attribution together. At about 20 ns a step this bounds a placement to tens of milliseconds.
+pub const SEARCH_BUDGET: u64 = 2_000_000;
+
+/// Most search steps spent on one ring size. A size whose search hits it without finding a
+/// ring is skipped (a ring of that size may exist but would cost too much to find), and the
+/// next size is tried.
+pub const SIZE_BUDGET: u64 = 200_000;
+
+/// The preference of a ring of a given size, compared field by field (larger is better).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Score {
+    leaf: bool,
+    download: u128,
+    memory: u128,
+}
+
+/// Per-node values the preference sums, by topology index.
+struct NodeScores {
+    memory: Vec<u64>,
+    download: Vec<u64>,
+    leaf: Vec<bool>,
+}
+
+/// The tensor rule: which sizes above one may run tensor-parallel.
+#[derive(Clone, Copy)]
+struct TensorRule {
+    supports: bool,
+    hidden_size: u32,
+    kv_heads: u32,
+}
+
+/// What a ring must satisfy; one stage of the filters.
+#[derive(Clone)]
+struct Filters {
+    min_size: usize,
+    /// Required nodes, by topology index.
+    required: Vec<usize>,
+    memory_needed: Option<u64>,
+    tensor: Option<TensorRule>,
+    /// Nodes that may be in a ring of any size (the compute-backend filter), by topology index.
+    node_ok: Vec<bool>,
+    /// JACCL: on more than one node, RDMA on every node and between every ordered pair.
+    rdma: bool,
+}
+
+impl Filters {
+    fn size_allowed(&self, k: usize) -> bool {
+        if k == 1 {
+            return true;
+        }
+        match self.tensor {
+            None => true,
+            Some(rule) => {
+                let k = k as u64;
+                rule.supports
+                    && u64::from(rule.hidden_size) % k == 0
+                    && u64::from(rule.kv_heads) % k == 0
+            }
+        }
+    }
+}
+
+/// The outcome of one search: a ring as topology indices in search order (from its most
+/// preferred node), or why there is none.
+enum Search {
+    Found(Vec<usize>),
+    NotFound,
+    Exhausted,
+}
+
+/// The sum of the `count` largest `values` over `candidates` (positions, largest value
+/// first) not in the path and not `next`; `None` when fewer than `count` are left. This exact
+/// bound (rather than one that counts path nodes twice) lets a tight memory need prune early.
+fn top_unused(
+    candidates: &[usize],
+    values: &[u64],
+    in_path: &[bool],
+    next: usize,
+    count: usize,
+) -> Option<u128> {
+    let mut sum = 0u128;
+    let mut taken = 0;
+    for &v in candidates {
+        if taken == count {
+            break;
+        }
+        if in_path[v] || v == next {
+            continue;
+        }
+        sum += u128::from(values[v]);
+        taken += 1;
+    }
+    (taken == count).then_some(sum)
+}
+
+/// Sums of the largest values: `result[r]` adds the `r` largest (sums of `u64` fit `u128`).
+fn prefix_sums_descending(mut values: Vec<u64>) -> Vec<u128> {
+    values.sort_unstable_by(|a, b| b.cmp(a));
+    let mut sums = Vec::with_capacity(values.len() + 1);
+    let mut total = 0u128;
+    sums.push(0);
+    for v in values {
+        total += u128::from(v);
+        sums.push(total);
+    }
+    sums
+}
+
+/// Bounds for walks that start at one position `s`.
+struct StartInfo {
+    /// Steps from each position back to `s` through positions after it (`usize::MAX` if none).
+    distance_to_start: Vec<usize>,
+    /// Positions after `s` that may be in a ring, most memory first.
+    by_memory: Vec<usize>,
+    /// The same, most downloaded first.
+    by_download: Vec<usize>,
+    /// Whether any of them is a leaf.
+    any_leaf: bool,
+}
+
+/// The search works on *positions*: nodes numbered in preference order (leaf first, then
+/// most downloaded, most memory, smallest id). A cycle is walked from its first position
+/// through later positions only, so each directed cycle is seen once, and the walk visits
+/// cycles in lexicographic order of their position sequences, which is the final tie-break:
+/// the first ring found among equal scores wins, and a branch whose bound only ties the best
+/// is dropped. Best-first order also finds the best ring early: on a full mesh the first walk
+/// is the optimum.
+struct Searcher<'f> {
+    n: usize,
+    filters: &'f Filters,
+    /// `node_at[position]`: the topology index.
+    node_at: Vec<usize>,
+    /// `edge[a * n + b]`: an IP edge from position `a` to position `b`.
+    edge: Vec<bool>,
+    /// `rdma[a * n + b]`: an RDMA edge from position `a` to position `b`.
+    rdma: Vec<bool>,
+    /// Successor positions of each position, ascending (best first).
+    successors: Vec<Vec<usize>>,
+    memory: Vec<u64>,
+    download: Vec<u64>,
+    leaf: Vec<bool>,
+    required: Vec<bool>,
+    required_count: usize,
+    /// Lowest required position: every cycle containing it starts at or before it.
+    first_required: Option<usize>,
+    /// May be in a ring of one (compute backend).
+    single_ok: Vec<bool>,
+    /// May be in a ring of more than one (compute backend, and RDMA for JACCL).
+    multi_ok: Vec<bool>,
+    starts: Vec<Option<StartInfo>>,
+    first_only: bool,
+    /// Steps left for the whole placement.
+    budget: u64,
+    /// Steps left for the current ring size (at most [`SIZE_BUDGET`]).
+    size_budget: u64,
+}
+
+/// The state of the depth-first walk for one size and one start.
+struct Walk {
+    k: usize,
+    start: usize,
+    path: Vec<usize>,
+    in_path: Vec<bool>,
+    memory: u128,
+    download: u128,
+    leaf: bool,
+    required_left: usize,
+    best: Option<(Score, Vec<usize>)>,
+    exhausted: bool,
+    done: bool,
+}
+
+impl<'f> Searcher<'f> {
+    fn new(
+        topo: &Topology,
+        scores: &NodeScores,
+        filters: &'f Filters,
+        first_only: bool,
+        budget: u64,
+    ) -> Self {
+        let n = topo.len();
+        let mut node_at: Vec<usize> = (0..n).collect();
+        node_at.sort_by_key(|&v| {
+            (
+                std::cmp::Reverse(scores.leaf[v]),
+                std::cmp::Reverse(scores.download[v]),
+                std::cmp::Reverse(scores.memory[v]),
+                v,
+            )
+        });
+        let mut position_of = vec![0; n];
+        for (position, &v) in node_at.iter().enumerate() {
+            position_of[v] = position;
+        }
+        let mut edge = vec![false; n * n];
+        let mut rdma = vec![false; n * n];
+        for a in 0..n {
+            for b in 0..n {
+                edge[a * n + b] = topo.has_ip_edge(node_at[a], node_at[b]);
+                rdma[a * n + b] = topo.has_rdma_edge(node_at[a], node_at[b]);
+            }
+        }
+        let successors = (0..n)
+            .map(|a| (0..n).filter(|&b| edge[a * n + b]).collect())
+            .collect();
+        let mut required = vec![false; n];
+        for &r in &filters.required {
+            required[position_of[r]] = true;
+        }
+        let single_ok: Vec<bool> = node_at.iter().map(|&v| filters.node_ok[v]).collect();
+        let multi_ok = node_at
+            .iter()
+            .map(|&v| filters.node_ok[v] && (!filters.rdma || topo.nodes[v].rdma_enabled))
+            .collect();
+        Searcher {
+            n,
+            filters,
+            edge,
+            rdma,
+            successors,
+            memory: node_at.iter().map(|&v| scores.memory[v]).collect(),
+            download: node_at.iter().map(|&v| scores.download[v]).collect(),
+            leaf: node_at.iter().map(|&v| scores.leaf[v]).collect(),
+            first_required: required.iter().position(|&r| r),
+            required_count: filters.required.len(),
+            required,
+            single_ok,
+            multi_ok,
+            node_at,
+            starts: (0..n).map(|_| None).collect(),
+            first_only,
+            budget,
+            size_budget: SIZE_BUDGET,
+        }
+    }
+
+    fn run(&mut self) -> Search {
+        let n = self.n;
+        let k_low = self.filters.min_size.max(self.required_count).max(1);
+        if k_low > n {
+            return Search::NotFound;
+        }
+        if k_low == 1 {
+            if let Some(position) = self.best_single() {
+                return Search::Found(vec![self.node_at[position]]);
+            }
+        }
+        // The fewest multi-eligible nodes whose memory could hold the model.
+        let k_memory = match self.filters.memory_needed {
+            None => 2,
+            Some(needed) => {
+                let memories: Vec<u64> = (0..n)
+                    .filter(|&v| self.multi_ok[v])
+                    .map(|v| self.memory[v])
+                    .collect();
+                let sums = prefix_sums_descending(memories);
+                match sums.iter().position(|&s| s >= u128::from(needed)) {
+                    Some(k) => k.max(2),
+                    None => return Search::NotFound,
+                }
+            }
+        };
+        let last_start = self.first_required.unwrap_or(n - 1);
+        let mut skipped_a_size = false;
+        for k in k_low.max(k_memory)..=n {
+            if !self.filters.size_allowed(k) {
+                continue;
+            }
+            self.size_budget = SIZE_BUDGET;
+            let mut best: Option<(Score, Vec<usize>)> = None;
+            let mut size_exhausted = false;
+            for start in 0..=last_start {
+                if !self.multi_ok[start] {
+                    continue;
+                }
+                let mut walk = Walk {
+                    k,
+                    start,
+                    path: vec![start],
+                    in_path: vec![false; n],
+                    memory: u128::from(self.memory[start]),
+                    download: u128::from(self.download[start]),
+                    leaf: self.leaf[start],
+                    required_left: self.required_count - usize::from(self.required[start]),
+                    best: best.take(),
+                    exhausted: false,
+                    done: false,
+                };
+                walk.in_path[start] = true;
+                self.prepare_start(start);
+                self.extend(&mut walk);
+                best = walk.best;
+                if walk.exhausted {
+                    size_exhausted = true;
+                    break;
+                }
+                if walk.done {
+                    break;
+                }
+            }
+            if let Some((_, ring)) = best {
+                return Search::Found(ring.iter().map(|&p| self.node_at[p]).collect());
+            }
+            if self.budget == 0 {
+                return Search::Exhausted;
+            }
+            skipped_a_size |= size_exhausted;
+        }
+        if skipped_a_size {
+            Search::Exhausted
+        } else {
+            Search::NotFound
+        }
+    }
+
+    /// The best ring of one node: the first position that qualifies.
+    fn best_single(&self) -> Option<usize> {
+        (0..self.n).find(|&p| {
+            self.single_ok[p]
+                && self.required_count <= usize::from(self.required[p])
+                && self
+                    .filters
+                    .memory_needed
+                    .is_none_or(|need| self.memory[p] >= need)
+        })
+    }
+
+    fn prepare_start(&mut self, start: usize) {
+        if self.starts[start].is_some() {
+            return;
+        }
+        let n = self.n;
+        let is_candidate = |v: usize| v > start && self.multi_ok[v];
+        // Backward BFS from `start` over candidates: distance from each position to `start`.
+        let mut distance = vec![usize::MAX; n];
+        distance[start] = 0;
+        let mut queue = VecDeque::from([start]);
+        while let Some(x) = queue.pop_front() {
+            for u in start + 1..n {
+                if is_candidate(u) && distance[u] == usize::MAX && self.edge[u * n + x] {
+                    distance[u] = distance[x] + 1;
+                    queue.push_back(u);
+                }
+            }
+        }
+        // Only candidates that can get back to the start can be on a cycle through it.
+        let candidates: Vec<usize> = (start + 1..n)
+            .filter(|&v| is_candidate(v) && distance[v] != usize::MAX)
+            .collect();
+        let mut by_memory = candidates.clone();
+        by_memory.sort_by_key(|&v| (std::cmp::Reverse(self.memory[v]), v));
+        let mut by_download = candidates.clone();
+        by_download.sort_by_key(|&v| (std::cmp::Reverse(self.download[v]), v));
+        self.starts[start] = Some(StartInfo {
+            any_leaf: candidates.iter().any(|&v| self.leaf[v]),
+            distance_to_start: distance,
+            by_memory,
+            by_download,
+        });
+    }
+
+    fn extend(&mut self, walk: &mut Walk) {
+        let n = self.n;
+        let depth = walk.path.len();
+        let last = walk.path[depth - 1];
+        let filters = self.filters;
+        if depth == walk.k {
+            if !self.edge[last * n + walk.start] || walk.required_left > 0 {
+                return;
+            }
+            if filters
+                .memory_needed
+                .is_some_and(|need| walk.memory < u128::from(need))
+            {
+                return;
+            }
+            let score = Score {
+                leaf: walk.leaf,
+                download: walk.download,
+                memory: walk.memory,
+            };
+            // Walks come in lexicographic order, so only a strictly better score wins.
+            if walk.best.as_ref().is_none_or(|(best, _)| score > *best) {
+                walk.best = Some((score, walk.path.clone()));
+                walk.done = self.first_only;
+            }
+            return;
+        }
+        let successors = std::mem::take(&mut self.successors[last]);
+        for &v in &successors {
+            if walk.done || walk.exhausted {
+                break;
+            }
+            if v <= walk.start || !self.multi_ok[v] || walk.in_path[v] {
+                continue;
+            }
+            if self.budget == 0 || self.size_budget == 0 {
+                walk.exhausted = true;
+                break;
+            }
+            self.budget -= 1;
+            self.size_budget -= 1;
+            let info = self.starts[walk.start].as_ref().expect("prepared start");
+            // Steps from v back to the start: k - depth.
+            if info.distance_to_start[v] > walk.k - depth {
+                continue;
+            }
+            let slots_left = walk.k - depth - 1;
+            let required_left = walk.required_left - usize::from(self.required[v]);
+            if required_left > slots_left {
+                continue;
+            }
+            let memory = u128::from(self.memory[v]);
+            let download = u128::from(self.download[v]);
+            let Some(top_memory) =
+                top_unused(&info.by_memory, &self.memory, &walk.in_path, v, slots_left)
+            else {
+                continue;
+            };
+            let memory_bound = walk.memory + memory + top_memory;
+            if filters
+                .memory_needed
+                .is_some_and(|need| memory_bound < u128::from(need))
+            {
+                continue;
+            }
+            if filters.rdma
+                && walk
+                    .path
+                    .iter()
+                    .any(|&u| !self.rdma[u * n + v] || !self.rdma[v * n + u])
+            {
+                continue;
+            }
+            if let Some((best, _)) = &walk.best {
+                let top_download =
+                    top_unused(&info.by_download, &self.download, &walk.in_path, v, slots_left)
+                        .unwrap_or(0);
+                let bound = Score {
+                    leaf: walk.leaf || self.leaf[v] || (slots_left > 0 && info.any_leaf),
+                    download: walk.download + download + top_download,
+                    memory: memory_bound,
+                };
+                // A later walk that only ties the best loses the tie-break.
+                if bound <= *best {
+                    continue;
+                }
+            }
+            walk.path.push(v);
+            walk.in_path[v] = true;
+            walk.memory += memory;
+            walk.download += download;
+            let leaf_before = walk.leaf;
+            walk.leaf |= self.leaf[v];
+            walk.required_left = required_left;
+            self.extend(walk);
+            walk.required_left += usize::from(self.required[v]);
+            walk.leaf = leaf_before;
+            walk.download -= download;
+            walk.memory -= memory;
+            walk.in_path[v] = false;
+            walk.path.pop();
+        }
+        self.successors[last] = successors;
+    }
+}
+
+/// Chooses the ring for `input`: node indices of `topo` in rank order.
+///
+/// When no ring qualifies, the stages of the filters are searched again one by one, in the
+/// order topology (size and required nodes), memory, tensor, compute backend, RDMA, and the
+/// first stage that leaves no ring names the error.
+pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, PlaceError> {
+    let n = topo.len();
+    let model = &input.model;
+    let request = &input.request;
+    let mut required = Vec::new();
+    for id in &request.required_nodes {
+        match topo.index_of(id) {
+            Some(i) => required.push(i),
+            None => {
+                return Err(PlaceError::NoRing(format!(
+                    "required node {id} is not in the cluster; wait until it has joined, or \
+                     remove it from required_nodes"
+                )))
+            }
+        }
+    }
+    required.sort_unstable();
+    required.dedup();
+    let scores = NodeScores {
+        memory: topo.nodes.iter().map(|node| node.ram_available).collect(),
+        download: topo
+            .nodes
+            .iter()
+            .map(|node| node.download_millionths(&model.id))
+            .collect(),
+        leaf: (0..n).map(|v| topo.is_leaf(v)).collect(),
+    };
+    let min_nodes = request.min_nodes.max(1);
+
+    let mut stages: Vec<(Filters, PlaceError)> = Vec::new();
+    let mut filters = Filters {
+        min_size: min_nodes as usize,
+        required: required.clone(),
+        memory_needed: None,
+        tensor: None,
+        node_ok: vec![true; n],
+        rdma: false,
+    };
+    let required_text = if request.required_nodes.is_empty() {
+        String::new()
+    } else {
+        let mut ids = request.required_nodes.clone();
+        ids.sort();
+        ids.dedup();
+        format!(" containing {}", ids.join(", "))
+    };
+    let no_ring = if (min_nodes as usize) > n {
+        format!(
+            "the cluster has {n} node(s) but min_nodes is {min_nodes}; lower min_nodes or add nodes"
+        )
+    } else {
+        format!(
+            "no directed cycle of at least {min_nodes} node(s){required_text} exists in the \
+             topology; check that these nodes verified links to each other, or lower min_nodes"
+        )
+    };
+    stages.push((filters.clone(), PlaceError::NoRing(no_ring)));
+
+    filters.memory_needed = Some(model.storage_bytes);
+    stages.push((
+        filters.clone(),
+        PlaceError::NoRingWithEnoughMemory {
+            needed: model.storage_bytes,
+            available: scores.memory.iter().fold(0u64, |a, &m| a.saturating_add(m)),
+            min_nodes,
+        },
+    ));
+
+    if request.sharding == Sharding::Tensor {
+        filters.tensor = Some(TensorRule {
+            supports: model.supports_tensor,
+            hidden_size: model.hidden_size,
+            kv_heads: model.num_key_value_heads,
+        });
+        let error = if model.supports_tensor {
+            PlaceError::TensorIndivisible {
+                hidden_size: model.hidden_size,
+                kv_heads: model.num_key_value_heads,
+            }
+        } else {
+            PlaceError::TensorNotSupported {
+                model: model.id.clone(),
+            }
+        };
+        stages.push((filters.clone(), error));
+    }
+
+    filters.node_ok = topo
+        .nodes
+        .iter()
+        .map(|node| node.backends.iter().any(|b| model.backends.contains(b)))
+        .collect();
+    let mut backends: Vec<String> = model
+        .backends
+        .iter()
+        .map(|b| {
+            serde_json::to_value(b)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        })
+        .collect();
+    backends.sort();
+    backends.dedup();
+    stages.push((
+        filters.clone(),
+        PlaceError::BackendUnsupported {
+            model: model.id.clone(),
+            backends: if backends.is_empty() {
+                "(none)".into()
+            } else {
+                backends.join(", ")
+            },
+        },
+    ));
+
+    if request.backend == CollectiveBackend::Jaccl {
+        filters.rdma = true;
+        stages.push((filters.clone(), PlaceError::NoRdmaRing));
+    }
+
+    let full = &stages.last().expect("at least one stage").0;
+    let mut searcher = Searcher::new(topo, &scores, full, false, SEARCH_BUDGET);
+    let outcome = searcher.run();
+    let mut budget = searcher.budget;
+    match outcome {
+        Search::Found(ring) => return Ok(canonical_rotation(ring)),
+        Search::Exhausted => return Err(PlaceError::RingSearchExhausted { budget: SEARCH_BUDGET }),
+        Search::NotFound => {}
+    }
+    for (stage, error) in &stages {
+        let mut searcher = Searcher::new(topo, &scores, stage, true, budget);
+        let outcome = searcher.run();
+        budget = searcher.budget;
+        match outcome {
+            Search::Found(_) => {}
+            Search::NotFound => return Err(error.clone()),
+            Search::Exhausted => {
+                return Err(PlaceError::RingSearchExhausted { budget: SEARCH_BUDGET })
+            }
+        }
+    }
+    // The last stage is the full filter set, which found nothing, so the loop returned.
+    Err(stages.pop().expect("at least one stage").1)
+}
+
+/// Rotates a ring (topology indices, which follow id order) to start at its smallest id,
+/// keeping its direction.
+fn canonical_rotation(mut ring: Vec<usize>) -> Vec<usize> {
+    if let Some(first) = ring.iter().enumerate().min_by_key(|(_, &v)| v).map(|(i, _)| i) {
+        ring.rotate_left(first);
+    }
+    ring
+}
