@@ -4,7 +4,8 @@
 //!
 //! Scripts (the last user message):
 //! - `echo: TEXT` streams TEXT back in 3-character tokens;
-//! - `params` streams the received request's sampling settings as JSON;
+//! - `params` streams the received request's sampling settings as JSON (stop strings as
+//!   lists of character codes, so that they do not stop the answer);
 //! - `fail after N` streams N tokens, then fails as a lost instance;
 //! - `vanish` streams 2 tokens, then ends the stream without `Done`;
 //! - `wait MS` waits MS milliseconds, then streams `done`;
@@ -103,7 +104,16 @@ impl FakeBackend {
             return Script::tokens(chunks(text.trim_start()));
         }
         if last == "params" {
-            let text = serde_json::to_string(&request.sampling).unwrap_or_default();
+            // Stop strings go out as their characters' codes, or they would stop this answer.
+            let mut params = serde_json::to_value(&request.sampling).unwrap_or_default();
+            let codes: Vec<Vec<u32>> = request
+                .sampling
+                .stop
+                .iter()
+                .map(|s| s.chars().map(u32::from).collect())
+                .collect();
+            params["stop"] = json!(codes);
+            let text = params.to_string();
             return Script::tokens(chunks(&text));
         }
         if let Some(n) = last

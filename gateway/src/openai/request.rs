@@ -186,48 +186,49 @@ fn parse_message(index: usize, value: &Value) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
-    let content =
-        match m.get("content") {
-            // An assistant turn may carry no text (for instance only tool calls).
-            None | Some(Value::Null) if role == "assistant" => String::new(),
-            None | Some(Value::Null) => return Err(ApiError::missing_field(&at("content"))),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for (j, part) in parts.iter().enumerate() {
-                    let param = format!("messages[{index}].content[{j}]");
-                    let part_type = part.get("type").and_then(Value::as_str);
-                    match (part_type, part.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                        (Some("text"), _) => {
-                            return Err(ApiError::invalid_field(
-                                &param,
-                                "a text part needs a string `text`",
-                            ))
-                        }
-                        (Some(other), _) => return Err(ApiError::invalid_field(
+    let content = match m.get("content") {
+        // An assistant turn may carry no text (for instance only tool calls).
+        None | Some(Value::Null) if role == "assistant" => String::new(),
+        None | Some(Value::Null) => return Err(ApiError::missing_field(&at("content"))),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let param = format!("messages[{index}].content[{j}]");
+                let part_type = part.get("type").and_then(Value::as_str);
+                match (part_type, part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid_field(
+                            &param,
+                            "a text part needs a string `text`",
+                        ))
+                    }
+                    (Some(other), _) => {
+                        return Err(ApiError::invalid_field(
                             &param,
                             format!(
                                 "content parts of type `{other}` are not supported; only `text`"
                             ),
-                        )),
-                        (None, _) => {
-                            return Err(ApiError::invalid_field(
-                                &param,
-                                "each content part needs a `type` (only `text` is supported)",
-                            ))
-                        }
+                        ))
+                    }
+                    (None, _) => {
+                        return Err(ApiError::invalid_field(
+                            &param,
+                            "each content part needs a `type` (only `text` is supported)",
+                        ))
                     }
                 }
-                text
             }
-            Some(_) => {
-                return Err(ApiError::invalid_field(
-                    &at("content"),
-                    "`content` must be a string or an array of text parts",
-                ))
-            }
-        };
+            text
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                &at("content"),
+                "`content` must be a string or an array of text parts",
+            ))
+        }
+    };
     Ok(ChatMessage { role, content })
 }
 
