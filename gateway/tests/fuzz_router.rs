@@ -16,7 +16,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn arb_method() -> impl Strategy<Value = &'static str> {
-    prop::sample::select(vec!["GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD"])
+    prop::sample::select(vec![
+        "GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD",
+    ])
 }
 
 fn arb_path() -> impl Strategy<Value = String> {
