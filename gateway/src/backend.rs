@@ -1,0 +1,227 @@
+//! The seam between the HTTP layer and the rest of the node: the [`Backend`] trait.
+//!
+//! The gateway parses and validates requests, speaks OpenAI's and exo's shapes, streams SSE and
+//! maps errors to statuses; everything that needs the cluster goes through this trait. The
+//! `shoal` binary implements it over mesh (the replicated state), placement and inference:
+//!
+//! - **Routing and forwarding live behind [`Backend::chat`].** The implementation finds the
+//!   instances of `request.model` in the replicated state, picks one by load (requests spread
+//!   over several instances of one model), and either runs the request on the local runner or
+//!   forwards it over an iroh stream to the node holding the instance's first rank, relaying
+//!   the events it sends back. The gateway neither knows nor cares which happened.
+//! - **Queueing lives behind it too.** The gateway never serialises requests: every request
+//!   calls `chat` concurrently, and the backend queues or batches them on the instance. A
+//!   request waiting in a queue simply produces no event yet; the gateway keeps the client's
+//!   connection alive with SSE comments meanwhile.
+//! - **Cancellation.** Each chat gets a [`CancellationToken`]. The gateway cancels it when the
+//!   client disconnects (the response body is dropped), when a stop string matched or when
+//!   `max_tokens` was reached. The backend should then stop generating and free the slot; a
+//!   dropped event receiver means the same.
+//!
+//! Instance and placement payloads travel as JSON values: their types belong to the placement
+//! and mesh crates, and the gateway only forwards them.
+
+use crate::error::ApiError;
+use serde::Serialize;
+use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
+use tokio::sync::mpsc;
+pub use tokio_util::sync::CancellationToken;
+
+/// A boxed, sendable future: what the trait's async methods return, so that the trait stays
+/// object-safe (`Arc<dyn Backend>`) without a macro.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the cluster offers to the HTTP layer. Implemented once by the `shoal` binary (over mesh,
+/// placement and inference) and by [`crate::fake::FakeBackend`] in tests.
+///
+/// Every method may be called from many connections at once.
+pub trait Backend: Send + Sync + 'static {
+    /// This node's id, as `GET /node_id` answers it (a JSON string). Peers probe it to verify
+    /// topology edges, so it must be cheap and never fail.
+    fn node_id(&self) -> String;
+
+    /// The replicated state as JSON, as `GET /state` answers it. `GET /state/{path}` selects a
+    /// subtree of this value, so keys should be path-friendly (node ids, instance ids).
+    fn state(&self) -> BoxFuture<'_, Value>;
+
+    /// The models chat can be asked for: those with an instance, and the known local ones
+    /// (with `ready: false` when no instance serves them yet). Sorted by id.
+    fn models(&self) -> BoxFuture<'_, Vec<ModelInfo>>;
+
+    /// `POST /place_instance`: compute a placement for the request and write the instance intent
+    /// into the state. Answers the created instance (JSON) or why it cannot be placed
+    /// ([`ApiError`] with kind `Unavailable` for "not enough memory", `NotFound` for an
+    /// unknown model, ...).
+    fn place_instance(
+        &self,
+        request: PlaceInstanceRequest,
+    ) -> BoxFuture<'_, Result<Value, ApiError>>;
+
+    /// `POST /instance`: create the instance given (typically one taken from the previews).
+    fn create_instance(&self, instance: Value) -> BoxFuture<'_, Result<Value, ApiError>>;
+
+    /// `GET /instance/previews?model_id=`: every sharding × backend × node count, each with its
+    /// placement or the reason it is impossible, plus memory per node.
+    fn instance_previews(&self, model_id: String) -> BoxFuture<'_, Result<Value, ApiError>>;
+
+    /// `GET /instance/{id}`: the instance and its runners' states; `NotFound` if absent.
+    fn instance(&self, id: String) -> BoxFuture<'_, Result<Value, ApiError>>;
+
+    /// `DELETE /instance/{id}`: remove the instance (its runners shut down); answers what was
+    /// deleted, `NotFound` if absent.
+    fn delete_instance(&self, id: String) -> BoxFuture<'_, Result<Value, ApiError>>;
+
+    /// Starts a chat completion. Resolve as soon as the request is accepted or refused:
+    /// refusals are errors here, with their kind deciding the status (unknown model →
+    /// [`ApiError::model_not_found`], no instance → [`ApiError::no_instance`]); waiting for a
+    /// free slot happens inside the returned stream.
+    ///
+    /// The stream yields [`ChatEvent::Token`]s and ends with one [`ChatEvent::Done`]. An `Err`
+    /// item (for instance [`ApiError::instance_lost`]) ends it with a failure; a stream that
+    /// ends without `Done` is treated as a lost instance. After `cancel` fires, the backend may
+    /// stop sending at any point.
+    fn chat(
+        &self,
+        request: ChatRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<ChatStream, ApiError>>;
+}
+
+/// A model as `GET /v1/models` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelInfo {
+    /// The id clients put in `model`.
+    pub id: String,
+    /// Unix seconds; OpenAI's field (0 when unknown).
+    pub created: u64,
+    /// Who provides it (OpenAI's `owned_by`), e.g. the Hugging Face organisation.
+    pub owned_by: String,
+    /// Whether at least one instance can serve it right now.
+    pub ready: bool,
+}
+
+/// How a model is split over nodes (exo's `sharding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Sharding {
+    /// Layers split over the ring's nodes.
+    Pipeline,
+    /// Every layer's matrices split over the nodes.
+    Tensor,
+}
+
+/// How the nodes of an instance talk (exo's `instance_meta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum InstanceMeta {
+    /// MLX's ring backend over TCP.
+    MlxRing,
+    /// MLX's JACCL backend over RDMA (Thunderbolt 5).
+    MlxJaccl,
+}
+
+/// `POST /place_instance`'s body, validated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlaceInstanceRequest {
+    pub model_id: String,
+    /// Default: `Pipeline`.
+    pub sharding: Sharding,
+    /// Default: `MlxRing`.
+    pub instance_meta: InstanceMeta,
+    /// At least this many nodes (default 1).
+    pub min_nodes: u32,
+}
+
+/// One message of the conversation, its content flattened to text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    pub content: String,
+}
+
+/// Sampling and stopping settings, passed through from the request. `None` means the
+/// engine's default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SamplingParams {
+    /// Upper bound on generated tokens (`max_completion_tokens`, else `max_tokens`). The
+    /// gateway also enforces it on the events it receives.
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    /// Same seed, same prompt, same instance → same output.
+    pub seed: Option<u64>,
+    /// Stop strings, non-empty. The gateway enforces them on the text (holding back partial
+    /// matches and cutting at a match); an engine may also stop on them itself.
+    pub stop: Vec<String>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Return log probabilities; `Some(k)` also asks for the `k` most likely alternatives.
+    pub logprobs: Option<u32>,
+}
+
+/// A validated chat request, as the backend receives it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    pub sampling: SamplingParams,
+    /// OpenAI's end-user id, for logs.
+    pub user: Option<String>,
+}
+
+/// An accepted chat: its prompt size and the events to come.
+#[derive(Debug)]
+pub struct ChatStream {
+    /// Tokens in the prompt after the chat template, for `usage.prompt_tokens`.
+    pub prompt_tokens: u32,
+    /// Tokens, then `Done`; or an error.
+    pub events: mpsc::Receiver<Result<ChatEvent, ApiError>>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token, or a stop string matched.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+}
+
+impl FinishReason {
+    /// OpenAI's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// A sampled token's log probability, with the most likely alternatives when asked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// (token, logprob), most likely first.
+    pub top: Vec<(String, f32)>,
+}
+
+/// One event of a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatEvent {
+    /// One generated token: its text (possibly empty while a multi-byte character is
+    /// incomplete; the engine's detokenizer owns UTF-8 boundaries) and, when asked, its
+    /// log probability.
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// Generation ended. `completion_tokens` counts the tokens generated.
+    Done {
+        finish_reason: FinishReason,
+        completion_tokens: u32,
+    },
+}

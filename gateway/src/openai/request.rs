@@ -1,0 +1,562 @@
+//! Parsing `POST /v1/chat/completions` bodies into a validated [`ChatRequest`].
+//!
+//! The body is read as a JSON value first and its fields are then taken one by one, so that
+//! each mistake is answered with a 400 naming the field at fault (`param`), which serde's
+//! derived errors do not do. Unknown fields are ignored, as OpenAI-compatible servers do.
+
+use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+
+/// Most stop strings accepted (OpenAI allows 4; a few more cost nothing).
+pub const MAX_STOP_STRINGS: usize = 16;
+/// Most alternatives `top_logprobs` may ask for (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// A parsed chat request plus how to answer it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedChat {
+    pub request: ChatRequest,
+    /// Answer as SSE chunks.
+    pub stream: bool,
+    /// With `stream`, send a last chunk carrying usage (`stream_options.include_usage`).
+    pub include_usage: bool,
+}
+
+/// Parses and validates a chat completion body. Never panics, whatever the bytes.
+pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            crate::error::ErrorKind::InvalidRequest,
+            format!("the body is not valid JSON: {e}"),
+        )
+        .with_code("invalid_json")
+    })?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::new(
+            crate::error::ErrorKind::InvalidRequest,
+            "the body must be a JSON object",
+        ));
+    };
+
+    let model = match obj.get("model") {
+        None | Some(Value::Null) => return Err(ApiError::missing_field("model")),
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "model",
+                "`model` must be a non-empty string",
+            ))
+        }
+    };
+    let messages = parse_messages(obj.get("messages"))?;
+
+    if let Some(n) = opt_u64(&obj, "n")? {
+        if n != 1 {
+            return Err(ApiError::invalid_field(
+                "n",
+                format!("`n` = {n} is not supported; only one choice (n = 1) is generated"),
+            ));
+        }
+    }
+
+    let max_tokens = match opt_u64(&obj, "max_completion_tokens")? {
+        Some(v) => Some(("max_completion_tokens", v)),
+        None => opt_u64(&obj, "max_tokens")?.map(|v| ("max_tokens", v)),
+    };
+    let max_tokens = match max_tokens {
+        Some((name, 0)) => {
+            return Err(ApiError::invalid_field(
+                name,
+                format!("`{name}` must be at least 1"),
+            ))
+        }
+        Some((_, v)) => Some(u32::try_from(v).unwrap_or(u32::MAX)),
+        None => None,
+    };
+
+    let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
+    let top_logprobs = opt_u64(&obj, "top_logprobs")?;
+    let logprobs = match (logprobs, top_logprobs) {
+        (_, Some(k)) if k > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::invalid_field(
+                "top_logprobs",
+                format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}"),
+            ))
+        }
+        (false, Some(_)) => {
+            return Err(ApiError::invalid_field(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ))
+        }
+        (true, k) => Some(k.unwrap_or(0) as u32),
+        (false, None) => None,
+    };
+
+    let sampling = SamplingParams {
+        max_tokens,
+        temperature: opt_f32_in(&obj, "temperature", 0.0, 2.0)?,
+        top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
+        top_k: opt_u64(&obj, "top_k")?.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+        min_p: opt_f32_in(&obj, "min_p", 0.0, 1.0)?,
+        seed: parse_seed(&obj)?,
+        stop: parse_stop(obj.get("stop"))?,
+        presence_penalty: opt_f32_in(&obj, "presence_penalty", -2.0, 2.0)?,
+        frequency_penalty: opt_f32_in(&obj, "frequency_penalty", -2.0, 2.0)?,
+        logprobs,
+    };
+
+    let user = match obj.get("user") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ApiError::invalid_field("user", "`user` must be a string")),
+    };
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(opts)) => opt_bool(opts, "include_usage")
+            .map_err(|e| e.with_param("stream_options.include_usage"))?
+            .unwrap_or(false),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
+    };
+
+    Ok(ParsedChat {
+        request: ChatRequest {
+            model,
+            messages,
+            sampling,
+            user,
+        },
+        stream,
+        include_usage: stream && include_usage,
+    })
+}
+
+fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match value {
+        None | Some(Value::Null) => return Err(ApiError::missing_field("messages")),
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "messages",
+                "`messages` must be an array",
+            ))
+        }
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid_field(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| parse_message(i, m))
+        .collect()
+}
+
+fn parse_message(index: usize, value: &Value) -> Result<ChatMessage, ApiError> {
+    let at = |field: &str| format!("messages[{index}].{field}");
+    let Value::Object(m) = value else {
+        return Err(ApiError::invalid_field(
+            &format!("messages[{index}]"),
+            "each message must be an object with `role` and `content`",
+        ));
+    };
+    let role = match m.get("role") {
+        None | Some(Value::Null) => return Err(ApiError::missing_field(&at("role"))),
+        Some(Value::String(r))
+            if matches!(
+                r.as_str(),
+                "system" | "developer" | "user" | "assistant" | "tool"
+            ) =>
+        {
+            r.clone()
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                &at("role"),
+                "`role` must be one of system, developer, user, assistant, tool",
+            ))
+        }
+    };
+    let content = match m.get("content") {
+        // An assistant turn may carry no text (for instance only tool calls).
+        None | Some(Value::Null) if role == "assistant" => String::new(),
+        None | Some(Value::Null) => return Err(ApiError::missing_field(&at("content"))),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let param = format!("messages[{index}].content[{j}]");
+                let part_type = part.get("type").and_then(Value::as_str);
+                match (part_type, part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid_field(
+                            &param,
+                            "a text part needs a string `text`",
+                        ))
+                    }
+                    (Some(other), _) => {
+                        return Err(ApiError::invalid_field(
+                            &param,
+                            format!(
+                                "content parts of type `{other}` are not supported; only `text`"
+                            ),
+                        ))
+                    }
+                    (None, _) => {
+                        return Err(ApiError::invalid_field(
+                            &param,
+                            "each content part needs a `type` (only `text` is supported)",
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                &at("content"),
+                "`content` must be a string or an array of text parts",
+            ))
+        }
+    };
+    Ok(ChatMessage { role, content })
+}
+
+fn parse_stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let mut stops = match value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                match item {
+                    Value::String(s) => out.push(s.clone()),
+                    _ => {
+                        return Err(ApiError::invalid_field(
+                            "stop",
+                            "`stop` must be a string or an array of strings",
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "stop",
+                "`stop` must be a string or an array of strings",
+            ))
+        }
+    };
+    stops.retain(|s| !s.is_empty());
+    stops.sort();
+    stops.dedup();
+    if stops.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid_field(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} stop strings are accepted"),
+        ));
+    }
+    Ok(stops)
+}
+
+fn parse_seed(obj: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    match obj.get("seed") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            if let Some(u) = n.as_u64() {
+                Ok(Some(u))
+            } else if let Some(i) = n.as_i64() {
+                // Negative seeds are valid in OpenAI's API; keep their bits.
+                Ok(Some(i as u64))
+            } else {
+                Err(ApiError::invalid_field("seed", "`seed` must be an integer"))
+            }
+        }
+        Some(_) => Err(ApiError::invalid_field("seed", "`seed` must be an integer")),
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be true or false"),
+        )),
+    }
+}
+
+fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) => Ok(Some(v)),
+            // Accept integral floats such as 16.0, which some clients send.
+            None => match n.as_f64() {
+                Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => {
+                    Ok(Some(f as u64))
+                }
+                _ => Err(ApiError::invalid_field(
+                    name,
+                    format!("`{name}` must be a non-negative integer"),
+                )),
+            },
+        },
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be a non-negative integer"),
+        )),
+    }
+}
+
+fn opt_f32_in(
+    obj: &Map<String, Value>,
+    name: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f32>, ApiError> {
+    let bad = || {
+        ApiError::invalid_field(
+            name,
+            format!("`{name}` must be a number between {min} and {max}"),
+        )
+    };
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(f) if (min..=max).contains(&f) => Ok(Some(f as f32)),
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn parse(v: Value) -> Result<ParsedChat, ApiError> {
+        parse_chat_request(v.to_string().as_bytes())
+    }
+
+    fn minimal() -> Value {
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    }
+
+    #[test]
+    fn minimal_request_parses_with_defaults() {
+        let p = parse(minimal()).unwrap();
+        assert_eq!(p.request.model, "m");
+        assert_eq!(p.request.messages[0].content, "hi");
+        assert!(!p.stream);
+        assert_eq!(p.request.sampling, SamplingParams::default());
+    }
+
+    #[test]
+    fn every_field_passes_through() {
+        let p = parse(serde_json::json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+            ],
+            "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+            "top_k": 40, "min_p": 0.05, "seed": 42, "stop": ["x", "y"], "presence_penalty": 0.1,
+            "frequency_penalty": -0.2, "logprobs": true, "top_logprobs": 3, "n": 1, "user": "u",
+            "stream": true, "stream_options": {"include_usage": true}
+        }))
+        .unwrap();
+        let s = &p.request.sampling;
+        assert_eq!(s.max_tokens, Some(7));
+        assert_eq!(s.temperature, Some(0.5));
+        assert_eq!(s.top_p, Some(0.9));
+        assert_eq!(s.top_k, Some(40));
+        assert_eq!(s.min_p, Some(0.05));
+        assert_eq!(s.seed, Some(42));
+        assert_eq!(s.stop, vec!["x".to_string(), "y".to_string()]);
+        assert_eq!(s.presence_penalty, Some(0.1));
+        assert_eq!(s.frequency_penalty, Some(-0.2));
+        assert_eq!(s.logprobs, Some(3));
+        assert_eq!(p.request.user.as_deref(), Some("u"));
+        assert_eq!(p.request.messages[1].content, "ab");
+        assert!(p.stream && p.include_usage);
+    }
+
+    #[test]
+    fn stop_may_be_a_string() {
+        let mut v = minimal();
+        v["stop"] = "END".into();
+        assert_eq!(
+            parse(v).unwrap().request.sampling.stop,
+            vec!["END".to_string()]
+        );
+    }
+
+    #[test]
+    fn errors_name_their_field() {
+        let cases: Vec<(Value, &str)> = vec![
+            (serde_json::json!({"messages": []}), "model"),
+            (serde_json::json!({"model": "m"}), "messages"),
+            (
+                serde_json::json!({"model": "m", "messages": []}),
+                "messages",
+            ),
+            (
+                serde_json::json!({"model": "m", "messages": [{"content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                serde_json::json!({"model": "m", "messages": [{"role": "user"}]}),
+                "messages[0].content",
+            ),
+            (
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["n"] = 2.into();
+                    v
+                },
+                "n",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["temperature"] = 3.into();
+                    v
+                },
+                "temperature",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["top_p"] = "x".into();
+                    v
+                },
+                "top_p",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["max_tokens"] = 0.into();
+                    v
+                },
+                "max_tokens",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["max_tokens"] = (-1).into();
+                    v
+                },
+                "max_tokens",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["stop"] = 5.into();
+                    v
+                },
+                "stop",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["top_logprobs"] = 2.into();
+                    v
+                },
+                "top_logprobs",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["seed"] = 1.5.into();
+                    v
+                },
+                "seed",
+            ),
+            (
+                {
+                    let mut v = minimal();
+                    v["stream"] = "yes".into();
+                    v
+                },
+                "stream",
+            ),
+        ];
+        for (body, param) in cases {
+            let err = parse(body.clone()).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::InvalidRequest, "{body}");
+            assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn malformed_json_is_400() {
+        let err = parse_chat_request(b"{\"model\": ").unwrap_err();
+        assert_eq!(err.status(), hyper::StatusCode::BAD_REQUEST);
+        assert_eq!(err.code.as_deref(), Some("invalid_json"));
+        assert!(parse_chat_request(b"[1,2]").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_chat_request(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_json_is_ok_or_400(v in arb_json()) {
+            if let Err(e) = parse(v) {
+                proptest::prop_assert_eq!(e.kind, ErrorKind::InvalidRequest);
+            }
+        }
+
+        #[test]
+        fn mutated_valid_requests_are_ok_or_400(key in "(model|messages|n|max_tokens|temperature|top_p|top_k|min_p|seed|stop|logprobs|top_logprobs|stream|stream_options|user|presence_penalty)", v in arb_json()) {
+            let mut body = minimal();
+            body[key.as_str()] = v;
+            if let Err(e) = parse(body) {
+                proptest::prop_assert_eq!(e.kind, ErrorKind::InvalidRequest);
+            }
+        }
+    }
+
+    /// Arbitrary JSON, biased towards the shapes of chat requests.
+    pub(crate) fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            "(model|messages|role|content|user|text|type|stop|[a-z]{0,6})".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    "(model|messages|role|content|text|type|n|stop|seed|stream|[a-z]{1,5})",
+                    inner,
+                    0..6
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+}

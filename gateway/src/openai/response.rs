@@ -1,0 +1,216 @@
+//! OpenAI's response shapes: `chat.completion`, `chat.completion.chunk` and the model list.
+//! Built as JSON values with absent fields omitted rather than null (clients broke on nulls
+//! in exo).
+
+use crate::backend::{FinishReason, ModelInfo, TokenLogprob};
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Identity shared by every chunk of one completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompletionMeta {
+    /// `chatcmpl-...`, unique per node process.
+    pub id: String,
+    /// Unix seconds when the request was accepted.
+    pub created: u64,
+    /// The model as the client named it.
+    pub model: String,
+}
+
+impl CompletionMeta {
+    /// A fresh id and the current time.
+    pub fn new(model: &str) -> CompletionMeta {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        CompletionMeta {
+            id: format!("chatcmpl-{:x}{:06x}", now.as_micros(), n & 0xff_ffff),
+            created: now.as_secs(),
+            model: model.to_string(),
+        }
+    }
+}
+
+/// Token counts of one completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+impl Usage {
+    /// OpenAI's `usage` object.
+    pub fn to_json(self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens.saturating_add(self.completion_tokens),
+        })
+    }
+}
+
+/// The `logprobs` object of a choice: `{"content": [...]}`.
+pub fn logprobs_json(tokens: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|(token, logprob)| {
+                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+                })
+                .collect();
+            json!({
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": t.token.as_bytes(),
+                "top_logprobs": top,
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// A whole non-streaming answer (`chat.completion`).
+pub fn completion_json(
+    meta: &CompletionMeta,
+    text: &str,
+    finish_reason: FinishReason,
+    logprobs: Option<&[TokenLogprob]>,
+    usage: Usage,
+) -> Value {
+    let mut choice = Map::new();
+    choice.insert("index".into(), json!(0));
+    choice.insert(
+        "message".into(),
+        json!({"role": "assistant", "content": text}),
+    );
+    if let Some(lp) = logprobs {
+        choice.insert("logprobs".into(), logprobs_json(lp));
+    }
+    choice.insert("finish_reason".into(), json!(finish_reason.as_str()));
+    json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+        "usage": usage.to_json(),
+    })
+}
+
+/// What one streamed chunk carries.
+#[derive(Debug, Clone, Default)]
+pub struct ChunkDelta<'a> {
+    /// Only in the first chunk.
+    pub role: bool,
+    pub content: Option<&'a str>,
+    pub logprobs: Option<&'a [TokenLogprob]>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// One `chat.completion.chunk` with a single choice.
+pub fn chunk_json(meta: &CompletionMeta, delta: ChunkDelta<'_>) -> Value {
+    let mut d = Map::new();
+    if delta.role {
+        d.insert("role".into(), json!("assistant"));
+    }
+    if let Some(content) = delta.content {
+        d.insert("content".into(), json!(content));
+    }
+    let mut choice = Map::new();
+    choice.insert("index".into(), json!(0));
+    choice.insert("delta".into(), Value::Object(d));
+    if let Some(lp) = delta.logprobs {
+        choice.insert("logprobs".into(), logprobs_json(lp));
+    }
+    if let Some(reason) = delta.finish_reason {
+        choice.insert("finish_reason".into(), json!(reason.as_str()));
+    }
+    json!({
+        "id": meta.id,
+        "object": "chat.completion.chunk",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+    })
+}
+
+/// The last chunk when `stream_options.include_usage` is set: no choices, only usage.
+pub fn usage_chunk_json(meta: &CompletionMeta, usage: Usage) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "chat.completion.chunk",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [],
+        "usage": usage.to_json(),
+    })
+}
+
+/// `GET /v1/models`.
+pub fn models_json(models: &[ModelInfo]) -> Value {
+    let data: Vec<Value> = models
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.id,
+                "object": "model",
+                "created": m.created,
+                "owned_by": m.owned_by,
+                "ready": m.ready,
+            })
+        })
+        .collect();
+    json!({ "object": "list", "data": data })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique() {
+        assert_ne!(CompletionMeta::new("m").id, CompletionMeta::new("m").id);
+    }
+
+    #[test]
+    fn chunk_omits_absent_fields() {
+        let meta = CompletionMeta::new("m");
+        let c = chunk_json(
+            &meta,
+            ChunkDelta {
+                content: Some("x"),
+                ..Default::default()
+            },
+        );
+        assert_eq!(c["object"], "chat.completion.chunk");
+        let choice = &c["choices"][0];
+        assert_eq!(choice["delta"], json!({"content": "x"}));
+        assert!(choice.get("finish_reason").is_none());
+        assert!(choice.get("logprobs").is_none());
+        assert!(c.get("usage").is_none());
+    }
+
+    #[test]
+    fn completion_has_usage_totals() {
+        let meta = CompletionMeta::new("m");
+        let c = completion_json(
+            &meta,
+            "hi",
+            FinishReason::Length,
+            None,
+            Usage {
+                prompt_tokens: 3,
+                completion_tokens: 2,
+            },
+        );
+        assert_eq!(c["usage"]["total_tokens"], 5);
+        assert_eq!(c["choices"][0]["finish_reason"], "length");
+        assert_eq!(c["choices"][0]["message"]["content"], "hi");
+    }
+}

@@ -1,0 +1,249 @@
+//! Routing: method and path to handler, request bodies read under the size limit, errors turned
+//! into OpenAI-shaped responses, and CORS `*` on everything (the dashboard and browser clients
+//! may be served from anywhere).
+
+use crate::backend::Backend;
+use crate::body::GatewayBody;
+use crate::chat::chat_completions;
+use crate::cluster;
+use crate::error::{ApiError, ErrorKind};
+use crate::openai::response::models_json;
+use crate::server::GatewayConfig;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Body;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// The gateway's request handler: cheap to clone, one per server.
+#[derive(Clone)]
+pub struct Router {
+    backend: Arc<dyn Backend>,
+    config: GatewayConfig,
+}
+
+/// The routes, for matching and for `405 Allow` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    ChatCompletions,
+    Models,
+    NodeId,
+    State,
+    StatePath,
+    PlaceInstance,
+    CreateInstance,
+    InstancePreviews,
+    Instance,
+}
+
+impl Route {
+    fn find(path: &str) -> Option<(Route, &str)> {
+        let route = match path {
+            "/v1/chat/completions" => Route::ChatCompletions,
+            "/v1/models" | "/models" => Route::Models,
+            "/node_id" => Route::NodeId,
+            "/state" | "/state/" => Route::State,
+            "/place_instance" => Route::PlaceInstance,
+            "/instance" => Route::CreateInstance,
+            "/instance/previews" => Route::InstancePreviews,
+            _ => {
+                if let Some(rest) = path.strip_prefix("/state/") {
+                    return Some((Route::StatePath, rest));
+                }
+                if let Some(id) = path.strip_prefix("/instance/") {
+                    if !id.is_empty() && !id.contains('/') {
+                        return Some((Route::Instance, id));
+                    }
+                }
+                return None;
+            }
+        };
+        Some((route, ""))
+    }
+
+    fn methods(self) -> &'static str {
+        match self {
+            Route::ChatCompletions | Route::PlaceInstance | Route::CreateInstance => {
+                "POST, OPTIONS"
+            }
+            Route::Instance => "GET, DELETE, OPTIONS",
+            _ => "GET, OPTIONS",
+        }
+    }
+}
+
+impl Router {
+    /// A router over `backend`.
+    pub fn new(backend: Arc<dyn Backend>, config: GatewayConfig) -> Router {
+        Router { backend, config }
+    }
+
+    /// Answers one request. Never fails: every error becomes an error response.
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<GatewayBody>
+    where
+        B: Body + Send,
+        B::Data: Send,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let allow = Route::find(request.uri().path()).map(|(route, _)| route.methods());
+        let mut response = match self.dispatch(request).await {
+            Ok(response) => response,
+            Err(e) => {
+                if e.kind == ErrorKind::Internal {
+                    tracing::error!(error = %e, "request failed");
+                }
+                let mut r = json_response(e.status(), &e.to_json());
+                if let (ErrorKind::MethodNotAllowed, Some(allow)) = (e.kind, allow) {
+                    r.headers_mut()
+                        .insert(ALLOW, HeaderValue::from_static(allow));
+                }
+                r
+            }
+        };
+        add_cors(response.headers_mut());
+        response
+    }
+
+    async fn dispatch<B>(&self, request: Request<B>) -> Result<Response<GatewayBody>, ApiError>
+    where
+        B: Body + Send,
+        B::Data: Send,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let (parts, body) = request.into_parts();
+        let path = parts.uri.path();
+        let query = parts.uri.query();
+        let Some((route, rest)) = Route::find(path) else {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no route for {} {path}", parts.method),
+            )
+            .with_code("unknown_route"));
+        };
+        let method = &parts.method;
+        if method == Method::OPTIONS {
+            let mut r = Response::new(GatewayBody::empty());
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            let h = r.headers_mut();
+            h.insert(
+                "access-control-allow-methods",
+                HeaderValue::from_static(route.methods()),
+            );
+            let requested = parts
+                .headers
+                .get("access-control-request-headers")
+                .cloned()
+                .unwrap_or_else(|| HeaderValue::from_static("*"));
+            h.insert("access-control-allow-headers", requested);
+            h.insert("access-control-max-age", HeaderValue::from_static("86400"));
+            return Ok(r);
+        }
+        let backend = self.backend.as_ref();
+        match (route, method) {
+            (Route::ChatCompletions, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                chat_completions(backend, &body, self.config.keep_alive_interval).await
+            }
+            (Route::Models, &Method::GET) => {
+                let models = backend.models().await;
+                Ok(json_response(StatusCode::OK, &models_json(&models)))
+            }
+            (Route::NodeId, &Method::GET) => Ok(json_response(
+                StatusCode::OK,
+                &Value::String(backend.node_id()),
+            )),
+            (Route::State, &Method::GET) => {
+                Ok(json_response(StatusCode::OK, &backend.state().await))
+            }
+            (Route::StatePath, &Method::GET) => {
+                let state = backend.state().await;
+                let subtree = cluster::state_subtree(&state, rest)?;
+                Ok(json_response(StatusCode::OK, subtree))
+            }
+            (Route::PlaceInstance, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                let request = cluster::parse_place_instance(&body)?;
+                let placed = backend.place_instance(request).await?;
+                Ok(json_response(StatusCode::OK, &placed))
+            }
+            (Route::CreateInstance, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                let instance = cluster::parse_create_instance(&body)?;
+                let created = backend.create_instance(instance).await?;
+                Ok(json_response(StatusCode::OK, &created))
+            }
+            (Route::InstancePreviews, &Method::GET) => {
+                let previews = cluster::previews(backend, query).await?;
+                Ok(json_response(StatusCode::OK, &previews))
+            }
+            (Route::Instance, &Method::GET | &Method::DELETE) => {
+                let id = cluster::percent_decode(rest).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorKind::InvalidRequest,
+                        "bad percent-encoding in the instance id",
+                    )
+                })?;
+                let answer = if method == Method::GET {
+                    backend.instance(id).await?
+                } else {
+                    backend.delete_instance(id).await?
+                };
+                Ok(json_response(StatusCode::OK, &answer))
+            }
+            _ => Err(ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("{method} is not allowed on {path}; use {}", route.methods()),
+            )),
+        }
+    }
+
+    /// Reads a request body, refusing with 413 anything over the configured limit, whether
+    /// announced by `Content-Length` or discovered while reading.
+    async fn read_body<B>(&self, headers: &hyper::HeaderMap, body: B) -> Result<Bytes, ApiError>
+    where
+        B: Body + Send,
+        B::Data: Send,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let limit = self.config.body_limit;
+        let too_large = || {
+            ApiError::new(
+                ErrorKind::PayloadTooLarge,
+                format!("the request body is larger than this node's limit of {limit} bytes"),
+            )
+            .with_code("payload_too_large")
+        };
+        let announced = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > limit as u64) {
+            return Err(too_large());
+        }
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+            Err(e) => Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!("could not read the request body: {e}"),
+            )),
+        }
+    }
+}
+
+/// A JSON response with this status.
+pub fn json_response(status: StatusCode, value: &Value) -> Response<GatewayBody> {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = Response::new(GatewayBody::full(bytes));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn add_cors(headers: &mut hyper::HeaderMap) {
+    headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+}

@@ -1,0 +1,145 @@
+//! Property tests of the whole router: random methods, paths, queries and bodies always get a
+//! 2xx or 4xx answer, never a panic or a 5xx; and a server fed garbage bytes keeps serving.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use gateway::fake::{FakeBackend, FAKE_MODEL};
+use gateway::{GatewayConfig, Router};
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn arb_method() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD",
+    ])
+}
+
+fn arb_path() -> impl Strategy<Value = String> {
+    let known = prop::sample::select(vec![
+        "/v1/chat/completions",
+        "/v1/models",
+        "/models",
+        "/node_id",
+        "/state",
+        "/state/",
+        "/state/nodes",
+        "/state/nodes/fake-node-0/ips/0",
+        "/place_instance",
+        "/instance",
+        "/instance/previews",
+        "/instance/previews?model_id=fake%2Fmodel",
+        "/instance/instance-1",
+        "/instance/%ff%fe",
+    ])
+    .prop_map(str::to_string);
+    let random = "(/[a-zA-Z0-9_%.~-]{0,12}){1,4}(\\?[a-z_]{1,8}=[a-zA-Z0-9%+]{0,8})?";
+    prop_oneof![3 => known, 1 => random]
+}
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        (-10.0f64..10.0).prop_map(Value::from),
+        "(user|assistant|system|text|fake/model|echo: hi|params|Pipeline|Tensor|[a-z]{0,5})"
+            .prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            prop::collection::btree_map(
+                "(model|messages|role|content|text|type|n|stop|seed|stream|max_tokens|model_id|instance|sharding|min_nodes|[a-z]{1,4})",
+                inner,
+                0..5
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn arb_body() -> impl Strategy<Value = Vec<u8>> {
+    let mutated_chat = (
+        "(model|messages|n|max_tokens|temperature|stop|seed|stream|stream_options|logprobs|top_logprobs)",
+        arb_json(),
+    )
+        .prop_map(|(key, v)| {
+            let mut body = json!({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "echo: hi"}]});
+            body[key.as_str()] = v;
+            body.to_string().into_bytes()
+        });
+    prop_oneof![
+        arb_json().prop_map(|v| v.to_string().into_bytes()),
+        mutated_chat,
+        prop::collection::vec(any::<u8>(), 0..256),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_request_gets_2xx_or_4xx(method in arb_method(), path in arb_path(), body in arb_body()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let router = Router::new(
+            Arc::new(FakeBackend::new(Duration::ZERO)),
+            GatewayConfig { body_limit: 4096, ..GatewayConfig::default() },
+        );
+        let request = Request::builder()
+            .method(method)
+            .uri(path.as_str())
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let (status, text) = runtime.block_on(async {
+            let response = tokio::time::timeout(Duration::from_secs(5), router.handle(request))
+                .await
+                .expect("the router answered within 5 s");
+            let status = response.status();
+            // Read the whole body too: streams must end.
+            let bytes = tokio::time::timeout(Duration::from_secs(5), response.into_body().collect())
+                .await
+                .expect("the body ended within 5 s")
+                .unwrap()
+                .to_bytes();
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        });
+        prop_assert!(status.is_success() || status.is_client_error(), "{method} {path}: {status} {text}");
+        if status.is_client_error() && method != "HEAD" && method != "OPTIONS" {
+            let v: Value = serde_json::from_str(&text).expect("errors are JSON");
+            prop_assert!(v["error"]["message"].is_string());
+        }
+    }
+}
+
+/// Garbage on the socket closes that connection (or answers 400), and the server keeps serving
+/// the next client.
+#[tokio::test]
+async fn garbage_on_the_wire_does_not_stop_the_server() {
+    let s = start(Duration::ZERO, GatewayConfig::default()).await;
+    let garbage: Vec<Vec<u8>> = vec![
+        b"\x00\x01\x02\xff\r\n\r\n".to_vec(),
+        b"GET / HTTP/9.9\r\n\r\n".to_vec(),
+        b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: -5\r\n\r\n".to_vec(),
+        b"POST /v1/chat/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".to_vec(),
+        b"GET /state/%%% HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(),
+        vec![b'A'; 100_000],
+    ];
+    for bytes in garbage {
+        let mut stream = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        let _ = stream.write_all(&bytes).await;
+        let _ = stream.shutdown().await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(!text.contains(" 500 "), "{text}");
+        let (status, v) = call_json(s.addr, "GET", "/node_id", "").await;
+        assert_eq!((status.as_u16(), v), (200, json!("fake-node-0")));
+    }
+}

@@ -1,0 +1,79 @@
+//! `cargo xtask pyenv`: a Python virtual environment with the official `openai` client, for the
+//! tests that drive the gateway the way users do.
+//!
+//! The venv lives at `<cache>/venv` (see `paths::cache_dir`), outside the clone. Every package
+//! is pinned (the client and what it pulled from PyPI when it was pinned), so every machine
+//! tests against the same client. A stamp holding the pinned list makes a second run free;
+//! changing the list reinstalls.
+
+use crate::paths::cache_dir;
+use crate::util::{command_exists, run, Step};
+use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `openai` client and its dependencies, pinned.
+pub const PYTHON_REQUIREMENTS: &[&str] = &[
+    "openai==3.57.0",
+    "annotated-types==0.8.0",
+    "anyio==4.16.0",
+    "h11==0.16.0",
+    "httpcore2==2.16.2",
+    "httpx2==2.16.2",
+    "idna==3.20",
+    "jiter==0.19.0",
+    "pydantic==2.14.4",
+    "pydantic_core==2.50.5",
+    "sniffio==1.3.1",
+    "truststore==0.10.5",
+    "typing-inspection==0.4.5",
+    "typing_extensions==4.16.0",
+];
+
+/// Where the venv lives.
+pub fn venv_dir() -> PathBuf {
+    cache_dir().join("venv")
+}
+
+/// The venv's interpreter; the gateway's tests read it from `SHOAL_PYTHON`, else from this
+/// same path.
+pub fn venv_python() -> PathBuf {
+    venv_dir().join("bin").join("python")
+}
+
+/// Creates or updates the venv; returns its interpreter.
+pub fn pyenv(step: Step) -> Result<PathBuf, String> {
+    let dir = venv_dir();
+    let python = venv_python();
+    let stamp = dir.join(".shoal-requirements");
+    let wanted = PYTHON_REQUIREMENTS.join("\n");
+    if python.exists() && fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        step.cached(&dir.display().to_string());
+        return Ok(python);
+    }
+    if !python.exists() {
+        if !command_exists("python3") {
+            return Err("python3 is needed for the openai client's venv; install python3 and \
+                        python3-venv, then run `cargo xtask setup` again"
+                .into());
+        }
+        step.progress(&format!("creating {}", dir.display()));
+        let _ = fs::remove_dir_all(&dir);
+        run(Command::new("python3").arg("-m").arg("venv").arg(&dir)).map_err(|e| {
+            format!("{e}\n(on Debian or Ubuntu, `apt-get install python3-venv` provides the venv module)")
+        })?;
+    }
+    step.progress("installing the pinned openai client from PyPI");
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(PYTHON_REQUIREMENTS))?;
+    fs::write(&stamp, wanted).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    step.done(&python.display().to_string());
+    Ok(python)
+}
