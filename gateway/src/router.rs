@@ -146,7 +146,7 @@ impl Router {
         match (route, method) {
             (Route::ChatCompletions, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                chat_completions(backend, &body, self.config.keep_alive_interval).await
+                chat_completions(backend, &body, &self.config).await
             }
             (Route::Models, &Method::GET) => {
                 let models = backend.models().await;
