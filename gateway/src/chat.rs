@@ -7,7 +7,7 @@
 
 use crate::backend::{Backend, ChatEvent, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 use crate::openai::request::{parse_chat_request, ParsedChat};
 use crate::openai::response::{
     chunk_json, completion_json, usage_chunk_json, ChunkDelta, CompletionMeta, Usage,
@@ -44,7 +44,20 @@ pub async fn chat_completions(
     let cancel = CancellationToken::new();
     // Cancels the generation if this future is dropped (client gone before the answer).
     let guard = cancel.clone().drop_guard();
-    let accepted = backend.chat(request, cancel.clone()).await?;
+    let limit = config.backend_silence_limit;
+    let accepted = tokio::time::timeout(limit, backend.chat(request, cancel.clone()))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the cluster did not accept the request within {} s; check GET /state for \
+                     the model's instances and retry",
+                    limit.as_secs()
+                ),
+            )
+            .with_code("backend_timeout")
+        })??;
     if stream {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(stream_chat(
@@ -119,8 +132,8 @@ async fn complete_chat(
 }
 
 /// Produces the SSE frames of a streamed chat into `tx`, with keep-alive comments whenever
-/// nothing was written for `config.keep_alive_interval`. Ends with `data: [DONE]` in every case but a gone
-/// client.
+/// nothing was written for `config.keep_alive_interval`. Ends with `data: [DONE]` in every
+/// case but a gone client.
 async fn stream_chat(
     tx: mpsc::Sender<Bytes>,
     mut accepted: ChatStream,
