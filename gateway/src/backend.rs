@@ -181,6 +181,25 @@ pub struct ChatStream {
     pub events: mpsc::Receiver<Result<ChatEvent, ApiError>>,
 }
 
+/// What a backend's generation task sends into a [`ChatStream`].
+pub type ChatEventSender = mpsc::Sender<Result<ChatEvent, ApiError>>;
+
+impl ChatStream {
+    /// A stream and the sender that feeds it. `capacity` bounds how many events may wait
+    /// unread (a slow client then slows the sender rather than growing memory); a send that
+    /// fails means the gateway is gone and generation should stop.
+    pub fn channel(prompt_tokens: u32, capacity: usize) -> (ChatEventSender, ChatStream) {
+        let (tx, events) = mpsc::channel(capacity.max(1));
+        (
+            tx,
+            ChatStream {
+                prompt_tokens,
+                events,
+            },
+        )
+    }
+}
+
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum FinishReason {

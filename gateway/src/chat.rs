@@ -7,13 +7,14 @@
 
 use crate::backend::{Backend, ChatEvent, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 use crate::openai::request::{parse_chat_request, ParsedChat};
 use crate::openai::response::{
     chunk_json, completion_json, usage_chunk_json, ChunkDelta, CompletionMeta, Usage,
 };
 use crate::openai::stop::StopMatcher;
 use crate::router::json_response;
+use crate::server::GatewayConfig;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
@@ -27,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 pub async fn chat_completions(
     backend: &dyn Backend,
     body: &[u8],
-    keep_alive: Duration,
+    config: &GatewayConfig,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let ParsedChat {
         request,
@@ -43,7 +44,20 @@ pub async fn chat_completions(
     let cancel = CancellationToken::new();
     // Cancels the generation if this future is dropped (client gone before the answer).
     let guard = cancel.clone().drop_guard();
-    let accepted = backend.chat(request, cancel.clone()).await?;
+    let limit = config.backend_silence_limit;
+    let accepted = tokio::time::timeout(limit, backend.chat(request, cancel.clone()))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the cluster did not accept the request within {} s; check GET /state for \
+                     the model's instances and retry",
+                    limit.as_secs()
+                ),
+            )
+            .with_code("backend_timeout")
+        })??;
     if stream {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(stream_chat(
@@ -52,7 +66,7 @@ pub async fn chat_completions(
             generation,
             meta,
             include_usage,
-            keep_alive,
+            *config,
             cancel,
         ));
         let mut response = Response::new(GatewayBody::Sse(SseBody::new(rx, guard)));
@@ -62,7 +76,14 @@ pub async fn chat_completions(
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Ok(response)
     } else {
-        let answer = complete_chat(accepted, generation, &meta, &cancel).await;
+        let answer = complete_chat(
+            accepted,
+            generation,
+            &meta,
+            config.backend_silence_limit,
+            &cancel,
+        )
+        .await;
         guard.disarm();
         let value = answer?;
         Ok(json_response(StatusCode::OK, &value))
@@ -74,12 +95,13 @@ async fn complete_chat(
     mut accepted: ChatStream,
     mut generation: Generation,
     meta: &CompletionMeta,
+    silence_limit: Duration,
     cancel: &CancellationToken,
 ) -> Result<Value, ApiError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
     loop {
-        let event = accepted.events.recv().await;
+        let event = next_event(&mut accepted, Instant::now() + silence_limit, silence_limit).await;
         match generation.step(event) {
             Step::Delta { text: t, logprob } => {
                 text.push_str(&t);
@@ -110,17 +132,19 @@ async fn complete_chat(
 }
 
 /// Produces the SSE frames of a streamed chat into `tx`, with keep-alive comments whenever
-/// nothing was written for `keep_alive`. Ends with `data: [DONE]` in every case but a gone
-/// client.
+/// nothing was written for `config.keep_alive_interval`. Ends with `data: [DONE]` in every
+/// case but a gone client.
 async fn stream_chat(
     tx: mpsc::Sender<Bytes>,
     mut accepted: ChatStream,
     mut generation: Generation,
     meta: CompletionMeta,
     include_usage: bool,
-    keep_alive: Duration,
+    config: GatewayConfig,
     cancel: CancellationToken,
 ) {
+    let keep_alive = config.keep_alive_interval;
+    let silence_limit = config.backend_silence_limit;
     let first = chunk_json(
         &meta,
         ChunkDelta {
@@ -134,9 +158,10 @@ async fn stream_chat(
         return;
     }
     let mut last_write = Instant::now();
+    let mut last_event = Instant::now();
     loop {
         let event = tokio::select! {
-            event = accepted.events.recv() => event,
+            event = next_event(&mut accepted, last_event + silence_limit, silence_limit) => event,
             () = tokio::time::sleep_until(last_write + keep_alive) => {
                 if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
                     cancel.cancel();
@@ -203,6 +228,22 @@ async fn stream_chat(
             return;
         }
         last_write = Instant::now();
+        last_event = last_write;
+    }
+}
+
+/// The backend's next event, or a lost instance once it has been silent past `deadline`.
+async fn next_event(
+    accepted: &mut ChatStream,
+    deadline: Instant,
+    silence_limit: Duration,
+) -> Option<Result<ChatEvent, ApiError>> {
+    match tokio::time::timeout_at(deadline, accepted.events.recv()).await {
+        Ok(event) => event,
+        Err(_) => Some(Err(ApiError::instance_lost(format_args!(
+            "no event from the instance for {} s",
+            silence_limit.as_secs()
+        )))),
     }
 }
 

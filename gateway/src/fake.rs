@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// The model every [`FakeBackend`] serves.
 pub const FAKE_MODEL: &str = "fake/model";
@@ -324,7 +323,7 @@ impl Backend for FakeBackend {
             let delay = self.token_delay;
             let counters = self.counters.clone();
             counters.started.fetch_add(1, Ordering::Relaxed);
-            let (tx, rx) = mpsc::channel(16);
+            let (tx, stream) = ChatStream::channel(prompt_tokens, 16);
             tokio::spawn(async move {
                 let run = async {
                     tokio::time::sleep(script.wait).await;
@@ -375,10 +374,7 @@ impl Backend for FakeBackend {
                     }
                 }
             });
-            Ok(ChatStream {
-                prompt_tokens,
-                events: rx,
-            })
+            Ok(stream)
         })
     }
 }

@@ -28,9 +28,9 @@ pub mod router;
 pub mod server;
 
 pub use backend::{
-    Backend, BoxFuture, CancellationToken, ChatEvent, ChatMessage, ChatRequest, ChatStream,
-    FinishReason, InstanceMeta, ModelInfo, PlaceInstanceRequest, SamplingParams, Sharding,
-    TokenLogprob,
+    Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
+    ChatStream, FinishReason, InstanceMeta, ModelInfo, PlaceInstanceRequest, SamplingParams,
+    Sharding, TokenLogprob,
 };
 pub use error::{ApiError, ErrorKind};
 pub use router::Router;

@@ -88,6 +88,7 @@ impl Router {
         B::Error: std::error::Error + Send + Sync + 'static,
     {
         let allow = Route::find(request.uri().path()).map(|(route, _)| route.methods());
+        let (method, path) = (request.method().clone(), request.uri().path().to_string());
         let mut response = match self.dispatch(request).await {
             Ok(response) => response,
             Err(e) => {
@@ -103,6 +104,7 @@ impl Router {
             }
         };
         add_cors(response.headers_mut());
+        tracing::debug!(%method, %path, status = response.status().as_u16(), "answered");
         response
     }
 
@@ -144,7 +146,7 @@ impl Router {
         match (route, method) {
             (Route::ChatCompletions, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                chat_completions(backend, &body, self.config.keep_alive_interval).await
+                chat_completions(backend, &body, &self.config).await
             }
             (Route::Models, &Method::GET) => {
                 let models = backend.models().await;

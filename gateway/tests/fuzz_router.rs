@@ -15,32 +15,42 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn arb_method() -> impl Strategy<Value = &'static str> {
-    prop::sample::select(vec![
+/// A method and a path: mostly a route with the method it takes (so that most cases reach a
+/// handler), sometimes any method on any path.
+fn arb_target() -> impl Strategy<Value = (&'static str, String)> {
+    let routed = prop::sample::select(vec![
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/v1/models"),
+        ("GET", "/models"),
+        ("GET", "/node_id"),
+        ("GET", "/state"),
+        ("GET", "/state/"),
+        ("GET", "/state/nodes"),
+        ("GET", "/state/nodes/fake-node-0/ips/0"),
+        ("GET", "/state/instances/x%2Fy"),
+        ("POST", "/place_instance"),
+        ("POST", "/place_instance"),
+        ("POST", "/instance"),
+        ("GET", "/instance/previews"),
+        ("GET", "/instance/previews?model_id=fake%2Fmodel"),
+        ("GET", "/instance/previews?model_id=%zz"),
+        ("GET", "/instance/instance-1"),
+        ("DELETE", "/instance/instance-1"),
+        ("GET", "/instance/%ff%fe"),
+    ])
+    .prop_map(|(m, p)| (m, p.to_string()));
+    let method = prop::sample::select(vec![
         "GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD",
-    ])
-}
-
-fn arb_path() -> impl Strategy<Value = String> {
-    let known = prop::sample::select(vec![
-        "/v1/chat/completions",
-        "/v1/models",
-        "/models",
-        "/node_id",
-        "/state",
-        "/state/",
-        "/state/nodes",
-        "/state/nodes/fake-node-0/ips/0",
-        "/place_instance",
-        "/instance",
-        "/instance/previews",
-        "/instance/previews?model_id=fake%2Fmodel",
-        "/instance/instance-1",
-        "/instance/%ff%fe",
-    ])
-    .prop_map(str::to_string);
-    let random = "(/[a-zA-Z0-9_%.~-]{0,12}){1,4}(\\?[a-z_]{1,8}=[a-zA-Z0-9%+]{0,8})?";
-    prop_oneof![3 => known, 1 => random]
+    ]);
+    let path = "(/[a-zA-Z0-9_%.~-]{0,12}){1,4}(\\?[a-z_]{1,8}=[a-zA-Z0-9%+]{0,8})?";
+    let known_path = routed.clone().prop_map(|(_, p)| p);
+    prop_oneof![
+        6 => routed,
+        1 => (method.clone(), known_path),
+        1 => (method, path),
+    ]
 }
 
 fn arb_json() -> impl Strategy<Value = Value> {
@@ -75,18 +85,46 @@ fn arb_body() -> impl Strategy<Value = Vec<u8>> {
             body[key.as_str()] = v;
             body.to_string().into_bytes()
         });
+    let valid_chat = (
+        prop::sample::select(vec!["echo: hello world", "params", "tell me"]),
+        any::<bool>(),
+        any::<bool>(),
+        1u32..20,
+        prop::sample::select(vec!["", "o", "ll", " w"]),
+        any::<u64>(),
+    )
+        .prop_map(|(content, stream, usage, max_tokens, stop, seed)| {
+            json!({
+                "model": FAKE_MODEL,
+                "messages": [{"role": "user", "content": content}],
+                "stream": stream,
+                "stream_options": {"include_usage": usage},
+                "max_tokens": max_tokens,
+                "stop": stop,
+                "seed": seed,
+            })
+            .to_string()
+            .into_bytes()
+        });
+    let place = ("(fake/model|fake/idle-model|nope)", any::<u32>()).prop_map(|(model, n)| {
+        json!({"model_id": model, "min_nodes": n % 3, "instance": {"instance_id": model}})
+            .to_string()
+            .into_bytes()
+    });
     prop_oneof![
-        arb_json().prop_map(|v| v.to_string().into_bytes()),
-        mutated_chat,
-        prop::collection::vec(any::<u8>(), 0..256),
+        2 => valid_chat,
+        1 => place,
+        2 => arb_json().prop_map(|v| v.to_string().into_bytes()),
+        2 => mutated_chat,
+        1 => prop::collection::vec(any::<u8>(), 0..256),
     ]
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
     #[test]
-    fn any_request_gets_2xx_or_4xx(method in arb_method(), path in arb_path(), body in arb_body()) {
+    fn any_request_gets_2xx_or_4xx((method, path) in arb_target(), body in arb_body()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let router = Router::new(
             Arc::new(FakeBackend::new(Duration::ZERO)),

@@ -370,6 +370,36 @@ async fn keep_alive_comments_while_waiting() {
 }
 
 #[tokio::test]
+async fn silent_backend_is_a_lost_instance_not_a_hang() {
+    let config = GatewayConfig {
+        keep_alive_interval: Duration::from_millis(50),
+        backend_silence_limit: Duration::from_millis(300),
+        ..GatewayConfig::default()
+    };
+    let s = start(Duration::ZERO, config).await;
+    let events = stream_events(s.addr, &chat_body("wait 5000", json!({"stream": true}))).await;
+    let n = events.len();
+    assert_eq!(events[n - 1], Sse::Done, "{events:?}");
+    let Sse::Data(error) = &events[n - 2] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(error["error"]["code"], "instance_lost");
+    assert!(events.iter().any(|e| matches!(e, Sse::Comment(_))));
+    let (status, v) = call_json(s.addr, "POST", CHAT, &chat_body("wait 5000", json!({}))).await;
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (StatusCode::SERVICE_UNAVAILABLE, json!("instance_lost"))
+    );
+    // The backend was told to stop both.
+    let counters = s.backend.counters.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while counters.cancelled.load(Ordering::Relaxed) < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counters.cancelled.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
 async fn client_disconnect_cancels_streaming_generation() {
     let s = start(Duration::from_millis(50), GatewayConfig::default()).await;
     let response = send(

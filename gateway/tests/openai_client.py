@@ -1,8 +1,12 @@
 """Drives a shoal gateway with the official `openai` Python client.
 
-Run by tests/openai_python.rs against a gateway over the scripted fake backend (see
-gateway/src/fake.rs for the scripts: `echo: TEXT`, `params`, `fail after N`, seeded words).
-Usage: python openai_client.py BASE_URL MODEL IDLE_MODEL. Exits non-zero on the first failure.
+Usage: python openai_client.py BASE_URL MODEL [--fake IDLE_MODEL]
+
+The first part is model-agnostic and meant for any node, fake or real (SmolLM2 at integration):
+listing, whole and streamed chat agreeing on a greedy answer, stop strings cut at the first
+match, max_tokens, seed reproducibility, error statuses. With `--fake`, the exact checks that
+need the scripted fake backend (gateway/src/fake.rs: `echo: TEXT`, `params`, `fail after N`)
+run too. Exits non-zero on the first failure.
 """
 
 import json
@@ -10,8 +14,10 @@ import sys
 
 import openai
 
-base_url, model, idle_model = sys.argv[1], sys.argv[2], sys.argv[3]
-client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=20)
+base_url, model = sys.argv[1], sys.argv[2]
+fake = len(sys.argv) > 3 and sys.argv[3] == "--fake"
+idle_model = sys.argv[4] if fake else None
+client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
 
 
 def check(name, condition, detail=""):
@@ -33,9 +39,86 @@ def stream_text(content, **kwargs):
     return chunks, text
 
 
-# Model listing.
+# ---- Model-agnostic checks ----
+PROMPT = "Tell me a long story about a lighthouse."
 ids = [m.id for m in client.models.list()]
-check("models.list", model in ids and idle_model in ids, ids)
+check("models.list", model in ids, ids)
+
+greedy = chat(PROMPT, temperature=0, seed=1, max_tokens=24)
+answer = greedy.choices[0].message.content
+check("greedy answer", isinstance(answer, str) and len(answer) >= 8, greedy)
+check("greedy object", greedy.object == "chat.completion" and greedy.id.startswith("chatcmpl-"), greedy)
+check("greedy finish", greedy.choices[0].finish_reason in ("stop", "length"), greedy.choices[0])
+check(
+    "greedy usage",
+    0 < greedy.usage.completion_tokens <= 24
+    and greedy.usage.prompt_tokens > 0
+    and greedy.usage.total_tokens == greedy.usage.prompt_tokens + greedy.usage.completion_tokens,
+    greedy.usage,
+)
+
+chunks, streamed = stream_text(
+    PROMPT, temperature=0, seed=1, max_tokens=24, stream_options={"include_usage": True}
+)
+check("streamed equals whole", streamed == answer, (streamed, answer))
+check("chunk object", all(c.object == "chat.completion.chunk" for c in chunks))
+check("role first", chunks[0].choices[0].delta.role == "assistant", chunks[0])
+finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+check("one finish", finishes == [greedy.choices[0].finish_reason], finishes)
+check(
+    "usage chunk",
+    chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == greedy.usage.completion_tokens,
+    chunks[-1],
+)
+
+# A stop string taken from the middle of the greedy answer cuts it right before its first match.
+middle = len(answer) // 2
+stop = answer[middle : middle + 3]
+expected = answer[: answer.find(stop)]
+r = chat(PROMPT, temperature=0, seed=1, max_tokens=24, stop=[stop])
+check("stop cuts", r.choices[0].message.content == expected, (stop, r.choices[0].message.content, expected))
+check("stop finish", r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+_, text = stream_text(PROMPT, temperature=0, seed=1, max_tokens=24, stop=stop)
+check("stop streaming", text == expected, (stop, text, expected))
+
+r = chat(PROMPT, max_tokens=3)
+check("max_tokens", r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length", r)
+r = chat(PROMPT, max_completion_tokens=2)
+check("max_completion_tokens", r.usage.completion_tokens == 2, r.usage)
+
+a = chat(PROMPT, temperature=0.9, seed=1234, max_tokens=16).choices[0].message.content
+b = chat(PROMPT, temperature=0.9, seed=1234, max_tokens=16).choices[0].message.content
+c = chat(PROMPT, temperature=0.9, seed=4321, max_tokens=16).choices[0].message.content
+check("same seed, same answer", a == b, (a, b))
+check("other seed, other answer", a != c, (a, c))
+
+try:
+    client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    check("unknown model raises", False)
+except openai.NotFoundError as e:
+    check("unknown model is 404 listing models", model in str(e.message) and e.code == "model_not_found", e)
+try:
+    client.chat.completions.create(model=model, messages=[])
+    check("empty messages raises", False)
+except openai.BadRequestError as e:
+    check("empty messages is 400", e.status_code == 400 and e.param == "messages", e)
+try:
+    chat("x", n=2)
+    check("n=2 raises", False)
+except openai.BadRequestError as e:
+    check("n=2 is 400", e.param == "n", e)
+try:
+    chat("x", temperature=5)
+    check("bad temperature raises", False)
+except openai.BadRequestError as e:
+    check("bad temperature is 400", e.param == "temperature", e)
+
+if not fake:
+    print("all passed", flush=True)
+    sys.exit(0)
+
+# ---- Exact checks against the scripted fake backend ----
+check("models.list has the idle model", idle_model in ids, ids)
 
 # Non-streaming.
 r = chat("echo: Paris is the capital")
@@ -91,15 +174,6 @@ check("max_completion_tokens", r.usage.completion_tokens == 2 and len(r.choices[
 chunks, text = stream_text("tell me a story", max_tokens=5, seed=3)
 check("max_tokens streaming", len(text.split()) == 5, text)
 
-# Seed reproducibility.
-a = chat("tell me a story", seed=1234).choices[0].message.content
-b = chat("tell me a story", seed=1234).choices[0].message.content
-c = chat("tell me a story", seed=4321).choices[0].message.content
-check("same seed, same answer", a == b, (a, b))
-check("other seed, other answer", a != c, (a, c))
-_, streamed = stream_text("tell me a story", seed=1234)
-check("seed streaming matches", streamed == a, (streamed, a))
-
 # Sampling settings reach the backend.
 r = chat(
     "params",
@@ -128,32 +202,11 @@ check("logprobs", len(content) == 2 and len(content[0].top_logprobs) == 2 and co
 
 # Errors.
 try:
-    client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
-    check("unknown model raises", False)
-except openai.NotFoundError as e:
-    check("unknown model is 404", e.status_code == 404, e)
-    check("404 lists models", model in str(e.message) and e.code == "model_not_found", e.message)
-try:
     client.chat.completions.create(model=idle_model, messages=[{"role": "user", "content": "x"}])
     check("no instance raises", False)
 except openai.APIStatusError as e:
     check("no instance is 503", e.status_code == 503 and e.code == "no_instance", e)
     check("503 says what to do", "place_instance" in e.message, e.message)
-try:
-    client.chat.completions.create(model=model, messages=[])
-    check("empty messages raises", False)
-except openai.BadRequestError as e:
-    check("empty messages is 400", e.status_code == 400 and e.param == "messages", e)
-try:
-    chat("x", n=2)
-    check("n=2 raises", False)
-except openai.BadRequestError as e:
-    check("n=2 is 400", e.param == "n", e)
-try:
-    chat("x", temperature=5)
-    check("bad temperature raises", False)
-except openai.BadRequestError as e:
-    check("bad temperature is 400", e.param == "temperature", e)
 try:
     list(chat("fail after 2", stream=True))
     check("lost instance mid-stream raises", False)

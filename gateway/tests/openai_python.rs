@@ -1,6 +1,7 @@
 //! The official `openai` Python client against a real gateway on 127.0.0.1 (port 0) over the
 //! scripted fake backend: listing, whole and streamed chat, stop strings, max_tokens, seeds,
-//! sampling passthrough, logprobs and error cases (tests/openai_client.py holds the checks).
+//! sampling passthrough, logprobs and error cases (tests/openai_client.py holds the checks; its
+//! model-agnostic half is meant to run against a real node too, without `--fake`).
 //!
 //! The client lives in the venv that `cargo xtask setup` (or `cargo xtask pyenv`) creates.
 
@@ -43,6 +44,7 @@ async fn official_openai_python_client() {
         .arg(&script)
         .arg(format!("http://{}/v1", server.addr))
         .arg(FAKE_MODEL)
+        .arg("--fake")
         .arg(FAKE_IDLE_MODEL)
         .kill_on_drop(true);
     // Loopback only: no proxy may intercept.

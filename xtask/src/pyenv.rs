@@ -53,9 +53,11 @@ pub fn pyenv(step: Step) -> Result<PathBuf, String> {
     }
     if !python.exists() {
         if !command_exists("python3") {
-            return Err("python3 is needed for the openai client's venv; install python3 and \
+            return Err(
+                "python3 is needed for the openai client's venv; install python3 and \
                         python3-venv, then run `cargo xtask setup` again"
-                .into());
+                    .into(),
+            );
         }
         step.progress(&format!("creating {}", dir.display()));
         let _ = fs::remove_dir_all(&dir);

