@@ -12,7 +12,9 @@ use placement::{place, Input};
 use std::hint::black_box;
 
 fn cluster(n: usize, topology: &str) -> Input {
-    let rams: Vec<u64> = (0..n as u64).map(|i| (8 + (i * 7919) % 13) * 1000 * MB).collect();
+    let rams: Vec<u64> = (0..n as u64)
+        .map(|i| (8 + (i * 7919) % 13) * 1000 * MB)
+        .collect();
     let total: u64 = rams.iter().sum();
     let nodes = numbered_nodes(&rams);
     let edges = match topology {

@@ -189,28 +189,22 @@ pub fn next_action(input: &PlanInput) -> Action {
                     .is_some_and(|s| s >= stage)
         })
     };
-    match me.runner.as_ref() {
+    let ready = match me.runner.as_ref() {
         Some(RunnerStatus::Idle) => {
-            if input.my_rank < last || others_at_least(CONNECTING) {
-                return Action::Connect;
-            }
+            (input.my_rank < last || others_at_least(CONNECTING)).then_some(Action::Connect)
         }
-        Some(RunnerStatus::Connected) => {
-            if others_at_least(CONNECTED) && input.ranks.iter().all(|view| view.model_ready) {
-                return Action::Load;
-            }
-        }
+        Some(RunnerStatus::Connected) => (others_at_least(CONNECTED)
+            && input.ranks.iter().all(|view| view.model_ready))
+        .then_some(Action::Load),
         Some(RunnerStatus::Loaded) => {
-            let ready = if input.my_rank < last {
-                others_at_least(LOADED)
+            let others = if input.my_rank < last {
+                LOADED
             } else {
-                others_at_least(WARMING_UP)
+                WARMING_UP
             };
-            if ready {
-                return Action::WarmUp;
-            }
+            others_at_least(others).then_some(Action::WarmUp)
         }
-        _ => {}
-    }
-    Action::Wait
+        _ => None,
+    };
+    ready.unwrap_or(Action::Wait)
 }

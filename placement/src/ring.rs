@@ -494,9 +494,14 @@ impl<'f> Searcher<'f> {
                 continue;
             }
             if let Some((best, _)) = &walk.best {
-                let top_download =
-                    top_unused(&info.by_download, &self.download, &walk.in_path, v, slots_left)
-                        .unwrap_or(0);
+                let top_download = top_unused(
+                    &info.by_download,
+                    &self.download,
+                    &walk.in_path,
+                    v,
+                    slots_left,
+                )
+                .unwrap_or(0);
                 let bound = Score {
                     leaf: walk.leaf || self.leaf[v] || (slots_left > 0 && info.any_leaf),
                     download: walk.download + download + top_download,
@@ -658,7 +663,11 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
     let mut budget = searcher.budget;
     match outcome {
         Search::Found(ring) => return Ok(canonical_rotation(ring)),
-        Search::Exhausted => return Err(PlaceError::RingSearchExhausted { budget: SEARCH_BUDGET }),
+        Search::Exhausted => {
+            return Err(PlaceError::RingSearchExhausted {
+                budget: SEARCH_BUDGET,
+            })
+        }
         Search::NotFound => {}
     }
     for (stage, error) in &stages {
@@ -669,7 +678,9 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
             Search::Found(_) => {}
             Search::NotFound => return Err(error.clone()),
             Search::Exhausted => {
-                return Err(PlaceError::RingSearchExhausted { budget: SEARCH_BUDGET })
+                return Err(PlaceError::RingSearchExhausted {
+                    budget: SEARCH_BUDGET,
+                })
             }
         }
     }
@@ -680,7 +691,12 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
 /// Rotates a ring (topology indices, which follow id order) to start at its smallest id,
 /// keeping its direction.
 fn canonical_rotation(mut ring: Vec<usize>) -> Vec<usize> {
-    if let Some(first) = ring.iter().enumerate().min_by_key(|(_, &v)| v).map(|(i, _)| i) {
+    if let Some(first) = ring
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, &v)| v)
+        .map(|(i, _)| i)
+    {
         ring.rotate_left(first);
     }
     ring
