@@ -39,27 +39,27 @@
 //! half-open (`start_layer..end_layer`). Malformed input exits 2 with the error code
 //! `invalid_input` and a message naming the field (`nodes[1].ram_available: invalid type...`).
 //!
-//! Three nodes on a switch, 500/500/1000 MB free, a 12-layer model of 1.5 GB:
+//! Three nodes on a switch, 500/500/1000 MB free, a 12-layer model of 1.8 GB (so no two nodes hold it):
 //!
 //! ```
 //! let input = r#"{
 //!   "nodes": [
 //!     {"id": "a", "ram_available": 500000000, "ram_total": 800000000, "backends": ["mlx_cpu"],
 //!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.1", "kind": "ethernet"}],
-//!      "download": {"llama": 1.0}},
+//!      "download": {}},
 //!     {"id": "b", "ram_available": 500000000, "ram_total": 800000000, "backends": ["mlx_cpu"],
 //!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.2", "kind": "ethernet"}],
 //!      "download": {}},
 //!     {"id": "c", "ram_available": 1000000000, "ram_total": 2000000000, "backends": ["mlx_cuda"],
 //!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.3", "kind": "ethernet"}],
-//!      "download": {}}
+//!      "download": {"llama": 0.25}}
 //!   ],
 //!   "edges": [
 //!     {"from": "a", "to": "b", "ip": "10.0.0.2"}, {"from": "b", "to": "a", "ip": "10.0.0.1"},
 //!     {"from": "b", "to": "c", "ip": "10.0.0.3"}, {"from": "c", "to": "b", "ip": "10.0.0.2"},
 //!     {"from": "c", "to": "a", "ip": "10.0.0.1"}, {"from": "a", "to": "c", "ip": "10.0.0.3"}
 //!   ],
-//!   "model": {"id": "llama", "n_layers": 12, "storage_bytes": 1500000000, "hidden_size": 2048,
+//!   "model": {"id": "llama", "n_layers": 12, "storage_bytes": 1800000000, "hidden_size": 2048,
 //!             "num_key_value_heads": 8, "supports_tensor": true, "backends": ["mlx_cpu", "mlx_cuda"]},
 //!   "request": {"sharding": "pipeline", "backend": "ring", "min_nodes": 1, "required_nodes": [],
 //!               "instance_id": "demo"}
@@ -71,16 +71,16 @@
 //!   "placement": {
 //!     "sharding": "pipeline",
 //!     "backend": "ring",
-//!     "port": 57286,
+//!     "port": 52627,
 //!     "ranks": [
 //!       {
 //!         "node": "a",
 //!         "start_layer": 0,
 //!         "end_layer": 3,
 //!         "hosts": [
-//!           "0.0.0.0:57286",
-//!           "10.0.0.2:57286",
-//!           "10.0.0.3:57286"
+//!           "0.0.0.0:52627",
+//!           "10.0.0.2:52627",
+//!           "10.0.0.3:52627"
 //!         ]
 //!       },
 //!       {
@@ -88,9 +88,9 @@
 //!         "start_layer": 3,
 //!         "end_layer": 6,
 //!         "hosts": [
-//!           "10.0.0.1:57286",
-//!           "0.0.0.0:57286",
-//!           "10.0.0.3:57286"
+//!           "10.0.0.1:52627",
+//!           "0.0.0.0:52627",
+//!           "10.0.0.3:52627"
 //!         ]
 //!       },
 //!       {
@@ -98,9 +98,9 @@
 //!         "start_layer": 6,
 //!         "end_layer": 12,
 //!         "hosts": [
-//!           "10.0.0.1:57286",
-//!           "10.0.0.2:57286",
-//!           "0.0.0.0:57286"
+//!           "10.0.0.1:52627",
+//!           "10.0.0.2:52627",
+//!           "0.0.0.0:52627"
 //!         ]
 //!       }
 //!     ],
