@@ -116,11 +116,28 @@
 //!
 //! # Speed
 //!
-//! See [`ring`] for how the search's cost grows. Figures from `cargo bench -p placement`
-//! (criterion, this project's 2-core build machine) are in `placement/benches/place.rs`'s
-//! header and below:
+//! See [`ring`] for how the search's cost grows. `cargo bench -p placement` (criterion,
+//! `placement/benches/place.rs`) on the 2-core build machine, 2026-11-30: free memory varies
+//! per node (8 to 20 GB), the model needs a third of the cluster's memory, so the ring grows
+//! with the cluster; times are criterion's median of `place`, input checks included.
 //!
-//! BENCH_FIGURES
+//! | nodes | full mesh (ring size) | bidirectional ring | two switches, 2 uplinks |
+//! |------:|----------------------:|-------------------:|------------------------:|
+//! |     4 |          9 µs (2)     |        7 µs (2)    |        6 µs (2)         |
+//! |     8 |         19 µs (2)     |       10 µs (2)    |       12 µs (2)         |
+//! |    16 |         63 µs (4)     |      110 µs (16)   |       56 µs (5)         |
+//! |    32 |        0.41 ms (8)    |      0.49 ms (32)  |      8.4 ms (10)        |
+//! |    64 |        1.5 ms (16)    |      2.4 ms (64)   |     17.6 ms (budget)    |
+//!
+//! Beyond: a 128-node full mesh 10.7 ms, 256 nodes 71 ms; a 64-node full mesh where the model
+//! fits nowhere (the error path searches once per filter stage) 2.1 ms. Full meshes and rings
+//! grow about as `n²`–`n³` (the `O(n²)`-per-start preparation and `O(n log n)` input sorting
+//! dominate; the walk itself is `O(n · k)` there). Two switches joined by only two uplinks is
+//! the hard case for the bounds: from 32 nodes some ring sizes end on [`ring::SIZE_BUDGET`],
+//! so the cost is capped (about 9 ms per exhausted size) but the ring found there may not be
+//! the smallest or the best one (at 64 nodes it is then too tight for the layer split:
+//! `node_short_of_memory`). Two switches joined by a normal uplink are a full mesh in IP
+//! terms, the fast case.
 
 pub mod cli;
 pub mod edge;
