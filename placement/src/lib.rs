@@ -5,7 +5,7 @@
 //! same [`Input`], whatever the order of its nodes, edges and interfaces, gives the same
 //! [`Placement`] on every machine.
 //!
-//! * [`place`]: choose a ring ([`ring`]: the smallest qualifying directed cycle, by a bounded
+//! * [`place()`]: choose a ring ([`ring`]: the smallest qualifying directed cycle, by a bounded
 //!   search), rank it canonically (from its smallest node id, along its edges), split the
 //!   layers ([`split`]), and tell each rank how to reach the others ([`views`]).
 //! * [`planning::next_action`]: what a node's runner should do next during start-up.

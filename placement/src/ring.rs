@@ -21,7 +21,7 @@
 //! and only then filters by backend and RDMA, so it fails when a larger ring would have worked.
 //! Here every filter is part of "qualifies", so the smallest ring that can actually run is
 //! chosen. When nothing qualifies, the error names the first filter, in the order above, that
-//! leaves no ring (see [`choose_ring`]).
+//! leaves no ring.
 //!
 //! # Canonical rank order
 //! The chosen ring is then written starting at its smallest node id and following its edges:

@@ -894,3 +894,10 @@ fn large_clusters_place_exactly() {
         }
     }
 }
+
+#[test]
+fn too_many_nodes_is_invalid_input() {
+    let nodes = numbered_nodes(&vec![MB; placement::input::MAX_NODES + 1]);
+    let err = place(&input(nodes, vec![], model(16, MB), pipeline())).unwrap_err();
+    assert_eq!(err.code(), "invalid_input");
+}
