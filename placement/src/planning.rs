@@ -32,9 +32,10 @@ use serde::{Deserialize, Serialize};
 
 /// A runner's lifecycle state, as its node reports it into the replicated state.
 ///
-/// JSON: `{"status": "loading", "layers_loaded": 3, "total": 10}`, `{"status": "idle"}`, ...
+/// JSON: `"idle"`, `{"loading": {"layers_loaded": 3, "total": 10}}`, `{"failed": {"reason":
+/// "..."}}` (externally tagged, so binary formats such as postcard can carry it too).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(tag = "status", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum RunnerStatus {
     /// Process started, nothing done yet.
     Idle,
@@ -115,7 +116,7 @@ pub struct PlanInput {
 
 /// Why a runner is shut down.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(tag = "reason", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum ShutdownReason {
     /// The instance was deleted.
     InstanceGone,
@@ -128,7 +129,7 @@ pub enum ShutdownReason {
 
 /// The next thing this node should do for the instance.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(tag = "action", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Action {
     /// Start a runner process for this rank.
     CreateRunner,

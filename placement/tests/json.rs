@@ -97,3 +97,26 @@ fn unknown_fields_and_bad_edges_are_malformed() {
         );
     }
 }
+
+#[test]
+fn inputs_and_placements_round_trip_through_postcard() {
+    let input: Input = serde_json::from_value(document()).unwrap();
+    let bytes = postcard::to_allocvec(&input).unwrap();
+    assert_eq!(postcard::from_bytes::<Input>(&bytes).unwrap(), input);
+    let mut pipeline = input.clone();
+    pipeline.request =
+        serde_json::from_value(json!({"sharding": "pipeline", "backend": "ring"})).unwrap();
+    pipeline
+        .edges
+        .push(serde_json::from_value(json!({"from": "b", "to": "a", "ip": "10.0.0.1"})).unwrap());
+    pipeline.nodes[1]
+        .backends
+        .push(placement::ComputeBackend::MlxCpu);
+    pipeline.model.storage_bytes = 3000;
+    let placed = placement::place(&pipeline).expect("two-node placement");
+    let bytes = postcard::to_allocvec(&placed).unwrap();
+    assert_eq!(
+        postcard::from_bytes::<placement::Placement>(&bytes).unwrap(),
+        placed
+    );
+}

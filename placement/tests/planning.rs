@@ -286,13 +286,23 @@ fn runner_status_json() {
         total: 10,
     })
     .unwrap();
-    assert_eq!(json, r#"{"status":"loading","layers_loaded":3,"total":10}"#);
-    let back: RunnerStatus = serde_json::from_str(r#"{"status":"failed","reason":"oom"}"#).unwrap();
+    assert_eq!(json, r#"{"loading":{"layers_loaded":3,"total":10}}"#);
+    assert_eq!(
+        serde_json::to_string(&WarmingUp).unwrap(),
+        r#""warming_up""#
+    );
+    let back: RunnerStatus = serde_json::from_str(r#"{"failed":{"reason":"oom"}}"#).unwrap();
     assert_eq!(
         back,
         Failed {
             reason: "oom".into()
         }
     );
-    assert!(serde_json::from_str::<RunnerStatus>(r#"{"status":"flying"}"#).is_err());
+    assert!(serde_json::from_str::<RunnerStatus>(r#""flying""#).is_err());
+    // The replicated state's binary format carries it too.
+    let bytes = postcard::to_allocvec(&back).unwrap();
+    assert_eq!(postcard::from_bytes::<RunnerStatus>(&bytes).unwrap(), back);
+    let action = Action::ShutDown(ShutdownReason::SiblingFailed { rank: 2 });
+    let bytes = postcard::to_allocvec(&action).unwrap();
+    assert_eq!(postcard::from_bytes::<Action>(&bytes).unwrap(), action);
 }
