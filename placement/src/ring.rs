@@ -60,12 +60,12 @@ use std::collections::VecDeque;
 
 /// Most search steps (path extensions tried) of one placement, all sizes and error
 /// attribution together. At about 20 ns a step this bounds a placement to tens of milliseconds.
-pub const SEARCH_BUDGET: u64 = 2_000_000;
+pub const SEARCH_BUDGET: u64 = 25_000_000;
 
 /// Most search steps spent on one ring size. A size whose search hits it without finding a
 /// ring is skipped (a ring of that size may exist but would cost too much to find), and the
 /// next size is tried.
-pub const SIZE_BUDGET: u64 = 200_000;
+pub const SIZE_BUDGET: u64 = 5_000_000;
 
 /// The preference of a ring of a given size, compared field by field (larger is better).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -130,14 +130,17 @@ enum Search {
 }
 
 /// The sum of the `count` largest `values` over `candidates` (positions, largest value
-/// first) not in the path and not `next`; `None` when fewer than `count` are left. This exact
-/// bound (rather than one that counts path nodes twice) lets a tight memory need prune early.
-fn top_unused(
+/// first) that `usable` accepts; `None` when fewer than `count` are. The walk passes the nodes
+/// that are not in the path and lie within reach of the steps left, so the bound does not count
+/// a node twice or one the ring cannot get to and back from in time.
+///
+/// Adds the number of candidates it looked at to `work`, which the search budget counts.
+fn top_usable(
     candidates: &[usize],
     values: &[u64],
-    in_path: &[bool],
-    next: usize,
     count: usize,
+    usable: impl Fn(usize) -> bool,
+    work: &mut u64,
 ) -> Option<u128> {
     let mut sum = 0u128;
     let mut taken = 0;
@@ -145,7 +148,8 @@ fn top_unused(
         if taken == count {
             break;
         }
-        if in_path[v] || v == next {
+        *work += 1;
+        if !usable(v) {
             continue;
         }
         sum += u128::from(values[v]);
@@ -165,6 +169,38 @@ fn prefix_sums_descending(mut values: Vec<u64>) -> Vec<u128> {
         sums.push(total);
     }
     sums
+}
+
+/// Breadth-first distances between every pair of eligible positions: `O(n · (n + e))`.
+/// A complete graph (every LAN behind one switch) skips the searches: every distance is 1.
+fn all_pair_distances(successors: &[Vec<usize>], eligible: &[bool]) -> Vec<u16> {
+    let n = successors.len();
+    let members = eligible.iter().filter(|&&e| e).count();
+    let complete = (0..n)
+        .filter(|&v| eligible[v])
+        .all(|v| successors[v].iter().filter(|&&w| eligible[w]).count() + 1 == members);
+    if complete {
+        return (0..n * n)
+            .map(|i| if i / n == i % n { 0 } else { 1 })
+            .collect();
+    }
+    let mut distance = vec![u16::MAX; n * n];
+    let mut queue = VecDeque::new();
+    for from in (0..n).filter(|&v| eligible[v]) {
+        let row = &mut distance[from * n..(from + 1) * n];
+        row[from] = 0;
+        queue.clear();
+        queue.push_back(from);
+        while let Some(x) = queue.pop_front() {
+            for &y in &successors[x] {
+                if eligible[y] && row[y] == u16::MAX {
+                    row[y] = row[x].saturating_add(1);
+                    queue.push_back(y);
+                }
+            }
+        }
+    }
+    distance
 }
 
 /// Bounds for walks that start at one position `s`.
@@ -197,6 +233,9 @@ struct Searcher<'f> {
     rdma: Vec<bool>,
     /// Successor positions of each position, ascending (best first).
     successors: Vec<Vec<usize>>,
+    /// `distance[a * n + b]`: fewest IP hops from `a` to `b` through nodes that may be in a
+    /// ring (saturating at `u16::MAX`): a lower bound for any walk, which the bounds use.
+    distance: Vec<u16>,
     memory: Vec<u64>,
     download: Vec<u64>,
     leaf: Vec<bool>,
@@ -261,19 +300,21 @@ impl<'f> Searcher<'f> {
                 rdma[a * n + b] = topo.has_rdma_edge(node_at[a], node_at[b]);
             }
         }
-        let successors = (0..n)
+        let successors: Vec<Vec<usize>> = (0..n)
             .map(|a| (0..n).filter(|&b| edge[a * n + b]).collect())
             .collect();
+        let multi_ok: Vec<bool> = node_at
+            .iter()
+            .map(|&v| filters.node_ok[v] && (!filters.rdma || topo.nodes[v].rdma_enabled))
+            .collect();
+        let distance = all_pair_distances(&successors, &multi_ok);
         let mut required = vec![false; n];
         for &r in &filters.required {
             required[position_of[r]] = true;
         }
         let single_ok: Vec<bool> = node_at.iter().map(|&v| filters.node_ok[v]).collect();
-        let multi_ok = node_at
-            .iter()
-            .map(|&v| filters.node_ok[v] && (!filters.rdma || topo.nodes[v].rdma_enabled))
-            .collect();
         Searcher {
+            distance,
             n,
             filters,
             edge,
@@ -511,16 +552,49 @@ impl<'f> Searcher<'f> {
             }
             let memory = u128::from(self.memory[v]);
             let download = u128::from(self.download[v]);
-            let Some(top_memory) =
-                top_unused(&info.by_memory, &self.memory, &walk.in_path, v, slots_left)
-            else {
-                continue;
+            // A later node u costs dist(v, u) steps to reach and dist(u, start) to get back.
+            let steps_left = walk.k - depth;
+            let in_path = &walk.in_path;
+            let distance = &self.distance;
+            let usable = |u: usize| {
+                !in_path[u]
+                    && u != v
+                    && usize::from(distance[v * n + u]).saturating_add(info.distance_to_start[u])
+                        <= steps_left
             };
-            let memory_bound = walk.memory + memory + top_memory;
-            if filters
-                .memory_needed
-                .is_some_and(|need| memory_bound < u128::from(need))
+            let mut work = 0;
+            let top_memory =
+                top_usable(&info.by_memory, &self.memory, slots_left, usable, &mut work);
+            let memory_bound = top_memory.map(|top| walk.memory + memory + top);
+            let too_little = match memory_bound {
+                None => true,
+                Some(bound) => filters
+                    .memory_needed
+                    .is_some_and(|need| bound < u128::from(need)),
+            };
+            let mut beaten = false;
+            if let (false, Some(memory_bound), Some((best, _))) =
+                (too_little, memory_bound, &walk.best)
             {
+                let top_download = top_usable(
+                    &info.by_download,
+                    &self.download,
+                    slots_left,
+                    usable,
+                    &mut work,
+                )
+                .unwrap_or(0);
+                let bound = Score {
+                    leaf: walk.leaf || self.leaf[v] || (slots_left > 0 && info.any_leaf),
+                    download: walk.download + download + top_download,
+                    memory: memory_bound,
+                };
+                // A later walk that only ties the best loses the tie-break.
+                beaten = bound <= *best;
+            }
+            self.budget = self.budget.saturating_sub(work);
+            self.size_budget = self.size_budget.saturating_sub(work);
+            if too_little || beaten {
                 continue;
             }
             if filters.rdma
@@ -530,25 +604,6 @@ impl<'f> Searcher<'f> {
                     .any(|&u| !self.rdma[u * n + v] || !self.rdma[v * n + u])
             {
                 continue;
-            }
-            if let Some((best, _)) = &walk.best {
-                let top_download = top_unused(
-                    &info.by_download,
-                    &self.download,
-                    &walk.in_path,
-                    v,
-                    slots_left,
-                )
-                .unwrap_or(0);
-                let bound = Score {
-                    leaf: walk.leaf || self.leaf[v] || (slots_left > 0 && info.any_leaf),
-                    download: walk.download + download + top_download,
-                    memory: memory_bound,
-                };
-                // A later walk that only ties the best loses the tie-break.
-                if bound <= *best {
-                    continue;
-                }
             }
             walk.path.push(v);
             walk.in_path[v] = true;
