@@ -123,21 +123,21 @@
 //!
 //! | nodes | full mesh (ring size) | bidirectional ring | two switches, 2 uplinks |
 //! |------:|----------------------:|-------------------:|------------------------:|
-//! |     4 |          9 µs (2)     |        7 µs (2)    |        6 µs (2)         |
-//! |     8 |         19 µs (2)     |       10 µs (2)    |       12 µs (2)         |
-//! |    16 |         63 µs (4)     |      110 µs (16)   |       56 µs (5)         |
-//! |    32 |        0.41 ms (8)    |      0.49 ms (32)  |      8.4 ms (10)        |
-//! |    64 |        1.5 ms (16)    |      2.4 ms (64)   |     17.6 ms (budget)    |
+//! |     4 |          7 µs (2)     |        6 µs (2)    |        7 µs (2)         |
+//! |     8 |         20 µs (2)     |       12 µs (2)    |       18 µs (2)         |
+//! |    16 |         90 µs (4)     |       99 µs (16)   |       52 µs (5)         |
+//! |    32 |        0.42 ms (8)    |      0.45 ms (32)  |       20 ms (9)         |
+//! |    64 |        1.75 ms (16)   |      2.0 ms (64)   |       64 ms (budget)    |
 //!
-//! Beyond: a 128-node full mesh 10.7 ms, 256 nodes 71 ms; a 64-node full mesh where the model
-//! fits nowhere (the error path searches once per filter stage) 2.1 ms. Full meshes and rings
-//! grow about as `n²`–`n³` (the `O(n²)`-per-start preparation and `O(n log n)` input sorting
-//! dominate; the walk itself is `O(n · k)` there). Two switches joined by only two uplinks is
-//! the hard case for the bounds: from 32 nodes some ring sizes end on [`ring::SIZE_BUDGET`],
-//! so the cost is capped (about 9 ms per exhausted size) but the ring found there may not be
-//! the smallest or the best one (at 64 nodes it is then too tight for the layer split:
-//! `node_short_of_memory`). Two switches joined by a normal uplink are a full mesh in IP
-//! terms, the fast case.
+//! Beyond: a 128-node full mesh 7.5 ms, 256 nodes 48 ms, 512 nodes (the most
+//! [`input::MAX_NODES`] allows) about 0.2 s; a 64-node full mesh where the model fits nowhere
+//! (the error path searches once per filter stage) 1.6 ms. Full meshes grow about as `n²·⁵`,
+//! rings about as `n²`; up to 256 nodes both are searched exactly (within budget). Two
+//! switches joined by only two uplinks are the hard case for the bounds: at 32 nodes the exact
+//! search takes 20 ms; at 64 some ring sizes end on [`ring::SIZE_BUDGET`], so the cost is
+//! capped but the ring found may not be the smallest or the best one (here it is then too
+//! tight for the layer split: `node_short_of_memory`). Two switches joined by a normal uplink
+//! are a full mesh in IP terms, the fast case.
 
 pub mod cli;
 pub mod edge;
