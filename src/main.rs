@@ -81,6 +81,28 @@ struct PlaceArgs {
     input: PathBuf,
 }
 
+/// `shoal place`: reads the input (a file, or stdin for `-`), prints the placement or error
+/// as JSON, and exits 0, or 2 on malformed input (see the `placement` crate's docs).
+fn place_command(args: &PlaceArgs) -> ExitCode {
+    use std::io::Read;
+    let text = if args.input.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map(|_| text)
+    } else {
+        std::fs::read_to_string(&args.input)
+    };
+    let text = match text {
+        Ok(text) => text,
+        Err(error) => {
+            eprintln!("shoal place: cannot read {}: {error}", args.input.display());
+            return ExitCode::from(2);
+        }
+    };
+    let (stdout, code) = placement::cli::run(&text);
+    print!("{stdout}");
+    ExitCode::from(u8::try_from(code).unwrap_or(2))
+}
+
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
@@ -99,11 +121,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     match cli.command {
-        Some(Command::Place(args)) => {
-            let _ = args;
-            eprintln!("shoal place: not implemented yet");
-            ExitCode::from(2)
-        }
+        Some(Command::Place(args)) => place_command(&args),
         None => {
             let data_dir = cli
                 .node

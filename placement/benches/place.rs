@@ -12,7 +12,9 @@ use placement::{place, Input};
 use std::hint::black_box;
 
 fn cluster(n: usize, topology: &str) -> Input {
-    let rams: Vec<u64> = (0..n as u64).map(|i| (8 + (i * 7919) % 13) * 1000 * MB).collect();
+    let rams: Vec<u64> = (0..n as u64)
+        .map(|i| (8 + (i * 7919) % 13) * 1000 * MB)
+        .collect();
     let total: u64 = rams.iter().sum();
     let nodes = numbered_nodes(&rams);
     let edges = match topology {
@@ -39,6 +41,25 @@ fn bench_place(c: &mut Criterion) {
         }
         group.finish();
     }
+    // Growth past the range, and the error path (the model fits nowhere: the search
+    // runs again per filter stage to name the error).
+    let mut group = c.benchmark_group("place/full_mesh_more");
+    for n in [128usize, 256] {
+        let input = cluster(n, "full_mesh");
+        group.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| {
+            b.iter(|| place(black_box(input)))
+        });
+    }
+    let mut too_big = cluster(64, "full_mesh");
+    too_big.model.storage_bytes = u64::MAX;
+    eprintln!(
+        "full_mesh n=64, model too big: {:?}",
+        place(&too_big).map(|_| ()).map_err(|e| e.code())
+    );
+    group.bench_with_input(BenchmarkId::new("too_big", 64), &too_big, |b, input| {
+        b.iter(|| place(black_box(input)))
+    });
+    group.finish();
 }
 
 criterion_group! {

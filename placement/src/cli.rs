@@ -13,31 +13,30 @@ pub const EXIT_MALFORMED: i32 = 2;
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Output<'a> {
-    Placed {
-        ok: bool,
-        placement: &'a Placement,
-    },
-    Failed {
-        ok: bool,
-        error: &'a PlaceError,
-    },
+    Placed { ok: bool, placement: &'a Placement },
+    Failed { ok: bool, error: &'a PlaceError },
 }
 
 /// Parses an input document and names the field that is wrong when it is malformed.
 pub fn parse_input(text: &str) -> Result<Input, PlaceError> {
     let mut deserializer = serde_json::Deserializer::from_str(text);
-    let input: Input =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-            let path = error.path().to_string();
-            PlaceError::InvalidInput {
-                field: if path == "." { "(document)".into() } else { path },
-                reason: error.into_inner().to_string(),
-            }
-        })?;
-    deserializer.end().map_err(|error| PlaceError::InvalidInput {
-        field: "(document)".into(),
-        reason: format!("{error}; the input is one JSON object"),
+    let input: Input = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        PlaceError::InvalidInput {
+            field: if path == "." {
+                "(document)".into()
+            } else {
+                path
+            },
+            reason: error.into_inner().to_string(),
+        }
     })?;
+    deserializer
+        .end()
+        .map_err(|error| PlaceError::InvalidInput {
+            field: "(document)".into(),
+            reason: format!("{error}; the input is one JSON object"),
+        })?;
     input.validate()?;
     Ok(input)
 }
@@ -48,7 +47,13 @@ pub fn parse_input(text: &str) -> Result<Input, PlaceError> {
 /// names the field.
 pub fn run(text: &str) -> (String, i32) {
     let (output, code) = match parse_input(text) {
-        Err(error) => (render(&Output::Failed { ok: false, error: &error }), EXIT_MALFORMED),
+        Err(error) => (
+            render(&Output::Failed {
+                ok: false,
+                error: &error,
+            }),
+            EXIT_MALFORMED,
+        ),
         Ok(input) => match place(&input) {
             Ok(placement) => (
                 render(&Output::Placed {
@@ -63,7 +68,13 @@ pub fn run(text: &str) -> (String, i32) {
                 } else {
                     EXIT_OK
                 };
-                (render(&Output::Failed { ok: false, error: &error }), code)
+                (
+                    render(&Output::Failed {
+                        ok: false,
+                        error: &error,
+                    }),
+                    code,
+                )
             }
         },
     };

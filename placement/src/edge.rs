@@ -1,7 +1,7 @@
 //! Verified links between nodes: an IP one node reached another at, or an RDMA link.
 
 use crate::node::NodeId;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::net::IpAddr;
 
 /// A directed, verified link `from → to`. For an IP link, `from` called `GET /node_id` at
@@ -10,8 +10,10 @@ use std::net::IpAddr;
 ///
 /// JSON: `{"from", "to", "ip"}` or `{"from", "to", "rdma": {"from_iface", "to_iface"}}`,
 /// exactly one of `ip` and `rdma`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[serde(try_from = "EdgeRecord", into = "EdgeRecord")]
+///
+/// Binary formats (postcard, for the replicated state) get the plain struct with `link` as an
+/// enum instead, since they cannot skip absent fields.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Edge {
     /// The node that verified the link.
     pub from: NodeId,
@@ -22,7 +24,8 @@ pub struct Edge {
 }
 
 /// The medium of an [`Edge`].
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
 pub enum Link {
     /// `to` answered at this IP address (one of its own interfaces).
     Ip(IpAddr),
@@ -85,6 +88,41 @@ impl From<Edge> for EdgeRecord {
             to: edge.to,
             ip,
             rdma,
+        }
+    }
+}
+
+/// The binary shape of an edge.
+#[derive(Serialize, Deserialize)]
+struct EdgeBinary {
+    from: NodeId,
+    to: NodeId,
+    link: Link,
+}
+
+impl Serialize for Edge {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            EdgeRecord::from(self.clone()).serialize(serializer)
+        } else {
+            EdgeBinary {
+                from: self.from.clone(),
+                to: self.to.clone(),
+                link: self.link.clone(),
+            }
+            .serialize(serializer)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Edge {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            let record = EdgeRecord::deserialize(deserializer)?;
+            Edge::try_from(record).map_err(serde::de::Error::custom)
+        } else {
+            let EdgeBinary { from, to, link } = EdgeBinary::deserialize(deserializer)?;
+            Ok(Edge { from, to, link })
         }
     }
 }

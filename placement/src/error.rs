@@ -78,7 +78,7 @@ pub enum PlaceError {
     NoRdmaRing,
     /// The bounded ring search spent its budget before finding a ring.
     #[error(
-        "the ring search stopped after {budget} steps without finding a ring; name the nodes \
+        "the ring search stopped after {budget} units of work without finding a ring; name the nodes \
          to use in required_nodes, or raise min_nodes"
     )]
     RingSearchExhausted {

@@ -1,4 +1,4 @@
-//! The whole input of [`crate::place`]: a snapshot of the cluster plus a model and a request.
+//! The whole input of [`crate::place()`]: a snapshot of the cluster plus a model and a request.
 
 use crate::edge::Edge;
 use crate::error::PlaceError;
@@ -7,6 +7,10 @@ use crate::node::NodeProfile;
 use crate::request::Request;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+
+/// The most nodes one placement considers. Placement costs grow about as `n³` in the worst
+/// case (see [`crate::ring`]); at this size a placement still takes well under a second.
+pub const MAX_NODES: usize = 512;
 
 /// Everything a placement depends on. Every node builds it from the replicated state and gets
 /// the same placement; the order of `nodes`, `edges` and each node's `interfaces` does not
@@ -30,6 +34,16 @@ impl Input {
     /// Checks what the JSON types cannot: node ids are unique and download progress is a
     /// fraction. Placement calls it first; callers may call it to reject input early.
     pub fn validate(&self) -> Result<(), PlaceError> {
+        if self.nodes.len() > MAX_NODES {
+            return Err(PlaceError::InvalidInput {
+                field: "nodes".into(),
+                reason: format!(
+                    "{} nodes is more than placement handles ({MAX_NODES}); split the cluster \
+                     with separate namespaces",
+                    self.nodes.len()
+                ),
+            });
+        }
         let mut seen = BTreeSet::new();
         for node in &self.nodes {
             if !seen.insert(node.id.as_str()) {

@@ -5,7 +5,7 @@
 //! same [`Input`], whatever the order of its nodes, edges and interfaces, gives the same
 //! [`Placement`] on every machine.
 //!
-//! * [`place`]: choose a ring ([`ring`]: the smallest qualifying directed cycle, by a bounded
+//! * [`place()`]: choose a ring ([`ring`]: the smallest qualifying directed cycle, by a bounded
 //!   search), rank it canonically (from its smallest node id, along its edges), split the
 //!   layers ([`split`]), and tell each rank how to reach the others ([`views`]).
 //! * [`planning::next_action`]: what a node's runner should do next during start-up.
@@ -39,27 +39,27 @@
 //! half-open (`start_layer..end_layer`). Malformed input exits 2 with the error code
 //! `invalid_input` and a message naming the field (`nodes[1].ram_available: invalid type...`).
 //!
-//! Three nodes on a switch, 500/500/1000 MB free, a 12-layer model of 1.5 GB:
+//! Three nodes on a switch, 500/500/1000 MB free, a 12-layer model of 1.8 GB (so no two nodes hold it):
 //!
 //! ```
 //! let input = r#"{
 //!   "nodes": [
 //!     {"id": "a", "ram_available": 500000000, "ram_total": 800000000, "backends": ["mlx_cpu"],
 //!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.1", "kind": "ethernet"}],
-//!      "download": {"llama": 1.0}},
+//!      "download": {}},
 //!     {"id": "b", "ram_available": 500000000, "ram_total": 800000000, "backends": ["mlx_cpu"],
 //!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.2", "kind": "ethernet"}],
 //!      "download": {}},
 //!     {"id": "c", "ram_available": 1000000000, "ram_total": 2000000000, "backends": ["mlx_cuda"],
 //!      "rdma_enabled": false, "interfaces": [{"name": "eth0", "ip": "10.0.0.3", "kind": "ethernet"}],
-//!      "download": {}}
+//!      "download": {"llama": 0.25}}
 //!   ],
 //!   "edges": [
 //!     {"from": "a", "to": "b", "ip": "10.0.0.2"}, {"from": "b", "to": "a", "ip": "10.0.0.1"},
 //!     {"from": "b", "to": "c", "ip": "10.0.0.3"}, {"from": "c", "to": "b", "ip": "10.0.0.2"},
 //!     {"from": "c", "to": "a", "ip": "10.0.0.1"}, {"from": "a", "to": "c", "ip": "10.0.0.3"}
 //!   ],
-//!   "model": {"id": "llama", "n_layers": 12, "storage_bytes": 1500000000, "hidden_size": 2048,
+//!   "model": {"id": "llama", "n_layers": 12, "storage_bytes": 1800000000, "hidden_size": 2048,
 //!             "num_key_value_heads": 8, "supports_tensor": true, "backends": ["mlx_cpu", "mlx_cuda"]},
 //!   "request": {"sharding": "pipeline", "backend": "ring", "min_nodes": 1, "required_nodes": [],
 //!               "instance_id": "demo"}
@@ -71,16 +71,16 @@
 //!   "placement": {
 //!     "sharding": "pipeline",
 //!     "backend": "ring",
-//!     "port": 57286,
+//!     "port": 52627,
 //!     "ranks": [
 //!       {
 //!         "node": "a",
 //!         "start_layer": 0,
 //!         "end_layer": 3,
 //!         "hosts": [
-//!           "0.0.0.0:57286",
-//!           "10.0.0.2:57286",
-//!           "10.0.0.3:57286"
+//!           "0.0.0.0:52627",
+//!           "10.0.0.2:52627",
+//!           "10.0.0.3:52627"
 //!         ]
 //!       },
 //!       {
@@ -88,9 +88,9 @@
 //!         "start_layer": 3,
 //!         "end_layer": 6,
 //!         "hosts": [
-//!           "10.0.0.1:57286",
-//!           "0.0.0.0:57286",
-//!           "10.0.0.3:57286"
+//!           "10.0.0.1:52627",
+//!           "0.0.0.0:52627",
+//!           "10.0.0.3:52627"
 //!         ]
 //!       },
 //!       {
@@ -98,9 +98,9 @@
 //!         "start_layer": 6,
 //!         "end_layer": 12,
 //!         "hosts": [
-//!           "10.0.0.1:57286",
-//!           "10.0.0.2:57286",
-//!           "0.0.0.0:57286"
+//!           "10.0.0.1:52627",
+//!           "10.0.0.2:52627",
+//!           "0.0.0.0:52627"
 //!         ]
 //!       }
 //!     ],
@@ -116,11 +116,28 @@
 //!
 //! # Speed
 //!
-//! See [`ring`] for how the search's cost grows. Figures from `cargo bench -p placement`
-//! (criterion, this project's 2-core build machine) are in `placement/benches/place.rs`'s
-//! header and below:
+//! See [`ring`] for how the search's cost grows. `cargo bench -p placement` (criterion,
+//! `placement/benches/place.rs`) on the 2-core build machine, 2026-11-30: free memory varies
+//! per node (8 to 20 GB), the model needs a third of the cluster's memory, so the ring grows
+//! with the cluster; times are criterion's median of `place`, input checks included.
 //!
-//! BENCH_FIGURES
+//! | nodes | full mesh (ring size) | bidirectional ring | two switches, 2 uplinks |
+//! |------:|----------------------:|-------------------:|------------------------:|
+//! |     4 |          7 µs (2)     |        6 µs (2)    |        7 µs (2)         |
+//! |     8 |         20 µs (2)     |       12 µs (2)    |       18 µs (2)         |
+//! |    16 |         90 µs (4)     |       99 µs (16)   |       52 µs (5)         |
+//! |    32 |        0.42 ms (8)    |      0.45 ms (32)  |       20 ms (9)         |
+//! |    64 |        1.75 ms (16)   |      2.0 ms (64)   |       64 ms (budget)    |
+//!
+//! Beyond: a 128-node full mesh 7.5 ms, 256 nodes 48 ms, 512 nodes (the most
+//! [`input::MAX_NODES`] allows) about 0.2 s; a 64-node full mesh where the model fits nowhere
+//! (the error path searches once per filter stage) 1.6 ms. Full meshes grow about as `n²·⁵`,
+//! rings about as `n²`; up to 256 nodes both are searched exactly (within budget). Two
+//! switches joined by only two uplinks are the hard case for the bounds: at 32 nodes the exact
+//! search takes 20 ms; at 64 some ring sizes end on [`ring::SIZE_BUDGET`], so the cost is
+//! capped but the ring found may not be the smallest or the best one (here it is then too
+//! tight for the layer split: `node_short_of_memory`). Two switches joined by a normal uplink
+//! are a full mesh in IP terms, the fast case.
 
 pub mod cli;
 pub mod edge;

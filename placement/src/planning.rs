@@ -32,9 +32,10 @@ use serde::{Deserialize, Serialize};
 
 /// A runner's lifecycle state, as its node reports it into the replicated state.
 ///
-/// JSON: `{"status": "loading", "layers_loaded": 3, "total": 10}`, `{"status": "idle"}`, ...
+/// JSON: `"idle"`, `{"loading": {"layers_loaded": 3, "total": 10}}`, `{"failed": {"reason":
+/// "..."}}` (externally tagged, so binary formats such as postcard can carry it too).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(tag = "status", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum RunnerStatus {
     /// Process started, nothing done yet.
     Idle,
@@ -115,7 +116,7 @@ pub struct PlanInput {
 
 /// Why a runner is shut down.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(tag = "reason", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum ShutdownReason {
     /// The instance was deleted.
     InstanceGone,
@@ -128,7 +129,7 @@ pub enum ShutdownReason {
 
 /// The next thing this node should do for the instance.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(tag = "action", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Action {
     /// Start a runner process for this rank.
     CreateRunner,
@@ -189,28 +190,22 @@ pub fn next_action(input: &PlanInput) -> Action {
                     .is_some_and(|s| s >= stage)
         })
     };
-    match me.runner.as_ref() {
+    let ready = match me.runner.as_ref() {
         Some(RunnerStatus::Idle) => {
-            if input.my_rank < last || others_at_least(CONNECTING) {
-                return Action::Connect;
-            }
+            (input.my_rank < last || others_at_least(CONNECTING)).then_some(Action::Connect)
         }
-        Some(RunnerStatus::Connected) => {
-            if others_at_least(CONNECTED) && input.ranks.iter().all(|view| view.model_ready) {
-                return Action::Load;
-            }
-        }
+        Some(RunnerStatus::Connected) => (others_at_least(CONNECTED)
+            && input.ranks.iter().all(|view| view.model_ready))
+        .then_some(Action::Load),
         Some(RunnerStatus::Loaded) => {
-            let ready = if input.my_rank < last {
-                others_at_least(LOADED)
+            let others = if input.my_rank < last {
+                LOADED
             } else {
-                others_at_least(WARMING_UP)
+                WARMING_UP
             };
-            if ready {
-                return Action::WarmUp;
-            }
+            others_at_least(others).then_some(Action::WarmUp)
         }
-        _ => {}
-    }
-    Action::Wait
+        _ => None,
+    };
+    ready.unwrap_or(Action::Wait)
 }

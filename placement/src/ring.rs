@@ -21,7 +21,7 @@
 //! and only then filters by backend and RDMA, so it fails when a larger ring would have worked.
 //! Here every filter is part of "qualifies", so the smallest ring that can actually run is
 //! chosen. When nothing qualifies, the error names the first filter, in the order above, that
-//! leaves no ring (see [`choose_ring`]).
+//! leaves no ring.
 //!
 //! # Canonical rank order
 //! The chosen ring is then written starting at its smallest node id and following its edges:
@@ -37,20 +37,26 @@
 //! of out-degree `d`: polynomial in `n` for a fixed `k` (the ring size the model needs, not the
 //! cluster size), but not small. Branch and bound keeps it far below that: a branch is dropped
 //! when it cannot get back to `s` in the steps left (BFS distances), cannot reach the memory
-//! needed (exact sum of the best unused nodes) or include the required nodes, or cannot beat
-//! the best ring found so far. Successors are tried best first, so on a full mesh the very
-//! first walk is the optimum and the rest is pruned at once: `O(n² · k)` steps per size; a
-//! bidirectional ring has two arcs per start, also `O(n² · k)`. Preparing the bounds costs
-//! `O(n³)` once per search (`n²` per start, lazily).
+//! needed or include the required nodes, or cannot beat the best ring found so far. The
+//! memory and download bounds add up the best nodes that are not on the path yet and that the
+//! walk could still reach and come back from in the steps left (all-pairs BFS distances), so
+//! they are tight where the topology is sparse. Successors are tried best first, so on a full
+//! mesh the very first walk is the optimum and the rest is pruned at once, and starts that
+//! cannot win are skipped with an `O(n)` check.
+//!
+//! Set-up costs `O(e log n)` to sort the input, `O(n · e)` for the all-pairs distances (skipped
+//! on a complete graph) and `O(n²)` per start actually walked. Measured (see the crate docs),
+//! a full mesh grows about as `n²·⁵` (64 nodes: about 2 ms) and a ring of `n` nodes about as `n²`.
 //!
 //! Because the general problem (a best `k`-cycle under a memory sum) is NP-hard, the search
-//! also counts its steps: at most [`SIZE_BUDGET`] per ring size and [`SEARCH_BUDGET`] in all.
-//! When a size's budget runs out, the best ring found so far at that size is kept; if none was
-//! found, that size is skipped and the next one tried. When the whole budget runs out without
-//! a ring, placement fails with `ring_search_exhausted`. So the worst case is bounded
-//! (`SEARCH_BUDGET` steps plus `O(n³)` set-up), the result is exact whenever the budget
-//! suffices (always so far on full meshes, rings and two-switch LANs up to 64 nodes), and
-//! since steps, not time, are counted, every node stops at the same point and still agrees.
+//! also counts its work (one unit per path extension tried and per node a bound looks at):
+//! at most [`SIZE_BUDGET`] per ring size and [`SEARCH_BUDGET`] in all. When a size's budget
+//! runs out, the best ring found so far at that size is kept; if none was found, that size is
+//! skipped and the next one tried. When the whole budget runs out without a ring, placement
+//! fails with `ring_search_exhausted`. So the worst case is bounded (about a tenth of a second
+//! on the 2-core build machine), the result is exact whenever the budget suffices (full
+//! meshes and rings up to 256 nodes, two switches joined by two uplinks up to 32), and since
+//! work, not time, is counted, every node stops at the same point and still agrees.
 
 use crate::error::PlaceError;
 use crate::input::Input;
@@ -58,14 +64,15 @@ use crate::request::{CollectiveBackend, Sharding};
 use crate::topology::Topology;
 use std::collections::VecDeque;
 
-/// Most search steps (path extensions tried) of one placement, all sizes and error
-/// attribution together. At about 20 ns a step this bounds a placement to tens of milliseconds.
-pub const SEARCH_BUDGET: u64 = 2_000_000;
+/// Most work units (path extensions tried plus nodes looked at by the bounds) of one
+/// placement, all sizes and error attribution together. At about 4 ns a unit on the 2-core
+/// build machine, this bounds a placement to about a tenth of a second.
+pub const SEARCH_BUDGET: u64 = 25_000_000;
 
-/// Most search steps spent on one ring size. A size whose search hits it without finding a
+/// Most work units spent on one ring size. A size whose search hits it without finding a
 /// ring is skipped (a ring of that size may exist but would cost too much to find), and the
 /// next size is tried.
-pub const SIZE_BUDGET: u64 = 200_000;
+pub const SIZE_BUDGET: u64 = 5_000_000;
 
 /// The preference of a ring of a given size, compared field by field (larger is better).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -130,14 +137,17 @@ enum Search {
 }
 
 /// The sum of the `count` largest `values` over `candidates` (positions, largest value
-/// first) not in the path and not `next`; `None` when fewer than `count` are left. This exact
-/// bound (rather than one that counts path nodes twice) lets a tight memory need prune early.
-fn top_unused(
+/// first) that `usable` accepts; `None` when fewer than `count` are. The walk passes the nodes
+/// that are not in the path and lie within reach of the steps left, so the bound does not count
+/// a node twice or one the ring cannot get to and back from in time.
+///
+/// Adds the number of candidates it looked at to `work`, which the search budget counts.
+fn top_usable(
     candidates: &[usize],
     values: &[u64],
-    in_path: &[bool],
-    next: usize,
     count: usize,
+    usable: impl Fn(usize) -> bool,
+    work: &mut u64,
 ) -> Option<u128> {
     let mut sum = 0u128;
     let mut taken = 0;
@@ -145,7 +155,8 @@ fn top_unused(
         if taken == count {
             break;
         }
-        if in_path[v] || v == next {
+        *work += 1;
+        if !usable(v) {
             continue;
         }
         sum += u128::from(values[v]);
@@ -165,6 +176,38 @@ fn prefix_sums_descending(mut values: Vec<u64>) -> Vec<u128> {
         sums.push(total);
     }
     sums
+}
+
+/// Breadth-first distances between every pair of eligible positions: `O(n · (n + e))`.
+/// A complete graph (every LAN behind one switch) skips the searches: every distance is 1.
+fn all_pair_distances(successors: &[Vec<usize>], eligible: &[bool]) -> Vec<u16> {
+    let n = successors.len();
+    let members = eligible.iter().filter(|&&e| e).count();
+    let complete = (0..n)
+        .filter(|&v| eligible[v])
+        .all(|v| successors[v].iter().filter(|&&w| eligible[w]).count() + 1 == members);
+    if complete {
+        return (0..n * n)
+            .map(|i| if i / n == i % n { 0 } else { 1 })
+            .collect();
+    }
+    let mut distance = vec![u16::MAX; n * n];
+    let mut queue = VecDeque::new();
+    for from in (0..n).filter(|&v| eligible[v]) {
+        let row = &mut distance[from * n..(from + 1) * n];
+        row[from] = 0;
+        queue.clear();
+        queue.push_back(from);
+        while let Some(x) = queue.pop_front() {
+            for &y in &successors[x] {
+                if eligible[y] && row[y] == u16::MAX {
+                    row[y] = row[x].saturating_add(1);
+                    queue.push_back(y);
+                }
+            }
+        }
+    }
+    distance
 }
 
 /// Bounds for walks that start at one position `s`.
@@ -197,6 +240,9 @@ struct Searcher<'f> {
     rdma: Vec<bool>,
     /// Successor positions of each position, ascending (best first).
     successors: Vec<Vec<usize>>,
+    /// `distance[a * n + b]`: fewest IP hops from `a` to `b` through nodes that may be in a
+    /// ring (saturating at `u16::MAX`): a lower bound for any walk, which the bounds use.
+    distance: Vec<u16>,
     memory: Vec<u64>,
     download: Vec<u64>,
     leaf: Vec<bool>,
@@ -261,19 +307,21 @@ impl<'f> Searcher<'f> {
                 rdma[a * n + b] = topo.has_rdma_edge(node_at[a], node_at[b]);
             }
         }
-        let successors = (0..n)
+        let successors: Vec<Vec<usize>> = (0..n)
             .map(|a| (0..n).filter(|&b| edge[a * n + b]).collect())
             .collect();
+        let multi_ok: Vec<bool> = node_at
+            .iter()
+            .map(|&v| filters.node_ok[v] && (!filters.rdma || topo.nodes[v].rdma_enabled))
+            .collect();
+        let distance = all_pair_distances(&successors, &multi_ok);
         let mut required = vec![false; n];
         for &r in &filters.required {
             required[position_of[r]] = true;
         }
         let single_ok: Vec<bool> = node_at.iter().map(|&v| filters.node_ok[v]).collect();
-        let multi_ok = node_at
-            .iter()
-            .map(|&v| filters.node_ok[v] && (!filters.rdma || topo.nodes[v].rdma_enabled))
-            .collect();
         Searcher {
+            distance,
             n,
             filters,
             edge,
@@ -331,7 +379,7 @@ impl<'f> Searcher<'f> {
             let mut best: Option<(Score, Vec<usize>)> = None;
             let mut size_exhausted = false;
             for start in 0..=last_start {
-                if !self.multi_ok[start] {
+                if !self.multi_ok[start] || !self.start_can_win(start, k, best.as_ref()) {
                     continue;
                 }
                 let mut walk = Walk {
@@ -372,6 +420,44 @@ impl<'f> Searcher<'f> {
         } else {
             Search::NotFound
         }
+    }
+
+    /// Whether a ring of `k` nodes starting at `start` could still hold the model and beat
+    /// `best`, counting the best later candidates whether or not a cycle joins them: an `O(n)`
+    /// check that spares the `O(n²)` preparation of starts that cannot win (on a full mesh,
+    /// every start after the first).
+    fn start_can_win(&self, start: usize, k: usize, best: Option<&(Score, Vec<usize>)>) -> bool {
+        let later = |values: &[u64]| {
+            let mut top: Vec<u64> = (start + 1..self.n)
+                .filter(|&v| self.multi_ok[v])
+                .map(|v| values[v])
+                .collect();
+            if top.len() < k - 1 {
+                return None;
+            }
+            top.sort_unstable_by(|a, b| b.cmp(a));
+            Some(top[..k - 1].iter().map(|&m| u128::from(m)).sum::<u128>())
+        };
+        let Some(memory) = later(&self.memory) else {
+            return false;
+        };
+        let memory = memory + u128::from(self.memory[start]);
+        if self
+            .filters
+            .memory_needed
+            .is_some_and(|need| memory < u128::from(need))
+        {
+            return false;
+        }
+        let Some((best, _)) = best else {
+            return true;
+        };
+        let bound = Score {
+            leaf: self.leaf[start] || (start + 1..self.n).any(|v| self.multi_ok[v] && self.leaf[v]),
+            download: u128::from(self.download[start]) + later(&self.download).unwrap_or(0),
+            memory,
+        };
+        bound > *best
     }
 
     /// The best ring of one node: the first position that qualifies.
@@ -473,16 +559,49 @@ impl<'f> Searcher<'f> {
             }
             let memory = u128::from(self.memory[v]);
             let download = u128::from(self.download[v]);
-            let Some(top_memory) =
-                top_unused(&info.by_memory, &self.memory, &walk.in_path, v, slots_left)
-            else {
-                continue;
+            // A later node u costs dist(v, u) steps to reach and dist(u, start) to get back.
+            let steps_left = walk.k - depth;
+            let in_path = &walk.in_path;
+            let distance = &self.distance;
+            let usable = |u: usize| {
+                !in_path[u]
+                    && u != v
+                    && usize::from(distance[v * n + u]).saturating_add(info.distance_to_start[u])
+                        <= steps_left
             };
-            let memory_bound = walk.memory + memory + top_memory;
-            if filters
-                .memory_needed
-                .is_some_and(|need| memory_bound < u128::from(need))
+            let mut work = 0;
+            let top_memory =
+                top_usable(&info.by_memory, &self.memory, slots_left, usable, &mut work);
+            let memory_bound = top_memory.map(|top| walk.memory + memory + top);
+            let too_little = match memory_bound {
+                None => true,
+                Some(bound) => filters
+                    .memory_needed
+                    .is_some_and(|need| bound < u128::from(need)),
+            };
+            let mut beaten = false;
+            if let (false, Some(memory_bound), Some((best, _))) =
+                (too_little, memory_bound, &walk.best)
             {
+                let top_download = top_usable(
+                    &info.by_download,
+                    &self.download,
+                    slots_left,
+                    usable,
+                    &mut work,
+                )
+                .unwrap_or(0);
+                let bound = Score {
+                    leaf: walk.leaf || self.leaf[v] || (slots_left > 0 && info.any_leaf),
+                    download: walk.download + download + top_download,
+                    memory: memory_bound,
+                };
+                // A later walk that only ties the best loses the tie-break.
+                beaten = bound <= *best;
+            }
+            self.budget = self.budget.saturating_sub(work);
+            self.size_budget = self.size_budget.saturating_sub(work);
+            if too_little || beaten {
                 continue;
             }
             if filters.rdma
@@ -492,20 +611,6 @@ impl<'f> Searcher<'f> {
                     .any(|&u| !self.rdma[u * n + v] || !self.rdma[v * n + u])
             {
                 continue;
-            }
-            if let Some((best, _)) = &walk.best {
-                let top_download =
-                    top_unused(&info.by_download, &self.download, &walk.in_path, v, slots_left)
-                        .unwrap_or(0);
-                let bound = Score {
-                    leaf: walk.leaf || self.leaf[v] || (slots_left > 0 && info.any_leaf),
-                    download: walk.download + download + top_download,
-                    memory: memory_bound,
-                };
-                // A later walk that only ties the best loses the tie-break.
-                if bound <= *best {
-                    continue;
-                }
             }
             walk.path.push(v);
             walk.in_path[v] = true;
@@ -658,7 +763,11 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
     let mut budget = searcher.budget;
     match outcome {
         Search::Found(ring) => return Ok(canonical_rotation(ring)),
-        Search::Exhausted => return Err(PlaceError::RingSearchExhausted { budget: SEARCH_BUDGET }),
+        Search::Exhausted => {
+            return Err(PlaceError::RingSearchExhausted {
+                budget: SEARCH_BUDGET,
+            })
+        }
         Search::NotFound => {}
     }
     for (stage, error) in &stages {
@@ -669,7 +778,9 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
             Search::Found(_) => {}
             Search::NotFound => return Err(error.clone()),
             Search::Exhausted => {
-                return Err(PlaceError::RingSearchExhausted { budget: SEARCH_BUDGET })
+                return Err(PlaceError::RingSearchExhausted {
+                    budget: SEARCH_BUDGET,
+                })
             }
         }
     }
@@ -680,7 +791,12 @@ pub(crate) fn choose_ring(topo: &Topology, input: &Input) -> Result<Vec<usize>, 
 /// Rotates a ring (topology indices, which follow id order) to start at its smallest id,
 /// keeping its direction.
 fn canonical_rotation(mut ring: Vec<usize>) -> Vec<usize> {
-    if let Some(first) = ring.iter().enumerate().min_by_key(|(_, &v)| v).map(|(i, _)| i) {
+    if let Some(first) = ring
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, &v)| v)
+        .map(|(i, _)| i)
+    {
         ring.rotate_left(first);
     }
     ring

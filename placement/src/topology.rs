@@ -40,7 +40,8 @@ impl<'a> Topology<'a> {
         let mut ip_links: BTreeMap<(usize, usize), Vec<IpAddr>> = BTreeMap::new();
         let mut rdma_links: BTreeMap<(usize, usize), String> = BTreeMap::new();
         for edge in edges {
-            let (Some(&from), Some(&to)) = (index.get(edge.from.as_str()), index.get(edge.to.as_str()))
+            let (Some(&from), Some(&to)) =
+                (index.get(edge.from.as_str()), index.get(edge.to.as_str()))
             else {
                 continue;
             };
@@ -53,7 +54,9 @@ impl<'a> Topology<'a> {
                     ip_links.entry((from, to)).or_default().push(*ip);
                 }
                 Link::Rdma(rdma) => {
-                    let slot = rdma_links.entry((from, to)).or_insert_with(|| rdma.from_iface.clone());
+                    let slot = rdma_links
+                        .entry((from, to))
+                        .or_insert_with(|| rdma.from_iface.clone());
                     if rdma.from_iface < *slot {
                         *slot = rdma.from_iface.clone();
                     }
@@ -95,7 +98,9 @@ impl<'a> Topology<'a> {
 
     /// Index of a node id, if present.
     pub fn index_of(&self, id: &str) -> Option<usize> {
-        self.nodes.binary_search_by(|node| node.id.as_str().cmp(id)).ok()
+        self.nodes
+            .binary_search_by(|node| node.id.as_str().cmp(id))
+            .ok()
     }
 
     /// Whether `from` verified an IP link to `to`.
@@ -120,11 +125,22 @@ impl<'a> Topology<'a> {
 
     /// The best IP `from` verified `to` at: the first by `preference` of the kind of `to`'s
     /// interface holding it (unknown when `to` lists no interface with that IP), then by IP.
-    pub fn best_ip(&self, from: usize, to: usize, preference: &[InterfaceKind; 4]) -> Option<IpAddr> {
+    pub fn best_ip(
+        &self,
+        from: usize,
+        to: usize,
+        preference: &[InterfaceKind; 4],
+    ) -> Option<IpAddr> {
         let ips = self.ip_links.get(&(from, to))?;
         let rank = |ip: &IpAddr| {
-            let kind = self.ip_kinds[to].get(ip).copied().unwrap_or(InterfaceKind::Unknown);
-            preference.iter().position(|k| *k == kind).unwrap_or(preference.len())
+            let kind = self.ip_kinds[to]
+                .get(ip)
+                .copied()
+                .unwrap_or(InterfaceKind::Unknown);
+            preference
+                .iter()
+                .position(|k| *k == kind)
+                .unwrap_or(preference.len())
         };
         ips.iter().min_by_key(|ip| (rank(ip), **ip)).copied()
     }

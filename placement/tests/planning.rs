@@ -33,35 +33,113 @@ fn start_up_table() {
         (0, vec![Some(Idle), None, None], Action::Connect),
         (1, vec![None, Some(Idle), None], Action::Connect),
         // The last rank waits until every other rank is connecting.
-        (2, vec![Some(Idle), Some(Connecting), Some(Idle)], Action::Wait),
+        (
+            2,
+            vec![Some(Idle), Some(Connecting), Some(Idle)],
+            Action::Wait,
+        ),
         (2, vec![None, Some(Connecting), Some(Idle)], Action::Wait),
-        (2, vec![Some(Connecting), Some(Connected), Some(Idle)], Action::Connect),
-        (2, vec![Some(Loaded), Some(Connecting), Some(Idle)], Action::Connect),
+        (
+            2,
+            vec![Some(Connecting), Some(Connected), Some(Idle)],
+            Action::Connect,
+        ),
+        (
+            2,
+            vec![Some(Loaded), Some(Connecting), Some(Idle)],
+            Action::Connect,
+        ),
         // Load once everyone is connected.
-        (0, vec![Some(Connected), Some(Connected), Some(Connecting)], Action::Wait),
-        (0, vec![Some(Connected), Some(Connected), Some(Connected)], Action::Load),
-        (1, vec![Some(Loaded), Some(Connected), Some(Loading { layers_loaded: 1, total: 4 })], Action::Load),
+        (
+            0,
+            vec![Some(Connected), Some(Connected), Some(Connecting)],
+            Action::Wait,
+        ),
+        (
+            0,
+            vec![Some(Connected), Some(Connected), Some(Connected)],
+            Action::Load,
+        ),
+        (
+            1,
+            vec![
+                Some(Loaded),
+                Some(Connected),
+                Some(Loading {
+                    layers_loaded: 1,
+                    total: 4,
+                }),
+            ],
+            Action::Load,
+        ),
         // Warm up: ranks below the last when every runner is loaded or warming.
-        (0, vec![Some(Loaded), Some(Loaded), Some(Loading { layers_loaded: 3, total: 4 })], Action::Wait),
-        (0, vec![Some(Loaded), Some(WarmingUp), Some(Loaded)], Action::WarmUp),
-        (1, vec![Some(WarmingUp), Some(Loaded), Some(Loaded)], Action::WarmUp),
+        (
+            0,
+            vec![
+                Some(Loaded),
+                Some(Loaded),
+                Some(Loading {
+                    layers_loaded: 3,
+                    total: 4,
+                }),
+            ],
+            Action::Wait,
+        ),
+        (
+            0,
+            vec![Some(Loaded), Some(WarmingUp), Some(Loaded)],
+            Action::WarmUp,
+        ),
+        (
+            1,
+            vec![Some(WarmingUp), Some(Loaded), Some(Loaded)],
+            Action::WarmUp,
+        ),
         // The last rank only when all others are warming.
-        (2, vec![Some(WarmingUp), Some(Loaded), Some(Loaded)], Action::Wait),
-        (2, vec![Some(WarmingUp), Some(WarmingUp), Some(Loaded)], Action::WarmUp),
-        (2, vec![Some(Ready), Some(WarmingUp), Some(Loaded)], Action::WarmUp),
+        (
+            2,
+            vec![Some(WarmingUp), Some(Loaded), Some(Loaded)],
+            Action::Wait,
+        ),
+        (
+            2,
+            vec![Some(WarmingUp), Some(WarmingUp), Some(Loaded)],
+            Action::WarmUp,
+        ),
+        (
+            2,
+            vec![Some(Ready), Some(WarmingUp), Some(Loaded)],
+            Action::WarmUp,
+        ),
         // Nothing to do while busy or done.
         (0, vec![Some(Connecting), Some(Idle), None], Action::Wait),
         (0, vec![Some(Ready), Some(Ready), Some(Ready)], Action::Wait),
-        (1, vec![Some(Running), Some(Ready), Some(Ready)], Action::Wait),
+        (
+            1,
+            vec![Some(Running), Some(Ready), Some(Ready)],
+            Action::Wait,
+        ),
         // A ring of one never waits on anyone.
         (0, vec![Some(Idle)], Action::Connect),
         (0, vec![Some(Connected)], Action::Load),
         (0, vec![Some(Loaded)], Action::WarmUp),
         // Failures: siblings shut down; the failed runner itself waits for the supervisor.
-        (0, vec![Some(Ready), Some(failed()), Some(Ready)], Action::ShutDown(ShutdownReason::SiblingFailed { rank: 1 })),
+        (
+            0,
+            vec![Some(Ready), Some(failed()), Some(Ready)],
+            Action::ShutDown(ShutdownReason::SiblingFailed { rank: 1 }),
+        ),
         (0, vec![None, Some(failed()), Some(failed())], Action::Wait),
-        (1, vec![Some(Ready), Some(failed()), Some(Ready)], Action::Wait),
-        (2, vec![Some(Ready), Some(Ready), Some(ShuttingDown)], Action::Wait),
+        (
+            1,
+            vec![Some(Ready), Some(failed()), Some(Ready)],
+            Action::Wait,
+        ),
+        (
+            2,
+            vec![Some(Ready), Some(Ready), Some(ShuttingDown)],
+            Action::Wait,
+        ),
     ];
     for (rank, runners, expected) in cases {
         assert_eq!(plan(rank, &runners), expected, "rank {rank} of {runners:?}");
@@ -92,14 +170,21 @@ fn a_deleted_instance_shuts_its_runners_down() {
         my_rank: 1,
         ranks: vec![view(Some(Ready), true), view(Some(Ready), true)],
     };
-    assert_eq!(next_action(&input), Action::ShutDown(ShutdownReason::InstanceGone));
+    assert_eq!(
+        next_action(&input),
+        Action::ShutDown(ShutdownReason::InstanceGone)
+    );
     input.ranks[1].runner = Some(Shutdown);
     assert_eq!(next_action(&input), Action::Wait);
     input.ranks[1].runner = None;
     assert_eq!(next_action(&input), Action::Wait);
     input.my_rank = 7;
     input.instance_live = true;
-    assert_eq!(next_action(&input), Action::Wait, "a rank out of range does nothing");
+    assert_eq!(
+        next_action(&input),
+        Action::Wait,
+        "a rank out of range does nothing"
+    );
 }
 
 /// Plays the rule on every arrival order of nodes, performing one action at a time and
@@ -137,19 +222,30 @@ fn start_up_never_deadlocks_whatever_the_order() {
                 }
                 let mut progressed = false;
                 for &rank in &order {
-                    let input = PlanInput { instance_live: true, my_rank: rank, ranks: ranks.clone() };
+                    let input = PlanInput {
+                        instance_live: true,
+                        my_rank: rank,
+                        ranks: ranks.clone(),
+                    };
                     let me = &mut ranks[rank];
                     match next_action(&input) {
                         Action::CreateRunner => me.runner = Some(Idle),
                         Action::Download => me.model_ready = true,
                         Action::Connect => me.runner = Some(Connecting),
-                        Action::Load => me.runner = Some(Loading { layers_loaded: 0, total: 1 }),
+                        Action::Load => {
+                            me.runner = Some(Loading {
+                                layers_loaded: 0,
+                                total: 1,
+                            })
+                        }
                         Action::WarmUp => me.runner = Some(WarmingUp),
                         Action::ShutDown(_) => panic!("nothing failed"),
                         Action::Wait => {
                             // The environment completes what can complete: joining the ring
                             // once every rank is joining, warm-up once every rank warms up.
-                            let at_least = |stage: usize| input.ranks.iter().all(|r| order_of(&r.runner) >= stage);
+                            let at_least = |stage: usize| {
+                                input.ranks.iter().all(|r| order_of(&r.runner) >= stage)
+                            };
                             match me.runner.clone() {
                                 Some(Connecting) if at_least(2) => me.runner = Some(Connected),
                                 Some(Loading { .. }) => me.runner = Some(Loaded),
@@ -185,9 +281,28 @@ fn order_of(runner: &Option<RunnerStatus>) -> usize {
 
 #[test]
 fn runner_status_json() {
-    let json = serde_json::to_string(&Loading { layers_loaded: 3, total: 10 }).unwrap();
-    assert_eq!(json, r#"{"status":"loading","layers_loaded":3,"total":10}"#);
-    let back: RunnerStatus = serde_json::from_str(r#"{"status":"failed","reason":"oom"}"#).unwrap();
-    assert_eq!(back, Failed { reason: "oom".into() });
-    assert!(serde_json::from_str::<RunnerStatus>(r#"{"status":"flying"}"#).is_err());
+    let json = serde_json::to_string(&Loading {
+        layers_loaded: 3,
+        total: 10,
+    })
+    .unwrap();
+    assert_eq!(json, r#"{"loading":{"layers_loaded":3,"total":10}}"#);
+    assert_eq!(
+        serde_json::to_string(&WarmingUp).unwrap(),
+        r#""warming_up""#
+    );
+    let back: RunnerStatus = serde_json::from_str(r#"{"failed":{"reason":"oom"}}"#).unwrap();
+    assert_eq!(
+        back,
+        Failed {
+            reason: "oom".into()
+        }
+    );
+    assert!(serde_json::from_str::<RunnerStatus>(r#""flying""#).is_err());
+    // The replicated state's binary format carries it too.
+    let bytes = postcard::to_allocvec(&back).unwrap();
+    assert_eq!(postcard::from_bytes::<RunnerStatus>(&bytes).unwrap(), back);
+    let action = Action::ShutDown(ShutdownReason::SiblingFailed { rank: 2 });
+    let bytes = postcard::to_allocvec(&action).unwrap();
+    assert_eq!(postcard::from_bytes::<Action>(&bytes).unwrap(), action);
 }

@@ -24,7 +24,11 @@ fn kind() -> impl Strategy<Value = InterfaceKind> {
 
 fn backends() -> impl Strategy<Value = Vec<ComputeBackend>> {
     prop::sample::subsequence(
-        vec![ComputeBackend::MlxCpu, ComputeBackend::MlxMetal, ComputeBackend::MlxCuda],
+        vec![
+            ComputeBackend::MlxCpu,
+            ComputeBackend::MlxMetal,
+            ComputeBackend::MlxCuda,
+        ],
         0..=3,
     )
 }
@@ -39,23 +43,27 @@ fn node(i: usize) -> impl Strategy<Value = NodeProfile> {
         prop::collection::vec((kind(), 1u8..=2), 1..=2),
         prop::option::of(prop_oneof![Just(0.0), Just(0.5), Just(1.0), 0.0f64..=1.0]),
     )
-        .prop_map(move |(id, ram, backends, rdma, ifaces, download)| NodeProfile {
-            id: format!("{id}-{i}"),
-            ram_available: ram * UNIT,
-            ram_total: 8 * UNIT,
-            backends,
-            rdma_enabled: rdma,
-            interfaces: ifaces
-                .into_iter()
-                .enumerate()
-                .map(|(j, (kind, host))| Interface {
-                    name: format!("if{j}"),
-                    ip: format!("10.0.{i}.{host}").parse().unwrap(),
-                    kind,
-                })
-                .collect(),
-            download: download.map(|d| BTreeMap::from([("m".to_string(), d)])).unwrap_or_default(),
-        })
+        .prop_map(
+            move |(id, ram, backends, rdma, ifaces, download)| NodeProfile {
+                id: format!("{id}-{i}"),
+                ram_available: ram * UNIT,
+                ram_total: 8 * UNIT,
+                backends,
+                rdma_enabled: rdma,
+                interfaces: ifaces
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, (kind, host))| Interface {
+                        name: format!("if{j}"),
+                        ip: format!("10.0.{i}.{host}").parse().unwrap(),
+                        kind,
+                    })
+                    .collect(),
+                download: download
+                    .map(|d| BTreeMap::from([("m".to_string(), d)]))
+                    .unwrap_or_default(),
+            },
+        )
 }
 
 fn cluster() -> impl Strategy<Value = Input> {
@@ -193,7 +201,12 @@ impl<'a> Reference<'a> {
                 }
             }
         }
-        Reference { input, nodes, ip, rdma }
+        Reference {
+            input,
+            nodes,
+            ip,
+            rdma,
+        }
     }
 
     fn cycles(&self) -> Vec<Vec<usize>> {
@@ -223,7 +236,9 @@ impl<'a> Reference<'a> {
         let model = &self.input.model;
         let k = ring.len();
         let ids: BTreeSet<&str> = ring.iter().map(|&v| self.nodes[v].id.as_str()).collect();
-        if k < req.min_nodes.max(1) as usize || !req.required_nodes.iter().all(|r| ids.contains(r.as_str())) {
+        if k < req.min_nodes.max(1) as usize
+            || !req.required_nodes.iter().all(|r| ids.contains(r.as_str()))
+        {
             return false;
         }
         if upto == Stage::Structure {
@@ -238,14 +253,22 @@ impl<'a> Reference<'a> {
         }
         if req.sharding == Sharding::Tensor && k > 1 {
             let k = k as u32;
-            if !model.supports_tensor || model.hidden_size % k != 0 || model.num_key_value_heads % k != 0 {
+            if !model.supports_tensor
+                || !model.hidden_size.is_multiple_of(k)
+                || !model.num_key_value_heads.is_multiple_of(k)
+            {
                 return false;
             }
         }
         if upto == Stage::Tensor {
             return true;
         }
-        if !ring.iter().all(|&v| self.nodes[v].backends.iter().any(|b| model.backends.contains(b))) {
+        if !ring.iter().all(|&v| {
+            self.nodes[v]
+                .backends
+                .iter()
+                .any(|b| model.backends.contains(b))
+        }) {
             return false;
         }
         if upto == Stage::Backend {
@@ -270,17 +293,33 @@ impl<'a> Reference<'a> {
     fn expected(&self) -> Result<Vec<String>, &'static str> {
         let n = self.nodes.len();
         let cycles = self.cycles();
-        let leaf: Vec<bool> = (0..n).map(|v| self.ip.iter().filter(|(f, _)| *f == v).count() <= 1).collect();
-        let download: Vec<u64> = self.nodes.iter().map(|node| {
-            let d = node.download.get("m").copied().unwrap_or(0.0);
-            (d.clamp(0.0, 1.0) * 1_000_000.0).round() as u64
-        }).collect();
-        let qualifying: Vec<&Vec<usize>> = cycles.iter().filter(|c| self.passes(c, Stage::Rdma)).collect();
+        let leaf: Vec<bool> = (0..n)
+            .map(|v| self.ip.iter().filter(|(f, _)| *f == v).count() <= 1)
+            .collect();
+        let download: Vec<u64> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let d = node.download.get("m").copied().unwrap_or(0.0);
+                (d.clamp(0.0, 1.0) * 1_000_000.0).round() as u64
+            })
+            .collect();
+        let qualifying: Vec<&Vec<usize>> = cycles
+            .iter()
+            .filter(|c| self.passes(c, Stage::Rdma))
+            .collect();
         let Some(k) = qualifying.iter().map(|c| c.len()).min() else {
             for (stage, code) in [
                 (Stage::Structure, "no_ring"),
                 (Stage::Memory, "no_ring_with_enough_memory"),
-                (Stage::Tensor, if self.input.model.supports_tensor { "tensor_indivisible" } else { "tensor_not_supported" }),
+                (
+                    Stage::Tensor,
+                    if self.input.model.supports_tensor {
+                        "tensor_indivisible"
+                    } else {
+                        "tensor_not_supported"
+                    },
+                ),
                 (Stage::Backend, "backend_unsupported"),
             ] {
                 if !cycles.iter().any(|c| self.passes(c, stage)) {
@@ -291,7 +330,14 @@ impl<'a> Reference<'a> {
         };
         // Preference positions: leaf, download, memory (descending), then id.
         let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&v| (!leaf[v], std::cmp::Reverse(download[v]), std::cmp::Reverse(self.nodes[v].ram_available), v));
+        order.sort_by_key(|&v| {
+            (
+                !leaf[v],
+                std::cmp::Reverse(download[v]),
+                std::cmp::Reverse(self.nodes[v].ram_available),
+                v,
+            )
+        });
         let mut position = vec![0; n];
         for (p, &v) in order.iter().enumerate() {
             position[v] = p;
@@ -300,14 +346,20 @@ impl<'a> Reference<'a> {
             let score = (
                 c.iter().any(|&v| leaf[v]),
                 c.iter().map(|&v| u128::from(download[v])).sum::<u128>(),
-                c.iter().map(|&v| u128::from(self.nodes[v].ram_available)).sum::<u128>(),
+                c.iter()
+                    .map(|&v| u128::from(self.nodes[v].ram_available))
+                    .sum::<u128>(),
             );
             let mut seq: Vec<usize> = c.iter().map(|&v| position[v]).collect();
             let first = seq.iter().enumerate().min_by_key(|(_, p)| **p).unwrap().0;
             seq.rotate_left(first);
             (std::cmp::Reverse(score), seq)
         };
-        let best = qualifying.into_iter().filter(|c| c.len() == k).min_by_key(|c| key(c)).unwrap();
+        let best = qualifying
+            .into_iter()
+            .filter(|c| c.len() == k)
+            .min_by_key(|c| key(c))
+            .unwrap();
         Ok(best.iter().map(|&v| self.nodes[v].id.clone()).collect())
     }
 }
@@ -323,7 +375,12 @@ fn check_placement(input: &Input) -> Result<(), TestCaseError> {
             prop_assert_eq!(&ids, ring);
         }
         (Err(e), Ok(_)) => prop_assert!(
-            matches!(e, PlaceError::TooFewLayers { .. } | PlaceError::NodeShortOfMemory { .. } | PlaceError::NeighbourUnreachable { .. }),
+            matches!(
+                e,
+                PlaceError::TooFewLayers { .. }
+                    | PlaceError::NodeShortOfMemory { .. }
+                    | PlaceError::NeighbourUnreachable { .. }
+            ),
             "ring choice should have succeeded, got {e}"
         ),
         (Err(e), Err(code)) => prop_assert_eq!(e.code(), *code),
@@ -331,7 +388,8 @@ fn check_placement(input: &Input) -> Result<(), TestCaseError> {
     }
     let Ok(p) = result else { return Ok(()) };
     let model = &input.model;
-    let by_id: BTreeMap<&str, &NodeProfile> = input.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+    let by_id: BTreeMap<&str, &NodeProfile> =
+        input.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
     let k = p.ranks.len();
     // A real directed cycle, starting at its smallest id, with distinct nodes.
     let ids: Vec<&str> = p.ranks.iter().map(|r| r.node.as_str()).collect();
@@ -340,7 +398,10 @@ fn check_placement(input: &Input) -> Result<(), TestCaseError> {
     if k > 1 {
         for r in 0..k {
             let (from, to) = (ids[r], ids[(r + 1) % k]);
-            prop_assert!(input.edges.iter().any(|e| e.from == from && e.to == to && matches!(e.link, Link::Ip(_))));
+            prop_assert!(input
+                .edges
+                .iter()
+                .any(|e| e.from == from && e.to == to && matches!(e.link, Link::Ip(_))));
         }
     }
     // Layers: contiguous and covering for pipeline, all for tensor.
@@ -356,17 +417,25 @@ fn check_placement(input: &Input) -> Result<(), TestCaseError> {
         }
         Sharding::Tensor => {
             prop_assert!(k > 1);
-            prop_assert!(p.ranks.iter().all(|r| (r.start_layer, r.end_layer) == (0, model.n_layers)));
+            prop_assert!(p
+                .ranks
+                .iter()
+                .all(|r| (r.start_layer, r.end_layer) == (0, model.n_layers)));
         }
     }
     // Nobody holds more than it can.
     for r in &p.ranks {
         let node = by_id[r.node.as_str()];
         let (parts, of) = match p.sharding {
-            Sharding::Pipeline => (u128::from(r.end_layer - r.start_layer), u128::from(model.n_layers)),
+            Sharding::Pipeline => (
+                u128::from(r.end_layer - r.start_layer),
+                u128::from(model.n_layers),
+            ),
             Sharding::Tensor => (1, k as u128),
         };
-        prop_assert!(u128::from(model.storage_bytes) * parts <= u128::from(node.ram_available) * of);
+        prop_assert!(
+            u128::from(model.storage_bytes) * parts <= u128::from(node.ram_available) * of
+        );
     }
     // Hosts: one per rank, self at 0.0.0.0, neighbours at an address of theirs.
     if p.backend == CollectiveBackend::Ring {
@@ -380,7 +449,9 @@ fn check_placement(input: &Input) -> Result<(), TestCaseError> {
                 }
                 if j != r && neighbour {
                     let ip = host.rsplit_once(':').unwrap().0;
-                    prop_assert!(input.edges.iter().any(|e| e.from == ids[r] && e.to == ids[j] && e.link == Link::Ip(ip.parse().unwrap())));
+                    prop_assert!(input.edges.iter().any(|e| e.from == ids[r]
+                        && e.to == ids[j]
+                        && e.link == Link::Ip(ip.parse().unwrap())));
                 }
             }
         }
@@ -404,7 +475,11 @@ fn multi_node_cluster() -> impl Strategy<Value = Input> {
             .filter_map(|e| match e.link {
                 Link::Ip(_) => {
                     let to = input.nodes.iter().find(|n| n.id == e.from)?;
-                    Some(Edge { from: e.to.clone(), to: e.from.clone(), link: Link::Ip(to.interfaces[0].ip) })
+                    Some(Edge {
+                        from: e.to.clone(),
+                        to: e.from.clone(),
+                        link: Link::Ip(to.interfaces[0].ip),
+                    })
                 }
                 Link::Rdma(_) => None,
             })
@@ -472,4 +547,3 @@ proptest! {
         prop_assert_eq!(code, 0);
     }
 }
-

@@ -15,7 +15,10 @@ fn ids(p: &Placement) -> Vec<&str> {
 }
 
 fn counts(p: &Placement) -> Vec<u32> {
-    p.ranks.iter().map(|r| r.end_layer - r.start_layer).collect()
+    p.ranks
+        .iter()
+        .map(|r| r.end_layer - r.start_layer)
+        .collect()
 }
 
 fn code(result: Result<Placement, PlaceError>) -> &'static str {
@@ -54,23 +57,42 @@ fn layer_split_table() {
 #[test]
 fn split_examples_through_place() {
     let nodes = nodes_mb(&[500, 500, 1000]);
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(12, 2000 * MB), pipeline()))
-        .expect("placement");
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(12, 2000 * MB),
+        pipeline(),
+    ))
+    .expect("placement");
     assert_eq!(ids(&p), ["a", "b", "c"]);
     assert_eq!(counts(&p), [3, 3, 6]);
-    let ranges: Vec<_> = p.ranks.iter().map(|r| (r.start_layer, r.end_layer)).collect();
+    let ranges: Vec<_> = p
+        .ranks
+        .iter()
+        .map(|r| (r.start_layer, r.end_layer))
+        .collect();
     assert_eq!(ranges, [(0, 3), (3, 6), (6, 12)]);
 
     let nodes = nodes_mb(&[900, 50, 50]);
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(20, 1000 * MB), pipeline()))
-        .expect("placement");
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(20, 1000 * MB),
+        pipeline(),
+    ))
+    .expect("placement");
     assert_eq!(counts(&p), [18, 1, 1]);
 }
 
 #[test]
 fn too_few_layers() {
     let nodes = nodes_mb(&[500, 500, 500]);
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), model(2, 1400 * MB), pipeline()));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(2, 1400 * MB),
+        pipeline(),
+    ));
     assert_eq!(code(r), "too_few_layers");
     assert_eq!(
         pipeline_layer_counts(0, &[1]).unwrap_err().code(),
@@ -84,7 +106,12 @@ fn node_short_of_memory_after_split() {
     let nodes = nodes_mb(&[1000, 10]);
     let mut request = pipeline();
     request.min_nodes = 2;
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), model(2, 1000 * MB), request));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(2, 1000 * MB),
+        request,
+    ));
     assert_eq!(
         r.unwrap_err(),
         PlaceError::NodeShortOfMemory {
@@ -100,7 +127,12 @@ fn tensor_share_must_fit_each_node() {
     let nodes = nodes_mb(&[1900, 100]);
     let mut request = pipeline();
     request.sharding = Sharding::Tensor;
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), model(10, 2000 * MB), request));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(10, 2000 * MB),
+        request,
+    ));
     assert_eq!(code(r), "node_short_of_memory");
 }
 
@@ -116,8 +148,13 @@ fn single_node_runs_pipeline_over_ring() {
         let mut request = pipeline();
         request.sharding = sharding;
         request.backend = backend;
-        let p = place(&input(nodes.clone(), full_mesh(&nodes), model(8, 3000 * MB), request))
-            .expect("placement");
+        let p = place(&input(
+            nodes.clone(),
+            full_mesh(&nodes),
+            model(8, 3000 * MB),
+            request,
+        ))
+        .expect("placement");
         assert_eq!(ids(&p), ["b"]);
         assert_eq!(p.sharding, Sharding::Pipeline);
         assert_eq!(p.backend, CollectiveBackend::Ring);
@@ -137,11 +174,21 @@ fn a_single_node_needs_no_edges() {
 #[test]
 fn smallest_qualifying_size_wins() {
     let nodes = nodes_mb(&[1000, 1000, 1000, 1000]);
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 1500 * MB), pipeline()))
-        .expect("placement");
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 1500 * MB),
+        pipeline(),
+    ))
+    .expect("placement");
     assert_eq!(ids(&p), ["a", "b"]);
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 2500 * MB), pipeline()))
-        .expect("placement");
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 2500 * MB),
+        pipeline(),
+    ))
+    .expect("placement");
     assert_eq!(ids(&p), ["a", "b", "c"]);
 }
 
@@ -150,20 +197,35 @@ fn min_nodes_and_required_nodes() {
     let nodes = nodes_mb(&[1000, 1000, 1000, 1000]);
     let mut request = pipeline();
     request.min_nodes = 3;
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 100 * MB), request))
-        .expect("placement");
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 100 * MB),
+        request,
+    ))
+    .expect("placement");
     assert_eq!(ids(&p), ["a", "b", "c"]);
 
     let mut request = pipeline();
     request.required_nodes = vec!["d".into(), "c".into()];
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 100 * MB), request))
-        .expect("placement");
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 100 * MB),
+        request,
+    ))
+    .expect("placement");
     assert_eq!(ids(&p), ["c", "d"]);
 
     let mut request = pipeline();
     request.required_nodes = vec!["c".into()];
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 100 * MB), request))
-        .expect("placement");
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 100 * MB),
+        request,
+    ))
+    .expect("placement");
     assert_eq!(ids(&p), ["c"]);
 }
 
@@ -172,13 +234,25 @@ fn most_memory_then_downloads_then_leaf() {
     let mut nodes = nodes_mb(&[600, 700, 900, 650]);
     let m = model(16, 1000 * MB);
     // Memory: the pair with the most, b + c.
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), m.clone(), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        m.clone(),
+        pipeline(),
+    ))
+    .unwrap();
     assert_eq!(ids(&p), ["b", "c"]);
     // Downloads beat memory: a and d have the model.
     nodes[0].download.insert("m".into(), 1.0);
     nodes[3].download.insert("m".into(), 0.5);
     nodes[2].download.insert("other".into(), 1.0);
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), m.clone(), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        m.clone(),
+        pipeline(),
+    ))
+    .unwrap();
     assert_eq!(ids(&p), ["a", "d"]);
     // A leaf beats downloads: e reaches only c (and c reaches it).
     let mut with_leaf = nodes.clone();
@@ -195,7 +269,13 @@ fn equal_rings_break_ties_by_node_ids() {
     let nodes = nodes_mb(&[1000, 1000, 1000, 1000, 1000]);
     let mut edges = full_mesh(&nodes);
     edges.reverse();
-    let p = place(&input(nodes.clone(), edges, model(16, 2500 * MB), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        edges,
+        model(16, 2500 * MB),
+        pipeline(),
+    ))
+    .unwrap();
     // a→b→c→a and a→c→b→a tie: the smaller sequence wins.
     assert_eq!(ids(&p), ["a", "b", "c"]);
 }
@@ -209,7 +289,13 @@ fn ranks_follow_the_edges_from_the_smallest_id() {
         edges.push(ip_edge(&nodes, x, y));
         edges.push(ip_edge(&nodes, y, x));
     }
-    let p = place(&input(nodes.clone(), edges, model(16, 3500 * MB), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        edges,
+        model(16, 3500 * MB),
+        pipeline(),
+    ))
+    .unwrap();
     assert_eq!(ids(&p), ["a", "c", "b", "d"]);
 }
 
@@ -217,11 +303,21 @@ fn ranks_follow_the_edges_from_the_smallest_id() {
 fn disconnected_nodes_form_no_ring() {
     let nodes = nodes_mb(&[1000, 1000]);
     // Rings of one exist, but none holds the model.
-    let r = place(&input(nodes.clone(), vec![], model(16, 1500 * MB), pipeline()));
+    let r = place(&input(
+        nodes.clone(),
+        vec![],
+        model(16, 1500 * MB),
+        pipeline(),
+    ));
     assert_eq!(code(r), "no_ring_with_enough_memory");
     let mut request = pipeline();
     request.min_nodes = 2;
-    let r = place(&input(nodes.clone(), vec![], model(16, 1500 * MB), request.clone()));
+    let r = place(&input(
+        nodes.clone(),
+        vec![],
+        model(16, 1500 * MB),
+        request.clone(),
+    ));
     assert_eq!(code(r), "no_ring");
     // One direction only is no cycle either.
     let r = place(&input(
@@ -238,12 +334,24 @@ fn no_ring_reasons() {
     let nodes = nodes_mb(&[1000, 1000]);
     let mut request = pipeline();
     request.min_nodes = 3;
-    let err = place(&input(nodes.clone(), full_mesh(&nodes), model(16, MB), request)).unwrap_err();
+    let err = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, MB),
+        request,
+    ))
+    .unwrap_err();
     assert_eq!(err.code(), "no_ring");
     assert!(err.message().contains("min_nodes is 3"), "{err}");
     let mut request = pipeline();
     request.required_nodes = vec!["zed".into()];
-    let err = place(&input(nodes.clone(), full_mesh(&nodes), model(16, MB), request)).unwrap_err();
+    let err = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, MB),
+        request,
+    ))
+    .unwrap_err();
     assert_eq!(err.code(), "no_ring");
     assert!(err.message().contains("zed"), "{err}");
 }
@@ -251,8 +359,13 @@ fn no_ring_reasons() {
 #[test]
 fn not_enough_memory() {
     let nodes = nodes_mb(&[1000, 1000]);
-    let err = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 2001 * MB), pipeline()))
-        .unwrap_err();
+    let err = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 2001 * MB),
+        pipeline(),
+    ))
+    .unwrap_err();
     assert_eq!(
         err,
         PlaceError::NoRingWithEnoughMemory {
@@ -284,19 +397,37 @@ fn tensor_rules() {
     let mut request = pipeline();
     request.sharding = Sharding::Tensor;
     // Three nodes would hold it, but 3 divides neither 4096 nor 8: four nodes.
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 2500 * MB), request.clone()))
-        .unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 2500 * MB),
+        request.clone(),
+    ))
+    .unwrap();
     assert_eq!(p.sharding, Sharding::Tensor);
     assert_eq!(ids(&p), ["a", "b", "c", "d"]);
-    assert!(p.ranks.iter().all(|r| (r.start_layer, r.end_layer) == (0, 16)));
+    assert!(p
+        .ranks
+        .iter()
+        .all(|r| (r.start_layer, r.end_layer) == (0, 16)));
 
     let three = nodes_mb(&[1000, 1000, 1000]);
-    let r = place(&input(three.clone(), full_mesh(&three), model(16, 2500 * MB), request.clone()));
+    let r = place(&input(
+        three.clone(),
+        full_mesh(&three),
+        model(16, 2500 * MB),
+        request.clone(),
+    ));
     assert_eq!(code(r), "tensor_indivisible");
 
     let mut no_tensor = model(16, 1500 * MB);
     no_tensor.supports_tensor = false;
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), no_tensor.clone(), request.clone()));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        no_tensor.clone(),
+        request.clone(),
+    ));
     assert_eq!(code(r), "tensor_not_supported");
     // A model that fits on one node still runs there, as pipeline.
     no_tensor.storage_bytes = 500 * MB;
@@ -312,10 +443,22 @@ fn compute_backends() {
     let mut m = model(16, 1500 * MB);
     m.backends = vec![ComputeBackend::MlxCuda];
     // a (CPU only) would hold it alone; the CUDA model needs b and c.
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), m.clone(), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        m.clone(),
+        pipeline(),
+    ))
+    .unwrap();
     assert_eq!(ids(&p), ["b", "c"]);
     m.backends = vec![ComputeBackend::MlxMetal];
-    let err = place(&input(nodes.clone(), full_mesh(&nodes), m.clone(), pipeline())).unwrap_err();
+    let err = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        m.clone(),
+        pipeline(),
+    ))
+    .unwrap_err();
     assert_eq!(err.code(), "backend_unsupported");
     assert!(err.message().contains("mlx_metal"), "{err}");
     m.backends = vec![];
@@ -333,18 +476,38 @@ fn errors_come_in_step_order() {
     request.sharding = Sharding::Tensor;
     request.backend = CollectiveBackend::Jaccl;
     // Memory, tensor, backend and RDMA all fail: memory is reported.
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 9000 * MB), request.clone()));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 9000 * MB),
+        request.clone(),
+    ));
     assert_eq!(code(r), "no_ring_with_enough_memory");
     // Tensor, backend and RDMA fail: tensor.
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 2500 * MB), request.clone()));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 2500 * MB),
+        request.clone(),
+    ));
     assert_eq!(code(r), "tensor_indivisible");
     // Backend and RDMA: backend.
     let mut cuda = model(16, 1500 * MB);
     cuda.backends = vec![ComputeBackend::MlxCuda];
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), cuda, request.clone()));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        cuda,
+        request.clone(),
+    ));
     assert_eq!(code(r), "backend_unsupported");
     // RDMA alone.
-    let r = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 1500 * MB), request.clone()));
+    let r = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 1500 * MB),
+        request.clone(),
+    ));
     assert_eq!(code(r), "no_rdma_ring");
     // Ring choice succeeds, layer split fails before neighbour links are checked.
     let r = place(&input(nodes.clone(), vec![], model(1, 10 * MB), pipeline()));
@@ -372,7 +535,12 @@ fn rdma_mesh(ids: &[&str]) -> Vec<placement::Edge> {
     for (i, from) in ids.iter().enumerate() {
         for (j, to) in ids.iter().enumerate() {
             if i != j {
-                edges.push(rdma_edge(from, to, &format!("rdma_en{}", j + 1), &format!("rdma_en{}", i + 1)));
+                edges.push(rdma_edge(
+                    from,
+                    to,
+                    &format!("rdma_en{}", j + 1),
+                    &format!("rdma_en{}", i + 1),
+                ));
             }
         }
     }
@@ -384,12 +552,22 @@ fn jaccl_devices_and_coordinators() {
     let nodes = rdma_cluster();
     let mut edges = full_mesh(&nodes);
     for (i, j) in [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)] {
-        edges.push(ip_edge_at(&nodes[i].id, &nodes[j].id, &format!("169.254.0.{}", j + 1)));
+        edges.push(ip_edge_at(
+            &nodes[i].id,
+            &nodes[j].id,
+            &format!("169.254.0.{}", j + 1),
+        ));
     }
     edges.extend(rdma_mesh(&["a", "b", "c"]));
     let mut request = pipeline();
     request.backend = CollectiveBackend::Jaccl;
-    let p = place(&input(nodes.clone(), edges.clone(), model(12, 2500 * MB), request)).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        edges.clone(),
+        model(12, 2500 * MB),
+        request,
+    ))
+    .unwrap();
     assert_eq!(p.backend, CollectiveBackend::Jaccl);
     assert_eq!(ids(&p), ["a", "b", "c"]);
     let jaccl = p.jaccl.expect("jaccl plan");
@@ -426,24 +604,57 @@ fn jaccl_needs_rdma_everywhere() {
     request.backend = CollectiveBackend::Jaccl;
     // The pair a, b lacks b → a.
     let mut edges = full_mesh(&nodes);
-    edges.extend(rdma_mesh(&["a", "b", "c"]).into_iter().filter(|e| !(e.from == "b" && e.to == "a")));
-    let p = place(&input(nodes.clone(), edges.clone(), model(12, 1500 * MB), request.clone())).unwrap();
+    edges.extend(
+        rdma_mesh(&["a", "b", "c"])
+            .into_iter()
+            .filter(|e| !(e.from == "b" && e.to == "a")),
+    );
+    let p = place(&input(
+        nodes.clone(),
+        edges.clone(),
+        model(12, 1500 * MB),
+        request.clone(),
+    ))
+    .unwrap();
     assert_eq!(ids(&p), ["a", "c"], "b↔a lacks an RDMA link");
-    let r = place(&input(nodes.clone(), edges.clone(), model(12, 2500 * MB), request.clone()));
+    let r = place(&input(
+        nodes.clone(),
+        edges.clone(),
+        model(12, 2500 * MB),
+        request.clone(),
+    ));
     assert_eq!(code(r), "no_rdma_ring");
     // A node with RDMA off.
     let mut off = nodes.clone();
     off[2].rdma_enabled = false;
     let mut edges = full_mesh(&nodes);
     edges.extend(rdma_mesh(&["a", "b", "c"]));
-    let r = place(&input(off, edges.clone(), model(12, 2500 * MB), request.clone()));
+    let r = place(&input(
+        off,
+        edges.clone(),
+        model(12, 2500 * MB),
+        request.clone(),
+    ));
     assert_eq!(code(r), "no_rdma_ring");
     // No IP link to the coordinator.
-    let edges: Vec<_> = edges.into_iter().filter(|e| !(e.from == "c" && matches!(e.link, placement::Link::Ip(_)) && e.to == "a")).collect();
+    let edges: Vec<_> = edges
+        .into_iter()
+        .filter(|e| !(e.from == "c" && matches!(e.link, placement::Link::Ip(_)) && e.to == "a"))
+        .collect();
     let mut edges = edges;
     edges.push(ip_edge_at("c", "a", "169.254.0.1"));
-    let p = place(&input(nodes.clone(), edges.clone(), model(12, 2500 * MB), request.clone())).unwrap();
-    assert_eq!(p.jaccl.unwrap().coordinators[2], format!("169.254.0.1:{}", p.port), "Thunderbolt when no Ethernet");
+    let p = place(&input(
+        nodes.clone(),
+        edges.clone(),
+        model(12, 2500 * MB),
+        request.clone(),
+    ))
+    .unwrap();
+    assert_eq!(
+        p.jaccl.unwrap().coordinators[2],
+        format!("169.254.0.1:{}", p.port),
+        "Thunderbolt when no Ethernet"
+    );
 }
 
 // ---- ring views ----------------------------------------------------------------------------
@@ -465,7 +676,13 @@ fn ring_port_is_derived_and_in_range() {
 #[test]
 fn hosts_of_a_four_node_ring() {
     let nodes = nodes_mb(&[1000, 1000, 1000, 1000]);
-    let p = place(&input(nodes.clone(), ring(&nodes), model(16, 3500 * MB), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        ring(&nodes),
+        model(16, 3500 * MB),
+        pipeline(),
+    ))
+    .unwrap();
     assert_eq!(ids(&p), ["a", "b", "c", "d"]);
     let port = ring_port("test-instance");
     assert_eq!(p.port, port);
@@ -481,7 +698,13 @@ fn hosts_of_a_four_node_ring() {
 #[test]
 fn two_node_ring_lists_the_other_node() {
     let nodes = nodes_mb(&[1000, 1000]);
-    let p = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 1500 * MB), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 1500 * MB),
+        pipeline(),
+    ))
+    .unwrap();
     assert_eq!(p.ranks[0].hosts[1], format!("10.0.0.2:{}", p.port));
     assert_eq!(p.ranks[1].hosts[0], format!("10.0.0.1:{}", p.port));
 }
@@ -490,23 +713,52 @@ fn two_node_ring_lists_the_other_node() {
 fn best_ip_by_interface_kind_then_address() {
     let mut nodes = nodes_mb(&[1000, 1000]);
     nodes[1].interfaces = vec![
-        Interface { name: "en1".into(), ip: "192.168.1.9".parse().unwrap(), kind: InterfaceKind::Wifi },
-        Interface { name: "eth0".into(), ip: "10.0.0.7".parse().unwrap(), kind: InterfaceKind::Ethernet },
-        Interface { name: "eth1".into(), ip: "10.0.0.5".parse().unwrap(), kind: InterfaceKind::Ethernet },
-        Interface { name: "tb0".into(), ip: "fe80::2".parse().unwrap(), kind: InterfaceKind::Thunderbolt },
+        Interface {
+            name: "en1".into(),
+            ip: "192.168.1.9".parse().unwrap(),
+            kind: InterfaceKind::Wifi,
+        },
+        Interface {
+            name: "eth0".into(),
+            ip: "10.0.0.7".parse().unwrap(),
+            kind: InterfaceKind::Ethernet,
+        },
+        Interface {
+            name: "eth1".into(),
+            ip: "10.0.0.5".parse().unwrap(),
+            kind: InterfaceKind::Ethernet,
+        },
+        Interface {
+            name: "tb0".into(),
+            ip: "fe80::2".parse().unwrap(),
+            kind: InterfaceKind::Thunderbolt,
+        },
     ];
     let base = vec![ip_edge(&nodes, 1, 0)];
     let with = |ips: &[&str]| {
         let mut e = base.clone();
         e.extend(ips.iter().map(|ip| ip_edge_at("a", "b", ip)));
-        place(&input(nodes.clone(), e, model(16, 1500 * MB), pipeline())).unwrap().ranks[0].hosts[1].clone()
+        place(&input(nodes.clone(), e, model(16, 1500 * MB), pipeline()))
+            .unwrap()
+            .ranks[0]
+            .hosts[1]
+            .clone()
     };
     let port = ring_port("test-instance");
-    assert_eq!(with(&["192.168.1.9", "10.0.0.7", "fe80::2"]), format!("[fe80::2]:{port}"));
-    assert_eq!(with(&["192.168.1.9", "10.0.0.7"]), format!("10.0.0.7:{port}"));
+    assert_eq!(
+        with(&["192.168.1.9", "10.0.0.7", "fe80::2"]),
+        format!("[fe80::2]:{port}")
+    );
+    assert_eq!(
+        with(&["192.168.1.9", "10.0.0.7"]),
+        format!("10.0.0.7:{port}")
+    );
     assert_eq!(with(&["10.0.0.7", "10.0.0.5"]), format!("10.0.0.5:{port}"));
     // An address on no listed interface is of unknown kind: after Wi-Fi.
-    assert_eq!(with(&["172.16.0.1", "192.168.1.9"]), format!("192.168.1.9:{port}"));
+    assert_eq!(
+        with(&["172.16.0.1", "192.168.1.9"]),
+        format!("192.168.1.9:{port}")
+    );
     assert_eq!(with(&["172.16.0.1"]), format!("172.16.0.1:{port}"));
 }
 
@@ -514,11 +766,18 @@ fn best_ip_by_interface_kind_then_address() {
 fn missing_neighbour_link() {
     // A one-way cycle a→b→c→a: a cannot reach its left neighbour c.
     let nodes = nodes_mb(&[1000, 1000, 1000]);
-    let edges = vec![ip_edge(&nodes, 0, 1), ip_edge(&nodes, 1, 2), ip_edge(&nodes, 2, 0)];
+    let edges = vec![
+        ip_edge(&nodes, 0, 1),
+        ip_edge(&nodes, 1, 2),
+        ip_edge(&nodes, 2, 0),
+    ];
     let err = place(&input(nodes, edges, model(16, 2500 * MB), pipeline())).unwrap_err();
     assert_eq!(
         err,
-        PlaceError::NeighbourUnreachable { node: "a".into(), neighbour: "c".into() }
+        PlaceError::NeighbourUnreachable {
+            node: "a".into(),
+            neighbour: "c".into()
+        }
     );
 }
 
@@ -529,8 +788,20 @@ fn edges_to_unknown_nodes_and_self_are_ignored() {
     edges.push(ip_edge_at("a", "a", "127.0.0.1"));
     edges.push(ip_edge_at("a", "ghost", "10.9.9.9"));
     edges.push(ip_edge_at("ghost", "a", "10.0.0.1"));
-    let p = place(&input(nodes.clone(), edges, model(16, 1500 * MB), pipeline())).unwrap();
-    let q = place(&input(nodes.clone(), full_mesh(&nodes), model(16, 1500 * MB), pipeline())).unwrap();
+    let p = place(&input(
+        nodes.clone(),
+        edges,
+        model(16, 1500 * MB),
+        pipeline(),
+    ))
+    .unwrap();
+    let q = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(16, 1500 * MB),
+        pipeline(),
+    ))
+    .unwrap();
     assert_eq!(p, q);
 }
 
@@ -558,11 +829,28 @@ fn error_json_shape() {
     let codes = [
         PlaceError::NoRing(String::new()).code(),
         PlaceError::TensorNotSupported { model: "m".into() }.code(),
-        PlaceError::TensorIndivisible { hidden_size: 1, kv_heads: 1 }.code(),
+        PlaceError::TensorIndivisible {
+            hidden_size: 1,
+            kv_heads: 1,
+        }
+        .code(),
         PlaceError::RingSearchExhausted { budget: 1 }.code(),
-        PlaceError::TooFewLayers { n_layers: 1, nodes: 2 }.code(),
+        PlaceError::TooFewLayers {
+            n_layers: 1,
+            nodes: 2,
+        }
+        .code(),
     ];
-    assert_eq!(codes, ["no_ring", "tensor_not_supported", "tensor_indivisible", "ring_search_exhausted", "too_few_layers"]);
+    assert_eq!(
+        codes,
+        [
+            "no_ring",
+            "tensor_not_supported",
+            "tensor_indivisible",
+            "ring_search_exhausted",
+            "too_few_layers"
+        ]
+    );
 }
 
 // ---- scale ---------------------------------------------------------------------------------
@@ -570,7 +858,9 @@ fn error_json_shape() {
 #[test]
 fn large_clusters_place_exactly() {
     // 64 nodes, memory varying; the model needs about a quarter of it.
-    let rams: Vec<u64> = (0..64u64).map(|i| (8 + (i * 7919) % 13) * 1000 * MB).collect();
+    let rams: Vec<u64> = (0..64u64)
+        .map(|i| (8 + (i * 7919) % 13) * 1000 * MB)
+        .collect();
     let total: u64 = rams.iter().sum();
     let mut sorted = rams.clone();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
@@ -584,9 +874,18 @@ fn large_clusters_place_exactly() {
         ("ring", ring(&nodes), 64),
         ("two switches", two_switch(&nodes), fewest),
     ] {
-        let p = place(&input(nodes.clone(), edges.clone(), model(1000, storage), pipeline()));
+        let p = place(&input(
+            nodes.clone(),
+            edges.clone(),
+            model(1000, storage),
+            pipeline(),
+        ));
         let p = p.unwrap_or_else(|e| panic!("{name}: {e}"));
-        let mem: u64 = p.ranks.iter().map(|r| nodes.iter().find(|n| n.id == r.node).unwrap().ram_available).sum();
+        let mem: u64 = p
+            .ranks
+            .iter()
+            .map(|r| nodes.iter().find(|n| n.id == r.node).unwrap().ram_available)
+            .sum();
         assert!(mem >= storage, "{name}");
         assert_eq!(p.ranks.len(), expected_size, "{name}");
         if name == "full mesh" {
@@ -594,4 +893,11 @@ fn large_clusters_place_exactly() {
             assert_eq!(mem, sorted[..fewest].iter().sum::<u64>());
         }
     }
+}
+
+#[test]
+fn too_many_nodes_is_invalid_input() {
+    let nodes = numbered_nodes(&vec![MB; placement::input::MAX_NODES + 1]);
+    let err = place(&input(nodes, vec![], model(16, MB), pipeline())).unwrap_err();
+    assert_eq!(err.code(), "invalid_input");
 }

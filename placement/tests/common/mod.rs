@@ -52,7 +52,7 @@ pub fn numbered_nodes(rams: &[u64]) -> Vec<NodeProfile> {
             node(
                 &format!("n{i:03}"),
                 ram,
-                &format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256 + 1),
+                &format!("10.0.{}.{}", i / 250, i % 250 + 1),
             )
         })
         .collect()
