@@ -1,1 +1,3 @@
 //! Gateway: the HTTP APIs every node serves.
+
+pub mod cluster_api;

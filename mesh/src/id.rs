@@ -30,6 +30,52 @@ impl NodeId {
         NodeId(bytes)
     }
 
+    /// The id as one DNS label (52 lowercase base32 characters; hex would exceed the 63-byte
+    /// label limit), used as the mDNS instance name.
+    pub fn to_label(&self) -> String {
+        const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+        let mut out = String::with_capacity(52);
+        let mut buffer: u32 = 0;
+        let mut bits = 0;
+        for byte in self.0 {
+            buffer = (buffer << 8) | u32::from(byte);
+            bits += 8;
+            while bits >= 5 {
+                bits -= 5;
+                out.push(ALPHABET[((buffer >> bits) & 31) as usize] as char);
+            }
+        }
+        if bits > 0 {
+            out.push(ALPHABET[((buffer << (5 - bits)) & 31) as usize] as char);
+        }
+        out
+    }
+
+    /// Parses [`NodeId::to_label`]'s output (case-insensitive).
+    pub fn from_label(label: &str) -> Option<NodeId> {
+        if label.len() != 52 {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(33);
+        let mut buffer: u32 = 0;
+        let mut bits = 0;
+        for c in label.bytes() {
+            let value = match c.to_ascii_lowercase() {
+                c @ b'a'..=b'z' => c - b'a',
+                c @ b'2'..=b'7' => c - b'2' + 26,
+                _ => return None,
+            };
+            buffer = (buffer << 5) | u32::from(value);
+            bits += 5;
+            if bits >= 8 {
+                bits -= 8;
+                bytes.push((buffer >> bits) as u8);
+            }
+        }
+        let bytes: [u8; 32] = bytes.get(..32)?.try_into().ok()?;
+        Some(NodeId(bytes))
+    }
+
     /// The first 10 hex digits, enough to tell nodes apart in logs and tables.
     pub fn short(&self) -> String {
         self.to_string()[..10].to_string()
@@ -83,6 +129,21 @@ mod tests {
         assert_eq!(text.len(), 64);
         assert!(text.starts_with("00000000deadbeef"));
         assert_eq!(text.parse::<NodeId>().unwrap(), id);
+    }
+
+    #[test]
+    fn label_round_trip() {
+        for n in [0u64, 1, u64::MAX, 0x0123_4567_89ab_cdef] {
+            let mut bytes = [0xa5u8; 32];
+            bytes[..8].copy_from_slice(&n.to_be_bytes());
+            let id = NodeId::from_bytes(bytes);
+            let label = id.to_label();
+            assert_eq!(label.len(), 52);
+            assert_eq!(NodeId::from_label(&label), Some(id));
+            assert_eq!(NodeId::from_label(&label.to_uppercase()), Some(id));
+        }
+        assert_eq!(NodeId::from_label("short"), None);
+        assert_eq!(NodeId::from_label(&"1".repeat(52)), None);
     }
 
     #[test]

@@ -12,6 +12,10 @@ pub mod delta;
 pub mod digest;
 pub mod failure_detector;
 pub mod id;
+pub mod interfaces;
+pub mod net;
+pub mod probe;
+pub mod profile;
 pub mod record;
 pub mod replica;
 pub mod rng;
@@ -21,4 +25,5 @@ pub mod transport;
 
 pub use id::NodeId;
 pub use replica::{Config, Event, Replica, Stats, WriteError};
+pub use net::{Mesh, MeshOptions, StaticPeer};
 pub use transport::Transport;

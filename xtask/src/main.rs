@@ -1,5 +1,7 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
+mod cluster;
+mod netns;
 mod paths;
 mod setup;
 mod util;
@@ -18,6 +20,11 @@ Commands:
   run [ARGS]       build, then run one node serving the default model on
                    http://127.0.0.1:52415 (extra ARGS go to `shoal`)
   test             setup, then every test of the workspace
+  cluster -n N [--extra-link A,B]... [--release] [-- SHOAL ARGS]
+                   N nodes in network namespaces on a bridge (10.99.0.x), until Ctrl-C
+  cluster --down   remove namespaces left by a killed cluster run
+  bench mesh       simulated mesh benchmarks (10/50/100 nodes): bandwidth, messages,
+                   convergence, death detection, loss
   help             this text
 
 Environment:
@@ -36,6 +43,8 @@ fn main() -> ExitCode {
         "build" => build().map(|path| println!("{path}")),
         "run" => run_node(rest),
         "test" => test(rest),
+        "cluster" => cluster::cluster(rest),
+        "bench" => bench(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())
@@ -83,4 +92,11 @@ fn test(args: &[String]) -> Result<(), String> {
     setup::setup()?;
     eprintln!("running every test of the workspace ...");
     run(cargo().args(["test", "--workspace"]).args(args))
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
+        _ => Err("bench: say what to measure, e.g. `cargo xtask bench mesh`".into()),
+    }
 }
