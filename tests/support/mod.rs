@@ -8,7 +8,7 @@ pub mod netns;
 
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// API port of every test node (each in its own namespace).
