@@ -80,7 +80,8 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             let mut ticker = tokio::time::interval(PROFILE_PERIOD);
             loop {
                 ticker.tick().await;
-                let profile = tokio::task::spawn_blocking(move || NodeProfile::gather(api_port)).await;
+                let profile =
+                    tokio::task::spawn_blocking(move || NodeProfile::gather(api_port)).await;
                 if let Ok(profile) = profile {
                     if let Err(e) = mesh.set(PROFILE_KEY, &profile) {
                         tracing::warn!("cannot publish the profile: {e:#}");

@@ -40,8 +40,14 @@ pub fn run(args: &StatusArgs) -> ExitCode {
             .build()
             .map_err(|e| e.to_string())?;
         let (status, body) = runtime
-            .block_on(mesh::probe::http_get(addr, "/state", Duration::from_secs(5)))
-            .map_err(|e| format!("cannot reach the node at {addr}: {e:#}; is `shoal` running there?"))?;
+            .block_on(mesh::probe::http_get(
+                addr,
+                "/state",
+                Duration::from_secs(5),
+            ))
+            .map_err(|e| {
+                format!("cannot reach the node at {addr}: {e:#}; is `shoal` running there?")
+            })?;
         if status != 200 {
             return Err(format!("{addr} answered {status} to GET /state"));
         }
@@ -70,7 +76,9 @@ fn short(id: &str) -> &str {
 }
 
 fn gib(bytes: Option<u64>) -> String {
-    bytes.map_or("-".into(), |b| format!("{:.1}", b as f64 / (1u64 << 30) as f64))
+    bytes.map_or("-".into(), |b| {
+        format!("{:.1}", b as f64 / (1u64 << 30) as f64)
+    })
 }
 
 /// Formats a `/state` document as tables.
@@ -79,20 +87,31 @@ pub fn render(state: &Value) -> String {
     let empty = serde_json::Map::new();
     let nodes = state["nodes"].as_object().unwrap_or(&empty);
     let me = state["node_id"].as_str().unwrap_or("");
-    let _ = writeln!(out, "cluster seen from {} (digest {})", short(me), state["digest"].as_str().unwrap_or("-"));
+    let _ = writeln!(
+        out,
+        "cluster seen from {} (digest {})",
+        short(me),
+        state["digest"].as_str().unwrap_or("-")
+    );
     let _ = writeln!(out, "\nNODES");
     let _ = writeln!(
         out,
-        "{:<12} {:<16} {:<6} {:>6} {:>14} {}",
-        "ID", "NAME", "ALIVE", "PHI", "MEM GiB", "INTERFACES"
+        "{:<12} {:<16} {:<6} {:>6} {:>14} INTERFACES",
+        "ID", "NAME", "ALIVE", "PHI", "MEM GiB"
     );
     let mut edges = Vec::new();
     for (id, node) in nodes {
         let records = &node["records"];
         let profile = &records["profile"];
         let live = &state["liveness"][id];
-        let alive = if live["alive"].as_bool().unwrap_or(false) { "yes" } else { "DEAD" };
-        let phi = live["phi"].as_f64().map_or("-".into(), |p| format!("{p:.1}"));
+        let alive = if live["alive"].as_bool().unwrap_or(false) {
+            "yes"
+        } else {
+            "DEAD"
+        };
+        let phi = live["phi"]
+            .as_f64()
+            .map_or("-".into(), |p| format!("{p:.1}"));
         let memory = format!(
             "{}/{}",
             gib(profile["memory_available"].as_u64()),
@@ -134,8 +153,8 @@ pub fn render(state: &Value) -> String {
     let _ = writeln!(out, "\nEDGES ({})", edges.len());
     let _ = writeln!(
         out,
-        "{:<12} {:<12} {:<16} {:<24} {}",
-        "FROM", "TO", "IP", "LOCAL", "REMOTE"
+        "{:<12} {:<12} {:<16} {:<24} REMOTE",
+        "FROM", "TO", "IP", "LOCAL"
     );
     for (from, edge) in edges {
         let local = format!(

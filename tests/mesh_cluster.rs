@@ -85,7 +85,10 @@ fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
     let three: Vec<&ShoalNode> = nodes[..3].iter().collect();
     let converged = wait_for(Duration::from_secs(3), || agreed(&three, 3));
     let Some((states, took)) = converged else {
-        panic!("3 nodes did not reach identical state within 3 s\n{}", logs(&nodes));
+        panic!(
+            "3 nodes did not reach identical state within 3 s\n{}",
+            logs(&nodes)
+        );
     };
     eprintln!("3 nodes converged {took:?} after their APIs answered");
     let ids: Vec<String> = states.iter().map(node_id).collect();
@@ -111,14 +114,20 @@ fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
         .then_some(s)
     });
     let Some((state, _)) = edges else {
-        panic!("edges over the extra link were not recorded\n{}", logs(&nodes));
+        panic!(
+            "edges over the extra link were not recorded\n{}",
+            logs(&nodes)
+        );
     };
     // Node 2 cannot reach node 4's link address: no such edge, and no loopback or self edges.
     assert!(!has_edge(&state, &ids[1], &id4, &link4));
     for (author, node) in state["nodes"].as_object().unwrap() {
         for key in node["records"].as_object().unwrap().keys() {
             assert!(!key.contains("127.0.0."), "loopback edge {key}");
-            assert!(!key.starts_with(&format!("edge/{author}/")), "self edge {key}");
+            assert!(
+                !key.starts_with(&format!("edge/{author}/")),
+                "self edge {key}"
+            );
         }
     }
     let kinds = &state["nodes"][&ids[0]]["records"][format!("edge/{id4}/{link4}")];
@@ -139,7 +148,10 @@ fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
             .then_some(())
     });
     let Some((_, took)) = detected else {
-        panic!("the death of node 3 was not detected within 5 s\n{}", logs(&nodes));
+        panic!(
+            "the death of node 3 was not detected within 5 s\n{}",
+            logs(&nodes)
+        );
     };
     eprintln!("death detected by all survivors in {took:?}");
 

@@ -135,11 +135,15 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve(listener, Arc::new(Fake)));
-        let (status, body) = mesh::probe::http_get(addr, "/node_id", std::time::Duration::from_secs(2))
-            .await
-            .unwrap();
+        let (status, body) =
+            mesh::probe::http_get(addr, "/node_id", std::time::Duration::from_secs(2))
+                .await
+                .unwrap();
         assert_eq!(status, 200);
-        assert_eq!(String::from_utf8(body).unwrap(), format!("\"{}\"", "ab".repeat(32)));
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            format!("\"{}\"", "ab".repeat(32))
+        );
         server.abort();
     }
 }

@@ -73,7 +73,9 @@ fn measure(nodes: usize, seed: u64) -> Figures {
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing to parse.
-    println!("mesh simulation (gossip every 250 ms, sync fanout 3, phi threshold 6, 1-5 ms latency)");
+    println!(
+        "mesh simulation (gossip every 250 ms, sync fanout 3, phi threshold 6, 1-5 ms latency)"
+    );
     println!(
         "{:>6} {:>12} {:>12} {:>10} {:>10} {:>12} {:>14}",
         "nodes", "cold conv s", "write s", "KiB/s/node", "msgs/s/nd", "death det s", "false deaths"
@@ -96,7 +98,11 @@ fn main() {
             f.messages_per_s,
             f.death_detection_ms as f64 / 1000.0,
             f.false_deaths,
-            if ok { "within chitchat's bounds" } else { "OUTSIDE chitchat's bounds" }
+            if ok {
+                "within chitchat's bounds"
+            } else {
+                "OUTSIDE chitchat's bounds"
+            }
         );
     }
     println!(

@@ -163,7 +163,10 @@ mod tests {
         make("eth0", "1\n");
         make("tun0", "65534");
         assert_eq!(kind_from_sysfs(&root, "wlan0"), InterfaceKind::Wireless);
-        assert_eq!(kind_from_sysfs(&root, "thunderbolt0"), InterfaceKind::ThunderboltNet);
+        assert_eq!(
+            kind_from_sysfs(&root, "thunderbolt0"),
+            InterfaceKind::ThunderboltNet
+        );
         assert_eq!(kind_from_sysfs(&root, "eth0"), InterfaceKind::Ethernet);
         assert_eq!(kind_from_sysfs(&root, "tun0"), InterfaceKind::Unknown);
         assert_eq!(kind_from_sysfs(&root, "missing"), InterfaceKind::Unknown);

@@ -24,6 +24,6 @@ pub mod state;
 pub mod transport;
 
 pub use id::NodeId;
-pub use replica::{Config, Event, Replica, Stats, WriteError};
 pub use net::{Mesh, MeshOptions, StaticPeer};
+pub use replica::{Config, Event, Replica, Stats, WriteError};
 pub use transport::Transport;

@@ -44,7 +44,11 @@ pub fn edge_key(node: &NodeId, ip: Ipv4Addr) -> String {
 }
 
 /// One HTTP/1.1 GET (hyper) with a deadline; returns the status and at most 16 MiB of body.
-pub async fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<(u16, Vec<u8>)> {
+pub async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<(u16, Vec<u8>)> {
     let request = async {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         let io = hyper_util::rt::TokioIo::new(stream);
@@ -98,7 +102,10 @@ fn targets(mesh: &Mesh, own: &[Interface]) -> Vec<(NodeId, Interface, u16)> {
                 continue;
             };
             for iface in profile.interfaces {
-                if iface.ip.is_loopback() || iface.ip.is_unspecified() || own_ips.contains(&iface.ip) {
+                if iface.ip.is_loopback()
+                    || iface.ip.is_unspecified()
+                    || own_ips.contains(&iface.ip)
+                {
                     continue;
                 }
                 out.push((*id, iface, profile.api_port));

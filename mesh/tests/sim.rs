@@ -322,6 +322,5 @@ fn duplicate_ids_are_reported_to_the_newer_process() {
     assert_eq!(reported, vec![Event::DuplicateId { ours: 3, other: 2 }]);
     assert!(new
         .drain_events()
-        .iter()
-        .any(|e| *e == Event::DuplicateId { ours: 2, other: 3 }));
+        .contains(&Event::DuplicateId { ours: 2, other: 3 }));
 }

@@ -46,9 +46,16 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 let value = it.next().ok_or("--extra-link needs A,B")?;
                 let (a, b) = value
                     .split_once(',')
-                    .and_then(|(a, b)| Some((a.trim().parse::<usize>().ok()?, b.trim().parse::<usize>().ok()?)))
+                    .and_then(|(a, b)| {
+                        Some((
+                            a.trim().parse::<usize>().ok()?,
+                            b.trim().parse::<usize>().ok()?,
+                        ))
+                    })
                     .filter(|(a, b)| *a >= 1 && *b >= 1)
-                    .ok_or_else(|| format!("--extra-link {value}: expected two node numbers like 1,2"))?;
+                    .ok_or_else(|| {
+                        format!("--extra-link {value}: expected two node numbers like 1,2")
+                    })?;
                 options.links.push((a - 1, b - 1));
             }
             "--release" => options.release = true,
@@ -125,11 +132,28 @@ pub fn cluster(args: &[String]) -> Result<(), String> {
             .map_err(|e| format!("cannot start node {}: {e}", i + 1))?;
         children.push(child);
     }
-    println!("{} node(s) running; logs in {}", netns.nodes.len(), data_root.display());
+    println!(
+        "{} node(s) running; logs in {}",
+        netns.nodes.len(),
+        data_root.display()
+    );
     for (i, node) in netns.nodes.iter().enumerate() {
-        let mut addrs: Vec<String> = node.bridge_ip.iter().map(|ip| format!("http://{ip}:{API_PORT}")).collect();
-        addrs.extend(node.link_ips.iter().map(|ip| format!("http://{ip}:{API_PORT} (extra link)")));
-        println!("node {}: {}  (namespace {})", i + 1, addrs.join(", "), node.netns);
+        let mut addrs: Vec<String> = node
+            .bridge_ip
+            .iter()
+            .map(|ip| format!("http://{ip}:{API_PORT}"))
+            .collect();
+        addrs.extend(
+            node.link_ips
+                .iter()
+                .map(|ip| format!("http://{ip}:{API_PORT} (extra link)")),
+        );
+        println!(
+            "node {}: {}  (namespace {})",
+            i + 1,
+            addrs.join(", "),
+            node.netns
+        );
     }
     if let Some(first) = netns.nodes.first() {
         println!(
@@ -149,7 +173,9 @@ pub fn cluster(args: &[String]) -> Result<(), String> {
     }
     eprintln!("stopping ...");
     for child in &mut children {
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
     }
     std::thread::sleep(Duration::from_millis(500));
     for child in &mut children {

@@ -53,8 +53,6 @@ impl Node {
 /// A set of namespaces; deleted on drop.
 #[derive(Debug)]
 pub struct Netns {
-    /// Name prefix of every namespace.
-    pub prefix: String,
     /// The nodes, in order.
     pub nodes: Vec<Node>,
     hub: String,
@@ -119,7 +117,6 @@ impl Netns {
     pub fn create(prefix: &str, spec: &Spec) -> Result<Netns, String> {
         let hub = format!("{prefix}-hub");
         let mut netns = Netns {
-            prefix: prefix.to_string(),
             nodes: Vec::new(),
             hub: hub.clone(),
             torn_down: false,
@@ -148,7 +145,15 @@ impl Netns {
             ip(&["-n", &hub, "link", "set", &port, "master", "br0", "up"])?;
             let [a, b, c] = BRIDGE_SUBNET;
             let addr = Ipv4Addr::new(a, b, c, (i + 1) as u8);
-            ip(&["-n", &name, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            ip(&[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "eth0",
+            ])?;
             ip(&["-n", &name, "link", "set", "eth0", "up"])?;
             netns.nodes[i].bridge_ip = Some(addr);
         }
@@ -170,8 +175,24 @@ impl Netns {
             let subnet = 100 + k as u8;
             let ip_a = Ipv4Addr::new(10, subnet, 0, 1);
             let ip_b = Ipv4Addr::new(10, subnet, 0, 2);
-            ip(&["-n", &ns_a, "addr", "add", &format!("{ip_a}/30"), "dev", &if_a])?;
-            ip(&["-n", &ns_b, "addr", "add", &format!("{ip_b}/30"), "dev", &if_b])?;
+            ip(&[
+                "-n",
+                &ns_a,
+                "addr",
+                "add",
+                &format!("{ip_a}/30"),
+                "dev",
+                &if_a,
+            ])?;
+            ip(&[
+                "-n",
+                &ns_b,
+                "addr",
+                "add",
+                &format!("{ip_b}/30"),
+                "dev",
+                &if_b,
+            ])?;
             ip(&["-n", &ns_a, "link", "set", &if_a, "up"])?;
             ip(&["-n", &ns_b, "link", "set", &if_b, "up"])?;
             netns.nodes[a].link_ips.push(ip_a);

@@ -52,7 +52,9 @@ impl FromStr for StaticPeer {
             .trim()
             .split_once('@')
             .ok_or_else(|| format!("peer {s:?} must look like NODE_ID@IP:PORT"))?;
-        let id = id.parse::<NodeId>().map_err(|e| format!("peer {s:?}: {e}"))?;
+        let id = id
+            .parse::<NodeId>()
+            .map_err(|e| format!("peer {s:?}: {e}"))?;
         let addr = addr
             .parse::<SocketAddr>()
             .map_err(|e| format!("peer {s:?}: address {addr:?}: {e} (expected IP:PORT)"))?;
@@ -307,7 +309,8 @@ impl Mesh {
         tasks.push(tokio::spawn({
             let inner = inner.clone();
             async move {
-                let period = Duration::from_millis(inner.with_replica(|r| r.config().gossip_interval_ms));
+                let period =
+                    Duration::from_millis(inner.with_replica(|r| r.config().gossip_interval_ms));
                 let mut ticker = tokio::time::interval(period);
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
@@ -334,7 +337,9 @@ impl Mesh {
                     match event {
                         Ok(GossipEvent::Received(message)) => {
                             let now = inner.now_ms();
-                            if let Err(e) = inner.with_replica(|r| r.on_broadcast(&message.content, now)) {
+                            if let Err(e) =
+                                inner.with_replica(|r| r.on_broadcast(&message.content, now))
+                            {
                                 tracing::debug!("dropped a gossip message: {e}");
                             }
                         }
@@ -447,7 +452,7 @@ impl Mesh {
     /// converged nodes print the same bytes), a digest of them, and this node's view of
     /// liveness (which is local and not part of the digest).
     pub fn state_json(&self) -> serde_json::Value {
-        self.read(|replica, now| state_view(replica, now))
+        self.read(state_view)
     }
 
     /// Liveness and duplicate-id events as they happen.

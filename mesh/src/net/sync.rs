@@ -57,7 +57,9 @@ impl ProtocolHandler for SyncHandler {
                 let exchange = respond(&inner, peer, send, recv);
                 match tokio::time::timeout(SYNC_TIMEOUT, exchange).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::debug!(peer = %peer.short(), "sync (responder) failed: {e:#}"),
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %peer.short(), "sync (responder) failed: {e:#}")
+                    }
                     Err(_) => tracing::debug!(peer = %peer.short(), "sync (responder) timed out"),
                 }
             });
