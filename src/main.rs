@@ -1,6 +1,8 @@
 //! `shoal`: run it on every machine you own; they find each other and serve models together.
 
 mod dirs;
+mod node;
+mod status;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -42,6 +44,10 @@ pub struct NodeArgs {
     #[arg(long, env = "SHOAL_API_PORT", default_value_t = 52415)]
     pub api_port: u16,
 
+    /// UDP port of the mesh endpoint (iroh: discovery, gossip, state sync).
+    #[arg(long, env = "SHOAL_MESH_PORT", default_value_t = node::default_mesh_port())]
+    pub mesh_port: u16,
+
     /// Cluster namespace: nodes only join others with the same namespace.
     #[arg(long, env = "SHOAL_NAMESPACE", default_value = "shoal")]
     pub namespace: String,
@@ -72,6 +78,8 @@ pub struct NodeArgs {
 enum Command {
     /// Compute a placement from a JSON description of a cluster (no network).
     Place(PlaceArgs),
+    /// Show the cluster as a node sees it: nodes, liveness, edges (asks GET /state).
+    Status(status::StatusArgs),
 }
 
 #[derive(Args, Debug)]
@@ -122,6 +130,7 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     match cli.command {
         Some(Command::Place(args)) => place_command(&args),
+        Some(Command::Status(args)) => status::run(&args),
         None => {
             let data_dir = cli
                 .node
@@ -130,8 +139,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(dirs::default_data_dir);
             tracing::info!(data_dir = %data_dir.display(), config_dir = %dirs::config_dir().display(), "starting node");
             let _ = dirs::default_model_path();
-            eprintln!("shoal node: not implemented yet");
-            ExitCode::from(2)
+            node::run(&cli.node, data_dir)
         }
     }
 }

@@ -1,5 +1,7 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
+mod cluster;
+mod netns;
 mod paths;
 mod pyenv;
 mod setup;
@@ -21,6 +23,11 @@ Commands:
   pyenv            create or update the Python venv with the pinned openai client (part
                    of setup); prints its interpreter as the last line
   test             setup, then every test of the workspace
+  cluster -n N [--extra-link A,B]... [--release] [-- SHOAL ARGS]
+                   N nodes in network namespaces on a bridge (10.99.0.x), until Ctrl-C
+  cluster --down   remove namespaces left by a killed cluster run
+  bench mesh       simulated mesh benchmarks (10/50/100 nodes): bandwidth, messages,
+                   convergence, death detection, loss
   help             this text
 
 Environment:
@@ -41,6 +48,8 @@ fn main() -> ExitCode {
         "pyenv" => pyenv::pyenv(util::Step::new(1, 1, "Python venv (openai client)"))
             .map(|python| println!("{}", python.display())),
         "test" => test(rest),
+        "cluster" => cluster::cluster(rest),
+        "bench" => bench(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())
@@ -91,4 +100,11 @@ fn test(args: &[String]) -> Result<(), String> {
         .args(["test", "--workspace"])
         .args(args)
         .env("SHOAL_PYTHON", pyenv::venv_python()))
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
+        _ => Err("bench: say what to measure, e.g. `cargo xtask bench mesh`".into()),
+    }
 }

@@ -1,0 +1,122 @@
+//! A node's profile record: what the machine is (name, OS, CPU, memory, interfaces and their
+//! kind, compute backends) and where its HTTP API listens. Written under the `profile` key.
+
+use crate::interfaces::{self, Interface};
+use serde::{Deserialize, Serialize};
+
+/// Record key of the profile.
+pub const PROFILE_KEY: &str = "profile";
+
+/// What a node tells the cluster about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeProfile {
+    /// Host name.
+    pub name: String,
+    /// `linux`, `macos`, ...
+    pub os: String,
+    /// Kernel or OS release.
+    pub os_version: String,
+    /// CPU model.
+    pub cpu: String,
+    /// Logical CPUs.
+    pub cpu_cores: u32,
+    /// Total memory, bytes.
+    pub memory_total: u64,
+    /// Available memory, bytes (rounded to 64 MiB so small changes do not churn the state).
+    pub memory_available: u64,
+    /// Compute backends this node can run (`mlx_cpu` on Linux, `mlx_metal` on macOS).
+    pub backends: Vec<String>,
+    /// IPv4 interfaces with their kind.
+    pub interfaces: Vec<Interface>,
+    /// Port of the HTTP API (the same on every address).
+    pub api_port: u16,
+}
+
+const ROUND: u64 = 64 << 20;
+
+impl NodeProfile {
+    /// Reads the profile of this machine.
+    pub fn gather(api_port: u16) -> NodeProfile {
+        let (total, available) = memory();
+        NodeProfile {
+            name: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
+            os: std::env::consts::OS.to_string(),
+            os_version: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
+            cpu: cpu_model(),
+            cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            memory_total: total,
+            memory_available: available / ROUND * ROUND,
+            backends: backends(),
+            interfaces: interfaces::local_ipv4(),
+            api_port,
+        }
+    }
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn backends() -> Vec<String> {
+    if cfg!(target_os = "macos") {
+        vec!["mlx_metal".into(), "mlx_cpu".into()]
+    } else {
+        vec!["mlx_cpu".into()]
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// (total, available) memory in bytes, from `/proc/meminfo`.
+fn memory() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    parse_meminfo(&text)
+}
+
+/// Parses `MemTotal` and `MemAvailable` (kB) out of `/proc/meminfo` text.
+pub fn parse_meminfo(text: &str) -> (u64, u64) {
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo() {
+        let text = "MemTotal:       16384000 kB\nMemFree:  1 kB\nMemAvailable:    8192000 kB\n";
+        assert_eq!(parse_meminfo(text), (16384000 * 1024, 8192000 * 1024));
+        assert_eq!(parse_meminfo("garbage"), (0, 0));
+    }
+
+    #[test]
+    fn gathers_this_machine() {
+        let p = NodeProfile::gather(1234);
+        assert_eq!(p.api_port, 1234);
+        assert!(p.cpu_cores >= 1);
+        if cfg!(target_os = "linux") {
+            assert!(p.memory_total > 0);
+            assert!(p.memory_available <= p.memory_total);
+            assert_eq!(p.backends, vec!["mlx_cpu".to_string()]);
+        }
+    }
+}

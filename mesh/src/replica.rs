@@ -1,0 +1,628 @@
+//! One node's replica of the cluster state and the protocol around it, with no IO: time comes
+//! in as milliseconds, messages come in as bytes, and what must be sent goes out through a
+//! [`Transport`]. The iroh driver and the simulator drive the same code.
+
+use crate::codec::{self, CodecError, Message, MAX_MESSAGE_BYTES};
+use crate::delta::{Delta, NodeDelta};
+use crate::failure_detector::{FailureDetector, FailureDetectorConfig, Liveness};
+use crate::id::NodeId;
+use crate::record::{signed_bytes, Authority, Record, MAX_KEY_LEN, MAX_VALUE_LEN};
+use crate::rng::Rng;
+use crate::state::{ClusterState, NodeState};
+use crate::transport::Transport;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Protocol tuning. The defaults suit a LAN of up to a few hundred nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    /// Period of heartbeats, gossip flushes and sync rounds.
+    pub gossip_interval_ms: u64,
+    /// Peers synced with per round.
+    pub sync_fanout: usize,
+    /// Failure detector tuning.
+    pub failure_detector: FailureDetectorConfig,
+    /// How long a dead node's records are kept before they expire.
+    pub dead_grace_ms: u64,
+    /// How long a tombstone is kept before garbage collection.
+    pub tombstone_grace_ms: u64,
+    /// Largest gossip broadcast (iroh-gossip's limit is 4096 bytes including its framing).
+    pub max_broadcast_bytes: usize,
+    /// Byte budget of one sync delta.
+    pub max_sync_delta_bytes: usize,
+    /// Most bytes of records one author may hold.
+    pub max_author_bytes: usize,
+    /// How long another process with this node's id must be seen heartbeating before it is
+    /// reported as a duplicate (longer than a stale heartbeat takes to stop spreading).
+    pub duplicate_confirm_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            gossip_interval_ms: 250,
+            sync_fanout: 3,
+            failure_detector: FailureDetectorConfig {
+                phi_threshold: 6.0,
+                window: 100,
+                initial_interval_ms: 250,
+                max_interval_ms: 5_000,
+                min_mean_ms: 250,
+            },
+            dead_grace_ms: 60_000,
+            tombstone_grace_ms: 120_000,
+            max_broadcast_bytes: 3_800,
+            max_sync_delta_bytes: 1024 * 1024,
+            max_author_bytes: 512 * 1024,
+            duplicate_confirm_ms: 5_000,
+        }
+    }
+}
+
+/// Something the node (or its operator) should know about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A node appeared, or restarted with a new generation.
+    Joined(NodeId),
+    /// A node's heartbeat stopped.
+    Died(NodeId),
+    /// A node thought dead heartbeats again.
+    Revived(NodeId),
+    /// A dead node's records expired and were removed.
+    Expired(NodeId),
+    /// An author's records changed.
+    Changed(NodeId),
+    /// Another live process uses this node's id (a copied data directory).
+    DuplicateId {
+        /// Our generation.
+        ours: u64,
+        /// The other process's generation: if lower, we are the newer process.
+        other: u64,
+    },
+}
+
+/// Counters for operators and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    /// Records dropped because their signature is not their author's.
+    pub forged_records: u64,
+    /// Messages that failed to decode.
+    pub malformed_messages: u64,
+    /// Own records too big for a gossip broadcast (sent by anti-entropy only).
+    pub oversized_for_gossip: u64,
+    /// Records merged into the state.
+    pub records_applied: u64,
+    /// Gossip broadcasts sent.
+    pub broadcasts_sent: u64,
+    /// Anti-entropy exchanges started.
+    pub syncs_started: u64,
+}
+
+/// Why a write was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// Key too long or empty.
+    #[error("record key must be 1..={MAX_KEY_LEN} bytes, got {0}")]
+    Key(usize),
+    /// Value too long.
+    #[error("record value of {0} bytes is over the {MAX_VALUE_LEN}-byte limit")]
+    Value(usize),
+    /// This node's records would exceed the per-author budget.
+    #[error("this node's records would take {0} bytes, over the per-node limit of {1}; delete some first")]
+    AuthorFull(usize, usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Departed {
+    generation: u64,
+    heartbeat: u64,
+    at_ms: u64,
+}
+
+/// A node's replica of the cluster state plus the protocol logic.
+pub struct Replica {
+    id: NodeId,
+    config: Config,
+    authority: Arc<dyn Authority>,
+    state: ClusterState,
+    detector: FailureDetector,
+    rng: Rng,
+    known_peers: BTreeSet<NodeId>,
+    broadcast_up_to: u64,
+    departed: BTreeMap<NodeId, Departed>,
+    self_sightings: BTreeMap<u64, (u64, u64)>,
+    claims: BTreeMap<NodeId, BTreeMap<u64, (u64, u64)>>,
+    duplicate_reported: bool,
+    events: Vec<Event>,
+    stats: Stats,
+    rotation: usize,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("id", &self.id)
+            .field("nodes", &self.state.nodes.len())
+            .finish()
+    }
+}
+
+impl Replica {
+    /// A replica for node `id` in `generation` (a restart must use a higher one), signing with
+    /// `authority`, picking peers with a generator seeded by `seed`.
+    pub fn new(
+        id: NodeId,
+        generation: u64,
+        config: Config,
+        authority: Arc<dyn Authority>,
+        seed: u64,
+    ) -> Replica {
+        let mut state = ClusterState::default();
+        state.nodes.insert(id, NodeState::new(generation));
+        Replica {
+            id,
+            config,
+            authority,
+            state,
+            detector: FailureDetector::new(config.failure_detector),
+            rng: Rng::new(seed),
+            known_peers: BTreeSet::new(),
+            broadcast_up_to: 0,
+            departed: BTreeMap::new(),
+            self_sightings: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            duplicate_reported: false,
+            events: Vec::new(),
+            stats: Stats::default(),
+            rotation: 0,
+        }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// This node's generation.
+    pub fn generation(&self) -> u64 {
+        self.own().generation
+    }
+
+    /// The protocol configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn own(&self) -> &NodeState {
+        &self.state.nodes[&self.id]
+    }
+
+    fn own_mut(&mut self) -> &mut NodeState {
+        self.state
+            .nodes
+            .get_mut(&self.id)
+            .expect("a replica always holds its own node")
+    }
+
+    /// The whole replicated state.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Takes the events that happened since the last call.
+    pub fn drain_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// True if `node` is this node, or heartbeats and is not considered dead.
+    pub fn is_alive(&self, node: &NodeId) -> bool {
+        *node == self.id || self.detector.is_alive(node)
+    }
+
+    /// Nodes currently considered alive, this one included, in id order.
+    pub fn live_nodes(&self) -> Vec<NodeId> {
+        self.state
+            .nodes
+            .keys()
+            .filter(|id| self.is_alive(id))
+            .copied()
+            .collect()
+    }
+
+    /// Suspicion level of `node` (see the failure detector).
+    pub fn phi(&self, node: &NodeId, now_ms: u64) -> Option<f64> {
+        self.detector.phi(node, now_ms)
+    }
+
+    /// Adds a peer to sync with (found by discovery or given by the user) before it is known
+    /// from the state.
+    pub fn add_peer(&mut self, peer: NodeId) {
+        if peer != self.id {
+            self.known_peers.insert(peer);
+        }
+    }
+
+    /// Writes this node's record `key`. It reaches others at the next tick (gossip) or sync.
+    pub fn set(&mut self, key: &str, value: &str, now_ms: u64) -> Result<(), WriteError> {
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(WriteError::Key(key.len()));
+        }
+        if value.len() > MAX_VALUE_LEN {
+            return Err(WriteError::Value(value.len()));
+        }
+        if self.own().records.get(key).and_then(|r| r.value.as_deref()) == Some(value) {
+            return Ok(());
+        }
+        let old = self.own().records.get(key).map_or(0, |r| r.wire_size(key));
+        let new_size = self.own().size() - old + key.len() + value.len() + 80;
+        if new_size > self.config.max_author_bytes {
+            return Err(WriteError::AuthorFull(
+                new_size,
+                self.config.max_author_bytes,
+            ));
+        }
+        self.write(key, Some(value), now_ms);
+        Ok(())
+    }
+
+    /// Deletes this node's record `key` (a tombstone replicates the deletion). True if it
+    /// existed.
+    pub fn delete(&mut self, key: &str, now_ms: u64) -> bool {
+        let exists = self
+            .own()
+            .records
+            .get(key)
+            .is_some_and(|r| r.value.is_some());
+        if exists {
+            self.write(key, None, now_ms);
+        }
+        exists
+    }
+
+    /// This node's live value of `key`.
+    pub fn get_own(&self, key: &str) -> Option<&str> {
+        self.own().records.get(key)?.value.as_deref()
+    }
+
+    fn write(&mut self, key: &str, value: Option<&str>, now_ms: u64) {
+        let generation = self.generation();
+        let version = self.own().max_version + 1;
+        let signature = self
+            .authority
+            .sign(&signed_bytes(&self.id, generation, key, version, value));
+        let own = self.own_mut();
+        own.put(
+            key,
+            Record {
+                version,
+                value: value.map(str::to_string),
+                signature,
+            },
+            now_ms,
+        );
+        own.max_version = version;
+        let id = self.id;
+        self.events.push(Event::Changed(id));
+    }
+
+    /// One protocol round: heartbeat, gossip own changes, liveness, expiry, garbage collection,
+    /// and anti-entropy with `sync_fanout` random peers.
+    pub fn tick(&mut self, now_ms: u64, transport: &mut dyn Transport) {
+        self.own_mut().heartbeat += 1;
+        self.flush_broadcast(transport);
+        self.update_liveness(now_ms);
+        let grace = self.config.tombstone_grace_ms;
+        for state in self.state.nodes.values_mut() {
+            state.collect_tombstones(now_ms, grace);
+        }
+        for peer in self.pick_sync_peers() {
+            self.stats.syncs_started += 1;
+            transport.sync(peer, self.syn());
+        }
+    }
+
+    fn flush_broadcast(&mut self, transport: &mut dyn Transport) {
+        let own = self.own();
+        if own.max_version <= self.broadcast_up_to {
+            return;
+        }
+        let from = self.broadcast_up_to;
+        let mut records: Vec<(String, Record)> = own
+            .records
+            .iter()
+            .filter(|(_, r)| r.version > from)
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        records.sort_by_key(|(_, r)| r.version);
+        let delta = NodeDelta {
+            node: self.id,
+            generation: own.generation,
+            heartbeat: own.heartbeat,
+            reset: false,
+            from_version: from,
+            to_version: own.max_version,
+            records,
+        };
+        self.broadcast_up_to = own.max_version;
+        let (pieces, refused) = delta.split(self.config.max_broadcast_bytes - 64);
+        self.stats.oversized_for_gossip += refused.len() as u64;
+        for piece in pieces {
+            let bytes = codec::encode(&Message::Broadcast(Delta { nodes: vec![piece] }));
+            if bytes.len() > self.config.max_broadcast_bytes {
+                // The estimate was off: leave it to anti-entropy rather than break the topic.
+                self.stats.oversized_for_gossip += 1;
+                continue;
+            }
+            self.stats.broadcasts_sent += 1;
+            transport.broadcast(bytes);
+        }
+    }
+
+    fn update_liveness(&mut self, now_ms: u64) {
+        for change in self.detector.update(now_ms) {
+            if let Liveness::Died(id) = change {
+                self.events.push(Event::Died(id));
+            }
+        }
+        let expired: Vec<NodeId> = self
+            .detector
+            .dead_nodes()
+            .filter(|id| {
+                self.detector
+                    .dead_since(id)
+                    .is_some_and(|since| now_ms.saturating_sub(since) >= self.config.dead_grace_ms)
+            })
+            .copied()
+            .collect();
+        for id in expired {
+            self.detector.forget(&id);
+            if let Some(state) = self.state.nodes.remove(&id) {
+                self.departed.insert(
+                    id,
+                    Departed {
+                        generation: state.generation,
+                        heartbeat: state.heartbeat,
+                        at_ms: now_ms,
+                    },
+                );
+            }
+            self.known_peers.remove(&id);
+            self.events.push(Event::Expired(id));
+        }
+        let keep = 2 * self.config.dead_grace_ms;
+        self.departed
+            .retain(|_, d| now_ms.saturating_sub(d.at_ms) < keep);
+    }
+
+    fn pick_sync_peers(&mut self) -> Vec<NodeId> {
+        let live: Vec<NodeId> = self
+            .state
+            .nodes
+            .keys()
+            .chain(self.known_peers.iter())
+            .filter(|id| **id != self.id && !self.detector.dead_nodes().any(|d| d == *id))
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut peers = self.rng.sample(&live, self.config.sync_fanout);
+        // Now and then try a dead node too, so a node that comes back is noticed.
+        let dead: Vec<NodeId> = self.detector.dead_nodes().copied().collect();
+        if !dead.is_empty() {
+            let p = dead.len() as f64 / (live.len() + dead.len()) as f64;
+            if self.rng.chance(p) {
+                peers.extend(self.rng.sample(&dead, 1));
+            }
+        }
+        peers
+    }
+
+    /// The first message of an anti-entropy exchange (also sent at once when a neighbour
+    /// comes up).
+    pub fn syn(&self) -> Vec<u8> {
+        codec::encode(&Message::Syn(self.state.digest()))
+    }
+
+    /// Responder side of a sync: answers a `Syn` from `from` with a `SynAck`.
+    pub fn on_syn(
+        &mut self,
+        from: NodeId,
+        bytes: &[u8],
+        now_ms: u64,
+    ) -> Result<Vec<u8>, CodecError> {
+        let Message::Syn(theirs) = self.decode(bytes)? else {
+            return Err(self.unexpected("Syn"));
+        };
+        self.add_peer(from);
+        self.note_claim(from, &theirs, now_ms);
+        self.rotation = self.rotation.wrapping_add(1);
+        let mut delta =
+            self.state
+                .delta_for(&theirs, self.config.max_sync_delta_bytes, self.rotation);
+        self.add_conflict_notices(from, &theirs, &mut delta, now_ms);
+        Ok(codec::encode(&Message::SynAck {
+            digest: self.state.digest(),
+            delta,
+        }))
+    }
+
+    /// Initiator side: merges the `SynAck` from `from` and returns the `Ack` to send back.
+    pub fn on_synack(
+        &mut self,
+        from: NodeId,
+        bytes: &[u8],
+        now_ms: u64,
+    ) -> Result<Vec<u8>, CodecError> {
+        let Message::SynAck { digest, delta } = self.decode(bytes)? else {
+            return Err(self.unexpected("SynAck"));
+        };
+        self.add_peer(from);
+        self.note_claim(from, &digest, now_ms);
+        self.merge(&delta, now_ms);
+        self.rotation = self.rotation.wrapping_add(1);
+        let mut back =
+            self.state
+                .delta_for(&digest, self.config.max_sync_delta_bytes, self.rotation);
+        self.add_conflict_notices(from, &digest, &mut back, now_ms);
+        Ok(codec::encode(&Message::Ack(back)))
+    }
+
+    /// Responder side: merges the final `Ack`.
+    pub fn on_ack(&mut self, from: NodeId, bytes: &[u8], now_ms: u64) -> Result<(), CodecError> {
+        let _ = from;
+        let Message::Ack(delta) = self.decode(bytes)? else {
+            return Err(self.unexpected("Ack"));
+        };
+        self.merge(&delta, now_ms);
+        Ok(())
+    }
+
+    /// Merges a gossip broadcast (any size limit was enforced by the gossip layer).
+    pub fn on_broadcast(&mut self, bytes: &[u8], now_ms: u64) -> Result<(), CodecError> {
+        let Message::Broadcast(delta) = self.decode(bytes)? else {
+            return Err(self.unexpected("Broadcast"));
+        };
+        self.merge(&delta, now_ms);
+        Ok(())
+    }
+
+    fn decode(&mut self, bytes: &[u8]) -> Result<Message, CodecError> {
+        codec::decode(bytes, MAX_MESSAGE_BYTES).inspect_err(|_| {
+            self.stats.malformed_messages += 1;
+        })
+    }
+
+    fn unexpected(&mut self, wanted: &str) -> CodecError {
+        self.stats.malformed_messages += 1;
+        CodecError::Malformed(format!("expected a {wanted} message"))
+    }
+
+    fn merge(&mut self, delta: &Delta, now_ms: u64) {
+        let mut seen = BTreeSet::new();
+        for part in &delta.nodes {
+            if part.node != self.id && !seen.insert(part.node) {
+                continue;
+            }
+            self.merge_node(part, now_ms);
+        }
+    }
+
+    fn merge_node(&mut self, part: &NodeDelta, now_ms: u64) {
+        if part.node == self.id {
+            self.check_duplicate(part, now_ms);
+            return;
+        }
+        if let Some(gone) = self.departed.get(&part.node) {
+            let back = part.generation > gone.generation
+                || (part.generation == gone.generation && part.heartbeat > gone.heartbeat);
+            if !back {
+                return;
+            }
+            self.departed.remove(&part.node);
+        }
+        let forged = part
+            .records
+            .iter()
+            .filter(|(key, r)| {
+                let message = signed_bytes(
+                    &part.node,
+                    part.generation,
+                    key,
+                    r.version,
+                    r.value.as_deref(),
+                );
+                !self.authority.verify(&part.node, &message, &r.signature)
+            })
+            .count();
+        if forged > 0 {
+            // One bad record taints the whole part (its version range and heartbeat).
+            self.stats.forged_records += forged as u64;
+            return;
+        }
+        let applied = self.state.apply(part, now_ms);
+        if applied.stale {
+            return;
+        }
+        if applied.new_generation {
+            self.detector.forget(&part.node);
+            self.events.push(Event::Joined(part.node));
+            self.detector.heartbeat(part.node, now_ms);
+        } else if applied.heartbeat_advanced {
+            if let Some(Liveness::Revived(id)) = self.detector.heartbeat(part.node, now_ms) {
+                self.events.push(Event::Revived(id));
+            }
+        }
+        if applied.records > 0 {
+            self.stats.records_applied += applied.records as u64;
+            self.events.push(Event::Changed(part.node));
+        }
+    }
+
+    /// Remembers which generation an authenticated peer says it runs: two generations of one
+    /// id heartbeating at once means two processes share an identity.
+    fn note_claim(&mut self, from: NodeId, digest: &crate::digest::Digest, now_ms: u64) {
+        let Some(entry) = digest.nodes.get(&from) else {
+            return;
+        };
+        let window = 2 * self.config.duplicate_confirm_ms;
+        let claims = self.claims.entry(from).or_default();
+        claims.insert(entry.generation, (entry.heartbeat, now_ms));
+        claims.retain(|_, (_, at)| now_ms.saturating_sub(*at) < window);
+        self.claims.retain(|_, c| !c.is_empty());
+    }
+
+    /// Tells `from` about other generations of its own id that recently synced with us (an
+    /// empty part with that generation's heartbeat): it decides whether it is a duplicate.
+    fn add_conflict_notices(
+        &self,
+        from: NodeId,
+        digest: &crate::digest::Digest,
+        delta: &mut Delta,
+        now_ms: u64,
+    ) {
+        let (Some(claims), Some(entry)) = (self.claims.get(&from), digest.nodes.get(&from)) else {
+            return;
+        };
+        let window = 2 * self.config.duplicate_confirm_ms;
+        for (generation, (heartbeat, at)) in claims {
+            if *generation != entry.generation && now_ms.saturating_sub(*at) < window {
+                delta.nodes.push(NodeDelta {
+                    node: from,
+                    generation: *generation,
+                    heartbeat: *heartbeat,
+                    reset: false,
+                    from_version: 0,
+                    to_version: 0,
+                    records: Vec::new(),
+                });
+            }
+        }
+    }
+
+    /// Another process with our id shows up as a different generation whose heartbeat keeps
+    /// advancing over `duplicate_confirm_ms` (a dead former self stops advancing).
+    fn check_duplicate(&mut self, part: &NodeDelta, now_ms: u64) {
+        let ours = self.generation();
+        if part.generation == ours || self.duplicate_reported {
+            return;
+        }
+        let (first_heartbeat, first_ms) = *self
+            .self_sightings
+            .entry(part.generation)
+            .or_insert((part.heartbeat, now_ms));
+        if part.heartbeat > first_heartbeat
+            && now_ms.saturating_sub(first_ms) >= self.config.duplicate_confirm_ms
+        {
+            self.duplicate_reported = true;
+            self.events.push(Event::DuplicateId {
+                ours,
+                other: part.generation,
+            });
+        }
+    }
+}

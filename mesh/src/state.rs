@@ -1,0 +1,391 @@
+//! The replicated state: for every author, its generation, heartbeat, records and versions, and
+//! the merge rules (per author, per key, by version) that make every replica converge.
+
+use crate::delta::{Delta, NodeDelta, NODE_DELTA_OVERHEAD};
+use crate::digest::{Digest, DigestEntry};
+use crate::id::NodeId;
+use crate::record::Record;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One author's part of the state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeState {
+    /// The author's generation (a restart starts a new one and replaces the old records).
+    pub generation: u64,
+    /// Newest heartbeat known.
+    pub heartbeat: u64,
+    /// All records with versions up to this one are known here.
+    pub max_version: u64,
+    /// Highest version of a tombstone this replica has garbage-collected; a peer that knows
+    /// less than this may have missed a deletion, so it is sent a full copy instead.
+    pub gc_floor: u64,
+    /// Records by key.
+    pub records: BTreeMap<String, Record>,
+    /// Local time each tombstone was first seen (for garbage collection; not replicated).
+    tombstone_seen: BTreeMap<String, u64>,
+}
+
+impl NodeState {
+    /// An empty state for `generation`.
+    pub fn new(generation: u64) -> NodeState {
+        NodeState {
+            generation,
+            ..NodeState::default()
+        }
+    }
+
+    /// Live (non-deleted) values by key.
+    pub fn values(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.records
+            .iter()
+            .filter_map(|(k, r)| r.value.as_deref().map(|v| (k.as_str(), v)))
+    }
+
+    /// Total size of the author's records, in bytes (bounded by the author).
+    pub fn size(&self) -> usize {
+        self.records.iter().map(|(k, r)| r.wire_size(k)).sum()
+    }
+
+    /// Stores `record` under `key` if it is newer than what is held. True if stored.
+    pub fn put(&mut self, key: &str, record: Record, now_ms: u64) -> bool {
+        if self
+            .records
+            .get(key)
+            .is_some_and(|old| old.version >= record.version)
+        {
+            return false;
+        }
+        if record.value.is_none() {
+            self.tombstone_seen.insert(key.to_string(), now_ms);
+        } else {
+            self.tombstone_seen.remove(key);
+        }
+        self.records.insert(key.to_string(), record);
+        true
+    }
+
+    /// Removes tombstones first seen more than `grace_ms` ago. Returns how many.
+    pub fn collect_tombstones(&mut self, now_ms: u64, grace_ms: u64) -> usize {
+        let expired: Vec<String> = self
+            .tombstone_seen
+            .iter()
+            .filter(|(_, seen)| now_ms.saturating_sub(**seen) >= grace_ms)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &expired {
+            self.tombstone_seen.remove(key);
+            if let Some(record) = self.records.remove(key) {
+                self.gc_floor = self.gc_floor.max(record.version);
+            }
+        }
+        expired.len()
+    }
+
+    /// The delta a peer needs, given what it knows of this author (`theirs`).
+    pub fn delta_for(&self, node: NodeId, theirs: Option<&DigestEntry>) -> Option<NodeDelta> {
+        let full = NodeDelta {
+            node,
+            generation: self.generation,
+            heartbeat: self.heartbeat,
+            reset: true,
+            from_version: 0,
+            to_version: self.max_version,
+            records: self.sorted_records(0),
+        };
+        let Some(theirs) = theirs else {
+            return Some(full);
+        };
+        if theirs.generation < self.generation {
+            return Some(full);
+        }
+        if theirs.generation > self.generation {
+            return None;
+        }
+        if theirs.max_version < self.gc_floor && self.max_version > theirs.max_version {
+            return Some(full);
+        }
+        if self.max_version > theirs.max_version {
+            return Some(NodeDelta {
+                reset: false,
+                from_version: theirs.max_version,
+                records: self.sorted_records(theirs.max_version),
+                ..full
+            });
+        }
+        if self.heartbeat > theirs.heartbeat {
+            return Some(NodeDelta {
+                reset: false,
+                from_version: self.max_version,
+                records: Vec::new(),
+                ..full
+            });
+        }
+        None
+    }
+
+    /// Records with versions in `(after, max_version]`, by ascending version.
+    fn sorted_records(&self, after: u64) -> Vec<(String, Record)> {
+        let mut records: Vec<(String, Record)> = self
+            .records
+            .iter()
+            .filter(|(_, r)| r.version > after && r.version <= self.max_version)
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        records.sort_by(|a, b| a.1.version.cmp(&b.1.version).then(a.0.cmp(&b.0)));
+        records
+    }
+}
+
+/// What applying a [`NodeDelta`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The author was unknown, or came back with a new generation.
+    pub new_generation: bool,
+    /// The author's heartbeat went up.
+    pub heartbeat_advanced: bool,
+    /// Records stored.
+    pub records: usize,
+    /// The delta was for an older generation than the one held, and was ignored.
+    pub stale: bool,
+}
+
+/// Every author's state, by node id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterState {
+    /// Authors by id.
+    pub nodes: BTreeMap<NodeId, NodeState>,
+}
+
+impl ClusterState {
+    /// Merges one author's delta (already checked for signatures). Never touches other
+    /// authors.
+    pub fn apply(&mut self, delta: &NodeDelta, now_ms: u64) -> Applied {
+        let mut applied = Applied::default();
+        let state = self.nodes.entry(delta.node).or_insert_with(|| {
+            applied.new_generation = true;
+            NodeState::new(delta.generation)
+        });
+        if state.generation > delta.generation {
+            applied.stale = true;
+            return applied;
+        }
+        if state.generation < delta.generation {
+            *state = NodeState::new(delta.generation);
+            applied.new_generation = true;
+        }
+        let contiguous = delta.from_version <= state.max_version;
+        if delta.reset && delta.to_version > state.max_version {
+            // The sender holds every record up to `to_version`: whatever we hold up to there
+            // and it does not send was superseded (a deletion it already collected).
+            let cut = delta.to_version;
+            state.records.retain(|_, r| r.version > cut);
+            let records = &state.records;
+            state.tombstone_seen.retain(|k, _| records.contains_key(k));
+        }
+        for (key, record) in &delta.records {
+            if state.put(key, record.clone(), now_ms) {
+                applied.records += 1;
+            }
+        }
+        if contiguous || delta.reset {
+            state.max_version = state.max_version.max(delta.to_version);
+        }
+        if delta.heartbeat > state.heartbeat {
+            state.heartbeat = delta.heartbeat;
+            applied.heartbeat_advanced = true;
+        }
+        applied
+    }
+
+    /// The digest of this replica.
+    pub fn digest(&self) -> Digest {
+        Digest {
+            nodes: self
+                .nodes
+                .iter()
+                .map(|(id, s)| {
+                    (
+                        *id,
+                        DigestEntry {
+                            generation: s.generation,
+                            heartbeat: s.heartbeat,
+                            max_version: s.max_version,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// What a peer with digest `theirs` is missing, within `budget_bytes`. Authors are visited
+    /// starting at `start` (rotating), so under a tight budget every author gets its turn;
+    /// a part that does not fit whole is cut at a version boundary (and left out if it is a
+    /// full copy, unless it is the first part, which is always sent).
+    pub fn delta_for(&self, theirs: &Digest, budget_bytes: usize, start: usize) -> Delta {
+        let mut delta = Delta::default();
+        let mut used = 4;
+        let count = self.nodes.len();
+        let ids: Vec<&NodeId> = self.nodes.keys().collect();
+        for i in 0..count {
+            let id = ids[(start + i) % count];
+            let Some(part) = self.nodes[id].delta_for(*id, theirs.nodes.get(id)) else {
+                continue;
+            };
+            let size = part.wire_size();
+            if used + size <= budget_bytes || delta.nodes.is_empty() {
+                used += size;
+                delta.nodes.push(part);
+                continue;
+            }
+            if part.reset {
+                continue;
+            }
+            let room = budget_bytes.saturating_sub(used);
+            if room <= NODE_DELTA_OVERHEAD {
+                continue;
+            }
+            let (pieces, _) = part.split(room);
+            if let Some(first) = pieces.into_iter().next() {
+                used += first.wire_size();
+                delta.nodes.push(first);
+            }
+        }
+        delta
+    }
+
+    /// A JSON view of the replicated records (no heartbeats or local liveness), in key order:
+    /// two replicas that converged print the same bytes.
+    pub fn to_json(&self) -> serde_json::Value {
+        #[derive(Serialize)]
+        struct NodeView<'a> {
+            generation: u64,
+            max_version: u64,
+            records: BTreeMap<&'a str, serde_json::Value>,
+        }
+        let view: BTreeMap<String, NodeView> = self
+            .nodes
+            .iter()
+            .map(|(id, s)| {
+                let records = s
+                    .values()
+                    .map(|(k, v)| {
+                        let value = serde_json::from_str(v)
+                            .unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
+                        (k, value)
+                    })
+                    .collect();
+                (
+                    id.to_string(),
+                    NodeView {
+                        generation: s.generation,
+                        max_version: s.max_version,
+                        records,
+                    },
+                )
+            })
+            .collect();
+        serde_json::to_value(view).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(version: u64, value: Option<&str>) -> Record {
+        Record {
+            version,
+            value: value.map(str::to_string),
+            signature: Vec::new(),
+        }
+    }
+
+    fn author_with(records: &[(&str, u64, Option<&str>)]) -> NodeState {
+        let mut s = NodeState::new(7);
+        for (k, v, val) in records {
+            s.put(k, rec(*v, *val), 0);
+            s.max_version = s.max_version.max(*v);
+        }
+        s.heartbeat = 3;
+        s
+    }
+
+    #[test]
+    fn merge_converges_in_any_order() {
+        let a = NodeId::from_index(1);
+        let source = author_with(&[("x", 1, Some("1")), ("y", 2, Some("2")), ("x", 3, None)]);
+        let full = source.delta_for(a, None).unwrap();
+        let (pieces, _) = full.clone().split(NODE_DELTA_OVERHEAD + 20);
+        assert!(pieces.len() >= 2);
+        let mut forward = ClusterState::default();
+        for p in &pieces {
+            forward.apply(p, 0);
+        }
+        let mut backward = ClusterState::default();
+        for p in pieces.iter().rev() {
+            backward.apply(p, 0);
+        }
+        // Out of order, the replica holds the records but cannot claim all versions...
+        assert_eq!(forward.nodes[&a].records, backward.nodes[&a].records);
+        assert_eq!(forward.nodes[&a].max_version, 3);
+        // ...and a sync from the digest repairs the claim.
+        let repair = source.delta_for(a, backward.digest().nodes.get(&a));
+        if let Some(repair) = repair {
+            backward.apply(&repair, 0);
+        }
+        assert_eq!(backward.nodes[&a].max_version, 3);
+        assert_eq!(forward.to_json(), backward.to_json());
+    }
+
+    #[test]
+    fn newer_generation_replaces_and_older_is_ignored() {
+        let a = NodeId::from_index(1);
+        let mut state = ClusterState::default();
+        let old = author_with(&[("x", 1, Some("1"))]);
+        state.apply(&old.delta_for(a, None).unwrap(), 0);
+        let mut new = NodeState::new(8);
+        new.put("y", rec(1, Some("2")), 0);
+        new.max_version = 1;
+        let applied = state.apply(&new.delta_for(a, None).unwrap(), 0);
+        assert!(applied.new_generation);
+        assert!(state.nodes[&a].records.contains_key("y"));
+        assert!(!state.nodes[&a].records.contains_key("x"));
+        let applied = state.apply(&old.delta_for(a, None).unwrap(), 0);
+        assert!(applied.stale);
+        assert_eq!(state.nodes[&a].generation, 8);
+    }
+
+    #[test]
+    fn tombstones_are_collected_and_laggards_get_a_full_copy() {
+        let a = NodeId::from_index(1);
+        let mut source = author_with(&[("x", 1, Some("1")), ("y", 2, Some("2"))]);
+        let mut laggard = ClusterState::default();
+        laggard.apply(&source.delta_for(a, None).unwrap(), 0);
+        source.put("x", rec(3, None), 10);
+        source.max_version = 3;
+        assert_eq!(source.collect_tombstones(20, 100), 0);
+        assert_eq!(source.collect_tombstones(110, 100), 1);
+        assert_eq!(source.gc_floor, 3);
+        let delta = source.delta_for(a, laggard.digest().nodes.get(&a)).unwrap();
+        assert!(delta.reset, "a peer behind the GC floor needs a full copy");
+        laggard.apply(&delta, 200);
+        assert!(!laggard.nodes[&a].records.contains_key("x"));
+        assert_eq!(laggard.nodes[&a].max_version, 3);
+    }
+
+    #[test]
+    fn delta_budget_rotates_through_authors() {
+        let mut state = ClusterState::default();
+        for i in 0..10 {
+            let s = author_with(&[("k", 1, Some(&"v".repeat(200)))]);
+            state.apply(&s.delta_for(NodeId::from_index(i), None).unwrap(), 0);
+        }
+        let empty = Digest::default();
+        let d0 = state.delta_for(&empty, 700, 0);
+        let d5 = state.delta_for(&empty, 700, 5);
+        assert!(d0.wire_size() <= 700 || d0.nodes.len() == 1);
+        assert!(d0.nodes.len() < 10);
+        assert_ne!(d0.nodes[0].node, d5.nodes[0].node);
+    }
+}

@@ -1,0 +1,15 @@
+//! The seam between the protocol and the network: the replica asks for messages to be sent,
+//! the driver (iroh, or the simulator) sends them and feeds the answers back.
+
+use crate::id::NodeId;
+
+/// Where a [`crate::Replica`] sends what it produces in [`crate::Replica::tick`].
+pub trait Transport {
+    /// Sends `message` (an encoded [`crate::codec::Message::Broadcast`], within the gossip size
+    /// limit) to every node on the gossip topic.
+    fn broadcast(&mut self, message: Vec<u8>);
+
+    /// Starts an anti-entropy exchange with `peer`: deliver `syn` to it, pass its reply to
+    /// [`crate::Replica::on_synack`] and deliver that answer back to it.
+    fn sync(&mut self, peer: NodeId, syn: Vec<u8>);
+}

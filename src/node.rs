@@ -1,0 +1,148 @@
+//! The default command: run a node. It binds the HTTP API, joins the mesh (identity,
+//! discovery, replicated state), publishes this machine's profile, probes the other nodes'
+//! addresses to record verified edges, and runs until Ctrl-C or SIGTERM.
+
+use crate::NodeArgs;
+use anyhow::{anyhow, Context};
+use mesh::net::DEFAULT_MESH_PORT;
+use mesh::profile::{NodeProfile, PROFILE_KEY};
+use mesh::{Config, Event, Mesh, MeshOptions, StaticPeer};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the profile (available memory, interfaces) is refreshed.
+const PROFILE_PERIOD: Duration = Duration::from_secs(5);
+
+/// How often every advertised address of every other node is probed.
+const PROBE_PERIOD: Duration = Duration::from_secs(2);
+
+/// Exit status when another live process already uses this node's identity.
+const EXIT_DUPLICATE_ID: u8 = 3;
+
+/// Runs a node until it is stopped; returns the process exit status.
+pub fn run(args: &NodeArgs, data_dir: PathBuf) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_node(args, data_dir)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_peers(peers: &[String]) -> anyhow::Result<Vec<StaticPeer>> {
+    peers
+        .iter()
+        .map(|p| p.trim())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<StaticPeer>().map_err(|e| anyhow!(e)))
+        .collect()
+}
+
+async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    let peers = parse_peers(&args.peers)?;
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.api_port))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on port {} for the HTTP API; is another shoal running? (--api-port)",
+                args.api_port
+            )
+        })?;
+    let mesh = Arc::new(
+        Mesh::start(MeshOptions {
+            data_dir,
+            namespace: args.namespace.clone(),
+            peers,
+            port: args.mesh_port,
+            config: Config::default(),
+        })
+        .await?,
+    );
+    let mut events = mesh.subscribe();
+    mesh.set(PROFILE_KEY, &NodeProfile::gather(args.api_port))?;
+    let api_port = args.api_port;
+    tokio::spawn({
+        let mesh = mesh.clone();
+        async move {
+            let mut ticker = tokio::time::interval(PROFILE_PERIOD);
+            loop {
+                ticker.tick().await;
+                let profile =
+                    tokio::task::spawn_blocking(move || NodeProfile::gather(api_port)).await;
+                if let Ok(profile) = profile {
+                    if let Err(e) = mesh.set(PROFILE_KEY, &profile) {
+                        tracing::warn!("cannot publish the profile: {e:#}");
+                    }
+                }
+            }
+        }
+    });
+    tokio::spawn(gateway::cluster_api::serve(listener, mesh.clone()));
+    tokio::spawn(mesh::probe::run(mesh.clone(), PROBE_PERIOD));
+    tracing::info!(
+        node_id = %mesh.id(),
+        api = %format!("http://0.0.0.0:{}", args.api_port),
+        "node running"
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+            event = events.recv() => match event {
+                Ok(Event::DuplicateId { ours, other }) if other < ours => {
+                    eprintln!(
+                        "error: another running node already uses this identity (node id {}). \
+                         This happens when a data directory is copied to a second machine. \
+                         Give this machine its own identity: stop it, delete {} in its data \
+                         directory (--data-dir / SHOAL_DATA_DIR), and start it again.",
+                        mesh.id(),
+                        mesh::net::identity::KEY_FILE
+                    );
+                    return Ok(ExitCode::from(EXIT_DUPLICATE_ID));
+                }
+                Ok(Event::DuplicateId { .. }) => {
+                    tracing::error!(
+                        "a newer process started with this node's identity (a copied data \
+                         directory); it has been told to exit"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    tracing::info!("stopping");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The default mesh port, for the CLI's help text.
+pub const fn default_mesh_port() -> u16 {
+    DEFAULT_MESH_PORT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_bad_ones_explain() {
+        let id = "ab".repeat(32);
+        let ok = parse_peers(&[format!("{id}@10.0.0.2:52416"), String::new()]).unwrap();
+        assert_eq!(ok.len(), 1);
+        let err = parse_peers(&["10.0.0.2:52416".to_string()]).unwrap_err();
+        assert!(err.to_string().contains("NODE_ID@IP:PORT"), "{err}");
+    }
+}

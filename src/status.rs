@@ -1,0 +1,219 @@
+//! `shoal status`: asks a node for its `/state` and prints the cluster as tables: nodes with
+//! liveness and memory, and verified edges with the kind of interface at each end.
+
+use clap::Args;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Arguments of `shoal status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The node to ask, as HOST:PORT or http://HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:52415")]
+    pub api: String,
+    /// Print the raw `/state` JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn resolve(api: &str) -> Result<SocketAddr, String> {
+    let hostport = api
+        .trim()
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {api:?}: {e} (expected HOST:PORT)"))?
+        .next()
+        .ok_or_else(|| format!("{api:?} resolves to no address"))
+}
+
+/// Runs the command.
+pub fn run(args: &StatusArgs) -> ExitCode {
+    let result = (|| {
+        let addr = resolve(&args.api)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (status, body) = runtime
+            .block_on(mesh::probe::http_get(
+                addr,
+                "/state",
+                Duration::from_secs(5),
+            ))
+            .map_err(|e| {
+                format!("cannot reach the node at {addr}: {e:#}; is `shoal` running there?")
+            })?;
+        if status != 200 {
+            return Err(format!("{addr} answered {status} to GET /state"));
+        }
+        let state: Value = serde_json::from_slice(&body)
+            .map_err(|e| format!("{addr} sent a /state that is not JSON: {e}"))?;
+        Ok(if args.json {
+            serde_json::to_string_pretty(&state).unwrap_or_default()
+        } else {
+            render(&state)
+        })
+    })();
+    match result {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn short(id: &str) -> &str {
+    id.get(..10).unwrap_or(id)
+}
+
+fn gib(bytes: Option<u64>) -> String {
+    bytes.map_or("-".into(), |b| {
+        format!("{:.1}", b as f64 / (1u64 << 30) as f64)
+    })
+}
+
+/// Formats a `/state` document as tables.
+pub fn render(state: &Value) -> String {
+    let mut out = String::new();
+    let empty = serde_json::Map::new();
+    let nodes = state["nodes"].as_object().unwrap_or(&empty);
+    let me = state["node_id"].as_str().unwrap_or("");
+    let _ = writeln!(
+        out,
+        "cluster seen from {} (digest {})",
+        short(me),
+        state["digest"].as_str().unwrap_or("-")
+    );
+    let _ = writeln!(out, "\nNODES");
+    let _ = writeln!(
+        out,
+        "{:<12} {:<16} {:<6} {:>6} {:>14} INTERFACES",
+        "ID", "NAME", "ALIVE", "PHI", "MEM GiB"
+    );
+    let mut edges = Vec::new();
+    for (id, node) in nodes {
+        let records = &node["records"];
+        let profile = &records["profile"];
+        let live = &state["liveness"][id];
+        let alive = if live["alive"].as_bool().unwrap_or(false) {
+            "yes"
+        } else {
+            "DEAD"
+        };
+        let phi = live["phi"]
+            .as_f64()
+            .map_or("-".into(), |p| format!("{p:.1}"));
+        let memory = format!(
+            "{}/{}",
+            gib(profile["memory_available"].as_u64()),
+            gib(profile["memory_total"].as_u64())
+        );
+        let interfaces: Vec<String> = profile["interfaces"]
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .map(|i| {
+                        format!(
+                            "{}={}({})",
+                            i["name"].as_str().unwrap_or("?"),
+                            i["ip"].as_str().unwrap_or("?"),
+                            i["kind"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let marker = if id == me { "*" } else { "" };
+        let _ = writeln!(
+            out,
+            "{:<12} {:<16} {:<6} {:>6} {:>14} {}",
+            format!("{}{marker}", short(id)),
+            profile["name"].as_str().unwrap_or("?"),
+            alive,
+            phi,
+            memory,
+            interfaces.join(" ")
+        );
+        if let Some(map) = records.as_object() {
+            for (key, edge) in map.iter().filter(|(k, _)| k.starts_with("edge/")) {
+                let _ = key;
+                edges.push((id.clone(), edge.clone()));
+            }
+        }
+    }
+    let _ = writeln!(out, "\nEDGES ({})", edges.len());
+    let _ = writeln!(
+        out,
+        "{:<12} {:<12} {:<16} {:<24} REMOTE",
+        "FROM", "TO", "IP", "LOCAL"
+    );
+    for (from, edge) in edges {
+        let local = format!(
+            "{}({})",
+            edge["local_interface"].as_str().unwrap_or("?"),
+            edge["local_kind"].as_str().unwrap_or("?")
+        );
+        let remote = format!(
+            "{}({})",
+            edge["remote_interface"].as_str().unwrap_or("?"),
+            edge["remote_kind"].as_str().unwrap_or("?")
+        );
+        let _ = writeln!(
+            out,
+            "{:<12} {:<12} {:<16} {:<24} {}",
+            short(&from),
+            short(edge["to"].as_str().unwrap_or("?")),
+            edge["ip"].as_str().unwrap_or("?"),
+            local,
+            remote
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_nodes_and_edges() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let state = serde_json::json!({
+            "node_id": a,
+            "digest": "0123",
+            "nodes": {
+                a.clone(): {"generation": 1, "max_version": 3, "records": {
+                    "profile": {"name": "alpha", "memory_total": 8u64 << 30, "memory_available": 4u64 << 30,
+                                "interfaces": [{"name": "eth0", "ip": "10.0.0.1", "prefix": 24, "kind": "ethernet"}]},
+                    format!("edge/{b}/10.0.0.2"): {"to": b, "ip": "10.0.0.2", "remote_interface": "eth0",
+                        "remote_kind": "thunderbolt-net", "local_interface": "tb0", "local_kind": "thunderbolt-net"}
+                }},
+                b.clone(): {"generation": 1, "max_version": 1, "records": {"profile": {"name": "beta"}}}
+            },
+            "liveness": {a.clone(): {"alive": true, "phi": null}, b.clone(): {"alive": false, "phi": 9.5}}
+        });
+        let text = render(&state);
+        assert!(text.contains("alpha"));
+        assert!(text.contains("4.0/8.0"));
+        assert!(text.contains("DEAD"));
+        assert!(text.contains("EDGES (1)"));
+        assert!(text.contains("tb0(thunderbolt-net)"));
+        assert!(text.contains("eth0=10.0.0.1(ethernet)"));
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(resolve("http://127.0.0.1:52415/").unwrap().port(), 52415);
+        assert!(resolve("no port").is_err());
+    }
+}

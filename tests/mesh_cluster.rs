@@ -1,0 +1,176 @@
+//! Real `shoal` processes in Linux network namespaces (no `--peer`): they find each other by
+//! mDNS, agree on one state, verify edges, detect a crash, and take a restarted node back.
+//! Needs root (namespaces); skipped with a message otherwise.
+
+mod support;
+
+use serde_json::Value;
+use std::time::Duration;
+use support::netns::{self, Netns, Spec};
+use support::{wait_for, ShoalNode};
+
+/// The states of `nodes` if they are identical (same digest), each lists exactly `expected`
+/// nodes, and each considers all of them alive.
+fn agreed(nodes: &[&ShoalNode], expected: usize) -> Option<Vec<Value>> {
+    let states: Vec<Value> = nodes.iter().map(|n| n.state()).collect::<Option<_>>()?;
+    let digest = states[0]["digest"].as_str()?.to_string();
+    for state in &states {
+        if state["digest"].as_str()? != digest {
+            return None;
+        }
+        let listed = state["nodes"].as_object()?;
+        if listed.len() != expected {
+            return None;
+        }
+        if listed
+            .keys()
+            .any(|id| state["liveness"][id]["alive"].as_bool() != Some(true))
+        {
+            return None;
+        }
+    }
+    Some(states)
+}
+
+fn node_id(state: &Value) -> String {
+    state["node_id"].as_str().unwrap_or_default().to_string()
+}
+
+fn has_edge(state: &Value, from: &str, to: &str, ip: &str) -> bool {
+    state["nodes"][from]["records"]
+        .get(format!("edge/{to}/{ip}"))
+        .is_some_and(|e| e["to"].as_str() == Some(to))
+}
+
+#[test]
+fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
+    if let Err(why) = netns::available() {
+        eprintln!("skipping the namespace cluster test: {why}");
+        return;
+    }
+    let prefix = format!("shoalt{}", std::process::id());
+    // Nodes 1-3 on the bridge; node 4 only on an extra link to node 1.
+    let spec = Spec {
+        nodes: 4,
+        off_bridge: vec![3],
+        links: vec![(0, 3)],
+    };
+    let net = Netns::create(&prefix, &spec).expect("create namespaces");
+    let dir = std::env::temp_dir().join(&prefix);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut nodes: Vec<ShoalNode> = net
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
+        .collect();
+    let logs = |nodes: &[ShoalNode]| {
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("--- node {} ---\n{}", i + 1, n.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    // 1. Three nodes, no --peer: identical state within 3 s of their APIs answering.
+    for node in nodes.iter_mut().take(3) {
+        node.start();
+    }
+    let up = wait_for(Duration::from_secs(60), || {
+        nodes[..3].iter().all(|n| n.state().is_some()).then_some(())
+    });
+    assert!(up.is_some(), "node APIs did not come up\n{}", logs(&nodes));
+    let three: Vec<&ShoalNode> = nodes[..3].iter().collect();
+    let converged = wait_for(Duration::from_secs(3), || agreed(&three, 3));
+    let Some((states, took)) = converged else {
+        panic!(
+            "3 nodes did not reach identical state within 3 s\n{}",
+            logs(&nodes)
+        );
+    };
+    eprintln!("3 nodes converged {took:?} after their APIs answered");
+    let ids: Vec<String> = states.iter().map(node_id).collect();
+
+    // 2. A fourth node reachable only over an extra link to node 1 is discovered by everyone
+    //    (through node 1) and gets verified edges on that link.
+    nodes[3].start();
+    let four: Vec<&ShoalNode> = nodes.iter().collect();
+    let joined = wait_for(Duration::from_secs(30), || agreed(&four, 4));
+    let Some((states, took)) = joined else {
+        panic!("the 4th node did not join\n{}", logs(&nodes));
+    };
+    eprintln!("4th node joined in {took:?}");
+    let id4 = node_id(&states[3]);
+    let link1 = net.nodes[0].link_ips[0].to_string();
+    let link4 = net.nodes[3].link_ips[0].to_string();
+    let edges = wait_for(Duration::from_secs(15), || {
+        let s = nodes[1].state()?;
+        (has_edge(&s, &ids[0], &id4, &link4)
+            && has_edge(&s, &id4, &ids[0], &link1)
+            && has_edge(&s, &ids[0], &ids[1], "10.99.0.2")
+            && has_edge(&s, &ids[1], &ids[2], "10.99.0.3"))
+        .then_some(s)
+    });
+    let Some((state, _)) = edges else {
+        panic!(
+            "edges over the extra link were not recorded\n{}",
+            logs(&nodes)
+        );
+    };
+    // Node 2 cannot reach node 4's link address: no such edge, and no loopback or self edges.
+    assert!(!has_edge(&state, &ids[1], &id4, &link4));
+    for (author, node) in state["nodes"].as_object().unwrap() {
+        for key in node["records"].as_object().unwrap().keys() {
+            assert!(!key.contains("127.0.0."), "loopback edge {key}");
+            assert!(
+                !key.starts_with(&format!("edge/{author}/")),
+                "self edge {key}"
+            );
+        }
+    }
+    let kinds = &state["nodes"][&ids[0]]["records"][format!("edge/{id4}/{link4}")];
+    assert_eq!(kinds["local_interface"].as_str(), Some("tb4"));
+    assert_eq!(kinds["remote_kind"].as_str(), Some("ethernet"));
+
+    // 3. Killing node 3 is detected by every survivor within 5 s.
+    nodes[2].kill();
+    let survivors = [0usize, 1, 3];
+    let detected = wait_for(Duration::from_secs(5), || {
+        survivors
+            .iter()
+            .all(|&i| {
+                nodes[i]
+                    .state()
+                    .is_some_and(|s| s["liveness"][&ids[2]]["alive"].as_bool() == Some(false))
+            })
+            .then_some(())
+    });
+    let Some((_, took)) = detected else {
+        panic!(
+            "the death of node 3 was not detected within 5 s\n{}",
+            logs(&nodes)
+        );
+    };
+    eprintln!("death detected by all survivors in {took:?}");
+
+    // 4. Restarted (same identity, new generation), it converges again.
+    let old_generation = states[0]["nodes"][&ids[2]]["generation"].as_u64().unwrap();
+    nodes[2].start();
+    let four: Vec<&ShoalNode> = nodes.iter().collect();
+    let rejoined = wait_for(Duration::from_secs(30), || {
+        let states = agreed(&four, 4)?;
+        let generation = states[0]["nodes"][&ids[2]]["generation"].as_u64()?;
+        (generation > old_generation).then_some(states)
+    });
+    let Some((states, took)) = rejoined else {
+        panic!("the restarted node did not converge\n{}", logs(&nodes));
+    };
+    eprintln!("restarted node converged in {took:?}");
+    assert_eq!(node_id(&states[2]), ids[2], "a restart keeps the identity");
+    drop(nodes);
+    drop(net);
+    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,117 @@
+//! Helpers for tests that run real `shoal` processes in Linux network namespaces. The
+//! namespace code is the same file `cargo xtask cluster` uses.
+
+#![allow(dead_code)]
+
+#[path = "../../xtask/src/netns.rs"]
+pub mod netns;
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// API port of every test node (each in its own namespace).
+pub const API_PORT: u16 = 52415;
+
+/// The `shoal` binary cargo built for these tests.
+pub fn shoal_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_shoal")
+}
+
+/// A `shoal` node process inside a namespace; killed on drop.
+pub struct ShoalNode {
+    /// Its namespace and addresses.
+    pub node: netns::Node,
+    /// Its data directory (kept across restarts: same identity).
+    pub data_dir: PathBuf,
+    /// Its log file (stderr and stdout).
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ShoalNode {
+    /// A node that is not started yet.
+    pub fn new(node: netns::Node, dir: &std::path::Path, index: usize) -> ShoalNode {
+        ShoalNode {
+            node,
+            data_dir: dir.join(format!("n{index}")),
+            log: dir.join(format!("n{index}.log")),
+            child: None,
+        }
+    }
+
+    /// Starts (or restarts) the process; its log is appended to.
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let err = log.try_clone().expect("log file");
+        let child = self
+            .node
+            .command(shoal_bin())
+            .args(["--api-port", &API_PORT.to_string(), "--data-dir"])
+            .arg(&self.data_dir)
+            .env("RUST_LOG", "info,mesh=debug")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .expect("start shoal");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: a crash, no goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// GET /state through `shoal status --json`, run inside the node's namespace.
+    pub fn state(&self) -> Option<Value> {
+        let out = self
+            .node
+            .command(shoal_bin())
+            .args(["status", "--json", "--api"])
+            .arg(format!("{}:{API_PORT}", self.node.ip()))
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// The last lines of the log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for ShoalNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Some` or `limit` passes.
+pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return Some((value, start.elapsed()));
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
