@@ -51,7 +51,7 @@ fn f16_and_bf16_round_trip() {
         .collect();
     assert_eq!(got, vec![1.0, -4.0, 2048.0, 0.0]);
     let scalar = Array::from_slice(&[f16::from_f32(0.25)], &[1]);
-    assert_eq!(scalar.item::<f16>(), f16::from_f32(0.25)); // the scalar (item) path
+    assert_eq!(scalar.item_exact::<f16>(), f16::from_f32(0.25)); // the scalar (item) path
 
     let brains: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
     let arr = Array::from_slice(&brains, &[4]);
@@ -60,7 +60,7 @@ fn f16_and_bf16_round_trip() {
     as_f32.eval().unwrap();
     assert_eq!(as_f32.as_slice::<f32>(), &values);
     let one = Array::from_slice(&[bf16::from_f32(-3.5)], &[1]);
-    assert_eq!(one.item::<bf16>(), bf16::from_f32(-3.5));
+    assert_eq!(one.item_exact::<bf16>(), bf16::from_f32(-3.5));
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
