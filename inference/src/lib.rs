@@ -11,6 +11,7 @@ pub mod config;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;
+pub mod export;
 pub mod gguf;
 pub mod kv_cache;
 pub mod linear;

@@ -202,6 +202,11 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The tokenizer as Hugging Face `tokenizer.json` text.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(tok_err)
+    }
+
     /// Size of the vocabulary, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

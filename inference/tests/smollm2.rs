@@ -236,3 +236,22 @@ fn first_step_logits_match_an_independent_reference() {
     assert_eq!(inference::sampling::argmax(&got), top);
     eprintln!("max |logit difference| vs reference: {diff}; top token {top} ({:?}) logit {}", e.tokenizer.id_to_token(top as u32), reference[top]);
 }
+
+#[test]
+fn the_same_model_as_a_hugging_face_folder_gives_the_same_logits() {
+    let dir = std::env::temp_dir().join(format!("shoal-smollm2-hf-{}", std::process::id()));
+    inference::export::export_hf_folder(&fixture(), &dir, mlx_rs::Dtype::Float32).unwrap();
+    let hf = Engine::load(&dir, Some(WeightFormat::F32)).unwrap();
+    let e = engine();
+    let prompt = capital_question();
+    let ids = e.prompt_ids(&prompt).unwrap();
+    assert_eq!(hf.prompt_ids(&prompt).unwrap(), ids, "tokenizer.json + chat template from the folder");
+    let run = |m: &Engine| {
+        let mut cache = m.model.new_cache();
+        inference::engine::last_logits_to_host(&m.model.forward(inference::ShardInput::Tokens(&ids), &mut cache, true).unwrap()).unwrap()
+    };
+    let (a, b) = (run(&e), run(&hf));
+    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    assert!(diff < 1e-4, "GGUF vs safetensors logits differ by {diff}");
+    std::fs::remove_dir_all(&dir).ok();
+}
