@@ -1,6 +1,8 @@
 //! `shoal`: run it on every machine you own; they find each other and serve models together.
 
 mod dirs;
+mod generate;
+mod runner;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -72,6 +74,11 @@ pub struct NodeArgs {
 enum Command {
     /// Compute a placement from a JSON description of a cluster (no network).
     Place(PlaceArgs),
+    /// Generate text with a model in this process, streaming it to the terminal.
+    Generate(generate::GenerateArgs),
+    /// Run one model instance, driven over stdin/stdout by its node (internal).
+    #[command(hide = true)]
+    Runner(runner::RunnerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -99,6 +106,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     match cli.command {
+        Some(Command::Generate(args)) => match generate::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Command::Runner(args)) => ExitCode::from(runner::run(args).clamp(0, 255) as u8),
         Some(Command::Place(args)) => {
             let _ = args;
             eprintln!("shoal place: not implemented yet");
