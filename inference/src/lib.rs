@@ -16,6 +16,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod linear;
 pub mod model;
+pub mod pipeline;
 pub mod platform;
 pub mod quant;
 pub mod ring;
@@ -26,7 +27,9 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
-pub use engine::{Completion, Engine, FinishReason, GenerateRequest, LoadOptions, Prompt, TokenEvent};
+pub use engine::{
+    Completion, Engine, FinishReason, GenerateRequest, LoadOptions, Prompt, TokenEvent,
+};
 pub use error::{InferenceError, Result};
 pub use model::{ModelShard, ShardInput};
 pub use sampling::SamplingParams;
