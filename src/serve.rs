@@ -16,7 +16,7 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
     let fast = args.fast_synch && !args.no_fast_synch;
     command
         .env
-        .push(("SHOAL_FAST_SYNCH".into(), if fast { "1" } else { "0" }.into()));
+        .push(("SHOAL_FAST_SYNCH".into(), if fast { "true" } else { "false" }.into()));
     Ok(command)
 }
 
