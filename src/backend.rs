@@ -20,8 +20,8 @@
 
 use crate::supervisor::{GenerationEvent, GenerationFailure, RunnerCommand, Supervisor};
 use gateway::{
-    ApiError, Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream,
-    ErrorKind, FinishReason, ModelInfo, PlaceInstanceRequest, TokenLogprob,
+    ApiError, Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream, ErrorKind,
+    FinishReason, ModelInfo, PlaceInstanceRequest, TokenLogprob,
 };
 use inference::runner::protocol::RunnerState;
 use inference::{GenerateRequest, Prompt, Tokenizer};
@@ -353,14 +353,20 @@ fn generate_request(
         .iter()
         .map(|m| {
             // Templates know `system`; OpenAI's newer `developer` role means the same.
-            let role = if m.role == "developer" { "system" } else { &m.role };
+            let role = if m.role == "developer" {
+                "system"
+            } else {
+                &m.role
+            };
             inference::ChatMessage::new(role, m.content.clone())
         })
         .collect();
     let text = facts
         .tokenizer
         .apply_chat_template(&messages, true)
-        .map_err(|e| ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}")))?;
+        .map_err(|e| {
+            ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
+        })?;
     let ids = facts
         .tokenizer
         .encode(&text)
@@ -446,7 +452,9 @@ async fn relay(
         }
     }
     let _ = tx
-        .send(Err(ApiError::instance_lost("the runner's supervisor stopped")))
+        .send(Err(ApiError::instance_lost(
+            "the runner's supervisor stopped",
+        )))
         .await;
 }
 

@@ -14,9 +14,10 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
     let mut command =
         RunnerCommand::current_exe().context("cannot find this executable to start runners")?;
     let fast = args.fast_synch && !args.no_fast_synch;
-    command
-        .env
-        .push(("SHOAL_FAST_SYNCH".into(), if fast { "true" } else { "false" }.into()));
+    command.env.push((
+        "SHOAL_FAST_SYNCH".into(),
+        if fast { "true" } else { "false" }.into(),
+    ));
     Ok(command)
 }
 
@@ -45,7 +46,10 @@ pub async fn serve_with(
                 args.api_port
             )
         })?;
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or(args.api_port);
+    let port = listener
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(args.api_port);
     let backend = Arc::new(NodeBackend::new(
         context,
         runner_command(args)?,

@@ -154,8 +154,14 @@ impl Supervisor {
             .stderr(Stdio::inherit())
             .spawn()?;
         let pid = child.id();
-        let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
-        let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
         let (inputs, inputs_rx) = mpsc::unbounded_channel();
         let (state_tx, state) = watch::channel(RunnerState::Idle);
         let (commands, commands_rx) = std::sync::mpsc::channel::<Command>();
@@ -216,7 +222,12 @@ impl Supervisor {
     pub async fn wait_ready(&self) -> Result<(), String> {
         let mut state = self.state();
         let result = state
-            .wait_for(|s| matches!(s, RunnerState::Ready | RunnerState::Running | RunnerState::Failed { .. }))
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    RunnerState::Ready | RunnerState::Running | RunnerState::Failed { .. }
+                )
+            })
             .await
             .map(|s| s.clone());
         match result {
@@ -431,11 +442,17 @@ impl Scheduler {
                     let _ = running.events.send(GenerationEvent::Done(completion));
                 }
             }
-            Event::Error { id: Some(id), message } => {
+            Event::Error {
+                id: Some(id),
+                message,
+            } => {
                 if let Some(running) = self.take_running(id) {
-                    let _ = running
-                        .events
-                        .send(GenerationEvent::Failed(GenerationFailure::Rejected(message)));
+                    let _ =
+                        running
+                            .events
+                            .send(GenerationEvent::Failed(GenerationFailure::Rejected(
+                                message,
+                            )));
                 }
             }
             Event::Error { id: None, message } => {
@@ -489,9 +506,11 @@ impl Scheduler {
     fn fail_all(&mut self, reason: &str) {
         for pending in self.running.take().into_iter().chain(self.queue.drain(..)) {
             self.load.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = pending.events.send(GenerationEvent::Failed(
-                GenerationFailure::InstanceLost(reason.to_string()),
-            ));
+            let _ = pending
+                .events
+                .send(GenerationEvent::Failed(GenerationFailure::InstanceLost(
+                    reason.to_string(),
+                )));
         }
     }
 
@@ -513,9 +532,11 @@ impl Scheduler {
                 request: (*next.request).clone(),
             };
             if self.commands.send(command).is_err() {
-                let _ = next.events.send(GenerationEvent::Failed(
-                    GenerationFailure::InstanceLost("the runner's input is closed".into()),
-                ));
+                let _ = next
+                    .events
+                    .send(GenerationEvent::Failed(GenerationFailure::InstanceLost(
+                        "the runner's input is closed".into(),
+                    )));
                 self.finished();
                 continue;
             }

@@ -53,7 +53,9 @@ impl Namespace {
 
 impl Drop for Namespace {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
@@ -112,7 +114,10 @@ impl Node {
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the node exited ({status}) before it was ready:\n{}", self.log_tail());
+                panic!(
+                    "the node exited ({status}) before it was ready:\n{}",
+                    self.log_tail()
+                );
             }
             let ready = self.get_json("/v1/models").is_some_and(|models| {
                 models["data"]
@@ -250,7 +255,11 @@ fn one_node_serves_smollm2_in_a_namespace() {
     assert_eq!(instances.len(), 1, "{state}");
     let (instance_id, instance) = instances.iter().next().expect("one instance");
     assert_eq!(instance["model_id"], "default");
-    assert_eq!(instance["runners"][node_id.as_str().unwrap()]["state"], "ready", "{instance}");
+    assert_eq!(
+        instance["runners"][node_id.as_str().unwrap()]["state"],
+        "ready",
+        "{instance}"
+    );
     let runner_pid = instance["runner_pid"].as_u64().expect("runner pid");
     let by_id = node
         .get_json(&format!("/instance/{instance_id}"))
@@ -271,7 +280,11 @@ fn one_node_serves_smollm2_in_a_namespace() {
     );
 
     // 32 concurrent streams on one instance: all complete (queued, none lost or hung).
-    let out = node.python(&checks, &[&url, "default", "load", "32", "8"], Duration::from_secs(400));
+    let out = node.python(
+        &checks,
+        &[&url, "default", "load", "32", "8"],
+        Duration::from_secs(400),
+    );
     let load = json_line(&out, "ttft");
     let ttft: Vec<f64> = load["ttft"]
         .as_array()
