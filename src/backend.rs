@@ -320,11 +320,30 @@ impl NodeBackend {
                 None => ApiError::model_not_found(model, &self.model_ids()),
             });
         }
+        let failed: Vec<String> = candidates
+            .iter()
+            .filter_map(|i| match i.runner.current_state() {
+                RunnerState::Failed { reason } => Some(format!("{}: {reason}", i.id)),
+                _ => None,
+            })
+            .collect();
+        let all_failed = failed.len() == candidates.len();
         candidates
             .into_iter()
             .filter(|i| i.is_ready())
             .min_by_key(|i| i.runner.load())
-            .ok_or_else(|| ApiError::no_instance(model))
+            .ok_or_else(|| {
+                let mut e = ApiError::no_instance(model);
+                if all_failed {
+                    e.message = format!(
+                        "every instance of model `{model}` failed ({}); delete it with DELETE \
+                         /instance/{{id}} and create a new one with POST /place_instance \
+                         {{\"model_id\": \"{model}\"}}",
+                        failed.join("; ")
+                    );
+                }
+                e
+            })
     }
 }
 

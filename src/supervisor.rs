@@ -545,3 +545,218 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inference::{FinishReason, Prompt};
+
+    /// A scheduler driven by hand: events go in as if from the runner, commands come out as
+    /// they would go to it. The "runner" process is a `sleep` that the test kills.
+    struct Harness {
+        inputs: mpsc::UnboundedSender<Input>,
+        commands: std::sync::mpsc::Receiver<Command>,
+        state: watch::Receiver<RunnerState>,
+        load: Arc<std::sync::atomic::AtomicUsize>,
+        child: Arc<Mutex<Child>>,
+    }
+
+    impl Harness {
+        fn new() -> Harness {
+            let child = std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .expect("sleep starts");
+            let child = Arc::new(Mutex::new(child));
+            let (commands_tx, commands) = std::sync::mpsc::channel();
+            let (state_tx, state) = watch::channel(RunnerState::Idle);
+            let (inputs, inputs_rx) = mpsc::unbounded_channel();
+            let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let scheduler = Scheduler {
+                commands: commands_tx,
+                state: state_tx,
+                queue: VecDeque::new(),
+                running: None,
+                cancel_sent: false,
+                failure: None,
+                child: child.clone(),
+                load: load.clone(),
+            };
+            tokio::spawn(scheduler.run(inputs_rx));
+            Harness {
+                inputs,
+                commands,
+                state,
+                load,
+                child,
+            }
+        }
+
+        fn submit(&self, id: u64) -> mpsc::UnboundedReceiver<GenerationEvent> {
+            let (events, rx) = mpsc::unbounded_channel();
+            let request = GenerateRequest::new(Prompt::Tokens(vec![1, 2, 3]), 4);
+            self.inputs
+                .send(Input::Submit {
+                    id,
+                    request: Box::new(request),
+                    events,
+                })
+                .unwrap();
+            rx
+        }
+
+        fn runner(&self, event: Event) {
+            self.inputs.send(Input::Runner(event)).unwrap();
+        }
+
+        /// The next command sent to the runner, if one comes within a second.
+        async fn next_command(&self) -> Option<Command> {
+            for _ in 0..100 {
+                if let Ok(c) = self.commands.try_recv() {
+                    return Some(c);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            None
+        }
+
+        async fn settle(&self) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn completion() -> Completion {
+        Completion {
+            text: "hi".into(),
+            tokens: vec![7],
+            logprobs: vec![-0.5],
+            finish_reason: FinishReason::Length,
+            prompt_tokens: 3,
+            prompt_seconds: 0.0,
+            generation_seconds: 0.0,
+        }
+    }
+
+    fn generate_id(command: Option<Command>) -> u64 {
+        match command {
+            Some(Command::Generate { id, .. }) => id,
+            other => panic!("expected a Generate, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_run_one_at_a_time_in_order_and_queued_cancels_never_reach_the_runner() {
+        let h = Harness::new();
+        let mut first = h.submit(1);
+        let second = h.submit(2);
+        let mut third = h.submit(3);
+        h.settle().await;
+        assert!(
+            h.next_command().await.is_none(),
+            "nothing is sent before the runner is ready"
+        );
+        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 3);
+
+        h.runner(Event::State(RunnerState::Ready));
+        assert_eq!(generate_id(h.next_command().await), 1);
+        h.inputs.send(Input::Cancel(2)).unwrap();
+        drop(second);
+        h.runner(Event::State(RunnerState::Running));
+        h.runner(Event::Token {
+            id: 1,
+            token: 7,
+            text: "hi".into(),
+            logprob: -0.5,
+        });
+        h.settle().await;
+        assert!(h.next_command().await.is_none(), "one request at a time");
+        h.runner(Event::Done {
+            id: 1,
+            completion: completion(),
+        });
+        h.runner(Event::State(RunnerState::Ready));
+        assert_eq!(
+            first.recv().await,
+            Some(GenerationEvent::Token {
+                token: 7,
+                text: "hi".into(),
+                logprob: -0.5
+            })
+        );
+        assert_eq!(
+            first.recv().await,
+            Some(GenerationEvent::Done(completion()))
+        );
+        // Request 2 was cancelled while queued: the next one sent is 3.
+        assert_eq!(generate_id(h.next_command().await), 3);
+        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // Cancelling the running request forwards a Cancel to the runner, once.
+        h.inputs.send(Input::Cancel(3)).unwrap();
+        h.inputs.send(Input::Cancel(3)).unwrap();
+        assert_eq!(h.next_command().await, Some(Command::Cancel { id: 3 }));
+        assert!(h.next_command().await.is_none());
+        h.runner(Event::Error {
+            id: Some(3),
+            message: "stopped".into(),
+        });
+        assert_eq!(
+            third.recv().await,
+            Some(GenerationEvent::Failed(GenerationFailure::Rejected(
+                "stopped".into()
+            )))
+        );
+        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let _ = h.child.lock().unwrap().kill();
+    }
+
+    #[tokio::test]
+    async fn runner_death_fails_running_and_queued_requests_and_later_ones() {
+        let mut h = Harness::new();
+        h.runner(Event::State(RunnerState::Ready));
+        let mut running = h.submit(1);
+        let mut queued = h.submit(2);
+        assert_eq!(generate_id(h.next_command().await), 1);
+        h.child.lock().unwrap().kill().unwrap();
+        h.inputs
+            .send(Input::RunnerGone("the runner process exited".into()))
+            .unwrap();
+        for rx in [&mut running, &mut queued] {
+            match rx.recv().await {
+                Some(GenerationEvent::Failed(GenerationFailure::InstanceLost(reason))) => {
+                    assert!(reason.contains("exited"), "{reason}")
+                }
+                other => panic!("expected instance lost, got {other:?}"),
+            }
+        }
+        let state = h
+            .state
+            .wait_for(|s| matches!(s, RunnerState::Failed { .. }))
+            .await
+            .unwrap()
+            .clone();
+        assert!(matches!(state, RunnerState::Failed { .. }));
+        let mut late = h.submit(3);
+        assert!(matches!(
+            late.recv().await,
+            Some(GenerationEvent::Failed(GenerationFailure::InstanceLost(_)))
+        ));
+        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_runner_that_reports_failure_fails_its_requests_with_the_reason() {
+        let h = Harness::new();
+        let mut waiting = h.submit(1);
+        h.runner(Event::State(RunnerState::Failed {
+            reason: "model loading timed out after 60 s".into(),
+        }));
+        assert_eq!(
+            waiting.recv().await,
+            Some(GenerationEvent::Failed(GenerationFailure::InstanceLost(
+                "model loading timed out after 60 s".into()
+            )))
+        );
+        let _ = h.child.lock().unwrap().kill();
+    }
+}
