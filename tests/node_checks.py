@@ -116,7 +116,7 @@ elif command == "lost":
     check("text streamed before the kill", got_text)
     check("the stream ends with an error", error is not None, "the stream ended normally")
     check("the error says the instance was lost", "instance" in str(error.message), error.message)
-    check("the error came within seconds", time.monotonic() - killed_at < 10, time.monotonic() - killed_at)
+    check("the error came within seconds", time.monotonic() - killed_at < 30, time.monotonic() - killed_at)
     ready = {m.id: getattr(m, "ready", None) for m in client.models.list()}
     print(json.dumps({"models_after_loss": ready}), flush=True)
     try:
