@@ -1,8 +1,11 @@
 //! `shoal`: run it on every machine you own; they find each other and serve models together.
 
+mod backend;
 mod dirs;
 mod generate;
 mod runner;
+mod serve;
+mod supervisor;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -126,9 +129,24 @@ fn main() -> ExitCode {
                 .clone()
                 .unwrap_or_else(dirs::default_data_dir);
             tracing::info!(data_dir = %data_dir.display(), config_dir = %dirs::config_dir().display(), "starting node");
-            let _ = dirs::default_model_path();
-            eprintln!("shoal node: not implemented yet");
-            ExitCode::from(2)
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = runtime.block_on(async {
+                let shutdown = serve::shutdown_on_signals();
+                serve::serve_local(&cli.node, serve::local_node_id(), shutdown).await
+            });
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }
