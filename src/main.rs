@@ -1,8 +1,13 @@
 //! `shoal`: run it on every machine you own; they find each other and serve models together.
 
+mod backend;
 mod dirs;
+mod generate;
 mod node;
+mod runner;
+mod serve;
 mod status;
+mod supervisor;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -80,6 +85,11 @@ enum Command {
     Place(PlaceArgs),
     /// Show the cluster as a node sees it: nodes, liveness, edges (asks GET /state).
     Status(status::StatusArgs),
+    /// Generate text with a model in this process, streaming it to the terminal.
+    Generate(generate::GenerateArgs),
+    /// Run one model instance, driven over stdin/stdout by its node (internal).
+    #[command(hide = true)]
+    Runner(runner::RunnerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -131,6 +141,14 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Place(args)) => place_command(&args),
         Some(Command::Status(args)) => status::run(&args),
+        Some(Command::Generate(args)) => match generate::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Command::Runner(args)) => ExitCode::from(runner::run(args).clamp(0, 255) as u8),
         None => {
             let data_dir = cli
                 .node
@@ -138,7 +156,6 @@ fn main() -> ExitCode {
                 .clone()
                 .unwrap_or_else(dirs::default_data_dir);
             tracing::info!(data_dir = %data_dir.display(), config_dir = %dirs::config_dir().display(), "starting node");
-            let _ = dirs::default_model_path();
             node::run(&cli.node, data_dir)
         }
     }

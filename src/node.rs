@@ -2,6 +2,7 @@
 //! discovery, replicated state), publishes this machine's profile, probes the other nodes'
 //! addresses to record verified edges, and runs until Ctrl-C or SIGTERM.
 
+use crate::backend::NodeContext;
 use crate::NodeArgs;
 use anyhow::{anyhow, Context};
 use mesh::net::DEFAULT_MESH_PORT;
@@ -53,14 +54,6 @@ fn parse_peers(peers: &[String]) -> anyhow::Result<Vec<StaticPeer>> {
 
 async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode> {
     let peers = parse_peers(&args.peers)?;
-    let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.api_port))
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on port {} for the HTTP API; is another shoal running? (--api-port)",
-                args.api_port
-            )
-        })?;
     let mesh = Arc::new(
         Mesh::start(MeshOptions {
             data_dir,
@@ -90,18 +83,24 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             }
         }
     });
-    tokio::spawn(gateway::cluster_api::serve(listener, mesh.clone()));
+    let shutdown = crate::serve::shutdown_on_signals();
+    let context: Arc<dyn NodeContext> = Arc::new(MeshContext { mesh: mesh.clone() });
+    let serving = crate::serve::serve_with(args, context, shutdown.clone());
+    tokio::pin!(serving);
     tokio::spawn(mesh::probe::run(mesh.clone(), PROBE_PERIOD));
     tracing::info!(
         node_id = %mesh.id(),
         api = %format!("http://0.0.0.0:{}", args.api_port),
         "node running"
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminate.recv() => break,
+            // Returns once `shutdown` fired (SIGINT/SIGTERM) and the runners stopped, or when
+            // the API cannot be served at all.
+            served = &mut serving => {
+                served?;
+                break;
+            }
             event = events.recv() => match event {
                 Ok(Event::DuplicateId { ours, other }) if other < ours => {
                     eprintln!(
@@ -112,6 +111,8 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
                         mesh.id(),
                         mesh::net::identity::KEY_FILE
                     );
+                    shutdown.cancel();
+                    let _ = serving.await;
                     return Ok(ExitCode::from(EXIT_DUPLICATE_ID));
                 }
                 Ok(Event::DuplicateId { .. }) => {
@@ -126,6 +127,27 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
     }
     tracing::info!("stopping");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The node's id and state as the mesh holds them, for the gateway.
+struct MeshContext {
+    mesh: Arc<Mesh>,
+}
+
+impl NodeContext for MeshContext {
+    fn node_id(&self) -> String {
+        self.mesh.id().to_string()
+    }
+
+    /// The replicated state (identical on every node, see its `digest`), plus this node's own
+    /// instances under `instances`.
+    fn state(&self, local: serde_json::Value) -> serde_json::Value {
+        let mut state = self.mesh.state_json();
+        if let (Some(map), Some(instances)) = (state.as_object_mut(), local.get("instances")) {
+            map.insert("instances".into(), instances.clone());
+        }
+        state
+    }
 }
 
 /// The default mesh port, for the CLI's help text.

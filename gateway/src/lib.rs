@@ -21,7 +21,6 @@ pub mod backend;
 pub mod body;
 mod chat;
 pub mod cluster;
-pub mod cluster_api;
 pub mod error;
 pub mod fake;
 pub mod openai;

@@ -1,0 +1,88 @@
+//! Errors of the inference crate: each says what went wrong and, where it can, what to do.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum InferenceError {
+    /// A file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A GGUF file is malformed or truncated.
+    #[error("{path} is not a valid GGUF file: {reason}")]
+    BadGguf {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The model folder or file does not hold what a model needs.
+    #[error("bad model at {path}: {reason}")]
+    BadModel {
+        /// The model path.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The model's architecture is not one this crate implements.
+    #[error("unsupported model architecture `{0}` (supported: llama, qwen2, qwen3)")]
+    UnsupportedArchitecture(String),
+    /// A configuration value is missing or out of range.
+    #[error("bad model configuration: {0}")]
+    BadConfig(String),
+    /// A layer range does not fit the model.
+    #[error("layer range {start}..{end} does not fit a model of {layers} layers")]
+    BadLayerRange {
+        /// First layer.
+        start: usize,
+        /// One past the last layer.
+        end: usize,
+        /// Layers of the model.
+        layers: usize,
+    },
+    /// A tensor the model needs is absent from the weights.
+    #[error("tensor `{0}` is missing from the weights")]
+    MissingTensor(String),
+    /// A tensor has the wrong shape or an unsupported type.
+    #[error("tensor `{name}`: {reason}")]
+    BadTensor {
+        /// The tensor.
+        name: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The tokenizer could not be built or failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The chat template could not be compiled or rendered.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// The prompt does not fit the model's context window.
+    #[error("the prompt has {prompt_tokens} tokens but the model's context holds {context_length}; shorten the prompt")]
+    PromptTooLong {
+        /// Tokens in the prompt.
+        prompt_tokens: usize,
+        /// The model's context length.
+        context_length: usize,
+    },
+    /// The request is not valid (empty prompt, bad sampling parameter, ...).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// MLX reported an error (the message comes from MLX).
+    #[error("MLX error: {0}")]
+    Mlx(String),
+}
+
+impl From<mlx_rs::error::Exception> for InferenceError {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        InferenceError::Mlx(e.what().to_owned())
+    }
+}
+
+/// Result of this crate.
+pub type Result<T, E = InferenceError> = std::result::Result<T, E>;

@@ -1,0 +1,105 @@
+//! Writes a GGUF model out as a Hugging Face folder (f32 or bf16 safetensors, config.json,
+//! tokenizer.json, tokenizer_config.json), so tools that read only that layout (mlx-lm, in
+//! the benchmark) can run the very same weights.
+
+use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::engine::open_model;
+use crate::error::{InferenceError, Result};
+use mlx_rs::{Array, Dtype};
+use std::path::Path;
+
+/// Hugging Face names of every tensor of a model with this configuration.
+pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
+    let mut names = vec!["model.embed_tokens.weight".to_owned()];
+    for l in 0..config.num_layers {
+        let mut parts = vec![
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+        ];
+        if config.attention_bias {
+            parts.extend(["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]);
+        }
+        if config.qk_norm {
+            parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]);
+        }
+        names.extend(parts.iter().map(|p| format!("model.layers.{l}.{p}")));
+    }
+    names.push("model.norm.weight".to_owned());
+    if !config.tie_word_embeddings {
+        names.push("lm_head.weight".to_owned());
+    }
+    names
+}
+
+/// Converts the model at `model` (GGUF or folder) into a Hugging Face folder at `out`.
+pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
+    let mut opened = open_model(model)?;
+    let config = opened.config.clone();
+    let io = |source| InferenceError::Io { path: out.to_path_buf(), source };
+    std::fs::create_dir_all(out).map_err(io)?;
+    let mut tensors: Vec<(String, Array)> = Vec::new();
+    for name in tensor_names(&config) {
+        let a = opened.source.dense(&name, dtype)?;
+        a.eval()?;
+        tensors.push((name, a));
+    }
+    Array::save_safetensors(tensors.iter().map(|(n, a)| (n.as_str(), a)), None, out.join("model.safetensors"))
+        .map_err(|e| InferenceError::Mlx(e.to_string()))?;
+    let model_type = match config.architecture {
+        Architecture::Llama => "llama",
+        Architecture::Qwen2 => "qwen2",
+        Architecture::Qwen3 => "qwen3",
+    };
+    let rope_scaling = match &config.rope_scaling {
+        RopeScaling::None | RopeScaling::FreqFactors(_) => serde_json::Value::Null,
+        RopeScaling::Linear { factor } => serde_json::json!({"type": "linear", "factor": factor}),
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => serde_json::json!({
+            "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor, "original_max_position_embeddings": original_max_position,
+        }),
+    };
+    let t = &opened.tokenizer;
+    let cfg = serde_json::json!({
+        "architectures": [match config.architecture { Architecture::Llama => "LlamaForCausalLM", Architecture::Qwen2 => "Qwen2ForCausalLM", Architecture::Qwen3 => "Qwen3ForCausalLM" }],
+        "model_type": model_type,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "vocab_size": config.vocab_size,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": config.attention_bias,
+        "bos_token_id": t.bos_token_id,
+        "eos_token_id": t.eos_token_ids,
+        "torch_dtype": if dtype == Dtype::Bfloat16 { "bfloat16" } else { "float32" },
+    });
+    let write = |name: &str, text: String| std::fs::write(out.join(name), text).map_err(io);
+    write("config.json", serde_json::to_string_pretty(&cfg).unwrap_or_default())?;
+    write("tokenizer.json", t.to_json()?)?;
+    let token = |id: Option<u32>| id.and_then(|i| t.id_to_token(i));
+    write(
+        "tokenizer_config.json",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "bos_token": token(t.bos_token_id),
+            "eos_token": token(t.eos_token_ids.first().copied()),
+            "add_bos_token": t.add_bos,
+            "chat_template": t.chat_template,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        }))
+        .unwrap_or_default(),
+    )?;
+    Ok(())
+}

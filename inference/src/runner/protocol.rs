@@ -1,0 +1,244 @@
+//! The runner's wire format: length-prefixed, versioned JSON frames over a byte stream
+//! (the runner's stdin and stdout).
+//!
+//! A frame is a 4-byte little-endian length followed by that many bytes of JSON
+//! `{"v": VERSION, "msg": ...}`. Frames larger than [`MAX_FRAME`] and frames of another
+//! version are refused; decoding never panics.
+
+use crate::engine::{Completion, GenerateRequest};
+use crate::weights::WeightFormat;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::io::{Read, Write};
+
+/// Version of this protocol; both ends must speak the same.
+pub const VERSION: u32 = 1;
+/// Largest frame accepted (a prompt of a few hundred thousand tokens fits).
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// What the node asks of its runner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command {
+    /// Load a model (once per runner).
+    Load {
+        /// GGUF file or Hugging Face folder.
+        model: String,
+        /// Layers `[start, end)` to hold (default: all).
+        #[serde(default)]
+        layers: Option<(usize, usize)>,
+        /// Weight representation (default: the backend's fastest).
+        #[serde(default)]
+        format: Option<WeightFormat>,
+    },
+    /// Generate a completion; tokens stream back as [`Event::Token`].
+    Generate {
+        /// The node's id for this request.
+        id: u64,
+        /// The request.
+        request: GenerateRequest,
+    },
+    /// Stop a running generation after its current token.
+    Cancel {
+        /// The request to stop.
+        id: u64,
+    },
+    /// Exit cleanly.
+    Shutdown,
+}
+
+/// The runner's lifecycle, as reported to the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum RunnerState {
+    /// Started, waiting for a `Load`.
+    Idle,
+    /// Reading weights: `done` of `total` steps.
+    Loading {
+        /// Steps done.
+        done: usize,
+        /// Steps in all.
+        total: usize,
+    },
+    /// Weights are in memory.
+    Loaded,
+    /// Running a first tiny generation so the first real request is not slow.
+    WarmingUp,
+    /// Ready for requests.
+    Ready,
+    /// Generating.
+    Running,
+    /// Cannot go on; the runner exits after reporting this.
+    Failed {
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// What the runner tells its node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The runner's state changed.
+    State(RunnerState),
+    /// A generated token.
+    Token {
+        /// The request.
+        id: u64,
+        /// Token id.
+        token: u32,
+        /// New text (may be empty).
+        text: String,
+        /// Log-probability of the token.
+        logprob: f32,
+    },
+    /// A generation finished.
+    Done {
+        /// The request.
+        id: u64,
+        /// The result.
+        completion: Completion,
+    },
+    /// A request failed (the runner stays ready).
+    Error {
+        /// The request, if the error belongs to one.
+        id: Option<u64>,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Errors of the frame layer.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The stream ended cleanly between frames.
+    #[error("the stream ended")]
+    Closed,
+    /// Reading or writing failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A frame announced more bytes than allowed.
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
+    TooLarge(usize),
+    /// The peer speaks another version.
+    #[error("protocol version {0} is not supported (this runner speaks {VERSION})")]
+    Version(u32),
+    /// The bytes are not a valid message.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+#[derive(Serialize)]
+struct OutFrame<'a, T> {
+    v: u32,
+    msg: &'a T,
+}
+
+#[derive(Deserialize)]
+struct InFrame {
+    v: u32,
+    msg: serde_json::Value,
+}
+
+/// Writes one frame and flushes.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
+    let body = serde_json::to_vec(&OutFrame { v: VERSION, msg }).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    if body.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    w.write_all(&(body.len() as u32).to_le_bytes())?;
+    w.write_all(&body)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Decodes the body of one frame.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    let frame: InFrame = serde_json::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    if frame.v != VERSION {
+        return Err(FrameError::Version(frame.v));
+    }
+    serde_json::from_value(frame.msg).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+/// Reads one frame; [`FrameError::Closed`] at a clean end of stream.
+pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut len[got..])? {
+            0 if got == 0 => return Err(FrameError::Closed),
+            0 => return Err(FrameError::Malformed("the stream ended inside a frame header".into())),
+            n => got += n,
+        }
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => FrameError::Malformed("the stream ended inside a frame".into()),
+        _ => FrameError::Io(e),
+    })?;
+    decode_body(&body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Prompt;
+    use proptest::prelude::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let cmds = vec![
+            Command::Load { model: "/m.gguf".into(), layers: Some((0, 4)), format: Some(WeightFormat::F32) },
+            Command::Generate { id: 7, request: GenerateRequest::new(Prompt::Text("hi".into()), 5) },
+            Command::Cancel { id: 7 },
+            Command::Shutdown,
+        ];
+        let mut buf = Vec::new();
+        for c in &cmds {
+            write_frame(&mut buf, c).unwrap();
+        }
+        let mut r = &buf[..];
+        for c in &cmds {
+            assert_eq!(&read_frame::<Command>(&mut r).unwrap(), c);
+        }
+        assert!(matches!(read_frame::<Command>(&mut r), Err(FrameError::Closed)));
+    }
+
+    #[test]
+    fn bad_frames_are_refused() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &Command::Shutdown).unwrap();
+        // Another version.
+        let body = br#"{"v":2,"msg":{"type":"shutdown"}}"#;
+        let mut other = (body.len() as u32).to_le_bytes().to_vec();
+        other.extend_from_slice(body);
+        assert!(matches!(read_frame::<Command>(&mut &other[..]), Err(FrameError::Version(2))));
+        // Too large.
+        let huge = (u32::MAX).to_le_bytes();
+        assert!(matches!(read_frame::<Command>(&mut &huge[..]), Err(FrameError::TooLarge(_))));
+        // Cut short.
+        assert!(matches!(read_frame::<Command>(&mut &buf[..buf.len() - 1]), Err(FrameError::Malformed(_))));
+        assert!(matches!(read_frame::<Command>(&mut &buf[..2]), Err(FrameError::Malformed(_))));
+        // Unknown message.
+        let body = br#"{"v":1,"msg":{"type":"explode"}}"#;
+        let mut unknown = (body.len() as u32).to_le_bytes().to_vec();
+        unknown.extend_from_slice(body);
+        assert!(matches!(read_frame::<Command>(&mut &unknown[..]), Err(FrameError::Malformed(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut r = &bytes[..];
+            for _ in 0..4 {
+                if read_frame::<Command>(&mut r).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}

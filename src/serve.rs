@@ -1,0 +1,129 @@
+//! Serving on one node: the HTTP gateway over [`NodeBackend`], with `--model` placed on this
+//! node at start. The mesh-aware node (src/node.rs) calls into the same pieces.
+
+use crate::backend::{LocalOnly, NodeBackend, NodeContext};
+use crate::supervisor::RunnerCommand;
+use crate::NodeArgs;
+use anyhow::Context;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// The runner command for this node's settings: this binary's `runner` subcommand, with the
+/// fast-synchronisation choice passed in its environment.
+pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
+    let mut command =
+        RunnerCommand::current_exe().context("cannot find this executable to start runners")?;
+    let fast = args.fast_synch && !args.no_fast_synch;
+    command.env.push((
+        "SHOAL_FAST_SYNCH".into(),
+        if fast { "true" } else { "false" }.into(),
+    ));
+    Ok(command)
+}
+
+/// Serves the gateway on `0.0.0.0:api_port` with this node alone (no mesh), placing
+/// `args.model` at start, until `shutdown` fires; then stops the runners.
+pub async fn serve_local(
+    args: &NodeArgs,
+    node_id: String,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let context: Arc<dyn NodeContext> = Arc::new(LocalOnly::new(node_id));
+    serve_with(args, context, shutdown).await
+}
+
+/// Like [`serve_local`], with the node id and state supplied by `context` (the mesh).
+pub async fn serve_with(
+    args: &NodeArgs,
+    context: Arc<dyn NodeContext>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.api_port))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on 0.0.0.0:{} (another node running? pick one with --api-port)",
+                args.api_port
+            )
+        })?;
+    let port = listener
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(args.api_port);
+    let backend = Arc::new(NodeBackend::new(
+        context,
+        runner_command(args)?,
+        crate::dirs::default_model_path(),
+    ));
+    tracing::info!(port, node_id = %gateway::Backend::node_id(&*backend), "HTTP API listening");
+    if let Some(model) = &args.model {
+        let instance = backend
+            .place_local(model)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot place --model {model}: {}", e.message))?;
+        let announced = instance.clone();
+        let model = model.clone();
+        tokio::spawn(async move {
+            match announced.runner.wait_ready().await {
+                Ok(()) => {
+                    println!(
+                        "shoal: model `{model}` is ready (instance {}). Try:\n  curl \
+                         http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: \
+                         application/json' -d '{{\"model\": \"{model}\", \"messages\": \
+                         [{{\"role\": \"user\", \"content\": \"What is the capital of \
+                         France?\"}}]}}'",
+                        announced.id
+                    );
+                }
+                Err(reason) => {
+                    tracing::error!(%reason, "model `{model}` failed to load");
+                    eprintln!("shoal: model `{model}` failed to load: {reason}");
+                }
+            }
+        });
+    }
+    let served = gateway::serve(
+        listener,
+        backend.clone() as Arc<dyn gateway::Backend>,
+        gateway::GatewayConfig::default(),
+        shutdown,
+    )
+    .await;
+    backend.shutdown().await;
+    served.context("the HTTP server failed")
+}
+
+/// Fires the returned token on Ctrl-C or SIGTERM.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let fire = token.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch SIGTERM");
+                    let _ = tokio::signal::ctrl_c().await;
+                    fire.cancel();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        fire.cancel();
+    });
+    token
+}
+
+/// A node id until the mesh gives nodes their iroh identity: `local-HOSTNAME`.
+pub fn local_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".into());
+    format!("local-{host}")
+}

@@ -1,0 +1,315 @@
+//! One real node serving the real SmolLM2 fixture, end to end: the `shoal` binary runs with
+//! `--model default` inside a Linux network namespace made for the test (nodes never touch
+//! the host's network), and the official `openai` Python client, also run inside the
+//! namespace, drives it: the gateway's model-agnostic checks (gateway/tests/openai_client.py),
+//! a greedy "Paris", 32 concurrent streams (time to first token printed), and the loss of the
+//! runner mid-stream (an error, never a hang).
+//!
+//! Needs root (for `ip netns`), `curl`, the model fixture and the Python venv, all of which
+//! `cargo xtask setup` provides.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const API_PORT: u16 = 52415;
+
+/// A network namespace with only loopback up, deleted on drop (even when the test panics).
+struct Namespace {
+    name: String,
+}
+
+impl Namespace {
+    fn create(tag: &str) -> Namespace {
+        let name = format!("shoal-t{}-{tag}", std::process::id());
+        // A namespace of that name can only be a leftover of a killed run with the same pid.
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let out = Command::new("ip")
+            .args(["netns", "add", &name])
+            .output()
+            .expect("`ip` runs (iproute2 is installed by `cargo xtask setup`)");
+        assert!(
+            out.status.success(),
+            "cannot create network namespace {name} (this test needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ns = Namespace { name };
+        let out = Command::new("ip")
+            .args(["-n", &ns.name, "link", "set", "lo", "up"])
+            .output()
+            .expect("ip runs");
+        assert!(out.status.success(), "cannot bring lo up in {}", ns.name);
+        ns
+    }
+
+    /// `program args...` run inside the namespace.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A `shoal` node process in its own namespace; stopped (SIGTERM, then SIGKILL) on drop,
+/// before the namespace goes.
+struct Node {
+    child: Child,
+    log: PathBuf,
+    ns: Namespace,
+}
+
+impl Node {
+    fn start(tag: &str) -> Node {
+        let ns = Namespace::create(tag);
+        let log = std::env::temp_dir().join(format!("{}.log", ns.name));
+        let log_file = std::fs::File::create(&log).expect("create log file");
+        let child = ns
+            .command(env!("CARGO_BIN_EXE_shoal"))
+            .args(["--model", "default", "--api-port", &API_PORT.to_string()])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("clone log file"))
+            .stderr(log_file)
+            .spawn()
+            .expect("start shoal");
+        Node { child, log, ns }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{API_PORT}/v1")
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// GET `path` inside the namespace; `None` while the server does not answer 2xx.
+    fn get_json(&self, path: &str) -> Option<Value> {
+        let out = self
+            .ns
+            .command("curl")
+            .args(["-sf", "--max-time", "5"])
+            .arg(format!("http://127.0.0.1:{API_PORT}{path}"))
+            .output()
+            .expect("curl runs (installed by `cargo xtask setup`)");
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Waits until `/v1/models` lists `default` as ready.
+    fn wait_ready(&mut self, limit: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the node exited ({status}) before it was ready:\n{}",
+                    self.log_tail()
+                );
+            }
+            let ready = self.get_json("/v1/models").is_some_and(|models| {
+                models["data"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["id"] == "default" && m["ready"] == true)
+            });
+            if ready {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the default model was not ready within {limit:?}:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs a Python script with the venv's interpreter inside the namespace; panics with
+    /// its output unless it exits 0 and printed "all passed".
+    fn python(&self, script: &Path, args: &[&str], limit: Duration) -> String {
+        let python = venv_python();
+        assert!(
+            python.exists(),
+            "{} is missing: the openai Python client is installed by `cargo xtask setup`",
+            python.display()
+        );
+        let mut cmd = self.ns.command(&python);
+        cmd.arg(script).args(args);
+        let out = run_with_limit(cmd, limit);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && stdout.contains("all passed"),
+            "{} {args:?} failed ({}):\n{stdout}\n{}\nnode log:\n{}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.log_tail()
+        );
+        stdout
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).output();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `cmd`, killing it after `limit` (then panicking): a hung client must fail the test,
+/// not hang it.
+fn run_with_limit(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the command starts");
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("collect output");
+            panic!(
+                "command ran past {limit:?}:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+/// `SHOAL_PYTHON`, else `<cache>/venv/bin/python`, the cache resolved as xtask does.
+fn venv_python() -> PathBuf {
+    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(python) = non_empty("SHOAL_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let cache = non_empty("SHOAL_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("shoal")))
+        .unwrap_or_else(|| {
+            PathBuf::from(non_empty("HOME").unwrap_or_else(|| "/root".into())).join(".cache/shoal")
+        });
+    cache.join("venv/bin/python")
+}
+
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The JSON line a script printed (the one with `key`).
+fn json_line(stdout: &str, key: &str) -> Value {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get(key).is_some())
+        .unwrap_or_else(|| panic!("no JSON line with `{key}` in:\n{stdout}"))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// The whole life of one node: ready, correct, concurrent, and a runner lost mid-stream.
+/// One test (one model load) rather than several, to keep CI on two cores short.
+#[test]
+fn one_node_serves_smollm2_in_a_namespace() {
+    let mut node = Node::start("serve");
+    let took = node.wait_ready(Duration::from_secs(240));
+    eprintln!("node ready after {:.1} s", took.as_secs_f64());
+    let url = node.base_url();
+    let checks = repo_file("tests/node_checks.py");
+    let minute = Duration::from_secs(60);
+
+    // Node and instance are visible through the cluster API.
+    let node_id = node.get_json("/node_id").expect("GET /node_id");
+    assert!(node_id.as_str().is_some_and(|s| !s.is_empty()), "{node_id}");
+    let state = node.get_json("/state").expect("GET /state");
+    let instances = state["instances"].as_object().expect("instances in state");
+    assert_eq!(instances.len(), 1, "{state}");
+    let (instance_id, instance) = instances.iter().next().expect("one instance");
+    assert_eq!(instance["model_id"], "default");
+    assert_eq!(
+        instance["runners"][node_id.as_str().unwrap()]["state"],
+        "ready",
+        "{instance}"
+    );
+    let runner_pid = instance["runner_pid"].as_u64().expect("runner pid");
+    let by_id = node
+        .get_json(&format!("/instance/{instance_id}"))
+        .expect("GET /instance/{id}");
+    assert_eq!(by_id["instance_id"], instance_id.as_str());
+
+    // A greedy answer that a 135M model gets right, under both names of the default model.
+    for model in ["default", "SmolLM2-135M-Instruct"] {
+        let out = node.python(&checks, &[&url, model, "paris"], minute);
+        eprintln!("{model}: {}", json_line(&out, "answer"));
+    }
+
+    // The gateway's model-agnostic checks with the official client.
+    node.python(
+        &repo_file("gateway/tests/openai_client.py"),
+        &[&url, "default"],
+        Duration::from_secs(300),
+    );
+
+    // 32 concurrent streams on one instance: all complete (queued, none lost or hung).
+    let out = node.python(
+        &checks,
+        &[&url, "default", "load", "32", "8"],
+        Duration::from_secs(400),
+    );
+    let load = json_line(&out, "ttft");
+    let ttft: Vec<f64> = load["ttft"]
+        .as_array()
+        .expect("ttft list")
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    assert_eq!(ttft.len(), 32);
+    eprintln!(
+        "32 concurrent streams, 8 tokens each: time to first token min {:.2} s, p50 {:.2} s, \
+         p90 {:.2} s, max {:.2} s; all done in {:.1} s",
+        ttft[0],
+        percentile(&ttft, 0.5),
+        percentile(&ttft, 0.9),
+        ttft[ttft.len() - 1],
+        load["wall"].as_f64().unwrap_or(0.0)
+    );
+
+    // The runner dies mid-stream: the client gets an error within seconds, then 503s.
+    node.python(
+        &checks,
+        &[&url, "default", "lost", &runner_pid.to_string()],
+        minute,
+    );
+    let state = node.get_json("/state").expect("GET /state after the loss");
+    let runner = &state["instances"][instance_id.as_str()]["runners"][node_id.as_str().unwrap()];
+    assert_eq!(runner["state"], "failed", "{state}");
+}
