@@ -81,11 +81,25 @@ pub fn model_path(model: &str) -> PathBuf {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let path = model_path(&args.model);
     if args.model == "default" && !path.exists() {
-        anyhow::bail!("the default model is not at {}: run `cargo xtask setup` first", path.display());
+        anyhow::bail!(
+            "the default model is not at {}: run `cargo xtask setup` first",
+            path.display()
+        );
     }
-    let format = args.dtype.as_deref().map(str::parse::<WeightFormat>).transpose()?;
+    let format = args
+        .dtype
+        .as_deref()
+        .map(str::parse::<WeightFormat>)
+        .transpose()?;
     let load_start = Instant::now();
-    let (model, tokenizer) = load_shard(&path, &LoadOptions { layers: None, format }, &mut |_, _| {})?;
+    let (model, tokenizer) = load_shard(
+        &path,
+        &LoadOptions {
+            layers: None,
+            format,
+        },
+        &mut |_, _| {},
+    )?;
     let engine = Engine { model, tokenizer };
     let load_seconds = load_start.elapsed().as_secs_f64();
     let text = args.prompt.clone().unwrap_or_default();

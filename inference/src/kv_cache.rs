@@ -26,7 +26,10 @@ impl LayerCache {
     pub fn append(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
         let added = keys.shape()[2] as usize;
         let (k, v) = match (self.keys.take(), self.values.take()) {
-            (Some(pk), Some(pv)) => (ops::concatenate(&[pk, keys], 2)?, ops::concatenate(&[pv, values], 2)?),
+            (Some(pk), Some(pv)) => (
+                ops::concatenate(&[pk, keys], 2)?,
+                ops::concatenate(&[pv, values], 2)?,
+            ),
             _ => (keys, values),
         };
         self.keys = Some(k.clone());
@@ -51,7 +54,9 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for `layers` layers.
     pub fn new(layers: usize) -> KvCache {
-        KvCache { layers: vec![LayerCache::default(); layers] }
+        KvCache {
+            layers: vec![LayerCache::default(); layers],
+        }
     }
 
     /// Positions cached so far.

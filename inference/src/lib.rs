@@ -25,7 +25,9 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
-pub use engine::{Completion, Engine, FinishReason, GenerateRequest, LoadOptions, Prompt, TokenEvent};
+pub use engine::{
+    Completion, Engine, FinishReason, GenerateRequest, LoadOptions, Prompt, TokenEvent,
+};
 pub use error::{InferenceError, Result};
 pub use model::{ModelShard, ShardInput};
 pub use sampling::SamplingParams;

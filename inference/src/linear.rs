@@ -28,9 +28,13 @@ impl Matrix {
     pub fn apply(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Matrix::Dense(w) => ops::matmul(x, w.t())?,
-            Matrix::Quantized { packed, scales, biases, group_size, bits } => {
-                ops::quantized_matmul(x, packed, scales, biases, true, *group_size, *bits)?
-            }
+            Matrix::Quantized {
+                packed,
+                scales,
+                biases,
+                group_size,
+                bits,
+            } => ops::quantized_matmul(x, packed, scales, biases, true, *group_size, *bits)?,
         })
     }
 
@@ -38,7 +42,13 @@ impl Matrix {
     pub fn rows(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             Matrix::Dense(w) => w.take_axis(ids, 0)?,
-            Matrix::Quantized { packed, scales, biases, group_size, bits } => ops::dequantize(
+            Matrix::Quantized {
+                packed,
+                scales,
+                biases,
+                group_size,
+                bits,
+            } => ops::dequantize(
                 packed.take_axis(ids, 0)?,
                 scales.take_axis(ids, 0)?,
                 &biases.take_axis(ids, 0)?,
@@ -52,7 +62,12 @@ impl Matrix {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Matrix::Dense(w) => vec![w],
-            Matrix::Quantized { packed, scales, biases, .. } => vec![packed, scales, biases],
+            Matrix::Quantized {
+                packed,
+                scales,
+                biases,
+                ..
+            } => vec![packed, scales, biases],
         }
     }
 }

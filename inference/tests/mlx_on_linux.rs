@@ -20,8 +20,8 @@ fn large_matmul_agrees_with_a_plain_loop() {
     let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
     let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
     let c = ops::matmul(
-        &Array::from_slice(&a, &[n as i32, n as i32]),
-        &Array::from_slice(&b, &[n as i32, n as i32]),
+        Array::from_slice(&a, &[n as i32, n as i32]),
+        Array::from_slice(&b, &[n as i32, n as i32]),
     )
     .unwrap();
     c.eval().unwrap();
@@ -40,7 +40,7 @@ fn f16_and_bf16_round_trip() {
     assert_eq!(arr.dtype(), Dtype::Float16);
     let doubled = ops::multiply(
         &arr,
-        &Array::from_f32(2.0).as_dtype(Dtype::Float16).unwrap(),
+        Array::from_f32(2.0).as_dtype(Dtype::Float16).unwrap(),
     )
     .unwrap();
     doubled.eval().unwrap();

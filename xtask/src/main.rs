@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
+mod bench_inference;
 mod paths;
 mod setup;
 mod util;
@@ -18,6 +19,7 @@ Commands:
   run [ARGS]       build, then run one node serving the default model on
                    http://127.0.0.1:52415 (extra ARGS go to `shoal`)
   test             setup, then every test of the workspace
+  bench inference  shoal vs mlx-lm (and llama.cpp if installed) on the SmolLM2 fixture
   help             this text
 
 Environment:
@@ -36,6 +38,10 @@ fn main() -> ExitCode {
         "build" => build().map(|path| println!("{path}")),
         "run" => run_node(rest),
         "test" => test(rest),
+        "bench" => match rest.first().map(String::as_str) {
+            Some("inference") => bench_inference::bench_inference(),
+            _ => Err("usage: cargo xtask bench inference".into()),
+        },
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())
