@@ -38,11 +38,8 @@ fn f16_and_bf16_round_trip() {
     let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
     let arr = Array::from_slice(&halves, &[4]);
     assert_eq!(arr.dtype(), Dtype::Float16);
-    let doubled = ops::multiply(
-        &arr,
-        Array::from_f32(2.0).as_dtype(Dtype::Float16).unwrap(),
-    )
-    .unwrap();
+    let doubled =
+        ops::multiply(&arr, Array::from_f32(2.0).as_dtype(Dtype::Float16).unwrap()).unwrap();
     doubled.eval().unwrap();
     let got: Vec<f32> = doubled
         .as_slice::<f16>()

@@ -335,3 +335,28 @@ fn bad_models_give_clear_errors() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn the_cache_grows_past_its_first_buffer() {
+    let dir = temp_dir("cache-grow");
+    write_tiny_model(&dir, "qwen3", 13, 512);
+    let (m, _) = load_shard(&dir, &options(None), &mut |_, _| {}).unwrap();
+    let tokens: Vec<u32> = (0..262u32).map(|i| (i * 37 + 5) % 96).collect();
+    let full = host(
+        &m.forward(ShardInput::Tokens(&tokens), &mut m.new_cache(), false)
+            .unwrap(),
+    );
+    let mut cache = m.new_cache();
+    m.forward(ShardInput::Tokens(&tokens[..250]), &mut cache, false)
+        .unwrap();
+    for (i, &t) in tokens.iter().enumerate().skip(250) {
+        let step = host(
+            &m.forward(ShardInput::Tokens(&[t]), &mut cache, true)
+                .unwrap(),
+        );
+        let diff = max_abs_diff(&full[i * 96..(i + 1) * 96], &step);
+        assert!(diff < TOLERANCE, "position {i}: {diff}");
+    }
+    assert_eq!(cache.len(), 262);
+    std::fs::remove_dir_all(&dir).ok();
+}
