@@ -15,8 +15,11 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "default")]
     pub model: String,
     /// The prompt.
-    #[arg(long, short)]
-    pub prompt: String,
+    #[arg(long, short, required_unless_present = "token_ids")]
+    pub prompt: Option<String>,
+    /// Use the token ids in this JSON file (a list of integers) as the prompt (benchmarks).
+    #[arg(long, hide = true)]
+    pub token_ids: Option<PathBuf>,
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -78,22 +81,40 @@ pub fn model_path(model: &str) -> PathBuf {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let path = model_path(&args.model);
     if args.model == "default" && !path.exists() {
-        anyhow::bail!("the default model is not at {}: run `cargo xtask setup` first", path.display());
+        anyhow::bail!(
+            "the default model is not at {}: run `cargo xtask setup` first",
+            path.display()
+        );
     }
-    let format = args.dtype.as_deref().map(str::parse::<WeightFormat>).transpose()?;
+    let format = args
+        .dtype
+        .as_deref()
+        .map(str::parse::<WeightFormat>)
+        .transpose()?;
     let load_start = Instant::now();
-    let (model, tokenizer) = load_shard(&path, &LoadOptions { layers: None, format }, &mut |_, _| {})?;
+    let (model, tokenizer) = load_shard(
+        &path,
+        &LoadOptions {
+            layers: None,
+            format,
+        },
+        &mut |_, _| {},
+    )?;
     let engine = Engine { model, tokenizer };
     let load_seconds = load_start.elapsed().as_secs_f64();
-    let prompt = if args.chat {
+    let text = args.prompt.clone().unwrap_or_default();
+    let prompt = if let Some(file) = &args.token_ids {
+        let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(file)?)?;
+        Prompt::Tokens(ids)
+    } else if args.chat {
         let mut messages = Vec::new();
         if let Some(s) = &args.system {
             messages.push(ChatMessage::new("system", s.clone()));
         }
-        messages.push(ChatMessage::new("user", args.prompt.clone()));
+        messages.push(ChatMessage::new("user", text));
         Prompt::Chat(messages)
     } else {
-        Prompt::Text(args.prompt.clone())
+        Prompt::Text(text)
     };
     let request = GenerateRequest {
         prompt,

@@ -9,5 +9,9 @@ pub struct RunnerArgs {}
 
 /// Serves the runner protocol on stdin/stdout; returns the exit code.
 pub fn run(_args: RunnerArgs) -> i32 {
-    inference::runner::serve(std::io::stdin(), std::io::stdout(), inference::runner::RunnerOptions::default())
+    inference::runner::serve(
+        std::io::stdin(),
+        std::io::stdout(),
+        inference::runner::RunnerOptions::default(),
+    )
 }

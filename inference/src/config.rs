@@ -118,20 +118,33 @@ impl ModelConfig {
         let architecture = Architecture::parse(model_type)?;
         let hidden_size = req_usize(v, "hidden_size")?;
         let num_heads = req_usize(v, "num_attention_heads")?;
-        let num_kv_heads = v.get("num_key_value_heads").and_then(Value::as_u64).map(|x| x as usize).unwrap_or(num_heads);
+        let num_kv_heads = v
+            .get("num_key_value_heads")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+            .unwrap_or(num_heads);
         let head_dim = v
             .get("head_dim")
             .and_then(Value::as_u64)
             .map(|x| x as usize)
-            .unwrap_or(if num_heads == 0 { 0 } else { hidden_size / num_heads });
-        let f = |key: &str, default: f64| v.get(key).and_then(Value::as_f64).unwrap_or(default) as f32;
+            .unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
+        let f =
+            |key: &str, default: f64| v.get(key).and_then(Value::as_f64).unwrap_or(default) as f32;
         let rope_scaling = match v.get("rope_scaling") {
             Some(s) if s.is_object() => {
-                let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
-                let g = |key: &str, default: f64| s.get(key).and_then(Value::as_f64).unwrap_or(default) as f32;
+                let kind = s
+                    .get("rope_type")
+                    .or_else(|| s.get("type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                let g = |key: &str, default: f64| {
+                    s.get(key).and_then(Value::as_f64).unwrap_or(default) as f32
+                };
                 match kind {
                     "default" => RopeScaling::None,
-                    "linear" => RopeScaling::Linear { factor: g("factor", 1.0) },
+                    "linear" => RopeScaling::Linear {
+                        factor: g("factor", 1.0),
+                    },
                     "llama3" => RopeScaling::Llama3 {
                         factor: g("factor", 8.0),
                         low_freq_factor: g("low_freq_factor", 1.0),
@@ -147,10 +160,13 @@ impl ModelConfig {
             }
             _ => RopeScaling::None,
         };
-        let quantization = v.get("quantization").filter(|q| q.is_object()).map(|q| QuantizationConfig {
-            group_size: q.get("group_size").and_then(Value::as_i64).unwrap_or(64) as i32,
-            bits: q.get("bits").and_then(Value::as_i64).unwrap_or(4) as i32,
-        });
+        let quantization =
+            v.get("quantization")
+                .filter(|q| q.is_object())
+                .map(|q| QuantizationConfig {
+                    group_size: q.get("group_size").and_then(Value::as_i64).unwrap_or(64) as i32,
+                    bits: q.get("bits").and_then(Value::as_i64).unwrap_or(4) as i32,
+                });
         let config = ModelConfig {
             architecture,
             hidden_size,
@@ -163,11 +179,20 @@ impl ModelConfig {
             rms_norm_eps: f("rms_norm_eps", 1e-6),
             rope_theta: f("rope_theta", 10000.0),
             rope_scaling,
-            max_position_embeddings: v.get("max_position_embeddings").and_then(Value::as_u64).unwrap_or(4096) as usize,
-            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            max_position_embeddings: v
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(4096) as usize,
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             attention_bias: match architecture {
                 Architecture::Qwen2 => true,
-                _ => v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+                _ => v
+                    .get("attention_bias")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
             },
             qk_norm: architecture == Architecture::Qwen3,
             quantization,
@@ -181,7 +206,9 @@ impl ModelConfig {
         let arch_name = file
             .get("general.architecture")
             .and_then(GgufValue::as_str)
-            .ok_or_else(|| InferenceError::BadConfig("GGUF metadata has no general.architecture".into()))?
+            .ok_or_else(|| {
+                InferenceError::BadConfig("GGUF metadata has no general.architecture".into())
+            })?
             .to_owned();
         let architecture = Architecture::parse(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -189,12 +216,15 @@ impl ModelConfig {
             file.get(&key(k))
                 .and_then(GgufValue::as_u64)
                 .map(|x| x as usize)
-                .ok_or_else(|| InferenceError::BadConfig(format!("GGUF metadata has no `{}`", key(k))))
+                .ok_or_else(|| {
+                    InferenceError::BadConfig(format!("GGUF metadata has no `{}`", key(k)))
+                })
         };
         let hidden_size = req("embedding_length")?;
         let num_heads = req("attention.head_count")?;
         let num_kv_heads = req("attention.head_count_kv").unwrap_or(num_heads);
-        let head_dim = req("attention.key_length").unwrap_or(if num_heads == 0 { 0 } else { hidden_size / num_heads });
+        let head_dim =
+            req("attention.key_length").unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
         let vocab_size = match req("vocab_size") {
             Ok(v) => v,
             Err(_) => match file.get("tokenizer.ggml.tokens") {
@@ -203,12 +233,23 @@ impl ModelConfig {
                     .tensors
                     .get("token_embd.weight")
                     .map(|t| t.shape[0])
-                    .ok_or_else(|| InferenceError::BadConfig("cannot tell the vocabulary size".into()))?,
+                    .ok_or_else(|| {
+                        InferenceError::BadConfig("cannot tell the vocabulary size".into())
+                    })?,
             },
         };
-        let fl = |k: &str, default: f64| file.get(&key(k)).and_then(GgufValue::as_f64).unwrap_or(default) as f32;
-        let rope_scaling = match file.get(&key("rope.scaling.type")).and_then(GgufValue::as_str) {
-            Some("linear") => RopeScaling::Linear { factor: fl("rope.scaling.factor", 1.0) },
+        let fl = |k: &str, default: f64| {
+            file.get(&key(k))
+                .and_then(GgufValue::as_f64)
+                .unwrap_or(default) as f32
+        };
+        let rope_scaling = match file
+            .get(&key("rope.scaling.type"))
+            .and_then(GgufValue::as_str)
+        {
+            Some("linear") => RopeScaling::Linear {
+                factor: fl("rope.scaling.factor", 1.0),
+            },
             Some("none") | None => RopeScaling::None,
             Some(other) => {
                 return Err(InferenceError::BadConfig(format!(
@@ -241,16 +282,31 @@ impl ModelConfig {
     /// Checks that the numbers make a buildable model.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(InferenceError::BadConfig(m));
-        if self.hidden_size == 0 || self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 || self.vocab_size == 0 {
+        if self.hidden_size == 0
+            || self.num_layers == 0
+            || self.num_heads == 0
+            || self.num_kv_heads == 0
+            || self.vocab_size == 0
+        {
             return bad(format!("zero-sized model: {self:?}"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
-            return bad(format!("{} query heads are not a multiple of {} key/value heads", self.num_heads, self.num_kv_heads));
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad(format!(
+                "{} query heads are not a multiple of {} key/value heads",
+                self.num_heads, self.num_kv_heads
+            ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return bad(format!("head_dim {} must be even and positive", self.head_dim));
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return bad(format!(
+                "head_dim {} must be even and positive",
+                self.head_dim
+            ));
         }
-        if self.hidden_size > 1 << 16 || self.num_layers > 1 << 12 || self.vocab_size > 1 << 22 || self.head_dim > 1024 {
+        if self.hidden_size > 1 << 16
+            || self.num_layers > 1 << 12
+            || self.vocab_size > 1 << 22
+            || self.head_dim > 1024
+        {
             return bad("implausibly large dimensions".into());
         }
         Ok(())

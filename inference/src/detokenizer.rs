@@ -73,14 +73,25 @@ pub enum StopCheck {
 impl StopMatcher {
     /// A matcher for these stop strings (empty ones are ignored).
     pub fn new(stops: &[String]) -> StopMatcher {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), ..Default::default() }
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            ..Default::default()
+        }
     }
 
     /// Adds generated text.
     pub fn push(&mut self, piece: &str) -> StopCheck {
         let search_from = self.emitted;
         self.text.push_str(piece);
-        let found = self.stops.iter().filter_map(|s| self.text[search_from..].find(s.as_str()).map(|i| i + search_from)).min();
+        let found = self
+            .stops
+            .iter()
+            .filter_map(|s| {
+                self.text[search_from..]
+                    .find(s.as_str())
+                    .map(|i| i + search_from)
+            })
+            .min();
         if let Some(at) = found {
             let out = self.text[self.emitted..at].to_owned();
             self.text.truncate(at);

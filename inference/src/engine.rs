@@ -27,7 +27,10 @@ pub struct OpenedModel {
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> InferenceError {
-    InferenceError::Io { path: path.to_path_buf(), source }
+    InferenceError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Opens a GGUF file or a Hugging Face folder without loading weights yet.
@@ -36,8 +39,11 @@ pub fn open_model(path: &Path) -> Result<OpenedModel> {
     if meta.is_dir() {
         let config_path = path.join("config.json");
         let text = std::fs::read_to_string(&config_path).map_err(|e| io_error(&config_path, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| InferenceError::BadModel { path: config_path.clone(), reason: format!("config.json is not valid JSON: {e}") })?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| InferenceError::BadModel {
+                path: config_path.clone(),
+                reason: format!("config.json is not valid JSON: {e}"),
+            })?;
         let config = ModelConfig::from_hf_json(&json)?;
         let tokenizer = Tokenizer::from_hf_dir(path, &json)?;
         let source = SafetensorsSource::open(path, &config)?;
@@ -46,7 +52,12 @@ pub fn open_model(path: &Path) -> Result<OpenedModel> {
             .filter_map(|f| std::fs::metadata(f).ok())
             .map(|m| m.len())
             .sum();
-        return Ok(OpenedModel { config, source: Box::new(source), tokenizer, bytes_on_disk });
+        return Ok(OpenedModel {
+            config,
+            source: Box::new(source),
+            tokenizer,
+            bytes_on_disk,
+        });
     }
     let file = GgufFile::open(path)?;
     let mut config = ModelConfig::from_gguf(&file)?;
@@ -57,7 +68,12 @@ pub fn open_model(path: &Path) -> Result<OpenedModel> {
     }
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let source = GgufSource::new(file, &config);
-    Ok(OpenedModel { config, source: Box::new(source), tokenizer, bytes_on_disk: meta.len() })
+    Ok(OpenedModel {
+        config,
+        source: Box::new(source),
+        tokenizer,
+        bytes_on_disk: meta.len(),
+    })
 }
 
 /// How to load a model.
@@ -70,11 +86,26 @@ pub struct LoadOptions {
 }
 
 /// Loads a shard of the model at `path`, reporting `progress(done, total)`.
-pub fn load_shard(path: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<(ModelShard, Tokenizer)> {
+pub fn load_shard(
+    path: &Path,
+    options: &LoadOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(ModelShard, Tokenizer)> {
     let mut opened = open_model(path)?;
-    let range = options.layers.clone().unwrap_or(0..opened.config.num_layers);
-    let format = options.format.unwrap_or_else(WeightFormat::default_for_backend);
-    let shard = ModelShard::load(&opened.config, range, opened.source.as_mut(), format, progress)?;
+    let range = options
+        .layers
+        .clone()
+        .unwrap_or(0..opened.config.num_layers);
+    let format = options
+        .format
+        .unwrap_or_else(WeightFormat::default_for_backend);
+    let shard = ModelShard::load(
+        &opened.config,
+        range,
+        opened.source.as_mut(),
+        format,
+        progress,
+    )?;
     Ok((shard, opened.tokenizer))
 }
 
@@ -114,7 +145,14 @@ pub struct GenerateRequest {
 impl GenerateRequest {
     /// A greedy request for `prompt` with at most `max_tokens` new tokens.
     pub fn new(prompt: Prompt, max_tokens: usize) -> GenerateRequest {
-        GenerateRequest { prompt, sampling: SamplingParams::default(), max_tokens, stop: vec![], stop_token_ids: vec![], ignore_eos: false }
+        GenerateRequest {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens,
+            stop: vec![],
+            stop_token_ids: vec![],
+            ignore_eos: false,
+        }
     }
 }
 
@@ -188,8 +226,14 @@ pub struct Engine {
 pub fn last_logits_to_host(logits: &Array) -> Result<Vec<f32>> {
     let vocab = *logits.shape().last().unwrap_or(&0);
     let seq = logits.size() as i32 / vocab.max(1);
-    let last = logits.reshape(&[seq, vocab])?.take_axis(Array::from_slice(&[seq - 1], &[1]), 0)?;
-    let last = if last.dtype() == Dtype::Float32 { last } else { last.as_dtype(Dtype::Float32)? };
+    let last = logits
+        .reshape(&[seq, vocab])?
+        .take_axis(Array::from_slice(&[seq - 1], &[1]), 0)?;
+    let last = if last.dtype() == Dtype::Float32 {
+        last
+    } else {
+        last.as_dtype(Dtype::Float32)?
+    };
     last.eval()?;
     Ok(last.as_slice::<f32>().to_vec())
 }
@@ -197,7 +241,14 @@ pub fn last_logits_to_host(logits: &Array) -> Result<Vec<f32>> {
 impl Engine {
     /// Loads the whole model at `path`.
     pub fn load(path: impl AsRef<Path>, format: Option<WeightFormat>) -> Result<Engine> {
-        let (model, tokenizer) = load_shard(path.as_ref(), &LoadOptions { layers: None, format }, &mut |_, _| {})?;
+        let (model, tokenizer) = load_shard(
+            path.as_ref(),
+            &LoadOptions {
+                layers: None,
+                format,
+            },
+            &mut |_, _| {},
+        )?;
         Ok(Engine { model, tokenizer })
     }
 
@@ -215,7 +266,11 @@ impl Engine {
 
     /// Generates a completion, calling `on_token` for every token as it is produced; the
     /// callback returns `ControlFlow::Break(())` to cancel (checked between tokens).
-    pub fn generate(&self, request: &GenerateRequest, mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>) -> Result<Completion> {
+    pub fn generate(
+        &self,
+        request: &GenerateRequest,
+        mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<Completion> {
         request.sampling.validate()?;
         let prompt = self.prompt_ids(&request.prompt)?;
         if prompt.is_empty() {
@@ -223,7 +278,10 @@ impl Engine {
         }
         let context_length = self.model.config.max_position_embeddings;
         if prompt.len() >= context_length {
-            return Err(InferenceError::PromptTooLong { prompt_tokens: prompt.len(), context_length });
+            return Err(InferenceError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                context_length,
+            });
         }
         let max_tokens = request.max_tokens.min(context_length - prompt.len());
         let mut sampler = Sampler::new(request.sampling.clone());
@@ -242,7 +300,11 @@ impl Engine {
             return Ok(out);
         }
         let start = Instant::now();
-        let mut logits = last_logits_to_host(&self.model.forward(ShardInput::Tokens(&prompt), &mut cache, true)?)?;
+        let mut logits = last_logits_to_host(&self.model.forward(
+            ShardInput::Tokens(&prompt),
+            &mut cache,
+            true,
+        )?)?;
         out.prompt_seconds = start.elapsed().as_secs_f64();
         let decode_start = Instant::now();
         let mut decoder = StreamDecoder::new();
@@ -253,7 +315,8 @@ impl Engine {
             context.push(s.token);
             out.tokens.push(s.token);
             out.logprobs.push(s.logprob);
-            let is_end = (!request.ignore_eos && self.tokenizer.eos_token_ids.contains(&s.token)) || request.stop_token_ids.contains(&s.token);
+            let is_end = (!request.ignore_eos && self.tokenizer.eos_token_ids.contains(&s.token))
+                || request.stop_token_ids.contains(&s.token);
             if is_end {
                 out.finish_reason = FinishReason::Stop;
                 break;
@@ -263,7 +326,13 @@ impl Engine {
                 StopCheck::Continue(t) => (t, false),
                 StopCheck::Stop(t) => (t, true),
             };
-            if on_token(TokenEvent { token: s.token, text: &emit, logprob: s.logprob }).is_break() {
+            if on_token(TokenEvent {
+                token: s.token,
+                text: &emit,
+                logprob: s.logprob,
+            })
+            .is_break()
+            {
                 out.finish_reason = FinishReason::Cancelled;
                 break;
             }
@@ -275,7 +344,11 @@ impl Engine {
             if out.tokens.len() >= max_tokens {
                 break;
             }
-            logits = last_logits_to_host(&self.model.forward(ShardInput::Tokens(&[s.token]), &mut cache, true)?)?;
+            logits = last_logits_to_host(&self.model.forward(
+                ShardInput::Tokens(&[s.token]),
+                &mut cache,
+                true,
+            )?)?;
         }
         out.generation_seconds = decode_start.elapsed().as_secs_f64();
         if !stopped_by_string && out.finish_reason != FinishReason::Cancelled {
@@ -286,7 +359,11 @@ impl Engine {
                 StopCheck::Continue(t) => t + &stops.finish(),
             };
             if !rest.is_empty() {
-                let _ = on_token(TokenEvent { token: *out.tokens.last().unwrap_or(&0), text: &rest, logprob: 0.0 });
+                let _ = on_token(TokenEvent {
+                    token: *out.tokens.last().unwrap_or(&0),
+                    text: &rest,
+                    logprob: 0.0,
+                });
             }
         }
         out.text = stops.text().to_owned();
@@ -295,13 +372,19 @@ impl Engine {
 
     /// Path of the default model (the SmolLM2 fixture `cargo xtask setup` downloads).
     pub fn default_model_path() -> PathBuf {
-        let cache = std::env::var_os("SHOAL_CACHE_DIR").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
-            let base = std::env::var_os("XDG_CACHE_HOME")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/".into())).join(".cache"));
-            base.join("shoal")
-        });
+        let cache = std::env::var_os("SHOAL_CACHE_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let base = std::env::var_os("XDG_CACHE_HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| {
+                        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/".into()))
+                            .join(".cache")
+                    });
+                base.join("shoal")
+            });
         cache.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf")
     }
 }

@@ -24,7 +24,11 @@ pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
             "post_attention_layernorm.weight",
         ];
         if config.attention_bias {
-            parts.extend(["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]);
+            parts.extend([
+                "self_attn.q_proj.bias",
+                "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias",
+            ]);
         }
         if config.qk_norm {
             parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]);
@@ -42,7 +46,10 @@ pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
 pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
     let mut opened = open_model(model)?;
     let config = opened.config.clone();
-    let io = |source| InferenceError::Io { path: out.to_path_buf(), source };
+    let io = |source| InferenceError::Io {
+        path: out.to_path_buf(),
+        source,
+    };
     std::fs::create_dir_all(out).map_err(io)?;
     let mut tensors: Vec<(String, Array)> = Vec::new();
     for name in tensor_names(&config) {
@@ -50,8 +57,12 @@ pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
         a.eval()?;
         tensors.push((name, a));
     }
-    Array::save_safetensors(tensors.iter().map(|(n, a)| (n.as_str(), a)), None, out.join("model.safetensors"))
-        .map_err(|e| InferenceError::Mlx(e.to_string()))?;
+    Array::save_safetensors(
+        tensors.iter().map(|(n, a)| (n.as_str(), a)),
+        None,
+        out.join("model.safetensors"),
+    )
+    .map_err(|e| InferenceError::Mlx(e.to_string()))?;
     let model_type = match config.architecture {
         Architecture::Llama => "llama",
         Architecture::Qwen2 => "qwen2",
@@ -60,7 +71,12 @@ pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
     let rope_scaling = match &config.rope_scaling {
         RopeScaling::None | RopeScaling::FreqFactors(_) => serde_json::Value::Null,
         RopeScaling::Linear { factor } => serde_json::json!({"type": "linear", "factor": factor}),
-        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => serde_json::json!({
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => serde_json::json!({
             "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
             "high_freq_factor": high_freq_factor, "original_max_position_embeddings": original_max_position,
         }),
@@ -87,7 +103,10 @@ pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
         "torch_dtype": if dtype == Dtype::Bfloat16 { "bfloat16" } else { "float32" },
     });
     let write = |name: &str, text: String| std::fs::write(out.join(name), text).map_err(io);
-    write("config.json", serde_json::to_string_pretty(&cfg).unwrap_or_default())?;
+    write(
+        "config.json",
+        serde_json::to_string_pretty(&cfg).unwrap_or_default(),
+    )?;
     write("tokenizer.json", t.to_json()?)?;
     let token = |id: Option<u32>| id.and_then(|i| t.id_to_token(i));
     write(

@@ -174,7 +174,8 @@ impl<R: Read> HeaderReader<R> {
     fn string(&mut self) -> std::result::Result<String, String> {
         let n = self.u64()?;
         let b = self.bytes(n)?;
-        Ok(String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+        Ok(String::from_utf8(b)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
     fn value(&mut self, ty: u32, depth: u32) -> std::result::Result<GgufValue, String> {
         Ok(match ty {
@@ -195,7 +196,9 @@ impl<R: Read> HeaderReader<R> {
                 let count = self.u64()?;
                 // Every item takes at least one byte: a count beyond the rest of the file is corrupt.
                 if count > self.len.saturating_sub(self.pos) {
-                    return Err(format!("metadata array of {count} items runs past the end of the file"));
+                    return Err(format!(
+                        "metadata array of {count} items runs past the end of the file"
+                    ));
                 }
                 let mut items = Vec::with_capacity(count.min(1 << 20) as usize);
                 for _ in 0..count {
@@ -215,18 +218,32 @@ impl GgufFile {
     /// Opens a GGUF file and reads its header, metadata and tensor directory (not the data).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |source| InferenceError::Io { path: path.clone(), source };
+        let io_err = |source| InferenceError::Io {
+            path: path.clone(),
+            source,
+        };
         let file = File::open(&path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
-        let bad = |reason: String| InferenceError::BadGguf { path: path.clone(), reason };
-        let mut r = HeaderReader { inner: BufReader::with_capacity(1 << 20, file.try_clone().map_err(io_err)?), pos: 0, len };
-        let magic = r.array::<4>().map_err(|_| bad("the file is shorter than a GGUF header".into()))?;
+        let bad = |reason: String| InferenceError::BadGguf {
+            path: path.clone(),
+            reason,
+        };
+        let mut r = HeaderReader {
+            inner: BufReader::with_capacity(1 << 20, file.try_clone().map_err(io_err)?),
+            pos: 0,
+            len,
+        };
+        let magic = r
+            .array::<4>()
+            .map_err(|_| bad("the file is shorter than a GGUF header".into()))?;
         if &magic != b"GGUF" {
             return Err(bad("it does not start with the GGUF magic bytes".into()));
         }
         let version = r.u32().map_err(bad)?;
         if !(2..=3).contains(&version) {
-            return Err(bad(format!("GGUF version {version} is not supported (2 and 3 are)")));
+            return Err(bad(format!(
+                "GGUF version {version} is not supported (2 and 3 are)"
+            )));
         }
         let tensor_count = r.u64().map_err(bad)?;
         let kv_count = r.u64().map_err(bad)?;
@@ -237,12 +254,19 @@ impl GgufFile {
         for _ in 0..kv_count {
             let key = r.string().map_err(bad)?;
             let ty = r.u32().map_err(bad)?;
-            let value = r.value(ty, 0).map_err(|e| bad(format!("metadata `{key}`: {e}")))?;
+            let value = r
+                .value(ty, 0)
+                .map_err(|e| bad(format!("metadata `{key}`: {e}")))?;
             metadata.insert(key, value);
         }
-        let alignment = metadata.get("general.alignment").and_then(GgufValue::as_u64).unwrap_or(32);
+        let alignment = metadata
+            .get("general.alignment")
+            .and_then(GgufValue::as_u64)
+            .unwrap_or(32);
         if alignment == 0 || alignment > 1 << 20 {
-            return Err(bad(format!("general.alignment {alignment} is not sensible")));
+            return Err(bad(format!(
+                "general.alignment {alignment} is not sensible"
+            )));
         }
         let mut raw = Vec::with_capacity(tensor_count.min(1 << 16) as usize);
         for _ in 0..tensor_count {
@@ -263,7 +287,9 @@ impl GgufFile {
         let mut tensors = BTreeMap::new();
         for (name, dims, ty, offset) in raw {
             let elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
-            let elements = elements.filter(|&e| e <= len.saturating_mul(2)).ok_or_else(|| bad(format!("tensor `{name}` has an impossible shape {dims:?}")))?;
+            let elements = elements
+                .filter(|&e| e <= len.saturating_mul(2))
+                .ok_or_else(|| bad(format!("tensor `{name}` has an impossible shape {dims:?}")))?;
             let ggml_type = GgmlType::from_id(ty).ok_or(ty);
             let byte_len = match ggml_type {
                 Ok(t) => {
@@ -275,7 +301,9 @@ impl GgufFile {
                 }
                 Err(_) => 0,
             };
-            let start = data_start.checked_add(offset).ok_or_else(|| bad(format!("tensor `{name}` has an impossible offset")))?;
+            let start = data_start
+                .checked_add(offset)
+                .ok_or_else(|| bad(format!("tensor `{name}` has an impossible offset")))?;
             if start.saturating_add(byte_len) > len {
                 return Err(bad(format!(
                     "tensor `{name}` ends at byte {} but the file has only {len} bytes: the file is truncated",
@@ -283,9 +311,22 @@ impl GgufFile {
                 )));
             }
             let shape = dims.iter().rev().map(|&d| d as usize).collect();
-            tensors.insert(name, GgufTensorInfo { shape, ggml_type, offset: start, byte_len });
+            tensors.insert(
+                name,
+                GgufTensorInfo {
+                    shape,
+                    ggml_type,
+                    offset: start,
+                    byte_len,
+                },
+            );
         }
-        Ok(GgufFile { path, file, metadata, tensors })
+        Ok(GgufFile {
+            path,
+            file,
+            metadata,
+            tensors,
+        })
     }
 
     /// The path this file was opened from.
@@ -300,18 +341,26 @@ impl GgufFile {
 
     /// Reads the raw bytes of a tensor.
     pub fn read_tensor_bytes(&self, name: &str) -> Result<(GgufTensorInfo, Vec<u8>)> {
-        let info = self.tensors.get(name).ok_or_else(|| InferenceError::MissingTensor(name.to_owned()))?;
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| InferenceError::MissingTensor(name.to_owned()))?;
         if let Err(id) = info.ggml_type {
             return Err(InferenceError::BadTensor {
                 name: name.to_owned(),
-                reason: format!("GGML type {id} is not supported (F32, F16, BF16, Q4_0, Q4_1 and Q8_0 are)"),
+                reason: format!(
+                    "GGML type {id} is not supported (F32, F16, BF16, Q4_0, Q4_1 and Q8_0 are)"
+                ),
             });
         }
         let mut buf = vec![0u8; info.byte_len as usize];
         use std::os::unix::fs::FileExt;
         self.file
             .read_exact_at(&mut buf, info.offset)
-            .map_err(|source| InferenceError::Io { path: self.path.clone(), source })?;
+            .map_err(|source| InferenceError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
         Ok((info.clone(), buf))
     }
 }

@@ -1,14 +1,38 @@
 //! The key/value cache of one sequence: per layer, the keys and values of all past positions.
+//!
+//! Buffers grow in steps of [`STEP`] positions and new entries are written in place (MLX
+//! reuses a buffer nothing else holds), so a decoding step neither copies the whole cache
+//! nor allocates.
 
 use crate::error::Result;
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{ops, Array};
 
-/// Keys and values of one layer, `[batch, kv_heads, positions, head_dim]`.
+/// Positions added to a buffer when it is full.
+pub const STEP: i32 = 256;
+
+/// Keys and values of one layer, `[batch, kv_heads, capacity, head_dim]`.
 #[derive(Debug, Default, Clone)]
 pub struct LayerCache {
     keys: Option<Array>,
     values: Option<Array>,
     len: usize,
+}
+
+fn grow(buffer: Option<Array>, like: &Array, used: i32, needed: i32) -> Result<Array> {
+    let s = like.shape();
+    let capacity = buffer.as_ref().map_or(0, |b| b.shape()[2]);
+    if needed <= capacity {
+        if let Some(b) = buffer {
+            return Ok(b);
+        }
+    }
+    let new_capacity = (needed + STEP - 1) / STEP * STEP;
+    let fresh = ops::zeros_dtype(&[s[0], s[1], new_capacity - used, s[3]], like.dtype())?;
+    Ok(match buffer {
+        Some(b) if used > 0 => ops::concatenate(&[b.index((.., .., 0..used, ..)), fresh], 2)?,
+        _ => fresh,
+    })
 }
 
 impl LayerCache {
@@ -22,17 +46,19 @@ impl LayerCache {
         self.len == 0
     }
 
-    /// Appends new keys/values and returns all of them.
+    /// Appends new keys/values `[batch, kv_heads, new, head_dim]` and returns all of them.
     pub fn append(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
-        let added = keys.shape()[2] as usize;
-        let (k, v) = match (self.keys.take(), self.values.take()) {
-            (Some(pk), Some(pv)) => (ops::concatenate(&[pk, keys], 2)?, ops::concatenate(&[pv, values], 2)?),
-            _ => (keys, values),
-        };
-        self.keys = Some(k.clone());
-        self.values = Some(v.clone());
-        self.len += added;
-        Ok((k, v))
+        let used = self.len as i32;
+        let end = used + keys.shape()[2];
+        let mut k = grow(self.keys.take(), &keys, used, end)?;
+        let mut v = grow(self.values.take(), &values, used, end)?;
+        k.try_index_mut((.., .., used..end, ..), &keys)?;
+        v.try_index_mut((.., .., used..end, ..), &values)?;
+        let out = (k.index((.., .., 0..end, ..)), v.index((.., .., 0..end, ..)));
+        self.keys = Some(k);
+        self.values = Some(v);
+        self.len = end as usize;
+        Ok(out)
     }
 
     /// The cached arrays (to evaluate them together with a step's output).
@@ -51,7 +77,9 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for `layers` layers.
     pub fn new(layers: usize) -> KvCache {
-        KvCache { layers: vec![LayerCache::default(); layers] }
+        KvCache {
+            layers: vec![LayerCache::default(); layers],
+        }
     }
 
     /// Positions cached so far.

@@ -51,9 +51,15 @@ impl Attention {
         let k = self.rope.apply(&k, offset)?;
         let (k, v) = cache.append(k, v)?;
         let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let mask = if l > 1 { Some(ScaledDotProductAttentionMask::Causal) } else { None };
+        let mask = if l > 1 {
+            Some(ScaledDotProductAttentionMask::Causal)
+        } else {
+            None
+        };
         let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
-        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.num_heads * self.head_dim])?;
+        let o =
+            o.transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, l, self.num_heads * self.head_dim])?;
         self.o_proj.forward(&o)
     }
 }
@@ -88,16 +94,30 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     /// `h = x + attn(norm(x)); h + mlp(norm(h))`.
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let a = self.attention.forward(&fast::rms_norm(x, Some(&self.input_norm), self.eps)?, cache)?;
+        let a = self
+            .attention
+            .forward(&fast::rms_norm(x, Some(&self.input_norm), self.eps)?, cache)?;
         let h = ops::add(x, &a)?;
-        let m = self.mlp.forward(&fast::rms_norm(&h, Some(&self.post_attention_norm), self.eps)?)?;
+        let m = self.mlp.forward(&fast::rms_norm(
+            &h,
+            Some(&self.post_attention_norm),
+            self.eps,
+        )?)?;
         Ok(ops::add(&h, &m)?)
     }
 
     fn arrays(&self) -> Vec<&Array> {
         let a = &self.attention;
         let mut v = vec![&self.input_norm, &self.post_attention_norm];
-        for l in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &self.mlp.gate_proj, &self.mlp.up_proj, &self.mlp.down_proj] {
+        for l in [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &self.mlp.gate_proj,
+            &self.mlp.up_proj,
+            &self.mlp.down_proj,
+        ] {
             v.extend(l.arrays());
         }
         v.extend(a.q_norm.iter().chain(a.k_norm.iter()));
@@ -139,7 +159,11 @@ impl ModelShard {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<ModelShard> {
         if range.start >= range.end || range.end > config.num_layers {
-            return Err(InferenceError::BadLayerRange { start: range.start, end: range.end, layers: config.num_layers });
+            return Err(InferenceError::BadLayerRange {
+                start: range.start,
+                end: range.end,
+                layers: config.num_layers,
+            });
         }
         let first = range.start == 0;
         let last = range.end == config.num_layers;
@@ -163,25 +187,57 @@ impl ModelShard {
                 k_proj: source.linear(&p("self_attn.k_proj"), format)?,
                 v_proj: source.linear(&p("self_attn.v_proj"), format)?,
                 o_proj: source.linear(&p("self_attn.o_proj"), format)?,
-                q_norm: if config.qk_norm { Some(source.dense(&p("self_attn.q_norm.weight"), dtype)?) } else { None },
-                k_norm: if config.qk_norm { Some(source.dense(&p("self_attn.k_norm.weight"), dtype)?) } else { None },
+                q_norm: if config.qk_norm {
+                    Some(source.dense(&p("self_attn.q_norm.weight"), dtype)?)
+                } else {
+                    None
+                },
+                k_norm: if config.qk_norm {
+                    Some(source.dense(&p("self_attn.k_norm.weight"), dtype)?)
+                } else {
+                    None
+                },
                 num_heads: config.num_heads as i32,
                 num_kv_heads: config.num_kv_heads as i32,
                 head_dim: config.head_dim as i32,
                 eps: config.rms_norm_eps,
                 rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
             };
-            check_shape(&attention.q_proj.weight, &p("self_attn.q_proj"), config.num_heads * config.head_dim)?;
-            check_shape(&attention.k_proj.weight, &p("self_attn.k_proj"), config.num_kv_heads * config.head_dim)?;
-            check_shape(&attention.v_proj.weight, &p("self_attn.v_proj"), config.num_kv_heads * config.head_dim)?;
-            check_shape(&attention.o_proj.weight, &p("self_attn.o_proj"), config.hidden_size)?;
+            check_shape(
+                &attention.q_proj.weight,
+                &p("self_attn.q_proj"),
+                config.num_heads * config.head_dim,
+            )?;
+            check_shape(
+                &attention.k_proj.weight,
+                &p("self_attn.k_proj"),
+                config.num_kv_heads * config.head_dim,
+            )?;
+            check_shape(
+                &attention.v_proj.weight,
+                &p("self_attn.v_proj"),
+                config.num_kv_heads * config.head_dim,
+            )?;
+            check_shape(
+                &attention.o_proj.weight,
+                &p("self_attn.o_proj"),
+                config.hidden_size,
+            )?;
             let mlp = Mlp {
                 gate_proj: source.linear(&p("mlp.gate_proj"), format)?,
                 up_proj: source.linear(&p("mlp.up_proj"), format)?,
                 down_proj: source.linear(&p("mlp.down_proj"), format)?,
             };
-            check_shape(&mlp.gate_proj.weight, &p("mlp.gate_proj"), config.intermediate_size)?;
-            check_shape(&mlp.down_proj.weight, &p("mlp.down_proj"), config.hidden_size)?;
+            check_shape(
+                &mlp.gate_proj.weight,
+                &p("mlp.gate_proj"),
+                config.intermediate_size,
+            )?;
+            check_shape(
+                &mlp.down_proj.weight,
+                &p("mlp.down_proj"),
+                config.hidden_size,
+            )?;
             let layer = DecoderLayer {
                 input_norm: source.dense(&p("input_layernorm.weight"), dtype)?,
                 attention,
@@ -196,7 +252,9 @@ impl ModelShard {
         let (norm, head) = if last {
             let norm = source.dense("model.norm.weight", dtype)?;
             let head = if config.tie_word_embeddings || !source.contains("lm_head.weight") {
-                embed.clone().ok_or_else(|| InferenceError::MissingTensor("model.embed_tokens.weight".into()))?
+                embed.clone().ok_or_else(|| {
+                    InferenceError::MissingTensor("model.embed_tokens.weight".into())
+                })?
             } else {
                 let h = source.matrix("lm_head", format)?;
                 check_shape(&h, "lm_head", config.vocab_size)?;
@@ -210,7 +268,15 @@ impl ModelShard {
             (None, None)
         };
         progress(total, total);
-        Ok(ModelShard { config: config.clone(), range: range.clone(), dtype, embed: if first { embed } else { None }, layers, norm, head })
+        Ok(ModelShard {
+            config: config.clone(),
+            range: range.clone(),
+            dtype,
+            embed: if first { embed } else { None },
+            layers,
+            norm,
+            head,
+        })
     }
 
     /// True when this shard holds the embedding.
@@ -230,18 +296,30 @@ impl ModelShard {
 
     /// Embeds tokens: `[1, seq, hidden]`.
     pub fn embed(&self, tokens: &[u32]) -> Result<Array> {
-        let embed = self.embed.as_ref().ok_or_else(|| InferenceError::InvalidRequest("this shard does not hold the embedding".into()))?;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(InferenceError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", self.config.vocab_size)));
+        let embed = self.embed.as_ref().ok_or_else(|| {
+            InferenceError::InvalidRequest("this shard does not hold the embedding".into())
+        })?;
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(InferenceError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
         }
         let ids = Array::from_slice(tokens, &[tokens.len() as i32]);
-        Ok(embed.rows(&ids)?.reshape(&[1, tokens.len() as i32, self.config.hidden_size as i32])?)
+        Ok(embed
+            .rows(&ids)?
+            .reshape(&[1, tokens.len() as i32, self.config.hidden_size as i32])?)
     }
 
     /// Runs this shard's layers over hidden states, appending to `cache`.
     pub fn forward_layers(&self, mut h: Array, cache: &mut KvCache) -> Result<Array> {
         if cache.layers.len() != self.layers.len() {
-            return Err(InferenceError::InvalidRequest("the cache belongs to a different shard".into()));
+            return Err(InferenceError::InvalidRequest(
+                "the cache belongs to a different shard".into(),
+            ));
         }
         for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
             h = layer.forward(&h, c)?;
@@ -253,17 +331,30 @@ impl ModelShard {
     pub fn logits(&self, h: &Array, last_only: bool) -> Result<Array> {
         let (norm, head) = match (&self.norm, &self.head) {
             (Some(n), Some(h)) => (n, h),
-            _ => return Err(InferenceError::InvalidRequest("this shard does not hold the output head".into())),
+            _ => {
+                return Err(InferenceError::InvalidRequest(
+                    "this shard does not hold the output head".into(),
+                ))
+            }
         };
         let seq = h.shape()[1];
-        let h = if last_only && seq > 1 { h.take_axis(Array::from_slice(&[seq - 1], &[1]), 1)? } else { h.clone() };
+        let h = if last_only && seq > 1 {
+            h.take_axis(Array::from_slice(&[seq - 1], &[1]), 1)?
+        } else {
+            h.clone()
+        };
         let h = fast::rms_norm(&h, Some(norm), self.config.rms_norm_eps)?;
         head.apply(&h)
     }
 
     /// The whole shard: embedding if first, layers, head if last. Returns hidden states for
     /// inner shards and logits (all positions, or the last if `last_only`) for the last.
-    pub fn forward(&self, input: ShardInput<'_>, cache: &mut KvCache, last_only: bool) -> Result<Array> {
+    pub fn forward(
+        &self,
+        input: ShardInput<'_>,
+        cache: &mut KvCache,
+        last_only: bool,
+    ) -> Result<Array> {
         let h = match input {
             ShardInput::Tokens(t) => self.embed(t)?,
             ShardInput::Hidden(h) => h,
@@ -283,7 +374,10 @@ fn check_shape(m: &Matrix, name: &str, rows: usize) -> Result<()> {
         Matrix::Quantized { packed, .. } => packed.shape()[0],
     };
     if got as usize != rows {
-        return Err(InferenceError::BadTensor { name: name.to_owned(), reason: format!("expected {rows} rows, found {got}") });
+        return Err(InferenceError::BadTensor {
+            name: name.to_owned(),
+            reason: format!("expected {rows} rows, found {got}"),
+        });
     }
     Ok(())
 }

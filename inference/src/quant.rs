@@ -18,9 +18,21 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
     let blocks = bytes.len() / block_bytes;
     let mut out = Vec::with_capacity(blocks * block);
     match ty {
-        GgmlType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
-        GgmlType::Bf16 => out.extend(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        GgmlType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        GgmlType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        GgmlType::Bf16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
         GgmlType::Q4_0 => {
             for b in bytes.chunks_exact(block_bytes) {
                 let d = f16_at(b, 0);
@@ -95,7 +107,11 @@ pub fn to_mlx_quantized(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
                 q.scales.push(d);
                 q.biases.push(m);
                 for word in values.chunks_exact(8) {
-                    q.packed.push(word.iter().enumerate().fold(0u32, |acc, (k, &v)| acc | (v as u32) << (4 * k)));
+                    q.packed.push(
+                        word.iter()
+                            .enumerate()
+                            .fold(0u32, |acc, (k, &v)| acc | (v as u32) << (4 * k)),
+                    );
                 }
             }
             _ => {
@@ -106,7 +122,11 @@ pub fn to_mlx_quantized(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
                 q.scales.push(d);
                 q.biases.push(-128.0 * d);
                 for word in values.chunks_exact(4) {
-                    q.packed.push(word.iter().enumerate().fold(0u32, |acc, (k, &v)| acc | (v as u32) << (8 * k)));
+                    q.packed.push(
+                        word.iter()
+                            .enumerate()
+                            .fold(0u32, |acc, (k, &v)| acc | (v as u32) << (8 * k)),
+                    );
                 }
             }
         }
@@ -115,7 +135,11 @@ pub fn to_mlx_quantized(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
 }
 
 /// Reorders rows: row `i` of the result is row `source_row(i)` of `data` (rows of `row_len`).
-pub fn gather_rows<T: Copy>(data: &[T], row_len: usize, source_row: impl Fn(usize) -> usize) -> Vec<T> {
+pub fn gather_rows<T: Copy>(
+    data: &[T],
+    row_len: usize,
+    source_row: impl Fn(usize) -> usize,
+) -> Vec<T> {
     let rows = data.len() / row_len;
     let mut out = Vec::with_capacity(data.len());
     for i in 0..rows {

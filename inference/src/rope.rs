@@ -19,12 +19,29 @@ impl Rope {
     pub fn new(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Rope {
         let dims = head_dim as i32;
         let plain_periods = || -> Vec<f32> {
-            (0..head_dim / 2).map(|i| theta.powf(2.0 * i as f32 / head_dim as f32)).collect()
+            (0..head_dim / 2)
+                .map(|i| theta.powf(2.0 * i as f32 / head_dim as f32))
+                .collect()
         };
         match scaling {
-            RopeScaling::None => Rope { dims, base: Some(theta), scale: 1.0, periods: None },
-            RopeScaling::Linear { factor } => Rope { dims, base: Some(theta), scale: 1.0 / factor, periods: None },
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+            RopeScaling::None => Rope {
+                dims,
+                base: Some(theta),
+                scale: 1.0,
+                periods: None,
+            },
+            RopeScaling::Linear { factor } => Rope {
+                dims,
+                base: Some(theta),
+                scale: 1.0 / factor,
+                periods: None,
+            },
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position,
+            } => {
                 let low_freq_wavelen = original_max_position / low_freq_factor;
                 let high_freq_wavelen = original_max_position / high_freq_factor;
                 let periods: Vec<f32> = plain_periods()
@@ -36,22 +53,45 @@ impl Rope {
                         } else if wavelen < high_freq_wavelen {
                             p
                         } else {
-                            let smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            let smooth = (original_max_position / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
                             p / ((1.0 - smooth) / factor + smooth)
                         }
                     })
                     .collect();
-                Rope { dims, base: None, scale: 1.0, periods: Some(Array::from_slice(&periods, &[periods.len() as i32])) }
+                Rope {
+                    dims,
+                    base: None,
+                    scale: 1.0,
+                    periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+                }
             }
             RopeScaling::FreqFactors(factors) => {
-                let periods: Vec<f32> = plain_periods().iter().zip(factors.iter().chain(std::iter::repeat(&1.0))).map(|(p, f)| p * f).collect();
-                Rope { dims, base: None, scale: 1.0, periods: Some(Array::from_slice(&periods, &[periods.len() as i32])) }
+                let periods: Vec<f32> = plain_periods()
+                    .iter()
+                    .zip(factors.iter().chain(std::iter::repeat(&1.0)))
+                    .map(|(p, f)| p * f)
+                    .collect();
+                Rope {
+                    dims,
+                    base: None,
+                    scale: 1.0,
+                    periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+                }
             }
         }
     }
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
-        Ok(fast::rope(x, self.dims, false, self.base, self.scale, offset as i32, self.periods.as_ref())?)
+        Ok(fast::rope(
+            x,
+            self.dims,
+            false,
+            self.base,
+            self.scale,
+            offset as i32,
+            self.periods.as_ref(),
+        )?)
     }
 }

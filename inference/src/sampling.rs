@@ -117,15 +117,24 @@ impl Sampler {
     /// A sampler for validated parameters.
     pub fn new(params: SamplingParams) -> Sampler {
         let seed = params.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
         });
-        Sampler { params, rng: Rng::new(seed) }
+        Sampler {
+            params,
+            rng: Rng::new(seed),
+        }
     }
 
     /// True when sampling never looks at anything but the argmax.
     pub fn is_greedy(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
     }
 
     /// Chooses the next token. `context` is the prompt followed by the generated tokens,
@@ -142,7 +151,11 @@ impl Sampler {
                 seen.dedup();
                 for t in seen {
                     if let Some(v) = l.get_mut(t as usize) {
-                        *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                        *v = if *v > 0.0 {
+                            *v / p.repetition_penalty
+                        } else {
+                            *v * p.repetition_penalty
+                        };
                     }
                 }
             }
@@ -165,13 +178,18 @@ impl Sampler {
         } else {
             self.draw(scores)
         };
-        Sampled { token: token as u32, logprob: log_softmax_at(logits, token) }
+        Sampled {
+            token: token as u32,
+            logprob: log_softmax_at(logits, token),
+        }
     }
 
     fn draw(&mut self, scores: &[f32]) -> usize {
         let p = &self.params;
         // Candidates sorted by score, most likely first (ties by id, for determinism).
-        let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i].is_finite()).collect();
+        let mut order: Vec<usize> = (0..scores.len())
+            .filter(|&i| scores[i].is_finite())
+            .collect();
         if order.is_empty() {
             return argmax(scores);
         }
@@ -180,7 +198,10 @@ impl Sampler {
             order.truncate(p.top_k);
         }
         let max = scores[order[0]] / p.temperature;
-        let mut probs: Vec<f64> = order.iter().map(|&i| ((scores[i] / p.temperature - max) as f64).exp()).collect();
+        let mut probs: Vec<f64> = order
+            .iter()
+            .map(|&i| ((scores[i] / p.temperature - max) as f64).exp())
+            .collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= total);
         let mut keep = probs.len();
@@ -227,7 +248,10 @@ mod tests {
     use super::*;
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams { seed: Some(7), ..Default::default() };
+        let mut p = SamplingParams {
+            seed: Some(7),
+            ..Default::default()
+        };
         f(&mut p);
         p
     }
@@ -277,7 +301,9 @@ mod tests {
                 p.temperature = 1.0;
                 p.seed = Some(seed);
             }));
-            (0..64).map(|_| s.sample(&logits, &[], 0).token).collect::<Vec<_>>()
+            (0..64)
+                .map(|_| s.sample(&logits, &[], 0).token)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(3), run(3));
         assert_ne!(run(3), run(4));

@@ -89,7 +89,11 @@ pub trait TensorSource {
     fn linear(&mut self, prefix: &str, format: WeightFormat) -> Result<Linear> {
         let weight = self.matrix(prefix, format)?;
         let bias_name = format!("{prefix}.bias");
-        let bias = if self.contains(&bias_name) { Some(self.dense(&bias_name, format.compute_dtype())?) } else { None };
+        let bias = if self.contains(&bias_name) {
+            Some(self.dense(&bias_name, format.compute_dtype())?)
+        } else {
+            None
+        };
         Ok(Linear { weight, bias })
     }
 }
@@ -108,7 +112,11 @@ pub struct GgufSource {
 impl GgufSource {
     /// Wraps an open GGUF file of a model with this configuration.
     pub fn new(file: GgufFile, config: &ModelConfig) -> GgufSource {
-        GgufSource { file, architecture: config.architecture, head_dim: config.head_dim }
+        GgufSource {
+            file,
+            architecture: config.architecture,
+            head_dim: config.head_dim,
+        }
     }
 
     /// The underlying file (for metadata).
@@ -154,7 +162,8 @@ impl GgufSource {
 
     /// Llama GGUFs interleave the rows of Q and K for GGML's RoPE; this undoes it.
     fn needs_unpermute(&self, hf: &str) -> bool {
-        self.architecture == Architecture::Llama && (hf.contains("self_attn.q_proj.") || hf.contains("self_attn.k_proj."))
+        self.architecture == Architecture::Llama
+            && (hf.contains("self_attn.q_proj.") || hf.contains("self_attn.k_proj."))
     }
 }
 
@@ -171,10 +180,16 @@ impl TensorSource for GgufSource {
         if self.needs_unpermute(name) {
             let row_len = *info.shape.last().unwrap_or(&1);
             let hd = self.head_dim;
-            values = quant::gather_rows(&values, row_len, |r| quant::llama_unpermute_source_row(r, hd));
+            values = quant::gather_rows(&values, row_len, |r| {
+                quant::llama_unpermute_source_row(r, hd)
+            });
         }
         let array = Array::from_slice(&values, &to_i32_shape(&info.shape));
-        Ok(if dtype == Dtype::Float32 { array } else { array.as_dtype(dtype)? })
+        Ok(if dtype == Dtype::Float32 {
+            array
+        } else {
+            array.as_dtype(dtype)?
+        })
     }
 
     fn matrix(&mut self, prefix: &str, format: WeightFormat) -> Result<Matrix> {
@@ -182,9 +197,15 @@ impl TensorSource for GgufSource {
         let gname = self.lookup(&name)?;
         let info = &self.file.tensors[&gname];
         if info.shape.len() != 2 {
-            return Err(InferenceError::BadTensor { name, reason: format!("expected a matrix, found shape {:?}", info.shape) });
+            return Err(InferenceError::BadTensor {
+                name,
+                reason: format!("expected a matrix, found shape {:?}", info.shape),
+            });
         }
-        let quantized_type = matches!(info.ggml_type, Ok(GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0));
+        let quantized_type = matches!(
+            info.ggml_type,
+            Ok(GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        );
         if format != WeightFormat::Quantized || !quantized_type {
             return Ok(Matrix::Dense(self.dense(&name, format.compute_dtype())?));
         }
@@ -231,11 +252,16 @@ impl SafetensorsSource {
             })?;
             tensors.extend(loaded);
         }
-        Ok(SafetensorsSource { tensors, quantization: config.quantization })
+        Ok(SafetensorsSource {
+            tensors,
+            quantization: config.quantization,
+        })
     }
 
     fn get(&self, name: &str) -> Result<&Array> {
-        self.tensors.get(name).ok_or_else(|| InferenceError::MissingTensor(name.to_owned()))
+        self.tensors
+            .get(name)
+            .ok_or_else(|| InferenceError::MissingTensor(name.to_owned()))
     }
 }
 
@@ -243,14 +269,27 @@ impl SafetensorsSource {
 pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|source| InferenceError::Io { path: index.clone(), source })?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| InferenceError::BadModel { path: index.clone(), reason: e.to_string() })?;
-        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| InferenceError::BadModel {
+        let text = std::fs::read_to_string(&index).map_err(|source| InferenceError::Io {
             path: index.clone(),
-            reason: "no weight_map".into(),
+            source,
         })?;
-        let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| InferenceError::BadModel {
+                path: index.clone(),
+                reason: e.to_string(),
+            })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| InferenceError::BadModel {
+                path: index.clone(),
+                reason: "no weight_map".into(),
+            })?;
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(|f| f.as_str())
+            .map(|f| dir.join(f))
+            .collect();
         files.sort();
         files.dedup();
         return Ok(files);
@@ -272,7 +311,11 @@ impl TensorSource for SafetensorsSource {
 
     fn dense(&mut self, name: &str, dtype: Dtype) -> Result<Array> {
         let a = self.get(name)?;
-        Ok(if a.dtype() == dtype { a.clone() } else { a.as_dtype(dtype)? })
+        Ok(if a.dtype() == dtype {
+            a.clone()
+        } else {
+            a.as_dtype(dtype)?
+        })
     }
 
     fn matrix(&mut self, prefix: &str, format: WeightFormat) -> Result<Matrix> {
@@ -285,16 +328,32 @@ impl TensorSource for SafetensorsSource {
                 let scales = self.get(&scales_name)?.as_dtype(dtype)?;
                 let biases = self.get(&format!("{prefix}.biases"))?.as_dtype(dtype)?;
                 if format == WeightFormat::Quantized {
-                    Ok(Matrix::Quantized { packed: w, scales, biases, group_size: q.group_size, bits: q.bits })
+                    Ok(Matrix::Quantized {
+                        packed: w,
+                        scales,
+                        biases,
+                        group_size: q.group_size,
+                        bits: q.bits,
+                    })
                 } else {
-                    Ok(Matrix::Dense(ops::dequantize(&w, &scales, &biases, q.group_size, q.bits)?.as_dtype(dtype)?))
+                    Ok(Matrix::Dense(
+                        ops::dequantize(&w, &scales, &biases, q.group_size, q.bits)?
+                            .as_dtype(dtype)?,
+                    ))
                 }
             }
             _ => {
                 if w.ndim() != 2 {
-                    return Err(InferenceError::BadTensor { name, reason: format!("expected a matrix, found shape {:?}", w.shape()) });
+                    return Err(InferenceError::BadTensor {
+                        name,
+                        reason: format!("expected a matrix, found shape {:?}", w.shape()),
+                    });
                 }
-                Ok(Matrix::Dense(if w.dtype() == dtype { w } else { w.as_dtype(dtype)? }))
+                Ok(Matrix::Dense(if w.dtype() == dtype {
+                    w
+                } else {
+                    w.as_dtype(dtype)?
+                }))
             }
         }
     }

@@ -22,7 +22,11 @@ fn start(options: RunnerOptions) -> Runner {
     let (cmd_r, cmd_w) = std::io::pipe().unwrap();
     let (ev_r, ev_w) = std::io::pipe().unwrap();
     let handle = std::thread::spawn(move || serve(cmd_r, ev_w, options));
-    Runner { commands: cmd_w, events: ev_r, handle }
+    Runner {
+        commands: cmd_w,
+        events: ev_r,
+        handle,
+    }
 }
 
 impl Runner {
@@ -47,7 +51,11 @@ impl Runner {
 }
 
 fn options() -> RunnerOptions {
-    RunnerOptions { load_timeout_base: Duration::from_secs(60), on_load_timeout: Arc::new(|| {}), warm_up: true }
+    RunnerOptions {
+        load_timeout_base: Duration::from_secs(60),
+        on_load_timeout: Arc::new(|| {}),
+        warm_up: true,
+    }
 }
 
 fn is_state(e: &Event, s: &RunnerState) -> bool {
@@ -60,43 +68,120 @@ fn load_generate_cancel_and_shutdown() {
     write_tiny_model(&dir, "qwen3", 11, 256);
     let mut r = start(options());
     assert!(is_state(&r.next(), &RunnerState::Idle));
-    r.send(&Command::Load { model: dir.display().to_string(), layers: None, format: Some(WeightFormat::F32) });
-    let events = r.until(|e| is_state(e, &RunnerState::Ready) || matches!(e, Event::State(RunnerState::Failed { .. })));
-    let states: Vec<&RunnerState> = events.iter().filter_map(|e| if let Event::State(s) = e { Some(s) } else { None }).collect();
-    assert!(matches!(states.first(), Some(RunnerState::Loading { .. })), "{states:?}");
-    assert!(states.iter().any(|s| matches!(s, RunnerState::Loading { done, total } if done == total && *total == 6)), "{states:?}");
-    let tail: Vec<_> = states.iter().rev().take(3).rev().cloned().cloned().collect();
-    assert_eq!(tail, vec![RunnerState::Loaded, RunnerState::WarmingUp, RunnerState::Ready]);
+    r.send(&Command::Load {
+        model: dir.display().to_string(),
+        layers: None,
+        format: Some(WeightFormat::F32),
+    });
+    let events = r.until(|e| {
+        is_state(e, &RunnerState::Ready) || matches!(e, Event::State(RunnerState::Failed { .. }))
+    });
+    let states: Vec<&RunnerState> = events
+        .iter()
+        .filter_map(|e| {
+            if let Event::State(s) = e {
+                Some(s)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert!(
+        matches!(states.first(), Some(RunnerState::Loading { .. })),
+        "{states:?}"
+    );
+    assert!(
+        states.iter().any(
+            |s| matches!(s, RunnerState::Loading { done, total } if done == total && *total == 6)
+        ),
+        "{states:?}"
+    );
+    let tail: Vec<_> = states
+        .iter()
+        .rev()
+        .take(3)
+        .rev()
+        .cloned()
+        .cloned()
+        .collect();
+    assert_eq!(
+        tail,
+        vec![
+            RunnerState::Loaded,
+            RunnerState::WarmingUp,
+            RunnerState::Ready
+        ]
+    );
 
     let mut req = GenerateRequest::new(Prompt::Tokens(vec![4, 8, 15, 16]), 5);
     req.ignore_eos = true;
-    r.send(&Command::Generate { id: 1, request: req.clone() });
+    r.send(&Command::Generate {
+        id: 1,
+        request: req.clone(),
+    });
     let events = r.until(|e| is_state(e, &RunnerState::Ready));
     assert!(is_state(&events[0], &RunnerState::Running));
-    let tokens: Vec<u32> = events.iter().filter_map(|e| if let Event::Token { id: 1, token, .. } = e { Some(*token) } else { None }).collect();
-    let done = events.iter().find_map(|e| if let Event::Done { id: 1, completion } = e { Some(completion.clone()) } else { None }).unwrap();
+    let tokens: Vec<u32> = events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Token { id: 1, token, .. } = e {
+                Some(*token)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let done = events
+        .iter()
+        .find_map(|e| {
+            if let Event::Done { id: 1, completion } = e {
+                Some(completion.clone())
+            } else {
+                None
+            }
+        })
+        .unwrap();
     assert_eq!(tokens, done.tokens);
     assert_eq!(done.finish_reason, FinishReason::Length);
 
     // A garbled frame is reported and skipped; the runner stays usable.
     let body = br#"{"v":1,"msg":{"type":"frobnicate"}}"#;
-    r.commands.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+    r.commands
+        .write_all(&(body.len() as u32).to_le_bytes())
+        .unwrap();
     r.commands.write_all(body).unwrap();
     assert!(matches!(r.next(), Event::Error { id: None, .. }));
 
     // Cancel a long generation: it ends early with `cancelled`.
     req.max_tokens = 200;
-    r.send(&Command::Generate { id: 2, request: req });
+    r.send(&Command::Generate {
+        id: 2,
+        request: req,
+    });
     r.send(&Command::Cancel { id: 2 });
     let events = r.until(|e| is_state(e, &RunnerState::Ready));
-    let done = events.iter().find_map(|e| if let Event::Done { id: 2, completion } = e { Some(completion.clone()) } else { None }).unwrap();
+    let done = events
+        .iter()
+        .find_map(|e| {
+            if let Event::Done { id: 2, completion } = e {
+                Some(completion.clone())
+            } else {
+                None
+            }
+        })
+        .unwrap();
     assert_eq!(done.finish_reason, FinishReason::Cancelled);
     assert!(done.tokens.len() < 200);
 
     // Bad requests are errors for that request only.
-    r.send(&Command::Generate { id: 3, request: GenerateRequest::new(Prompt::Tokens(vec![]), 3) });
+    r.send(&Command::Generate {
+        id: 3,
+        request: GenerateRequest::new(Prompt::Tokens(vec![]), 3),
+    });
     let events = r.until(|e| is_state(e, &RunnerState::Ready));
-    assert!(events.iter().any(|e| matches!(e, Event::Error { id: Some(3), message } if message.contains("empty"))));
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::Error { id: Some(3), message } if message.contains("empty"))));
 
     r.send(&Command::Shutdown);
     assert_eq!(r.handle.join().unwrap(), 0);
@@ -107,25 +192,44 @@ fn load_generate_cancel_and_shutdown() {
 fn a_missing_model_fails_with_a_reason() {
     let mut r = start(options());
     assert!(is_state(&r.next(), &RunnerState::Idle));
-    r.send(&Command::Load { model: "/nonexistent/model.gguf".into(), layers: None, format: None });
+    r.send(&Command::Load {
+        model: "/nonexistent/model.gguf".into(),
+        layers: None,
+        format: None,
+    });
     let events = r.until(|e| matches!(e, Event::State(RunnerState::Failed { .. })));
-    let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else { unreachable!() };
+    let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else {
+        unreachable!()
+    };
     assert!(reason.contains("/nonexistent/model.gguf"), "{reason}");
     assert_eq!(r.handle.join().unwrap(), 1);
 }
 
 #[test]
 fn the_load_watchdog_reports_a_timeout() {
-    assert_eq!(load_timeout(Duration::from_secs(60), 12_000_000_000), Duration::from_secs(62));
+    assert_eq!(
+        load_timeout(Duration::from_secs(60), 12_000_000_000),
+        Duration::from_secs(62)
+    );
     let dir = temp_dir("runner-watchdog");
     write_tiny_model(&dir, "llama", 12, 64);
     let fired = Arc::new(AtomicBool::new(false));
     let flag = fired.clone();
-    let mut r = start(RunnerOptions { load_timeout_base: Duration::ZERO, on_load_timeout: Arc::new(move || flag.store(true, Ordering::SeqCst)), warm_up: false });
+    let mut r = start(RunnerOptions {
+        load_timeout_base: Duration::ZERO,
+        on_load_timeout: Arc::new(move || flag.store(true, Ordering::SeqCst)),
+        warm_up: false,
+    });
     assert!(is_state(&r.next(), &RunnerState::Idle));
-    r.send(&Command::Load { model: dir.display().to_string(), layers: None, format: Some(WeightFormat::F32) });
+    r.send(&Command::Load {
+        model: dir.display().to_string(),
+        layers: None,
+        format: Some(WeightFormat::F32),
+    });
     let events = r.until(|e| matches!(e, Event::State(RunnerState::Failed { .. })));
-    let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else { unreachable!() };
+    let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else {
+        unreachable!()
+    };
     assert_eq!(reason, "model loading timed out after 0 s");
     // The callback (which exits the real runner) runs right after the report.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -11,7 +11,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 fn fixture() -> PathBuf {
     let p = Engine::default_model_path();
-    assert!(p.exists(), "{} is missing: run `cargo xtask setup`", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo xtask setup`",
+        p.display()
+    );
     p
 }
 
@@ -25,7 +29,10 @@ fn engine() -> MutexGuard<'static, Engine> {
 }
 
 fn capital_question() -> Prompt {
-    Prompt::Chat(vec![ChatMessage::new("user", "What is the capital of France?")])
+    Prompt::Chat(vec![ChatMessage::new(
+        "user",
+        "What is the capital of France?",
+    )])
 }
 
 /// Reference rendering by Python's jinja2 (trim_blocks, lstrip_blocks), as transformers does.
@@ -36,7 +43,12 @@ const SMOL_RENDER_CONVERSATION: &str = "<|im_start|>system\nBe brief.<|im_end|>\
 fn chat_template_renders_like_jinja2() {
     let e = engine();
     let t = &e.tokenizer;
-    let one = t.apply_chat_template(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap();
+    let one = t
+        .apply_chat_template(
+            &[ChatMessage::new("user", "What is the capital of France?")],
+            true,
+        )
+        .unwrap();
     assert_eq!(one, SMOL_RENDER_DEFAULT_SYSTEM);
     let conv = [
         ChatMessage::new("system", "Be brief."),
@@ -44,7 +56,10 @@ fn chat_template_renders_like_jinja2() {
         ChatMessage::new("assistant", "Hello!"),
         ChatMessage::new("user", "Bye"),
     ];
-    assert_eq!(t.apply_chat_template(&conv, false).unwrap(), SMOL_RENDER_CONVERSATION);
+    assert_eq!(
+        t.apply_chat_template(&conv, false).unwrap(),
+        SMOL_RENDER_CONVERSATION
+    );
 }
 
 #[test]
@@ -109,7 +124,12 @@ fn streaming_never_splits_a_character() {
 #[test]
 fn quantized_representation_gives_the_same_answer() {
     let q = Engine::load(fixture(), Some(WeightFormat::Quantized)).unwrap();
-    let c = q.generate(&GenerateRequest::new(Prompt::Text("The capital of France is".into()), 3), |_| ControlFlow::Continue(())).unwrap();
+    let c = q
+        .generate(
+            &GenerateRequest::new(Prompt::Text("The capital of France is".into()), 3),
+            |_| ControlFlow::Continue(()),
+        )
+        .unwrap();
     assert!(c.text.contains("Paris"), "{:?}", c.text);
 }
 
@@ -123,7 +143,10 @@ fn a_truncated_gguf_is_a_clear_error() {
         let p = dir.join("cut.gguf");
         std::fs::write(&p, &bytes[..cut]).unwrap();
         let err = Engine::load(&p, Some(WeightFormat::F32)).err().unwrap();
-        assert!(matches!(err, InferenceError::BadGguf { .. }), "cut at {cut}: {err}");
+        assert!(
+            matches!(err, InferenceError::BadGguf { .. }),
+            "cut at {cut}: {err}"
+        );
         assert!(err.to_string().contains("truncated"), "cut at {cut}: {err}");
     }
     std::fs::remove_dir_all(&dir).ok();
@@ -139,11 +162,16 @@ struct Reference {
 impl Reference {
     fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
         let (info, bytes) = self.file.read_tensor_bytes(name).unwrap();
-        (info.shape.clone(), dequantize(info.ggml_type.unwrap(), &bytes))
+        (
+            info.shape.clone(),
+            dequantize(info.ggml_type.unwrap(), &bytes),
+        )
     }
 
     fn matvec(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
-        w.chunks_exact(cols).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+        w.chunks_exact(cols)
+            .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
     }
 
     fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
@@ -167,7 +195,10 @@ impl Reference {
     fn last_logits(&self, tokens: &[u32]) -> Vec<f32> {
         let (d, nh, nkv, hd, layers, eps, theta) = (576, 9, 3, 64, 30, 1e-5f32, 100000.0f32);
         let (_, embd) = self.tensor("token_embd.weight");
-        let mut xs: Vec<Vec<f32>> = tokens.iter().map(|&t| embd[t as usize * d..(t as usize + 1) * d].to_vec()).collect();
+        let mut xs: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| embd[t as usize * d..(t as usize + 1) * d].to_vec())
+            .collect();
         for l in 0..layers {
             let t = |n: &str| self.tensor(&format!("blk.{l}.{n}.weight")).1;
             let (wq, wk, wv, wo) = (t("attn_q"), t("attn_k"), t("attn_v"), t("attn_output"));
@@ -192,7 +223,13 @@ impl Reference {
                     let kvh = h / (nh / nkv);
                     let q = &qs[pos][h * hd..(h + 1) * hd];
                     let scores: Vec<f32> = (0..=pos)
-                        .map(|p| q.iter().zip(&ks[p][kvh * hd..(kvh + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt())
+                        .map(|p| {
+                            q.iter()
+                                .zip(&ks[p][kvh * hd..(kvh + 1) * hd])
+                                .map(|(a, b)| a * b)
+                                .sum::<f32>()
+                                / (hd as f32).sqrt()
+                        })
                         .collect();
                     let m = scores.iter().cloned().fold(f32::MIN, f32::max);
                     let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
@@ -208,7 +245,11 @@ impl Reference {
                 let xn = Self::rms_norm(x, &fnorm, eps);
                 let g = Self::matvec(&wg, d, &xn);
                 let u = Self::matvec(&wu, d, &xn);
-                let hmid: Vec<f32> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                let hmid: Vec<f32> = g
+                    .iter()
+                    .zip(&u)
+                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    .collect();
                 let down = Self::matvec(&wd, 1536, &hmid);
                 x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
             }
@@ -222,19 +263,33 @@ impl Reference {
 #[test]
 fn first_step_logits_match_an_independent_reference() {
     let ids = engine().prompt_ids(&capital_question()).unwrap();
-    let reference = Reference { file: GgufFile::open(fixture()).unwrap() }.last_logits(&ids);
+    let reference = Reference {
+        file: GgufFile::open(fixture()).unwrap(),
+    }
+    .last_logits(&ids);
     let e = engine();
     let mut cache = e.model.new_cache();
-    let logits = e.model.forward(inference::ShardInput::Tokens(&ids), &mut cache, true).unwrap();
+    let logits = e
+        .model
+        .forward(inference::ShardInput::Tokens(&ids), &mut cache, true)
+        .unwrap();
     let got = inference::engine::last_logits_to_host(&logits).unwrap();
     assert_eq!(got.len(), reference.len());
-    let diff = got.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let diff = got
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
     // Both are f32 over the same dequantized weights; only summation order differs.
     // Logits are of order 25; measured difference about 7e-5, tolerance 1e-3 (4e-5 relative).
     assert!(diff < 1e-3, "max |logit difference| = {diff}");
     let top = inference::sampling::argmax(&reference);
     assert_eq!(inference::sampling::argmax(&got), top);
-    eprintln!("max |logit difference| vs reference: {diff}; top token {top} ({:?}) logit {}", e.tokenizer.id_to_token(top as u32), reference[top]);
+    eprintln!(
+        "max |logit difference| vs reference: {diff}; top token {top} ({:?}) logit {}",
+        e.tokenizer.id_to_token(top as u32),
+        reference[top]
+    );
 }
 
 #[test]
@@ -245,13 +300,26 @@ fn the_same_model_as_a_hugging_face_folder_gives_the_same_logits() {
     let e = engine();
     let prompt = capital_question();
     let ids = e.prompt_ids(&prompt).unwrap();
-    assert_eq!(hf.prompt_ids(&prompt).unwrap(), ids, "tokenizer.json + chat template from the folder");
+    assert_eq!(
+        hf.prompt_ids(&prompt).unwrap(),
+        ids,
+        "tokenizer.json + chat template from the folder"
+    );
     let run = |m: &Engine| {
         let mut cache = m.model.new_cache();
-        inference::engine::last_logits_to_host(&m.model.forward(inference::ShardInput::Tokens(&ids), &mut cache, true).unwrap()).unwrap()
+        inference::engine::last_logits_to_host(
+            &m.model
+                .forward(inference::ShardInput::Tokens(&ids), &mut cache, true)
+                .unwrap(),
+        )
+        .unwrap()
     };
     let (a, b) = (run(&e), run(&hf));
-    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
     assert!(diff < 1e-4, "GGUF vs safetensors logits differ by {diff}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -5,7 +5,10 @@ mod common;
 
 use common::{host, max_abs_diff, temp_dir, write_tiny_model};
 use inference::engine::{load_shard, LoadOptions};
-use inference::{Engine, FinishReason, GenerateRequest, InferenceError, Prompt, SamplingParams, ShardInput, WeightFormat};
+use inference::{
+    Engine, FinishReason, GenerateRequest, InferenceError, Prompt, SamplingParams, ShardInput,
+    WeightFormat,
+};
 use std::ops::ControlFlow;
 
 const PROMPT: [u32; 7] = [3, 17, 42, 5, 88, 9, 60];
@@ -13,7 +16,10 @@ const PROMPT: [u32; 7] = [3, 17, 42, 5, 88, 9, 60];
 const TOLERANCE: f32 = 1e-4;
 
 fn options(layers: Option<std::ops::Range<usize>>) -> LoadOptions {
-    LoadOptions { layers, format: Some(WeightFormat::F32) }
+    LoadOptions {
+        layers,
+        format: Some(WeightFormat::F32),
+    }
 }
 
 fn whole_vs_two_shards(arch: &str, seed: u64) {
@@ -21,27 +27,51 @@ fn whole_vs_two_shards(arch: &str, seed: u64) {
     write_tiny_model(&dir, arch, seed, 64);
     let (whole, _) = load_shard(&dir, &options(None), &mut |_, _| {}).unwrap();
     let mut cache = whole.new_cache();
-    let want = host(&whole.forward(ShardInput::Tokens(&PROMPT), &mut cache, false).unwrap());
+    let want = host(
+        &whole
+            .forward(ShardInput::Tokens(&PROMPT), &mut cache, false)
+            .unwrap(),
+    );
     assert_eq!(want.len(), PROMPT.len() * 96);
 
     let (first, _) = load_shard(&dir, &options(Some(0..1)), &mut |_, _| {}).unwrap();
     let (second, _) = load_shard(&dir, &options(Some(1..4)), &mut |_, _| {}).unwrap();
     assert!(first.is_first() && !first.is_last() && second.is_last() && !second.is_first());
     let (mut c1, mut c2) = (first.new_cache(), second.new_cache());
-    let hidden = first.forward(ShardInput::Tokens(&PROMPT), &mut c1, false).unwrap();
+    let hidden = first
+        .forward(ShardInput::Tokens(&PROMPT), &mut c1, false)
+        .unwrap();
     assert_eq!(hidden.shape(), &[1, PROMPT.len() as i32, 64]);
-    let got = host(&second.forward(ShardInput::Hidden(hidden), &mut c2, false).unwrap());
+    let got = host(
+        &second
+            .forward(ShardInput::Hidden(hidden), &mut c2, false)
+            .unwrap(),
+    );
     let diff = max_abs_diff(&want, &got);
-    assert!(diff < TOLERANCE, "{arch}: whole vs sharded logits differ by {diff}");
+    assert!(
+        diff < TOLERANCE,
+        "{arch}: whole vs sharded logits differ by {diff}"
+    );
     // The logits are not trivially equal (e.g. all zero).
-    let spread = want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
+    let spread = want.iter().cloned().fold(f32::MIN, f32::max)
+        - want.iter().cloned().fold(f32::MAX, f32::min);
     assert!(spread > 0.5, "{arch}: logits spread {spread}");
 
     // Decoding one more token through both shards with their caches agrees too.
     let next = [11u32];
-    let a = host(&whole.forward(ShardInput::Tokens(&next), &mut cache, false).unwrap());
-    let h = first.forward(ShardInput::Tokens(&next), &mut c1, false).unwrap();
-    let b = host(&second.forward(ShardInput::Hidden(h), &mut c2, false).unwrap());
+    let a = host(
+        &whole
+            .forward(ShardInput::Tokens(&next), &mut cache, false)
+            .unwrap(),
+    );
+    let h = first
+        .forward(ShardInput::Tokens(&next), &mut c1, false)
+        .unwrap();
+    let b = host(
+        &second
+            .forward(ShardInput::Hidden(h), &mut c2, false)
+            .unwrap(),
+    );
     assert!(max_abs_diff(&a, &b) < TOLERANCE);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -68,11 +98,18 @@ fn cached_decoding_matches_a_full_forward_pass() {
         write_tiny_model(&dir, arch, 4, 64);
         let (m, _) = load_shard(&dir, &options(None), &mut |_, _| {}).unwrap();
         let mut full_cache = m.new_cache();
-        let full = host(&m.forward(ShardInput::Tokens(&PROMPT), &mut full_cache, false).unwrap());
+        let full = host(
+            &m.forward(ShardInput::Tokens(&PROMPT), &mut full_cache, false)
+                .unwrap(),
+        );
         let mut cache = m.new_cache();
-        m.forward(ShardInput::Tokens(&PROMPT[..4]), &mut cache, false).unwrap();
+        m.forward(ShardInput::Tokens(&PROMPT[..4]), &mut cache, false)
+            .unwrap();
         for (i, &t) in PROMPT.iter().enumerate().skip(4) {
-            let step = host(&m.forward(ShardInput::Tokens(&[t]), &mut cache, true).unwrap());
+            let step = host(
+                &m.forward(ShardInput::Tokens(&[t]), &mut cache, true)
+                    .unwrap(),
+            );
             let row = &full[i * 96..(i + 1) * 96];
             let diff = max_abs_diff(row, &step);
             assert!(diff < TOLERANCE, "{arch} position {i}: {diff}");
@@ -87,9 +124,23 @@ fn quantized_weights_stay_close_to_f32() {
     let dir = temp_dir("quantized");
     write_tiny_model(&dir, "qwen3", 5, 64);
     let (f, _) = load_shard(&dir, &options(None), &mut |_, _| {}).unwrap();
-    let (b, _) = load_shard(&dir, &LoadOptions { layers: None, format: Some(WeightFormat::Bf16) }, &mut |_, _| {}).unwrap();
-    let a = host(&f.forward(ShardInput::Tokens(&PROMPT), &mut f.new_cache(), true).unwrap());
-    let c = host(&b.forward(ShardInput::Tokens(&PROMPT), &mut b.new_cache(), true).unwrap());
+    let (b, _) = load_shard(
+        &dir,
+        &LoadOptions {
+            layers: None,
+            format: Some(WeightFormat::Bf16),
+        },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let a = host(
+        &f.forward(ShardInput::Tokens(&PROMPT), &mut f.new_cache(), true)
+            .unwrap(),
+    );
+    let c = host(
+        &b.forward(ShardInput::Tokens(&PROMPT), &mut b.new_cache(), true)
+            .unwrap(),
+    );
     let diff = max_abs_diff(&a, &c);
     assert!(diff < 0.25, "bf16 vs f32 logits differ by {diff}");
     std::fs::remove_dir_all(&dir).ok();
@@ -106,24 +157,42 @@ fn generation_honours_max_tokens_seed_stop_tokens_and_cancellation() {
     let (engine, dir) = tiny_engine("generate", 64);
     let mut req = GenerateRequest::new(Prompt::Tokens(PROMPT.to_vec()), 8);
     req.ignore_eos = true;
-    let greedy = engine.generate(&req, |_| ControlFlow::Continue(())).unwrap();
+    let greedy = engine
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap();
     assert_eq!(greedy.completion_tokens(), 8);
     assert_eq!(greedy.finish_reason, FinishReason::Length);
     assert_eq!(greedy.prompt_tokens, PROMPT.len());
     assert!(greedy.logprobs.iter().all(|&l| l <= 0.0 && l.is_finite()));
     // Greedy is deterministic.
-    assert_eq!(engine.generate(&req, |_| ControlFlow::Continue(())).unwrap().tokens, greedy.tokens);
+    assert_eq!(
+        engine
+            .generate(&req, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .tokens,
+        greedy.tokens
+    );
 
     // Seeded sampling is reproducible.
-    req.sampling = SamplingParams { temperature: 1.5, seed: Some(9), ..Default::default() };
-    let a = engine.generate(&req, |_| ControlFlow::Continue(())).unwrap();
-    let b = engine.generate(&req, |_| ControlFlow::Continue(())).unwrap();
+    req.sampling = SamplingParams {
+        temperature: 1.5,
+        seed: Some(9),
+        ..Default::default()
+    };
+    let a = engine
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap();
+    let b = engine
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap();
     assert_eq!(a.tokens, b.tokens);
 
     // A stop token ends generation right there.
     req.sampling = SamplingParams::default();
     req.stop_token_ids = vec![greedy.tokens[2]];
-    let stopped = engine.generate(&req, |_| ControlFlow::Continue(())).unwrap();
+    let stopped = engine
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap();
     assert_eq!(stopped.finish_reason, FinishReason::Stop);
     assert_eq!(stopped.tokens.last(), Some(&greedy.tokens[2]));
     assert!(stopped.tokens.len() <= 3);
@@ -149,7 +218,9 @@ fn generation_honours_max_tokens_seed_stop_tokens_and_cancellation() {
     let words: Vec<&str> = text.split_whitespace().collect();
     assert!(words.len() >= 4, "{text:?}");
     req.stop = vec![words[3].to_owned()];
-    let cut = engine.generate(&req, |_| ControlFlow::Continue(())).unwrap();
+    let cut = engine
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap();
     assert_eq!(cut.finish_reason, FinishReason::Stop);
     assert_eq!(cut.text, text[..text.find(words[3]).unwrap()]);
     std::fs::remove_dir_all(&dir).ok();
@@ -159,46 +230,85 @@ fn generation_honours_max_tokens_seed_stop_tokens_and_cancellation() {
 fn a_prompt_longer_than_the_context_is_a_clear_error() {
     let (engine, dir) = tiny_engine("context", 8);
     let req = GenerateRequest::new(Prompt::Tokens(vec![5; 9]), 4);
-    let err = engine.generate(&req, |_| ControlFlow::Continue(())).unwrap_err();
-    assert!(matches!(err, InferenceError::PromptTooLong { prompt_tokens: 9, context_length: 8 }), "{err}");
+    let err = engine
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InferenceError::PromptTooLong {
+                prompt_tokens: 9,
+                context_length: 8
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("shorten the prompt"));
     // max_tokens is bounded by what is left of the context.
     let mut req = GenerateRequest::new(Prompt::Tokens(vec![5; 5]), 100);
     req.ignore_eos = true;
-    assert_eq!(engine.generate(&req, |_| ControlFlow::Continue(())).unwrap().completion_tokens(), 3);
+    assert_eq!(
+        engine
+            .generate(&req, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .completion_tokens(),
+        3
+    );
     // Token ids outside the vocabulary are refused.
     let req = GenerateRequest::new(Prompt::Tokens(vec![5000]), 1);
-    assert!(matches!(engine.generate(&req, |_| ControlFlow::Continue(())), Err(InferenceError::InvalidRequest(_))));
+    assert!(matches!(
+        engine.generate(&req, |_| ControlFlow::Continue(())),
+        Err(InferenceError::InvalidRequest(_))
+    ));
     std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn bad_models_give_clear_errors() {
-    let missing = load_shard(std::path::Path::new("/nonexistent/model.gguf"), &options(None), &mut |_, _| {});
+    let missing = load_shard(
+        std::path::Path::new("/nonexistent/model.gguf"),
+        &options(None),
+        &mut |_, _| {},
+    );
     assert!(matches!(missing, Err(InferenceError::Io { .. })));
 
     let dir = temp_dir("bad");
     write_tiny_model(&dir, "llama", 7, 64);
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     config["model_type"] = "gpt_neox".into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let err = load_shard(&dir, &options(None), &mut |_, _| {}).err().unwrap();
-    assert!(matches!(err, InferenceError::UnsupportedArchitecture(ref a) if a == "gpt_neox"), "{err}");
+    let err = load_shard(&dir, &options(None), &mut |_, _| {})
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, InferenceError::UnsupportedArchitecture(ref a) if a == "gpt_neox"),
+        "{err}"
+    );
 
     std::fs::write(dir.join("config.json"), "{not json").unwrap();
-    assert!(matches!(load_shard(&dir, &options(None), &mut |_, _| {}), Err(InferenceError::BadModel { .. })));
+    assert!(matches!(
+        load_shard(&dir, &options(None), &mut |_, _| {}),
+        Err(InferenceError::BadModel { .. })
+    ));
 
     config["model_type"] = "llama".into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let err = load_shard(&dir, &options(Some(2..9)), &mut |_, _| {}).err().unwrap();
+    let err = load_shard(&dir, &options(Some(2..9)), &mut |_, _| {})
+        .err()
+        .unwrap();
     assert!(matches!(err, InferenceError::BadLayerRange { .. }), "{err}");
-    let err = load_shard(&dir, &options(Some(3..3)), &mut |_, _| {}).err().unwrap();
+    let err = load_shard(&dir, &options(Some(3..3)), &mut |_, _| {})
+        .err()
+        .unwrap();
     assert!(matches!(err, InferenceError::BadLayerRange { .. }), "{err}");
 
     // Weights of the wrong shape.
     config["intermediate_size"] = 100.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let err = load_shard(&dir, &options(None), &mut |_, _| {}).err().unwrap();
+    let err = load_shard(&dir, &options(None), &mut |_, _| {})
+        .err()
+        .unwrap();
     assert!(matches!(err, InferenceError::BadTensor { .. }), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 
@@ -206,14 +316,47 @@ fn bad_models_give_clear_errors() {
     let dir = temp_dir("bad-gguf");
     let p = dir.join("x.gguf");
     std::fs::write(&p, b"hello world, not a model").unwrap();
-    assert!(matches!(load_shard(&p, &options(None), &mut |_, _| {}), Err(InferenceError::BadGguf { .. })));
+    assert!(matches!(
+        load_shard(&p, &options(None), &mut |_, _| {}),
+        Err(InferenceError::BadGguf { .. })
+    ));
     let mut header = b"GGUF".to_vec();
     header.extend(3u32.to_le_bytes());
     header.extend(1u64.to_le_bytes());
     header.extend(1u64.to_le_bytes());
     header.extend(u64::MAX.to_le_bytes()); // a key length far past the end
     std::fs::write(&p, &header).unwrap();
-    let err = load_shard(&p, &options(None), &mut |_, _| {}).err().unwrap();
-    assert!(matches!(err, InferenceError::BadGguf { .. }) && err.to_string().contains("truncated"), "{err}");
+    let err = load_shard(&p, &options(None), &mut |_, _| {})
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, InferenceError::BadGguf { .. }) && err.to_string().contains("truncated"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_cache_grows_past_its_first_buffer() {
+    let dir = temp_dir("cache-grow");
+    write_tiny_model(&dir, "qwen3", 13, 512);
+    let (m, _) = load_shard(&dir, &options(None), &mut |_, _| {}).unwrap();
+    let tokens: Vec<u32> = (0..262u32).map(|i| (i * 37 + 5) % 96).collect();
+    let full = host(
+        &m.forward(ShardInput::Tokens(&tokens), &mut m.new_cache(), false)
+            .unwrap(),
+    );
+    let mut cache = m.new_cache();
+    m.forward(ShardInput::Tokens(&tokens[..250]), &mut cache, false)
+        .unwrap();
+    for (i, &t) in tokens.iter().enumerate().skip(250) {
+        let step = host(
+            &m.forward(ShardInput::Tokens(&[t]), &mut cache, true)
+                .unwrap(),
+        );
+        let diff = max_abs_diff(&full[i * 96..(i + 1) * 96], &step);
+        assert!(diff < TOLERANCE, "position {i}: {diff}");
+    }
+    assert_eq!(cache.len(), 262);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
+mod bench_inference;
 mod cluster;
 mod netns;
 mod paths;
@@ -28,6 +29,7 @@ Commands:
   cluster --down   remove namespaces left by a killed cluster run
   bench mesh       simulated mesh benchmarks (10/50/100 nodes): bandwidth, messages,
                    convergence, death detection, loss
+  bench inference  shoal vs mlx-lm (and llama.cpp if installed) on the SmolLM2 fixture
   help             this text
 
 Environment:
@@ -105,6 +107,7 @@ fn test(args: &[String]) -> Result<(), String> {
 fn bench(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
-        _ => Err("bench: say what to measure, e.g. `cargo xtask bench mesh`".into()),
+        Some("inference") => bench_inference::bench_inference(),
+        _ => Err("bench: say what to measure: `cargo xtask bench mesh` or `cargo xtask bench inference`".into()),
     }
 }

@@ -30,7 +30,11 @@ pub fn load_timeout(base: Duration, shard_bytes: u64) -> Duration {
 
 /// The base timeout: `SHOAL_MODEL_LOAD_TIMEOUT` seconds, else 60.
 pub fn base_load_timeout() -> Duration {
-    let secs = std::env::var(LOAD_TIMEOUT_ENV).ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(60.0);
+    let secs = std::env::var(LOAD_TIMEOUT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(60.0);
     Duration::from_secs_f64(secs)
 }
 
@@ -80,7 +84,11 @@ fn fail(out: &SharedOut, reason: String) -> i32 {
 
 /// Serves one runner over `input`/`output` until `Shutdown`, the end of input, or a fatal
 /// error. Returns the process exit code (0 on a clean shutdown).
-pub fn serve(input: impl Read + Send + 'static, output: impl Write + Send + 'static, options: RunnerOptions) -> i32 {
+pub fn serve(
+    input: impl Read + Send + 'static,
+    output: impl Write + Send + 'static,
+    options: RunnerOptions,
+) -> i32 {
     let out: SharedOut = Arc::new(Mutex::new(Box::new(output)));
     if let Err(e) = install_mlx_error_handler() {
         return fail(&out, format!("MLX does not work in this process: {e}"));
@@ -94,7 +102,10 @@ pub fn serve(input: impl Read + Send + 'static, output: impl Write + Send + 'sta
         std::thread::spawn(move || loop {
             match read_frame::<Command>(&mut input) {
                 Ok(Command::Cancel { id }) => {
-                    cancelled.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+                    cancelled
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id);
                 }
                 Ok(cmd) => {
                     if tx.send(Ok(cmd)).is_err() {
@@ -107,7 +118,8 @@ pub fn serve(input: impl Read + Send + 'static, output: impl Write + Send + 'sta
                 }
                 Err(e) => {
                     // A bad body of a well-framed message can be skipped; a broken stream cannot.
-                    let fatal = !matches!(e, FrameError::Malformed(ref m) if !m.contains("ended")) && !matches!(e, FrameError::Version(_));
+                    let fatal = !matches!(e, FrameError::Malformed(ref m) if !m.contains("ended"))
+                        && !matches!(e, FrameError::Version(_));
                     let _ = tx.send(Err(e.to_string()));
                     if fatal {
                         let _ = tx.send(Ok(Command::Shutdown));
@@ -127,9 +139,19 @@ pub fn serve(input: impl Read + Send + 'static, output: impl Write + Send + 'sta
             }
         };
         match cmd {
-            Command::Load { model, layers, format } => {
+            Command::Load {
+                model,
+                layers,
+                format,
+            } => {
                 if engine.is_some() {
-                    send(&out, &Event::Error { id: None, message: "a model is already loaded; start a new runner".into() });
+                    send(
+                        &out,
+                        &Event::Error {
+                            id: None,
+                            message: "a model is already loaded; start a new runner".into(),
+                        },
+                    );
                     continue;
                 }
                 match load(&out, Path::new(&model), layers, format, &options) {
@@ -139,22 +161,49 @@ pub fn serve(input: impl Read + Send + 'static, output: impl Write + Send + 'sta
             }
             Command::Generate { id, request } => {
                 let Some(e) = engine.as_ref() else {
-                    send(&out, &Event::Error { id: Some(id), message: "no model is loaded yet".into() });
+                    send(
+                        &out,
+                        &Event::Error {
+                            id: Some(id),
+                            message: "no model is loaded yet".into(),
+                        },
+                    );
                     continue;
                 };
                 send(&out, &Event::State(RunnerState::Running));
                 let result = e.generate(&request, |ev| {
-                    send(&out, &Event::Token { id, token: ev.token, text: ev.text.to_owned(), logprob: ev.logprob });
-                    if cancelled.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
+                    send(
+                        &out,
+                        &Event::Token {
+                            id,
+                            token: ev.token,
+                            text: ev.text.to_owned(),
+                            logprob: ev.logprob,
+                        },
+                    );
+                    if cancelled
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&id)
+                    {
                         ControlFlow::Break(())
                     } else {
                         ControlFlow::Continue(())
                     }
                 });
-                cancelled.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                cancelled
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
                 match result {
                     Ok(completion) => send(&out, &Event::Done { id, completion }),
-                    Err(err) => send(&out, &Event::Error { id: Some(id), message: err.to_string() }),
+                    Err(err) => send(
+                        &out,
+                        &Event::Error {
+                            id: Some(id),
+                            message: err.to_string(),
+                        },
+                    ),
                 };
                 send(&out, &Event::State(RunnerState::Ready));
             }
@@ -165,11 +214,23 @@ pub fn serve(input: impl Read + Send + 'static, output: impl Write + Send + 'sta
     0
 }
 
-fn load(out: &SharedOut, path: &Path, layers: Option<(usize, usize)>, format: Option<WeightFormat>, options: &RunnerOptions) -> Result<Engine, String> {
-    send(out, &Event::State(RunnerState::Loading { done: 0, total: 1 }));
+fn load(
+    out: &SharedOut,
+    path: &Path,
+    layers: Option<(usize, usize)>,
+    format: Option<WeightFormat>,
+    options: &RunnerOptions,
+) -> Result<Engine, String> {
+    send(
+        out,
+        &Event::State(RunnerState::Loading { done: 0, total: 1 }),
+    );
     let mut opened = open_model(path).map_err(|e| e.to_string())?;
-    let range = layers.map(|(a, b)| a..b).unwrap_or(0..opened.config.num_layers);
-    let shard_bytes = opened.bytes_on_disk * range.len().min(opened.config.num_layers) as u64 / opened.config.num_layers.max(1) as u64;
+    let range = layers
+        .map(|(a, b)| a..b)
+        .unwrap_or(0..opened.config.num_layers);
+    let shard_bytes = opened.bytes_on_disk * range.len().min(opened.config.num_layers) as u64
+        / opened.config.num_layers.max(1) as u64;
     let timeout = load_timeout(options.load_timeout_base, shard_bytes);
     let done = Arc::new(AtomicBool::new(false));
     let watchdog = {
@@ -180,7 +241,15 @@ fn load(out: &SharedOut, path: &Path, layers: Option<(usize, usize)>, format: Op
             let start = Instant::now();
             while !done.load(Ordering::SeqCst) {
                 if start.elapsed() >= timeout {
-                    send(&out, &Event::State(RunnerState::Failed { reason: format!("model loading timed out after {} s", timeout.as_secs()) }));
+                    send(
+                        &out,
+                        &Event::State(RunnerState::Failed {
+                            reason: format!(
+                                "model loading timed out after {} s",
+                                timeout.as_secs()
+                            ),
+                        }),
+                    );
                     on_timeout();
                     return;
                 }
@@ -189,19 +258,36 @@ fn load(out: &SharedOut, path: &Path, layers: Option<(usize, usize)>, format: Op
         })
     };
     let format = format.unwrap_or_else(WeightFormat::default_for_backend);
-    let result = ModelShard::load(&opened.config, range, opened.source.as_mut(), format, &mut |d, t| {
-        send(out, &Event::State(RunnerState::Loading { done: d, total: t }));
-    });
+    let result = ModelShard::load(
+        &opened.config,
+        range,
+        opened.source.as_mut(),
+        format,
+        &mut |d, t| {
+            send(
+                out,
+                &Event::State(RunnerState::Loading { done: d, total: t }),
+            );
+        },
+    );
     done.store(true, Ordering::SeqCst);
     let _ = watchdog.join();
     let model = result.map_err(|e| e.to_string())?;
     send(out, &Event::State(RunnerState::Loaded));
-    let engine = Engine { model, tokenizer: opened.tokenizer };
+    let engine = Engine {
+        model,
+        tokenizer: opened.tokenizer,
+    };
     if options.warm_up && engine.model.is_first() && engine.model.is_last() {
         send(out, &Event::State(RunnerState::WarmingUp));
-        let mut req = GenerateRequest::new(Prompt::Tokens(vec![engine.tokenizer.bos_token_id.unwrap_or(0)]), 1);
+        let mut req = GenerateRequest::new(
+            Prompt::Tokens(vec![engine.tokenizer.bos_token_id.unwrap_or(0)]),
+            1,
+        );
         req.ignore_eos = true;
-        engine.generate(&req, |_| ControlFlow::Continue(())).map_err(|e| format!("warm-up failed: {e}"))?;
+        engine
+            .generate(&req, |_| ControlFlow::Continue(()))
+            .map_err(|e| format!("warm-up failed: {e}"))?;
     }
     send(out, &Event::State(RunnerState::Ready));
     Ok(engine)

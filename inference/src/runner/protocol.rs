@@ -141,7 +141,8 @@ struct InFrame {
 
 /// Writes one frame and flushes.
 pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
-    let body = serde_json::to_vec(&OutFrame { v: VERSION, msg }).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let body = serde_json::to_vec(&OutFrame { v: VERSION, msg })
+        .map_err(|e| FrameError::Malformed(e.to_string()))?;
     if body.len() > MAX_FRAME {
         return Err(FrameError::TooLarge(body.len()));
     }
@@ -153,7 +154,8 @@ pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), Fram
 
 /// Decodes the body of one frame.
 pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
-    let frame: InFrame = serde_json::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let frame: InFrame =
+        serde_json::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))?;
     if frame.v != VERSION {
         return Err(FrameError::Version(frame.v));
     }
@@ -167,7 +169,11 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameErro
     while got < 4 {
         match r.read(&mut len[got..])? {
             0 if got == 0 => return Err(FrameError::Closed),
-            0 => return Err(FrameError::Malformed("the stream ended inside a frame header".into())),
+            0 => {
+                return Err(FrameError::Malformed(
+                    "the stream ended inside a frame header".into(),
+                ))
+            }
             n => got += n,
         }
     }
@@ -177,7 +183,9 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameErro
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => FrameError::Malformed("the stream ended inside a frame".into()),
+        std::io::ErrorKind::UnexpectedEof => {
+            FrameError::Malformed("the stream ended inside a frame".into())
+        }
         _ => FrameError::Io(e),
     })?;
     decode_body(&body)
@@ -192,8 +200,15 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let cmds = vec![
-            Command::Load { model: "/m.gguf".into(), layers: Some((0, 4)), format: Some(WeightFormat::F32) },
-            Command::Generate { id: 7, request: GenerateRequest::new(Prompt::Text("hi".into()), 5) },
+            Command::Load {
+                model: "/m.gguf".into(),
+                layers: Some((0, 4)),
+                format: Some(WeightFormat::F32),
+            },
+            Command::Generate {
+                id: 7,
+                request: GenerateRequest::new(Prompt::Text("hi".into()), 5),
+            },
             Command::Cancel { id: 7 },
             Command::Shutdown,
         ];
@@ -205,7 +220,10 @@ mod tests {
         for c in &cmds {
             assert_eq!(&read_frame::<Command>(&mut r).unwrap(), c);
         }
-        assert!(matches!(read_frame::<Command>(&mut r), Err(FrameError::Closed)));
+        assert!(matches!(
+            read_frame::<Command>(&mut r),
+            Err(FrameError::Closed)
+        ));
     }
 
     #[test]
@@ -216,18 +234,33 @@ mod tests {
         let body = br#"{"v":2,"msg":{"type":"shutdown"}}"#;
         let mut other = (body.len() as u32).to_le_bytes().to_vec();
         other.extend_from_slice(body);
-        assert!(matches!(read_frame::<Command>(&mut &other[..]), Err(FrameError::Version(2))));
+        assert!(matches!(
+            read_frame::<Command>(&mut &other[..]),
+            Err(FrameError::Version(2))
+        ));
         // Too large.
         let huge = (u32::MAX).to_le_bytes();
-        assert!(matches!(read_frame::<Command>(&mut &huge[..]), Err(FrameError::TooLarge(_))));
+        assert!(matches!(
+            read_frame::<Command>(&mut &huge[..]),
+            Err(FrameError::TooLarge(_))
+        ));
         // Cut short.
-        assert!(matches!(read_frame::<Command>(&mut &buf[..buf.len() - 1]), Err(FrameError::Malformed(_))));
-        assert!(matches!(read_frame::<Command>(&mut &buf[..2]), Err(FrameError::Malformed(_))));
+        assert!(matches!(
+            read_frame::<Command>(&mut &buf[..buf.len() - 1]),
+            Err(FrameError::Malformed(_))
+        ));
+        assert!(matches!(
+            read_frame::<Command>(&mut &buf[..2]),
+            Err(FrameError::Malformed(_))
+        ));
         // Unknown message.
         let body = br#"{"v":1,"msg":{"type":"explode"}}"#;
         let mut unknown = (body.len() as u32).to_le_bytes().to_vec();
         unknown.extend_from_slice(body);
-        assert!(matches!(read_frame::<Command>(&mut &unknown[..]), Err(FrameError::Malformed(_))));
+        assert!(matches!(
+            read_frame::<Command>(&mut &unknown[..]),
+            Err(FrameError::Malformed(_))
+        ));
     }
 
     proptest! {

@@ -7,23 +7,51 @@ use std::path::Path;
 
 /// Writes a tiny model of `arch` ("llama", "qwen2", "qwen3") with seeded random weights.
 pub fn write_tiny_model(dir: &Path, arch: &str, seed: u64, context: usize) {
-    let (hidden, layers, heads, kv_heads, head_dim, ffn, vocab) = (64usize, 4usize, 4usize, 2usize, 16usize, 128usize, 96usize);
+    let (hidden, layers, heads, kv_heads, head_dim, ffn, vocab) =
+        (64usize, 4usize, 4usize, 2usize, 16usize, 128usize, 96usize);
     let mut rng = Rng::new(seed);
     let mut tensors: Vec<(String, Array)> = Vec::new();
     let mut rand = |name: String, shape: &[usize], scale: f32, offset: f32| {
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| offset + scale * (rng.next_f64() as f32 * 2.0 - 1.0)).collect();
+        let v: Vec<f32> = (0..n)
+            .map(|_| offset + scale * (rng.next_f64() as f32 * 2.0 - 1.0))
+            .collect();
         let s: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
         tensors.push((name, Array::from_slice(&v, &s)));
     };
-    rand("model.embed_tokens.weight".into(), &[vocab, hidden], 1.0, 0.0);
+    rand(
+        "model.embed_tokens.weight".into(),
+        &[vocab, hidden],
+        1.0,
+        0.0,
+    );
     for l in 0..layers {
         let p = |n: &str| format!("model.layers.{l}.{n}");
         let w = 1.0 / (hidden as f32).sqrt();
-        rand(p("self_attn.q_proj.weight"), &[heads * head_dim, hidden], w, 0.0);
-        rand(p("self_attn.k_proj.weight"), &[kv_heads * head_dim, hidden], w, 0.0);
-        rand(p("self_attn.v_proj.weight"), &[kv_heads * head_dim, hidden], w, 0.0);
-        rand(p("self_attn.o_proj.weight"), &[hidden, heads * head_dim], w, 0.0);
+        rand(
+            p("self_attn.q_proj.weight"),
+            &[heads * head_dim, hidden],
+            w,
+            0.0,
+        );
+        rand(
+            p("self_attn.k_proj.weight"),
+            &[kv_heads * head_dim, hidden],
+            w,
+            0.0,
+        );
+        rand(
+            p("self_attn.v_proj.weight"),
+            &[kv_heads * head_dim, hidden],
+            w,
+            0.0,
+        );
+        rand(
+            p("self_attn.o_proj.weight"),
+            &[hidden, heads * head_dim],
+            w,
+            0.0,
+        );
         if arch == "qwen2" {
             rand(p("self_attn.q_proj.bias"), &[heads * head_dim], 0.1, 0.0);
             rand(p("self_attn.k_proj.bias"), &[kv_heads * head_dim], 0.1, 0.0);
@@ -35,17 +63,32 @@ pub fn write_tiny_model(dir: &Path, arch: &str, seed: u64, context: usize) {
         }
         rand(p("mlp.gate_proj.weight"), &[ffn, hidden], w, 0.0);
         rand(p("mlp.up_proj.weight"), &[ffn, hidden], w, 0.0);
-        rand(p("mlp.down_proj.weight"), &[hidden, ffn], 1.0 / (ffn as f32).sqrt(), 0.0);
+        rand(
+            p("mlp.down_proj.weight"),
+            &[hidden, ffn],
+            1.0 / (ffn as f32).sqrt(),
+            0.0,
+        );
         rand(p("input_layernorm.weight"), &[hidden], 0.2, 1.0);
         rand(p("post_attention_layernorm.weight"), &[hidden], 0.2, 1.0);
     }
     rand("model.norm.weight".into(), &[hidden], 0.2, 1.0);
     let tie = arch != "llama";
     if !tie {
-        rand("lm_head.weight".into(), &[vocab, hidden], 1.0 / (hidden as f32).sqrt(), 0.0);
+        rand(
+            "lm_head.weight".into(),
+            &[vocab, hidden],
+            1.0 / (hidden as f32).sqrt(),
+            0.0,
+        );
     }
     std::fs::create_dir_all(dir).unwrap();
-    Array::save_safetensors(tensors.iter().map(|(n, a)| (n.as_str(), a)), None, dir.join("model.safetensors")).unwrap();
+    Array::save_safetensors(
+        tensors.iter().map(|(n, a)| (n.as_str(), a)),
+        None,
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
     let config = serde_json::json!({
         "model_type": arch,
         "hidden_size": hidden,
@@ -63,7 +106,9 @@ pub fn write_tiny_model(dir: &Path, arch: &str, seed: u64, context: usize) {
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     // A word-level tokenizer: token i is the word `w{i}`.
-    let vocab_map: serde_json::Map<String, serde_json::Value> = (0..vocab).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let vocab_map: serde_json::Map<String, serde_json::Value> = (0..vocab)
+        .map(|i| (format!("w{i}"), serde_json::json!(i)))
+        .collect();
     let tokenizer = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
@@ -96,5 +141,8 @@ pub fn host(a: &Array) -> Vec<f32> {
 /// Largest absolute difference.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }

@@ -1,0 +1,293 @@
+//! `cargo xtask bench inference`: shoal against mlx-lm on the SmolLM2 fixture.
+//!
+//! Same weights (the fixture dequantized to f32, exported as a Hugging Face folder for
+//! mlx-lm), same 128 prompt token ids, 128 generated tokens, greedy, end-of-text ignored,
+//! same threads. mlx-lm runs from a venv this command makes (`pip install 'mlx[cpu]' mlx-lm`)
+//! with the system OpenBLAS preloaded, in its fastest configuration (f32) and its default
+//! one (bf16, the dtype of the published checkpoint). Medians of `SHOAL_BENCH_RUNS` rounds
+//! (default 3); each round runs every contender once, interleaved, so background load hits
+//! them alike. llama.cpp's `llama-bench` is measured too when it is on PATH.
+
+use crate::paths::{cache_dir, default_model, target_dir};
+use crate::util::{command_exists, run};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PROMPT_TOKENS: usize = 128;
+const GENERATED_TOKENS: usize = 128;
+
+const MLX_LM_SCRIPT: &str = r#"
+import json, resource, sys, time
+from pathlib import Path
+import mlx.core as mx
+from mlx_lm.utils import load_model
+from mlx_lm.generate import generate_step
+
+path, dtype, ids_file, gen = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+loaded = load_model(Path(path))
+model = loaded[0] if isinstance(loaded, tuple) else loaded
+if dtype == "bf16":
+    model.set_dtype(mx.bfloat16)
+mx.eval(model.parameters())
+prompt = mx.array(json.loads(Path(ids_file).read_text()))
+start = time.perf_counter()
+n = 0
+for token, _ in generate_step(prompt, model, max_tokens=gen):
+    if n == 0:
+        prompt_time = time.perf_counter() - start
+        decode_start = time.perf_counter()
+    n += 1
+decode_time = time.perf_counter() - decode_start
+print(json.dumps({
+    "prompt_tokens": int(prompt.size),
+    "prompt_tps": int(prompt.size) / prompt_time,
+    "generation_tokens": n,
+    "generation_tps": (n - 1) / decode_time,
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+}))
+"#;
+
+/// One measurement.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    prompt_tps: f64,
+    generation_tps: f64,
+    peak_rss_mb: f64,
+}
+
+/// Reads `"key": number` from a one-line JSON object (enough for the lines we print).
+fn json_number(line: &str, key: &str) -> Option<f64> {
+    let at = line.find(&format!("\"{key}\""))? + key.len() + 2;
+    let rest = line[at..].trim_start().strip_prefix(':')?.trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | 'E' | '+')))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+fn measure(cmd: &mut Command) -> Result<Figures, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| {
+            format!(
+                "{:?} printed no figures; stderr:\n{}",
+                cmd.get_program(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    let get = |k| json_number(line, k).ok_or_else(|| format!("no `{k}` in {line}"));
+    Ok(Figures {
+        prompt_tps: get("prompt_tps")?,
+        generation_tps: get("generation_tps")?,
+        peak_rss_mb: get("peak_rss_mb").unwrap_or(0.0),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+fn openblas_library() -> Option<PathBuf> {
+    [
+        "/lib/x86_64-linux-gnu/libopenblas.so.0",
+        "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+        "/lib/aarch64-linux-gnu/libopenblas.so.0",
+        "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+}
+
+fn mlx_lm_venv(bench: &Path) -> Result<PathBuf, String> {
+    let venv = bench.join("mlx-lm-venv");
+    let python = venv.join("bin").join("python");
+    let ok = Command::new(&python)
+        .args(["-c", "import mlx_lm, mlx.core"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!(
+            "bench: creating a venv with mlx-lm in {} ...",
+            venv.display()
+        );
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        run(Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet", "mlx[cpu]", "mlx-lm"]))?;
+    }
+    Ok(python)
+}
+
+/// Runs the benchmark and prints the table.
+pub fn bench_inference() -> Result<(), String> {
+    crate::setup::setup()?;
+    let model = default_model();
+    eprintln!("bench: building shoal and the exporter (release) ...");
+    run(crate::cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "shoal",
+        "--bin",
+        "shoal",
+        "--package",
+        "inference",
+        "--example",
+        "export_hf",
+    ]))?;
+    let release = target_dir().join("release");
+    let shoal = release.join("shoal");
+    let bench = cache_dir().join("bench");
+    std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
+    let folder = bench.join("smollm2-f32");
+    if !folder.join("model.safetensors").exists() {
+        eprintln!("bench: exporting the fixture as a Hugging Face folder for mlx-lm ...");
+        run(Command::new(release.join("examples").join("export_hf"))
+            .arg(&model)
+            .arg(&folder)
+            .arg("f32"))?;
+    }
+    // Fixed, spread-out token ids (as mlx-lm's own benchmark uses arbitrary ids).
+    let ids: Vec<String> = (0..PROMPT_TOKENS)
+        .map(|i| ((i * 7919) % 48000 + 100).to_string())
+        .collect();
+    let ids_file = bench.join("prompt-ids.json");
+    std::fs::write(&ids_file, format!("[{}]", ids.join(","))).map_err(|e| e.to_string())?;
+    let script = bench.join("bench_mlx_lm.py");
+    std::fs::write(&script, MLX_LM_SCRIPT).map_err(|e| e.to_string())?;
+    let mlx_python = match mlx_lm_venv(&bench) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("bench: mlx-lm is unavailable ({e}); measuring shoal alone");
+            None
+        }
+    };
+    let openblas = openblas_library();
+    let runs: usize = std::env::var("SHOAL_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3);
+    let gen = GENERATED_TOKENS.to_string();
+
+    type Contender = (&'static str, Box<dyn Fn() -> Command>);
+    let mut contenders: Vec<Contender> = vec![(
+        "shoal (no flags: f32 on CPU)",
+        Box::new({
+            let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
+            move || {
+                let mut c = Command::new(&shoal);
+                c.args([
+                    "generate",
+                    "--model",
+                    "default",
+                    "--ignore-eos",
+                    "--json-stats",
+                    "--max-tokens",
+                    &gen,
+                    "--token-ids",
+                ])
+                .arg(&ids_file);
+                c
+            }
+        }),
+    )];
+    if let Some(py) = &mlx_python {
+        for (label, dtype) in [
+            ("mlx-lm f32 + OpenBLAS (fastest)", "f32"),
+            ("mlx-lm bf16 (default)", "bf16"),
+        ] {
+            let (py, script, folder, ids_file, gen, openblas) = (
+                py.clone(),
+                script.clone(),
+                folder.clone(),
+                ids_file.clone(),
+                gen.clone(),
+                openblas.clone(),
+            );
+            contenders.push((
+                label,
+                Box::new(move || {
+                    let mut c = Command::new(&py);
+                    c.arg(&script)
+                        .arg(&folder)
+                        .arg(dtype)
+                        .arg(&ids_file)
+                        .arg(&gen);
+                    if let Some(lib) = &openblas {
+                        c.env("LD_PRELOAD", lib);
+                    }
+                    c
+                }),
+            ));
+        }
+    }
+    let mut results: Vec<Vec<Figures>> = vec![Vec::new(); contenders.len()];
+    for round in 1..=runs {
+        for (i, (label, make)) in contenders.iter().enumerate() {
+            eprintln!("bench: round {round}/{runs}: {label} ...");
+            results[i].push(measure(&mut make())?);
+        }
+    }
+    let threads = std::env::var("OPENBLAS_NUM_THREADS").unwrap_or_else(|_| "default".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    println!();
+    println!("SmolLM2-135M-Instruct (Q4_1 GGUF, run as f32), {PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} generated, greedy, EOS ignored");
+    println!("median of {runs} interleaved rounds; {cores} cores; OPENBLAS_NUM_THREADS={threads}");
+    println!(
+        "{:<34} {:>13} {:>13} {:>12} {:>16}",
+        "", "prompt tok/s", "gen tok/s", "peak RSS MB", "shoal gen ratio"
+    );
+    let shoal_gen = median(results[0].iter().map(|f| f.generation_tps).collect());
+    for ((label, _), figs) in contenders.iter().zip(&results) {
+        let p = median(figs.iter().map(|f| f.prompt_tps).collect());
+        let g = median(figs.iter().map(|f| f.generation_tps).collect());
+        let m = median(figs.iter().map(|f| f.peak_rss_mb).collect());
+        println!(
+            "{label:<34} {p:>13.1} {g:>13.2} {m:>12.0} {:>15.2}x",
+            shoal_gen / g
+        );
+    }
+    if command_exists("llama-bench") {
+        let out = Command::new("llama-bench")
+            .args(["-m"])
+            .arg(&model)
+            .args(["-p", &PROMPT_TOKENS.to_string(), "-n", &gen, "-o", "md"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        println!(
+            "\nllama.cpp (llama-bench, 4-bit weights as stored):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    } else {
+        println!("llama.cpp: llama-bench not on PATH (for reference, 2 cores: about 290 tok/s prompt, 110 tok/s generation on the 4-bit file)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_read_from_json_lines() {
+        let line = r#"{"generation_tps":16.5,"peak_rss_mb": 594.7, "prompt_tps":2.7e2}"#;
+        assert_eq!(json_number(line, "generation_tps"), Some(16.5));
+        assert_eq!(json_number(line, "peak_rss_mb"), Some(594.7));
+        assert_eq!(json_number(line, "prompt_tps"), Some(270.0));
+        assert_eq!(json_number(line, "missing"), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+    }
+}
