@@ -174,3 +174,85 @@ fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
     assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Multicast switched off on every link: `--peer` alone joins the nodes. Then a copy of
+/// node 1's data directory started as a third node is found to share node 1's identity and
+/// exits (status 3) while the others keep running.
+#[test]
+fn static_peers_without_multicast_and_duplicate_identity() {
+    if let Err(why) = netns::available() {
+        eprintln!("skipping the static-peer test: {why}");
+        return;
+    }
+    let prefix = format!("shoalp{}", std::process::id());
+    let spec = Spec {
+        nodes: 3,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let net = Netns::create(&prefix, &spec).expect("create namespaces");
+    for node in &net.nodes {
+        let ok = std::process::Command::new("ip")
+            .args(["-n", &node.netns, "link", "set", "eth0", "multicast", "off"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "cannot switch multicast off");
+    }
+    let dir = std::env::temp_dir().join(&prefix);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut nodes: Vec<ShoalNode> = net
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
+        .collect();
+    let logs = |nodes: &[ShoalNode]| {
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("--- node {} ---\n{}", i + 1, n.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    nodes[0].start();
+    let first = wait_for(Duration::from_secs(60), || nodes[0].state());
+    let Some((state, _)) = first else {
+        panic!("node 1 did not come up\n{}", logs(&nodes));
+    };
+    let id1 = node_id(&state);
+    nodes[1].extra_args = vec!["--peer".into(), format!("{id1}@10.99.0.1:52416")];
+    nodes[1].start();
+    let pair: Vec<&ShoalNode> = nodes[..2].iter().collect();
+    let Some((states, took)) = wait_for(Duration::from_secs(30), || agreed(&pair, 2)) else {
+        panic!("--peer did not join the nodes\n{}", logs(&nodes));
+    };
+    eprintln!("joined by --peer in {took:?}");
+    let id2 = node_id(&states[1]);
+
+    // A copied data directory: same key as node 1.
+    std::fs::create_dir_all(&nodes[2].data_dir).unwrap();
+    std::fs::copy(
+        nodes[0].data_dir.join("node.key"),
+        nodes[2].data_dir.join("node.key"),
+    )
+    .unwrap();
+    nodes[2].extra_args = vec!["--peer".into(), format!("{id2}@10.99.0.2:52416")];
+    nodes[2].start();
+    let exited = wait_for(Duration::from_secs(40), || nodes[2].exit_code());
+    let Some((code, took)) = exited else {
+        panic!("the copy of node 1 did not exit\n{}", logs(&nodes));
+    };
+    eprintln!("duplicate identity detected; the newer process exited after {took:?}");
+    assert_eq!(code, Some(3), "{}", logs(&nodes));
+    assert!(nodes[2].log_tail().contains("already uses this identity"));
+    assert!(
+        nodes[0].exit_code().is_none(),
+        "the original node must keep running"
+    );
+    assert!(nodes[1].exit_code().is_none());
+    drop(nodes);
+    drop(net);
+    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}

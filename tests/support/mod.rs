@@ -27,6 +27,8 @@ pub struct ShoalNode {
     pub data_dir: PathBuf,
     /// Its log file (stderr and stdout).
     pub log: PathBuf,
+    /// Extra `shoal` arguments (e.g. `--peer`).
+    pub extra_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -37,6 +39,7 @@ impl ShoalNode {
             node,
             data_dir: dir.join(format!("n{index}")),
             log: dir.join(format!("n{index}.log")),
+            extra_args: Vec::new(),
             child: None,
         }
     }
@@ -54,6 +57,7 @@ impl ShoalNode {
             .command(shoal_bin())
             .args(["--api-port", &API_PORT.to_string(), "--data-dir"])
             .arg(&self.data_dir)
+            .args(&self.extra_args)
             .env("RUST_LOG", "info,mesh=debug")
             .stdin(Stdio::null())
             .stdout(log)
@@ -61,6 +65,12 @@ impl ShoalNode {
             .spawn()
             .expect("start shoal");
         self.child = Some(child);
+    }
+
+    /// The exit status if the process has ended.
+    pub fn exit_code(&mut self) -> Option<Option<i32>> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        Some(status.code())
     }
 
     /// SIGKILL: a crash, no goodbye.

@@ -1,13 +1,13 @@
 //! The iroh driver: one [`Mesh`] per node process. It binds an iroh endpoint with relays, n0
 //! DNS/pkarr and the port mapper off, announces itself by mDNS on every interface, joins the
-//! namespace's gossip topic (fresh changes) and runs anti-entropy on [`SYNC_ALPN`], feeding a
+//! namespace's gossip topic (fresh changes) and runs anti-entropy on [`sync_alpn`], feeding a
 //! [`Replica`] that holds the state.
 
 pub mod discovery;
 pub mod identity;
 pub mod sync;
 
-pub use sync::SYNC_ALPN;
+pub use sync::{sync_alpn, SYNC_ALPN};
 
 use crate::id::NodeId;
 use crate::record::{Authority, Signature};
@@ -109,6 +109,7 @@ pub(crate) struct Inner {
     gossip: GossipSender,
     connections: tokio::sync::Mutex<BTreeMap<NodeId, Connection>>,
     events: broadcast::Sender<Event>,
+    alpn: Vec<u8>,
 }
 
 impl Inner {
@@ -144,7 +145,7 @@ impl Inner {
         let key = PublicKey::from_bytes(peer.as_bytes()).context("peer id is not a key")?;
         let connection = self
             .endpoint
-            .connect(EndpointAddr::new(key), SYNC_ALPN)
+            .connect(EndpointAddr::new(key), &self.alpn)
             .await
             .with_context(|| format!("cannot connect to {}", peer.short()))?;
         cache.insert(peer, connection.clone());
@@ -184,7 +185,7 @@ pub struct Mesh {
     id: NodeId,
     router: Router,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    _discovery: discovery::Discovery,
+    _discovery: Option<discovery::Discovery>,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -292,11 +293,12 @@ impl Mesh {
             gossip: sender,
             connections: tokio::sync::Mutex::new(BTreeMap::new()),
             events,
+            alpn: sync_alpn(&options.namespace),
         });
         let router = Router::builder(endpoint.clone())
             .accept(iroh_gossip::ALPN, gossip.clone())
             .accept(
-                SYNC_ALPN,
+                sync_alpn(&options.namespace),
                 sync::SyncHandler {
                     inner: inner.clone(),
                 },
@@ -362,7 +364,15 @@ impl Mesh {
             }
         }));
         // Discovery and static peers.
-        let (discovery, mut found) = discovery::start(&options.namespace, id, port)?;
+        let (discovery, mut found) = match discovery::start(&options.namespace, id, port) {
+            Ok(started) => (Some(started.0), started.1),
+            Err(e) => {
+                tracing::warn!(
+                    "mDNS discovery is off ({e:#}); only --peer addresses will be dialed"
+                );
+                (None, tokio::sync::mpsc::unbounded_channel().1)
+            }
+        };
         tasks.push(tokio::spawn({
             let inner = inner.clone();
             let statics = options.peers.clone();
@@ -472,6 +482,13 @@ impl Mesh {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespaces_get_their_own_sync_alpn() {
+        assert_ne!(sync_alpn("shoal"), sync_alpn("lab"));
+        assert!(sync_alpn("shoal").starts_with(SYNC_ALPN));
+        assert_eq!(sync_alpn("shoal"), sync_alpn("shoal"));
+    }
 
     #[test]
     fn static_peers_parse() {

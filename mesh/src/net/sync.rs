@@ -11,8 +11,19 @@ use iroh::protocol::{AcceptError, ProtocolHandler};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// ALPN of the anti-entropy protocol.
-pub const SYNC_ALPN: &[u8] = b"shoal/mesh-sync/1";
+/// ALPN prefix of the anti-entropy protocol; [`sync_alpn`] appends the namespace's topic.
+pub const SYNC_ALPN: &[u8] = b"shoal/mesh-sync/1/";
+
+/// The anti-entropy ALPN of a cluster namespace: a node given a `--peer` of another cluster
+/// fails the handshake instead of merging two clusters' states.
+pub fn sync_alpn(namespace: &str) -> Vec<u8> {
+    let topic = super::topic_of(namespace);
+    let mut alpn = SYNC_ALPN.to_vec();
+    for byte in &topic.as_bytes()[..8] {
+        alpn.extend(format!("{byte:02x}").as_bytes());
+    }
+    alpn
+}
 
 /// How long one exchange may take before it is abandoned.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(3);
