@@ -40,7 +40,7 @@ pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 /// How long a deleted instance's runner gets to exit before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// What the node knows beyond its own instances: supplied by the mesh, or by [`LocalOnly`].
+/// What the node knows beyond its own instances: supplied by the mesh (or a lone test node).
 pub trait NodeContext: Send + Sync + 'static {
     /// This node's id (`GET /node_id`).
     fn node_id(&self) -> String;
@@ -49,12 +49,14 @@ pub trait NodeContext: Send + Sync + 'static {
     fn state(&self, local: Value) -> Value;
 }
 
-/// A node on its own: its id, and a state made of its own instances.
+/// A node on its own (tests): its id, and a state made of its own instances.
+#[cfg(test)]
 #[derive(Debug, Clone)]
 pub struct LocalOnly {
     node_id: String,
 }
 
+#[cfg(test)]
 impl LocalOnly {
     /// A lone node with this id.
     pub fn new(node_id: impl Into<String>) -> LocalOnly {
@@ -64,6 +66,7 @@ impl LocalOnly {
     }
 }
 
+#[cfg(test)]
 impl NodeContext for LocalOnly {
     fn node_id(&self) -> String {
         self.node_id.clone()

@@ -4,7 +4,7 @@
 
 use crate::backend::NodeContext;
 use crate::NodeArgs;
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use mesh::net::DEFAULT_MESH_PORT;
 use mesh::profile::{NodeProfile, PROFILE_KEY};
 use mesh::{Config, Event, Mesh, MeshOptions, StaticPeer};

@@ -1,7 +1,7 @@
 //! Serving on one node: the HTTP gateway over [`NodeBackend`], with `--model` placed on this
 //! node at start. The mesh-aware node (src/node.rs) calls into the same pieces.
 
-use crate::backend::{LocalOnly, NodeBackend, NodeContext};
+use crate::backend::{NodeBackend, NodeContext};
 use crate::supervisor::RunnerCommand;
 use crate::NodeArgs;
 use anyhow::Context;
@@ -21,18 +21,9 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
     Ok(command)
 }
 
-/// Serves the gateway on `0.0.0.0:api_port` with this node alone (no mesh), placing
-/// `args.model` at start, until `shutdown` fires; then stops the runners.
-pub async fn serve_local(
-    args: &NodeArgs,
-    node_id: String,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let context: Arc<dyn NodeContext> = Arc::new(LocalOnly::new(node_id));
-    serve_with(args, context, shutdown).await
-}
-
-/// Like [`serve_local`], with the node id and state supplied by `context` (the mesh).
+/// Serves the gateway on `0.0.0.0:api_port`, placing `args.model` on this node at start,
+/// with the node id and state supplied by `context` (the mesh), until `shutdown` fires; then
+/// stops the runners.
 pub async fn serve_with(
     args: &NodeArgs,
     context: Arc<dyn NodeContext>,
@@ -116,14 +107,4 @@ pub fn shutdown_on_signals() -> CancellationToken {
         fire.cancel();
     });
     token
-}
-
-/// A node id until the mesh gives nodes their iroh identity: `local-HOSTNAME`.
-pub fn local_node_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "node".into());
-    format!("local-{host}")
 }

@@ -108,6 +108,9 @@ fn bench(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
         Some("inference") => bench_inference::bench_inference(),
-        _ => Err("bench: say what to measure: `cargo xtask bench mesh` or `cargo xtask bench inference`".into()),
+        _ => Err(
+            "bench: say what to measure: `cargo xtask bench mesh` or `cargo xtask bench inference`"
+                .into(),
+        ),
     }
 }
