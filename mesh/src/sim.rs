@@ -9,7 +9,7 @@ use crate::id::NodeId;
 use crate::record::SimAuthority;
 use crate::replica::{Config, Event, Replica};
 use crate::rng::Rng;
-use crate::transport::Transport;
+use crate::transport::Outbox;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -81,22 +81,6 @@ enum Delivery {
         node: usize,
         generation: u64,
     },
-}
-
-#[derive(Default)]
-struct Outbox {
-    broadcasts: Vec<Vec<u8>>,
-    syncs: Vec<(NodeId, Vec<u8>)>,
-}
-
-impl Transport for Outbox {
-    fn broadcast(&mut self, message: Vec<u8>) {
-        self.broadcasts.push(message);
-    }
-
-    fn sync(&mut self, peer: NodeId, syn: Vec<u8>) {
-        self.syncs.push((peer, syn));
-    }
 }
 
 struct SimNode {

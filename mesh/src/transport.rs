@@ -13,3 +13,23 @@ pub trait Transport {
     /// [`crate::Replica::on_synack`] and deliver that answer back to it.
     fn sync(&mut self, peer: NodeId, syn: Vec<u8>);
 }
+
+/// A [`Transport`] that collects what one tick produced, for a driver to send afterwards
+/// (the iroh driver and the simulator both work this way).
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// Messages for the gossip topic.
+    pub broadcasts: Vec<Vec<u8>>,
+    /// Anti-entropy exchanges to start: the peer and the opening message.
+    pub syncs: Vec<(NodeId, Vec<u8>)>,
+}
+
+impl Transport for Outbox {
+    fn broadcast(&mut self, message: Vec<u8>) {
+        self.broadcasts.push(message);
+    }
+
+    fn sync(&mut self, peer: NodeId, syn: Vec<u8>) {
+        self.syncs.push((peer, syn));
+    }
+}

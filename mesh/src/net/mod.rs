@@ -12,7 +12,7 @@ pub use sync::{sync_alpn, SYNC_ALPN};
 use crate::id::NodeId;
 use crate::record::{Authority, Signature};
 use crate::replica::{Config, Event, Replica};
-use crate::transport::Transport;
+use crate::transport::Outbox;
 use anyhow::Context;
 use iroh::address_lookup::MemoryLookup;
 use iroh::endpoint::{presets, Connection};
@@ -160,22 +160,6 @@ impl Inner {
             }
             self.lookup.add_endpoint_info(addr);
         }
-    }
-}
-
-#[derive(Default)]
-struct Outbox {
-    broadcasts: Vec<Vec<u8>>,
-    syncs: Vec<(NodeId, Vec<u8>)>,
-}
-
-impl Transport for Outbox {
-    fn broadcast(&mut self, message: Vec<u8>) {
-        self.broadcasts.push(message);
-    }
-
-    fn sync(&mut self, peer: NodeId, syn: Vec<u8>) {
-        self.syncs.push((peer, syn));
     }
 }
 
