@@ -257,7 +257,8 @@ fn load(
             }
         })
     };
-    let format = format.unwrap_or_else(WeightFormat::default_for_backend);
+    let format = format
+        .unwrap_or_else(|| WeightFormat::choose(&opened.config, &range, opened.bytes_on_disk));
     let result = ModelShard::load(
         &opened.config,
         range,
