@@ -81,7 +81,7 @@ pub fn open_model(path: &Path) -> Result<OpenedModel> {
 pub struct LoadOptions {
     /// Layers to hold (default: all).
     pub layers: Option<Range<usize>>,
-    /// Weight representation (default: [`WeightFormat::default_for_backend`]).
+    /// Weight representation (default: [`WeightFormat::choose`]).
     pub format: Option<WeightFormat>,
 }
 
@@ -98,7 +98,7 @@ pub fn load_shard(
         .unwrap_or(0..opened.config.num_layers);
     let format = options
         .format
-        .unwrap_or_else(WeightFormat::default_for_backend);
+        .unwrap_or_else(|| WeightFormat::choose(&opened.config, &range, opened.bytes_on_disk));
     let shard = ModelShard::load(
         &opened.config,
         range,

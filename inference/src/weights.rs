@@ -64,6 +64,43 @@ impl WeightFormat {
         }
     }
 
+    /// The form to load layers `range` of a model in when the caller did not choose: the
+    /// backend's fastest ([`Self::default_for_backend`]) if its f32 weights take at most 60% of
+    /// the memory available now; otherwise the stored quantization (when the file on disk,
+    /// `bytes_on_disk`, is much smaller than f32) or bf16.
+    pub fn choose(
+        config: &ModelConfig,
+        range: &std::ops::Range<usize>,
+        bytes_on_disk: u64,
+    ) -> WeightFormat {
+        let preferred = Self::default_for_backend();
+        if preferred != WeightFormat::F32 || std::env::var_os(Self::ENV).is_some() {
+            return preferred;
+        }
+        let embed = (config.vocab_size * config.hidden_size) as u64;
+        let f32_bytes = 4 * (config.layer_parameters() as u64 * range.len() as u64 + 2 * embed);
+        let whole_f32 =
+            4 * (config.layer_parameters() as u64 * config.num_layers as u64 + 2 * embed);
+        match available_memory_bytes() {
+            Some(avail) if f32_bytes > avail / 10 * 6 => {
+                let stored_quantized = bytes_on_disk < whole_f32 / 3;
+                let fallback = if stored_quantized {
+                    WeightFormat::Quantized
+                } else {
+                    WeightFormat::Bf16
+                };
+                tracing::warn!(
+                    f32_mb = f32_bytes >> 20,
+                    available_mb = avail >> 20,
+                    ?fallback,
+                    "f32 weights would not fit in memory"
+                );
+                fallback
+            }
+            _ => WeightFormat::F32,
+        }
+    }
+
     /// The dtype of activations and dense weights.
     pub fn compute_dtype(self) -> Dtype {
         match self {
@@ -74,6 +111,14 @@ impl WeightFormat {
             WeightFormat::Quantized => Dtype::Float32,
         }
     }
+}
+
+/// Memory available to new allocations (Linux `MemAvailable`), if known.
+pub fn available_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Something that yields tensors by Hugging Face name.
@@ -356,5 +401,56 @@ impl TensorSource for SafetensorsSource {
                 }))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Architecture, RopeScaling};
+
+    fn config(hidden: usize, layers: usize) -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Llama,
+            hidden_size: hidden,
+            num_layers: layers,
+            intermediate_size: 4 * hidden,
+            num_heads: 8,
+            num_kv_heads: 8,
+            head_dim: hidden / 8,
+            vocab_size: 32000,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            max_position_embeddings: 4096,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            qk_norm: false,
+            quantization: None,
+        }
+    }
+
+    #[test]
+    fn f32_unless_it_does_not_fit() {
+        if std::env::var_os(WeightFormat::ENV).is_some() || cfg!(target_vendor = "apple") {
+            return; // the override (or the GPU default) decides; nothing to check here
+        }
+        let small = config(64, 2);
+        assert_eq!(
+            WeightFormat::choose(&small, &(0..2), 1 << 20),
+            WeightFormat::F32
+        );
+        // 4000 layers of width 8192 is about 13 TB in f32: no machine has that free.
+        let huge = config(8192, 4000);
+        assert_eq!(
+            WeightFormat::choose(&huge, &(0..4000), 1 << 40),
+            WeightFormat::Quantized
+        );
+        assert_eq!(
+            WeightFormat::choose(&huge, &(0..4000), 1 << 50),
+            WeightFormat::Bf16
+        );
+        assert_eq!("BF16".parse::<WeightFormat>().unwrap(), WeightFormat::Bf16);
+        assert!("int3".parse::<WeightFormat>().is_err());
     }
 }

@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Internal marker: the timeout was already reported as `failed`.
+const LOAD_TIMED_OUT: &str = "model loading timed out";
+
 /// Environment variable with the base load timeout in seconds.
 pub const LOAD_TIMEOUT_ENV: &str = "SHOAL_MODEL_LOAD_TIMEOUT";
 
@@ -156,6 +159,7 @@ pub fn serve(
                 }
                 match load(&out, Path::new(&model), layers, format, &options) {
                     Ok(e) => engine = Some(e),
+                    Err(reason) if reason == LOAD_TIMED_OUT => return 3,
                     Err(reason) => return fail(&out, reason),
                 }
             }
@@ -232,32 +236,40 @@ fn load(
     let shard_bytes = opened.bytes_on_disk * range.len().min(opened.config.num_layers) as u64
         / opened.config.num_layers.max(1) as u64;
     let timeout = load_timeout(options.load_timeout_base, shard_bytes);
-    let done = Arc::new(AtomicBool::new(false));
-    let watchdog = {
-        let done = done.clone();
+    // Whoever settles first wins: the loader (finished in time) or the timeout (reported by
+    // the watchdog while the load is stuck, or by the loader if it finished too late).
+    let started = Instant::now();
+    let settled = Arc::new(AtomicBool::new(false));
+    let time_out = {
         let out = out.clone();
+        let settled = settled.clone();
         let on_timeout = options.on_load_timeout.clone();
+        move || {
+            if !settled.swap(true, Ordering::SeqCst) {
+                let reason = format!("model loading timed out after {} s", timeout.as_secs());
+                send(&out, &Event::State(RunnerState::Failed { reason }));
+                on_timeout();
+                true
+            } else {
+                false
+            }
+        }
+    };
+    let watchdog = {
+        let settled = settled.clone();
+        let time_out = time_out.clone();
         std::thread::spawn(move || {
-            let start = Instant::now();
-            while !done.load(Ordering::SeqCst) {
-                if start.elapsed() >= timeout {
-                    send(
-                        &out,
-                        &Event::State(RunnerState::Failed {
-                            reason: format!(
-                                "model loading timed out after {} s",
-                                timeout.as_secs()
-                            ),
-                        }),
-                    );
-                    on_timeout();
+            while !settled.load(Ordering::SeqCst) {
+                if started.elapsed() >= timeout {
+                    time_out();
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
         })
     };
-    let format = format.unwrap_or_else(WeightFormat::default_for_backend);
+    let format = format
+        .unwrap_or_else(|| WeightFormat::choose(&opened.config, &range, opened.bytes_on_disk));
     let result = ModelShard::load(
         &opened.config,
         range,
@@ -270,8 +282,12 @@ fn load(
             );
         },
     );
-    done.store(true, Ordering::SeqCst);
+    let late = started.elapsed() >= timeout && time_out();
+    let timed_out = late || settled.swap(true, Ordering::SeqCst);
     let _ = watchdog.join();
+    if timed_out {
+        return Err(LOAD_TIMED_OUT.into());
+    }
     let model = result.map_err(|e| e.to_string())?;
     send(out, &Event::State(RunnerState::Loaded));
     let engine = Engine {
