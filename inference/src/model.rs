@@ -9,11 +9,25 @@ use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::{KvCache, LayerCache};
 use crate::linear::{Linear, Matrix};
+use crate::ring::RingGroup;
 use crate::rope::Rope;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{nn, ops, Array, Dtype};
 use std::ops::Range;
+use std::sync::Arc;
+
+mod tensor_parallel;
+
+/// Adds up a row-parallel projection's partial results over the tensor-parallel ring.
+fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
+    match reduce {
+        Some(group) => group
+            .all_sum(&partial)
+            .map_err(|e| InferenceError::Mlx(e.to_string())),
+        None => Ok(partial),
+    }
+}
 
 /// Multi-head attention with grouped keys/values, RoPE and optional per-head Q/K norms.
 #[derive(Debug, Clone)]
@@ -29,6 +43,9 @@ pub struct Attention {
     head_dim: i32,
     eps: f32,
     rope: Rope,
+    /// Tensor parallel: the ring whose ranks each hold a slice of the heads; the output
+    /// projection's partial sums are added up over it.
+    reduce: Option<Arc<RingGroup>>,
 }
 
 impl Attention {
@@ -60,7 +77,7 @@ impl Attention {
         let o =
             o.transpose_axes(&[0, 2, 1, 3])?
                 .reshape(&[b, l, self.num_heads * self.head_dim])?;
-        self.o_proj.forward(&o)
+        all_sum(self.o_proj.forward(&o)?, &self.reduce)
     }
 }
 
@@ -70,6 +87,8 @@ pub struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// Tensor parallel: see [`Attention`].
+    reduce: Option<Arc<RingGroup>>,
 }
 
 impl Mlp {
@@ -77,7 +96,7 @@ impl Mlp {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let gate = nn::silu(self.gate_proj.forward(x)?)?;
         let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
-        self.down_proj.forward(&h)
+        all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }
 }
 
@@ -202,6 +221,7 @@ impl ModelShard {
                 head_dim: config.head_dim as i32,
                 eps: config.rms_norm_eps,
                 rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
+                reduce: None,
             };
             check_shape(
                 &attention.q_proj.weight,
@@ -227,6 +247,7 @@ impl ModelShard {
                 gate_proj: source.linear(&p("mlp.gate_proj"), format)?,
                 up_proj: source.linear(&p("mlp.up_proj"), format)?,
                 down_proj: source.linear(&p("mlp.down_proj"), format)?,
+                reduce: None,
             };
             check_shape(
                 &mlp.gate_proj.weight,

@@ -124,6 +124,15 @@ pub struct RingGroup {
     size: usize,
 }
 
+impl fmt::Debug for RingGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingGroup")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
 // SAFETY: the group is an immutable handle to MLX's communicator; MLX serialises its use on
 // the stream that runs the collective.
 unsafe impl Send for RingGroup {}

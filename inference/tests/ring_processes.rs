@@ -40,8 +40,7 @@ fn ring_child() {
     let dir = std::env::temp_dir().join(format!("shoal-ring-test-{}", std::process::id()));
     if mode == "lonely" {
         let err = RingGroup::join(&config, &dir, Duration::from_secs(3))
-            .err()
-            .expect("a ring whose neighbour never comes must not form");
+            .expect_err("a ring whose neighbour never comes must not form");
         println!("LONELY {err}");
         // The join thread stays blocked inside MLX; leave without waiting for it.
         std::process::exit(match err {
