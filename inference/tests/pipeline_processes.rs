@@ -7,35 +7,18 @@
 
 mod common;
 
-use common::{max_abs_diff, temp_dir, write_tiny_model};
+use common::{argmax, host, max_abs_diff, run_ranks, smollm2, temp_dir, write_tiny_model};
 use inference::engine::{load_shard, LoadOptions};
 use inference::pipeline::PipelineStage;
 use inference::ring::{RingConfig, RingGroup};
 use inference::ShardInput;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const CHILD_ENV: &str = "SHOAL_PIPELINE_CHILD";
 /// The same f32 operations in the same order on every path; activations cross the ring as f32.
 const TOLERANCE: f32 = 1e-3;
 const DECODE_STEPS: usize = 4;
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn to_host(a: &mlx_rs::Array) -> Vec<f32> {
-    let a = a.reshape(&[-1]).unwrap();
-    a.eval().unwrap();
-    a.as_slice::<f32>().to_vec()
-}
 
 #[test]
 fn pipeline_child() {
@@ -87,12 +70,12 @@ fn pipeline_child() {
     let mut tokens = prompt.clone();
     let mut generated = Vec::new();
     for step in 0..=DECODE_STEPS {
-        let want = to_host(
+        let want = host(
             &whole
                 .forward(ShardInput::Tokens(&tokens), &mut cache, true)
                 .unwrap(),
         );
-        let got = to_host(&stage.forward(&tokens).unwrap());
+        let got = host(&stage.forward(&tokens).unwrap());
         let diff = max_abs_diff(&want, &got);
         assert!(diff < TOLERANCE, "step {step}: logits differ by {diff}");
         worst = worst.max(diff);
@@ -103,9 +86,9 @@ fn pipeline_child() {
     }
     // A second request after a reset starts from an empty cache again.
     stage.reset().unwrap();
-    let again = to_host(&stage.forward(&prompt).unwrap());
+    let again = host(&stage.forward(&prompt).unwrap());
     let mut fresh = whole.new_cache();
-    let want = to_host(
+    let want = host(
         &whole
             .forward(ShardInput::Tokens(&prompt), &mut fresh, true)
             .unwrap(),
@@ -117,49 +100,21 @@ fn pipeline_child() {
 
 fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16) -> String {
     let base = 42000 + (std::process::id() % 400) as u16 * 50 + slot * 8;
-    let size = ranges.split(',').count();
-    let children: Vec<_> = (0..size)
-        .map(|rank| {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "pipeline_child",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(
-                    CHILD_ENV,
-                    format!("{}|{rank}|{base}|{ranges}|{prompt}", model.display()),
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+    let specs: Vec<String> = (0..ranges.split(',').count())
+        .map(|rank| format!("{}|{rank}|{base}|{ranges}|{prompt}", model.display()))
         .collect();
-    let mut report = String::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let marker = if rank == 0 {
-            "RANK 0 OK".to_string()
-        } else {
-            format!("RANK {rank} SERVED {}", DECODE_STEPS + 2)
-        };
-        assert!(
-            out.status.success() && stdout.contains(&marker),
-            "rank {rank} failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if rank == 0 {
-            report = stdout
-                .lines()
-                .find(|l| l.contains("RANK 0 OK"))
-                .unwrap()
-                .to_string();
-        }
+    // Rank 0 drives and checks; the others serve the prefill, the decode steps and the
+    // request after the reset.
+    let outputs = run_ranks("pipeline_child", CHILD_ENV, &specs, "");
+    for (rank, stdout) in outputs.iter().enumerate().skip(1) {
+        let served = format!("RANK {rank} SERVED {}", DECODE_STEPS + 2);
+        assert!(stdout.contains(&served), "rank {rank}: {stdout}");
     }
+    let report = outputs[0]
+        .lines()
+        .find(|l| l.contains("RANK 0 OK"))
+        .unwrap_or_else(|| panic!("rank 0 did not finish: {}", outputs[0]))
+        .to_string();
     eprintln!("{ranges}: {report}");
     report
 }
@@ -178,28 +133,12 @@ fn tiny_qwen3_three_ranks_match_one_node() {
     run_pipeline(&dir, "0-1,1-2,2-4", "3,17,42,5,88", 1);
 }
 
-fn smollm2() -> PathBuf {
-    let cache = std::env::var_os("SHOAL_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/shoal"));
-    let path = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo xtask setup`",
-        path.display()
-    );
-    path
-}
-
-/// "<|im_start|>user\nWhat is the capital of France?" in SmolLM2's vocabulary.
-const SMOLLM2_PROMPT: &str = "1,4093,198,1780,314,260,3575,282,4649,47";
-
 #[test]
 fn smollm2_two_ranks_match_one_node() {
-    run_pipeline(&smollm2(), "0-15,15-30", SMOLLM2_PROMPT, 2);
+    run_pipeline(&smollm2(), "0-15,15-30", common::SMOLLM2_PROMPT, 2);
 }
 
 #[test]
 fn smollm2_three_ranks_match_one_node() {
-    run_pipeline(&smollm2(), "0-10,10-20,20-30", SMOLLM2_PROMPT, 3);
+    run_pipeline(&smollm2(), "0-10,10-20,20-30", common::SMOLLM2_PROMPT, 3);
 }

@@ -7,12 +7,11 @@
 
 mod common;
 
-use common::{max_abs_diff, temp_dir, write_tiny_model};
+use common::{argmax, host, max_abs_diff, run_ranks, smollm2, temp_dir, write_tiny_model};
 use inference::engine::{load_shard, LoadOptions};
 use inference::ring::{RingConfig, RingGroup};
 use inference::ShardInput;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,26 +19,6 @@ const CHILD_ENV: &str = "SHOAL_TP_CHILD";
 /// Partial sums are added in a different order than one matmul adds them: rounding differs.
 const TOLERANCE: f32 = 1e-3;
 const DECODE_STEPS: usize = 3;
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn to_host(a: &mlx_rs::Array) -> Vec<f32> {
-    let a = a
-        .reshape(&[-1])
-        .unwrap()
-        .as_dtype(mlx_rs::Dtype::Float32)
-        .unwrap();
-    a.eval().unwrap();
-    a.as_slice::<f32>().to_vec()
-}
 
 #[test]
 fn tensor_parallel_child() {
@@ -71,12 +50,12 @@ fn tensor_parallel_child() {
     let mut worst = 0.0f32;
     let mut generated = Vec::new();
     for step in 0..=DECODE_STEPS {
-        let want = to_host(
+        let want = host(
             &whole
                 .forward(ShardInput::Tokens(&tokens), &mut whole_cache, true)
                 .unwrap(),
         );
-        let got = to_host(
+        let got = host(
             &sliced
                 .forward(ShardInput::Tokens(&tokens), &mut cache, true)
                 .unwrap(),
@@ -101,34 +80,10 @@ fn tensor_parallel_child() {
 
 fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot: u16) {
     let base = 46000 + (std::process::id() % 300) as u16 * 40 + slot * 8;
-    let children: Vec<_> = (0..size)
-        .map(|rank| {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "tensor_parallel_child",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(
-                    CHILD_ENV,
-                    format!("{}|{rank}|{size}|{base}|{prompt}", model.display()),
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+    let specs: Vec<String> = (0..size)
+        .map(|rank| format!("{}|{rank}|{size}|{base}|{prompt}", model.display()))
         .collect();
-    for (rank, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains(&format!("RANK {rank} OK")),
-            "rank {rank} failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+    for stdout in run_ranks("tensor_parallel_child", CHILD_ENV, &specs, "OK") {
         if let Some(line) = stdout.lines().find(|l| l.contains("OK max_diff")) {
             eprintln!("{size} ranks: {line}");
         }
@@ -152,14 +107,5 @@ fn tiny_qwen3_two_ranks_match_one_node() {
 /// SmolLM2 has 9 query and 3 key/value heads: 3 ranks divide both (2 would not).
 #[test]
 fn smollm2_three_ranks_match_one_node() {
-    let cache = std::env::var_os("SHOAL_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/shoal"));
-    let model = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        model.exists(),
-        "{} is missing: run `cargo xtask setup`",
-        model.display()
-    );
-    run_tensor_parallel(&model, 3, "1,4093,198,1780,314,260,3575,282,4649,47", 2);
+    run_tensor_parallel(&smollm2(), 3, common::SMOLLM2_PROMPT, 2);
 }

@@ -146,3 +146,67 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Index of the largest value (the greedy token).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The SmolLM2 fixture that `cargo xtask setup` downloads.
+pub fn smollm2() -> std::path::PathBuf {
+    let cache = std::env::var_os("SHOAL_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/shoal")
+        });
+    let path = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo xtask setup`",
+        path.display()
+    );
+    path
+}
+
+/// "<|im_start|>user\nWhat is the capital of France?" as SmolLM2 token ids.
+pub const SMOLLM2_PROMPT: &str = "1,4093,198,1780,314,260,3575,282,4649,47";
+
+/// Re-runs this test binary once per rank, running only `child_test` with `env_var` set to
+/// that rank's spec, and waits for all of them. Returns each rank's stdout; panics with the
+/// rank's output if one failed or did not print `RANK {rank} {marker}`.
+pub fn run_ranks(child_test: &str, env_var: &str, specs: &[String], marker: &str) -> Vec<String> {
+    let children: Vec<_> = specs
+        .iter()
+        .map(|spec| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([child_test, "--exact", "--nocapture", "--test-threads=1"])
+                .env(env_var, spec)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .enumerate()
+        .map(|(rank, child)| {
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success() && stdout.contains(&format!("RANK {rank} {marker}")),
+                "rank {rank} of {} failed ({}):\n{stdout}\n{}",
+                specs.len(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            stdout
+        })
+        .collect()
+}
