@@ -19,16 +19,6 @@ pub fn default_data_dir() -> PathBuf {
         .join("shoal")
 }
 
-/// Downloads, MLX and the model fixture: `SHOAL_CACHE_DIR`, else `$XDG_CACHE_HOME/shoal`,
-/// else `~/.cache/shoal` (the same rule as `cargo xtask setup`).
-pub fn cache_dir() -> PathBuf {
-    env_dir("SHOAL_CACHE_DIR").unwrap_or_else(|| {
-        env_dir("XDG_CACHE_HOME")
-            .unwrap_or_else(|| home().join(".cache"))
-            .join("shoal")
-    })
-}
-
 /// Optional configuration: `$XDG_CONFIG_HOME/shoal`, else `~/.config/shoal`.
 pub fn config_dir() -> PathBuf {
     env_dir("XDG_CONFIG_HOME")
@@ -36,9 +26,8 @@ pub fn config_dir() -> PathBuf {
         .join("shoal")
 }
 
-/// The SmolLM2-135M-Instruct fixture that setup downloads; `--model default` names it.
+/// The SmolLM2-135M-Instruct fixture that setup downloads; `--model default` names it. The
+/// inference crate owns where models live (`SHOAL_CACHE_DIR`, else the XDG cache).
 pub fn default_model_path() -> PathBuf {
-    cache_dir()
-        .join("models")
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf")
+    inference::Engine::default_model_path()
 }

@@ -160,12 +160,7 @@ pub fn argmax(v: &[f32]) -> u32 {
 
 /// The SmolLM2 fixture that `cargo xtask setup` downloads.
 pub fn smollm2() -> std::path::PathBuf {
-    let cache = std::env::var_os("SHOAL_CACHE_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/shoal")
-        });
-    let path = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = inference::Engine::default_model_path();
     assert!(
         path.exists(),
         "{} is missing: run `cargo xtask setup`",
