@@ -173,6 +173,7 @@ impl Supervisor {
             model: model.to_string(),
             layers: None,
             format: None,
+            sharding: inference::runner::protocol::Sharding::Pipeline,
         });
         let scheduler = Scheduler {
             commands,

@@ -1,7 +1,7 @@
 //! `shoal runner` as a real child process: frames on stdin/stdout, the SmolLM2 fixture, a
 //! failed load, and the load watchdog's exit.
 
-use inference::runner::protocol::{read_frame, write_frame, Command, Event, RunnerState};
+use inference::runner::protocol::{read_frame, write_frame, Command, Event, RunnerState, Sharding};
 use inference::{ChatMessage, GenerateRequest, Prompt};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
@@ -49,6 +49,7 @@ fn runner_process_loads_and_answers() {
             model: fixture(),
             layers: None,
             format: None,
+            sharding: Sharding::Pipeline,
         },
     )
     .unwrap();
@@ -107,6 +108,7 @@ fn runner_process_reports_failures_and_exits() {
             model: "/nonexistent.gguf".into(),
             layers: None,
             format: None,
+            sharding: Sharding::Pipeline,
         },
     )
     .unwrap();
@@ -124,6 +126,7 @@ fn runner_process_reports_failures_and_exits() {
             model: fixture(),
             layers: None,
             format: None,
+            sharding: Sharding::Pipeline,
         },
     )
     .unwrap();

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{temp_dir, write_tiny_model};
-use inference::runner::protocol::{read_frame, write_frame, Command, Event, RunnerState};
+use inference::runner::protocol::{read_frame, write_frame, Command, Event, RunnerState, Sharding};
 use inference::runner::{load_timeout, serve, RunnerOptions};
 use inference::{FinishReason, GenerateRequest, Prompt, WeightFormat};
 use std::io::Write;
@@ -72,6 +72,7 @@ fn load_generate_cancel_and_shutdown() {
         model: dir.display().to_string(),
         layers: None,
         format: Some(WeightFormat::F32),
+        sharding: Sharding::Pipeline,
     });
     let events = r.until(|e| {
         is_state(e, &RunnerState::Ready) || matches!(e, Event::State(RunnerState::Failed { .. }))
@@ -145,7 +146,7 @@ fn load_generate_cancel_and_shutdown() {
     assert_eq!(done.finish_reason, FinishReason::Length);
 
     // A garbled frame is reported and skipped; the runner stays usable.
-    let body = br#"{"v":1,"msg":{"type":"frobnicate"}}"#;
+    let body = br#"{"v":2,"msg":{"type":"frobnicate"}}"#;
     r.commands
         .write_all(&(body.len() as u32).to_le_bytes())
         .unwrap();
@@ -196,6 +197,7 @@ fn a_missing_model_fails_with_a_reason() {
         model: "/nonexistent/model.gguf".into(),
         layers: None,
         format: None,
+        sharding: Sharding::Pipeline,
     });
     let events = r.until(|e| matches!(e, Event::State(RunnerState::Failed { .. })));
     let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else {
@@ -225,6 +227,7 @@ fn the_load_watchdog_reports_a_timeout() {
         model: dir.display().to_string(),
         layers: None,
         format: Some(WeightFormat::F32),
+        sharding: Sharding::Pipeline,
     });
     let events = r.until(|e| matches!(e, Event::State(RunnerState::Failed { .. })));
     let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else {

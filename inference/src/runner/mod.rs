@@ -142,10 +142,39 @@ pub fn serve(
             }
         };
         match cmd {
+            Command::Connect { rank, hosts, .. } => {
+                if hosts.len() == 1 && rank == 0 {
+                    send(&out, &Event::State(RunnerState::Connected));
+                } else {
+                    send(
+                        &out,
+                        &Event::Error {
+                            id: None,
+                            message: format!(
+                                "rank {rank} of a ring of {}: multi-rank runners are not \
+                                 implemented yet",
+                                hosts.len()
+                            ),
+                        },
+                    );
+                }
+            }
+            Command::WarmUp => {
+                send(
+                    &out,
+                    &Event::Error {
+                        id: None,
+                        message: "WarmUp is for ranks of a multi-rank ring; a ring of one \
+                                  warms up while loading"
+                            .into(),
+                    },
+                );
+            }
             Command::Load {
                 model,
                 layers,
                 format,
+                sharding: _,
             } => {
                 if engine.is_some() {
                     send(

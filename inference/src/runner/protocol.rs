@@ -4,14 +4,27 @@
 //! A frame is a 4-byte little-endian length followed by that many bytes of JSON
 //! `{"v": VERSION, "msg": ...}`. Frames larger than [`MAX_FRAME`] and frames of another
 //! version are refused; decoding never panics.
+//!
+//! # Single-rank and multi-rank runners
+//! - **A ring of one** (the whole model in this process): `Load` takes the runner through
+//!   `loading` → `loaded` → `warming_up` → `ready` by itself. `Connect` is optional and answers
+//!   `connected` at once.
+//! - **A ring of n > 1** (one rank of a pipeline- or tensor-parallel instance): the node sends
+//!   `Connect` (→ `connecting` → `connected`, or `failed` naming the neighbour that never came),
+//!   then `Load` (→ `loading` → `loaded`, and no automatic warm-up), then `WarmUp` (→
+//!   `warming_up` → `ready`). The node orders these across ranks with
+//!   `placement::planning::next_action` (ranks below n−1 first, rank n−1 last).
+//!   Only rank 0 accepts `Generate`; the other ranks serve the ring from `WarmUp` on until rank
+//!   0 stops it (a `Shutdown` of rank 0 stops every rank) or a neighbour disappears (→ `failed`).
 
 use crate::engine::{Completion, GenerateRequest};
 use crate::weights::WeightFormat;
+pub use placement::Sharding;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::io::{Read, Write};
 
 /// Version of this protocol; both ends must speak the same.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Largest frame accepted (a prompt of a few hundred thousand tokens fits).
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -19,6 +32,16 @@ pub const MAX_FRAME: usize = 16 << 20;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command {
+    /// Join the instance's MLX ring (see the module docs); once per runner, before `Load`.
+    Connect {
+        /// This runner's rank, `0..hosts.len()`.
+        rank: usize,
+        /// Every rank's `ip:port` addresses in rank order, as this node's ring view has them:
+        /// its own entry `0.0.0.0:PORT`, its neighbours at their IPs, the others placeholders.
+        hosts: Vec<Vec<String>>,
+        /// How long to wait for the ring neighbours, in milliseconds.
+        timeout_ms: u64,
+    },
     /// Load a model (once per runner).
     Load {
         /// GGUF file or Hugging Face folder.
@@ -29,7 +52,12 @@ pub enum Command {
         /// Weight representation (default: the backend's fastest).
         #[serde(default)]
         format: Option<WeightFormat>,
+        /// How a ring of several ranks splits the model (ignored by a ring of one).
+        #[serde(default = "default_sharding")]
+        sharding: Sharding,
     },
+    /// Warm up a loaded rank of a multi-rank ring (a ring of one warms up inside `Load`).
+    WarmUp,
     /// Generate a completion; tokens stream back as [`Event::Token`].
     Generate {
         /// The node's id for this request.
@@ -50,8 +78,12 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum RunnerState {
-    /// Started, waiting for a `Load`.
+    /// Started, waiting for a `Connect` or a `Load`.
     Idle,
+    /// Joining the MLX ring.
+    Connecting,
+    /// In the MLX ring (or alone), waiting for a `Load`.
+    Connected,
     /// Reading weights: `done` of `total` steps.
     Loading {
         /// Steps done.
@@ -105,6 +137,10 @@ pub enum Event {
         /// What went wrong.
         message: String,
     },
+}
+
+fn default_sharding() -> Sharding {
+    Sharding::Pipeline
 }
 
 /// Errors of the frame layer.
@@ -204,7 +240,14 @@ mod tests {
                 model: "/m.gguf".into(),
                 layers: Some((0, 4)),
                 format: Some(WeightFormat::F32),
+                sharding: Sharding::Tensor,
             },
+            Command::Connect {
+                rank: 1,
+                hosts: vec![vec!["10.0.0.1:5000".into()], vec!["0.0.0.0:5000".into()]],
+                timeout_ms: 30_000,
+            },
+            Command::WarmUp,
             Command::Generate {
                 id: 7,
                 request: GenerateRequest::new(Prompt::Text("hi".into()), 5),
@@ -231,12 +274,12 @@ mod tests {
         let mut buf = Vec::new();
         write_frame(&mut buf, &Command::Shutdown).unwrap();
         // Another version.
-        let body = br#"{"v":2,"msg":{"type":"shutdown"}}"#;
+        let body = br#"{"v":99,"msg":{"type":"shutdown"}}"#;
         let mut other = (body.len() as u32).to_le_bytes().to_vec();
         other.extend_from_slice(body);
         assert!(matches!(
             read_frame::<Command>(&mut &other[..]),
-            Err(FrameError::Version(2))
+            Err(FrameError::Version(99))
         ));
         // Too large.
         let huge = (u32::MAX).to_le_bytes();
@@ -254,7 +297,7 @@ mod tests {
             Err(FrameError::Malformed(_))
         ));
         // Unknown message.
-        let body = br#"{"v":1,"msg":{"type":"explode"}}"#;
+        let body = br#"{"v":2,"msg":{"type":"explode"}}"#;
         let mut unknown = (body.len() as u32).to_le_bytes().to_vec();
         unknown.extend_from_slice(body);
         assert!(matches!(
