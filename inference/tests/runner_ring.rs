@@ -82,7 +82,7 @@ impl RunnerProc {
             .env(CHILD_ENV, "1")
             .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let (tx, rx) = mpsc::channel();
@@ -292,7 +292,9 @@ fn place(net: &RankNet) -> &'static str {
 fn tiny_llama_two_rank_pipeline_runners_match_one_runner() {
     let dir = temp_dir("runner-ring-llama");
     write_tiny_model(&dir, "llama", 21, 512);
-    let request = greedy(vec![3, 17, 42, 5, 88, 9], 12);
+    // 300 prompt tokens: more than one prefill chunk (256) goes around the ring.
+    let prompt: Vec<u32> = (0..300).map(|i| (i * 5 + 1) % 96).collect();
+    let request = greedy(prompt, 12);
     let want = single_rank(&dir, &request);
     let net = RankNet::new("rpp", 2, base_port(0));
     let split = Split {

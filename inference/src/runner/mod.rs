@@ -300,16 +300,10 @@ pub fn serve(
                 return 0;
             }
             Msg::Served(Err(e)) => {
-                let ring = ring.as_ref().expect("only ranks of a ring serve");
-                return fail(
-                    &out,
-                    format!(
-                        "rank {} of {} lost the ring ({}): {e}",
-                        ring.rank(),
-                        ring.size(),
-                        ring.neighbours()
-                    ),
-                );
+                let whom = ring.as_ref().map_or(String::new(), |r| {
+                    format!("rank {} of {} ({})", r.rank(), r.size(), r.neighbours())
+                });
+                return fail(&out, format!("{whom} lost the ring: {e}"));
             }
         };
         match cmd {
@@ -726,4 +720,28 @@ fn load(
     }
     let model = result.map_err(|e| e.to_string())?;
     Ok((model, opened.tokenizer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_synch_settings_parse() {
+        for on in ["1", "true", "ON", " yes "] {
+            assert_eq!(parse_fast_synch(on), Some(true), "{on}");
+        }
+        for off in ["0", "false", "Off", "no"] {
+            assert_eq!(parse_fast_synch(off), Some(false), "{off}");
+        }
+        assert_eq!(parse_fast_synch("maybe"), None);
+        assert_eq!(parse_fast_synch(""), None);
+    }
+
+    #[test]
+    fn the_load_watchdog_grows_with_the_shard() {
+        let base = Duration::from_secs(60);
+        assert_eq!(load_timeout(base, 0), base);
+        assert_eq!(load_timeout(base, 25_000_000_000), Duration::from_secs(65));
+    }
 }
