@@ -5,6 +5,7 @@ mod cluster;
 mod netns;
 mod paths;
 mod pyenv;
+mod reference;
 mod setup;
 mod util;
 
