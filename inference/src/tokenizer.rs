@@ -386,7 +386,8 @@ pub fn render_chat_template(
     env.add_function("strftime_now", |format: String| -> String {
         strftime_fixed_date(&format)
     });
-    env.add_template("chat", template).map_err(err)?;
+    let template = without_generation_tags(template);
+    env.add_template("chat", &template).map_err(err)?;
     let tpl = env.get_template("chat").map_err(err)?;
     tpl.render(context! {
         messages => minijinja::Value::from(minijinja::value::Serde(messages)),
@@ -395,6 +396,45 @@ pub fn render_chat_template(
         eos_token => eos_token,
     })
     .map_err(err)
+}
+
+/// `transformers` adds a `{% generation %}...{% endgeneration %}` block to Jinja (it marks the
+/// assistant's tokens for training masks and renders its body unchanged). minijinja has no
+/// custom tags, so each becomes an `if true`/`endif` pair with the same whitespace-control
+/// markers, which renders identically.
+fn without_generation_tags(template: &str) -> std::borrow::Cow<'_, str> {
+    if !template.contains("generation") {
+        return template.into();
+    }
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(len) = tag.find("%}").map(|end| end + 2) else {
+            break;
+        };
+        let inner = &tag[2..len - 2];
+        let open = if inner.starts_with(['-', '+']) {
+            &inner[..1]
+        } else {
+            ""
+        };
+        let close = if inner.ends_with(['-', '+']) {
+            &inner[inner.len() - 1..]
+        } else {
+            ""
+        };
+        let word = inner[open.len()..inner.len() - close.len()].trim();
+        match word {
+            "generation" => out.push_str(&format!("{{%{open} if true {close}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{open} endif {close}%}}")),
+            _ => out.push_str(&tag[..len]),
+        }
+        rest = &tag[len..];
+    }
+    out.push_str(rest);
+    out.into()
 }
 
 /// `format` (C `strftime` specifiers) applied to the fixed date templates see: Wednesday
@@ -434,7 +474,17 @@ fn strftime_fixed_date(format: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::strftime_fixed_date;
+    use super::{strftime_fixed_date, without_generation_tags};
+
+    #[test]
+    fn generation_blocks_become_plain_blocks() {
+        let t = "a {%- generation -%} b {{ x }} {%- endgeneration %} c {% if y %}{% endif %}";
+        assert_eq!(
+            without_generation_tags(t),
+            "a {%- if true -%} b {{ x }} {%- endif %} c {% if y %}{% endif %}"
+        );
+        assert_eq!(without_generation_tags("{% generation"), "{% generation");
+    }
 
     #[test]
     fn fixed_date_formats_like_strftime() {

@@ -18,6 +18,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 /// A template, the conversation and the special tokens to render it with.
+#[derive(Clone)]
 struct Job<'a> {
     template: &'a str,
     messages: &'a [ChatMessage],
@@ -207,9 +208,10 @@ fn smollm2_fixture_template_matches_jinja2() {
     assert!(text.ends_with("<|im_start|>assistant\n"), "{text:?}");
 }
 
-/// Every template llama.cpp ships, rendered for the plain conversation: wherever jinja2
-/// renders one, shoal must render the same text. Templates jinja2 itself refuses for this
-/// conversation (some demand tools or alternate roles strictly) are counted, not compared.
+/// Every template llama.cpp ships, rendered for the conversation with and without its system
+/// message: wherever jinja2
+/// renders one, shoal must render the same text; where jinja2 refuses (a template that demands
+/// tools, or has no system role), shoal must return an error too.
 #[test]
 fn every_shipped_template_that_jinja2_renders_matches() {
     if skip_without_reference() {
@@ -229,36 +231,54 @@ fn every_shipped_template_that_jinja2_renders_matches() {
         .iter()
         .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
         .collect();
+    // With and without the system message (some templates have no system role).
     let messages = conversation();
-    let jobs: Vec<Job> = templates
+    let conversations: [&[ChatMessage]; 2] = [&messages, &messages[1..]];
+    let jobs: Vec<(&String, Job)> = conversations
         .iter()
-        .map(|template| Job {
-            template,
-            messages: &messages,
-            add_generation_prompt: true,
-            bos_token: "<s>",
-            eos_token: "</s>",
+        .flat_map(|&messages| {
+            files.iter().zip(&templates).map(move |(file, template)| {
+                let job = Job {
+                    template,
+                    messages,
+                    add_generation_prompt: true,
+                    bos_token: "<s>",
+                    eos_token: "</s>",
+                };
+                (file, job)
+            })
         })
         .collect();
-    let reference = jinja2(&python, &jobs);
+    let reference = jinja2(
+        &python,
+        &jobs.iter().map(|(_, job)| job.clone()).collect::<Vec<_>>(),
+    );
     let (mut same, mut refused_by_jinja2) = (0, 0);
     let mut differ = Vec::new();
-    for ((file, job), expected) in files.iter().zip(&jobs).zip(&reference) {
+    for ((file, job), expected) in jobs.iter().zip(&reference) {
         match (expected, ours(job)) {
-            (Err(_), _) => refused_by_jinja2 += 1,
+            // What jinja2 refuses, shoal must refuse too (with an error, not a render).
+            (Err(theirs), Err(_)) => {
+                eprintln!("{file}: both refuse ({theirs})");
+                refused_by_jinja2 += 1
+            }
+            (Err(theirs), Ok(_)) => {
+                eprintln!("{file}: jinja2 refuses ({theirs}), shoal renders");
+                differ.push(file.to_string());
+            }
             (Ok(expected), Ok(got)) if &got == expected => same += 1,
             (Ok(_), got) => {
                 eprintln!(
                     "{file}: {:?}",
                     got.map(|t| t.chars().take(200).collect::<String>())
                 );
-                differ.push(file.as_str());
+                differ.push(file.to_string());
             }
         }
     }
     eprintln!(
-        "{} templates: {same} identical to jinja2, {} differ {differ:?}, {refused_by_jinja2} \
-         refused by jinja2 for this conversation",
+        "{} templates x 2 conversations: {same} renders identical to jinja2, {} differ \
+         {differ:?}, {refused_by_jinja2} refused by both",
         files.len(),
         differ.len()
     );

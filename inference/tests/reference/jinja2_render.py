@@ -1,6 +1,7 @@
 """Renders chat templates with Python's jinja2, configured the way Hugging Face `transformers`
 configures it for `apply_chat_template`: a sandboxed environment with trim_blocks,
-lstrip_blocks and loop controls; `raise_exception`; `tojson` that keeps non-ASCII text;
+lstrip_blocks, loop controls and a `{% generation %}` block that renders its body (transformers
+uses it to mark assistant tokens); `raise_exception`; `tojson` that keeps non-ASCII text;
 `strftime_now` pinned to 1 January 2025 (shoal's renderer pins the same date).
 
 Reads a JSON list of jobs on stdin, each {"template", "messages", "add_generation_prompt",
@@ -13,8 +14,18 @@ import json
 import sys
 
 from jinja2.exceptions import TemplateError
-from jinja2.ext import loopcontrols
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}`: the body, rendered as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(["name:endgeneration"], drop_needle=True)
 
 
 def raise_exception(message):
@@ -37,7 +48,7 @@ def strftime_now(fmt):
 
 def render(job):
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock]
     )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
