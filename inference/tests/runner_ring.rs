@@ -428,4 +428,12 @@ fn a_rank_whose_neighbour_never_comes_fails_naming_it() {
     );
     eprintln!("lonely rank 0 failed after {waited:?}: {reason}");
     assert_eq!(r.exit_code(Duration::from_secs(10)), Some(1));
+    // Nothing is left behind.
+    if let Some(prefix) = net.netns_prefix() {
+        drop(net);
+        assert!(
+            common::netns::list(&prefix).is_empty(),
+            "namespaces {prefix}-* left behind"
+        );
+    }
 }
