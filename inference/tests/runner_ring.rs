@@ -261,8 +261,13 @@ fn compare(label: &str, want: &Completion, got: &Completion) -> f32 {
     // parallelism): rounding-level differences only.
     assert!(worst < 1e-3, "{label}: logprobs differ by {worst}");
     eprintln!(
-        "{label}: {} tokens equal, logprob max |Δ| {worst:e}",
-        got.tokens.len()
+        "{label}: {} tokens equal, logprob max |Δ| {worst:e}; prompt {:.0} tok/s, generation \
+         {:.1} tok/s (one runner: {:.0} / {:.1})",
+        got.tokens.len(),
+        got.prompt_tps(),
+        got.generation_tps(),
+        want.prompt_tps(),
+        want.generation_tps()
     );
     worst
 }
