@@ -1,7 +1,9 @@
 //! Two real `shoal` nodes in Linux network namespaces (found by mDNS, no configuration): an
 //! instance of the SmolLM2 fixture is created through node A on node A alone, the same greedy
 //! chat through node B (forwarded over iroh to A) and through A (served there) gives the
-//! same text, and deleting the instance through B stops A's runner.
+//! same text, and deleting the instance through B stops A's runner. Then an instance on A
+//! created through B loses node A mid-stream: the client gets an error within seconds and B
+//! places the instance again on itself.
 //!
 //! Needs root (namespaces), `curl` and the model fixture (`cargo xtask setup`); skipped with
 //! a message without root.
@@ -10,7 +12,7 @@ mod support;
 
 use serde_json::{json, Value};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::netns::{self, Netns, Spec};
 use support::{wait_for, ShoalNode, API_PORT};
 
@@ -99,15 +101,15 @@ fn chat_through_either_node_and_delete_from_the_other() {
     for node in &mut nodes {
         node.start();
     }
-    let logs = |nodes: &[ShoalNode]| {
-        nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| format!("--- node {} ---\n{}", i + 1, n.log_tail()))
-            .collect::<Vec<_>>()
-            .join("\n")
+    let (first, second) = nodes.split_at_mut(1);
+    let (a, b) = (&mut first[0], &second[0]);
+    let logs = |a: &ShoalNode, b: &ShoalNode| {
+        format!(
+            "--- node A ---\n{}\n--- node B ---\n{}",
+            a.log_tail(),
+            b.log_tail()
+        )
     };
-    let (a, b) = (&nodes[0], &nodes[1]);
 
     // Both nodes see both nodes alive.
     let met = wait_for(Duration::from_secs(60), || {
@@ -118,10 +120,11 @@ fn chat_through_either_node_and_delete_from_the_other() {
                 .as_object()
                 .is_some_and(|l| l.len() == 2 && l.values().all(|n| n["alive"] == true))
         };
-        (alive(&sa) && alive(&sb)).then(|| sa["node_id"].as_str().unwrap_or_default().to_string())
+        let id = |s: &Value| s["node_id"].as_str().unwrap_or_default().to_string();
+        (alive(&sa) && alive(&sb)).then(|| (id(&sa), id(&sb)))
     });
-    let Some((id_a, took)) = met else {
-        panic!("the nodes did not find each other\n{}", logs(&nodes));
+    let Some(((id_a, id_b), took)) = met else {
+        panic!("the nodes did not find each other\n{}", logs(a, b));
     };
     eprintln!("nodes met in {took:?}");
 
@@ -132,7 +135,7 @@ fn chat_through_either_node_and_delete_from_the_other() {
         "/instance",
         Some(&json!({"instance": {"model_id": "default", "required_nodes": [id_a]}})),
     );
-    assert_eq!(status, 200, "{created}\n{}", logs(&nodes));
+    assert_eq!(status, 200, "{created}\n{}", logs(a, b));
     let instance = created["instance_id"]
         .as_str()
         .expect("instance id")
@@ -146,7 +149,7 @@ fn chat_through_either_node_and_delete_from_the_other() {
         (default_ready(a) && default_ready(b)).then_some(())
     });
     let Some((_, took)) = ready else {
-        panic!("the instance did not become ready\n{}", logs(&nodes));
+        panic!("the instance did not become ready\n{}", logs(a, b));
     };
     eprintln!("instance ready on both nodes' view in {took:?}");
     let (_, on_b) = json_of(b, "GET", &format!("/instance/{instance}"), None);
@@ -159,10 +162,10 @@ fn chat_through_either_node_and_delete_from_the_other() {
     assert!(on_b["runner_pid"].is_null(), "B runs no runner: {on_b}");
 
     // The same greedy answer through B (forwarded to A) and through A.
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     let forwarded = greedy(b);
     let forwarded_took = start.elapsed();
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     let direct = greedy(a);
     let direct_took = start.elapsed();
     eprintln!(
@@ -197,7 +200,7 @@ fn chat_through_either_node_and_delete_from_the_other() {
         (none && exited).then_some(())
     });
     let Some((_, took)) = gone else {
-        panic!("the deletion did not reach node A\n{}", logs(&nodes));
+        panic!("the deletion did not reach node A\n{}", logs(a, b));
     };
     eprintln!("deleted through B; A's runner gone after {took:?}");
     let (status, after) = json_of(
@@ -210,6 +213,121 @@ fn chat_through_either_node_and_delete_from_the_other() {
         })),
     );
     assert_eq!(status, 503, "{after}");
+
+    // An instance on A created through B; a long stream through B; A is killed mid-stream:
+    // the client gets an error within seconds, and B (the node that remains) places the
+    // instance again on itself and answers.
+    let (status, created) = json_of(
+        b,
+        "POST",
+        "/instance",
+        Some(&json!({"instance": {"model_id": "default", "required_nodes": [id_a]}})),
+    );
+    assert_eq!(status, 200, "{created}");
+    let instance = created["instance_id"]
+        .as_str()
+        .expect("instance id")
+        .to_string();
+    assert_eq!(created["placement"]["ranks"][0]["node"], id_a.as_str());
+    let ready = wait_for(Duration::from_secs(120), || default_ready(b).then_some(()));
+    assert!(
+        ready.is_some(),
+        "the second instance did not become ready\n{}",
+        logs(a, b)
+    );
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
+        "temperature": 0,
+        "max_tokens": 2000,
+        "stream": true,
+    });
+    let mut stream = b
+        .node
+        .command("curl")
+        .args([
+            "-sN",
+            "--max-time",
+            "120",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(request.to_string())
+        .arg(format!(
+            "http://{}:{API_PORT}/v1/chat/completions",
+            b.node.ip()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("curl starts");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = stream.stdout.take().expect("curl's stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let first_chunk = Instant::now();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("chat.completion.chunk"))
+    {
+        match lines.recv_timeout(Duration::from_secs(60).saturating_sub(first_chunk.elapsed())) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("no chunk came through B: {seen:?}\n{}", logs(a, b)),
+        }
+    }
+    a.kill();
+    let killed = Instant::now();
+    let mut rest = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(30)) {
+        let done = line.contains("[DONE]");
+        rest.push(line);
+        if done {
+            break;
+        }
+    }
+    let ended = killed.elapsed();
+    let _ = stream.kill();
+    let _ = stream.wait();
+    let tail = rest[rest.len().saturating_sub(3)..].join("\n");
+    assert!(
+        rest.last().is_some_and(|l| l.contains("[DONE]")),
+        "the stream did not end after node A died:\n{tail}\n{}",
+        logs(a, b)
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("\"error\"")),
+        "the stream through B did not report the loss:\n{tail}"
+    );
+    eprintln!("node A killed mid-stream: the client got an error and [DONE] after {ended:?}");
+    let replaced = wait_for(Duration::from_secs(120), || {
+        let (_, view) = json_of(b, "GET", &format!("/instance/{instance}"), None);
+        (view["epoch"] == 1
+            && view["placement"]["ranks"][0]["node"] == id_b.as_str()
+            && view["status"] == "ready")
+            .then_some(view)
+    });
+    let Some((view, took)) = replaced else {
+        panic!("the instance was not placed again on B\n{}", logs(a, b));
+    };
+    eprintln!(
+        "placed again on node B (epoch 1, ring port {}) {took:?} after the stream ended",
+        view["placement"]["port"]
+    );
+    assert_eq!(view["excluded"], json!([id_a]));
+    let answer = greedy(b);
+    assert!(answer.contains("Paris"), "{answer}");
 
     drop(nodes);
     drop(net);
