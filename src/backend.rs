@@ -982,10 +982,10 @@ mod tests {
     #[test]
     fn unknown_model_is_404_listing_models_and_known_model_without_instance_is_503() {
         let b = backend();
-        let e = b.pick_instance("gpt-4").err().expect("error");
+        let e = b.pick_instance("gpt-4").expect_err("error");
         assert_eq!(e.code.as_deref(), Some("model_not_found"));
         assert!(e.message.contains("default"), "{}", e.message);
-        let e = b.pick_instance("default").err().expect("error");
+        let e = b.pick_instance("default").expect_err("error");
         assert_eq!(e.code.as_deref(), Some("no_instance"));
         assert_eq!(e.status().as_u16(), 503);
     }
