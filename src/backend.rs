@@ -70,11 +70,14 @@ pub trait NodeContext: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<ChatStream, ApiError>>;
 }
 
-/// A node on its own (unit tests): its records in memory, always alive, no peers.
+/// A node on its own (unit tests): its records in memory, always alive, and other authors'
+/// parts of the state as the test sets them (no network).
 #[cfg(test)]
 pub struct LocalOnly {
     node_id: String,
     records: Mutex<BTreeMap<String, String>>,
+    /// Other nodes' parts of the state.
+    pub others: Mutex<BTreeMap<String, crate::view::Author>>,
 }
 
 #[cfg(test)]
@@ -84,6 +87,7 @@ impl LocalOnly {
         LocalOnly {
             node_id: node_id.into(),
             records: Mutex::default(),
+            others: Mutex::default(),
         }
     }
 }
@@ -96,17 +100,18 @@ impl NodeContext for LocalOnly {
 
     fn snapshot(&self) -> Snapshot {
         let records = self.records.lock().unwrap().clone();
+        let mut authors = self.others.lock().unwrap().clone();
+        authors.insert(
+            self.node_id.clone(),
+            crate::view::Author {
+                alive: true,
+                dead: false,
+                records,
+            },
+        );
         Snapshot {
             me: self.node_id.clone(),
-            authors: [(
-                self.node_id.clone(),
-                crate::view::Author {
-                    alive: true,
-                    dead: false,
-                    records,
-                },
-            )]
-            .into(),
+            authors,
         }
     }
 

@@ -430,6 +430,134 @@ fn r_hosts(placement: &placement::Placement, rank: usize) -> Vec<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{LocalOnly, NodeContext};
+    use crate::intent::{DeletedRecord, InstanceRecord};
+    use crate::supervisor::RunnerCommand;
+    use crate::view::Author;
+
+    /// A backend on node `a` whose runners are `/bin/false` (they exit at once) and whose
+    /// default model is an existing (empty) file.
+    fn backend(dir: &std::path::Path) -> (Arc<LocalOnly>, NodeBackend) {
+        let model = dir.join("model.gguf");
+        std::fs::write(&model, b"").unwrap();
+        let context = Arc::new(LocalOnly::new("a"));
+        let backend = NodeBackend::new(
+            context.clone(),
+            RunnerCommand {
+                program: "/bin/false".into(),
+                args: vec![],
+                env: vec![],
+            },
+            model,
+        );
+        (context, backend)
+    }
+
+    fn own(context: &LocalOnly, key: &str) -> Option<Value> {
+        let snapshot = context.snapshot();
+        let text = snapshot.authors["a"].records.get(key)?;
+        serde_json::from_str(text).ok()
+    }
+
+    async fn settle(backend: &NodeBackend) {
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            backend.reconcile();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rank_here_gets_a_runner_whose_failure_is_published_and_a_deletion_stops_it() {
+        let dir = std::env::temp_dir().join(format!("shoal-reconcile-1-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (context, backend) = backend(&dir);
+        let record = crate::intent::tests::record(1, 4_000_000_000, 1);
+        let id = record.id().to_string();
+        context
+            .write(
+                &format!("{INSTANCE_PREFIX}{id}"),
+                &serde_json::to_value(&record).unwrap(),
+            )
+            .unwrap();
+        backend.reconcile();
+        assert!(backend.local_status(&id).is_some(), "runner created");
+        // `/bin/false` exits: the runner fails and its record says so.
+        settle(&backend).await;
+        let runner = own(&context, &format!("{RUNNER_PREFIX}{id}")).expect("runner record");
+        assert_eq!(runner["epoch"], 0);
+        assert_eq!(runner["rank"], 0);
+        assert!(runner["status"]["failed"].is_object(), "{runner}");
+        // Another node deletes the instance: the runner and this node's records go.
+        context.others.lock().unwrap().insert(
+            "b".into(),
+            Author {
+                alive: true,
+                dead: false,
+                records: [(
+                    format!("{DELETED_PREFIX}{id}"),
+                    serde_json::to_string(&DeletedRecord {
+                        instance_id: id.clone(),
+                    })
+                    .unwrap(),
+                )]
+                .into(),
+            },
+        );
+        settle(&backend).await;
+        assert!(backend.local_status(&id).is_none());
+        assert!(own(&context, &format!("{RUNNER_PREFIX}{id}")).is_none());
+        assert!(own(&context, &format!("{INSTANCE_PREFIX}{id}")).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_dead_rank_node_makes_the_survivor_place_the_instance_again() {
+        let dir = std::env::temp_dir().join(format!("shoal-reconcile-2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (context, backend) = backend(&dir);
+        // Two nodes with 1.5 GB each, a 1 GB model, at least 2 nodes: one rank on each; `b`
+        // created it.
+        let record = crate::intent::tests::record(2, 1_500_000_000, 2);
+        let id = record.id().to_string();
+        assert_eq!(record.place().unwrap().ranks.len(), 2);
+        let mut b = Author {
+            alive: true,
+            dead: false,
+            records: [(
+                format!("{INSTANCE_PREFIX}{id}"),
+                serde_json::to_string(&record).unwrap(),
+            )]
+            .into(),
+        };
+        context.others.lock().unwrap().insert("b".into(), b.clone());
+        backend.reconcile();
+        // This node keeps its own copy of an instance it holds a rank of.
+        let copy: InstanceRecord =
+            serde_json::from_value(own(&context, &format!("{INSTANCE_PREFIX}{id}")).unwrap())
+                .unwrap();
+        assert_eq!(copy, record);
+        // `b` dies: this node writes epoch 1 without it.
+        b.alive = false;
+        b.dead = true;
+        context.others.lock().unwrap().insert("b".into(), b);
+        backend.reconcile();
+        let next: InstanceRecord =
+            serde_json::from_value(own(&context, &format!("{INSTANCE_PREFIX}{id}")).unwrap())
+                .unwrap();
+        assert_eq!(next.epoch, 1);
+        assert_eq!(next.excluded, vec!["b".to_string()]);
+        // Every node now computes the one-node placement on `a`, and `a` starts a runner for it.
+        let view = context.snapshot().instances().remove(&id).unwrap();
+        assert_eq!(view.record, next);
+        let placement = view.placement.as_ref().unwrap();
+        assert_eq!(placement.ranks.len(), 1);
+        assert_eq!(placement.ranks[0].node, "a");
+        assert_ne!(placement.port, record.place().unwrap().port);
+        backend.reconcile();
+        let runners = backend.runners.lock().unwrap();
+        assert_eq!(runners.get(&id).map(|r| (r.epoch, r.rank)), Some((1, 0)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn protocol_states_map_to_plan_statuses() {
