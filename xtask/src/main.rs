@@ -5,6 +5,7 @@ mod cluster;
 mod netns;
 mod paths;
 mod pyenv;
+mod reference;
 mod setup;
 mod util;
 
@@ -29,7 +30,9 @@ Commands:
   cluster --down   remove namespaces left by a killed cluster run
   bench mesh       simulated mesh benchmarks (10/50/100 nodes): bandwidth, messages,
                    convergence, death detection, loss
-  bench inference  shoal vs mlx-lm (and llama.cpp if installed) on the SmolLM2 fixture
+  bench inference [--with-llama-cpp]
+                   shoal vs mlx-lm on the SmolLM2 fixture; with the flag also llama.cpp's
+                   llama-bench, built once into the cache from the pinned sdist
   help             this text
 
 Environment:
@@ -107,7 +110,7 @@ fn test(args: &[String]) -> Result<(), String> {
 fn bench(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
-        Some("inference") => bench_inference::bench_inference(),
+        Some("inference") => bench_inference::bench_inference(&args[1..]),
         _ => Err(
             "bench: say what to measure: `cargo xtask bench mesh` or `cargo xtask bench inference`"
                 .into(),
