@@ -334,3 +334,104 @@ fn chat_through_either_node_and_delete_from_the_other() {
     assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two nodes, one instance across both (a pipeline of two ranks, placed by min_nodes 2): the
+/// nodes start their runners in the planned order, join one MLX ring, and the same greedy
+/// answer comes through either node; deleting it stops both runners.
+#[test]
+fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
+    if let Err(why) = netns::available() {
+        eprintln!("skipping the two-rank test: {why}");
+        return;
+    }
+    let prefix = format!("shoalr{}", std::process::id());
+    let spec = Spec {
+        nodes: 2,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let net = Netns::create(&prefix, &spec).expect("create namespaces");
+    let dir = std::env::temp_dir().join(&prefix);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut nodes: Vec<ShoalNode> = net
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
+        .collect();
+    for node in &mut nodes {
+        node.start();
+    }
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let logs = || {
+        format!(
+            "--- node A ---\n{}\n--- node B ---\n{}",
+            a.log_tail(),
+            b.log_tail()
+        )
+    };
+    // Placement needs the verified edges between the nodes: retry until it succeeds.
+    let placed = wait_for(Duration::from_secs(60), || {
+        let (status, created) = json_of(
+            a,
+            "POST",
+            "/place_instance",
+            Some(&json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 2})),
+        );
+        (status == 200).then_some(created)
+    });
+    let Some((created, took)) = placed else {
+        panic!("no two-node placement\n{}", logs());
+    };
+    eprintln!(
+        "placed on two nodes after {took:?}: {}",
+        created["placement"]
+    );
+    let instance = created["instance_id"].as_str().expect("id").to_string();
+    let ranks = created["placement"]["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 2, "{created}");
+    let ready = wait_for(Duration::from_secs(240), || {
+        (default_ready(a) && default_ready(b)).then_some(())
+    });
+    let Some((_, took)) = ready else {
+        let (_, view) = json_of(a, "GET", &format!("/instance/{instance}"), None);
+        panic!(
+            "the two-rank instance did not become ready: {view}\n{}",
+            logs()
+        );
+    };
+    eprintln!("two-rank instance ready in {took:?}");
+    let through_a = greedy(a);
+    let through_b = greedy(b);
+    eprintln!("two ranks: through A {through_a:?}, through B {through_b:?}");
+    assert!(through_a.contains("Paris"), "{through_a}");
+    assert_eq!(through_a, through_b);
+    let pids: Vec<u64> = [a, b]
+        .iter()
+        .map(|n| {
+            let (_, view) = json_of(n, "GET", &format!("/instance/{instance}"), None);
+            view["runner_pid"].as_u64().expect("every node runs a rank")
+        })
+        .collect();
+    let (status, _) = json_of(b, "DELETE", &format!("/instance/{instance}"), None);
+    assert_eq!(status, 200);
+    let gone = wait_for(Duration::from_secs(30), || {
+        pids.iter()
+            .all(|pid| {
+                !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                    || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .is_ok_and(|s| s.contains(") Z "))
+            })
+            .then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "runners left after the deletion\n{}",
+        logs()
+    );
+    drop(nodes);
+    drop(net);
+    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
