@@ -76,6 +76,88 @@ fn greedy(node: &ShoalNode) -> String {
     format!("{text} ({tokens} tokens)")
 }
 
+/// Starts a long greedy stream through `client`, kills `victim` once the first chunk came,
+/// and checks that the stream then ends with an error event and `[DONE]`; returns how long
+/// after the kill it ended.
+fn stream_then_kill(client: &ShoalNode, victim: &mut ShoalNode, logs: &str) -> Duration {
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
+        "temperature": 0,
+        "max_tokens": 2000,
+        "stream": true,
+    });
+    let mut stream = client
+        .node
+        .command("curl")
+        .args([
+            "-sN",
+            "--max-time",
+            "120",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(request.to_string())
+        .arg(format!(
+            "http://{}:{API_PORT}/v1/chat/completions",
+            client.node.ip()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("curl starts");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = stream.stdout.take().expect("curl's stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let first_chunk = Instant::now();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("chat.completion.chunk"))
+    {
+        match lines.recv_timeout(Duration::from_secs(60).saturating_sub(first_chunk.elapsed())) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("no chunk came: {seen:?}\n{}", logs),
+        }
+    }
+    victim.kill();
+    let killed = Instant::now();
+    let mut rest = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(30)) {
+        let done = line.contains("[DONE]");
+        rest.push(line);
+        if done {
+            break;
+        }
+    }
+    let ended = killed.elapsed();
+    let _ = stream.kill();
+    let _ = stream.wait();
+    let tail = rest[rest.len().saturating_sub(3)..].join("\n");
+    assert!(
+        rest.last().is_some_and(|l| l.contains("[DONE]")),
+        "the stream did not end after the node was killed:\n{tail}\n{}",
+        logs
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("\"error\"")),
+        "the stream did not report the loss:\n{tail}"
+    );
+    ended
+}
+
 #[test]
 fn chat_through_either_node_and_delete_from_the_other() {
     if let Err(why) = netns::available() {
@@ -235,81 +317,7 @@ fn chat_through_either_node_and_delete_from_the_other() {
         "the second instance did not become ready\n{}",
         logs(a, b)
     );
-    let request = json!({
-        "model": "default",
-        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
-        "temperature": 0,
-        "max_tokens": 2000,
-        "stream": true,
-    });
-    let mut stream = b
-        .node
-        .command("curl")
-        .args([
-            "-sN",
-            "--max-time",
-            "120",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-        ])
-        .arg(request.to_string())
-        .arg(format!(
-            "http://{}:{API_PORT}/v1/chat/completions",
-            b.node.ip()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("curl starts");
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stdout = stream.stdout.take().expect("curl's stdout");
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut seen = Vec::new();
-    let first_chunk = Instant::now();
-    while !seen
-        .iter()
-        .any(|l: &String| l.contains("chat.completion.chunk"))
-    {
-        match lines.recv_timeout(Duration::from_secs(60).saturating_sub(first_chunk.elapsed())) {
-            Ok(line) => seen.push(line),
-            Err(_) => panic!("no chunk came through B: {seen:?}\n{}", logs(a, b)),
-        }
-    }
-    a.kill();
-    let killed = Instant::now();
-    let mut rest = Vec::new();
-    while let Ok(line) = lines.recv_timeout(Duration::from_secs(30)) {
-        let done = line.contains("[DONE]");
-        rest.push(line);
-        if done {
-            break;
-        }
-    }
-    let ended = killed.elapsed();
-    let _ = stream.kill();
-    let _ = stream.wait();
-    let tail = rest[rest.len().saturating_sub(3)..].join("\n");
-    assert!(
-        rest.last().is_some_and(|l| l.contains("[DONE]")),
-        "the stream did not end after node A died:\n{tail}\n{}",
-        logs(a, b)
-    );
-    assert!(
-        rest.iter().any(|l| l.contains("\"error\"")),
-        "the stream through B did not report the loss:\n{tail}"
-    );
+    let ended = stream_then_kill(b, a, &logs(a, b));
     eprintln!("node A killed mid-stream: the client got an error and [DONE] after {ended:?}");
     let replaced = wait_for(Duration::from_secs(120), || {
         let (_, view) = json_of(b, "GET", &format!("/instance/{instance}"), None);
@@ -337,7 +345,9 @@ fn chat_through_either_node_and_delete_from_the_other() {
 
 /// Two nodes, one instance across both (a pipeline of two ranks, placed by min_nodes 2): the
 /// nodes start their runners in the planned order, join one MLX ring, and the same greedy
-/// answer comes through either node; deleting it stops both runners.
+/// answer comes through either node. Then node B dies mid-stream: the client gets an error,
+/// node A places the instance again on itself alone, it answers the same, and deleting it
+/// stops A's runner.
 #[test]
 fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
     if let Err(why) = netns::available() {
@@ -407,28 +417,48 @@ fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
     eprintln!("two ranks: through A {through_a:?}, through B {through_b:?}");
     assert!(through_a.contains("Paris"), "{through_a}");
     assert_eq!(through_a, through_b);
-    let pids: Vec<u64> = [a, b]
-        .iter()
-        .map(|n| {
-            let (_, view) = json_of(n, "GET", &format!("/instance/{instance}"), None);
-            view["runner_pid"].as_u64().expect("every node runs a rank")
-        })
-        .collect();
-    let (status, _) = json_of(b, "DELETE", &format!("/instance/{instance}"), None);
+    // B dies mid-stream of a request through A: the client gets an error, and A places
+    // the instance again on itself alone (min_nodes 2 shrinks to the one node left).
+    let id_a = a.state().expect("A's state")["node_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let before = logs();
+    let (first, second) = nodes.split_at_mut(1);
+    let (a, b) = (&first[0], &mut second[0]);
+    let ended = stream_then_kill(a, b, &before);
+    eprintln!("node B killed mid-stream: the client got an error and [DONE] after {ended:?}");
+    let replaced = wait_for(Duration::from_secs(120), || {
+        let (_, view) = json_of(a, "GET", &format!("/instance/{instance}"), None);
+        (view["epoch"] == 1
+            && view["placement"]["ranks"].as_array().map(Vec::len) == Some(1)
+            && view["placement"]["ranks"][0]["node"] == id_a.as_str()
+            && view["status"] == "ready")
+            .then_some(view)
+    });
+    let Some((view, took)) = replaced else {
+        let (_, view) = json_of(a, "GET", &format!("/instance/{instance}"), None);
+        panic!("not placed again on A: {view}\n{}", a.log_tail());
+    };
+    eprintln!(
+        "placed again on node A alone (epoch 1, ring port {}) {took:?} after the stream ended",
+        view["placement"]["port"]
+    );
+    let alone = greedy(a);
+    assert_eq!(alone, through_a, "one rank and two ranks answer alike");
+    let pid = view["runner_pid"].as_u64().expect("A runs the new rank");
+    let (status, _) = json_of(a, "DELETE", &format!("/instance/{instance}"), None);
     assert_eq!(status, 200);
     let gone = wait_for(Duration::from_secs(30), || {
-        pids.iter()
-            .all(|pid| {
-                !std::path::Path::new(&format!("/proc/{pid}")).exists()
-                    || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .is_ok_and(|s| s.contains(") Z "))
-            })
-            .then_some(())
+        (!std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z ")))
+        .then_some(())
     });
     assert!(
         gone.is_some(),
-        "runners left after the deletion\n{}",
-        logs()
+        "A's runner left after the deletion\n{}",
+        a.log_tail()
     );
     drop(nodes);
     drop(net);
