@@ -401,6 +401,30 @@ fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
     let instance = created["instance_id"].as_str().expect("id").to_string();
     let ranks = created["placement"]["ranks"].as_array().expect("ranks");
     assert_eq!(ranks.len(), 2, "{created}");
+    // Previews: every sharding x backend x node count, with the placement or the error.
+    let (status, previews) = json_of(b, "GET", "/instance/previews?model_id=default", None);
+    assert_eq!(status, 200, "{previews}");
+    let list = previews["previews"].as_array().expect("previews");
+    assert_eq!(list.len(), 8, "{previews}");
+    let find = |sharding: &str, meta: &str, count: u64| {
+        list.iter()
+            .find(|p| {
+                p["sharding"] == sharding && p["instance_meta"] == meta && p["node_count"] == count
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no preview {sharding} {meta} {count}: {previews}"))
+    };
+    let two = find("Pipeline", "MlxRing", 2);
+    assert_eq!(
+        two["placement"]["ranks"].as_array().map(Vec::len),
+        Some(2),
+        "{two}"
+    );
+    let rdma = find("Pipeline", "MlxJaccl", 2);
+    assert_eq!(rdma["error"]["code"], "no_rdma_ring", "{rdma}");
+    // SmolLM2 has 3 key/value heads: no tensor split over two nodes.
+    let tensor = find("Tensor", "MlxRing", 2);
+    assert_eq!(tensor["error"]["code"], "tensor_indivisible", "{tensor}");
     let ready = wait_for(Duration::from_secs(240), || {
         (default_ready(a) && default_ready(b)).then_some(())
     });
