@@ -13,8 +13,8 @@ mod support;
 use serde_json::{json, Value};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use support::netns::{self, Netns, Spec};
-use support::{wait_for, ShoalNode, API_PORT};
+use support::netns::Spec;
+use support::{wait_for, ShoalNode, TestNet, API_PORT};
 
 /// `curl` inside the node's namespace against its own API: (HTTP status, body).
 fn curl(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
@@ -160,26 +160,14 @@ fn stream_then_kill(client: &ShoalNode, victim: &mut ShoalNode, logs: &str) -> D
 
 #[test]
 fn chat_through_either_node_and_delete_from_the_other() {
-    if let Err(why) = netns::available() {
-        eprintln!("skipping the two-node chat test: {why}");
-        return;
-    }
-    let prefix = format!("shoalc{}", std::process::id());
     let spec = Spec {
         nodes: 2,
         off_bridge: Vec::new(),
         links: Vec::new(),
     };
-    let net = Netns::create(&prefix, &spec).expect("create namespaces");
-    let dir = std::env::temp_dir().join(&prefix);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut nodes: Vec<ShoalNode> = net
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
-        .collect();
+    let Some((test_net, mut nodes)) = TestNet::create("shoalc", &spec) else {
+        return;
+    };
     for node in &mut nodes {
         node.start();
     }
@@ -337,10 +325,7 @@ fn chat_through_either_node_and_delete_from_the_other() {
     let answer = greedy(b);
     assert!(answer.contains("Paris"), "{answer}");
 
-    drop(nodes);
-    drop(net);
-    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
-    let _ = std::fs::remove_dir_all(&dir);
+    test_net.teardown(nodes);
 }
 
 /// Two nodes, one instance across both (a pipeline of two ranks, placed by min_nodes 2): the
@@ -350,26 +335,14 @@ fn chat_through_either_node_and_delete_from_the_other() {
 /// stops A's runner.
 #[test]
 fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
-    if let Err(why) = netns::available() {
-        eprintln!("skipping the two-rank test: {why}");
-        return;
-    }
-    let prefix = format!("shoalr{}", std::process::id());
     let spec = Spec {
         nodes: 2,
         off_bridge: Vec::new(),
         links: Vec::new(),
     };
-    let net = Netns::create(&prefix, &spec).expect("create namespaces");
-    let dir = std::env::temp_dir().join(&prefix);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut nodes: Vec<ShoalNode> = net
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
-        .collect();
+    let Some((test_net, mut nodes)) = TestNet::create("shoalr", &spec) else {
+        return;
+    };
     for node in &mut nodes {
         node.start();
     }
@@ -484,8 +457,5 @@ fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
         "A's runner left after the deletion\n{}",
         a.log_tail()
     );
-    drop(nodes);
-    drop(net);
-    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
-    let _ = std::fs::remove_dir_all(&dir);
+    test_net.teardown(nodes);
 }

@@ -6,8 +6,8 @@ mod support;
 
 use serde_json::Value;
 use std::time::Duration;
-use support::netns::{self, Netns, Spec};
-use support::{wait_for, ShoalNode};
+use support::netns::Spec;
+use support::{logs, wait_for, ShoalNode, TestNet};
 
 /// The states of `nodes` if they are identical (same digest), each lists exactly `expected`
 /// nodes, and each considers all of them alive.
@@ -44,34 +44,14 @@ fn has_edge(state: &Value, from: &str, to: &str, ip: &str) -> bool {
 
 #[test]
 fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
-    if let Err(why) = netns::available() {
-        eprintln!("skipping the namespace cluster test: {why}");
-        return;
-    }
-    let prefix = format!("shoalt{}", std::process::id());
     // Nodes 1-3 on the bridge; node 4 only on an extra link to node 1.
     let spec = Spec {
         nodes: 4,
         off_bridge: vec![3],
         links: vec![(0, 3)],
     };
-    let net = Netns::create(&prefix, &spec).expect("create namespaces");
-    let dir = std::env::temp_dir().join(&prefix);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut nodes: Vec<ShoalNode> = net
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
-        .collect();
-    let logs = |nodes: &[ShoalNode]| {
-        nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| format!("--- node {} ---\n{}", i + 1, n.log_tail()))
-            .collect::<Vec<_>>()
-            .join("\n")
+    let Some((test_net, mut nodes)) = TestNet::create("shoalt", &spec) else {
+        return;
     };
 
     // 1. Three nodes, no --peer: identical state within 3 s of their APIs answering.
@@ -103,8 +83,8 @@ fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
     };
     eprintln!("4th node joined in {took:?}");
     let id4 = node_id(&states[3]);
-    let link1 = net.nodes[0].link_ips[0].to_string();
-    let link4 = net.nodes[3].link_ips[0].to_string();
+    let link1 = test_net.net.nodes[0].link_ips[0].to_string();
+    let link4 = test_net.net.nodes[3].link_ips[0].to_string();
     let edges = wait_for(Duration::from_secs(15), || {
         let s = nodes[1].state()?;
         (has_edge(&s, &ids[0], &id4, &link4)
@@ -169,10 +149,7 @@ fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
     };
     eprintln!("restarted node converged in {took:?}");
     assert_eq!(node_id(&states[2]), ids[2], "a restart keeps the identity");
-    drop(nodes);
-    drop(net);
-    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
-    let _ = std::fs::remove_dir_all(&dir);
+    test_net.teardown(nodes);
 }
 
 /// Multicast switched off on every link: `--peer` alone joins the nodes. Then a copy of
@@ -180,41 +157,21 @@ fn nodes_in_namespaces_discover_agree_detect_death_and_rejoin() {
 /// exits (status 3) while the others keep running.
 #[test]
 fn static_peers_without_multicast_and_duplicate_identity() {
-    if let Err(why) = netns::available() {
-        eprintln!("skipping the static-peer test: {why}");
-        return;
-    }
-    let prefix = format!("shoalp{}", std::process::id());
     let spec = Spec {
         nodes: 3,
         off_bridge: Vec::new(),
         links: Vec::new(),
     };
-    let net = Netns::create(&prefix, &spec).expect("create namespaces");
-    for node in &net.nodes {
+    let Some((test_net, mut nodes)) = TestNet::create("shoalp", &spec) else {
+        return;
+    };
+    for node in &test_net.net.nodes {
         let ok = std::process::Command::new("ip")
             .args(["-n", &node.netns, "link", "set", "eth0", "multicast", "off"])
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "cannot switch multicast off");
     }
-    let dir = std::env::temp_dir().join(&prefix);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut nodes: Vec<ShoalNode> = net
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
-        .collect();
-    let logs = |nodes: &[ShoalNode]| {
-        nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| format!("--- node {} ---\n{}", i + 1, n.log_tail()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     nodes[0].start();
     let first = wait_for(Duration::from_secs(60), || nodes[0].state());
     let Some((state, _)) = first else {
@@ -251,8 +208,5 @@ fn static_peers_without_multicast_and_duplicate_identity() {
         "the original node must keep running"
     );
     assert!(nodes[1].exit_code().is_none());
-    drop(nodes);
-    drop(net);
-    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
-    let _ = std::fs::remove_dir_all(&dir);
+    test_net.teardown(nodes);
 }

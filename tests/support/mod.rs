@@ -125,3 +125,55 @@ pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Opt
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// What every multi-node test starts from: fresh namespaces, a scratch directory, and one node
+/// (not started yet) per namespace. [`TestNet::teardown`] checks that nothing is left behind.
+pub struct TestNet {
+    /// The namespaces.
+    pub net: netns::Netns,
+    /// Data directories and logs of the nodes.
+    pub dir: PathBuf,
+    prefix: String,
+}
+
+impl TestNet {
+    /// Namespaces named `<tag><pid>...` laid out as `spec`, with a node for each; `None` (and
+    /// the reason printed) where namespaces are not available, so the caller skips.
+    pub fn create(tag: &str, spec: &netns::Spec) -> Option<(TestNet, Vec<ShoalNode>)> {
+        if let Err(why) = netns::available() {
+            eprintln!("skipping: {why}");
+            return None;
+        }
+        let prefix = format!("{tag}{}", std::process::id());
+        let net = netns::Netns::create(&prefix, spec).expect("create namespaces");
+        let dir = std::env::temp_dir().join(&prefix);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let nodes = net
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
+            .collect();
+        Some((TestNet { net, dir, prefix }, nodes))
+    }
+
+    /// Stops the nodes, deletes the namespaces (asserting none is left) and the scratch files.
+    pub fn teardown(self, nodes: Vec<ShoalNode>) {
+        drop(nodes);
+        let TestNet { net, dir, prefix } = self;
+        drop(net);
+        assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The last lines of every node's log, for failure messages.
+pub fn logs(nodes: &[ShoalNode]) -> String {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("--- node {} ---\n{}", i + 1, n.log_tail()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
