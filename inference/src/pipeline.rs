@@ -53,6 +53,17 @@ pub struct PipelineStage {
 
 /// Any failure in the middle of a step leaves the ranks out of step (the ring has no framing),
 /// so it is a ring failure: the instance cannot go on.
+/// Refuses `what` on ranks other than 0, which alone drive a distributed instance.
+pub(crate) fn require_rank0(group: &RingGroup, what: &str) -> Result<()> {
+    if group.rank() != 0 {
+        return Err(InferenceError::InvalidRequest(format!(
+            "{what} is driven by rank 0, not rank {}",
+            group.rank()
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn midway(what: &str, e: InferenceError) -> InferenceError {
     match e {
         InferenceError::Ring(m) => InferenceError::Ring(format!("{what}: {m}")),
@@ -147,7 +158,7 @@ impl PipelineStage {
 
     /// Rank 0: ends the serving loop of every other stage.
     pub fn stop(&mut self) -> Result<()> {
-        self.require_rank0("stop")?;
+        require_rank0(&self.group, "stop")?;
         if self.group.size() > 1 {
             self.send_header(Kind::Stop, 0)
                 .map_err(|e| midway("pipeline stop", e))?;
@@ -216,16 +227,6 @@ impl PipelineStage {
             }
         }
     }
-
-    fn require_rank0(&self, what: &str) -> Result<()> {
-        if self.group.rank() != 0 {
-            return Err(InferenceError::InvalidRequest(format!(
-                "{what} is driven by rank 0, not rank {}",
-                self.group.rank()
-            )));
-        }
-        Ok(())
-    }
 }
 
 impl Forward for PipelineStage {
@@ -235,7 +236,7 @@ impl Forward for PipelineStage {
 
     /// Rank 0: runs `tokens` through every stage and returns the logits of the last position.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.require_rank0("forward")?;
+        require_rank0(&self.group, "forward")?;
         if tokens.is_empty() {
             return Err(InferenceError::InvalidRequest(
                 "a pipeline step needs at least one token".into(),
@@ -248,7 +249,7 @@ impl Forward for PipelineStage {
 
     /// Rank 0: clears every stage's KV cache (a new request starts).
     fn reset(&mut self) -> Result<()> {
-        self.require_rank0("reset")?;
+        require_rank0(&self.group, "reset")?;
         self.cache = self.shard.new_cache();
         if self.group.size() > 1 {
             self.send_header(Kind::Reset, 0)

@@ -19,7 +19,7 @@ use crate::engine::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::ModelShard;
-use crate::pipeline::midway;
+use crate::pipeline::{midway, require_rank0};
 use crate::ring::RingGroup;
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
@@ -144,7 +144,7 @@ impl TensorStage {
     /// Rank 0: ends the serving loop of every other rank. Blocks until they all take part
     /// (a rank that is not serving yet holds it up; callers bound the wait).
     pub fn stop(&mut self) -> Result<()> {
-        self.require_rank0("stop")?;
+        require_rank0(&self.group, "stop")?;
         if self.group.size() > 1 {
             self.header(Kind::Stop, &[])
                 .map_err(|e| midway("tensor-parallel stop", e))?;
@@ -181,16 +181,6 @@ impl TensorStage {
             }
         }
     }
-
-    fn require_rank0(&self, what: &str) -> Result<()> {
-        if self.group.rank() != 0 {
-            return Err(InferenceError::InvalidRequest(format!(
-                "{what} is driven by rank 0, not rank {}",
-                self.group.rank()
-            )));
-        }
-        Ok(())
-    }
 }
 
 impl Forward for TensorStage {
@@ -200,7 +190,7 @@ impl Forward for TensorStage {
 
     /// Rank 0: runs `tokens` on every rank and returns the logits of the last position.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.require_rank0("forward")?;
+        require_rank0(&self.group, "forward")?;
         if tokens.is_empty() {
             return Err(InferenceError::InvalidRequest(
                 "a step needs at least one token".into(),
@@ -229,7 +219,7 @@ impl Forward for TensorStage {
 
     /// Rank 0: clears every rank's KV cache (a new request starts).
     fn reset(&mut self) -> Result<()> {
-        self.require_rank0("reset")?;
+        require_rank0(&self.group, "reset")?;
         self.cache = self.shard.new_cache();
         if self.group.size() > 1 {
             self.header(Kind::Reset, &[])
