@@ -194,7 +194,7 @@ fn build_llama_bench() -> Result<PathBuf, String> {
     )?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     step.progress(&format!(
-        "compiling llama-bench with {jobs} jobs (about 15 minutes on 2 cores)"
+        "compiling llama-bench with {jobs} jobs (about 8 CPU-minutes: 5 on 2 idle cores)"
     ));
     run_quiet(
         Command::new("cmake")
@@ -428,7 +428,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
         );
     }
     if llama_bench.is_none() {
-        println!("llama.cpp: not measured (`cargo xtask bench inference --with-llama-cpp` builds llama-bench once, about 15 minutes on 2 cores)");
+        println!("llama.cpp: not measured (`cargo xtask bench inference --with-llama-cpp` builds llama-bench once: about 8 CPU-minutes)");
     }
     Ok(())
 }
