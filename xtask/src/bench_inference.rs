@@ -207,6 +207,8 @@ fn build_llama_bench() -> Result<PathBuf, String> {
         return Err(format!("the llama.cpp build left no {}", bin.display()));
     }
     std::fs::write(&stamp, "").map_err(|e| e.to_string())?;
+    // The binary is static: the 176 MB of sources are not needed any more.
+    let _ = std::fs::remove_dir_all(&src);
     step.done(&bin.display().to_string());
     Ok(bin)
 }
