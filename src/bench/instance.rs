@@ -67,11 +67,13 @@ pub fn select_previews(
             .and_then(Value::as_str)
             .unwrap_or("pipeline")
             .to_ascii_lowercase();
-        let nodes = ["node_count", "nodes"]
-            .iter()
-            .find_map(|k| p.get(*k).and_then(Value::as_u64).map(|n| n as usize))
-            .or_else(|| rank_count(p))
-            .or_else(|| rank_count(instance));
+        // The placement's ranks say how many nodes it really spans; `node_count` (exo's
+        // field, a minimum) only when there is no placement.
+        let nodes = rank_count(p).or_else(|| rank_count(instance)).or_else(|| {
+            ["node_count", "nodes"]
+                .iter()
+                .find_map(|k| p.get(*k).and_then(Value::as_u64).map(|n| n as usize))
+        });
         let error = p.get("error").filter(|e| !e.is_null());
         let Some(nodes) = nodes else {
             if error.is_none() {
@@ -87,8 +89,9 @@ pub fn select_previews(
         if let Some(error) = error {
             let why = error
                 .as_str()
+                .or_else(|| error.get("message").and_then(Value::as_str))
                 .map_or_else(|| error.to_string(), str::to_string);
-            impossible.push(format!("{kind} on {nodes} node(s): {why}"));
+            impossible.push((kind, nodes, why));
             continue;
         }
         chosen.push(Preview {
@@ -101,6 +104,17 @@ pub fn select_previews(
     // Several backends may offer the same sharding and size (ring, JACCL): measure each
     // shape once, the first offered.
     chosen.dedup_by(|b, a| a.sharding == b.sharding && a.nodes == b.nodes);
+    // Why a shape cannot be placed matters only when no other backend can place it.
+    impossible.retain(|(kind, nodes, _)| {
+        !chosen
+            .iter()
+            .any(|c| &c.sharding == kind && c.nodes == *nodes)
+    });
+    let mut impossible: Vec<String> = impossible
+        .into_iter()
+        .map(|(kind, nodes, why)| format!("{kind} on {nodes} node(s): {why}"))
+        .collect();
+    impossible.dedup();
     Ok((chosen, impossible))
 }
 
@@ -206,9 +220,12 @@ mod tests {
             {"sharding": "pipeline", "node_count": 3, "placement": {"ranks": [1, 2, 3]}},
             {"sharding": "pipeline", "node_count": 1},
             {"sharding": "Pipeline", "node_count": 1, "instance_meta": "MlxJaccl"},
-            {"sharding": "Tensor", "node_count": 3, "error": "9 heads do not split over 3... they do"},
+            {"sharding": "Tensor", "node_count": 3, "placement": null,
+             "error": {"code": "indivisible", "message": "9 heads do not split over 3"}},
             {"sharding": "Tensor", "node_count": 4, "error": "only 3 nodes"},
+            {"sharding": "Tensor", "node_count": 2, "error": "MlxJaccl needs Thunderbolt 5"},
             {"sharding": "pipeline", "placement": {"ranks": [1, 2]}},
+            {"sharding": "pipeline", "node_count": 1, "placement": {"ranks": [1, 2, 3, 4]}},
         ]});
         let (chosen, impossible) = select_previews(&answer, ShardingChoice::Both, 1, 3).unwrap();
         let shapes: Vec<(&str, usize)> = chosen
@@ -226,7 +243,10 @@ mod tests {
         );
         assert_eq!(chosen[3].instance, json!({"model_id": "m", "x": 1}));
         assert_eq!(impossible.len(), 1, "{impossible:?}");
-        assert!(impossible[0].contains("tensor on 3"));
+        assert_eq!(
+            impossible[0],
+            "tensor on 3 node(s): 9 heads do not split over 3"
+        );
 
         let (chosen, _) = select_previews(&answer, ShardingChoice::Pipeline, 2, 2).unwrap();
         assert_eq!(chosen.len(), 1);
