@@ -5,6 +5,7 @@ use crate::config::{ModelConfig, RopeScaling};
 use crate::detokenizer::{StopCheck, StopMatcher, StreamDecoder};
 use crate::error::{InferenceError, Result};
 use crate::gguf::GgufFile;
+use crate::kv_cache::KvCache;
 use crate::model::{ModelShard, ShardInput};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -222,6 +223,208 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
 }
 
+/// Something that runs the model one step at a time for one sequence: a whole model in this
+/// process ([`LocalForward`]), rank 0 of a pipeline ([`crate::pipeline::PipelineStage`]) or of a
+/// tensor-parallel instance ([`crate::tensor_stage::TensorStage`]). The generation loop
+/// ([`generate`]) runs over any of them, so sampling, stop strings and streaming behave the
+/// same however the model is split.
+pub trait Forward {
+    /// The model's configuration (context length, vocabulary).
+    fn config(&self) -> &ModelConfig;
+
+    /// Runs `tokens` (the next positions of the sequence, appended to its cache) and returns
+    /// the logits of the last one (`vocab` floats).
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+
+    /// Forgets the sequence: the next `forward` starts at position 0.
+    fn reset(&mut self) -> Result<()>;
+
+    /// The most tokens one `forward` takes; longer prompts are prefilled in chunks of this
+    /// size (bounding the activations that cross the ring per step).
+    fn max_chunk(&self) -> usize {
+        usize::MAX
+    }
+}
+
+/// Prompt chunk of the distributed forwards: 256 positions of SmolLM2 activations are 590 KB
+/// per hop.
+pub const DISTRIBUTED_PREFILL_CHUNK: usize = 256;
+
+/// A whole model in this process with the KV cache of one sequence.
+pub struct LocalForward<'a> {
+    model: &'a ModelShard,
+    cache: KvCache,
+}
+
+impl<'a> LocalForward<'a> {
+    /// A fresh sequence on `model`, which must hold every layer.
+    pub fn new(model: &'a ModelShard) -> Result<LocalForward<'a>> {
+        if !(model.is_first() && model.is_last()) {
+            return Err(InferenceError::InvalidRequest(format!(
+                "layers {:?} of {} are not a whole model; generate through the pipeline",
+                model.range, model.config.num_layers
+            )));
+        }
+        Ok(LocalForward {
+            model,
+            cache: model.new_cache(),
+        })
+    }
+}
+
+impl Forward for LocalForward<'_> {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        last_logits_to_host(&self.model.forward(
+            ShardInput::Tokens(tokens),
+            &mut self.cache,
+            true,
+        )?)
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.cache = self.model.new_cache();
+        Ok(())
+    }
+}
+
+/// The prompt as token ids.
+pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>> {
+    match prompt {
+        Prompt::Text(t) => tokenizer.encode_prompt(t),
+        Prompt::Chat(messages) => {
+            let text = tokenizer.apply_chat_template(messages, true)?;
+            tokenizer.encode(&text)
+        }
+        Prompt::Tokens(ids) => Ok(ids.clone()),
+    }
+}
+
+/// Checks a request before any work starts (so a distributed forward never begins a step it
+/// cannot finish): sampling parameters, an empty or too long prompt, token ids outside the
+/// vocabulary. Returns the prompt's token ids.
+pub fn check_request(
+    config: &ModelConfig,
+    tokenizer: &Tokenizer,
+    request: &GenerateRequest,
+) -> Result<Vec<u32>> {
+    request.sampling.validate()?;
+    let prompt = prompt_ids(tokenizer, &request.prompt)?;
+    if prompt.is_empty() {
+        return Err(InferenceError::InvalidRequest("the prompt is empty".into()));
+    }
+    let context_length = config.max_position_embeddings;
+    if prompt.len() >= context_length {
+        return Err(InferenceError::PromptTooLong {
+            prompt_tokens: prompt.len(),
+            context_length,
+        });
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= config.vocab_size) {
+        return Err(InferenceError::InvalidRequest(format!(
+            "token id {bad} is outside the vocabulary of {}",
+            config.vocab_size
+        )));
+    }
+    Ok(prompt)
+}
+
+/// Generates a completion of `request` over `forward` (see [`Engine::generate`]): the one
+/// generation loop, whatever runs the model. The sequence is reset first; the prompt is
+/// prefilled in chunks of `forward.max_chunk()` tokens.
+pub fn generate(
+    forward: &mut dyn Forward,
+    tokenizer: &Tokenizer,
+    request: &GenerateRequest,
+    mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
+) -> Result<Completion> {
+    let prompt = check_request(forward.config(), tokenizer, request)?;
+    let context_length = forward.config().max_position_embeddings;
+    let max_tokens = request.max_tokens.min(context_length - prompt.len());
+    let mut sampler = Sampler::new(request.sampling.clone());
+    let mut context = prompt.clone();
+    let mut out = Completion {
+        text: String::new(),
+        tokens: vec![],
+        logprobs: vec![],
+        finish_reason: FinishReason::Length,
+        prompt_tokens: prompt.len(),
+        prompt_seconds: 0.0,
+        generation_seconds: 0.0,
+    };
+    if max_tokens == 0 {
+        return Ok(out);
+    }
+    let start = Instant::now();
+    forward.reset()?;
+    let mut logits = Vec::new();
+    for chunk in prompt.chunks(forward.max_chunk().max(1)) {
+        logits = forward.forward(chunk)?;
+    }
+    out.prompt_seconds = start.elapsed().as_secs_f64();
+    let decode_start = Instant::now();
+    let mut decoder = StreamDecoder::new();
+    let mut stops = StopMatcher::new(&request.stop);
+    let mut stopped_by_string = false;
+    loop {
+        let s = sampler.sample(&logits, &context, out.tokens.len());
+        context.push(s.token);
+        out.tokens.push(s.token);
+        out.logprobs.push(s.logprob);
+        let is_end = (!request.ignore_eos && tokenizer.eos_token_ids.contains(&s.token))
+            || request.stop_token_ids.contains(&s.token);
+        if is_end {
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        let piece = decoder.push(tokenizer, s.token)?;
+        let (emit, stopped) = match stops.push(&piece) {
+            StopCheck::Continue(t) => (t, false),
+            StopCheck::Stop(t) => (t, true),
+        };
+        if on_token(TokenEvent {
+            token: s.token,
+            text: &emit,
+            logprob: s.logprob,
+        })
+        .is_break()
+        {
+            out.finish_reason = FinishReason::Cancelled;
+            break;
+        }
+        if stopped {
+            stopped_by_string = true;
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        if out.tokens.len() >= max_tokens {
+            break;
+        }
+        logits = forward.forward(&[s.token])?;
+    }
+    out.generation_seconds = decode_start.elapsed().as_secs_f64();
+    if !stopped_by_string && out.finish_reason != FinishReason::Cancelled {
+        // Flush an incomplete character and any text held back for a possible stop string.
+        let tail = decoder.finish(tokenizer)?;
+        let rest = match stops.push(&tail) {
+            StopCheck::Stop(t) => t,
+            StopCheck::Continue(t) => t + &stops.finish(),
+        };
+        if !rest.is_empty() {
+            let _ = on_token(TokenEvent {
+                token: *out.tokens.last().unwrap_or(&0),
+                text: &rest,
+                logprob: 0.0,
+            });
+        }
+    }
+    out.text = stops.text().to_owned();
+    Ok(out)
+}
+
 /// Logits `[.., vocab]` of the last position, on the host.
 pub fn last_logits_to_host(logits: &Array) -> Result<Vec<f32>> {
     let vocab = *logits.shape().last().unwrap_or(&0);
@@ -254,14 +457,7 @@ impl Engine {
 
     /// The prompt as token ids.
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        match prompt {
-            Prompt::Text(t) => self.tokenizer.encode_prompt(t),
-            Prompt::Chat(messages) => {
-                let text = self.tokenizer.apply_chat_template(messages, true)?;
-                self.tokenizer.encode(&text)
-            }
-            Prompt::Tokens(ids) => Ok(ids.clone()),
-        }
+        prompt_ids(&self.tokenizer, prompt)
     }
 
     /// Generates a completion, calling `on_token` for every token as it is produced; the
@@ -269,105 +465,10 @@ impl Engine {
     pub fn generate(
         &self,
         request: &GenerateRequest,
-        mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
+        on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
     ) -> Result<Completion> {
-        request.sampling.validate()?;
-        let prompt = self.prompt_ids(&request.prompt)?;
-        if prompt.is_empty() {
-            return Err(InferenceError::InvalidRequest("the prompt is empty".into()));
-        }
-        let context_length = self.model.config.max_position_embeddings;
-        if prompt.len() >= context_length {
-            return Err(InferenceError::PromptTooLong {
-                prompt_tokens: prompt.len(),
-                context_length,
-            });
-        }
-        let max_tokens = request.max_tokens.min(context_length - prompt.len());
-        let mut sampler = Sampler::new(request.sampling.clone());
-        let mut cache = self.model.new_cache();
-        let mut context = prompt.clone();
-        let mut out = Completion {
-            text: String::new(),
-            tokens: vec![],
-            logprobs: vec![],
-            finish_reason: FinishReason::Length,
-            prompt_tokens: prompt.len(),
-            prompt_seconds: 0.0,
-            generation_seconds: 0.0,
-        };
-        if max_tokens == 0 {
-            return Ok(out);
-        }
-        let start = Instant::now();
-        let mut logits = last_logits_to_host(&self.model.forward(
-            ShardInput::Tokens(&prompt),
-            &mut cache,
-            true,
-        )?)?;
-        out.prompt_seconds = start.elapsed().as_secs_f64();
-        let decode_start = Instant::now();
-        let mut decoder = StreamDecoder::new();
-        let mut stops = StopMatcher::new(&request.stop);
-        let mut stopped_by_string = false;
-        loop {
-            let s = sampler.sample(&logits, &context, out.tokens.len());
-            context.push(s.token);
-            out.tokens.push(s.token);
-            out.logprobs.push(s.logprob);
-            let is_end = (!request.ignore_eos && self.tokenizer.eos_token_ids.contains(&s.token))
-                || request.stop_token_ids.contains(&s.token);
-            if is_end {
-                out.finish_reason = FinishReason::Stop;
-                break;
-            }
-            let piece = decoder.push(&self.tokenizer, s.token)?;
-            let (emit, stopped) = match stops.push(&piece) {
-                StopCheck::Continue(t) => (t, false),
-                StopCheck::Stop(t) => (t, true),
-            };
-            if on_token(TokenEvent {
-                token: s.token,
-                text: &emit,
-                logprob: s.logprob,
-            })
-            .is_break()
-            {
-                out.finish_reason = FinishReason::Cancelled;
-                break;
-            }
-            if stopped {
-                stopped_by_string = true;
-                out.finish_reason = FinishReason::Stop;
-                break;
-            }
-            if out.tokens.len() >= max_tokens {
-                break;
-            }
-            logits = last_logits_to_host(&self.model.forward(
-                ShardInput::Tokens(&[s.token]),
-                &mut cache,
-                true,
-            )?)?;
-        }
-        out.generation_seconds = decode_start.elapsed().as_secs_f64();
-        if !stopped_by_string && out.finish_reason != FinishReason::Cancelled {
-            // Flush an incomplete character and any text held back for a possible stop string.
-            let tail = decoder.finish(&self.tokenizer)?;
-            let rest = match stops.push(&tail) {
-                StopCheck::Stop(t) => t,
-                StopCheck::Continue(t) => t + &stops.finish(),
-            };
-            if !rest.is_empty() {
-                let _ = on_token(TokenEvent {
-                    token: *out.tokens.last().unwrap_or(&0),
-                    text: &rest,
-                    logprob: 0.0,
-                });
-            }
-        }
-        out.text = stops.text().to_owned();
-        Ok(out)
+        let mut local = LocalForward::new(&self.model)?;
+        generate(&mut local, &self.tokenizer, request, on_token)
     }
 
     /// Path of the default model (the SmolLM2 fixture `cargo xtask setup` downloads).

@@ -76,6 +76,16 @@ pub enum InferenceError {
     /// MLX reported an error (the message comes from MLX).
     #[error("MLX error: {0}")]
     Mlx(String),
+    /// The MLX ring to the other ranks of the instance failed (a lost peer, a refused
+    /// operation): the instance cannot go on and must be placed again.
+    #[error("the ring to the other ranks failed: {0}")]
+    Ring(String),
+}
+
+impl From<crate::ring::RingError> for InferenceError {
+    fn from(e: crate::ring::RingError) -> Self {
+        InferenceError::Ring(e.to_string())
+    }
 }
 
 impl From<mlx_rs::error::Exception> for InferenceError {

@@ -5,7 +5,11 @@
 //! - [`gguf`], [`quant`], [`weights`]: reading GGUF files and Hugging Face folders into the
 //!   fastest representation for the backend.
 //! - [`tokenizer`], [`detokenizer`]: tokens in and out, chat templates.
-//! - [`sampling`], [`engine`]: generation, the API callers use.
+//! - [`sampling`], [`engine`]: generation, the API callers use; one loop over any
+//!   [`engine::Forward`].
+//! - [`ring`], [`pipeline`], [`tensor_stage`]: one model across several processes over MLX's
+//!   ring backend (pipeline and tensor parallel).
+//! - [`runner`]: one instance (or one rank of it) in its own process, driven by its node.
 
 pub mod config;
 pub mod detokenizer;
@@ -23,6 +27,7 @@ pub mod ring;
 pub mod rope;
 pub mod runner;
 pub mod sampling;
+pub mod tensor_stage;
 pub mod tokenizer;
 pub mod weights;
 

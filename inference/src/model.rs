@@ -22,9 +22,7 @@ mod tensor_parallel;
 /// Adds up a row-parallel projection's partial results over the tensor-parallel ring.
 fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
     match reduce {
-        Some(group) => group
-            .all_sum(&partial)
-            .map_err(|e| InferenceError::Mlx(e.to_string())),
+        Some(group) => Ok(group.all_sum(&partial)?),
         None => Ok(partial),
     }
 }

@@ -14,11 +14,14 @@
 //! Returning logits costs `vocab × 4` bytes per step over the last link (196 KB for SmolLM2):
 //! it keeps every sampling option on rank 0, where the request lives.
 
+use crate::config::ModelConfig;
+use crate::engine::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::ModelShard;
 use crate::ring::RingGroup;
 use mlx_rs::{Array, Dtype};
+use std::sync::Arc;
 
 /// What the next step of the pipeline is, as the header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,17 +48,22 @@ impl Kind {
 pub struct PipelineStage {
     shard: ModelShard,
     cache: KvCache,
-    group: RingGroup,
+    group: Arc<RingGroup>,
 }
 
-/// Ring failures (a lost peer, a refused operation) are MLX distributed errors.
-fn ring_err(e: crate::ring::RingError) -> InferenceError {
-    InferenceError::Mlx(e.to_string())
+/// Any failure in the middle of a step leaves the ranks out of step (the ring has no framing),
+/// so it is a ring failure: the instance cannot go on.
+pub(crate) fn midway(what: &str, e: InferenceError) -> InferenceError {
+    match e {
+        InferenceError::Ring(m) => InferenceError::Ring(format!("{what}: {m}")),
+        other => InferenceError::Ring(format!("{what}: {other}")),
+    }
 }
 
 impl PipelineStage {
     /// Joins a shard to its ring. Rank 0 must hold the embedding and the last rank the head.
-    pub fn new(shard: ModelShard, group: RingGroup) -> Result<PipelineStage> {
+    pub fn new(shard: ModelShard, group: impl Into<Arc<RingGroup>>) -> Result<PipelineStage> {
+        let group = group.into();
         let (rank, size) = (group.rank(), group.size());
         if (rank == 0) != shard.is_first() || (rank + 1 == size) != shard.is_last() {
             return Err(InferenceError::InvalidRequest(format!(
@@ -92,119 +100,114 @@ impl PipelineStage {
 
     fn send_header(&self, kind: Kind, seq_len: usize) -> Result<()> {
         let header = Array::from_slice(&[kind as i32, seq_len as i32], &[2]);
-        self.group
-            .send(&header, self.right())
-            .map_err(ring_err)?
-            .eval()?;
+        self.group.send(&header, self.right())?.eval()?;
         Ok(())
     }
 
     fn recv_header(&self) -> Result<(Kind, usize)> {
-        let header = self
-            .group
-            .recv(&[2], Dtype::Int32, self.left())
-            .map_err(ring_err)?;
+        let header = self.group.recv(&[2], Dtype::Int32, self.left())?;
         header.eval()?;
         let values = header.as_slice::<i32>();
         Ok((Kind::from_code(values[0])?, values[1].max(0) as usize))
     }
 
-    /// Rank 0: runs `tokens` through every stage and returns the logits of the last position
+    /// Rank 0: one step of `tokens` through every stage; the logits of the last position
     /// (`[vocab]`, f32).
-    pub fn forward(&mut self, tokens: &[u32]) -> Result<Array> {
-        self.require_rank0("forward")?;
-        if tokens.is_empty() {
-            return Err(InferenceError::InvalidRequest(
-                "a pipeline step needs at least one token".into(),
-            ));
-        }
+    fn step(&mut self, tokens: &[u32]) -> Result<Array> {
+        // Embedding first: a bad token id fails here, before any rank hears of the step.
+        let h = self.shard.embed(tokens)?;
         if self.group.size() == 1 {
-            let logits = self.shard.forward(
-                crate::model::ShardInput::Tokens(tokens),
-                &mut self.cache,
-                true,
-            )?;
+            let h = self.shard.forward_layers(h, &mut self.cache)?;
+            let logits = self.shard.logits(&h, true)?;
             return Ok(logits.reshape(&[-1])?.as_dtype(Dtype::Float32)?);
         }
-        self.send_header(Kind::Forward, tokens.len())?;
-        let h = self.shard.embed(tokens)?;
-        let h = self.shard.forward_layers(h, &mut self.cache)?;
-        let h = h.as_dtype(Dtype::Float32)?;
-        self.group
-            .send(&h, self.right())
-            .map_err(ring_err)?
-            .eval()?;
-        let vocab = self.shard.config.vocab_size as i32;
-        let logits = self
-            .group
-            .recv(&[vocab], Dtype::Float32, self.left())
-            .map_err(ring_err)?;
-        logits.eval()?;
-        Ok(logits)
-    }
-
-    /// Rank 0: clears every stage's KV cache (a new request starts).
-    pub fn reset(&mut self) -> Result<()> {
-        self.require_rank0("reset")?;
-        self.cache = self.shard.new_cache();
-        if self.group.size() > 1 {
-            self.send_header(Kind::Reset, 0)?;
-        }
-        Ok(())
+        let right = self.right();
+        let run = |stage: &mut PipelineStage| -> Result<Array> {
+            stage.send_header(Kind::Forward, tokens.len())?;
+            let h = stage.shard.forward_layers(h, &mut stage.cache)?;
+            let h = h.as_dtype(Dtype::Float32)?;
+            stage.group.send(&h, right)?.eval()?;
+            let vocab = stage.shard.config.vocab_size as i32;
+            let logits = stage.group.recv(&[vocab], Dtype::Float32, stage.left())?;
+            logits.eval()?;
+            Ok(logits)
+        };
+        let left = self.left();
+        run(self).map_err(|e| {
+            midway(
+                &format!(
+                    "pipeline step (rank 0 sends to rank {right}, hears back from rank {left})"
+                ),
+                e,
+            )
+        })
     }
 
     /// Rank 0: ends the serving loop of every other stage.
     pub fn stop(&mut self) -> Result<()> {
         self.require_rank0("stop")?;
         if self.group.size() > 1 {
-            self.send_header(Kind::Stop, 0)?;
+            self.send_header(Kind::Stop, 0)
+                .map_err(|e| midway("pipeline stop", e))?;
         }
         Ok(())
     }
 
     /// Ranks above 0: serve steps until rank 0 says stop. Returns the number of forward
-    /// steps served.
+    /// steps served. An error means the ring broke (usually: a neighbour died).
     pub fn serve(&mut self) -> Result<usize> {
         if self.group.rank() == 0 {
             return Err(InferenceError::InvalidRequest(
                 "rank 0 drives the pipeline; only the other ranks serve".into(),
             ));
         }
-        let last = self.group.rank() + 1 == self.group.size();
+        let (rank, left, right) = (self.group.rank(), self.left(), self.right());
+        let last = rank + 1 == self.group.size();
         let hidden = self.shard.config.hidden_size as i32;
         let mut steps = 0;
         loop {
-            let (kind, seq_len) = self.recv_header()?;
-            if !last {
-                self.send_header(kind, seq_len)?;
-            }
-            match kind {
-                Kind::Stop => return Ok(steps),
-                Kind::Reset => {
-                    self.cache = self.shard.new_cache();
-                    continue;
+            let (kind, seq_len) = self
+                .recv_header()
+                .map_err(|e| midway(&format!("rank {rank} waiting for rank {left}"), e))?;
+            let mut step = |stage: &mut PipelineStage| -> Result<bool> {
+                if !last {
+                    stage.send_header(kind, seq_len)?;
                 }
-                Kind::Forward => {}
-            }
-            let h = self
-                .group
-                .recv(&[1, seq_len as i32, hidden], Dtype::Float32, self.left())
-                .map_err(ring_err)?;
-            let h = h.as_dtype(self.shard.dtype)?;
-            let h = self.shard.forward_layers(h, &mut self.cache)?;
-            let out = if last {
-                self.shard
-                    .logits(&h, true)?
-                    .reshape(&[-1])?
-                    .as_dtype(Dtype::Float32)?
-            } else {
-                h.as_dtype(Dtype::Float32)?
+                match kind {
+                    Kind::Stop => return Ok(false),
+                    Kind::Reset => {
+                        stage.cache = stage.shard.new_cache();
+                        return Ok(true);
+                    }
+                    Kind::Forward => {}
+                }
+                let h = stage
+                    .group
+                    .recv(&[1, seq_len as i32, hidden], Dtype::Float32, left)?;
+                let h = h.as_dtype(stage.shard.dtype)?;
+                let h = stage.shard.forward_layers(h, &mut stage.cache)?;
+                let out = if last {
+                    stage
+                        .shard
+                        .logits(&h, true)?
+                        .reshape(&[-1])?
+                        .as_dtype(Dtype::Float32)?
+                } else {
+                    h.as_dtype(Dtype::Float32)?
+                };
+                stage.group.send(&out, right)?.eval()?;
+                steps += 1;
+                Ok(true)
             };
-            self.group
-                .send(&out, self.right())
-                .map_err(ring_err)?
-                .eval()?;
-            steps += 1;
+            let go_on = step(self).map_err(|e| {
+                midway(
+                    &format!("rank {rank} serving a step from rank {left} to rank {right}"),
+                    e,
+                )
+            })?;
+            if !go_on {
+                return Ok(steps);
+            }
         }
     }
 
@@ -216,5 +219,39 @@ impl PipelineStage {
             )));
         }
         Ok(())
+    }
+}
+
+impl Forward for PipelineStage {
+    fn config(&self) -> &ModelConfig {
+        &self.shard.config
+    }
+
+    /// Rank 0: runs `tokens` through every stage and returns the logits of the last position.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.require_rank0("forward")?;
+        if tokens.is_empty() {
+            return Err(InferenceError::InvalidRequest(
+                "a pipeline step needs at least one token".into(),
+            ));
+        }
+        let logits = self.step(tokens)?;
+        logits.eval()?;
+        Ok(logits.as_slice::<f32>().to_vec())
+    }
+
+    /// Rank 0: clears every stage's KV cache (a new request starts).
+    fn reset(&mut self) -> Result<()> {
+        self.require_rank0("reset")?;
+        self.cache = self.shard.new_cache();
+        if self.group.size() > 1 {
+            self.send_header(Kind::Reset, 0)
+                .map_err(|e| midway("pipeline reset", e))?;
+        }
+        Ok(())
+    }
+
+    fn max_chunk(&self) -> usize {
+        DISTRIBUTED_PREFILL_CHUNK
     }
 }

@@ -12,6 +12,27 @@ use std::str::FromStr;
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's pre-tokenizer split (GGUF `tokenizer.ggml.pre = qwen2`).
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's split: Qwen2's, with combining marks (`\p{M}`) kept inside words.
+const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// DeepSeek LLM's splits, applied one after the other: line breaks, runs of cased letters
+/// (the Latin, Greek, Cyrillic, ... letters that have case), ASCII and full-width
+/// punctuation, trailing spaces, CJK and Hangul runs.
+const DEEPSEEK_LLM_SPLITS: &[&str] = &[
+    "[\r\n]",
+    "\\s?[A-Za-z\u{b5}\u{c0}-\u{d6}\u{d8}-\u{f6}\u{f8}-\u{1ba}\u{1bc}-\u{1bf}\u{1c4}-\u{293}\u{295}-\u{2af}\u{370}-\u{373}\u{376}\u{377}\u{37b}-\u{37d}\u{37f}\u{386}\u{388}-\u{38a}\u{38c}\u{38e}-\u{3a1}\u{3a3}-\u{3f5}\u{3f7}-\u{481}\u{48a}-\u{52f}\u{531}-\u{556}\u{10a0}-\u{10c5}\u{13a0}-\u{13f5}\u{13f8}-\u{13fd}\u{1c90}-\u{1cba}\u{1cbd}-\u{1cbf}\u{1d00}-\u{1d2b}\u{1d6b}-\u{1d77}\u{1d79}-\u{1d9a}\u{1e00}-\u{1f15}\u{1f18}-\u{1f1d}\u{1f20}-\u{1f45}\u{1f48}-\u{1f4d}\u{1f50}-\u{1f57}\u{1f59}\u{1f5b}\u{1f5d}\u{1f5f}-\u{1f7d}\u{1f80}-\u{1fb4}\u{1fb6}-\u{1fbc}\u{1fbe}\u{1fc2}-\u{1fc4}\u{1fc6}-\u{1fcc}\u{1fd0}-\u{1fd3}\u{1fd6}-\u{1fdb}\u{1fe0}-\u{1fec}\u{1ff2}-\u{1ff4}\u{1ff6}-\u{1ffc}\u{2102}\u{2107}\u{210a}-\u{2113}\u{2115}\u{2119}-\u{211d}\u{2124}\u{2126}\u{2128}\u{212a}-\u{212d}\u{212f}-\u{2134}\u{2139}\u{213c}-\u{213f}\u{2145}-\u{2149}\u{214e}\u{2183}\u{2184}\u{2c00}-\u{2c7b}\u{2c7e}-\u{2ce4}\u{2ceb}-\u{2cee}\u{2cf2}\u{2cf3}\u{a640}-\u{a66d}\u{a680}-\u{a69b}\u{a722}-\u{a76f}\u{a771}-\u{a787}\u{a78b}-\u{a78e}\u{ab70}-\u{abbf}\u{fb00}-\u{fb06}\u{fb13}-\u{fb17}\u{ff21}-\u{ff3a}\u{ff41}-\u{ff5a}\u{10400}-\u{1044f}\u{104b0}-\u{104d3}\u{104d8}-\u{104fb}\u{10c80}-\u{10cb2}\u{10cc0}-\u{10cf2}\u{118a0}-\u{118df}\u{1e900}-\u{1e943}]+",
+    "\\s?[!-/:-~\u{ff01}-\u{ff0f}\u{ff1a}-\u{ff5e}\u{2018}-\u{201f}\u{3000}-\u{3002}]+",
+    "\\s+$",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+];
+/// DeepSeek Coder's splits: line breaks, letter runs, punctuation runs, CJK and Hangul runs.
+const DEEPSEEK_CODER_SPLITS: &[&str] = &[
+    "[\r\n]",
+    "\\s?\\p{L}+",
+    "\\s?\\p{P}+",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+];
+/// Falcon's last split: digits in groups of three.
+const FALCON_DIGIT_GROUPS: &str = "[0-9][0-9][0-9]";
 
 /// A tokenizer with the model's special tokens and chat template.
 pub struct Tokenizer {
@@ -99,19 +120,65 @@ impl Tokenizer {
         }
         let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
         let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
+        let splits =
+            |patterns: &[&str]| -> Vec<Value> { patterns.iter().map(|p| split(p)).collect() };
+        let sequence = |steps: Vec<Value>| json!({"type": "Sequence", "pretokenizers": steps});
+        // What llama.cpp does for each `tokenizer.ggml.pre`, written as the Hugging Face
+        // pre-tokenizer of the model it came from. `ignore_merges`: a word that is a token of
+        // its own is taken whole, even where the merges would not reach it (Llama 3).
+        let mut ignore_merges = false;
         let (normalizer, pre_tokenizer) = match pre {
-            "smollm" | "starcoder" | "refact" => (
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
+            | "minerva-7b" => (
                 Value::Null,
-                json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+                sequence(vec![
+                    json!({"type": "Digits", "individual_digits": true}),
+                    byte_level(true),
+                ]),
             ),
-            "llama-bpe" | "llama3" | "smaug-bpe" => (
+            "llama-bpe" | "llama3" | "falcon3" | "falcon-h1" | "pixtral" => {
+                ignore_merges = true;
+                (
+                    Value::Null,
+                    sequence(vec![split(LLAMA3_SPLIT), byte_level(false)]),
+                )
+            }
+            "smaug-bpe" | "dbrx" => (
                 Value::Null,
-                json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]}),
+                sequence(vec![split(LLAMA3_SPLIT), byte_level(false)]),
             ),
-            "qwen2" | "deepseek-r1-qwen" => (
+            "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" => (
                 json!({"type": "NFC"}),
-                json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
+                sequence(vec![split(QWEN2_SPLIT), byte_level(false)]),
             ),
+            // No NFC here: Qwen3.5 keeps combining marks as written (`e` + U+0301 stays two
+            // tokens).
+            "qwen35" => (
+                Value::Null,
+                sequence(vec![split(QWEN35_SPLIT), byte_level(false)]),
+            ),
+            "deepseek-llm" => {
+                let mut steps = splits(DEEPSEEK_LLM_SPLITS);
+                steps.push(json!({"type": "Digits", "individual_digits": false}));
+                steps.push(byte_level(false));
+                (Value::Null, sequence(steps))
+            }
+            "deepseek-coder" => {
+                let mut steps = splits(DEEPSEEK_CODER_SPLITS);
+                steps.push(json!({"type": "Digits", "individual_digits": true}));
+                steps.push(byte_level(false));
+                (Value::Null, sequence(steps))
+            }
+            "falcon" => (
+                Value::Null,
+                sequence(vec![
+                    json!({"type": "Punctuation", "behavior": "Contiguous"}),
+                    byte_level(true),
+                    json!({"type": "Digits", "individual_digits": false}),
+                    split(FALCON_DIGIT_GROUPS),
+                ]),
+            ),
+            "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" => (Value::Null, byte_level(true)),
             _ => {
                 tracing::warn!(
                     pre,
@@ -131,7 +198,7 @@ impl Tokenizer {
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {
                 "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
                 "vocab": vocab, "merges": merges,
             },
         });
@@ -316,10 +383,11 @@ pub fn render_chat_template(
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
     // Dates are not deterministic; templates that print one get a fixed neutral date.
-    env.add_function("strftime_now", |_format: String| -> String {
-        "01 Jan 2025".to_owned()
+    env.add_function("strftime_now", |format: String| -> String {
+        strftime_fixed_date(&format)
     });
-    env.add_template("chat", template).map_err(err)?;
+    let template = without_generation_tags(template);
+    env.add_template("chat", &template).map_err(err)?;
     let tpl = env.get_template("chat").map_err(err)?;
     tpl.render(context! {
         messages => minijinja::Value::from(minijinja::value::Serde(messages)),
@@ -328,4 +396,104 @@ pub fn render_chat_template(
         eos_token => eos_token,
     })
     .map_err(err)
+}
+
+/// `transformers` adds a `{% generation %}...{% endgeneration %}` block to Jinja (it marks the
+/// assistant's tokens for training masks and renders its body unchanged). minijinja has no
+/// custom tags, so each becomes an `if true`/`endif` pair with the same whitespace-control
+/// markers, which renders identically.
+fn without_generation_tags(template: &str) -> std::borrow::Cow<'_, str> {
+    if !template.contains("generation") {
+        return template.into();
+    }
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(len) = tag.find("%}").map(|end| end + 2) else {
+            break;
+        };
+        let inner = &tag[2..len - 2];
+        let open = if inner.starts_with(['-', '+']) {
+            &inner[..1]
+        } else {
+            ""
+        };
+        let close = if inner.ends_with(['-', '+']) {
+            &inner[inner.len() - 1..]
+        } else {
+            ""
+        };
+        let word = inner[open.len()..inner.len() - close.len()].trim();
+        match word {
+            "generation" => out.push_str(&format!("{{%{open} if true {close}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{open} endif {close}%}}")),
+            _ => out.push_str(&tag[..len]),
+        }
+        rest = &tag[len..];
+    }
+    out.push_str(rest);
+    out.into()
+}
+
+/// `format` (C `strftime` specifiers) applied to the fixed date templates see: Wednesday
+/// 1 January 2025, 00:00:00. Covers what chat templates print (`%Y-%m-%d`, `%d %b %Y`,
+/// `%B %d, %Y`, ...); unknown specifiers are kept as written.
+fn strftime_fixed_date(format: &str) -> String {
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str("2025"),
+            Some('y') => out.push_str("25"),
+            Some('m') => out.push_str("01"),
+            Some('d') => out.push_str("01"),
+            Some('e') => out.push_str(" 1"),
+            Some('j') => out.push_str("001"),
+            Some('b') | Some('h') => out.push_str("Jan"),
+            Some('B') => out.push_str("January"),
+            Some('a') => out.push_str("Wed"),
+            Some('A') => out.push_str("Wednesday"),
+            Some('H') | Some('M') | Some('S') => out.push_str("00"),
+            Some('F') => out.push_str("2025-01-01"),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{strftime_fixed_date, without_generation_tags};
+
+    #[test]
+    fn generation_blocks_become_plain_blocks() {
+        let t = "a {%- generation -%} b {{ x }} {%- endgeneration %} c {% if y %}{% endif %}";
+        assert_eq!(
+            without_generation_tags(t),
+            "a {%- if true -%} b {{ x }} {%- endif %} c {% if y %}{% endif %}"
+        );
+        assert_eq!(without_generation_tags("{% generation"), "{% generation");
+    }
+
+    #[test]
+    fn fixed_date_formats_like_strftime() {
+        assert_eq!(strftime_fixed_date("%d %b %Y"), "01 Jan 2025");
+        assert_eq!(strftime_fixed_date("%Y-%m-%d"), "2025-01-01");
+        assert_eq!(strftime_fixed_date("%B %d, %Y"), "January 01, 2025");
+        assert_eq!(
+            strftime_fixed_date("%A %H:%M:%S 100%% %q %"),
+            "Wednesday 00:00:00 100% %q %"
+        );
+    }
 }

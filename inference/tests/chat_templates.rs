@@ -3,6 +3,8 @@
 //! of Qwen2.5's and Llama 3's (whitespace control, `namespace`-free slicing, `| trim`,
 //! `.startswith()`/`.strip()`, `is defined`, `raise_exception`, `strftime_now`); the expected
 //! strings were rendered by jinja2 3.1 with the same inputs.
+//! These run without any download; `real_chat_templates.rs` renders the real Qwen2.5, Llama 3.x
+//! and SmolLM2 templates (and every template llama.cpp ships) against jinja2 at test time.
 
 use inference::tokenizer::render_chat_template;
 use inference::{ChatMessage, InferenceError};

@@ -1,5 +1,6 @@
-//! Pipeline parallelism through the real MLX ring: 2 and 3 processes on loopback, each
-//! holding a layer range, give the same logits as one process holding the whole model.
+//! Pipeline parallelism through the real MLX ring: 2 and 3 processes, each in its own network
+//! namespace (on loopback when not root), each holding a layer range, give the same logits as
+//! one process holding the whole model.
 //!
 //! Each test re-runs this binary as one child process per rank (`pipeline_child` does the work
 //! when `SHOAL_PIPELINE_CHILD` is set). Rank 0 also loads the whole model and compares, step by
@@ -7,8 +8,11 @@
 
 mod common;
 
-use common::{argmax, host, max_abs_diff, run_ranks, smollm2, temp_dir, write_tiny_model};
-use inference::engine::{load_shard, LoadOptions};
+use common::{
+    argmax, hosts_field, max_abs_diff, parse_hosts_field, run_ranks, smollm2, temp_dir,
+    write_tiny_model, RankNet,
+};
+use inference::engine::{last_logits_to_host, load_shard, Forward, LoadOptions};
 use inference::pipeline::PipelineStage;
 use inference::ring::{RingConfig, RingGroup};
 use inference::ShardInput;
@@ -25,11 +29,11 @@ fn pipeline_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    // model|rank|base_port|ranges "0-2,2-4"|prompt "1,2,3"
+    // model|rank|hosts (JSON)|ranges "0-2,2-4"|prompt "1,2,3"
     let parts: Vec<&str> = spec.split('|').collect();
     let model = PathBuf::from(parts[0]);
     let rank: usize = parts[1].parse().unwrap();
-    let base: u16 = parts[2].parse().unwrap();
+    let hosts = parse_hosts_field(parts[2]);
     let ranges: Vec<std::ops::Range<usize>> = parts[3]
         .split(',')
         .map(|r| {
@@ -49,12 +53,8 @@ fn pipeline_child() {
         &mut |_, _| {},
     )
     .unwrap();
-    let config = RingConfig {
-        rank,
-        hosts: (0..size)
-            .map(|r| vec![format!("127.0.0.1:{}", base + r as u16)])
-            .collect(),
-    };
+    assert_eq!(hosts.len(), size);
+    let config = RingConfig { rank, hosts };
     let dir = std::env::temp_dir().join(format!("shoal-pipeline-{}", std::process::id()));
     let group = RingGroup::join(&config, &dir, Duration::from_secs(60)).unwrap();
     let mut stage = PipelineStage::new(shard, group).unwrap();
@@ -70,12 +70,13 @@ fn pipeline_child() {
     let mut tokens = prompt.clone();
     let mut generated = Vec::new();
     for step in 0..=DECODE_STEPS {
-        let want = host(
+        let want = last_logits_to_host(
             &whole
                 .forward(ShardInput::Tokens(&tokens), &mut cache, true)
                 .unwrap(),
-        );
-        let got = host(&stage.forward(&tokens).unwrap());
+        )
+        .unwrap();
+        let got = stage.forward(&tokens).unwrap();
         let diff = max_abs_diff(&want, &got);
         assert!(diff < TOLERANCE, "step {step}: logits differ by {diff}");
         worst = worst.max(diff);
@@ -86,13 +87,14 @@ fn pipeline_child() {
     }
     // A second request after a reset starts from an empty cache again.
     stage.reset().unwrap();
-    let again = host(&stage.forward(&prompt).unwrap());
+    let again = stage.forward(&prompt).unwrap();
     let mut fresh = whole.new_cache();
-    let want = host(
+    let want = last_logits_to_host(
         &whole
             .forward(ShardInput::Tokens(&prompt), &mut fresh, true)
             .unwrap(),
-    );
+    )
+    .unwrap();
     assert!(max_abs_diff(&want, &again) < TOLERANCE, "after reset");
     stage.stop().unwrap();
     println!("RANK 0 OK max_diff={worst:e} tokens={generated:?}");
@@ -100,12 +102,17 @@ fn pipeline_child() {
 
 fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16) -> String {
     let base = 42000 + (std::process::id() % 400) as u16 * 50 + slot * 8;
-    let specs: Vec<String> = (0..ranges.split(',').count())
-        .map(|rank| format!("{}|{rank}|{base}|{ranges}|{prompt}", model.display()))
+    let size = ranges.split(',').count();
+    let net = RankNet::new(&format!("pp{slot}"), size, base);
+    let specs: Vec<String> = (0..size)
+        .map(|rank| {
+            let hosts = hosts_field(&net.hosts(rank));
+            format!("{}|{rank}|{hosts}|{ranges}|{prompt}", model.display())
+        })
         .collect();
     // Rank 0 drives and checks; the others serve the prefill, the decode steps and the
     // request after the reset.
-    let outputs = run_ranks("pipeline_child", CHILD_ENV, &specs, "");
+    let outputs = run_ranks(&net, "pipeline_child", CHILD_ENV, &specs, "");
     for (rank, stdout) in outputs.iter().enumerate().skip(1) {
         let served = format!("RANK {rank} SERVED {}", DECODE_STEPS + 2);
         assert!(stdout.contains(&served), "rank {rank}: {stdout}");
@@ -115,7 +122,12 @@ fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16) 
         .find(|l| l.contains("RANK 0 OK"))
         .unwrap_or_else(|| panic!("rank 0 did not finish: {}", outputs[0]))
         .to_string();
-    eprintln!("{ranges}: {report}");
+    let place = if net.in_namespaces() {
+        "namespaces"
+    } else {
+        "loopback"
+    };
+    eprintln!("{ranges} ({place}): {report}");
     report
 }
 

