@@ -1,59 +1,83 @@
-//! [`NodeBackend`]: the node's implementation of the gateway's [`Backend`] trait over local
-//! model instances, each served by a runner process (see [`crate::supervisor`]).
+//! [`NodeBackend`]: the node's implementation of the gateway's [`Backend`] trait over the
+//! replicated state.
 //!
-//! What it does not know comes from a [`NodeContext`]: the node's id and the cluster state
-//! around its own instances. The mesh supplies those; [`LocalOnly`] is the single-node stand-in
-//! used until the mesh is wired in (it is not a mock: it is what a node alone knows).
+//! - **Instances are intents in the state** (see [`crate::intent`]): `POST /place_instance`
+//!   computes a placement from the live nodes and the model's card, and writes the intent
+//!   under this node's `instance/<id>`; `DELETE /instance/{id}` on any node writes that node's
+//!   `deleted/<id>`. Every node computes every placement from the intents ([`crate::view`]).
+//! - **Runners** are started by the nodes that hold ranks, in the order the start-up plan
+//!   gives ([`crate::reconcile`]).
+//! - **Chat** goes to the ready instance of the model with the fewest queued requests: run
+//!   here when this node holds its rank 0, else forwarded to that node ([`crate::forward`]).
 //!
-//! **Model ids.** A model is named by its file or folder name without extension (a GGUF file
-//! `Foo.Q4_1.gguf` is `Foo.Q4_1`), or by its path. The SmolLM2 fixture that
-//! `cargo xtask setup` downloads is served as `default` and also as `SmolLM2-135M-Instruct`;
-//! both are listed by `GET /v1/models` and both reach the same instances.
+//! What the backend does not hold itself comes from a [`NodeContext`]: the node's id, the
+//! state, writes of its own records, and connections to other nodes. The mesh supplies those
+//! (src/node.rs); unit tests use an in-memory single node.
 //!
-//! **Prompts** are rendered with the model's chat template and tokenized here, in the node,
-//! so that the prompt size is known when the request is accepted (`usage.prompt_tokens`, and
-//! a 400 for a prompt longer than the context); the runner receives token ids.
+//! **Prompts** are rendered with the model's chat template and tokenized on the node that
+//! holds rank 0, so that the prompt size is known when the request is accepted
+//! (`usage.prompt_tokens`, and a 400 for a prompt longer than the context); the runner
+//! receives token ids.
 //!
 //! **Stop strings** are enforced by the gateway, not passed to the engine: the engine holds
 //! back text that may start a stop string and releases it only at the end, and the gateway
 //! counts every token event towards `max_tokens`, so text released late could be cut.
 
-use crate::supervisor::{GenerationEvent, GenerationFailure, RunnerCommand, Supervisor};
+use crate::forward::LocalChat;
+use crate::intent::{
+    instance_slug, DeletedRecord, InstanceRecord, Intent, DELETED_PREFIX, INSTANCE_PREFIX,
+};
+use crate::models::{ModelFacts, ModelSpec};
+use crate::reconcile::{runner_state_json, LocalRunner};
+use crate::supervisor::{GenerationEvent, GenerationFailure, RunnerCommand};
+use crate::view::{short, InstanceView, Snapshot};
 use gateway::{
     ApiError, Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream, ErrorKind,
-    FinishReason, ModelInfo, PlaceInstanceRequest, TokenLogprob,
+    FinishReason, InstanceMeta, ModelInfo, PlaceInstanceRequest, TokenLogprob,
 };
-use inference::runner::protocol::RunnerState;
-use inference::{GenerateRequest, Prompt, Tokenizer};
+use inference::{GenerateRequest, Prompt};
+use placement::{CollectiveBackend, Input, PlaceError, Request, RunnerStatus, Sharding};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-/// The id under which the default model (the SmolLM2 fixture) is served.
-pub const DEFAULT_MODEL_ID: &str = "default";
-/// The default model's own name, also accepted and listed.
-pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
-
-/// How long a deleted instance's runner gets to exit before it is killed.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// What the node knows beyond its own instances: supplied by the mesh (or a lone test node).
+/// What the node knows beyond its own runners: supplied by the mesh (or a lone test node).
 pub trait NodeContext: Send + Sync + 'static {
     /// This node's id (`GET /node_id`).
     fn node_id(&self) -> String;
-    /// The state `GET /state` answers, given this node's own instances as
-    /// `{"instances": {ID: INSTANCE}}`.
-    fn state(&self, local: Value) -> Value;
+    /// The replicated state now, with this node's liveness view.
+    fn snapshot(&self) -> Snapshot;
+    /// The state as `GET /state` shows it (before the instances are added).
+    fn state_json(&self) -> Value;
+    /// Writes this node's record `key`.
+    fn write(&self, key: &str, value: &Value) -> Result<(), String>;
+    /// Deletes this node's record `key`; true if it existed.
+    fn remove(&self, key: &str) -> bool;
+    /// Grows with every start of this node, so ids made now never repeat older ones.
+    fn generation(&self) -> u64;
+    /// Changes of the state, to react at once (the reconciler also ticks).
+    fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<mesh::Event>>;
+    /// Sends `request` for instance `instance_id` to `node` (its rank 0) and streams the
+    /// events back.
+    fn forward_chat(
+        &self,
+        node: String,
+        instance_id: String,
+        request: ChatRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<ChatStream, ApiError>>;
 }
 
-/// A node on its own (tests): its id, and a state made of its own instances.
+/// A node on its own (unit tests): its records in memory, always alive, and other authors'
+/// parts of the state as the test sets them (no network).
 #[cfg(test)]
-#[derive(Debug, Clone)]
 pub struct LocalOnly {
     node_id: String,
+    records: Mutex<BTreeMap<String, String>>,
+    /// Other nodes' parts of the state.
+    pub others: Mutex<BTreeMap<String, crate::view::Author>>,
 }
 
 #[cfg(test)]
@@ -62,6 +86,8 @@ impl LocalOnly {
     pub fn new(node_id: impl Into<String>) -> LocalOnly {
         LocalOnly {
             node_id: node_id.into(),
+            records: Mutex::default(),
+            others: Mutex::default(),
         }
     }
 }
@@ -72,106 +98,109 @@ impl NodeContext for LocalOnly {
         self.node_id.clone()
     }
 
-    fn state(&self, local: Value) -> Value {
-        json!({
-            "nodes": [self.node_id],
-            "instances": local.get("instances").cloned().unwrap_or_else(|| json!({})),
-        })
+    fn snapshot(&self) -> Snapshot {
+        let records = self.records.lock().unwrap().clone();
+        let mut authors = self.others.lock().unwrap().clone();
+        authors.insert(
+            self.node_id.clone(),
+            crate::view::Author {
+                alive: true,
+                dead: false,
+                records,
+            },
+        );
+        Snapshot {
+            me: self.node_id.clone(),
+            authors,
+        }
+    }
+
+    fn state_json(&self) -> Value {
+        json!({ "node_id": self.node_id })
+    }
+
+    fn write(&self, key: &str, value: &Value) -> Result<(), String> {
+        self.records
+            .lock()
+            .unwrap()
+            .insert(key.to_string(), value.to_string());
+        Ok(())
+    }
+
+    fn remove(&self, key: &str) -> bool {
+        self.records.lock().unwrap().remove(key).is_some()
+    }
+
+    fn generation(&self) -> u64 {
+        1
+    }
+
+    fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<mesh::Event>> {
+        None
+    }
+
+    fn forward_chat(
+        &self,
+        node: String,
+        _instance_id: String,
+        _request: ChatRequest,
+        _cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<ChatStream, ApiError>> {
+        Box::pin(async move { Err(ApiError::internal(format!("no peer {node} here"))) })
     }
 }
 
-/// A model the node can run: where it is and what it is called.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelSpec {
-    /// The id clients use.
-    pub id: String,
-    /// Other names that reach it.
-    pub aliases: Vec<String>,
-    /// GGUF file or Hugging Face folder.
-    pub path: PathBuf,
-    /// OpenAI's `owned_by`.
-    pub owned_by: String,
-}
-
-impl ModelSpec {
-    /// Whether `name` names this model (its id, an alias, or its path).
-    pub fn answers_to(&self, name: &str) -> bool {
-        self.id == name || self.aliases.iter().any(|a| a == name) || Path::new(name) == self.path
-    }
-
-    fn names(&self) -> impl Iterator<Item = &String> {
-        std::iter::once(&self.id).chain(self.aliases.iter())
-    }
-}
-
-/// What the node knows of a model's files, read once per instance: enough to build prompts.
-struct ModelFacts {
-    tokenizer: Tokenizer,
-    context_length: usize,
-    num_layers: usize,
-}
-
-impl ModelFacts {
-    fn read(path: &Path) -> Result<ModelFacts, String> {
-        let opened = inference::engine::open_model(path).map_err(|e| e.to_string())?;
-        Ok(ModelFacts {
-            tokenizer: opened.tokenizer,
-            context_length: opened.config.max_position_embeddings,
-            num_layers: opened.config.num_layers,
-        })
-    }
-}
-
-/// One model instance on this node: a whole model in one runner process.
-pub struct LocalInstance {
-    /// Instance id (path-friendly).
-    pub id: String,
-    /// The model it serves.
-    pub model: ModelSpec,
-    /// Its runner.
-    pub runner: Supervisor,
-    facts: Arc<ModelFacts>,
-}
-
-impl LocalInstance {
-    fn is_ready(&self) -> bool {
-        matches!(
-            self.runner.current_state(),
-            RunnerState::Ready | RunnerState::Running
-        )
-    }
-
-    fn to_json(&self, node_id: &str) -> Value {
-        json!({
-            "instance_id": self.id,
-            "model_id": self.model.id,
-            "model_path": self.model.path.display().to_string(),
-            "sharding": "pipeline",
-            "instance_meta": "mlx_ring",
-            "ranks": [{
-                "node": node_id,
-                "start_layer": 0,
-                "end_layer": self.facts.num_layers,
-            }],
-            "runners": { node_id: self.runner.current_state() },
-            "runner_pid": self.runner.pid(),
-            "queued_requests": self.runner.load(),
-        })
-    }
-}
-
-/// The gateway's backend on a node: local instances and their runners.
+/// The gateway's backend on a node: the cluster's instances, and this node's runners.
 pub struct NodeBackend {
-    context: Arc<dyn NodeContext>,
-    runner_command: RunnerCommand,
-    default_model: PathBuf,
-    instances: Mutex<BTreeMap<String, Arc<LocalInstance>>>,
+    pub(crate) context: Arc<dyn NodeContext>,
+    pub(crate) runner_command: RunnerCommand,
+    pub(crate) default_model: PathBuf,
+    /// This node's runners by instance id.
+    pub(crate) runners: Mutex<BTreeMap<String, LocalRunner>>,
+    /// This node's `runner/<id>` records as last written.
+    pub(crate) published: Mutex<BTreeMap<String, String>>,
+    /// Model facts by file, read once.
+    facts: tokio::sync::Mutex<BTreeMap<PathBuf, Arc<ModelFacts>>>,
     next_instance: AtomicU64,
+    /// Wakes the reconciler (a runner changed state, an instance was created or deleted).
+    pub(crate) wake: Arc<tokio::sync::Notify>,
+}
+
+/// A placement failure as an API error: bad input is the client's (400), the rest is the
+/// cluster's capacity (503), each with the placement's stable code.
+fn place_error(e: &PlaceError) -> ApiError {
+    let kind = match e {
+        PlaceError::InvalidInput { .. } => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Unavailable,
+    };
+    ApiError::new(kind, format!("cannot place the instance: {e}")).with_code(e.code())
+}
+
+fn sharding_name(s: Sharding) -> &'static str {
+    match s {
+        Sharding::Pipeline => "Pipeline",
+        Sharding::Tensor => "Tensor",
+    }
+}
+
+fn meta_name(b: CollectiveBackend) -> &'static str {
+    match b {
+        CollectiveBackend::Ring => "MlxRing",
+        CollectiveBackend::Jaccl => "MlxJaccl",
+    }
+}
+
+fn instance_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::NotFound,
+        format!("no instance `{id}`; see GET /state for the instances"),
+    )
+    .with_code("instance_not_found")
 }
 
 impl NodeBackend {
-    /// A backend with no instance yet. `runner_command` starts runner processes;
-    /// `default_model` is the file served as `default`.
+    /// A backend with no runner yet. `runner_command` starts runner processes;
+    /// `default_model` is this node's file served as `default`.
     pub fn new(
         context: Arc<dyn NodeContext>,
         runner_command: RunnerCommand,
@@ -181,61 +210,30 @@ impl NodeBackend {
             context,
             runner_command,
             default_model,
-            instances: Mutex::new(BTreeMap::new()),
+            runners: Mutex::default(),
+            published: Mutex::default(),
+            facts: tokio::sync::Mutex::default(),
             next_instance: AtomicU64::new(1),
+            wake: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
-    fn default_spec(&self) -> ModelSpec {
-        ModelSpec {
-            id: DEFAULT_MODEL_ID.into(),
-            aliases: vec![DEFAULT_MODEL_NAME.into()],
-            path: self.default_model.clone(),
-            owned_by: "HuggingFaceTB".into(),
-        }
-    }
-
-    /// The model a name refers to: the default model by its names, or a file or folder
-    /// that exists. `None` for anything else.
+    /// The model a user's name refers to on this node.
     pub fn resolve_model(&self, name: &str) -> Option<ModelSpec> {
-        let default = self.default_spec();
-        if default.answers_to(name) {
-            return Some(default);
+        ModelSpec::resolve(name, &self.default_model)
+    }
+
+    /// The model an intent names, as this node finds it.
+    pub(crate) fn spec_of(&self, reference: &str) -> ModelSpec {
+        ModelSpec::of_reference(reference, &self.default_model)
+    }
+
+    /// The facts of the model at `path`, read once per file.
+    async fn facts(&self, spec: &ModelSpec) -> Result<Arc<ModelFacts>, ApiError> {
+        let mut cache = self.facts.lock().await;
+        if let Some(f) = cache.get(&spec.path) {
+            return Ok(f.clone());
         }
-        let path = Path::new(name);
-        if !path.exists() {
-            return None;
-        }
-        let file_name = path.file_name()?.to_string_lossy().into_owned();
-        let id = file_name
-            .strip_suffix(".gguf")
-            .unwrap_or(&file_name)
-            .to_string();
-        Some(ModelSpec {
-            id,
-            aliases: vec![],
-            path: path.to_path_buf(),
-            owned_by: "local".into(),
-        })
-    }
-
-    fn instances(&self) -> Vec<Arc<LocalInstance>> {
-        let map = self.instances.lock().unwrap_or_else(|e| e.into_inner());
-        map.values().cloned().collect()
-    }
-
-    /// The instance with this id.
-    pub fn instance_handle(&self, id: &str) -> Option<Arc<LocalInstance>> {
-        let map = self.instances.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(id).cloned()
-    }
-
-    /// Creates an instance of `model` (a name [`NodeBackend::resolve_model`] knows) on this
-    /// node and starts its runner; answers at once, while the runner loads.
-    pub async fn place_local(&self, model: &str) -> Result<Arc<LocalInstance>, ApiError> {
-        let Some(spec) = self.resolve_model(model) else {
-            return Err(ApiError::model_not_found(model, &self.model_ids()));
-        };
         let path = spec.path.clone();
         let facts = tokio::task::spawn_blocking(move || ModelFacts::read(&path))
             .await
@@ -244,49 +242,177 @@ impl NodeBackend {
                 ApiError::new(
                     ErrorKind::Unavailable,
                     format!(
-                        "cannot read model `{}` at {}: {e} (for the default model, run \
-                         `cargo xtask setup`)",
+                        "cannot read model `{}` at {} on node {}: {e} (for the default model, \
+                         run `cargo xtask setup`)",
                         spec.id,
-                        spec.path.display()
+                        spec.path.display(),
+                        short(&self.context.node_id())
                     ),
                 )
                 .with_code("model_unreadable")
             })?;
-        let runner = Supervisor::start(&self.runner_command, &spec.path.to_string_lossy())
-            .map_err(|e| {
-                ApiError::internal(format!(
-                    "cannot start a runner process ({}): {e}",
-                    self.runner_command.program.display()
-                ))
-            })?;
-        let n = self.next_instance.fetch_add(1, Ordering::SeqCst);
-        let id = format!("{}-{n}", instance_slug(&spec.id));
-        let instance = Arc::new(LocalInstance {
-            id: id.clone(),
-            model: spec,
-            runner,
-            facts: Arc::new(facts),
-        });
-        self.instances
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), instance.clone());
-        tracing::info!(instance = %id, model = %instance.model.id, "instance placed on this node");
-        Ok(instance)
+        let facts = Arc::new(facts);
+        cache.insert(spec.path.clone(), facts.clone());
+        Ok(facts)
     }
 
-    /// Stops every instance's runner (node shutdown).
-    pub async fn shutdown(&self) {
-        let all: Vec<_> = {
-            let mut map = self.instances.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::take(&mut *map).into_values().collect()
+    /// This node's runner status for instance `id`, if it runs one.
+    pub(crate) fn local_status(&self, id: &str) -> Option<RunnerStatus> {
+        let runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+        runners.get(id).map(LocalRunner::status)
+    }
+
+    /// The placement input for `spec` on the live nodes now.
+    async fn placement_input(&self, spec: &ModelSpec, request: Request) -> Result<Input, ApiError> {
+        let facts = self.facts(spec).await?;
+        let (nodes, edges) = self.context.snapshot().placement_nodes();
+        Ok(Input {
+            nodes,
+            edges,
+            model: facts.card(&spec.id),
+            request,
+        })
+    }
+
+    /// Creates an instance of `model`: places it on the live nodes and writes the intent.
+    /// Answers the instance as `GET /instance/{id}` shows it.
+    pub async fn create(
+        &self,
+        model: &str,
+        sharding: Sharding,
+        backend: CollectiveBackend,
+        min_nodes: u32,
+        required_nodes: Vec<String>,
+    ) -> Result<Value, ApiError> {
+        let Some(spec) = self.resolve_model(model) else {
+            return Err(ApiError::model_not_found(model, &self.model_ids()));
         };
-        for instance in all {
-            instance.runner.shutdown(SHUTDOWN_GRACE).await;
-        }
+        let me = self.context.node_id();
+        let n = self.next_instance.fetch_add(1, Ordering::SeqCst);
+        let id = format!(
+            "{}-{}-{:x}-{n}",
+            instance_slug(&spec.id),
+            &me[..8.min(me.len())],
+            self.context.generation()
+        );
+        let request = Request {
+            sharding,
+            backend,
+            min_nodes,
+            required_nodes,
+            instance_id: id.clone(),
+        };
+        let input = self.placement_input(&spec, request).await?;
+        let record = InstanceRecord::new(Intent {
+            instance_id: id.clone(),
+            model: spec.reference.clone(),
+            model_id: spec.id.clone(),
+            created_by: me,
+            input,
+        });
+        let placement = record.place().map_err(|e| place_error(&e))?;
+        let value = serde_json::to_value(&record)
+            .map_err(|e| ApiError::internal(format!("encoding the intent: {e}")))?;
+        self.context
+            .write(&format!("{INSTANCE_PREFIX}{id}"), &value)
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("cannot record the instance in the state: {e}"),
+                )
+            })?;
+        tracing::info!(instance = %id, model = %spec.id, ranks = placement.ranks.len(), "instance placed");
+        self.wake.notify_one();
+        let snapshot = self.context.snapshot();
+        let view = InstanceView {
+            record,
+            placement: Ok(placement),
+        };
+        Ok(self.instance_json(&view, &snapshot))
     }
 
-    fn model_infos(&self) -> Vec<ModelInfo> {
+    /// The instance as the API shows it: intent, placement (or why none), and each rank's
+    /// runner.
+    fn instance_json(&self, view: &InstanceView, snapshot: &Snapshot) -> Value {
+        let id = view.record.id();
+        let mine = self.local_status(id);
+        let intent = &view.record.intent;
+        let spec = self.spec_of(&intent.model);
+        let statuses = view.rank_statuses(snapshot, mine.as_ref());
+        let (placement, error) = match &view.placement {
+            Ok(p) => (serde_json::to_value(p).unwrap_or(Value::Null), Value::Null),
+            Err(e) => (
+                Value::Null,
+                json!({"code": e.code(), "message": e.message()}),
+            ),
+        };
+        let ranks: Vec<Value> = match &view.placement {
+            Ok(p) => p
+                .ranks
+                .iter()
+                .zip(&statuses)
+                .enumerate()
+                .map(|(rank, (r, (_, record)))| {
+                    json!({
+                        "rank": rank,
+                        "node": r.node,
+                        "start_layer": r.start_layer,
+                        "end_layer": r.end_layer,
+                        "runner": record.as_ref().map(|r| runner_state_json(&r.status)),
+                        "queued_requests": record.as_ref().map(|r| r.queued),
+                    })
+                })
+                .collect(),
+            Err(_) => vec![],
+        };
+        let runners: serde_json::Map<String, Value> = statuses
+            .iter()
+            .filter_map(|(node, r)| {
+                r.as_ref()
+                    .map(|r| (node.clone(), runner_state_json(&r.status)))
+            })
+            .collect();
+        let failure = view.failure(snapshot, mine.as_ref());
+        let status = if view.is_ready(snapshot, mine.as_ref()) {
+            "ready"
+        } else if view.placement.is_err() {
+            "unplaceable"
+        } else if failure.is_some() {
+            "failed"
+        } else {
+            "starting"
+        };
+        let pid = {
+            let runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+            runners.get(id).and_then(LocalRunner::pid)
+        };
+        let queued = statuses
+            .first()
+            .and_then(|(_, r)| r.as_ref().map(|r| r.queued));
+        let request = &view.record.placement_input().request;
+        json!({
+            "instance_id": id,
+            "model_id": intent.model_id,
+            "model": intent.model,
+            "model_path": spec.path.display().to_string(),
+            "sharding": sharding_name(request.sharding),
+            "instance_meta": meta_name(request.backend),
+            "min_nodes": intent.input.request.min_nodes,
+            "created_by": intent.created_by,
+            "epoch": view.record.epoch,
+            "excluded": view.record.excluded,
+            "status": status,
+            "failure": failure,
+            "placement": placement,
+            "error": error,
+            "ranks": ranks,
+            "runners": runners,
+            "runner_pid": pid,
+            "queued_requests": queued,
+        })
+    }
+
+    fn model_infos(&self, snapshot: &Snapshot) -> Vec<ModelInfo> {
         let mut models: BTreeMap<String, ModelInfo> = BTreeMap::new();
         let mut add = |spec: &ModelSpec, ready: bool| {
             for name in spec.names() {
@@ -299,23 +425,34 @@ impl NodeBackend {
                 entry.ready |= ready;
             }
         };
-        add(&self.default_spec(), false);
-        for instance in self.instances() {
-            add(&instance.model, instance.is_ready());
+        add(&ModelSpec::default_at(&self.default_model), false);
+        for view in snapshot.instances().values() {
+            let mine = self.local_status(view.record.id());
+            add(
+                &self.spec_of(&view.record.intent.model),
+                view.is_ready(snapshot, mine.as_ref()),
+            );
         }
         models.into_values().collect()
     }
 
     fn model_ids(&self) -> Vec<String> {
-        self.model_infos().into_iter().map(|m| m.id).collect()
+        let snapshot = self.context.snapshot();
+        self.model_infos(&snapshot)
+            .into_iter()
+            .map(|m| m.id)
+            .collect()
     }
 
-    /// The ready instance of `model` with the fewest requests waiting.
-    fn pick_instance(&self, model: &str) -> Result<Arc<LocalInstance>, ApiError> {
-        let candidates: Vec<_> = self
+    /// The ready instance of `model` with the fewest queued requests (this node's first on a
+    /// tie): its id and its rank-0 node.
+    fn pick_instance(&self, model: &str) -> Result<(String, String), ApiError> {
+        let snapshot = self.context.snapshot();
+        let me = snapshot.me.clone();
+        let candidates: Vec<InstanceView> = snapshot
             .instances()
-            .into_iter()
-            .filter(|i| i.model.answers_to(model))
+            .into_values()
+            .filter(|v| self.spec_of(&v.record.intent.model).answers_to(model))
             .collect();
         if candidates.is_empty() {
             return Err(match self.resolve_model(model) {
@@ -323,47 +460,214 @@ impl NodeBackend {
                 None => ApiError::model_not_found(model, &self.model_ids()),
             });
         }
-        let failed: Vec<String> = candidates
-            .iter()
-            .filter_map(|i| match i.runner.current_state() {
-                RunnerState::Failed { reason } => Some(format!("{}: {reason}", i.id)),
-                _ => None,
-            })
-            .collect();
-        let all_failed = failed.len() == candidates.len();
-        candidates
-            .into_iter()
-            .filter(|i| i.is_ready())
-            .min_by_key(|i| i.runner.load())
-            .ok_or_else(|| {
-                let mut e = ApiError::no_instance(model);
-                if all_failed {
-                    e.message = format!(
-                        "every instance of model `{model}` failed ({}); delete it with DELETE \
-                         /instance/{{id}} and create a new one with POST /place_instance \
-                         {{\"model_id\": \"{model}\"}}",
-                        failed.join("; ")
-                    );
+        let mut failures = Vec::new();
+        let mut best: Option<((usize, bool, String), String)> = None;
+        for view in &candidates {
+            let id = view.record.id().to_string();
+            let mine = self.local_status(&id);
+            if !view.is_ready(&snapshot, mine.as_ref()) {
+                if let Some(f) = view.failure(&snapshot, mine.as_ref()) {
+                    failures.push(format!("{id}: {f}"));
                 }
-                e
-            })
+                continue;
+            }
+            let Ok(placement) = &view.placement else {
+                continue;
+            };
+            let rank0 = placement.ranks[0].node.clone();
+            let load = if rank0 == me {
+                let runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+                runners.get(&id).map_or(0, LocalRunner::load)
+            } else {
+                snapshot.runner(&rank0, &id).map_or(0, |r| r.queued)
+            };
+            let key = (load, rank0 != me, id);
+            if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                best = Some((key, rank0));
+            }
+        }
+        if let Some(((_, _, id), rank0)) = best {
+            return Ok((id, rank0));
+        }
+        let mut e = ApiError::no_instance(model);
+        if failures.len() == candidates.len() {
+            e.message = format!(
+                "every instance of model `{model}` failed ({}); delete it with DELETE \
+                 /instance/{{id}} and create a new one with POST /place_instance \
+                 {{\"model_id\": \"{model}\"}}",
+                failures.join("; ")
+            );
+        }
+        Err(e)
+    }
+
+    /// Runs `request` on instance `id`'s rank-0 runner on this node.
+    pub async fn chat_here(
+        &self,
+        id: &str,
+        request: ChatRequest,
+        cancel: CancellationToken,
+    ) -> Result<ChatStream, ApiError> {
+        let (runner, model) = {
+            let runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+            let local = runners.get(id).filter(|r| r.rank == 0);
+            match local.and_then(|r| r.ready_supervisor().map(|s| (s, r.model.clone()))) {
+                Some(found) => found,
+                None => {
+                    return Err(ApiError::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "instance `{id}` is not ready on node {} (its rank 0); retry",
+                            short(&self.context.node_id())
+                        ),
+                    )
+                    .with_code("no_instance"))
+                }
+            }
+        };
+        let facts = self.facts(&model).await?;
+        let want_logprobs = request.sampling.logprobs.is_some();
+        let generate = tokio::task::spawn_blocking(move || generate_request(&request, &facts))
+            .await
+            .map_err(|e| ApiError::internal(format!("building the prompt failed: {e}")))??;
+        let prompt_tokens = match &generate.prompt {
+            Prompt::Tokens(ids) => ids.len() as u32,
+            _ => 0,
+        };
+        let events = runner.generate(generate, cancel);
+        let (tx, stream) = ChatStream::channel(prompt_tokens, 64);
+        tokio::spawn(relay(events, tx, want_logprobs));
+        // The queue length changed: publish it soon.
+        self.wake.notify_one();
+        Ok(stream)
+    }
+
+    /// Stops every runner of this node (node shutdown).
+    pub async fn shutdown(&self) {
+        let all: Vec<LocalRunner> = {
+            let mut map = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::take(&mut *map).into_values().collect()
+        };
+        for runner in all {
+            runner.stop().await;
+        }
+    }
+
+    /// Waits until instance `id` is ready (`Ok`) or failed (`Err` with why), polling the
+    /// state.
+    pub async fn wait_ready(&self, id: &str) -> Result<(), String> {
+        loop {
+            let snapshot = self.context.snapshot();
+            let Some(view) = snapshot.instances().remove(id) else {
+                return Err("the instance was deleted".into());
+            };
+            let mine = self.local_status(id);
+            if view.is_ready(&snapshot, mine.as_ref()) {
+                return Ok(());
+            }
+            if let Some(failure) = view.failure(&snapshot, mine.as_ref()) {
+                return Err(failure);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    fn previews_for(&self, spec: &ModelSpec, base: &Input) -> Vec<Value> {
+        let nodes = base.nodes.len().max(1);
+        let mut out = Vec::new();
+        for sharding in [Sharding::Pipeline, Sharding::Tensor] {
+            for backend in [CollectiveBackend::Ring, CollectiveBackend::Jaccl] {
+                for count in 1..=nodes {
+                    let mut input = base.clone();
+                    input.request = Request {
+                        sharding,
+                        backend,
+                        min_nodes: count as u32,
+                        required_nodes: vec![],
+                        instance_id: placement::DEFAULT_INSTANCE_ID.into(),
+                    };
+                    let (placement, error) = match placement::place(&input) {
+                        Ok(p) => (serde_json::to_value(p).unwrap_or(Value::Null), Value::Null),
+                        Err(e) => (
+                            Value::Null,
+                            json!({"code": e.code(), "message": e.message()}),
+                        ),
+                    };
+                    out.push(json!({
+                        "model_id": spec.id,
+                        "sharding": sharding_name(sharding),
+                        "instance_meta": meta_name(backend),
+                        "node_count": count,
+                        "placement": placement,
+                        "error": error,
+                    }));
+                }
+            }
+        }
+        out
     }
 }
 
-/// A path-friendly form of a model id for instance ids.
-fn instance_slug(model_id: &str) -> String {
-    model_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_' {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
+/// Reads `sharding` / `instance_meta` / a count from an instance object, in exo's spelling
+/// or the placement crate's.
+fn field_str<'a>(v: &'a Value, name: &str) -> Option<&'a str> {
+    v.get(name).and_then(Value::as_str)
 }
 
+fn parse_sharding(v: &Value) -> Result<Sharding, ApiError> {
+    match field_str(v, "sharding")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("pipeline") => Ok(Sharding::Pipeline),
+        Some("tensor") => Ok(Sharding::Tensor),
+        Some(_) => Err(ApiError::invalid_field(
+            "sharding",
+            "`sharding` must be \"Pipeline\" or \"Tensor\"",
+        )),
+    }
+}
+
+fn parse_meta(v: &Value) -> Result<CollectiveBackend, ApiError> {
+    match field_str(v, "instance_meta")
+        .map(|s| s.to_ascii_lowercase().replace('_', ""))
+        .as_deref()
+    {
+        None | Some("mlxring") | Some("ring") => Ok(CollectiveBackend::Ring),
+        Some("mlxjaccl") | Some("jaccl") => Ok(CollectiveBackend::Jaccl),
+        Some(_) => Err(ApiError::invalid_field(
+            "instance_meta",
+            "`instance_meta` must be \"MlxRing\" or \"MlxJaccl\"",
+        )),
+    }
+}
+
+/// `required_nodes` of an instance object: given, or the nodes of the preview's placement.
+fn parse_required(v: &Value) -> Result<Vec<String>, ApiError> {
+    let bad = || {
+        ApiError::invalid_field(
+            "required_nodes",
+            "`required_nodes` must be a list of node ids",
+        )
+    };
+    if let Some(list) = v.get("required_nodes").filter(|l| !l.is_null()) {
+        return list
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|n| n.as_str().map(str::to_string).ok_or_else(bad))
+            .collect();
+    }
+    Ok(v.pointer("/placement/ranks")
+        .and_then(Value::as_array)
+        .map(|ranks| {
+            ranks
+                .iter()
+                .filter_map(|r| r.get("node").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default())
+}
 /// Builds the engine's request from the gateway's: the prompt as token ids, and the sampling
 /// settings the request gave (the engine's defaults, greedy among them, for the others).
 fn generate_request(
@@ -488,18 +792,25 @@ impl Backend for NodeBackend {
 
     fn state(&self) -> BoxFuture<'_, Value> {
         Box::pin(async move {
-            let node_id = self.context.node_id();
-            let instances: serde_json::Map<String, Value> = self
+            let snapshot = self.context.snapshot();
+            let instances: serde_json::Map<String, Value> = snapshot
                 .instances()
-                .iter()
-                .map(|i| (i.id.clone(), i.to_json(&node_id)))
+                .values()
+                .map(|v| (v.record.id().to_string(), self.instance_json(v, &snapshot)))
                 .collect();
-            self.context.state(json!({ "instances": instances }))
+            let mut state = self.context.state_json();
+            if let Some(map) = state.as_object_mut() {
+                map.insert("instances".into(), Value::Object(instances));
+            }
+            state
         })
     }
 
     fn models(&self) -> BoxFuture<'_, Vec<ModelInfo>> {
-        Box::pin(async move { self.model_infos() })
+        Box::pin(async move {
+            let snapshot = self.context.snapshot();
+            self.model_infos(&snapshot)
+        })
     }
 
     fn place_instance(
@@ -507,31 +818,41 @@ impl Backend for NodeBackend {
         request: PlaceInstanceRequest,
     ) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
-            if request.min_nodes > 1 {
-                return Err(ApiError::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "min_nodes is {} but this node serves alone (1 node); start more nodes \
-                         or ask for min_nodes 1",
-                        request.min_nodes
-                    ),
-                )
-                .with_param("min_nodes")
-                .with_code("not_enough_nodes"));
-            }
-            let instance = self.place_local(&request.model_id).await?;
-            Ok(instance.to_json(&self.context.node_id()))
+            let sharding = match request.sharding {
+                gateway::Sharding::Pipeline => Sharding::Pipeline,
+                gateway::Sharding::Tensor => Sharding::Tensor,
+            };
+            let backend = match request.instance_meta {
+                InstanceMeta::MlxRing => CollectiveBackend::Ring,
+                InstanceMeta::MlxJaccl => CollectiveBackend::Jaccl,
+            };
+            self.create(
+                &request.model_id,
+                sharding,
+                backend,
+                request.min_nodes,
+                vec![],
+            )
+            .await
         })
     }
 
     fn create_instance(&self, instance: Value) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
-            let model = instance
-                .get("model_id")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::missing_field("model_id"))?;
-            let created = self.place_local(model).await?;
-            Ok(created.to_json(&self.context.node_id()))
+            let model = field_str(&instance, "model_id")
+                .or_else(|| field_str(&instance, "model"))
+                .ok_or_else(|| ApiError::missing_field("model_id"))?
+                .to_string();
+            let sharding = parse_sharding(&instance)?;
+            let backend = parse_meta(&instance)?;
+            let min_nodes = instance
+                .get("min_nodes")
+                .or_else(|| instance.get("node_count"))
+                .and_then(Value::as_u64)
+                .map_or(1, |n| n.clamp(1, 1024) as u32);
+            let required = parse_required(&instance)?;
+            self.create(&model, sharding, backend, min_nodes, required)
+                .await
         })
     }
 
@@ -540,51 +861,66 @@ impl Backend for NodeBackend {
             let Some(spec) = self.resolve_model(&model_id) else {
                 return Err(ApiError::model_not_found(&model_id, &self.model_ids()));
             };
-            let path = spec.path.clone();
-            let facts = tokio::task::spawn_blocking(move || ModelFacts::read(&path))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .map_err(|e| ApiError::new(ErrorKind::Unavailable, e))?;
-            let node_id = self.context.node_id();
-            let previews: Vec<Value> = ["pipeline", "tensor"]
+            let base = self
+                .placement_input(
+                    &spec,
+                    Request {
+                        sharding: Sharding::Pipeline,
+                        backend: CollectiveBackend::Ring,
+                        min_nodes: 1,
+                        required_nodes: vec![],
+                        instance_id: placement::DEFAULT_INSTANCE_ID.into(),
+                    },
+                )
+                .await?;
+            let nodes: Vec<Value> = base
+                .nodes
                 .iter()
-                .map(|sharding| {
-                    json!({
-                        "model_id": spec.id,
-                        "sharding": sharding,
-                        "instance_meta": "mlx_ring",
-                        "node_count": 1,
-                        // A ring of one runs pipeline whatever was asked.
-                        "placement": {
-                            "sharding": "pipeline",
-                            "ranks": [{"node": node_id, "start_layer": 0, "end_layer": facts.num_layers}],
-                        },
-                        "error": null,
-                    })
-                })
+                .map(|n| json!({"node": n.id, "ram_available": n.ram_available, "ram_total": n.ram_total}))
                 .collect();
-            Ok(json!({ "previews": previews }))
+            let previews = self.previews_for(&spec, &base);
+            Ok(json!({
+                "model_id": spec.id,
+                "model": base.model,
+                "nodes": nodes,
+                "previews": previews,
+            }))
         })
     }
 
     fn instance(&self, id: String) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
-            self.instance_handle(&id)
-                .map(|i| i.to_json(&self.context.node_id()))
-                .ok_or_else(|| instance_not_found(&id))
+            let snapshot = self.context.snapshot();
+            let view = snapshot
+                .instances()
+                .remove(&id)
+                .ok_or_else(|| instance_not_found(&id))?;
+            Ok(self.instance_json(&view, &snapshot))
         })
     }
 
     fn delete_instance(&self, id: String) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
-            let removed = self
-                .instances
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-            let instance = removed.ok_or_else(|| instance_not_found(&id))?;
-            let answer = instance.to_json(&self.context.node_id());
-            instance.runner.shutdown(SHUTDOWN_GRACE).await;
+            let snapshot = self.context.snapshot();
+            let view = snapshot
+                .instances()
+                .remove(&id)
+                .ok_or_else(|| instance_not_found(&id))?;
+            let answer = self.instance_json(&view, &snapshot);
+            let record = serde_json::to_value(DeletedRecord {
+                instance_id: id.clone(),
+            })
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+            self.context
+                .write(&format!("{DELETED_PREFIX}{id}"), &record)
+                .map_err(|e| {
+                    ApiError::new(
+                        ErrorKind::Unavailable,
+                        format!("cannot record the deletion in the state: {e}"),
+                    )
+                })?;
+            self.context.remove(&format!("{INSTANCE_PREFIX}{id}"));
+            self.wake.notify_one();
             tracing::info!(instance = %id, "instance deleted");
             Ok(json!({ "deleted": answer }))
         })
@@ -596,30 +932,26 @@ impl Backend for NodeBackend {
         cancel: CancellationToken,
     ) -> BoxFuture<'_, Result<ChatStream, ApiError>> {
         Box::pin(async move {
-            let instance = self.pick_instance(&request.model)?;
-            let facts = instance.facts.clone();
-            let want_logprobs = request.sampling.logprobs.is_some();
-            let generate = tokio::task::spawn_blocking(move || generate_request(&request, &facts))
-                .await
-                .map_err(|e| ApiError::internal(format!("building the prompt failed: {e}")))??;
-            let prompt_tokens = match &generate.prompt {
-                Prompt::Tokens(ids) => ids.len() as u32,
-                _ => 0,
-            };
-            let events = instance.runner.generate(generate, cancel);
-            let (tx, stream) = ChatStream::channel(prompt_tokens, 64);
-            tokio::spawn(relay(events, tx, want_logprobs));
-            Ok(stream)
+            let (id, rank0) = self.pick_instance(&request.model)?;
+            if rank0 == self.context.node_id() {
+                self.chat_here(&id, request, cancel).await
+            } else {
+                tracing::debug!(instance = %id, node = %short(&rank0), "forwarding a chat");
+                self.context.forward_chat(rank0, id, request, cancel).await
+            }
         })
     }
 }
 
-fn instance_not_found(id: &str) -> ApiError {
-    ApiError::new(
-        ErrorKind::NotFound,
-        format!("no instance `{id}` on this node; see GET /state for the instances"),
-    )
-    .with_code("instance_not_found")
+impl LocalChat for NodeBackend {
+    fn chat_local(
+        &self,
+        instance_id: String,
+        request: ChatRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<ChatStream, ApiError>> {
+        Box::pin(async move { self.chat_here(&instance_id, request, cancel).await })
+    }
 }
 
 #[cfg(test)]
@@ -639,37 +971,66 @@ mod tests {
     }
 
     #[test]
-    fn default_model_answers_to_both_names() {
-        let b = backend();
-        for name in [DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME] {
-            let spec = b.resolve_model(name).expect(name);
-            assert_eq!(spec.id, DEFAULT_MODEL_ID);
-        }
-        assert!(b.resolve_model("no-such-model").is_none());
-    }
-
-    #[test]
     fn models_list_default_names_not_ready() {
         let b = backend();
-        let models = b.model_infos();
+        let models = b.model_infos(&b.context.snapshot());
         let ids: Vec<_> = models.iter().map(|m| m.id.as_str()).collect();
-        assert_eq!(ids, vec![DEFAULT_MODEL_NAME, DEFAULT_MODEL_ID]);
+        assert_eq!(
+            ids,
+            vec![
+                crate::models::DEFAULT_MODEL_NAME,
+                crate::models::DEFAULT_MODEL_ID
+            ]
+        );
         assert!(models.iter().all(|m| !m.ready));
     }
 
     #[test]
     fn unknown_model_is_404_listing_models_and_known_model_without_instance_is_503() {
         let b = backend();
-        let e = b.pick_instance("gpt-4").err().expect("error");
+        let e = b.pick_instance("gpt-4").expect_err("error");
         assert_eq!(e.code.as_deref(), Some("model_not_found"));
-        assert!(e.message.contains(DEFAULT_MODEL_ID), "{}", e.message);
-        let e = b.pick_instance(DEFAULT_MODEL_ID).err().expect("error");
+        assert!(e.message.contains("default"), "{}", e.message);
+        let e = b.pick_instance("default").expect_err("error");
         assert_eq!(e.code.as_deref(), Some("no_instance"));
         assert_eq!(e.status().as_u16(), 503);
     }
 
     #[test]
-    fn instance_ids_are_path_friendly() {
-        assert_eq!(instance_slug("Foo/Bar 7B.Q4"), "foo-bar-7b.q4");
+    fn instance_objects_name_their_nodes_by_list_or_by_preview() {
+        let v = json!({"model_id": "default", "required_nodes": ["a"]});
+        assert_eq!(parse_required(&v).unwrap(), vec!["a".to_string()]);
+        let v =
+            json!({"model_id": "default", "placement": {"ranks": [{"node": "b"}, {"node": "c"}]}});
+        assert_eq!(
+            parse_required(&v).unwrap(),
+            vec!["b".to_string(), "c".to_string()]
+        );
+        assert!(parse_required(&json!({"required_nodes": "a"})).is_err());
+        assert_eq!(
+            parse_sharding(&json!({"sharding": "Tensor"})).unwrap(),
+            Sharding::Tensor
+        );
+        assert_eq!(
+            parse_meta(&json!({"instance_meta": "mlx_ring"})).unwrap(),
+            CollectiveBackend::Ring
+        );
+        assert!(parse_meta(&json!({"instance_meta": "x"})).is_err());
+    }
+
+    #[test]
+    fn placement_errors_map_to_statuses() {
+        let e = place_error(&PlaceError::NoRingWithEnoughMemory {
+            needed: 2,
+            available: 1,
+            min_nodes: 1,
+        });
+        assert_eq!(e.status().as_u16(), 503);
+        assert_eq!(e.code.as_deref(), Some("no_ring_with_enough_memory"));
+        let e = place_error(&PlaceError::InvalidInput {
+            field: "nodes".into(),
+            reason: "x".into(),
+        });
+        assert_eq!(e.status().as_u16(), 400);
     }
 }

@@ -3,12 +3,17 @@
 mod backend;
 mod bench;
 mod dirs;
+mod forward;
 mod generate;
+mod intent;
+mod models;
 mod node;
+mod reconcile;
 mod runner;
 mod serve;
 mod status;
 mod supervisor;
+mod view;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;

@@ -3,8 +3,10 @@
 //! addresses to record verified edges, and runs until Ctrl-C or SIGTERM.
 
 use crate::backend::NodeContext;
+use crate::view::Snapshot;
 use crate::NodeArgs;
 use anyhow::anyhow;
+use gateway::{ApiError, BoxFuture, CancellationToken, ChatRequest, ChatStream};
 use mesh::net::DEFAULT_MESH_PORT;
 use mesh::profile::{NodeProfile, PROFILE_KEY};
 use mesh::{Config, Event, Mesh, MeshOptions, StaticPeer};
@@ -54,6 +56,8 @@ fn parse_peers(peers: &[String]) -> anyhow::Result<Vec<StaticPeer>> {
 
 async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode> {
     let peers = parse_peers(&args.peers)?;
+    let (chats, chat_connections) = tokio::sync::mpsc::channel(64);
+    let chat_alpn = crate::forward::chat_alpn(&args.namespace);
     let mesh = Arc::new(
         Mesh::start(MeshOptions {
             data_dir,
@@ -61,6 +65,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             peers,
             port: args.mesh_port,
             config: Config::default(),
+            extra_protocols: vec![(chat_alpn.clone(), chats)],
         })
         .await?,
     );
@@ -84,8 +89,12 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
         }
     });
     let shutdown = crate::serve::shutdown_on_signals();
-    let context: Arc<dyn NodeContext> = Arc::new(MeshContext { mesh: mesh.clone() });
-    let serving = crate::serve::serve_with(args, context, shutdown.clone());
+    let context: Arc<dyn NodeContext> = Arc::new(MeshContext {
+        mesh: mesh.clone(),
+        chat_alpn,
+        connections: tokio::sync::Mutex::default(),
+    });
+    let serving = crate::serve::serve_with(args, context, Some(chat_connections), shutdown.clone());
     tokio::pin!(serving);
     tokio::spawn(mesh::probe::run(mesh.clone(), PROBE_PERIOD));
     tracing::info!(
@@ -129,9 +138,32 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-/// The node's id and state as the mesh holds them, for the gateway.
+/// The node's id and state as the mesh holds them, and connections to other nodes, for the
+/// backend.
 struct MeshContext {
     mesh: Arc<Mesh>,
+    chat_alpn: Vec<u8>,
+    /// Open chat connections by peer, reused across requests.
+    connections:
+        tokio::sync::Mutex<std::collections::BTreeMap<mesh::NodeId, iroh::endpoint::Connection>>,
+}
+
+impl MeshContext {
+    /// A connection to `peer` on the chat ALPN: the open one, else a new one.
+    async fn chat_connection(
+        &self,
+        peer: mesh::NodeId,
+    ) -> anyhow::Result<iroh::endpoint::Connection> {
+        let mut cache = self.connections.lock().await;
+        if let Some(c) = cache.get(&peer) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let connection = self.mesh.connect(peer, &self.chat_alpn).await?;
+        cache.insert(peer, connection.clone());
+        Ok(connection)
+    }
 }
 
 impl NodeContext for MeshContext {
@@ -139,14 +171,61 @@ impl NodeContext for MeshContext {
         self.mesh.id().to_string()
     }
 
-    /// The replicated state (identical on every node, see its `digest`), plus this node's own
-    /// instances under `instances`.
-    fn state(&self, local: serde_json::Value) -> serde_json::Value {
-        let mut state = self.mesh.state_json();
-        if let (Some(map), Some(instances)) = (state.as_object_mut(), local.get("instances")) {
-            map.insert("instances".into(), instances.clone());
-        }
-        state
+    fn snapshot(&self) -> Snapshot {
+        self.mesh.read(|replica, _| Snapshot::of_replica(replica))
+    }
+
+    /// The replicated state (identical on every node, see its `digest`) and this node's view
+    /// of liveness.
+    fn state_json(&self) -> serde_json::Value {
+        self.mesh.state_json()
+    }
+
+    fn write(&self, key: &str, value: &serde_json::Value) -> Result<(), String> {
+        self.mesh.set(key, value).map_err(|e| format!("{e:#}"))
+    }
+
+    fn remove(&self, key: &str) -> bool {
+        self.mesh.delete(key)
+    }
+
+    fn generation(&self) -> u64 {
+        self.mesh.read(|replica, _| replica.generation())
+    }
+
+    fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<Event>> {
+        Some(self.mesh.subscribe())
+    }
+
+    fn forward_chat(
+        &self,
+        node: String,
+        instance_id: String,
+        request: ChatRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<ChatStream, ApiError>> {
+        Box::pin(async move {
+            let peer: mesh::NodeId = node
+                .parse()
+                .map_err(|e| ApiError::internal(format!("bad node id {node}: {e}")))?;
+            let mesh = self.mesh.clone();
+            let alive = move || mesh.read(|replica, _| !replica.is_dead(&peer));
+            let connection = self.chat_connection(peer).await.map_err(|e| {
+                ApiError::new(
+                    gateway::ErrorKind::Unavailable,
+                    format!(
+                        "cannot reach node {} which serves instance {instance_id}: {e:#}; retry",
+                        crate::view::short(&node)
+                    ),
+                )
+            })?;
+            let result =
+                crate::forward::forward(&connection, &instance_id, &request, cancel, alive).await;
+            if result.is_err() && connection.close_reason().is_some() {
+                self.connections.lock().await.remove(&peer);
+            }
+            result
+        })
     }
 }
 

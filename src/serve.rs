@@ -27,6 +27,7 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
 pub async fn serve_with(
     args: &NodeArgs,
     context: Arc<dyn NodeContext>,
+    chat_connections: Option<tokio::sync::mpsc::Receiver<iroh::endpoint::Connection>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.api_port))
@@ -47,23 +48,41 @@ pub async fn serve_with(
         crate::dirs::default_model_path(),
     ));
     tracing::info!(port, node_id = %gateway::Backend::node_id(&*backend), "HTTP API listening");
+    tokio::spawn(crate::reconcile::run(backend.clone(), shutdown.clone()));
+    if let Some(connections) = chat_connections {
+        tokio::spawn(crate::forward::serve(
+            connections,
+            backend.clone() as Arc<dyn crate::forward::LocalChat>,
+        ));
+    }
     if let Some(model) = &args.model {
+        // On this node alone: `--model` is this machine's model.
+        let me = gateway::Backend::node_id(&*backend);
         let instance = backend
-            .place_local(model)
+            .create(
+                model,
+                placement::Sharding::Pipeline,
+                placement::CollectiveBackend::Ring,
+                1,
+                vec![me],
+            )
             .await
             .map_err(|e| anyhow::anyhow!("cannot place --model {model}: {}", e.message))?;
-        let announced = instance.clone();
+        let id = instance["instance_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let model = model.clone();
+        let waiting = backend.clone();
         tokio::spawn(async move {
-            match announced.runner.wait_ready().await {
+            match waiting.wait_ready(&id).await {
                 Ok(()) => {
                     println!(
-                        "shoal: model `{model}` is ready (instance {}). Try:\n  curl \
+                        "shoal: model `{model}` is ready (instance {id}). Try:\n  curl \
                          http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: \
                          application/json' -d '{{\"model\": \"{model}\", \"messages\": \
                          [{{\"role\": \"user\", \"content\": \"What is the capital of \
-                         France?\"}}]}}'",
-                        announced.id
+                         France?\"}}]}}'"
                     );
                 }
                 Err(reason) => {

@@ -104,6 +104,8 @@ enum Input {
     RunnerGone(String),
     /// Shut the runner down cleanly.
     Shutdown,
+    /// A lifecycle command for the runner (connect, load, warm up).
+    Lifecycle(Command),
 }
 
 /// A request waiting for, or using, the runner.
@@ -142,10 +144,10 @@ impl Drop for Shared {
 }
 
 impl Supervisor {
-    /// Starts a runner process and asks it to load `model` (a GGUF file or a Hugging Face
-    /// folder) whole. Must be called inside a tokio runtime. The state starts as `Idle` and
-    /// moves through loading to `Ready` (or `Failed`); watch it with [`Supervisor::state`].
-    pub fn start(command: &RunnerCommand, model: &str) -> std::io::Result<Supervisor> {
+    /// Starts a runner process and leaves it idle: the node then sends it `Connect`, `Load`
+    /// and `WarmUp` as its start-up plan says ([`Supervisor::connect`], [`Supervisor::load_model`],
+    /// [`Supervisor::warm_up`]). Must be called inside a tokio runtime.
+    pub fn start_idle(command: &RunnerCommand) -> std::io::Result<Supervisor> {
         let mut child = std::process::Command::new(&command.program)
             .args(&command.args)
             .envs(command.env.iter().map(|(k, v)| (k, v)))
@@ -169,12 +171,6 @@ impl Supervisor {
         spawn_writer(stdin, commands_rx, pid);
         let child = Arc::new(Mutex::new(child));
         let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let _ = commands.send(Command::Load {
-            model: model.to_string(),
-            layers: None,
-            format: None,
-            sharding: inference::runner::protocol::Sharding::Pipeline,
-        });
         let scheduler = Scheduler {
             commands,
             state: state_tx,
@@ -186,7 +182,7 @@ impl Supervisor {
             load: load.clone(),
         };
         tokio::spawn(scheduler.run(inputs_rx));
-        tracing::info!(pid, model, "runner started");
+        tracing::info!(pid, "runner started");
         Ok(Supervisor {
             shared: Arc::new(Shared {
                 inputs,
@@ -197,6 +193,43 @@ impl Supervisor {
                 pid,
             }),
         })
+    }
+
+    /// Asks the runner to join its instance's MLX ring as `rank`, `hosts` being every rank's
+    /// addresses as this node's ring view has them.
+    pub fn connect(&self, rank: usize, hosts: Vec<Vec<String>>, timeout: Duration) {
+        self.command(Command::Connect {
+            rank,
+            hosts,
+            timeout_ms: timeout.as_millis() as u64,
+        });
+    }
+
+    /// Asks the runner to load `model`: layers `[start, end)` of it (all for `None`), split
+    /// across the ring as `sharding` says.
+    pub fn load_model(
+        &self,
+        model: &str,
+        layers: Option<(usize, usize)>,
+        sharding: inference::runner::protocol::Sharding,
+    ) {
+        tracing::info!(pid = self.pid(), model, ?layers, ?sharding, "runner: load");
+        self.command(Command::Load {
+            model: model.to_string(),
+            layers,
+            format: None,
+            sharding,
+        });
+    }
+
+    /// Asks a loaded rank of a multi-rank ring to warm up.
+    pub fn warm_up(&self) {
+        self.command(Command::WarmUp);
+    }
+
+    /// Sends a lifecycle command, unless the runner already failed or was shut down.
+    fn command(&self, command: Command) {
+        let _ = self.shared.inputs.send(Input::Lifecycle(command));
     }
 
     /// The runner's state, updated as it reports changes.
@@ -217,25 +250,6 @@ impl Supervisor {
     /// Requests queued or running on this runner (for spreading load over instances).
     pub fn load(&self) -> usize {
         self.shared.load.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Waits until the runner is ready; `Err` with the reason if it failed first.
-    pub async fn wait_ready(&self) -> Result<(), String> {
-        let mut state = self.state();
-        let result = state
-            .wait_for(|s| {
-                matches!(
-                    s,
-                    RunnerState::Ready | RunnerState::Running | RunnerState::Failed { .. }
-                )
-            })
-            .await
-            .map(|s| s.clone());
-        match result {
-            Ok(RunnerState::Failed { reason }) => Err(reason),
-            Ok(_) => Ok(()),
-            Err(_) => Err("the runner's supervisor stopped".into()),
-        }
     }
 
     /// Queues a generation. Events arrive on the returned channel: tokens, then exactly one
@@ -386,6 +400,11 @@ impl Scheduler {
                 Input::Cancel(id) => self.cancel(id),
                 Input::Runner(event) => self.on_event(event),
                 Input::RunnerGone(reason) => self.on_gone(reason),
+                Input::Lifecycle(command) => {
+                    if self.failure.is_none() {
+                        let _ = self.commands.send(command);
+                    }
+                }
                 Input::Shutdown => {
                     self.fail_all("the instance was shut down");
                     let _ = self.commands.send(Command::Shutdown);
@@ -743,6 +762,28 @@ mod tests {
             Some(GenerationEvent::Failed(GenerationFailure::InstanceLost(_)))
         ));
         assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn lifecycle_commands_pass_through_until_the_runner_fails() {
+        let h = Harness::new();
+        let connect = Command::Connect {
+            rank: 0,
+            hosts: vec![vec!["0.0.0.0:50000".into()]],
+            timeout_ms: 1000,
+        };
+        h.inputs.send(Input::Lifecycle(connect.clone())).unwrap();
+        assert_eq!(h.next_command().await, Some(connect));
+        h.runner(Event::State(RunnerState::Failed {
+            reason: "neighbour 10.0.0.2 never came".into(),
+        }));
+        h.settle().await;
+        h.inputs.send(Input::Lifecycle(Command::WarmUp)).unwrap();
+        assert!(
+            h.next_command().await.is_none(),
+            "a failed runner gets no more commands"
+        );
+        let _ = h.child.lock().unwrap().kill();
     }
 
     #[tokio::test]

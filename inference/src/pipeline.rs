@@ -128,6 +128,8 @@ impl PipelineStage {
             let h = h.as_dtype(Dtype::Float32)?;
             stage.group.send(&h, right)?.eval()?;
             let vocab = stage.shard.config.vocab_size as i32;
+            // Sleep, not spin, while the other ranks compute.
+            stage.group.wait_for_peer()?;
             let logits = stage.group.recv(&[vocab], Dtype::Float32, stage.left())?;
             logits.eval()?;
             Ok(logits)
@@ -166,6 +168,10 @@ impl PipelineStage {
         let hidden = self.shard.config.hidden_size as i32;
         let mut steps = 0;
         loop {
+            // Sleep, not spin, until rank 0 starts the next step.
+            self.group
+                .wait_for_peer()
+                .map_err(|e| midway(&format!("rank {rank} waiting for rank {left}"), e.into()))?;
             let (kind, seq_len) = self
                 .recv_header()
                 .map_err(|e| midway(&format!("rank {rank} waiting for rank {left}"), e))?;

@@ -122,6 +122,8 @@ pub struct RingGroup {
     raw: mlx_sys::mlx_distributed_group,
     rank: usize,
     size: usize,
+    /// The ring's sockets to its neighbours (found after joining), for [`Self::wait_for_peer`].
+    peer_fds: Vec<std::os::fd::RawFd>,
 }
 
 impl fmt::Debug for RingGroup {
@@ -179,11 +181,52 @@ impl RingGroup {
         }
         let rank = unsafe { mlx_sys::mlx_distributed_group_rank(raw) };
         let size = unsafe { mlx_sys::mlx_distributed_group_size(raw) };
+        let peer_fds = ring_sockets(config);
+        if peer_fds.is_empty() && config.hosts.len() > 1 {
+            tracing::warn!("the ring's sockets were not found; idle ranks will spin in MLX");
+        }
         Ok(RingGroup {
             raw,
             rank: rank as usize,
             size: size as usize,
+            peer_fds,
         })
+    }
+
+    /// Blocks, without using the CPU, until a neighbour sends something (or hangs up).
+    ///
+    /// MLX's ring backend waits for data by retrying a non-blocking `recv` in a loop: a rank
+    /// that waits inside an MLX receive or collective keeps a core busy. Ranks that wait for
+    /// the next step (serving ranks between requests, rank 0 while the others compute) call
+    /// this first, so they sleep in `poll(2)` on the ring's sockets until the data is there.
+    /// Nothing is read. Returns at once if the sockets are unknown.
+    pub fn wait_for_peer(&self) -> Result<(), RingError> {
+        if self.peer_fds.is_empty() {
+            return Ok(());
+        }
+        let mut fds: Vec<libc::pollfd> = self
+            .peer_fds
+            .iter()
+            .map(|&fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        loop {
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if n > 0 {
+                // Data, a hang-up or an error: the MLX operation that follows reports which.
+                return Ok(());
+            }
+            let err = std::io::Error::last_os_error();
+            if n < 0 && err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(RingError::Op(format!(
+                    "waiting on the ring's sockets: {err}"
+                )));
+            }
+        }
     }
 
     /// This process's rank.
@@ -269,6 +312,67 @@ impl Drop for RingGroup {
         unsafe {
             mlx_sys::mlx_distributed_group_free(self.raw);
         }
+    }
+}
+
+/// The TCP sockets MLX opened to this rank's neighbours: connected IPv4 sockets whose local
+/// port is this rank's listening port (accepted from the left neighbour) or whose peer is the
+/// right neighbour's address. Found through `/proc/self/fd` (MLX does not expose them).
+fn ring_sockets(config: &RingConfig) -> Vec<std::os::fd::RawFd> {
+    let port_of = |addr: &str| {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+    };
+    let own_ports: Vec<u16> = config.hosts[config.rank]
+        .iter()
+        .filter_map(|a| port_of(a))
+        .collect();
+    let right: Vec<std::net::SocketAddrV4> = config.hosts[config.right()]
+        .iter()
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let mut fds: Vec<std::os::fd::RawFd> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| {
+            let is_socket = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+                .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+            if !is_socket {
+                return false;
+            }
+            match (socket_addr(fd, false), socket_addr(fd, true)) {
+                (Some(local), Some(peer)) => {
+                    own_ports.contains(&local.port()) || right.contains(&peer)
+                }
+                _ => false,
+            }
+        })
+        .collect();
+    fds.sort_unstable();
+    fds
+}
+
+/// The local (or, with `peer`, remote) IPv4 address of socket `fd`, if it has one.
+fn socket_addr(fd: std::os::fd::RawFd, peer: bool) -> Option<std::net::SocketAddrV4> {
+    // SAFETY: the buffer is a zeroed sockaddr_in with its length; the calls only write into it.
+    unsafe {
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let ptr = &mut addr as *mut libc::sockaddr_in as *mut libc::sockaddr;
+        let rc = if peer {
+            libc::getpeername(fd, ptr, &mut len)
+        } else {
+            libc::getsockname(fd, ptr, &mut len)
+        };
+        if rc != 0 || addr.sin_family as i32 != libc::AF_INET {
+            return None;
+        }
+        Some(std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+            u16::from_be(addr.sin_port),
+        ))
     }
 }
 

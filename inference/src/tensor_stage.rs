@@ -163,6 +163,10 @@ impl TensorStage {
         }
         let mut steps = 0;
         loop {
+            // Sleep, not spin, until rank 0 starts the next step.
+            self.group
+                .wait_for_peer()
+                .map_err(|e| midway(&format!("rank {rank} waiting for the next step"), e.into()))?;
             let (kind, tokens) = self
                 .header(Kind::Stop, &[])
                 .map_err(|e| midway(&format!("rank {rank} waiting for the next step"), e))?;

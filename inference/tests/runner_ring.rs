@@ -171,6 +171,35 @@ impl RunnerProc {
     }
 }
 
+/// CPU seconds (user + system) the process has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// A serving rank waits for the next step asleep: MLX's ring spins in its receive loop, so
+/// the stages wait in `poll(2)` first. Spinning would use about a core (at least half of one
+/// on a loaded machine); asleep, a few milliseconds.
+fn assert_idle(r: &RunnerProc) {
+    let pid = r.child.id();
+    let before = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_seconds(pid) - before;
+    eprintln!("idle serving rank {}: {used:.2} CPU s in 2 s", r.rank);
+    assert!(
+        used < 0.3,
+        "rank {} spins while idle: {used} CPU s in 2 s",
+        r.rank
+    );
+}
+
 /// How one instance is split.
 struct Split {
     sharding: Sharding,
@@ -261,8 +290,13 @@ fn compare(label: &str, want: &Completion, got: &Completion) -> f32 {
     // parallelism): rounding-level differences only.
     assert!(worst < 1e-3, "{label}: logprobs differ by {worst}");
     eprintln!(
-        "{label}: {} tokens equal, logprob max |Δ| {worst:e}",
-        got.tokens.len()
+        "{label}: {} tokens equal, logprob max |Δ| {worst:e}; prompt {:.0} tok/s, generation \
+         {:.1} tok/s (one runner: {:.0} / {:.1})",
+        got.tokens.len(),
+        got.prompt_tps(),
+        got.generation_tps(),
+        want.prompt_tps(),
+        want.generation_tps()
     );
     worst
 }
@@ -304,6 +338,7 @@ fn tiny_llama_two_rank_pipeline_runners_match_one_runner() {
     let mut ranks = start_instance(&net, &dir, &split);
     let got = ranks[0].generate(7, request.clone()).unwrap();
     compare(&format!("2-rank pipeline ({})", place(&net)), &want, &got);
+    assert_idle(&ranks[1]);
     // A second request starts from a clean cache on every rank.
     let again = ranks[0].generate(8, request).unwrap();
     assert_eq!(again.tokens, want.tokens);
@@ -330,6 +365,7 @@ fn tiny_qwen3_two_rank_tensor_runners_match_one_runner() {
     let mut ranks = start_instance(&net, &dir, &split);
     let got = ranks[0].generate(7, request).unwrap();
     compare(&format!("2-rank tensor ({})", place(&net)), &want, &got);
+    assert_idle(&ranks[1]);
     shut_down(ranks);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -428,4 +464,12 @@ fn a_rank_whose_neighbour_never_comes_fails_naming_it() {
     );
     eprintln!("lonely rank 0 failed after {waited:?}: {reason}");
     assert_eq!(r.exit_code(Duration::from_secs(10)), Some(1));
+    // Nothing is left behind.
+    if let Some(prefix) = net.netns_prefix() {
+        drop(net);
+        assert!(
+            common::netns::list(&prefix).is_empty(),
+            "namespaces {prefix}-* left behind"
+        );
+    }
 }

@@ -224,6 +224,13 @@ impl Replica {
         *node == self.id || self.detector.is_alive(node)
     }
 
+    /// True if `node` was heard from and then went silent (a detected death). A node not
+    /// heard from yet is neither alive nor dead: a late joiner must not take the nodes it
+    /// only knows from the state for dead ones.
+    pub fn is_dead(&self, node: &NodeId) -> bool {
+        *node != self.id && self.detector.dead_since(node).is_some()
+    }
+
     /// Nodes currently considered alive, this one included, in id order.
     pub fn live_nodes(&self) -> Vec<NodeId> {
         self.state

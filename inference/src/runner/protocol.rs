@@ -16,6 +16,11 @@
 //!   `placement::planning::next_action` (ranks below n−1 first, rank n−1 last).
 //!   Only rank 0 accepts `Generate`; the other ranks serve the ring from `WarmUp` on until rank
 //!   0 stops it (a `Shutdown` of rank 0 stops every rank) or a neighbour disappears (→ `failed`).
+//!   A rank above 0 that rank 0 stopped exits 0 with no further event; a `Shutdown` sent to a
+//!   rank above 0 exits it at once.
+//! - **Exit codes**: 0 after a shutdown, 1 after `failed`, 3 after a load timeout (also
+//!   reported as `failed`). A request in flight on rank 0 when the ring breaks ends with an
+//!   `Error` event for it, then `failed`.
 
 use crate::engine::{Completion, GenerateRequest};
 use crate::weights::WeightFormat;

@@ -177,13 +177,31 @@ pub fn smollm2() -> std::path::PathBuf {
 /// "<|im_start|>user\nWhat is the capital of France?" as SmolLM2 token ids.
 pub const SMOLLM2_PROMPT: &str = "1,4093,198,1780,314,260,3575,282,4649,47";
 
+/// Namespaces of these tests are named `shi<pid><tag>-...`.
+const NETNS_PREFIX: &str = "shi";
+
+/// Deletes namespaces named like `prefix` (left by an earlier run with the same pid) and those
+/// of test processes that no longer run (killed before they could clean up).
+fn remove_stale_namespaces(prefix: &str) {
+    for name in netns::list(NETNS_PREFIX) {
+        let pid: String = name[NETNS_PREFIX.len()..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        let dead = !pid.is_empty() && !Path::new(&format!("/proc/{pid}")).exists();
+        if dead || name.starts_with(prefix) {
+            netns::delete(&name);
+        }
+    }
+}
+
 /// Where the ranks of a multi-process test run. As root with `ip` available, each rank gets
 /// its own network namespace (`10.99.0.(rank+1)` on a bridge in a hub namespace), listens on
 /// `0.0.0.0:PORT` and dials its neighbours at their namespace addresses, as real nodes do.
-/// Otherwise every rank runs on loopback (a note says so). Dropping it kills what runs in
+/// Otherwise (or with `SHOAL_TEST_LOOPBACK` set) every rank runs on loopback (a note says so). Dropping it kills what runs in
 /// the namespaces and deletes them, also when the test panics.
 pub struct RankNet {
-    netns: Option<netns::Netns>,
+    netns: Option<(netns::Netns, String)>,
     ports: Vec<u16>,
 }
 
@@ -192,19 +210,22 @@ impl RankNet {
     /// among the tests that may run at once on loopback.
     pub fn new(tag: &str, size: usize, base_port: u16) -> RankNet {
         let ports = (0..size).map(|r| base_port + r as u16).collect();
-        let netns = match netns::available() {
+        let allowed = if std::env::var_os("SHOAL_TEST_LOOPBACK").is_some() {
+            Err("SHOAL_TEST_LOOPBACK is set".to_string())
+        } else {
+            netns::available()
+        };
+        let netns = match allowed {
             Ok(()) => {
                 // Short, unique per test process and test: namespace names are file names.
-                let prefix = format!("shi{}{tag}", std::process::id());
-                for leftover in netns::list(&prefix) {
-                    netns::delete(&leftover);
-                }
+                let prefix = format!("{NETNS_PREFIX}{}{tag}", std::process::id());
+                remove_stale_namespaces(&prefix);
                 let spec = netns::Spec {
                     nodes: size,
                     ..Default::default()
                 };
                 match netns::Netns::create(&prefix, &spec) {
-                    Ok(n) => Some(n),
+                    Ok(n) => Some((n, prefix)),
                     Err(e) => {
                         eprintln!(
                             "note: {tag}: cannot make namespaces ({e}); ranks run on loopback"
@@ -219,6 +240,11 @@ impl RankNet {
             }
         };
         RankNet { netns, ports }
+    }
+
+    /// The prefix of this placement's namespaces, if it made any.
+    pub fn netns_prefix(&self) -> Option<String> {
+        self.netns.as_ref().map(|(_, prefix)| prefix.clone())
     }
 
     /// Whether the ranks run in their own namespaces.
@@ -241,7 +267,7 @@ impl RankNet {
                 let addr = match &self.netns {
                     _ if r != rank && !neighbour => "198.51.100.1:0".to_string(),
                     Some(_) if r == rank => format!("0.0.0.0:{}", self.ports[r]),
-                    Some(ns) => format!("{}:{}", ns.nodes[r].ip(), self.ports[r]),
+                    Some((ns, _)) => format!("{}:{}", ns.nodes[r].ip(), self.ports[r]),
                     None => format!("127.0.0.1:{}", self.ports[r]),
                 };
                 vec![addr]
@@ -252,7 +278,7 @@ impl RankNet {
     /// A command that runs `program` as `rank` (inside its namespace, if any).
     pub fn command(&self, rank: usize, program: &Path) -> std::process::Command {
         match &self.netns {
-            Some(ns) => ns.nodes[rank].command(&program.display().to_string()),
+            Some((ns, _)) => ns.nodes[rank].command(&program.display().to_string()),
             None => std::process::Command::new(program),
         }
     }

@@ -75,6 +75,36 @@ pub struct MeshOptions {
     pub port: u16,
     /// Protocol tuning.
     pub config: Config,
+    /// The binary's own protocols on this endpoint: each incoming connection on one of these
+    /// ALPNs (see [`namespaced_alpn`]) is handed to its channel, which holds it open.
+    pub extra_protocols: Vec<(Vec<u8>, tokio::sync::mpsc::Sender<Connection>)>,
+}
+
+/// An ALPN of `prefix` scoped by the cluster namespace, as the sync ALPN is: a node of
+/// another namespace fails the handshake instead of talking to this cluster.
+pub fn namespaced_alpn(prefix: &[u8], namespace: &str) -> Vec<u8> {
+    let topic = topic_of(namespace);
+    let mut alpn = prefix.to_vec();
+    for byte in &topic.as_bytes()[..8] {
+        alpn.extend(format!("{byte:02x}").as_bytes());
+    }
+    alpn
+}
+
+/// Hands connections on an extra ALPN to the binary (see [`MeshOptions::extra_protocols`]).
+#[derive(Debug, Clone)]
+struct ChannelHandler {
+    connections: tokio::sync::mpsc::Sender<Connection>,
+}
+
+impl iroh::protocol::ProtocolHandler for ChannelHandler {
+    async fn accept(&self, connection: Connection) -> Result<(), iroh::protocol::AcceptError> {
+        if self.connections.send(connection.clone()).await.is_ok() {
+            // The receiver serves it; the router keeps its task until the peer is done.
+            connection.closed().await;
+        }
+        Ok(())
+    }
 }
 
 /// Signs with the node's iroh secret key (ed25519) and checks other nodes' signatures with
@@ -279,15 +309,23 @@ impl Mesh {
             events,
             alpn: sync_alpn(&options.namespace),
         });
-        let router = Router::builder(endpoint.clone())
+        let mut router = Router::builder(endpoint.clone())
             .accept(iroh_gossip::ALPN, gossip.clone())
             .accept(
                 sync_alpn(&options.namespace),
                 sync::SyncHandler {
                     inner: inner.clone(),
                 },
-            )
-            .spawn();
+            );
+        for (alpn, connections) in &options.extra_protocols {
+            router = router.accept(
+                alpn,
+                ChannelHandler {
+                    connections: connections.clone(),
+                },
+            );
+        }
+        let router = router.spawn();
         tracing::info!(node_id = %id, generation, port, namespace = %options.namespace, "mesh endpoint bound (relays off, LAN only)");
 
         let mut tasks = Vec::new();
@@ -409,6 +447,17 @@ impl Mesh {
     /// The mesh endpoint's bound addresses.
     pub fn bound_sockets(&self) -> Vec<SocketAddr> {
         self.inner.endpoint.bound_sockets()
+    }
+
+    /// Opens a connection to `peer` on `alpn` (one of the peer's extra protocols), at the
+    /// addresses discovery or `--peer` gave for it.
+    pub async fn connect(&self, peer: NodeId, alpn: &[u8]) -> anyhow::Result<Connection> {
+        let key = PublicKey::from_bytes(peer.as_bytes()).context("peer id is not a key")?;
+        self.inner
+            .endpoint
+            .connect(EndpointAddr::new(key), alpn)
+            .await
+            .with_context(|| format!("cannot connect to {}", peer.short()))
     }
 
     /// Writes this node's record `key` as JSON.

@@ -17,12 +17,7 @@ pub const SYNC_ALPN: &[u8] = b"shoal/mesh-sync/1/";
 /// The anti-entropy ALPN of a cluster namespace: a node given a `--peer` of another cluster
 /// fails the handshake instead of merging two clusters' states.
 pub fn sync_alpn(namespace: &str) -> Vec<u8> {
-    let topic = super::topic_of(namespace);
-    let mut alpn = SYNC_ALPN.to_vec();
-    for byte in &topic.as_bytes()[..8] {
-        alpn.extend(format!("{byte:02x}").as_bytes());
-    }
-    alpn
+    super::namespaced_alpn(SYNC_ALPN, namespace)
 }
 
 /// How long one exchange may take before it is abandoned.

@@ -1,0 +1,326 @@
+//! Instances as intents in the replicated state: the records nodes write, and the pure rules
+//! every node applies to them so that all nodes agree on each instance's placement.
+//!
+//! # Records (each under its author's id; a node writes only its own)
+//! - `instance/<id>` → [`InstanceRecord`]: the intent (the request plus the placement
+//!   [`Input`] it was computed from), its epoch and the nodes excluded since. The node that
+//!   creates an instance writes epoch 0; a node that re-places it writes its own copy with a
+//!   higher epoch; every node holding a rank keeps its own copy of the effective record, so
+//!   the instance outlives its creator. Every node takes the same copy as authoritative
+//!   ([`effective`]).
+//! - `deleted/<id>` → [`DeletedRecord`]: the instance was deleted, by whichever node wrote it.
+//!   Every node honours a deletion by any author.
+//! - `runner/<id>` → [`RunnerRecord`]: the writer's runner for its rank of the instance.
+//!
+//! # Re-placement
+//! When a node holding a rank of the effective placement is found dead (mesh liveness), every
+//! live node that sees it writes `instance/<id>` with `epoch + 1` and the dead ranks added to
+//! `excluded` ([`InstanceRecord::replaced`]). The new placement is computed from the intent's
+//! own input minus the excluded nodes ([`InstanceRecord::placement_input`]), so every node
+//! computes the same one whatever it believes about memory now; its ring port comes from
+//! `<id>#<epoch>`, so it differs from the old ring's port and stale TCP listeners do not
+//! collide. The copies keep the instance alive when its creator is the node that died.
+
+use placement::{Input, PlaceError, Placement, RunnerStatus};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// Key prefix of instance intents.
+pub const INSTANCE_PREFIX: &str = "instance/";
+/// Key prefix of deletions.
+pub const DELETED_PREFIX: &str = "deleted/";
+/// Key prefix of runner status records.
+pub const RUNNER_PREFIX: &str = "runner/";
+
+/// What a user asked for, and the snapshot of the cluster it was placed on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Intent {
+    /// The instance id (also the placement request's `instance_id` at epoch 0).
+    pub instance_id: String,
+    /// How every node finds the model file: `default` (each node's own fixture path) or a
+    /// path that must be the same on every node.
+    pub model: String,
+    /// The model's display id (what `/v1/models` lists and chat requests name).
+    pub model_id: String,
+    /// The node that created the intent.
+    pub created_by: String,
+    /// The placement input at creation: live nodes, verified edges, model card, request.
+    pub input: Input,
+}
+
+/// The `instance/<id>` record.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct InstanceRecord {
+    /// The intent, identical in every copy.
+    pub intent: Intent,
+    /// 0 at creation; each re-placement adds one.
+    pub epoch: u32,
+    /// Nodes left out by re-placements (they died), sorted.
+    pub excluded: Vec<String>,
+}
+
+/// The `deleted/<id>` record.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct DeletedRecord {
+    /// The deleted instance.
+    pub instance_id: String,
+}
+
+/// The `runner/<id>` record: the author's runner for its rank of instance `<id>`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct RunnerRecord {
+    /// The instance epoch the runner belongs to (records of other epochs are stale).
+    pub epoch: u32,
+    /// The author's rank.
+    pub rank: usize,
+    /// The runner's status.
+    pub status: RunnerStatus,
+    /// Requests queued or running on it (only rank 0 receives requests).
+    pub queued: usize,
+    /// Whether the model file is on the author's disk.
+    pub model_ready: bool,
+}
+
+impl InstanceRecord {
+    /// A new intent at epoch 0.
+    pub fn new(intent: Intent) -> InstanceRecord {
+        InstanceRecord {
+            intent,
+            epoch: 0,
+            excluded: Vec::new(),
+        }
+    }
+
+    /// The instance id.
+    pub fn id(&self) -> &str {
+        &self.intent.instance_id
+    }
+
+    /// The placement request's instance id at this epoch: the ring port derives from it.
+    pub fn ring_id(&self) -> String {
+        if self.epoch == 0 {
+            self.intent.instance_id.clone()
+        } else {
+            format!("{}#{}", self.intent.instance_id, self.epoch)
+        }
+    }
+
+    /// The input this epoch is placed on: the intent's, without the excluded nodes (their
+    /// edges are dropped by placement), with `required_nodes` minus them and `min_nodes` at
+    /// most the nodes that remain (a 3-node instance that loses a node may run on 2).
+    pub fn placement_input(&self) -> Input {
+        let mut input = self.intent.input.clone();
+        input.request.instance_id = self.ring_id();
+        if self.epoch == 0 && self.excluded.is_empty() {
+            return input;
+        }
+        let excluded: BTreeSet<&str> = self.excluded.iter().map(String::as_str).collect();
+        input.nodes.retain(|n| !excluded.contains(n.id.as_str()));
+        input
+            .edges
+            .retain(|e| !excluded.contains(e.from.as_str()) && !excluded.contains(e.to.as_str()));
+        input
+            .request
+            .required_nodes
+            .retain(|n| !excluded.contains(n.as_str()));
+        let remaining = u32::try_from(input.nodes.len()).unwrap_or(u32::MAX).max(1);
+        input.request.min_nodes = input.request.min_nodes.clamp(1, remaining);
+        input
+    }
+
+    /// The placement every node computes for this epoch.
+    pub fn place(&self) -> Result<Placement, PlaceError> {
+        placement::place(&self.placement_input())
+    }
+
+    /// The next epoch, without `dead` (sorted, deduplicated).
+    pub fn replaced(&self, dead: &BTreeSet<String>) -> InstanceRecord {
+        let mut excluded: BTreeSet<String> = self.excluded.iter().cloned().collect();
+        excluded.extend(dead.iter().cloned());
+        InstanceRecord {
+            intent: self.intent.clone(),
+            epoch: self.epoch + 1,
+            excluded: excluded.into_iter().collect(),
+        }
+    }
+
+    /// The order in which copies supersede each other: higher epoch, then more exclusions,
+    /// then the exclusions' ids. A total order, so every node picks the same copy.
+    fn rank_key(&self) -> (u32, usize, &[String]) {
+        (self.epoch, self.excluded.len(), &self.excluded)
+    }
+}
+
+/// The authoritative copy among every author's `instance/<id>` records for one id: the
+/// highest by (epoch, number of exclusions, exclusions). `None` for no copies.
+pub fn effective<'a>(
+    copies: impl IntoIterator<Item = &'a InstanceRecord>,
+) -> Option<&'a InstanceRecord> {
+    copies
+        .into_iter()
+        .max_by(|a, b| a.rank_key().cmp(&b.rank_key()))
+}
+
+/// A path-friendly form of a model id for instance ids.
+pub fn instance_slug(model_id: &str) -> String {
+    model_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use placement::{
+        CollectiveBackend, ComputeBackend, Edge, Interface, InterfaceKind, Link, ModelCard,
+        NodeProfile, Request, Sharding,
+    };
+
+    /// `n` nodes `a`, `b`, ... on one switch (10.0.0.1...), each with `ram` bytes free, every
+    /// pair linked both ways.
+    pub fn cluster_input(n: usize, ram: u64, min_nodes: u32, id: &str) -> Input {
+        let names: Vec<String> = (0..n)
+            .map(|i| ((b'a' + i as u8) as char).to_string())
+            .collect();
+        let ip = |i: usize| -> std::net::IpAddr { format!("10.0.0.{}", i + 1).parse().unwrap() };
+        let nodes = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| NodeProfile {
+                id: name.clone(),
+                ram_available: ram,
+                ram_total: ram * 2,
+                backends: vec![ComputeBackend::MlxCpu],
+                rdma_enabled: false,
+                interfaces: vec![Interface {
+                    name: "eth0".into(),
+                    ip: ip(i),
+                    kind: InterfaceKind::Ethernet,
+                }],
+                download: Default::default(),
+            })
+            .collect();
+        let mut edges = Vec::new();
+        for i in 0..n {
+            for j in 0..n {
+                if i != j {
+                    edges.push(Edge {
+                        from: names[i].clone(),
+                        to: names[j].clone(),
+                        link: Link::Ip(ip(j)),
+                    });
+                }
+            }
+        }
+        Input {
+            nodes,
+            edges,
+            model: ModelCard {
+                id: "default".into(),
+                n_layers: 30,
+                storage_bytes: 1_000_000_000,
+                hidden_size: 576,
+                num_key_value_heads: 3,
+                supports_tensor: true,
+                backends: vec![ComputeBackend::MlxCpu],
+            },
+            request: Request {
+                sharding: Sharding::Pipeline,
+                backend: CollectiveBackend::Ring,
+                min_nodes,
+                required_nodes: vec![],
+                instance_id: id.into(),
+            },
+        }
+    }
+
+    pub fn record(n: usize, ram: u64, min_nodes: u32) -> InstanceRecord {
+        InstanceRecord::new(Intent {
+            instance_id: "default-1".into(),
+            model: "default".into(),
+            model_id: "default".into(),
+            created_by: "a".into(),
+            input: cluster_input(n, ram, min_nodes, "default-1"),
+        })
+    }
+
+    #[test]
+    fn every_node_computes_the_same_placement_from_the_intent() {
+        let r = record(3, 400_000_000, 3);
+        let json = serde_json::to_string(&r).unwrap();
+        // Another node decodes the record and places it: same bytes out.
+        let theirs: InstanceRecord = serde_json::from_str(&json).unwrap();
+        let mine = r.place().unwrap();
+        assert_eq!(
+            serde_json::to_string(&theirs.place().unwrap()).unwrap(),
+            serde_json::to_string(&mine).unwrap()
+        );
+        assert_eq!(mine.ranks.len(), 3);
+        assert_eq!(mine.port, placement::views::ring_port("default-1"));
+        // The order of nodes and edges in the input does not matter.
+        let mut shuffled = r.clone();
+        shuffled.intent.input.nodes.reverse();
+        shuffled.intent.input.edges.reverse();
+        assert_eq!(shuffled.place().unwrap(), mine);
+    }
+
+    #[test]
+    fn replacement_leaves_out_dead_nodes_and_takes_a_new_port() {
+        let r = record(3, 700_000_000, 3);
+        let before = r.place().unwrap();
+        assert_eq!(before.ranks.len(), 3);
+        let dead: BTreeSet<String> = [before.ranks[1].node.clone()].into();
+        let next = r.replaced(&dead);
+        assert_eq!(next.epoch, 1);
+        assert_eq!(next.excluded, vec![before.ranks[1].node.clone()]);
+        let input = next.placement_input();
+        assert_eq!(input.nodes.len(), 2);
+        assert!(input.nodes.iter().all(|n| !dead.contains(&n.id)));
+        assert!(input
+            .edges
+            .iter()
+            .all(|e| !dead.contains(&e.from) && !dead.contains(&e.to)));
+        assert_eq!(
+            input.request.min_nodes, 2,
+            "min_nodes shrinks to the survivors"
+        );
+        let after = next.place().unwrap();
+        assert_eq!(after.ranks.len(), 2);
+        assert!(after.ranks.iter().all(|rank| !dead.contains(&rank.node)));
+        assert_ne!(after.port, before.port, "a new ring gets a new port");
+        // Losing a second node at epoch 1: the exclusions accumulate.
+        let dead2: BTreeSet<String> = [after.ranks[0].node.clone()].into();
+        let last = next.replaced(&dead2);
+        assert_eq!(last.epoch, 2);
+        assert_eq!(last.excluded.len(), 2);
+        // 1 GB on one 700 MB node cannot be held: the error says so.
+        assert!(last.place().is_err(), "one 700 MB node cannot hold 1 GB");
+    }
+
+    #[test]
+    fn the_highest_copy_wins_whatever_the_order() {
+        let r0 = record(3, 700_000_000, 1);
+        let r1a = r0.replaced(&["b".to_string()].into());
+        let r1b = r0.replaced(&["b".to_string(), "c".to_string()].into());
+        let r1c = r0.replaced(&["c".to_string()].into());
+        let copies = [r0.clone(), r1a.clone(), r1b.clone(), r1c.clone()];
+        assert_eq!(effective(&copies), Some(&r1b));
+        let mut reversed = copies.clone();
+        reversed.reverse();
+        assert_eq!(effective(&reversed), Some(&r1b));
+        assert_eq!(effective(&[r1a.clone(), r1c.clone()]), Some(&r1c));
+        assert_eq!(effective(&Vec::<InstanceRecord>::new()), None);
+    }
+
+    #[test]
+    fn instance_ids_are_path_friendly() {
+        assert_eq!(instance_slug("Foo/Bar 7B.Q4"), "foo-bar-7b.q4");
+    }
+}

@@ -1,0 +1,174 @@
+//! Models a node can run: how a name resolves to a file, and what the file says about the
+//! model (its card for placement, its tokenizer for prompts).
+//!
+//! **Names.** A model is named by its file or folder name without extension (a GGUF file
+//! `Foo.Q4_1.gguf` is `Foo.Q4_1`), or by its path. The SmolLM2 fixture that
+//! `cargo xtask setup` downloads is served as `default` and also as `SmolLM2-135M-Instruct`.
+//! An instance's intent records the model as `default` (each node then uses its own fixture
+//! path) or as a path, which must be the same on every node of the instance.
+
+use inference::Tokenizer;
+use placement::{ComputeBackend, ModelCard};
+use std::path::{Path, PathBuf};
+
+/// The id under which the default model (the SmolLM2 fixture) is served.
+pub const DEFAULT_MODEL_ID: &str = "default";
+/// The default model's own name, also accepted and listed.
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+/// A model the node can run: where it is and what it is called.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// The id clients use.
+    pub id: String,
+    /// Other names that reach it.
+    pub aliases: Vec<String>,
+    /// GGUF file or Hugging Face folder on this node.
+    pub path: PathBuf,
+    /// OpenAI's `owned_by`.
+    pub owned_by: String,
+    /// How an intent names it so that every node finds it: `default` or the path.
+    pub reference: String,
+}
+
+impl ModelSpec {
+    /// The default model at `path` (this node's fixture).
+    pub fn default_at(path: &Path) -> ModelSpec {
+        ModelSpec {
+            id: DEFAULT_MODEL_ID.into(),
+            aliases: vec![DEFAULT_MODEL_NAME.into()],
+            path: path.to_path_buf(),
+            owned_by: "HuggingFaceTB".into(),
+            reference: DEFAULT_MODEL_ID.into(),
+        }
+    }
+
+    /// The spec an intent's model reference names on this node (whether or not the file is
+    /// here): `default` for this node's fixture, else the path.
+    pub fn of_reference(reference: &str, default_path: &Path) -> ModelSpec {
+        let default = ModelSpec::default_at(default_path);
+        if default.answers_to(reference) {
+            return default;
+        }
+        let path = Path::new(reference);
+        let file_name = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| reference.to_string());
+        let id = file_name
+            .strip_suffix(".gguf")
+            .unwrap_or(&file_name)
+            .to_string();
+        ModelSpec {
+            id,
+            aliases: vec![],
+            path: path.to_path_buf(),
+            owned_by: "local".into(),
+            reference: reference.to_string(),
+        }
+    }
+
+    /// The model a name given by a user refers to: the default model by its names, or a file
+    /// or folder that exists here (by its absolute path). `None` for anything else.
+    pub fn resolve(name: &str, default_path: &Path) -> Option<ModelSpec> {
+        let default = ModelSpec::default_at(default_path);
+        if default.answers_to(name) {
+            return Some(default);
+        }
+        let path = std::fs::canonicalize(name).ok()?;
+        Some(ModelSpec::of_reference(
+            &path.to_string_lossy(),
+            default_path,
+        ))
+    }
+
+    /// Whether `name` names this model (its id, an alias, or its path).
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.id == name
+            || self.aliases.iter().any(|a| a == name)
+            || Path::new(name) == self.path
+            || self.reference == name
+    }
+
+    /// Its id and aliases.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.id).chain(self.aliases.iter())
+    }
+}
+
+/// What the node reads from a model's files, once: enough to place it and to build prompts.
+pub struct ModelFacts {
+    /// Its tokenizer and chat template.
+    pub tokenizer: Tokenizer,
+    /// The longest sequence it takes.
+    pub context_length: usize,
+    /// Transformer layers.
+    pub num_layers: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Bytes of weights on disk.
+    pub bytes_on_disk: u64,
+}
+
+impl ModelFacts {
+    /// Reads the model's configuration and tokenizer (not its weights).
+    pub fn read(path: &Path) -> Result<ModelFacts, String> {
+        let opened = inference::engine::open_model(path).map_err(|e| e.to_string())?;
+        Ok(ModelFacts {
+            tokenizer: opened.tokenizer,
+            context_length: opened.config.max_position_embeddings,
+            num_layers: opened.config.num_layers,
+            hidden_size: opened.config.hidden_size,
+            num_kv_heads: opened.config.num_kv_heads,
+            bytes_on_disk: opened.bytes_on_disk,
+        })
+    }
+
+    /// The model card placement decides on. Every model inference loads can be split by
+    /// layers and by heads (its Llama/Qwen-family decoder), on any MLX backend.
+    pub fn card(&self, id: &str) -> ModelCard {
+        ModelCard {
+            id: id.to_string(),
+            n_layers: u32::try_from(self.num_layers).unwrap_or(u32::MAX),
+            storage_bytes: self.bytes_on_disk,
+            hidden_size: u32::try_from(self.hidden_size).unwrap_or(u32::MAX),
+            num_key_value_heads: u32::try_from(self.num_kv_heads).unwrap_or(u32::MAX),
+            supports_tensor: true,
+            backends: vec![
+                ComputeBackend::MlxCpu,
+                ComputeBackend::MlxMetal,
+                ComputeBackend::MlxCuda,
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_model_answers_to_both_names_and_paths_resolve_absolutely() {
+        let fixture = Path::new("/nonexistent/SmolLM2-135M-Instruct.Q4_1.gguf");
+        for name in [DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME] {
+            let spec = ModelSpec::resolve(name, fixture).expect(name);
+            assert_eq!(spec.id, DEFAULT_MODEL_ID);
+            assert_eq!(spec.reference, DEFAULT_MODEL_ID);
+        }
+        assert!(ModelSpec::resolve("no-such-model", fixture).is_none());
+        let dir = std::env::temp_dir().join(format!("shoal-models-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("Foo.Q4_1.gguf");
+        std::fs::write(&file, b"x").unwrap();
+        let spec = ModelSpec::resolve(&file.to_string_lossy(), fixture).unwrap();
+        assert_eq!(spec.id, "Foo.Q4_1");
+        assert!(Path::new(&spec.reference).is_absolute());
+        // Another node names it by the same reference and finds the same id.
+        let theirs = ModelSpec::of_reference(&spec.reference, fixture);
+        assert_eq!(theirs, spec);
+        assert!(theirs.answers_to("Foo.Q4_1"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

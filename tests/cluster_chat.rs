@@ -1,0 +1,491 @@
+//! Two real `shoal` nodes in Linux network namespaces (found by mDNS, no configuration): an
+//! instance of the SmolLM2 fixture is created through node A on node A alone, the same greedy
+//! chat through node B (forwarded over iroh to A) and through A (served there) gives the
+//! same text, and deleting the instance through B stops A's runner. Then an instance on A
+//! created through B loses node A mid-stream: the client gets an error within seconds and B
+//! places the instance again on itself.
+//!
+//! Needs root (namespaces), `curl` and the model fixture (`cargo xtask setup`); skipped with
+//! a message without root.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use support::netns::{self, Netns, Spec};
+use support::{wait_for, ShoalNode, API_PORT};
+
+/// `curl` inside the node's namespace against its own API: (HTTP status, body).
+fn curl(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
+    let mut cmd = node.node.command("curl");
+    cmd.args([
+        "-s",
+        "--max-time",
+        "120",
+        "-X",
+        method,
+        "-w",
+        "\n%{http_code}",
+    ])
+    .arg(format!("http://{}:{API_PORT}{path}", node.node.ip()));
+    if let Some(body) = body {
+        cmd.args(["-H", "Content-Type: application/json", "-d"])
+            .arg(body.to_string());
+    }
+    let out = cmd.stdin(Stdio::null()).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n')?;
+    Some((status.trim().parse().ok()?, body.to_string()))
+}
+
+fn json_of(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let (status, text) = curl(node, method, path, body).expect("curl runs");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn default_ready(node: &ShoalNode) -> bool {
+    let Some((200, text)) = curl(node, "GET", "/v1/models", None) else {
+        return false;
+    };
+    let models: Value = serde_json::from_str(&text).unwrap_or_default();
+    models["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["id"] == "default" && m["ready"] == true)
+}
+
+fn greedy(node: &ShoalNode) -> String {
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 16,
+    });
+    let (status, answer) = json_of(node, "POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 200, "{answer}\n{}", node.log_tail());
+    let tokens = answer["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    assert!((1..=16).contains(&tokens), "{answer}");
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    format!("{text} ({tokens} tokens)")
+}
+
+/// Starts a long greedy stream through `client`, kills `victim` once the first chunk came,
+/// and checks that the stream then ends with an error event and `[DONE]`; returns how long
+/// after the kill it ended.
+fn stream_then_kill(client: &ShoalNode, victim: &mut ShoalNode, logs: &str) -> Duration {
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
+        "temperature": 0,
+        "max_tokens": 2000,
+        "stream": true,
+    });
+    let mut stream = client
+        .node
+        .command("curl")
+        .args([
+            "-sN",
+            "--max-time",
+            "120",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(request.to_string())
+        .arg(format!(
+            "http://{}:{API_PORT}/v1/chat/completions",
+            client.node.ip()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("curl starts");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = stream.stdout.take().expect("curl's stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let first_chunk = Instant::now();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("chat.completion.chunk"))
+    {
+        match lines.recv_timeout(Duration::from_secs(60).saturating_sub(first_chunk.elapsed())) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("no chunk came: {seen:?}\n{}", logs),
+        }
+    }
+    victim.kill();
+    let killed = Instant::now();
+    let mut rest = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(30)) {
+        let done = line.contains("[DONE]");
+        rest.push(line);
+        if done {
+            break;
+        }
+    }
+    let ended = killed.elapsed();
+    let _ = stream.kill();
+    let _ = stream.wait();
+    let tail = rest[rest.len().saturating_sub(3)..].join("\n");
+    assert!(
+        rest.last().is_some_and(|l| l.contains("[DONE]")),
+        "the stream did not end after the node was killed:\n{tail}\n{}",
+        logs
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("\"error\"")),
+        "the stream did not report the loss:\n{tail}"
+    );
+    ended
+}
+
+#[test]
+fn chat_through_either_node_and_delete_from_the_other() {
+    if let Err(why) = netns::available() {
+        eprintln!("skipping the two-node chat test: {why}");
+        return;
+    }
+    let prefix = format!("shoalc{}", std::process::id());
+    let spec = Spec {
+        nodes: 2,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let net = Netns::create(&prefix, &spec).expect("create namespaces");
+    let dir = std::env::temp_dir().join(&prefix);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut nodes: Vec<ShoalNode> = net
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
+        .collect();
+    for node in &mut nodes {
+        node.start();
+    }
+    let (first, second) = nodes.split_at_mut(1);
+    let (a, b) = (&mut first[0], &second[0]);
+    let logs = |a: &ShoalNode, b: &ShoalNode| {
+        format!(
+            "--- node A ---\n{}\n--- node B ---\n{}",
+            a.log_tail(),
+            b.log_tail()
+        )
+    };
+
+    // Both nodes see both nodes alive.
+    let met = wait_for(Duration::from_secs(60), || {
+        let sa = a.state()?;
+        let sb = b.state()?;
+        let alive = |s: &Value| {
+            s["liveness"]
+                .as_object()
+                .is_some_and(|l| l.len() == 2 && l.values().all(|n| n["alive"] == true))
+        };
+        let id = |s: &Value| s["node_id"].as_str().unwrap_or_default().to_string();
+        (alive(&sa) && alive(&sb)).then(|| (id(&sa), id(&sb)))
+    });
+    let Some(((id_a, id_b), took)) = met else {
+        panic!("the nodes did not find each other\n{}", logs(a, b));
+    };
+    eprintln!("nodes met in {took:?}");
+
+    // An instance on node A only, created through A.
+    let (status, created) = json_of(
+        a,
+        "POST",
+        "/instance",
+        Some(&json!({"instance": {"model_id": "default", "required_nodes": [id_a]}})),
+    );
+    assert_eq!(status, 200, "{created}\n{}", logs(a, b));
+    let instance = created["instance_id"]
+        .as_str()
+        .expect("instance id")
+        .to_string();
+    let ranks = created["placement"]["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 1, "{created}");
+    assert_eq!(ranks[0]["node"], id_a.as_str());
+
+    // Both nodes see it ready (B through A's runner record).
+    let ready = wait_for(Duration::from_secs(240), || {
+        (default_ready(a) && default_ready(b)).then_some(())
+    });
+    let Some((_, took)) = ready else {
+        panic!("the instance did not become ready\n{}", logs(a, b));
+    };
+    eprintln!("instance ready on both nodes' view in {took:?}");
+    let (_, on_b) = json_of(b, "GET", &format!("/instance/{instance}"), None);
+    assert_eq!(on_b["status"], "ready", "{on_b}");
+    assert_eq!(on_b["runners"][&id_a]["state"], "ready", "{on_b}");
+    let pid = {
+        let (_, on_a) = json_of(a, "GET", &format!("/instance/{instance}"), None);
+        on_a["runner_pid"].as_u64().expect("A runs the runner")
+    };
+    assert!(on_b["runner_pid"].is_null(), "B runs no runner: {on_b}");
+
+    // The same greedy answer through B (forwarded to A) and through A.
+    let start = Instant::now();
+    let forwarded = greedy(b);
+    let forwarded_took = start.elapsed();
+    let start = Instant::now();
+    let direct = greedy(a);
+    let direct_took = start.elapsed();
+    eprintln!(
+        "through B (forwarded): {forwarded:?} in {forwarded_took:?}; through A: {direct:?} in \
+         {direct_took:?}"
+    );
+    assert!(direct.contains("Paris"), "{direct}");
+    assert_eq!(forwarded, direct, "forwarding changed the answer");
+
+    // Streaming through B: chunks, then [DONE].
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "temperature": 0,
+        "max_tokens": 8,
+        "stream": true,
+    });
+    let (status, sse) = curl(b, "POST", "/v1/chat/completions", Some(&request)).expect("curl");
+    assert_eq!(status, 200, "{sse}");
+    assert!(sse.contains("chat.completion.chunk"), "{sse}");
+    assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+
+    // Deleting through B (not the author) removes it on A: runner gone, no instance.
+    let (status, deleted) = json_of(b, "DELETE", &format!("/instance/{instance}"), None);
+    assert_eq!(status, 200, "{deleted}");
+    let gone = wait_for(Duration::from_secs(30), || {
+        let sa = a.state()?;
+        let none = sa["instances"].as_object().is_some_and(|i| i.is_empty());
+        let exited = !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "));
+        (none && exited).then_some(())
+    });
+    let Some((_, took)) = gone else {
+        panic!("the deletion did not reach node A\n{}", logs(a, b));
+    };
+    eprintln!("deleted through B; A's runner gone after {took:?}");
+    let (status, after) = json_of(
+        b,
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({
+            "model": "default",
+            "messages": [{"role": "user", "content": "hi"}],
+        })),
+    );
+    assert_eq!(status, 503, "{after}");
+
+    // An instance on A created through B; a long stream through B; A is killed mid-stream:
+    // the client gets an error within seconds, and B (the node that remains) places the
+    // instance again on itself and answers.
+    let (status, created) = json_of(
+        b,
+        "POST",
+        "/instance",
+        Some(&json!({"instance": {"model_id": "default", "required_nodes": [id_a]}})),
+    );
+    assert_eq!(status, 200, "{created}");
+    let instance = created["instance_id"]
+        .as_str()
+        .expect("instance id")
+        .to_string();
+    assert_eq!(created["placement"]["ranks"][0]["node"], id_a.as_str());
+    let ready = wait_for(Duration::from_secs(120), || default_ready(b).then_some(()));
+    assert!(
+        ready.is_some(),
+        "the second instance did not become ready\n{}",
+        logs(a, b)
+    );
+    let ended = stream_then_kill(b, a, &logs(a, b));
+    eprintln!("node A killed mid-stream: the client got an error and [DONE] after {ended:?}");
+    let replaced = wait_for(Duration::from_secs(120), || {
+        let (_, view) = json_of(b, "GET", &format!("/instance/{instance}"), None);
+        (view["epoch"] == 1
+            && view["placement"]["ranks"][0]["node"] == id_b.as_str()
+            && view["status"] == "ready")
+            .then_some(view)
+    });
+    let Some((view, took)) = replaced else {
+        panic!("the instance was not placed again on B\n{}", logs(a, b));
+    };
+    eprintln!(
+        "placed again on node B (epoch 1, ring port {}) {took:?} after the stream ended",
+        view["placement"]["port"]
+    );
+    assert_eq!(view["excluded"], json!([id_a]));
+    let answer = greedy(b);
+    assert!(answer.contains("Paris"), "{answer}");
+
+    drop(nodes);
+    drop(net);
+    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two nodes, one instance across both (a pipeline of two ranks, placed by min_nodes 2): the
+/// nodes start their runners in the planned order, join one MLX ring, and the same greedy
+/// answer comes through either node. Then node B dies mid-stream: the client gets an error,
+/// node A places the instance again on itself alone, it answers the same, and deleting it
+/// stops A's runner.
+#[test]
+fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
+    if let Err(why) = netns::available() {
+        eprintln!("skipping the two-rank test: {why}");
+        return;
+    }
+    let prefix = format!("shoalr{}", std::process::id());
+    let spec = Spec {
+        nodes: 2,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let net = Netns::create(&prefix, &spec).expect("create namespaces");
+    let dir = std::env::temp_dir().join(&prefix);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut nodes: Vec<ShoalNode> = net
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
+        .collect();
+    for node in &mut nodes {
+        node.start();
+    }
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let logs = || {
+        format!(
+            "--- node A ---\n{}\n--- node B ---\n{}",
+            a.log_tail(),
+            b.log_tail()
+        )
+    };
+    // Placement needs the verified edges between the nodes: retry until it succeeds.
+    let placed = wait_for(Duration::from_secs(60), || {
+        let (status, created) = json_of(
+            a,
+            "POST",
+            "/place_instance",
+            Some(&json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 2})),
+        );
+        (status == 200).then_some(created)
+    });
+    let Some((created, took)) = placed else {
+        panic!("no two-node placement\n{}", logs());
+    };
+    eprintln!(
+        "placed on two nodes after {took:?}: {}",
+        created["placement"]
+    );
+    let instance = created["instance_id"].as_str().expect("id").to_string();
+    let ranks = created["placement"]["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 2, "{created}");
+    // Previews: every sharding x backend x node count, with the placement or the error.
+    let (status, previews) = json_of(b, "GET", "/instance/previews?model_id=default", None);
+    assert_eq!(status, 200, "{previews}");
+    let list = previews["previews"].as_array().expect("previews");
+    assert_eq!(list.len(), 8, "{previews}");
+    let find = |sharding: &str, meta: &str, count: u64| {
+        list.iter()
+            .find(|p| {
+                p["sharding"] == sharding && p["instance_meta"] == meta && p["node_count"] == count
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no preview {sharding} {meta} {count}: {previews}"))
+    };
+    let two = find("Pipeline", "MlxRing", 2);
+    assert_eq!(
+        two["placement"]["ranks"].as_array().map(Vec::len),
+        Some(2),
+        "{two}"
+    );
+    let rdma = find("Pipeline", "MlxJaccl", 2);
+    assert_eq!(rdma["error"]["code"], "no_rdma_ring", "{rdma}");
+    // SmolLM2 has 3 key/value heads: no tensor split over two nodes.
+    let tensor = find("Tensor", "MlxRing", 2);
+    assert_eq!(tensor["error"]["code"], "tensor_indivisible", "{tensor}");
+    let ready = wait_for(Duration::from_secs(240), || {
+        (default_ready(a) && default_ready(b)).then_some(())
+    });
+    let Some((_, took)) = ready else {
+        let (_, view) = json_of(a, "GET", &format!("/instance/{instance}"), None);
+        panic!(
+            "the two-rank instance did not become ready: {view}\n{}",
+            logs()
+        );
+    };
+    eprintln!("two-rank instance ready in {took:?}");
+    let through_a = greedy(a);
+    let through_b = greedy(b);
+    eprintln!("two ranks: through A {through_a:?}, through B {through_b:?}");
+    assert!(through_a.contains("Paris"), "{through_a}");
+    assert_eq!(through_a, through_b);
+    // B dies mid-stream of a request through A: the client gets an error, and A places
+    // the instance again on itself alone (min_nodes 2 shrinks to the one node left).
+    let id_a = a.state().expect("A's state")["node_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let before = logs();
+    let (first, second) = nodes.split_at_mut(1);
+    let (a, b) = (&first[0], &mut second[0]);
+    let ended = stream_then_kill(a, b, &before);
+    eprintln!("node B killed mid-stream: the client got an error and [DONE] after {ended:?}");
+    let replaced = wait_for(Duration::from_secs(120), || {
+        let (_, view) = json_of(a, "GET", &format!("/instance/{instance}"), None);
+        (view["epoch"] == 1
+            && view["placement"]["ranks"].as_array().map(Vec::len) == Some(1)
+            && view["placement"]["ranks"][0]["node"] == id_a.as_str()
+            && view["status"] == "ready")
+            .then_some(view)
+    });
+    let Some((view, took)) = replaced else {
+        let (_, view) = json_of(a, "GET", &format!("/instance/{instance}"), None);
+        panic!("not placed again on A: {view}\n{}", a.log_tail());
+    };
+    eprintln!(
+        "placed again on node A alone (epoch 1, ring port {}) {took:?} after the stream ended",
+        view["placement"]["port"]
+    );
+    let alone = greedy(a);
+    assert_eq!(alone, through_a, "one rank and two ranks answer alike");
+    let pid = view["runner_pid"].as_u64().expect("A runs the new rank");
+    let (status, _) = json_of(a, "DELETE", &format!("/instance/{instance}"), None);
+    assert_eq!(status, 200);
+    let gone = wait_for(Duration::from_secs(30), || {
+        (!std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z ")))
+        .then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "A's runner left after the deletion\n{}",
+        a.log_tail()
+    );
+    drop(nodes);
+    drop(net);
+    assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
