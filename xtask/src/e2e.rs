@@ -79,18 +79,24 @@ struct Figures {
     replaced_s: Option<f64>,
 }
 
-/// Runs the command.
+/// Runs the command, building the binary it runs.
 pub fn e2e(args: &[String]) -> Result<(), String> {
     let release = match args {
         [] => false,
         [flag] if flag == "--release" => true,
         _ => return Err("e2e: the only option is --release".into()),
     };
+    e2e_with(None, release)
+}
+
+/// Runs the end-to-end check with `binary` (for `cargo xtask test`: the one its tests just
+/// built), or a fresh build.
+pub fn e2e_with(binary: Option<std::path::PathBuf>, release: bool) -> Result<(), String> {
     testbed::catch_ctrl_c()?;
     let mut steps = Steps::new();
     let mut figures = Figures::default();
     let mut testbed = None;
-    let result = run(&mut steps, &mut figures, &mut testbed, release);
+    let result = run(&mut steps, &mut figures, &mut testbed, binary, release);
     if let Err(why) = &result {
         let mut report = steps.failed(why);
         if let Some(tb) = &testbed {
@@ -124,10 +130,14 @@ fn run(
     steps: &mut Steps,
     figures: &mut Figures,
     slot: &mut Option<Testbed>,
+    binary: Option<std::path::PathBuf>,
     release: bool,
 ) -> Result<(), String> {
     steps.next("build shoal and start 3 nodes in network namespaces");
-    let binary = testbed::build_shoal(release)?;
+    let binary = match binary {
+        Some(binary) => binary,
+        None => testbed::build_shoal(release)?,
+    };
     let tb = slot.insert(Testbed::start("e2e", NODES, &binary, |_| Vec::new())?);
     steps.done(&format!("logs in {}", tb.log_dir().display()));
 

@@ -124,7 +124,8 @@ fn test(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     eprintln!("running the end-to-end check (cargo xtask e2e) ...");
-    e2e::e2e(&[])
+    // The binary `cargo test` just built for the integration tests: no second build.
+    e2e::e2e_with(Some(target_dir().join("debug").join("shoal")), false)
 }
 
 fn bench(args: &[String]) -> Result<(), String> {

@@ -320,7 +320,8 @@ impl Testbed {
         )
     }
 
-    /// Waits until every node's `/state` shows all `ids` alive.
+    /// Waits until every node's `/state` shows all `ids` alive and a verified edge from each
+    /// to each other (what placement needs).
     pub fn wait_mesh(&mut self, ids: &[String], limit: Duration) -> Result<(), String> {
         let count = self.len();
         self.wait_for(
@@ -341,6 +342,20 @@ impl Testbed {
                             "node {} sees {} of {count} nodes alive",
                             i + 1,
                             count - missing,
+                        )));
+                    }
+                    // Placement needs verified links between every pair.
+                    let edges = verified_edges(&state);
+                    let pairs = count * (count - 1);
+                    let verified = ids
+                        .iter()
+                        .flat_map(|a| ids.iter().map(move |b| (a, b)))
+                        .filter(|(a, b)| a != b && edges.contains(&((*a).clone(), (*b).clone())))
+                        .count();
+                    if verified < pairs {
+                        return Ok(Poll::Waiting(format!(
+                            "node {} sees {verified} of {pairs} links verified",
+                            i + 1
                         )));
                     }
                 }
@@ -491,6 +506,24 @@ pub fn alive_nodes(state: &Value) -> Vec<String> {
     }
 }
 
+/// The verified links in a `/state` document: (from, to) for every `edge/<to>/<ip>` record
+/// that node `from` wrote.
+pub fn verified_edges(state: &Value) -> std::collections::BTreeSet<(String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    if let Some(nodes) = state["nodes"].as_object() {
+        for (from, node) in nodes {
+            if let Some(records) = node["records"].as_object() {
+                for key in records.keys() {
+                    if let Some(to) = key.strip_prefix("edge/").and_then(|r| r.split('/').next()) {
+                        out.insert((from.clone(), to.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Runs a command with captured output, killing it after `limit` (and on Ctrl-C).
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Result<Output, String> {
     let mut child = cmd
@@ -561,5 +594,20 @@ mod tests {
         assert_eq!(alive_nodes(&state), vec!["a", "c"]);
         assert_eq!(alive_nodes(&json!({"nodes": ["x", "y"]})), vec!["x", "y"]);
         assert!(alive_nodes(&json!({})).is_empty());
+    }
+
+    #[test]
+    fn edges_are_read_from_each_author_records() {
+        let state = json!({"nodes": {
+            "a": {"records": {"edge/b/10.99.0.2": {}, "profile": {}}},
+            "b": {"records": {"edge/a/10.99.0.1": {}, "edge/a/10.100.0.1": {}}},
+            "c": {}
+        }});
+        let edges = verified_edges(&state);
+        let pairs: Vec<(&str, &str)> = edges
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        assert_eq!(pairs, vec![("a", "b"), ("b", "a")]);
     }
 }
