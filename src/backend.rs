@@ -714,6 +714,7 @@ fn generate_request(
         .map(|m| m as usize)
         .unwrap_or(facts.context_length);
     let mut out = GenerateRequest::new(Prompt::Tokens(ids), max_tokens);
+    out.ignore_eos = s.ignore_eos;
     let p = &mut out.sampling;
     if let Some(t) = s.temperature {
         p.temperature = t;

@@ -79,6 +79,8 @@ struct WireSampling {
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     logprobs: Option<u32>,
+    /// Absent from older peers: `false`.
+    ignore_eos: bool,
 }
 
 impl From<&ChatRequest> for WireChat {
@@ -105,6 +107,7 @@ impl From<&ChatRequest> for WireChat {
                 presence_penalty: s.presence_penalty,
                 frequency_penalty: s.frequency_penalty,
                 logprobs: s.logprobs,
+                ignore_eos: s.ignore_eos,
             },
             user: r.user.clone(),
         }
@@ -135,6 +138,7 @@ impl From<WireChat> for ChatRequest {
                 presence_penalty: s.presence_penalty,
                 frequency_penalty: s.frequency_penalty,
                 logprobs: s.logprobs,
+                ignore_eos: s.ignore_eos,
             },
             user: w.user,
         }
@@ -603,6 +607,7 @@ mod tests {
                 seed: Some(7),
                 stop: vec!["\n\n".into()],
                 logprobs: Some(0),
+                ignore_eos: true,
                 ..SamplingParams::default()
             },
             user: Some("u".into()),

@@ -1,6 +1,7 @@
 //! `shoal`: run it on every machine you own; they find each other and serve models together.
 
 mod backend;
+mod bench;
 mod dirs;
 mod forward;
 mod generate;
@@ -92,6 +93,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Generate text with a model in this process, streaming it to the terminal.
     Generate(generate::GenerateArgs),
+    /// Measure prompt and generation speed of a model on every placement (like exo_bench).
+    Bench(bench::BenchArgs),
     /// Run one model instance, driven over stdin/stdout by its node (internal).
     #[command(hide = true)]
     Runner(runner::RunnerArgs),
@@ -146,6 +149,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Place(args)) => place_command(&args),
         Some(Command::Status(args)) => status::run(&args),
+        Some(Command::Bench(args)) => bench::run(&args),
         Some(Command::Generate(args)) => match generate::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -160,6 +160,9 @@ pub struct SamplingParams {
     pub frequency_penalty: Option<f32>,
     /// Return log probabilities; `Some(k)` also asks for the `k` most likely alternatives.
     pub logprobs: Option<u32>,
+    /// Keep generating past the model's end-of-sequence tokens, up to `max_tokens` (the
+    /// non-OpenAI `ignore_eos` field, as vLLM has it): benchmarks need an exact token count.
+    pub ignore_eos: bool,
 }
 
 /// A validated chat request, as the backend receives it.

@@ -1,12 +1,17 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
+mod bench_cluster;
+mod bench_forward;
 mod bench_inference;
 mod cluster;
+mod e2e;
+mod instances;
 mod netns;
 mod paths;
 mod pyenv;
 mod reference;
 mod setup;
+mod testbed;
 mod util;
 
 use paths::{target_dir, workspace_root};
@@ -24,7 +29,10 @@ Commands:
                    http://127.0.0.1:52415 (extra ARGS go to `shoal`)
   pyenv            create or update the Python venv with the pinned openai client (part
                    of setup); prints its interpreter as the last line
-  test             setup, then every test of the workspace
+  test [ARGS]      setup, then every test of the workspace, then e2e (ARGS go to
+                   `cargo test`; with ARGS, e2e is skipped)
+  e2e [--release]  3 nodes in namespaces: one model across all 3, chat through each, kill
+                   the middle rank's node mid-stream, re-placement on the survivors
   cluster -n N [--extra-link A,B]... [--release] [-- SHOAL ARGS]
                    N nodes in network namespaces on a bridge (10.99.0.x), until Ctrl-C
   cluster --down   remove namespaces left by a killed cluster run
@@ -33,6 +41,11 @@ Commands:
   bench inference [--with-llama-cpp]
                    shoal vs mlx-lm on the SmolLM2 fixture; with the flag also llama.cpp's
                    llama-bench, built once into the cache from the pinned sdist
+  bench forward [-n N] [--tokens T]
+                   latency a forwarded request adds (2 nodes in namespaces)
+  bench cluster [--nodes 1,2,3] [--pp 128] [--tg 64] [--repeat 3]
+                   `shoal bench` on 1, 2 and 3 nodes in namespaces, with the
+                   per-token overhead of each extra rank
   help             this text
 
 Environment:
@@ -54,6 +67,7 @@ fn main() -> ExitCode {
             .map(|python| println!("{}", python.display())),
         "test" => test(rest),
         "cluster" => cluster::cluster(rest),
+        "e2e" => e2e::e2e(rest),
         "bench" => bench(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
@@ -104,15 +118,25 @@ fn test(args: &[String]) -> Result<(), String> {
     run(cargo()
         .args(["test", "--workspace"])
         .args(args)
-        .env("SHOAL_PYTHON", pyenv::venv_python()))
+        .env("SHOAL_PYTHON", pyenv::venv_python()))?;
+    if !args.is_empty() {
+        eprintln!("(a subset of the tests was asked for: `cargo xtask e2e` not run)");
+        return Ok(());
+    }
+    eprintln!("running the end-to-end check (cargo xtask e2e) ...");
+    // The binary `cargo test` just built for the integration tests: no second build.
+    e2e::e2e_with(Some(target_dir().join("debug").join("shoal")), false)
 }
 
 fn bench(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
         Some("inference") => bench_inference::bench_inference(&args[1..]),
+        Some("forward") => bench_forward::bench_forward(&args[1..]),
+        Some("cluster") => bench_cluster::bench_cluster(&args[1..]),
         _ => Err(
-            "bench: say what to measure: `cargo xtask bench mesh` or `cargo xtask bench inference`"
+            "bench: say what to measure: `cargo xtask bench mesh`, `inference`, \
+                  `forward` or `cluster`"
                 .into(),
         ),
     }

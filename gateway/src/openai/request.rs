@@ -105,6 +105,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         presence_penalty: opt_f32_in(&obj, "presence_penalty", -2.0, 2.0)?,
         frequency_penalty: opt_f32_in(&obj, "frequency_penalty", -2.0, 2.0)?,
         logprobs,
+        ignore_eos: opt_bool(&obj, "ignore_eos")?.unwrap_or(false),
     };
 
     let user = match obj.get("user") {
@@ -376,7 +377,7 @@ mod tests {
             "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9,
             "top_k": 40, "min_p": 0.05, "seed": 42, "stop": ["x", "y"], "presence_penalty": 0.1,
             "frequency_penalty": -0.2, "logprobs": true, "top_logprobs": 3, "n": 1, "user": "u",
-            "stream": true, "stream_options": {"include_usage": true}
+            "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true
         }))
         .unwrap();
         let s = &p.request.sampling;
@@ -390,9 +391,27 @@ mod tests {
         assert_eq!(s.presence_penalty, Some(0.1));
         assert_eq!(s.frequency_penalty, Some(-0.2));
         assert_eq!(s.logprobs, Some(3));
+        assert!(s.ignore_eos);
         assert_eq!(p.request.user.as_deref(), Some("u"));
         assert_eq!(p.request.messages[1].content, "ab");
         assert!(p.stream && p.include_usage);
+    }
+
+    #[test]
+    fn ignore_eos_is_false_unless_true() {
+        assert!(!parse(minimal()).unwrap().request.sampling.ignore_eos);
+        for (value, expected) in [
+            (Value::Null, false),
+            (false.into(), false),
+            (true.into(), true),
+        ] {
+            let mut v = minimal();
+            v["ignore_eos"] = value;
+            assert_eq!(parse(v).unwrap().request.sampling.ignore_eos, expected);
+        }
+        let mut v = minimal();
+        v["ignore_eos"] = "yes".into();
+        assert_eq!(parse(v).unwrap_err().param.as_deref(), Some("ignore_eos"));
     }
 
     #[test]
@@ -528,7 +547,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_requests_are_ok_or_400(key in "(model|messages|n|max_tokens|temperature|top_p|top_k|min_p|seed|stop|logprobs|top_logprobs|stream|stream_options|user|presence_penalty)", v in arb_json()) {
+        fn mutated_valid_requests_are_ok_or_400(key in "(model|messages|n|max_tokens|temperature|top_p|top_k|min_p|seed|stop|logprobs|top_logprobs|stream|stream_options|user|presence_penalty|ignore_eos)", v in arb_json()) {
             let mut body = minimal();
             body[key.as_str()] = v;
             if let Err(e) = parse(body) {

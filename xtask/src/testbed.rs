@@ -1,0 +1,613 @@
+//! A cluster of real `shoal` nodes for end-to-end runs and benchmarks: N nodes, each in its own
+//! network namespace on a private bridge (see `netns`), their HTTP APIs reached with `curl`
+//! from inside a namespace, the Python `openai` client run inside one, and everything killed
+//! and removed when the testbed is dropped, also after a failure or Ctrl-C.
+
+use crate::netns::{Netns, Node, Spec};
+use crate::paths::{target_dir, workspace_root};
+use crate::pyenv::venv_python;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Every node's API port (each node has its own namespace).
+pub const API_PORT: u16 = 52415;
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static HANDLER: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Catches Ctrl-C so that a run can stop at its next check and clean up (once per process).
+pub fn catch_ctrl_c() -> Result<(), String> {
+    HANDLER
+        .get_or_init(|| {
+            ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+                .map_err(|e| format!("cannot handle Ctrl-C: {e}"))
+        })
+        .clone()
+}
+
+/// `Err` once Ctrl-C was pressed.
+pub fn check_interrupt() -> Result<(), String> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        Err("interrupted by Ctrl-C".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Sleeps, waking early on Ctrl-C.
+pub fn pause(d: Duration) -> Result<(), String> {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        check_interrupt()?;
+        std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
+    }
+    check_interrupt()
+}
+
+/// The `shoal` binary of this workspace, built (debug, or release) if needed.
+pub fn build_shoal(release: bool) -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("SHOAL_BIN").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let mut build = crate::cargo();
+    build.args(["build", "--package", "shoal", "--bin", "shoal"]);
+    if release {
+        build.arg("--release");
+    }
+    crate::util::run(&mut build)?;
+    Ok(target_dir()
+        .join(if release { "release" } else { "debug" })
+        .join("shoal"))
+}
+
+/// What a probe of [`Testbed::wait_for`] found.
+pub enum Poll<T> {
+    /// Done, with this.
+    Ready(T),
+    /// Not yet; the text says where things stand.
+    Waiting(String),
+}
+
+/// One node process.
+struct NodeProcess {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+/// N nodes in namespaces.
+pub struct Testbed {
+    nodes: Vec<NodeProcess>,
+    /// Declared after `nodes` so that the processes are stopped before the namespaces go.
+    netns: Netns,
+    data_root: PathBuf,
+}
+
+/// An answer of the HTTP API.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Answer {
+    /// The body as JSON, if it is.
+    pub fn json(&self) -> Option<Value> {
+        serde_json::from_str(&self.body).ok()
+    }
+
+    /// The JSON body of a 2xx answer; otherwise an error with the API's message.
+    pub fn ok_json(&self, what: &str) -> Result<Value, String> {
+        let value = self.json();
+        if (200..300).contains(&self.status) {
+            return value.ok_or_else(|| format!("{what}: the answer is not JSON: {}", self.body));
+        }
+        let message = value
+            .as_ref()
+            .and_then(|v| v["error"]["message"].as_str())
+            .map_or_else(|| self.body.clone(), str::to_string);
+        Err(format!("{what}: HTTP {}: {message}", self.status))
+    }
+}
+
+impl Testbed {
+    /// Starts `count` nodes named `tag`; `args(i)` gives node `i`'s extra `shoal` arguments.
+    pub fn start(
+        tag: &str,
+        count: usize,
+        binary: &Path,
+        args: impl Fn(usize) -> Vec<String>,
+    ) -> Result<Testbed, String> {
+        crate::netns::available()?;
+        remove_stale(tag);
+        let prefix = format!("shoal{tag}-{}", std::process::id());
+        let spec = Spec {
+            nodes: count,
+            off_bridge: Vec::new(),
+            links: Vec::new(),
+        };
+        let netns = Netns::create(&prefix, &spec)?;
+        let data_root = std::env::temp_dir().join(&prefix);
+        let _ = std::fs::remove_dir_all(&data_root);
+        std::fs::create_dir_all(&data_root)
+            .map_err(|e| format!("cannot create {}: {e}", data_root.display()))?;
+        let mut testbed = Testbed {
+            nodes: Vec::new(),
+            netns,
+            data_root,
+        };
+        for i in 0..count {
+            let log = testbed.data_root.join(format!("n{}.log", i + 1));
+            let file = std::fs::File::create(&log)
+                .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+            let err = file.try_clone().map_err(|e| e.to_string())?;
+            let child = testbed.netns.nodes[i]
+                .command(&binary.display().to_string())
+                .args(["--api-port", &API_PORT.to_string(), "--data-dir"])
+                .arg(testbed.data_root.join(format!("n{}", i + 1)))
+                .args(args(i))
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or("info".into()),
+                )
+                .env("NO_COLOR", "1")
+                .stdin(Stdio::null())
+                .stdout(file)
+                .stderr(err)
+                .spawn()
+                .map_err(|e| format!("cannot start node {}: {e}", i + 1))?;
+            testbed.nodes.push(NodeProcess {
+                child: Some(child),
+                log,
+            });
+        }
+        Ok(testbed)
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn ns(&self, i: usize) -> &Node {
+        &self.netns.nodes[i]
+    }
+
+    /// Node `i`'s API, as reached from any namespace of the testbed.
+    pub fn url(&self, i: usize) -> String {
+        format!("http://{}:{API_PORT}", self.ns(i).ip())
+    }
+
+    /// Where the logs are.
+    pub fn log_dir(&self) -> &Path {
+        &self.data_root
+    }
+
+    /// The last lines of node `i`'s log.
+    pub fn log_tail(&self, i: usize, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Every node's log tail, for failure reports.
+    pub fn all_logs(&self, lines: usize) -> String {
+        (0..self.len())
+            .map(|i| {
+                format!(
+                    "--- node {} ({}) ---\n{}",
+                    i + 1,
+                    self.nodes[i].log.display(),
+                    self.log_tail(i, lines)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// `Err` if node `i` exited (unless it was killed on purpose).
+    pub fn check_alive(&mut self, i: usize) -> Result<(), String> {
+        if let Some(child) = self.nodes[i].child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "node {} exited ({status}); its log:\n{}",
+                    i + 1,
+                    self.log_tail(i, 30)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// An HTTP request to node `target`'s API, sent with curl from node `from`'s namespace.
+    pub fn http(
+        &self,
+        from: usize,
+        target: usize,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Answer, String> {
+        let mut cmd = self.ns(from).command("curl");
+        cmd.args([
+            "-s",
+            "--max-time",
+            "10",
+            "-X",
+            method,
+            "-w",
+            "\n%{http_code}",
+        ]);
+        if let Some(body) = body {
+            cmd.args(["-H", "content-type: application/json", "--data-binary"])
+                .arg(body.to_string());
+        }
+        cmd.arg(format!("{}{path}", self.url(target)));
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run curl (installed by `cargo xtask setup`): {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let status: u16 = code.trim().parse().unwrap_or(0);
+        if !out.status.success() || status == 0 {
+            return Err(format!(
+                "{method} {}{path}: no answer (curl exit {})",
+                self.url(target),
+                out.status.code().unwrap_or(-1)
+            ));
+        }
+        Ok(Answer {
+            status,
+            body: body.to_string(),
+        })
+    }
+
+    /// GET on node `i` from its own namespace, as JSON.
+    pub fn get(&self, i: usize, path: &str) -> Result<Value, String> {
+        self.http(i, i, "GET", path, None)?
+            .ok_json(&format!("GET {path} on node {}", i + 1))
+    }
+
+    /// Polls `probe` every `every` until it is ready, up to `limit`. The probe's `Err` ends
+    /// the wait at once (something broke); a timeout names `what` and the last `Waiting` text.
+    pub fn wait_for<T>(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        every: Duration,
+        mut probe: impl FnMut(&mut Testbed) -> Result<Poll<T>, String>,
+    ) -> Result<T, String> {
+        let started = Instant::now();
+        loop {
+            check_interrupt()?;
+            let last = match probe(self)? {
+                Poll::Ready(value) => return Ok(value),
+                Poll::Waiting(why) => why,
+            };
+            if started.elapsed() > limit {
+                return Err(format!(
+                    "{what}: not within {} s; last: {last}",
+                    limit.as_secs()
+                ));
+            }
+            pause(every)?;
+        }
+    }
+
+    /// Node ids by node index, once every node answers `/node_id`.
+    pub fn node_ids(&mut self, limit: Duration) -> Result<Vec<String>, String> {
+        let count = self.len();
+        self.wait_for(
+            "every node's API answers",
+            limit,
+            Duration::from_millis(200),
+            |tb| {
+                let mut ids = Vec::new();
+                for i in 0..count {
+                    tb.check_alive(i)?;
+                    match tb.get(i, "/node_id") {
+                        Ok(Value::String(id)) => ids.push(id),
+                        Ok(other) => return Err(format!("node {}: /node_id is {other}", i + 1)),
+                        Err(e) => return Ok(Poll::Waiting(e)),
+                    }
+                }
+                Ok(Poll::Ready(ids))
+            },
+        )
+    }
+
+    /// Waits until every node's `/state` shows all `ids` alive and a verified edge from each
+    /// to each other (what placement needs).
+    pub fn wait_mesh(&mut self, ids: &[String], limit: Duration) -> Result<(), String> {
+        let count = self.len();
+        self.wait_for(
+            "every node sees every node alive",
+            limit,
+            Duration::from_millis(250),
+            |tb| {
+                for i in 0..count {
+                    tb.check_alive(i)?;
+                    let state = match tb.get(i, "/state") {
+                        Ok(state) => state,
+                        Err(e) => return Ok(Poll::Waiting(e)),
+                    };
+                    let seen = alive_nodes(&state);
+                    let missing = ids.iter().filter(|id| !seen.contains(id)).count();
+                    if missing > 0 {
+                        return Ok(Poll::Waiting(format!(
+                            "node {} sees {} of {count} nodes alive",
+                            i + 1,
+                            count - missing,
+                        )));
+                    }
+                    // Placement needs verified links between every pair.
+                    let edges = verified_edges(&state);
+                    let pairs = count * (count - 1);
+                    let verified = ids
+                        .iter()
+                        .flat_map(|a| ids.iter().map(move |b| (a, b)))
+                        .filter(|(a, b)| a != b && edges.contains(&((*a).clone(), (*b).clone())))
+                        .count();
+                    if verified < pairs {
+                        return Ok(Poll::Waiting(format!(
+                            "node {} sees {verified} of {pairs} links verified",
+                            i + 1
+                        )));
+                    }
+                }
+                Ok(Poll::Ready(()))
+            },
+        )
+    }
+
+    /// Process ids of everything running in node `i`'s namespace (the node and its runners).
+    pub fn pids(&self, i: usize) -> Vec<u32> {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.ns(i).netns])
+            .output();
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// Marks node `i` as gone (it was killed on purpose) and reaps it.
+    pub fn forget(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Runs the venv's Python on `xtask/e2e_client.py` inside node `from`'s namespace; the
+    /// output on success (it printed "all passed"), else an error with the script's output.
+    pub fn client(&self, from: usize, args: &[String], limit: Duration) -> Result<String, String> {
+        let python = venv_python();
+        if !python.exists() {
+            return Err(format!(
+                "{} is missing: run `cargo xtask setup` (it installs the openai client)",
+                python.display()
+            ));
+        }
+        let script = workspace_root().join("xtask").join("e2e_client.py");
+        let mut cmd = self.ns(from).command(&python.display().to_string());
+        cmd.arg(&script).args(args);
+        let out = run_bounded(cmd, limit)?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        for line in stdout.lines() {
+            eprintln!("    | {line}");
+        }
+        if out.status.success() && stdout.contains("all passed") {
+            Ok(stdout)
+        } else {
+            let failed = stdout
+                .lines()
+                .find(|l| l.starts_with("FAILED"))
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("the client exited ({})", out.status));
+            Err(format!(
+                "{failed}\n{}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Runs `program args` inside node `from`'s namespace, bounded, output inherited.
+    pub fn run_in(
+        &self,
+        from: usize,
+        program: &Path,
+        args: &[String],
+        limit: Duration,
+    ) -> Result<(), String> {
+        let mut cmd = self.ns(from).command(&program.display().to_string());
+        cmd.args(args);
+        let out = run_bounded(cmd, limit)?;
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{} exited ({})", program.display(), out.status))
+        }
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(child) = node.child.as_ref() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &child.id().to_string()])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        self.netns.teardown();
+    }
+}
+
+/// Removes namespaces of earlier runs of this kind whose process is gone (killed with -9,
+/// so their own cleanup never ran).
+fn remove_stale(tag: &str) {
+    let family = format!("shoal{tag}-");
+    let mut stale: Vec<String> = Vec::new();
+    for name in crate::netns::list(&family) {
+        let pid = name[family.len()..].split('-').next().unwrap_or("");
+        let alive = !pid.is_empty() && Path::new("/proc").join(pid).exists();
+        if !alive {
+            stale.push(name);
+        }
+    }
+    for name in &stale {
+        crate::netns::delete(name);
+    }
+    if !stale.is_empty() {
+        eprintln!(
+            "removed {} namespace(s) left by an earlier killed run",
+            stale.len()
+        );
+    }
+}
+
+/// The ids `/state` shows alive: `liveness.<id>.alive`, else every key of `nodes`.
+pub fn alive_nodes(state: &Value) -> Vec<String> {
+    let nodes: Vec<String> = match &state["nodes"] {
+        Value::Object(map) => map.keys().cloned().collect(),
+        Value::Array(list) => list
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    match state["liveness"].as_object() {
+        Some(live) => nodes
+            .into_iter()
+            .filter(|id| live.get(id).is_none_or(|l| l["alive"] != false))
+            .collect(),
+        None => nodes,
+    }
+}
+
+/// The verified links in a `/state` document: (from, to) for every `edge/<to>/<ip>` record
+/// that node `from` wrote.
+pub fn verified_edges(state: &Value) -> std::collections::BTreeSet<(String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    if let Some(nodes) = state["nodes"].as_object() {
+        for (from, node) in nodes {
+            if let Some(records) = node["records"].as_object() {
+                for key in records.keys() {
+                    if let Some(to) = key.strip_prefix("edge/").and_then(|r| r.split('/').next()) {
+                        out.insert((from.clone(), to.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs a command with captured output, killing it after `limit` (and on Ctrl-C).
+pub fn run_bounded(mut cmd: Command, limit: Duration) -> Result<Output, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    // Read the pipes on threads so a chatty child cannot block on a full pipe.
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let out_thread = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stdout.as_mut() {
+            let _ = std::io::Read::read_to_end(s, &mut buf);
+        }
+        buf
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stderr.as_mut() {
+            let _ = std::io::Read::read_to_end(s, &mut buf);
+        }
+        buf
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(status);
+        }
+        if started.elapsed() > limit || check_interrupt().is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = out_thread.join().unwrap_or_default();
+    let stderr = err_thread.join().unwrap_or_default();
+    match status {
+        Some(status) => Ok(Output {
+            status,
+            stdout,
+            stderr,
+        }),
+        None => {
+            check_interrupt()?;
+            Err(format!(
+                "{:?} ran past {} s and was stopped; its output:\n{}{}",
+                cmd.get_program(),
+                limit.as_secs(),
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn alive_nodes_reads_liveness_when_present() {
+        let state = json!({"nodes": {"a": {}, "b": {}, "c": {}},
+                           "liveness": {"a": {"alive": true}, "b": {"alive": false}}});
+        assert_eq!(alive_nodes(&state), vec!["a", "c"]);
+        assert_eq!(alive_nodes(&json!({"nodes": ["x", "y"]})), vec!["x", "y"]);
+        assert!(alive_nodes(&json!({})).is_empty());
+    }
+
+    #[test]
+    fn edges_are_read_from_each_author_records() {
+        let state = json!({"nodes": {
+            "a": {"records": {"edge/b/10.99.0.2": {}, "profile": {}}},
+            "b": {"records": {"edge/a/10.99.0.1": {}, "edge/a/10.100.0.1": {}}},
+            "c": {}
+        }});
+        let edges = verified_edges(&state);
+        let pairs: Vec<(&str, &str)> = edges
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        assert_eq!(pairs, vec![("a", "b"), ("b", "a")]);
+    }
+}
