@@ -178,7 +178,7 @@ async fn sampling_fields_reach_the_backend() {
     let s = server().await;
     let extra = json!({"temperature": 0.5, "top_p": 0.75, "top_k": 20, "min_p": 0.125, "seed": 9,
         "stop": ["zz"], "presence_penalty": 0.25, "frequency_penalty": -0.5, "max_tokens": 500,
-        "logprobs": true, "top_logprobs": 2});
+        "logprobs": true, "top_logprobs": 2, "ignore_eos": true});
     let (_, v) = call_json(s.addr, "POST", CHAT, &chat_body("params", extra)).await;
     let seen: Value =
         serde_json::from_str(v["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
@@ -186,7 +186,7 @@ async fn sampling_fields_reach_the_backend() {
         seen,
         json!({"max_tokens": 500, "temperature": 0.5, "top_p": 0.75, "top_k": 20,
         "min_p": 0.125, "seed": 9, "stop": [[122, 122]], "presence_penalty": 0.25,
-        "frequency_penalty": -0.5, "logprobs": 2})
+        "frequency_penalty": -0.5, "logprobs": 2, "ignore_eos": true})
     );
     let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert!(!content.is_empty());

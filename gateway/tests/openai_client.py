@@ -185,13 +185,13 @@ r = chat(
     stop=["\n\n"],
     max_tokens=300,
     user="tester",
-    extra_body={"top_k": 12, "min_p": 0.0625},
+    extra_body={"top_k": 12, "min_p": 0.0625, "ignore_eos": True},
 )
 seen = json.loads(r.choices[0].message.content)
 expected = {
     "max_tokens": 300, "temperature": 0.25, "top_p": 0.5, "top_k": 12, "min_p": 0.0625,
     "seed": 77, "stop": [[10, 10]], "presence_penalty": 0.5, "frequency_penalty": -1.0,
-    "logprobs": None,
+    "logprobs": None, "ignore_eos": True,
 }
 check("sampling passthrough", seen == expected, seen)
 
