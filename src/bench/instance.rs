@@ -6,6 +6,10 @@
 
 use serde_json::Value;
 
+#[path = "../../xtask/src/runner_states.rs"]
+mod runner_states;
+use runner_states::{is_serving, runner_state, runners};
+
 /// How the user asked to shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ShardingChoice {
@@ -139,49 +143,13 @@ pub enum Readiness {
     Failed(String),
 }
 
-/// A runner state's name, normalised (`Ready`, `RunnerReady`, `warming_up` → `ready`,
-/// `ready`, `warmingup`), and its reason when it carries one.
-fn state_of(v: &Value) -> Option<(String, Option<String>)> {
-    let normal = |s: &str| {
-        let s = s.to_ascii_lowercase().replace(['_', '-', ' '], "");
-        s.strip_prefix("runner").map(str::to_string).unwrap_or(s)
-    };
-    let reason = |v: &Value| {
-        ["reason", "message", "error"]
-            .iter()
-            .find_map(|k| v.get(*k).and_then(Value::as_str).map(str::to_string))
-    };
-    match v {
-        Value::String(s) => Some((normal(s), None)),
-        Value::Object(map) => {
-            for key in ["state", "status"] {
-                match map.get(key) {
-                    Some(Value::String(s)) => return Some((normal(s), reason(v))),
-                    Some(inner @ Value::Object(_)) => return state_of(inner),
-                    _ => {}
-                }
-            }
-            if map.len() == 1 {
-                let (tag, inner) = map.iter().next()?;
-                return Some((normal(tag), reason(inner)));
-            }
-            None
-        }
-        _ => None,
-    }
-}
-
 /// Reads `GET /instance/{id}`: ready when there is a ready runner for every rank.
 pub fn readiness(instance: &Value) -> Readiness {
-    let runners: Vec<&Value> = match instance.get("runners") {
-        Some(Value::Object(map)) => map.values().collect(),
-        Some(Value::Array(list)) => list.iter().collect(),
-        _ => Vec::new(),
-    };
+    let runners = runners(instance);
     let expected = rank_count(instance).unwrap_or(1).max(1);
     let mut states = Vec::new();
     for runner in &runners {
-        match state_of(runner) {
+        match runner_state(runner) {
             Some((state, reason)) if state == "failed" => {
                 return Readiness::Failed(reason.unwrap_or_else(|| runner.to_string()))
             }
@@ -189,10 +157,7 @@ pub fn readiness(instance: &Value) -> Readiness {
             None => states.push(format!("unreadable {runner}")),
         }
     }
-    let ready = states
-        .iter()
-        .filter(|s| *s == "ready" || *s == "running")
-        .count();
+    let ready = states.iter().filter(|s| is_serving(s)).count();
     if ready >= expected {
         return Readiness::Ready;
     }

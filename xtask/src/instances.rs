@@ -4,6 +4,7 @@
 //! instance's `ranks` or its `placement.ranks`; runner states as `"ready"`, `{"state": ...}`,
 //! `{"status": ...}` or `{"failed": {...}}`), strict about what it needs.
 
+use crate::runner_states::{is_serving, runner_state, runners};
 use serde_json::Value;
 
 /// An instance as the run needs it.
@@ -27,35 +28,6 @@ fn ranks(v: &Value) -> Option<&Vec<Value>> {
         .or_else(|| v.get("placement")?.get("ranks")?.as_array())
 }
 
-fn normal(state: &str) -> String {
-    let s = state.to_ascii_lowercase().replace(['_', '-', ' '], "");
-    s.strip_prefix("runner").map(str::to_string).unwrap_or(s)
-}
-
-/// A runner value's state name and failure reason.
-fn runner_state(v: &Value) -> Option<(String, Option<String>)> {
-    let reason = |v: &Value| {
-        ["reason", "message", "error"]
-            .iter()
-            .find_map(|k| v.get(*k).and_then(Value::as_str).map(str::to_string))
-    };
-    match v {
-        Value::String(s) => Some((normal(s), None)),
-        Value::Object(map) => {
-            for key in ["state", "status"] {
-                match map.get(key) {
-                    Some(Value::String(s)) => return Some((normal(s), reason(v))),
-                    Some(inner @ Value::Object(_)) => return runner_state(inner),
-                    _ => {}
-                }
-            }
-            let (tag, inner) = map.iter().next().filter(|_| map.len() == 1)?;
-            Some((normal(tag), reason(inner)))
-        }
-        _ => None,
-    }
-}
-
 /// Reads one instance; `None` without an id.
 pub fn read_instance(v: &Value, id_hint: Option<&str>) -> Option<InstanceInfo> {
     let id = ["instance_id", "id"]
@@ -74,14 +46,9 @@ pub fn read_instance(v: &Value, id_hint: Option<&str>) -> Option<InstanceInfo> {
                 .collect()
         })
         .unwrap_or_default();
-    let runners: Vec<&Value> = match v.get("runners") {
-        Some(Value::Object(map)) => map.values().collect(),
-        Some(Value::Array(list)) => list.iter().collect(),
-        _ => Vec::new(),
-    };
     let mut states = Vec::new();
     let mut failed = None;
-    for r in runners {
+    for r in runners(v) {
         match runner_state(r) {
             Some((state, reason)) => {
                 if state == "failed" && failed.is_none() {
@@ -92,10 +59,7 @@ pub fn read_instance(v: &Value, id_hint: Option<&str>) -> Option<InstanceInfo> {
             None => states.push(format!("unreadable {r}")),
         }
     }
-    let ready_count = states
-        .iter()
-        .filter(|s| *s == "ready" || *s == "running")
-        .count();
+    let ready_count = states.iter().filter(|s| is_serving(s)).count();
     let ready = !rank_nodes.is_empty() && ready_count >= rank_nodes.len() && failed.is_none();
     Some(InstanceInfo {
         id,
@@ -125,11 +89,7 @@ pub fn instances_in_state(state: &Value) -> Vec<InstanceInfo> {
 
 /// A progress description: `2/3 ready (connecting, ready, ready)`.
 pub fn describe(info: &InstanceInfo) -> String {
-    let ready = info
-        .states
-        .iter()
-        .filter(|s| *s == "ready" || *s == "running")
-        .count();
+    let ready = info.states.iter().filter(|s| is_serving(s)).count();
     let mut states = info.states.clone();
     states.sort();
     format!(

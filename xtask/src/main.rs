@@ -10,6 +10,7 @@ mod netns;
 mod paths;
 mod pyenv;
 mod reference;
+mod runner_states;
 mod setup;
 mod testbed;
 mod util;
