@@ -244,6 +244,55 @@ pub trait Forward {
     fn max_chunk(&self) -> usize {
         usize::MAX
     }
+
+    /// Runs `input` and picks the most likely next token on the device, returning without
+    /// waiting for the result, so the caller can queue the following step before it reads this
+    /// one and building a step's graph overlaps computing the previous one (as mlx-lm does).
+    /// `None` when this forward hands logits to the host instead (the default; the
+    /// distributed stages, whose ring steps are synchronous).
+    fn greedy_on_device(&mut self, input: StepInput<'_>) -> Result<Option<DeviceChoice>> {
+        let _ = input;
+        Ok(None)
+    }
+}
+
+/// The tokens of one step of [`Forward::greedy_on_device`].
+pub enum StepInput<'a> {
+    /// Token ids known on the host (the prompt).
+    Host(&'a [u32]),
+    /// A token the previous step chose, still on the device (`[1]`, uint32).
+    Device(&'a Array),
+}
+
+/// A token chosen on the device, possibly not computed yet.
+pub struct DeviceChoice {
+    /// The token id, `[1]` uint32.
+    pub token: Array,
+    /// Its log-probability, a float32 scalar.
+    pub logprob: Array,
+}
+
+impl DeviceChoice {
+    /// Greedy choice from logits `[.., vocab]` (the last position), queued for evaluation.
+    pub fn greedy(logits: &Array) -> Result<DeviceChoice> {
+        let last = last_logits(logits)?;
+        let token = mlx_rs::ops::indexing::argmax_axis(&last, 0, None)?.reshape(&[1])?;
+        let logprob = mlx_rs::ops::subtract(
+            &last.take_axis(&token, 0)?.reshape(&[])?,
+            &last.logsumexp(None)?,
+        )?;
+        mlx_rs::transforms::async_eval([&token, &logprob])?;
+        Ok(DeviceChoice { token, logprob })
+    }
+
+    /// Waits for the choice and reads it.
+    pub fn read(&self) -> Result<crate::sampling::Sampled> {
+        mlx_rs::transforms::eval([&self.token, &self.logprob])?;
+        Ok(crate::sampling::Sampled {
+            token: self.token.as_slice::<u32>()[0],
+            logprob: self.logprob.as_slice::<f32>()[0],
+        })
+    }
 }
 
 /// Prompt chunk of the distributed forwards: 256 positions of SmolLM2 activations are 590 KB
@@ -288,6 +337,15 @@ impl Forward for LocalForward<'_> {
     fn reset(&mut self) -> Result<()> {
         self.cache = self.model.new_cache();
         Ok(())
+    }
+
+    fn greedy_on_device(&mut self, input: StepInput<'_>) -> Result<Option<DeviceChoice>> {
+        let h = match input {
+            StepInput::Host(tokens) => self.model.embed(tokens)?,
+            StepInput::Device(token) => self.model.embed_device(token)?,
+        };
+        let h = self.model.forward_layers(h, &mut self.cache)?;
+        Ok(Some(DeviceChoice::greedy(&self.model.logits(&h, true)?)?))
     }
 }
 
@@ -360,9 +418,22 @@ pub fn generate(
     }
     let start = Instant::now();
     forward.reset()?;
+    let chunks: Vec<&[u32]> = prompt.chunks(forward.max_chunk().max(1)).collect();
+    let (last_chunk, earlier) = chunks.split_last().expect("the prompt is not empty");
     let mut logits = Vec::new();
-    for chunk in prompt.chunks(forward.max_chunk().max(1)) {
+    for chunk in earlier {
         logits = forward.forward(chunk)?;
+    }
+    // Greedy requests choose on the device and run one step ahead (see
+    // `Forward::greedy_on_device`); others bring the logits to the host sampler.
+    let mut pending = if sampler.is_greedy() {
+        forward.greedy_on_device(StepInput::Host(last_chunk))?
+    } else {
+        None
+    };
+    match &pending {
+        Some(choice) => mlx_rs::transforms::eval([&choice.token, &choice.logprob])?,
+        None => logits = forward.forward(last_chunk)?,
     }
     out.prompt_seconds = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
@@ -370,7 +441,15 @@ pub fn generate(
     let mut stops = StopMatcher::new(&request.stop);
     let mut stopped_by_string = false;
     loop {
-        let s = sampler.sample(&logits, &context, out.tokens.len());
+        let s = match pending.take() {
+            Some(choice) => {
+                if out.tokens.len() + 1 < max_tokens {
+                    pending = forward.greedy_on_device(StepInput::Device(&choice.token))?;
+                }
+                choice.read()?
+            }
+            None => sampler.sample(&logits, &context, out.tokens.len()),
+        };
         context.push(s.token);
         out.tokens.push(s.token);
         out.logprobs.push(s.logprob);
@@ -403,7 +482,9 @@ pub fn generate(
         if out.tokens.len() >= max_tokens {
             break;
         }
-        logits = forward.forward(&[s.token])?;
+        if pending.is_none() {
+            logits = forward.forward(&[s.token])?;
+        }
     }
     out.generation_seconds = decode_start.elapsed().as_secs_f64();
     if !stopped_by_string && out.finish_reason != FinishReason::Cancelled {
@@ -425,18 +506,24 @@ pub fn generate(
     Ok(out)
 }
 
-/// Logits `[.., vocab]` of the last position, on the host.
-pub fn last_logits_to_host(logits: &Array) -> Result<Vec<f32>> {
+/// The last position's logits of `[.., vocab]` as float32 `[vocab]` (lazy).
+fn last_logits(logits: &Array) -> Result<Array> {
     let vocab = *logits.shape().last().unwrap_or(&0);
     let seq = logits.size() as i32 / vocab.max(1);
     let last = logits
         .reshape(&[seq, vocab])?
-        .take_axis(Array::from_slice(&[seq - 1], &[1]), 0)?;
-    let last = if last.dtype() == Dtype::Float32 {
+        .take_axis(Array::from_slice(&[seq - 1], &[1]), 0)?
+        .reshape(&[vocab])?;
+    Ok(if last.dtype() == Dtype::Float32 {
         last
     } else {
         last.as_dtype(Dtype::Float32)?
-    };
+    })
+}
+
+/// Logits `[.., vocab]` of the last position, on the host.
+pub fn last_logits_to_host(logits: &Array) -> Result<Vec<f32>> {
+    let last = last_logits(logits)?;
     last.eval()?;
     Ok(last.as_slice::<f32>().to_vec())
 }

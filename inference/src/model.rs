@@ -333,6 +333,17 @@ impl ModelShard {
             .reshape(&[1, tokens.len() as i32, self.config.hidden_size as i32])?)
     }
 
+    /// Embeds token ids already on the device (`[n]` uint32, e.g. the previous step's greedy
+    /// choice, which is within the vocabulary by construction): `[1, n, hidden]`.
+    pub fn embed_device(&self, ids: &Array) -> Result<Array> {
+        let embed = self.embed.as_ref().ok_or_else(|| {
+            InferenceError::InvalidRequest("this shard does not hold the embedding".into())
+        })?;
+        Ok(embed
+            .rows(ids)?
+            .reshape(&[1, ids.size() as i32, self.config.hidden_size as i32])?)
+    }
+
     /// Runs this shard's layers over hidden states, appending to `cache`.
     pub fn forward_layers(&self, mut h: Array, cache: &mut KvCache) -> Result<Array> {
         if cache.layers.len() != self.layers.len() {

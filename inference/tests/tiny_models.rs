@@ -4,7 +4,7 @@
 mod common;
 
 use common::{host, max_abs_diff, temp_dir, write_tiny_model};
-use inference::engine::{load_shard, LoadOptions};
+use inference::engine::{generate, load_shard, Forward, LoadOptions, LocalForward};
 use inference::{
     Engine, FinishReason, GenerateRequest, InferenceError, Prompt, SamplingParams, ShardInput,
     WeightFormat,
@@ -359,4 +359,58 @@ fn the_cache_grows_past_its_first_buffer() {
     }
     assert_eq!(cache.len(), 262);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The host-sampling path only: wraps [`LocalForward`] without its device-side greedy choice.
+struct HostLogitsOnly<'a>(LocalForward<'a>);
+
+impl Forward for HostLogitsOnly<'_> {
+    fn config(&self) -> &inference::ModelConfig {
+        self.0.config()
+    }
+    fn forward(&mut self, tokens: &[u32]) -> inference::Result<Vec<f32>> {
+        self.0.forward(tokens)
+    }
+    fn reset(&mut self) -> inference::Result<()> {
+        self.0.reset()
+    }
+}
+
+/// Greedy requests choose on the device, one step ahead; the tokens, log-probabilities, stop
+/// handling and the count of generated tokens must be those of host-side sampling.
+#[test]
+fn device_greedy_matches_host_sampling() {
+    for (arch, seed) in [("llama", 21), ("qwen3", 22)] {
+        let dir = temp_dir(&format!("device-greedy-{arch}"));
+        write_tiny_model(&dir, arch, seed, 64);
+        let engine = Engine::load(&dir, Some(WeightFormat::F32)).unwrap();
+        let mut req = GenerateRequest::new(Prompt::Tokens(PROMPT.to_vec()), 12);
+        req.ignore_eos = true;
+        let run = |req: &GenerateRequest, device: bool| {
+            let mut local = LocalForward::new(&engine.model).unwrap();
+            let mut host_only;
+            let forward: &mut dyn Forward = if device {
+                &mut local
+            } else {
+                host_only = HostLogitsOnly(local);
+                &mut host_only
+            };
+            generate(forward, &engine.tokenizer, req, |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap()
+        };
+        let (on_device, on_host) = (run(&req, true), run(&req, false));
+        assert_eq!(on_device.tokens, on_host.tokens, "{arch}");
+        assert_eq!(on_device.completion_tokens(), 12);
+        let diff = max_abs_diff(&on_device.logprobs, &on_host.logprobs);
+        assert!(diff < TOLERANCE, "{arch}: logprobs differ by {diff}");
+
+        // A stop token ends both at the same place, although the device ran one step ahead.
+        req.stop_token_ids = vec![on_host.tokens[4]];
+        let (on_device, on_host) = (run(&req, true), run(&req, false));
+        assert_eq!(on_device.tokens, on_host.tokens, "{arch}");
+        assert_eq!(on_device.finish_reason, FinishReason::Stop);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
