@@ -286,8 +286,7 @@ impl ModelShard {
         } else {
             (None, None)
         };
-        progress(total, total);
-        Ok(ModelShard {
+        let shard = ModelShard {
             config: config.clone(),
             range: range.clone(),
             dtype,
@@ -295,7 +294,10 @@ impl ModelShard {
             layers,
             norm,
             head,
-        })
+        };
+        shard.prefer_huge_pages();
+        progress(total, total);
+        Ok(shard)
     }
 
     /// True when this shard holds the embedding.
@@ -342,6 +344,24 @@ impl ModelShard {
         Ok(embed
             .rows(ids)?
             .reshape(&[1, ids.size() as i32, self.config.hidden_size as i32])?)
+    }
+
+    /// Backs the weights with huge pages where the platform allows (see
+    /// [`crate::platform::prefer_huge_pages`]): decoding reads all of them at every token.
+    fn prefer_huge_pages(&self) {
+        let mut arrays: Vec<&Array> = self.layers.iter().flat_map(DecoderLayer::arrays).collect();
+        arrays.extend(
+            self.embed
+                .iter()
+                .chain(self.head.iter())
+                .flat_map(Matrix::arrays),
+        );
+        arrays.extend(self.norm.iter());
+        let advised = crate::platform::prefer_huge_pages(&arrays);
+        tracing::debug!(
+            advised_mb = advised / (1 << 20),
+            "weights advised to huge pages"
+        );
     }
 
     /// Runs this shard's layers over hidden states, appending to `cache`.

@@ -78,3 +78,23 @@ fn blas_comes_from_the_system_openblas() {
         "the wheel's reference BLAS is loaded: {libs:?}"
     );
 }
+
+/// Weights can be moved onto huge pages (decoding reads them all at every token).
+#[cfg(target_os = "linux")]
+#[test]
+fn weights_are_advised_to_huge_pages() {
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if !thp.contains("[madvise]") && !thp.contains("[always]") {
+        eprintln!("transparent huge pages are off on this kernel ({thp:?}); nothing to check");
+        return;
+    }
+    let weights = ops::ones::<f32>(&[4096, 1024]).unwrap();
+    weights.eval().unwrap();
+    let advised = inference::platform::prefer_huge_pages(&[&weights]);
+    assert!(advised >= weights.nbytes(), "advised {advised} bytes");
+    // The values are untouched.
+    let sum = weights.sum(None).unwrap();
+    sum.eval().unwrap();
+    assert_eq!(sum.as_slice::<f32>()[0], 4096.0 * 1024.0);
+}

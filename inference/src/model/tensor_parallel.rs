@@ -131,6 +131,8 @@ impl ModelShard {
             mlx_rs::transforms::eval(layer.arrays())?;
             layers.push(layer);
         }
-        Ok(ModelShard { layers, ..self })
+        let sliced = ModelShard { layers, ..self };
+        sliced.prefer_huge_pages();
+        Ok(sliced)
     }
 }
