@@ -285,9 +285,14 @@ impl DeviceChoice {
         Ok(DeviceChoice { token, logprob })
     }
 
+    /// Waits until the choice is computed.
+    pub fn wait(&self) -> Result<()> {
+        Ok(mlx_rs::transforms::eval([&self.token, &self.logprob])?)
+    }
+
     /// Waits for the choice and reads it.
     pub fn read(&self) -> Result<crate::sampling::Sampled> {
-        mlx_rs::transforms::eval([&self.token, &self.logprob])?;
+        self.wait()?;
         Ok(crate::sampling::Sampled {
             token: self.token.as_slice::<u32>()[0],
             logprob: self.logprob.as_slice::<f32>()[0],
@@ -432,7 +437,7 @@ pub fn generate(
         None
     };
     match &pending {
-        Some(choice) => mlx_rs::transforms::eval([&choice.token, &choice.logprob])?,
+        Some(choice) => choice.wait()?,
         None => logits = forward.forward(last_chunk)?,
     }
     out.prompt_seconds = start.elapsed().as_secs_f64();

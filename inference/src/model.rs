@@ -315,11 +315,15 @@ impl ModelShard {
         KvCache::new(self.layers.len())
     }
 
+    fn embedding(&self) -> Result<&Matrix> {
+        self.embed.as_ref().ok_or_else(|| {
+            InferenceError::InvalidRequest("this shard does not hold the embedding".into())
+        })
+    }
+
     /// Embeds tokens: `[1, seq, hidden]`.
     pub fn embed(&self, tokens: &[u32]) -> Result<Array> {
-        let embed = self.embed.as_ref().ok_or_else(|| {
-            InferenceError::InvalidRequest("this shard does not hold the embedding".into())
-        })?;
+        self.embedding()?;
         if let Some(&bad) = tokens
             .iter()
             .find(|&&t| t as usize >= self.config.vocab_size)
@@ -329,21 +333,17 @@ impl ModelShard {
                 self.config.vocab_size
             )));
         }
-        let ids = Array::from_slice(tokens, &[tokens.len() as i32]);
-        Ok(embed
-            .rows(&ids)?
-            .reshape(&[1, tokens.len() as i32, self.config.hidden_size as i32])?)
+        self.embed_device(&Array::from_slice(tokens, &[tokens.len() as i32]))
     }
 
     /// Embeds token ids already on the device (`[n]` uint32, e.g. the previous step's greedy
     /// choice, which is within the vocabulary by construction): `[1, n, hidden]`.
     pub fn embed_device(&self, ids: &Array) -> Result<Array> {
-        let embed = self.embed.as_ref().ok_or_else(|| {
-            InferenceError::InvalidRequest("this shard does not hold the embedding".into())
-        })?;
-        Ok(embed
-            .rows(ids)?
-            .reshape(&[1, ids.size() as i32, self.config.hidden_size as i32])?)
+        Ok(self.embedding()?.rows(ids)?.reshape(&[
+            1,
+            ids.size() as i32,
+            self.config.hidden_size as i32,
+        ])?)
     }
 
     /// Backs the weights with huge pages where the platform allows (see
