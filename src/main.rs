@@ -157,7 +157,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Some(Command::Runner(args)) => ExitCode::from(runner::run(args).clamp(0, 255) as u8),
+        Some(Command::Runner(args)) => {
+            inference::runner::exit_process(runner::run(args).clamp(0, 255))
+        }
         None => {
             let data_dir = cli
                 .node

@@ -45,7 +45,7 @@ fn runner_ring_child() {
             ..RunnerOptions::default()
         },
     );
-    std::process::exit(code);
+    inference::runner::exit_process(code);
 }
 
 /// One runner process, its socket and its events (read on a thread, so waits can time out).
@@ -156,10 +156,15 @@ impl RunnerProc {
 
     /// Waits for the process to end; its exit code.
     fn exit_code(&mut self, within: Duration) -> Option<i32> {
+        self.exit_status(within).code()
+    }
+
+    /// How the process ended (a signal is named in its `Display`).
+    fn exit_status(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
+                return status;
             }
             assert!(
                 Instant::now() < deadline,
@@ -305,12 +310,8 @@ fn compare(label: &str, want: &Completion, got: &Completion) -> f32 {
 fn shut_down(mut ranks: Vec<RunnerProc>) {
     ranks[0].send(&Command::Shutdown);
     for r in ranks.iter_mut() {
-        assert_eq!(
-            r.exit_code(Duration::from_secs(15)),
-            Some(0),
-            "rank {}",
-            r.rank
-        );
+        let status = r.exit_status(Duration::from_secs(15));
+        assert_eq!(status.code(), Some(0), "rank {}: {status}", r.rank);
     }
 }
 
