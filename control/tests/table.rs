@@ -195,7 +195,11 @@ fn apply_records(world: &mut World) {
         .live()
         .into_iter()
         .map(|me| {
-            let effects = reconcile(&world.snapshot(me), &world.local(me), &PlacementCache::new());
+            let effects = reconcile(
+                &world.snapshot(me),
+                &world.local(me),
+                &PlacementCache::new(),
+            );
             (me, effects)
         })
         .collect();
