@@ -93,8 +93,8 @@ pub enum Effect {
     },
     /// Write `next` as this node's `instance/<id>`: a rank's node died.
     Replace {
-        /// The next epoch's record.
-        next: InstanceRecord,
+        /// The next epoch's record (boxed: it is far larger than the other effects).
+        next: Box<InstanceRecord>,
         /// The rank nodes found dead.
         dead: Vec<String>,
     },
@@ -220,7 +220,7 @@ pub fn reconcile(
             continue;
         }
         effects.push(Effect::Replace {
-            next: view.record.replaced(&dead),
+            next: Box::new(view.record.replaced(&dead)),
             dead: dead.into_iter().collect(),
         });
     }

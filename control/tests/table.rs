@@ -246,7 +246,7 @@ fn the_control_plane_by_table() {
     died.dead.insert("c".into());
     let next = r.replaced(&["c".to_string()].into());
     let replace = Effect::Replace {
-        next: next.clone(),
+        next: Box::new(next.clone()),
         dead: vec!["c".into()],
     };
     check(
