@@ -1,10 +1,10 @@
 //! [`NodeBackend`]: the node's implementation of the gateway's [`Backend`] trait over the
 //! replicated state.
 //!
-//! - **Instances are intents in the state** (see [`crate::intent`]): `POST /place_instance`
+//! - **Instances are intents in the state** (see [`control::intent`]): `POST /place_instance`
 //!   computes a placement from the live nodes and the model's card, and writes the intent
 //!   under this node's `instance/<id>`; `DELETE /instance/{id}` on any node writes that node's
-//!   `deleted/<id>`. Every node computes every placement from the intents ([`crate::view`]).
+//!   `deleted/<id>`. Every node computes every placement from the intents ([`control::view`]).
 //! - **Runners** are started by the nodes that hold ranks, in the order the start-up plan
 //!   gives ([`crate::reconcile`]).
 //! - **Chat** goes to the ready instance of the model with the fewest queued requests: run
@@ -24,13 +24,13 @@
 //! counts every token event towards `max_tokens`, so text released late could be cut.
 
 use crate::forward::LocalChat;
-use crate::intent::{
-    instance_slug, DeletedRecord, InstanceRecord, Intent, DELETED_PREFIX, INSTANCE_PREFIX,
-};
 use crate::models::{ModelFacts, ModelSpec};
 use crate::reconcile::{runner_state_json, LocalRunner};
 use crate::supervisor::{GenerationEvent, GenerationFailure, RunnerCommand};
-use crate::view::{short, InstanceView, Snapshot};
+use control::{
+    instance_slug, short, DeletedRecord, InstanceRecord, InstanceView, Intent, PlacementCache,
+    Snapshot, DELETED_PREFIX, INSTANCE_PREFIX,
+};
 use gateway::{
     ApiError, Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream, ErrorKind,
     FinishReason, InstanceMeta, ModelInfo, PlaceInstanceRequest, TokenLogprob,
@@ -77,7 +77,7 @@ pub struct LocalOnly {
     node_id: String,
     records: Mutex<BTreeMap<String, String>>,
     /// Other nodes' parts of the state.
-    pub others: Mutex<BTreeMap<String, crate::view::Author>>,
+    pub others: Mutex<BTreeMap<String, control::Author>>,
 }
 
 #[cfg(test)]
@@ -103,7 +103,7 @@ impl NodeContext for LocalOnly {
         let mut authors = self.others.lock().unwrap().clone();
         authors.insert(
             self.node_id.clone(),
-            crate::view::Author {
+            control::Author {
                 alive: true,
                 dead: false,
                 records,
@@ -159,6 +159,8 @@ pub struct NodeBackend {
     pub(crate) runners: Mutex<BTreeMap<String, LocalRunner>>,
     /// This node's `runner/<id>` records as last written.
     pub(crate) published: Mutex<BTreeMap<String, String>>,
+    /// Every instance's placement, computed once per (instance, epoch).
+    pub(crate) placements: PlacementCache,
     /// Model facts by file, read once.
     facts: tokio::sync::Mutex<BTreeMap<PathBuf, Arc<ModelFacts>>>,
     next_instance: AtomicU64,
@@ -212,6 +214,7 @@ impl NodeBackend {
             default_model,
             runners: Mutex::default(),
             published: Mutex::default(),
+            placements: PlacementCache::new(),
             facts: tokio::sync::Mutex::default(),
             next_instance: AtomicU64::new(1),
             wake: Arc::new(tokio::sync::Notify::new()),
@@ -265,7 +268,7 @@ impl NodeBackend {
     /// The placement input for `spec` on the live nodes now.
     async fn placement_input(&self, spec: &ModelSpec, request: Request) -> Result<Input, ApiError> {
         let facts = self.facts(spec).await?;
-        let (nodes, edges) = self.context.snapshot().placement_nodes();
+        let (nodes, edges) = crate::view::placement_nodes(&self.context.snapshot());
         Ok(Input {
             nodes,
             edges,
@@ -310,7 +313,10 @@ impl NodeBackend {
             created_by: me,
             input,
         });
-        let placement = record.place().map_err(|e| place_error(&e))?;
+        let placement = self
+            .placements
+            .place(&record)
+            .map_err(|e| place_error(&e))?;
         let value = serde_json::to_value(&record)
             .map_err(|e| ApiError::internal(format!("encoding the intent: {e}")))?;
         self.context
@@ -426,7 +432,7 @@ impl NodeBackend {
             }
         };
         add(&ModelSpec::default_at(&self.default_model), false);
-        for view in snapshot.instances().values() {
+        for view in snapshot.instances(&self.placements).values() {
             let mine = self.local_status(view.record.id());
             add(
                 &self.spec_of(&view.record.intent.model),
@@ -450,7 +456,7 @@ impl NodeBackend {
         let snapshot = self.context.snapshot();
         let me = snapshot.me.clone();
         let candidates: Vec<InstanceView> = snapshot
-            .instances()
+            .instances(&self.placements)
             .into_values()
             .filter(|v| self.spec_of(&v.record.intent.model).answers_to(model))
             .collect();
@@ -558,7 +564,7 @@ impl NodeBackend {
     pub async fn wait_ready(&self, id: &str) -> Result<(), String> {
         loop {
             let snapshot = self.context.snapshot();
-            let Some(view) = snapshot.instances().remove(id) else {
+            let Some(view) = snapshot.instances(&self.placements).remove(id) else {
                 return Err("the instance was deleted".into());
             };
             let mine = self.local_status(id);
@@ -794,7 +800,7 @@ impl Backend for NodeBackend {
         Box::pin(async move {
             let snapshot = self.context.snapshot();
             let instances: serde_json::Map<String, Value> = snapshot
-                .instances()
+                .instances(&self.placements)
                 .values()
                 .map(|v| (v.record.id().to_string(), self.instance_json(v, &snapshot)))
                 .collect();
@@ -892,7 +898,7 @@ impl Backend for NodeBackend {
         Box::pin(async move {
             let snapshot = self.context.snapshot();
             let view = snapshot
-                .instances()
+                .instances(&self.placements)
                 .remove(&id)
                 .ok_or_else(|| instance_not_found(&id))?;
             Ok(self.instance_json(&view, &snapshot))
@@ -903,7 +909,7 @@ impl Backend for NodeBackend {
         Box::pin(async move {
             let snapshot = self.context.snapshot();
             let view = snapshot
-                .instances()
+                .instances(&self.placements)
                 .remove(&id)
                 .ok_or_else(|| instance_not_found(&id))?;
             let answer = self.instance_json(&view, &snapshot);

@@ -5,7 +5,6 @@ mod bench;
 mod dirs;
 mod forward;
 mod generate;
-mod intent;
 mod models;
 mod node;
 mod reconcile;

@@ -3,9 +3,9 @@
 //! addresses to record verified edges, and runs until Ctrl-C or SIGTERM.
 
 use crate::backend::NodeContext;
-use crate::view::Snapshot;
 use crate::NodeArgs;
 use anyhow::anyhow;
+use control::Snapshot;
 use gateway::{ApiError, BoxFuture, CancellationToken, ChatRequest, ChatStream};
 use mesh::net::DEFAULT_MESH_PORT;
 use mesh::profile::{NodeProfile, PROFILE_KEY};
@@ -172,7 +172,8 @@ impl NodeContext for MeshContext {
     }
 
     fn snapshot(&self) -> Snapshot {
-        self.mesh.read(|replica, _| Snapshot::of_replica(replica))
+        self.mesh
+            .read(|replica, _| crate::view::snapshot_of(replica))
     }
 
     /// The replicated state (identical on every node, see its `digest`) and this node's view
@@ -215,7 +216,7 @@ impl NodeContext for MeshContext {
                     gateway::ErrorKind::Unavailable,
                     format!(
                         "cannot reach node {} which serves instance {instance_id}: {e:#}; retry",
-                        crate::view::short(&node)
+                        control::short(&node)
                     ),
                 )
             })?;

@@ -1,27 +1,19 @@
-//! The reconciler: on every node, a task that makes this node's runners follow the state.
+//! The reconciler's executor: on every node, a task that makes this node's runners follow the
+//! state. The decisions are [`control::reconcile`] and [`control::publish`] (pure, see the
+//! control crate); this file turns the node into their plain input (the snapshot, this
+//! node's runners and models) and applies the effects they return: writes and removals of
+//! this node's records, and runner processes started, commanded and stopped.
 //!
-//! On each pass (on mesh changes, on a runner's state change, and every
-//! [`RECONCILE_PERIOD`]) it:
-//! 1. **re-places** every instance with a rank on a dead node (writes the next epoch, see
-//!    [`crate::intent`]);
-//! 2. **cleans up** this node's own records: its copy of a deleted instance, and its deletion
-//!    record once no copy of the instance is left;
-//! 3. **stops** this node's runners of instances that are gone, whose epoch moved on, or
-//!    where this node no longer holds the rank;
-//! 4. for every instance where this node holds a rank, performs what
-//!    [`placement::next_action`] says: create the runner, connect it to the ring, load its
-//!    layers, warm it up, or shut it down (a sibling failed);
-//! 5. **publishes** each runner's status as `runner/<instance id>` (only when it changed).
+//! A pass runs on mesh changes, on a runner's state change, and every [`RECONCILE_PERIOD`].
 
 use crate::backend::NodeBackend;
-use crate::intent::{RunnerRecord, DELETED_PREFIX, INSTANCE_PREFIX, RUNNER_PREFIX};
 use crate::models::ModelSpec;
 use crate::supervisor::Supervisor;
-use crate::view::short;
+use control::{short, Command, Effect, LocalRunners, ModelFile, RunnerFacts};
 use inference::runner::protocol::RunnerState;
-use placement::{next_action, Action, RunnerStatus};
+use placement::RunnerStatus;
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +38,7 @@ pub struct LocalRunner {
     /// Overrides the process's state: shut down by plan, or failed before it could start.
     status: Option<RunnerStatus>,
     /// Lifecycle commands already sent (each is sent once).
-    sent: BTreeSet<&'static str>,
+    sent: BTreeSet<Command>,
 }
 
 impl LocalRunner {
@@ -90,6 +82,19 @@ impl LocalRunner {
         self.status = Some(status);
         if let Some(s) = self.supervisor.take() {
             tokio::spawn(async move { s.shutdown(SHUTDOWN_GRACE).await });
+        }
+    }
+
+    /// What the control plane knows of it.
+    fn facts(&self) -> RunnerFacts {
+        RunnerFacts {
+            epoch: self.epoch,
+            rank: self.rank,
+            status: self.status(),
+            process: self.supervisor.is_some(),
+            sent: self.sent.clone(),
+            queued: self.load(),
+            model_ready: self.model.path.exists(),
         }
     }
 }
@@ -171,269 +176,236 @@ pub async fn run(backend: Arc<NodeBackend>, shutdown: CancellationToken) {
 }
 
 impl NodeBackend {
-    /// One pass (see the module docs).
+    /// One pass: decide ([`control::reconcile`]) and apply, then publish this node's runner
+    /// records ([`control::publish`]).
     pub fn reconcile(&self) {
         let snapshot = self.context.snapshot();
-        let me = snapshot.me.clone();
-        let instances = snapshot.instances();
-
-        // 1. Re-place instances that lost a rank's node; keep a copy of every instance this
-        //    node holds a rank of, so that it outlives its creator.
-        for view in instances.values() {
-            let dead = view.dead_ranks(&snapshot);
-            if dead.is_empty() {
-                if view.rank_of(&me).is_some() {
-                    let key = format!("{INSTANCE_PREFIX}{}", view.record.id());
-                    let own = snapshot
-                        .authors
-                        .get(&me)
-                        .and_then(|a| a.records.get(&key))
-                        .and_then(|t| {
-                            serde_json::from_str::<crate::intent::InstanceRecord>(t).ok()
-                        });
-                    if own.as_ref() != Some(&view.record) {
-                        if let Ok(value) = serde_json::to_value(&view.record) {
-                            if let Err(e) = self.context.write(&key, &value) {
-                                tracing::warn!("cannot keep a copy of {key}: {e}");
-                            }
-                        }
-                    }
-                }
-                continue;
-            }
-            let next = view.record.replaced(&dead);
-            let dead: Vec<&str> = dead.iter().map(|d| short(d)).collect();
-            match &next.place() {
-                Ok(p) => tracing::warn!(
-                    instance = %view.record.id(), epoch = next.epoch, ?dead, ranks = p.ranks.len(),
-                    "a node holding a rank died: placing the instance again on the nodes that remain"
-                ),
-                Err(e) => tracing::warn!(
-                    instance = %view.record.id(), epoch = next.epoch, ?dead,
-                    "a node holding a rank died and the nodes that remain cannot hold the instance: {e}"
-                ),
-            }
-            match serde_json::to_value(&next) {
-                Ok(value) => {
-                    if let Err(e) = self
-                        .context
-                        .write(&format!("{INSTANCE_PREFIX}{}", next.id()), &value)
-                    {
-                        tracing::error!("cannot record the re-placement: {e}");
-                    }
-                }
-                Err(e) => tracing::error!("cannot encode the re-placement: {e}"),
-            }
-        }
-
-        // 2. This node's own records of deleted instances.
-        let deleted = snapshot.deleted();
-        let copies = snapshot.instance_copies();
-        if let Some(own) = snapshot.authors.get(&me) {
-            for key in own.records.keys() {
-                if let Some(id) = key.strip_prefix(INSTANCE_PREFIX) {
-                    if deleted.contains(id) {
-                        self.context.remove(key);
-                    }
-                } else if let Some(id) = key.strip_prefix(DELETED_PREFIX) {
-                    if !copies.contains_key(id) {
-                        self.context.remove(key);
-                    }
-                }
-            }
-        }
-
-        // 3 and 4. Runners.
         {
             let mut runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
-            let stale: Vec<String> = runners
-                .iter()
-                .filter(|(id, r)| match instances.get(*id) {
-                    None => true,
-                    Some(v) => v.record.epoch != r.epoch || v.rank_of(&me) != Some(r.rank),
+            let models = snapshot
+                .model_references()
+                .into_iter()
+                .map(|reference| {
+                    let path = self.spec_of(&reference).path;
+                    let file = ModelFile {
+                        path: path.display().to_string(),
+                        ready: path.exists(),
+                    };
+                    (reference, file)
                 })
-                .map(|(id, _)| id.clone())
                 .collect();
-            for id in stale {
-                if let Some(runner) = runners.remove(&id) {
-                    tracing::info!(instance = %id, epoch = runner.epoch, "stopping this node's runner: the instance is gone or placed anew");
-                    tokio::spawn(runner.stop());
-                }
-            }
-            for (id, view) in &instances {
-                let (Some(rank), Ok(placement)) = (view.rank_of(&me), &view.placement) else {
-                    continue;
-                };
-                let model = self.spec_of(&view.record.intent.model);
-                let model_ready = model.path.exists();
-                let mine = runners.get(id).map(LocalRunner::status);
-                let plan = view.plan_input(&snapshot, rank, mine.as_ref(), model_ready);
-                let action = next_action(&plan);
-                let ring_size = placement.ranks.len();
-                match action {
-                    Action::Wait => {}
-                    Action::CreateRunner => {
-                        let mut runner = LocalRunner {
-                            epoch: view.record.epoch,
-                            rank,
-                            model: model.clone(),
-                            supervisor: None,
-                            status: None,
-                            sent: BTreeSet::new(),
-                        };
-                        match Supervisor::start_idle(&self.runner_command) {
-                            Ok(supervisor) => {
-                                tracing::info!(instance = %id, rank, ranks = ring_size, pid = supervisor.pid(), "runner created");
-                                let mut state = supervisor.state();
-                                let wake = self.wake.clone();
-                                tokio::spawn(async move {
-                                    while state.changed().await.is_ok() {
-                                        wake.notify_one();
-                                    }
-                                });
-                                runner.supervisor = Some(supervisor);
-                                self.wake.notify_one();
-                            }
-                            Err(e) => {
-                                runner.status = Some(RunnerStatus::Failed {
-                                    reason: format!(
-                                        "cannot start a runner process ({}): {e}",
-                                        self.runner_command.program.display()
-                                    ),
-                                })
-                            }
-                        }
-                        runners.insert(id.clone(), runner);
-                    }
-                    Action::Download => {
-                        let reason = format!(
-                            "model file {} is not on node {}; models other than `default` \
-                             must be at the same path on every node of the instance",
-                            model.path.display(),
-                            short(&me)
-                        );
-                        tracing::error!(instance = %id, "{reason}");
-                        let failed = RunnerStatus::Failed { reason };
-                        match runners.get_mut(id) {
-                            Some(r) => r.stop_as(failed),
-                            None => {
-                                runners.insert(
-                                    id.clone(),
-                                    LocalRunner {
-                                        epoch: view.record.epoch,
-                                        rank,
-                                        model: model.clone(),
-                                        supervisor: None,
-                                        status: Some(failed),
-                                        sent: BTreeSet::new(),
-                                    },
-                                );
-                            }
-                        }
-                    }
-                    Action::Connect | Action::Load | Action::WarmUp => {
-                        let Some(runner) = runners.get_mut(id) else {
-                            continue;
-                        };
-                        let Some(supervisor) = runner.supervisor.clone() else {
-                            continue;
-                        };
-                        let r = &placement.ranks[rank];
-                        match action {
-                            Action::Connect if runner.sent.insert("connect") => {
-                                let hosts: Vec<Vec<String>> = r_hosts(placement, rank);
-                                tracing::info!(instance = %id, rank, ?hosts, "runner: connect");
-                                supervisor.connect(rank, hosts, CONNECT_TIMEOUT);
-                            }
-                            Action::Load if runner.sent.insert("load") => {
-                                supervisor.load_model(
-                                    &model.path.to_string_lossy(),
-                                    Some((r.start_layer as usize, r.end_layer as usize)),
-                                    placement.sharding,
-                                );
-                            }
-                            // A ring of one warms up inside `Load`.
-                            Action::WarmUp if ring_size > 1 && runner.sent.insert("warm_up") => {
-                                tracing::info!(instance = %id, rank, "runner: warm up");
-                                supervisor.warm_up();
-                            }
-                            _ => {}
-                        }
-                    }
-                    Action::ShutDown(reason) => {
-                        if let Some(runner) = runners.get_mut(id) {
-                            tracing::warn!(instance = %id, rank, ?reason, "shutting this node's runner down");
-                            runner.stop_as(RunnerStatus::Shutdown);
-                        }
-                    }
-                }
+            let local = LocalRunners {
+                runners: runners
+                    .iter()
+                    .map(|(id, r)| (id.clone(), r.facts()))
+                    .collect(),
+                models,
+            };
+            for effect in control::reconcile(&snapshot, &local, &self.placements) {
+                self.apply(effect, &mut runners);
             }
         }
-
-        // 5. Publish this node's runner records.
+        let instances = snapshot.instances(&self.placements);
+        self.placements
+            .retain(instances.values().map(|v| (v.record.id(), v.record.epoch)));
         self.publish_runners();
     }
 
-    fn publish_runners(&self) {
-        let wanted: Vec<(String, String)> = {
-            let runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
-            runners
-                .iter()
-                .filter_map(|(id, r)| {
-                    let record = RunnerRecord {
-                        epoch: r.epoch,
-                        rank: r.rank,
-                        status: r.status(),
-                        queued: r.load(),
-                        model_ready: r.model.path.exists(),
-                    };
-                    let text = serde_json::to_string(&record).ok()?;
-                    Some((format!("{RUNNER_PREFIX}{id}"), text))
-                })
-                .collect()
-        };
-        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        let keys: BTreeSet<String> = wanted.iter().map(|(k, _)| k.clone()).collect();
-        for (key, text) in wanted {
-            if published.get(&key) == Some(&text) {
-                continue;
-            }
-            let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-            match self.context.write(&key, &value) {
-                Ok(()) => {
-                    published.insert(key, text);
+    /// Applies one decision.
+    fn apply(&self, effect: Effect, runners: &mut BTreeMap<String, LocalRunner>) {
+        let command = effect.command();
+        match effect {
+            Effect::WriteRecord { key, value } => {
+                let value: Value = serde_json::from_str(&value).unwrap_or(Value::Null);
+                if let Err(e) = self.context.write(&key, &value) {
+                    tracing::warn!("cannot keep a copy of {key}: {e}");
                 }
-                Err(e) => tracing::warn!("cannot publish {key}: {e}"),
             }
-        }
-        let gone: Vec<String> = published
-            .keys()
-            .filter(|k| !keys.contains(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.context.remove(&key);
-            published.remove(&key);
+            Effect::RemoveRecord { key } => {
+                self.context.remove(&key);
+            }
+            Effect::Replace { next, dead } => {
+                let dead: Vec<&str> = dead.iter().map(|d| short(d)).collect();
+                match &self.placements.place(&next) {
+                    Ok(p) => tracing::warn!(
+                        instance = %next.id(), epoch = next.epoch, ?dead, ranks = p.ranks.len(),
+                        "a node holding a rank died: placing the instance again on the nodes that remain"
+                    ),
+                    Err(e) => tracing::warn!(
+                        instance = %next.id(), epoch = next.epoch, ?dead,
+                        "a node holding a rank died and the nodes that remain cannot hold the instance: {e}"
+                    ),
+                }
+                match serde_json::to_value(&next) {
+                    Ok(value) => {
+                        if let Err(e) = self.context.write(&next.key(), &value) {
+                            tracing::error!("cannot record the re-placement: {e}");
+                        }
+                    }
+                    Err(e) => tracing::error!("cannot encode the re-placement: {e}"),
+                }
+            }
+            Effect::DropRunner { instance } => {
+                if let Some(runner) = runners.remove(&instance) {
+                    tracing::info!(instance = %instance, epoch = runner.epoch, "stopping this node's runner: the instance is gone or placed anew");
+                    tokio::spawn(runner.stop());
+                }
+            }
+            Effect::CreateRunner {
+                instance,
+                epoch,
+                rank,
+                ranks,
+                model,
+            } => {
+                let mut runner = LocalRunner {
+                    epoch,
+                    rank,
+                    model: self.spec_of(&model),
+                    supervisor: None,
+                    status: None,
+                    sent: BTreeSet::new(),
+                };
+                match Supervisor::start_idle(&self.runner_command) {
+                    Ok(supervisor) => {
+                        tracing::info!(instance = %instance, rank, ranks, pid = supervisor.pid(), "runner created");
+                        let mut state = supervisor.state();
+                        let wake = self.wake.clone();
+                        tokio::spawn(async move {
+                            while state.changed().await.is_ok() {
+                                wake.notify_one();
+                            }
+                        });
+                        runner.supervisor = Some(supervisor);
+                        self.wake.notify_one();
+                    }
+                    Err(e) => {
+                        runner.status = Some(RunnerStatus::Failed {
+                            reason: format!(
+                                "cannot start a runner process ({}): {e}",
+                                self.runner_command.program.display()
+                            ),
+                        })
+                    }
+                }
+                runners.insert(instance, runner);
+            }
+            Effect::MarkFailed {
+                instance,
+                epoch,
+                rank,
+                model,
+                reason,
+            } => {
+                tracing::error!(instance = %instance, "{reason}");
+                let failed = RunnerStatus::Failed { reason };
+                match runners.get_mut(&instance) {
+                    Some(r) => r.stop_as(failed),
+                    None => {
+                        runners.insert(
+                            instance,
+                            LocalRunner {
+                                epoch,
+                                rank,
+                                model: self.spec_of(&model),
+                                supervisor: None,
+                                status: Some(failed),
+                                sent: BTreeSet::new(),
+                            },
+                        );
+                    }
+                }
+            }
+            Effect::Connect {
+                ref instance, rank, ..
+            }
+            | Effect::Load {
+                ref instance, rank, ..
+            }
+            | Effect::WarmUp { ref instance, rank } => {
+                let Some(runner) = runners.get_mut(instance) else {
+                    return;
+                };
+                let Some(supervisor) = runner.supervisor.clone() else {
+                    return;
+                };
+                if let Some(command) = command {
+                    runner.sent.insert(command);
+                }
+                match &effect {
+                    Effect::Connect { hosts, .. } => {
+                        tracing::info!(instance = %instance, rank, ?hosts, "runner: connect");
+                        supervisor.connect(rank, hosts.clone(), CONNECT_TIMEOUT);
+                    }
+                    Effect::Load {
+                        layers, sharding, ..
+                    } => {
+                        supervisor.load_model(
+                            &runner.model.path.to_string_lossy(),
+                            Some(*layers),
+                            *sharding,
+                        );
+                    }
+                    _ => {
+                        tracing::info!(instance = %instance, rank, "runner: warm up");
+                        supervisor.warm_up();
+                    }
+                }
+            }
+            Effect::StopRunner {
+                instance,
+                status,
+                reason,
+            } => {
+                if let Some(runner) = runners.get_mut(&instance) {
+                    tracing::warn!(instance = %instance, rank = runner.rank, ?reason, "shutting this node's runner down");
+                    runner.stop_as(status);
+                }
+            }
         }
     }
-}
 
-/// Rank `rank`'s ring view as the runner protocol takes it: one address list per rank.
-fn r_hosts(placement: &placement::Placement, rank: usize) -> Vec<Vec<String>> {
-    placement.ranks[rank]
-        .hosts
-        .iter()
-        .map(|h| vec![h.clone()])
-        .collect()
+    /// Writes the `runner/<id>` records that changed since they were last written.
+    fn publish_runners(&self) {
+        let local = {
+            let runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+            LocalRunners {
+                runners: runners
+                    .iter()
+                    .map(|(id, r)| (id.clone(), r.facts()))
+                    .collect(),
+                models: BTreeMap::new(),
+            }
+        };
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        for effect in control::publish(&local, &published) {
+            match effect {
+                Effect::WriteRecord { key, value } => {
+                    let json: Value = serde_json::from_str(&value).unwrap_or(Value::Null);
+                    match self.context.write(&key, &json) {
+                        Ok(()) => {
+                            published.insert(key, value);
+                        }
+                        Err(e) => tracing::warn!("cannot publish {key}: {e}"),
+                    }
+                }
+                Effect::RemoveRecord { key } => {
+                    self.context.remove(&key);
+                    published.remove(&key);
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::{LocalOnly, NodeContext};
-    use crate::intent::{DeletedRecord, InstanceRecord};
     use crate::supervisor::RunnerCommand;
-    use crate::view::Author;
+    use control::Author;
+    use control::{DeletedRecord, InstanceRecord, DELETED_PREFIX, INSTANCE_PREFIX, RUNNER_PREFIX};
 
     /// A backend on node `a` whose runners are `/bin/false` (they exit at once) and whose
     /// default model is an existing (empty) file.
@@ -471,7 +443,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("shoal-reconcile-1-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (context, backend) = backend(&dir);
-        let record = crate::intent::tests::record(1, 4_000_000_000, 1);
+        let record = control::fixture::record(1, 4_000_000_000, 1);
         let id = record.id().to_string();
         context
             .write(
@@ -487,6 +459,8 @@ mod tests {
         assert_eq!(runner["epoch"], 0);
         assert_eq!(runner["rank"], 0);
         assert!(runner["status"]["failed"].is_object(), "{runner}");
+        // Six passes, one placement: the node keeps it.
+        assert_eq!(backend.placements.computed(), 1, "placed once, then kept");
         // Another node deletes the instance: the runner and this node's records go.
         context.others.lock().unwrap().insert(
             "b".into(),
@@ -517,7 +491,7 @@ mod tests {
         let (context, backend) = backend(&dir);
         // Two nodes with 1.5 GB each, a 1 GB model, at least 2 nodes: one rank on each; `b`
         // created it.
-        let record = crate::intent::tests::record(2, 1_500_000_000, 2);
+        let record = control::fixture::record(2, 1_500_000_000, 2);
         let id = record.id().to_string();
         assert_eq!(record.place().unwrap().ranks.len(), 2);
         let mut b = Author {
@@ -547,7 +521,11 @@ mod tests {
         assert_eq!(next.epoch, 1);
         assert_eq!(next.excluded, vec!["b".to_string()]);
         // Every node now computes the one-node placement on `a`, and `a` starts a runner for it.
-        let view = context.snapshot().instances().remove(&id).unwrap();
+        let view = context
+            .snapshot()
+            .instances(&backend.placements)
+            .remove(&id)
+            .unwrap();
         assert_eq!(view.record, next);
         let placement = view.placement.as_ref().unwrap();
         assert_eq!(placement.ranks.len(), 1);
@@ -581,15 +559,5 @@ mod tests {
             runner_state_json(&RunnerStatus::Failed { reason: "x".into() })["state"],
             "failed"
         );
-    }
-
-    #[test]
-    fn ring_views_become_one_address_list_per_rank() {
-        let r = crate::intent::tests::record(3, 400_000_000, 3);
-        let p = r.place().unwrap();
-        let hosts = r_hosts(&p, 1);
-        assert_eq!(hosts.len(), 3);
-        assert_eq!(hosts[1], vec![format!("0.0.0.0:{}", p.port)]);
-        assert!(hosts.iter().all(|h| h.len() == 1));
     }
 }

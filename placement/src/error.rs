@@ -69,11 +69,12 @@ pub enum PlaceError {
         /// The model's backends, comma-separated.
         backends: String,
     },
-    /// JACCL was asked for, but no qualifying ring has RDMA on every node and between every pair.
+    /// JACCL was asked for, but no qualifying ring is made of Metal nodes with RDMA enabled
+    /// (a ring of one too: JACCL exists only on macOS) and RDMA links between every pair.
     #[error(
-        "no ring with enough memory has RDMA enabled on every node and an RDMA link between \
-         every ordered pair of its nodes; enable RDMA and cable the nodes, or request the ring \
-         backend"
+        "no ring with enough memory has RDMA enabled and the Metal backend on every node (JACCL \
+         runs only on macOS) and an RDMA link between every ordered pair of its nodes; enable \
+         RDMA and cable the nodes, or request the ring backend"
     )]
     NoRdmaRing,
     /// The bounded ring search spent its budget before finding a ring.

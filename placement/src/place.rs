@@ -4,7 +4,7 @@ use crate::error::PlaceError;
 use crate::input::Input;
 use crate::node::NodeId;
 use crate::request::{CollectiveBackend, Sharding};
-use crate::ring::choose_ring;
+use crate::ring::{choose_ring, larger_ring, SEARCH_BUDGET};
 use crate::split::{check_share, pipeline_layer_counts};
 use crate::topology::Topology;
 use crate::views::{jaccl_coordinators, jaccl_devices, ring_hosts, ring_port};
@@ -54,55 +54,33 @@ pub struct JacclPlan {
 ///
 /// Steps, each of which may fail with the error named: check the input (`invalid_input`),
 /// choose the ring ([`crate::ring`]), split the layers (`too_few_layers`) and check each node
-/// holds its share (`node_short_of_memory`), then build the ring views or JACCL addressing
-/// (`neighbour_unreachable`).
+/// holds its share (`node_short_of_memory`; then the best rings of the next sizes are tried
+/// in turn, and the first ring's error is reported only when none holds its split), then
+/// build the ring views or JACCL addressing (`neighbour_unreachable`).
 pub fn place(input: &Input) -> Result<Placement, PlaceError> {
     input.validate()?;
     let topo = Topology::new(&input.nodes, &input.edges);
-    let ring = choose_ring(&topo, input)?;
-    let single = ring.len() == 1;
-    let sharding = if single {
-        Sharding::Pipeline
-    } else {
-        input.request.sharding
+    let mut budget = SEARCH_BUDGET;
+    let mut ring = choose_ring(&topo, input, &mut budget)?;
+    let mut first_error: Option<PlaceError> = None;
+    let layer_ranges = loop {
+        match layer_ranges(&topo, input, &ring) {
+            Ok(ranges) => break ranges,
+            Err(e @ PlaceError::NodeShortOfMemory { .. }) => {
+                let first = first_error.get_or_insert(e).clone();
+                match larger_ring(&topo, input, ring.len() + 1, &mut budget) {
+                    Some(next) => ring = next,
+                    None => return Err(first),
+                }
+            }
+            Err(e) => return Err(first_error.unwrap_or(e)),
+        }
     };
+    let single = ring.len() == 1;
     let backend = if single {
         CollectiveBackend::Ring
     } else {
         input.request.backend
-    };
-    let model = &input.model;
-    let layer_ranges: Vec<(u32, u32)> = match sharding {
-        Sharding::Pipeline => {
-            let memory: Vec<u64> = ring.iter().map(|&v| topo.nodes[v].ram_available).collect();
-            let counts = pipeline_layer_counts(model.n_layers, &memory)?;
-            let mut start = 0;
-            let mut ranges = Vec::with_capacity(counts.len());
-            for (&v, &count) in ring.iter().zip(&counts) {
-                check_share(
-                    topo.nodes[v],
-                    model.storage_bytes,
-                    u64::from(count),
-                    u64::from(model.n_layers),
-                )?;
-                ranges.push((start, start + count));
-                start += count;
-            }
-            ranges
-        }
-        Sharding::Tensor => {
-            if model.n_layers == 0 {
-                return Err(PlaceError::TooFewLayers {
-                    n_layers: 0,
-                    nodes: ring.len(),
-                });
-            }
-            // Each rank holds a 1/k slice of every layer.
-            for &v in &ring {
-                check_share(topo.nodes[v], model.storage_bytes, 1, ring.len() as u64)?;
-            }
-            vec![(0, model.n_layers); ring.len()]
-        }
     };
     let port = ring_port(&input.request.instance_id);
     let (hosts, jaccl) = match backend {
@@ -127,10 +105,60 @@ pub fn place(input: &Input) -> Result<Placement, PlaceError> {
         })
         .collect();
     Ok(Placement {
-        sharding,
+        sharding: sharding_of(input, &ring),
         backend,
         port,
         ranks,
         jaccl,
     })
+}
+
+/// The sharding that runs on `ring`: the request's, except that a ring of one runs pipeline.
+fn sharding_of(input: &Input, ring: &[usize]) -> Sharding {
+    if ring.len() == 1 {
+        Sharding::Pipeline
+    } else {
+        input.request.sharding
+    }
+}
+
+/// Each rank's half-open layer range on `ring`, once every node is checked to hold its share.
+fn layer_ranges(
+    topo: &Topology,
+    input: &Input,
+    ring: &[usize],
+) -> Result<Vec<(u32, u32)>, PlaceError> {
+    let model = &input.model;
+    match sharding_of(input, ring) {
+        Sharding::Pipeline => {
+            let memory: Vec<u64> = ring.iter().map(|&v| topo.nodes[v].ram_available).collect();
+            let counts = pipeline_layer_counts(model.n_layers, &memory)?;
+            let mut start = 0;
+            let mut ranges = Vec::with_capacity(counts.len());
+            for (&v, &count) in ring.iter().zip(&counts) {
+                check_share(
+                    topo.nodes[v],
+                    model.storage_bytes,
+                    u64::from(count),
+                    u64::from(model.n_layers),
+                )?;
+                ranges.push((start, start + count));
+                start += count;
+            }
+            Ok(ranges)
+        }
+        Sharding::Tensor => {
+            if model.n_layers == 0 {
+                return Err(PlaceError::TooFewLayers {
+                    n_layers: 0,
+                    nodes: ring.len(),
+                });
+            }
+            // Each rank holds a 1/k slice of every layer.
+            for &v in ring {
+                check_share(topo.nodes[v], model.storage_bytes, 1, ring.len() as u64)?;
+            }
+            Ok(vec![(0, model.n_layers); ring.len()])
+        }
+    }
 }

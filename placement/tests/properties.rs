@@ -274,9 +274,11 @@ impl<'a> Reference<'a> {
         if upto == Stage::Backend {
             return true;
         }
-        if req.backend == CollectiveBackend::Jaccl && k > 1 {
+        // JACCL: Metal and RDMA on every node, a ring of one too; RDMA links between pairs.
+        if req.backend == CollectiveBackend::Jaccl {
             for &a in ring {
-                if !self.nodes[a].rdma_enabled {
+                let node = self.nodes[a];
+                if !node.rdma_enabled || !node.backends.contains(&ComputeBackend::MlxMetal) {
                     return false;
                 }
                 for &b in ring {
@@ -308,7 +310,7 @@ impl<'a> Reference<'a> {
             .iter()
             .filter(|c| self.passes(c, Stage::Rdma))
             .collect();
-        let Some(k) = qualifying.iter().map(|c| c.len()).min() else {
+        if qualifying.is_empty() {
             for (stage, code) in [
                 (Stage::Structure, "no_ring"),
                 (Stage::Memory, "no_ring_with_enough_memory"),
@@ -327,7 +329,7 @@ impl<'a> Reference<'a> {
                 }
             }
             return Err("no_rdma_ring");
-        };
+        }
         // Preference positions: leaf, download, memory (descending), then id.
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&v| {
@@ -355,12 +357,50 @@ impl<'a> Reference<'a> {
             seq.rotate_left(first);
             (std::cmp::Reverse(score), seq)
         };
-        let best = qualifying
-            .into_iter()
-            .filter(|c| c.len() == k)
-            .min_by_key(|c| key(c))
-            .unwrap();
-        Ok(best.iter().map(|&v| self.nodes[v].id.clone()).collect())
+        // The best ring of the smallest size; when it cannot hold its layer split because a
+        // node is short of memory, the best of the next size, and so on (the first error
+        // stands when none holds it).
+        let sizes: BTreeSet<usize> = qualifying.iter().map(|c| c.len()).collect();
+        let mut first_error = None;
+        for size in sizes {
+            let best = qualifying
+                .iter()
+                .filter(|c| c.len() == size)
+                .min_by_key(|c| key(c))
+                .unwrap();
+            match self.split_error(best) {
+                None => return Ok(best.iter().map(|&v| self.nodes[v].id.clone()).collect()),
+                Some("node_short_of_memory") => {
+                    first_error.get_or_insert("node_short_of_memory");
+                }
+                Some(code) => return Err(first_error.unwrap_or(code)),
+            }
+        }
+        Err(first_error.expect("a split error"))
+    }
+
+    /// Why `ring` (from its smallest id) cannot hold its layer split, if it cannot.
+    fn split_error(&self, ring: &[usize]) -> Option<&'static str> {
+        let model = &self.input.model;
+        let k = ring.len();
+        let tensor = k > 1 && self.input.request.sharding == Sharding::Tensor;
+        if model.n_layers == 0 || (!tensor && (model.n_layers as usize) < k) {
+            return Some("too_few_layers");
+        }
+        let shares: Vec<(u128, u128)> = if tensor {
+            vec![(1, k as u128); k]
+        } else {
+            let memory: Vec<u64> = ring.iter().map(|&v| self.nodes[v].ram_available).collect();
+            placement::split::pipeline_layer_counts(model.n_layers, &memory)
+                .unwrap()
+                .into_iter()
+                .map(|c| (u128::from(c), u128::from(model.n_layers)))
+                .collect()
+        };
+        let short = ring.iter().zip(shares).any(|(&v, (parts, of))| {
+            u128::from(model.storage_bytes) * parts > u128::from(self.nodes[v].ram_available) * of
+        });
+        short.then_some("node_short_of_memory")
     }
 }
 
@@ -374,14 +414,11 @@ fn check_placement(input: &Input) -> Result<(), TestCaseError> {
             let ids: Vec<String> = p.ranks.iter().map(|r| r.node.clone()).collect();
             prop_assert_eq!(&ids, ring);
         }
+        // The reference checks the layer split too (and tries larger rings as placement
+        // does), so only the neighbour-link check is left to fail after it.
         (Err(e), Ok(_)) => prop_assert!(
-            matches!(
-                e,
-                PlaceError::TooFewLayers { .. }
-                    | PlaceError::NodeShortOfMemory { .. }
-                    | PlaceError::NeighbourUnreachable { .. }
-            ),
-            "ring choice should have succeeded, got {e}"
+            matches!(e, PlaceError::NeighbourUnreachable { .. }),
+            "ring choice and layer split should have succeeded, got {e}"
         ),
         (Err(e), Err(code)) => prop_assert_eq!(e.code(), *code),
         (Ok(p), Err(code)) => prop_assert!(false, "expected {code}, got {p:?}"),

@@ -140,7 +140,14 @@ fn tensor_share_must_fit_each_node() {
 
 #[test]
 fn single_node_runs_pipeline_over_ring() {
-    let nodes = nodes_mb(&[1000, 4000]);
+    // JACCL needs a Metal node with RDMA enabled, a ring of one too (see
+    // `jaccl_needs_metal_and_rdma_even_on_one_node`): these nodes offer both, so that the
+    // tensor/JACCL request still shows a ring of one running pipeline over ring.
+    let mut nodes = nodes_mb(&[1000, 4000]);
+    for n in &mut nodes {
+        n.backends.push(ComputeBackend::MlxMetal);
+        n.rdma_enabled = true;
+    }
     for (sharding, backend) in [
         (Sharding::Pipeline, CollectiveBackend::Ring),
         (Sharding::Tensor, CollectiveBackend::Jaccl),
@@ -655,6 +662,134 @@ fn jaccl_needs_rdma_everywhere() {
         format!("169.254.0.1:{}", p.port),
         "Thunderbolt when no Ethernet"
     );
+}
+
+#[test]
+fn jaccl_needs_metal_and_rdma_even_on_one_node() {
+    // exo refuses JACCL on nodes without Metal (it exists only on macOS), and a one-node JACCL
+    // request on a node with RDMA disabled; so does placement now.
+    let mut request = pipeline();
+    request.backend = CollectiveBackend::Jaccl;
+    // One CPU node, RDMA off: refused (it used to run as a ring of one).
+    let nodes = nodes_mb(&[4000]);
+    let r = place(&input(
+        nodes.clone(),
+        vec![],
+        model(8, 3000 * MB),
+        request.clone(),
+    ));
+    assert_eq!(code(r), "no_rdma_ring");
+    // One Metal node with RDMA off: refused.
+    let mut metal = nodes.clone();
+    metal[0].backends = vec![ComputeBackend::MlxMetal];
+    let r = place(&input(
+        metal.clone(),
+        vec![],
+        model(8, 3000 * MB),
+        request.clone(),
+    ));
+    assert_eq!(code(r), "no_rdma_ring");
+    // With RDMA on it runs, as a ring of one over ring.
+    metal[0].rdma_enabled = true;
+    let p = place(&input(metal, vec![], model(8, 3000 * MB), request.clone())).unwrap();
+    assert_eq!(ids(&p), ["a"]);
+    assert_eq!(p.backend, CollectiveBackend::Ring);
+    // CUDA nodes with RDMA "enabled" and RDMA links: no Metal, no JACCL.
+    let mut cuda = rdma_cluster();
+    for n in &mut cuda {
+        n.backends = vec![ComputeBackend::MlxCuda];
+    }
+    let mut edges = full_mesh(&cuda);
+    edges.extend(rdma_mesh(&["a", "b", "c"]));
+    let r = place(&input(
+        cuda.clone(),
+        edges.clone(),
+        model(12, 2500 * MB),
+        request.clone(),
+    ));
+    assert_eq!(code(r), "no_rdma_ring");
+    let message = place(&input(
+        cuda.clone(),
+        edges.clone(),
+        model(12, 2500 * MB),
+        request,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(message.contains("Metal"), "{message}");
+    // The same CUDA nodes place over the ring backend.
+    let p = place(&input(cuda, edges, model(12, 2500 * MB), pipeline())).unwrap();
+    assert_eq!(ids(&p), ["a", "b", "c"]);
+    // A Metal cluster where one node is CPU-only: the ring leaves it out.
+    let mut mixed = rdma_cluster();
+    mixed[1].backends = vec![ComputeBackend::MlxCpu];
+    let mut edges = full_mesh(&mixed);
+    edges.extend(rdma_mesh(&["a", "b", "c"]));
+    let mut request = pipeline();
+    request.backend = CollectiveBackend::Jaccl;
+    let p = place(&input(mixed, edges, model(12, 1500 * MB), request)).unwrap();
+    assert_eq!(ids(&p), ["a", "c"]);
+    assert_eq!(p.backend, CollectiveBackend::Jaccl);
+}
+
+#[test]
+fn a_ring_too_tight_for_its_split_gives_way_to_a_larger_one() {
+    // 24 nodes of 16 GiB on one switch, an 80-layer model of 11.5 × 16 GiB. By total memory
+    // 12 nodes hold it, but 80 layers over 12 (or 13) nodes give some node 7 layers, 16.1 GiB
+    // of weights: exo (and placement before) failed with node_short_of_memory, though 14
+    // nodes (at most 6 layers, 13.8 GiB each) fit. Placement now tries the larger rings: this
+    // is where its result differs from exo's on purpose.
+    const GIB: u64 = 1 << 30;
+    let nodes: Vec<_> = (0..24)
+        .map(|i| node(&format!("n{i:02}"), 16 * GIB, &format!("10.0.0.{}", i + 1)))
+        .collect();
+    let storage = 23 * 8 * GIB; // 11.5 × 16 GiB
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(80, storage),
+        pipeline(),
+    ))
+    .expect("a larger ring holds the split");
+    assert_eq!(p.ranks.len(), 14);
+    assert!(counts(&p).iter().all(|&c| c <= 6), "{:?}", counts(&p));
+    assert_eq!(counts(&p).iter().sum::<u32>(), 80);
+    // The same as asking for 14 nodes outright.
+    let mut request = pipeline();
+    request.min_nodes = 14;
+    let asked = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        model(80, storage),
+        request,
+    ))
+    .unwrap();
+    assert_eq!(asked, p);
+    // 12 and 13 nodes asked for give way too; but no ring holds it when every ring is tight
+    // (two nodes, two layers, one node short): the first ring's error is reported.
+    for min_nodes in [12, 13] {
+        let mut request = pipeline();
+        request.min_nodes = min_nodes;
+        let p = place(&input(
+            nodes.clone(),
+            full_mesh(&nodes),
+            model(80, storage),
+            request,
+        ))
+        .unwrap();
+        assert_eq!(p.ranks.len(), 14, "min_nodes {min_nodes}");
+    }
+    let r = place(&input(
+        nodes_mb(&[1000, 10, 10]),
+        full_mesh(&nodes_mb(&[1000, 10, 10])),
+        model(2, 1000 * MB),
+        {
+            let mut request = pipeline();
+            request.min_nodes = 2;
+            request
+        },
+    ));
+    assert_eq!(code(r), "node_short_of_memory");
 }
 
 // ---- ring views ----------------------------------------------------------------------------

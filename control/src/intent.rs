@@ -96,6 +96,11 @@ impl InstanceRecord {
         &self.intent.instance_id
     }
 
+    /// The key of this record: `instance/<id>`.
+    pub fn key(&self) -> String {
+        format!("{INSTANCE_PREFIX}{}", self.id())
+    }
+
     /// The placement request's instance id at this epoch: the ring port derives from it.
     pub fn ring_id(&self) -> String {
         if self.epoch == 0 {
@@ -128,7 +133,8 @@ impl InstanceRecord {
         input
     }
 
-    /// The placement every node computes for this epoch.
+    /// The placement every node computes for this epoch. Computed afresh on every call: the
+    /// node asks a [`crate::PlacementCache`] instead, which calls this once per record.
     pub fn place(&self) -> Result<Placement, PlaceError> {
         placement::place(&self.placement_input())
     }
@@ -176,80 +182,9 @@ pub fn instance_slug(model_id: &str) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use placement::{
-        CollectiveBackend, ComputeBackend, Edge, Interface, InterfaceKind, Link, ModelCard,
-        NodeProfile, Request, Sharding,
-    };
-
-    /// `n` nodes `a`, `b`, ... on one switch (10.0.0.1...), each with `ram` bytes free, every
-    /// pair linked both ways.
-    pub fn cluster_input(n: usize, ram: u64, min_nodes: u32, id: &str) -> Input {
-        let names: Vec<String> = (0..n)
-            .map(|i| ((b'a' + i as u8) as char).to_string())
-            .collect();
-        let ip = |i: usize| -> std::net::IpAddr { format!("10.0.0.{}", i + 1).parse().unwrap() };
-        let nodes = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| NodeProfile {
-                id: name.clone(),
-                ram_available: ram,
-                ram_total: ram * 2,
-                backends: vec![ComputeBackend::MlxCpu],
-                rdma_enabled: false,
-                interfaces: vec![Interface {
-                    name: "eth0".into(),
-                    ip: ip(i),
-                    kind: InterfaceKind::Ethernet,
-                }],
-                download: Default::default(),
-            })
-            .collect();
-        let mut edges = Vec::new();
-        for i in 0..n {
-            for j in 0..n {
-                if i != j {
-                    edges.push(Edge {
-                        from: names[i].clone(),
-                        to: names[j].clone(),
-                        link: Link::Ip(ip(j)),
-                    });
-                }
-            }
-        }
-        Input {
-            nodes,
-            edges,
-            model: ModelCard {
-                id: "default".into(),
-                n_layers: 30,
-                storage_bytes: 1_000_000_000,
-                hidden_size: 576,
-                num_key_value_heads: 3,
-                supports_tensor: true,
-                backends: vec![ComputeBackend::MlxCpu],
-            },
-            request: Request {
-                sharding: Sharding::Pipeline,
-                backend: CollectiveBackend::Ring,
-                min_nodes,
-                required_nodes: vec![],
-                instance_id: id.into(),
-            },
-        }
-    }
-
-    pub fn record(n: usize, ram: u64, min_nodes: u32) -> InstanceRecord {
-        InstanceRecord::new(Intent {
-            instance_id: "default-1".into(),
-            model: "default".into(),
-            model_id: "default".into(),
-            created_by: "a".into(),
-            input: cluster_input(n, ram, min_nodes, "default-1"),
-        })
-    }
+    use crate::fixture::record;
 
     #[test]
     fn every_node_computes_the_same_placement_from_the_intent() {

@@ -1,0 +1,83 @@
+//! Test fixtures shared by control's own tests, its integration tests and the node's tests
+//! (public so that the node's reconciler tests build the same records, not a copy of them).
+
+use crate::intent::{InstanceRecord, Intent};
+use placement::{
+    CollectiveBackend, ComputeBackend, Edge, Input, Interface, InterfaceKind, Link, ModelCard,
+    NodeProfile, Request, Sharding,
+};
+
+/// `n` nodes `a`, `b`, ... on one switch (10.0.0.1...), each with `ram` bytes free, every
+/// pair linked both ways.
+pub fn cluster_input(n: usize, ram: u64, min_nodes: u32, id: &str) -> Input {
+    let names: Vec<String> = (0..n)
+        .map(|i| ((b'a' + i as u8) as char).to_string())
+        .collect();
+    named_cluster_input(&names, ram, min_nodes, id)
+}
+
+/// [`cluster_input`] on nodes with the given ids (node `i` at 10.0.0.`i+1`).
+pub fn named_cluster_input(names: &[String], ram: u64, min_nodes: u32, id: &str) -> Input {
+    let n = names.len();
+    let ip = |i: usize| -> std::net::IpAddr { format!("10.0.0.{}", i + 1).parse().unwrap() };
+    let nodes = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| NodeProfile {
+            id: name.clone(),
+            ram_available: ram,
+            ram_total: ram * 2,
+            backends: vec![ComputeBackend::MlxCpu],
+            rdma_enabled: false,
+            interfaces: vec![Interface {
+                name: "eth0".into(),
+                ip: ip(i),
+                kind: InterfaceKind::Ethernet,
+            }],
+            download: Default::default(),
+        })
+        .collect();
+    let mut edges = Vec::new();
+    for i in 0..n {
+        for j in 0..n {
+            if i != j {
+                edges.push(Edge {
+                    from: names[i].clone(),
+                    to: names[j].clone(),
+                    link: Link::Ip(ip(j)),
+                });
+            }
+        }
+    }
+    Input {
+        nodes,
+        edges,
+        model: ModelCard {
+            id: "default".into(),
+            n_layers: 30,
+            storage_bytes: 1_000_000_000,
+            hidden_size: 576,
+            num_key_value_heads: 3,
+            supports_tensor: true,
+            backends: vec![ComputeBackend::MlxCpu],
+        },
+        request: Request {
+            sharding: Sharding::Pipeline,
+            backend: CollectiveBackend::Ring,
+            min_nodes,
+            required_nodes: vec![],
+            instance_id: id.into(),
+        },
+    }
+}
+
+/// An epoch-0 intent `default-1` by node `a` on [`cluster_input`]: a 1 GB model of 30 layers.
+pub fn record(n: usize, ram: u64, min_nodes: u32) -> InstanceRecord {
+    InstanceRecord::new(Intent {
+        instance_id: "default-1".into(),
+        model: "default".into(),
+        model_id: "default".into(),
+        created_by: "a".into(),
+        input: cluster_input(n, ram, min_nodes, "default-1"),
+    })
+}
