@@ -158,10 +158,9 @@ impl DateTime {
                 Some('H') => out.push_str(&format!("{:02}", self.hour)),
                 Some('M') => out.push_str(&format!("{:02}", self.minute)),
                 Some('S') => out.push_str(&format!("{:02}", self.second)),
-                Some('F') => out.push_str(&format!(
-                    "{}-{:02}-{:02}",
-                    self.year, self.month, self.day
-                )),
+                Some('F') => {
+                    out.push_str(&format!("{}-{:02}-{:02}", self.year, self.month, self.day))
+                }
                 Some('%') => out.push('%'),
                 Some(other) => {
                     out.push('%');
@@ -280,13 +279,27 @@ mod tests {
             "Wednesday 00:00:00 100% %q %"
         );
         let leap = DateTime::from_unix_seconds(1_709_210_096); // 2024-02-29 12:34:56 UTC
-        assert_eq!(leap, DateTime { hour: 12, minute: 34, second: 56, ..DateTime::midnight(2024, 2, 29) });
-        assert_eq!(leap.strftime("%a %e %h %y, day %j, %F %H:%M:%S"), "Thu 29 Feb 24, day 060, 2024-02-29 12:34:56");
+        assert_eq!(
+            leap,
+            DateTime {
+                hour: 12,
+                minute: 34,
+                second: 56,
+                ..DateTime::midnight(2024, 2, 29)
+            }
+        );
+        assert_eq!(
+            leap.strftime("%a %e %h %y, day %j, %F %H:%M:%S"),
+            "Thu 29 Feb 24, day 060, 2024-02-29 12:34:56"
+        );
     }
 
     #[test]
     fn unix_seconds_and_civil_days_agree() {
-        assert_eq!(DateTime::from_unix_seconds(0), DateTime::midnight(1970, 1, 1));
+        assert_eq!(
+            DateTime::from_unix_seconds(0),
+            DateTime::midnight(1970, 1, 1)
+        );
         assert_eq!(DateTime::from_unix_seconds(-1).year, 1969);
         // Every day from 1900 to 2200 maps back to its day count.
         for days in -25_567..84_000i64 {

@@ -5,8 +5,8 @@
 //! it and Apple GPUs run it), which is how the tests check the quantized path's numbers.
 
 use crate::config::{Architecture, RopeScaling};
-use crate::loader::open_model;
 use crate::error::{InferenceError, Result};
+use crate::loader::open_model;
 use mlx_rs::{Array, Dtype};
 use std::path::Path;
 

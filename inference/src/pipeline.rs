@@ -15,12 +15,12 @@
 //! it keeps every sampling option on rank 0, where the request lives.
 
 use crate::config::ModelConfig;
-use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::error::{InferenceError, Result};
+use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
 use crate::models::shard::ModelShard;
-use crate::stage::{midway, require_rank0, Stage};
 use crate::ring::RingGroup;
+use crate::stage::{midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 

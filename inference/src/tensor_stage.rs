@@ -14,12 +14,12 @@
 //!    the same everywhere, so they need not be computed twice).
 
 use crate::config::ModelConfig;
-use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::error::{InferenceError, Result};
+use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
 use crate::models::shard::ModelShard;
-use crate::stage::{midway, require_rank0, Stage};
 use crate::ring::RingGroup;
+use crate::stage::{midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 

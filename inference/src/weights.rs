@@ -220,7 +220,8 @@ impl GgufSource {
 
 impl TensorSource for GgufSource {
     fn contains(&self, name: &str) -> bool {
-        self.gguf_name(name).is_some_and(|n| self.file.tensors.contains_key(&n))
+        self.gguf_name(name)
+            .is_some_and(|n| self.file.tensors.contains_key(&n))
     }
 
     fn dense(&mut self, name: &str, dtype: Dtype) -> Result<Array> {

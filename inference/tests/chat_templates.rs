@@ -104,8 +104,15 @@ fn production_renders_state_today() {
         "{text:?} does not state today ({before})"
     );
     assert!(!text.contains("01 Jan 2025") || before == "01 Jan 2025");
-    let iso = render_chat_template("{{ strftime_now('%Y-%m-%d %A') }}", &[], false, "", "", &clock)
-        .unwrap();
+    let iso = render_chat_template(
+        "{{ strftime_now('%Y-%m-%d %A') }}",
+        &[],
+        false,
+        "",
+        "",
+        &clock,
+    )
+    .unwrap();
     let (b, a) = (system_date("%Y-%m-%d %A"), system_date("%Y-%m-%d %A"));
     assert!(iso == b || iso == a, "{iso} vs {b}");
 }
@@ -130,7 +137,10 @@ fn a_tokenizer_renders_today_unless_its_clock_is_pinned() {
     let mut t = Tokenizer::from_hf_dir(&dir, &serde_json::json!({})).unwrap();
     let before = system_date("%d %b %Y");
     let today = t.apply_chat_template(&[], true).unwrap();
-    assert!(today == before || today == system_date("%d %b %Y"), "{today}");
+    assert!(
+        today == before || today == system_date("%d %b %Y"),
+        "{today}"
+    );
     t.template_clock = PINNED;
     assert_eq!(t.apply_chat_template(&[], true).unwrap(), "01 Jan 2025");
     std::fs::remove_dir_all(&dir).ok();

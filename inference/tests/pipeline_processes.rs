@@ -15,8 +15,8 @@ use common::{
 use inference::forward::{last_logits_to_host, Forward};
 use inference::loader::{load_shard, LoadOptions};
 use inference::pipeline::PipelineStage;
-use inference::stage::Stage;
 use inference::ring::{RingConfig, RingGroup};
+use inference::stage::Stage;
 use inference::ShardInput;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -9,8 +9,8 @@
 
 mod reference;
 
-use inference::gguf::{GgufFile, GgufValue};
 use inference::chat_template::render_chat_template;
+use inference::gguf::{GgufFile, GgufValue};
 use inference::{ChatMessage, DateTime, Engine, TemplateClock};
 use reference::{python_with_jinja2, reference_dir, skip_without_reference};
 use serde_json::{json, Value};

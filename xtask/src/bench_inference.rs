@@ -513,10 +513,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     println!();
     println!("SmolLM2-135M-Instruct (Q4_1 GGUF, run as f32), {PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} generated, greedy, EOS ignored");
     println!("median of {runs} interleaved rounds; {cores} cores; OPENBLAS_NUM_THREADS={threads}; load average {load_before} before, {} after", load_average());
-    let llama_cpp_build = results
-        .iter()
-        .flatten()
-        .find_map(|f| f.build.clone());
+    let llama_cpp_build = results.iter().flatten().find_map(|f| f.build.clone());
     println!(
         "{}",
         versions_line(mlx_versions.as_ref(), llama_cpp_build.as_deref())
@@ -576,7 +573,10 @@ mod tests {
         assert!(versions_line(None, None).contains("pinned: mlx 0.32.2, mlx-lm 0.32.2"));
         let jsonl = r#"{"build_commit": "a1b2c3d", "build_number": 6660, "n_prompt": 128}"#;
         assert_eq!(llama_cpp_build(jsonl).as_deref(), Some("b6660 (a1b2c3d)"));
-        assert_eq!(json_string(jsonl, "build_commit").as_deref(), Some("a1b2c3d"));
+        assert_eq!(
+            json_string(jsonl, "build_commit").as_deref(),
+            Some("a1b2c3d")
+        );
     }
 
     #[test]

@@ -152,11 +152,7 @@ impl Attention {
             Ok(t.transpose_axes(&[0, 2, 1, 3])?)
         };
         let norms = self.head_norms.as_ref();
-        let q = heads(
-            self.q_proj.forward(x)?,
-            self.num_heads,
-            norms.map(|n| &n.q),
-        )?;
+        let q = heads(self.q_proj.forward(x)?, self.num_heads, norms.map(|n| &n.q))?;
         let k = heads(
             self.k_proj.forward(x)?,
             self.num_kv_heads,

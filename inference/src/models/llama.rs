@@ -4,8 +4,8 @@
 //! In GGUF files, Llama's Q and K rows are interleaved for GGML's RoPE; reading them undoes
 //! that, so every family runs the same (Hugging Face, half-split) RoPE.
 
-use super::base::{gguf_part_in, Family, 
-    layer_tensor, Attention, DecoderLayer, LAYER_TENSORS, QKV_BIASES,
+use super::base::{
+    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, LAYER_TENSORS, QKV_BIASES,
 };
 use crate::config::ModelConfig;
 use crate::error::Result;

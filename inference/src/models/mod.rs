@@ -13,7 +13,6 @@ pub mod qwen3;
 pub mod shard;
 mod tensor_parallel;
 
-
 use crate::config::{Architecture, ModelConfig};
 use base::Family;
 
@@ -62,7 +61,10 @@ mod tests {
             Some("blk.0.attn_k_norm.weight")
         );
         // Only Qwen3 has per-head norms.
-        assert_eq!(gguf_name(llama, "model.layers.0.self_attn.k_norm.weight"), None);
+        assert_eq!(
+            gguf_name(llama, "model.layers.0.self_attn.k_norm.weight"),
+            None
+        );
         assert!(llama.gguf_rows_interleaved("model.layers.0.self_attn.k_proj.weight"));
         assert!(!qwen3.gguf_rows_interleaved("model.layers.0.self_attn.k_proj.weight"));
     }

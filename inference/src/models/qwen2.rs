@@ -1,6 +1,8 @@
 //! Qwen2 / Qwen2.5: the shared pre-norm block with biases on the Q, K and V projections.
 
-use super::base::{gguf_part_in, Family, layer_tensor, Attention, DecoderLayer, LAYER_TENSORS, QKV_BIASES};
+use super::base::{
+    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, LAYER_TENSORS, QKV_BIASES,
+};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};

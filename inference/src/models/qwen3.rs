@@ -1,7 +1,9 @@
 //! Qwen3: the shared pre-norm block with an RMS norm on each head's queries and keys (before
 //! RoPE), and no Q/K/V biases.
 
-use super::base::{gguf_part_in, Family, layer_tensor, Attention, DecoderLayer, HeadNorms, LAYER_TENSORS};
+use super::base::{
+    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, HeadNorms, LAYER_TENSORS,
+};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
@@ -24,7 +26,8 @@ impl Family for Qwen3 {
         format: WeightFormat,
     ) -> Result<DecoderLayer> {
         let dtype = format.compute_dtype();
-        let mut norm = |part: &str| source.dense(&layer_tensor(layer, &format!("{part}.weight")), dtype);
+        let mut norm =
+            |part: &str| source.dense(&layer_tensor(layer, &format!("{part}.weight")), dtype);
         let head_norms = HeadNorms {
             q: norm(HEAD_NORMS[0].0)?,
             k: norm(HEAD_NORMS[1].0)?,

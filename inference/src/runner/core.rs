@@ -238,7 +238,9 @@ impl RunnerCore {
                 self.phase = Phase::Unloaded;
                 state(out, RunnerState::Idle);
             }
-            Input::Started(Err(e)) => self.fail(out, format!("MLX does not work in this process: {e}")),
+            Input::Started(Err(e)) => {
+                self.fail(out, format!("MLX does not work in this process: {e}"))
+            }
             Input::Command(Command::Cancel { id }) => {
                 self.cancelled.insert(id);
             }

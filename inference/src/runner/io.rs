@@ -107,11 +107,11 @@ impl Ring {
 enum Held {
     Nothing,
     /// A ring of one.
-    Whole(Engine),
+    Whole(Box<Engine>),
     /// A rank of a ring (rank 0 drives it, the others serve it).
     Stage {
         stage: Box<dyn Stage>,
-        tokenizer: Tokenizer,
+        tokenizer: Box<Tokenizer>,
     },
     /// A rank above 0 whose stage serves the ring on its own thread.
     Serving,
@@ -303,13 +303,13 @@ impl Io {
                 };
                 Held::Stage {
                     stage: stage.map_err(|e| LoadFailure::Failed(e.to_string()))?,
-                    tokenizer,
+                    tokenizer: Box::new(tokenizer),
                 }
             }
-            _ => Held::Whole(Engine {
+            _ => Held::Whole(Box::new(Engine {
                 model: shard,
                 tokenizer,
-            }),
+            })),
         };
         Ok(whole)
     }
@@ -376,7 +376,9 @@ impl Io {
             Held::Stage { stage, tokenizer } => {
                 crate::generate::generate(stage.as_mut(), tokenizer, request, on_token)
             }
-            _ => Err(InferenceError::InvalidRequest("no model is loaded yet".into())),
+            _ => Err(InferenceError::InvalidRequest(
+                "no model is loaded yet".into(),
+            )),
         };
         let result = result.map_err(|e| GenerateFailure {
             ring_lost: matches!(e, InferenceError::Ring(_)),

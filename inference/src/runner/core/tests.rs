@@ -86,7 +86,10 @@ fn seat(rank: usize, size: usize) -> Seat {
 /// Rank `rank` of a 2-rank pipeline, connected and loaded.
 fn loaded_rank(rank: usize) -> RunnerCore {
     let mut core = started(true);
-    let hosts = vec![vec!["0.0.0.0:5000".to_owned()], vec!["10.99.0.2:5000".into()]];
+    let hosts = vec![
+        vec!["0.0.0.0:5000".to_owned()],
+        vec!["10.99.0.2:5000".into()],
+    ];
     assert_eq!(
         cmd(
             &mut core,
@@ -292,7 +295,10 @@ fn a_cancel_before_the_request_starts_still_stops_it() {
         text: String::new(),
         logprob: 0.0,
     });
-    assert_eq!(outputs.last(), Some(&Output::Action(Action::StopGenerating)));
+    assert_eq!(
+        outputs.last(),
+        Some(&Output::Action(Action::StopGenerating))
+    );
 }
 
 #[test]
@@ -355,7 +361,10 @@ fn ranks_of_a_ring_warm_up_on_command_and_only_rank_0_generates() {
     let mut driver = loaded_rank(0);
     assert_eq!(
         cmd(&mut driver, generate(1)),
-        vec![err(Some(1), "the instance is not warmed up yet (send WarmUp)")]
+        vec![err(
+            Some(1),
+            "the instance is not warmed up yet (send WarmUp)"
+        )]
     );
     assert_eq!(
         cmd(&mut driver, Command::WarmUp),
@@ -434,14 +443,18 @@ fn failures_report_a_reason_and_exit_non_zero() {
             timeout_ms: 1,
         },
     );
-    let out = core.handle(Input::Connected(Err("rank 0 of 2: rank 1 never came".into())));
+    let out = core.handle(Input::Connected(Err(
+        "rank 0 of 2: rank 1 never came".into()
+    )));
     assert_eq!(failed(&out), "rank 0 of 2: rank 1 never came");
     assert_eq!(out.last(), Some(&Output::Action(Action::Exit(1))));
 
     // A load that fails, a warm-up that fails.
     let mut core = started(true);
     cmd(&mut core, load(Sharding::Pipeline, None));
-    let out = core.handle(Input::Loaded(Err(LoadFailure::Failed("cannot read /m".into()))));
+    let out = core.handle(Input::Loaded(Err(LoadFailure::Failed(
+        "cannot read /m".into(),
+    ))));
     assert_eq!(failed(&out), "cannot read /m");
     let mut core = started(true);
     cmd(&mut core, load(Sharding::Pipeline, None));
@@ -473,7 +486,10 @@ fn rank_0_losing_the_ring_ends_the_request_then_the_runner() {
             ring_lost: true,
         }),
     });
-    assert_eq!(out[0], err(Some(8), "the ring to the other ranks failed: lost"));
+    assert_eq!(
+        out[0],
+        err(Some(8), "the ring to the other ranks failed: lost")
+    );
     assert_eq!(
         failed(&out),
         "rank 0 lost the ring (neighbour rank 1 (10.99.0.2:5000)): the ring to the other ranks \
