@@ -57,7 +57,7 @@ fn with_scaled_tensor(from: &Path, to: &Path, name: &str, factor: f32) {
     let t = tensors.get_mut(name).unwrap();
     *t = mlx_rs::ops::multiply(&*t, Array::from_f32(factor)).unwrap();
     let mut named: Vec<(&String, &Array)> = tensors.iter().collect();
-    named.sort_by(|a, b| a.0.cmp(b.0));
+    named.sort_by_key(|(name, _)| *name);
     Array::save_safetensors(
         named.into_iter().map(|(n, a)| (n.as_str(), a)),
         None,
