@@ -1,7 +1,7 @@
 //! `shoal generate`: run a model in this process and stream its answer to the terminal.
 
 use clap::Args;
-use inference::engine::{load_shard, LoadOptions};
+use inference::loader::{load_shard, LoadOptions};
 use inference::{ChatMessage, Engine, GenerateRequest, Prompt, SamplingParams, WeightFormat};
 use std::io::Write;
 use std::ops::ControlFlow;

@@ -5,8 +5,8 @@ use crate::error::{InferenceError, Result};
 use crate::gguf::{GgufFile, GgufValue};
 use serde_json::Value;
 
-/// The decoder families this crate runs. They share one implementation and differ in a few
-/// switches: biases on Q/K/V (Qwen2), RMS norms on queries and keys (Qwen3).
+/// The decoder families this crate runs; each has its file in [`crate::models`], holding its
+/// block and its tensor names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Architecture {
@@ -93,10 +93,8 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// The output head reuses the embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Q/K/V projections have biases.
+    /// Q/K/V projections have biases (always for Qwen2; Llama checkpoints may say so).
     pub attention_bias: bool,
-    /// Queries and keys get a per-head RMS norm.
-    pub qk_norm: bool,
     /// Quantization of the stored weights (MLX-community checkpoints).
     pub quantization: Option<QuantizationConfig>,
 }
@@ -194,7 +192,6 @@ impl ModelConfig {
                     .and_then(Value::as_bool)
                     .unwrap_or(false),
             },
-            qk_norm: architecture == Architecture::Qwen3,
             quantization,
         };
         config.validate()?;
@@ -272,7 +269,6 @@ impl ModelConfig {
             max_position_embeddings: req("context_length").unwrap_or(4096),
             tie_word_embeddings: !file.tensors.contains_key("output.weight"),
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
-            qk_norm: file.tensors.contains_key("blk.0.attn_q_norm.weight"),
             quantization: None,
         };
         config.validate()?;

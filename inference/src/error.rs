@@ -45,6 +45,15 @@ pub enum InferenceError {
         /// Layers of the model.
         layers: usize,
     },
+    /// The instance's split (how its ranks share the model) does not fit this model.
+    #[error("{0}")]
+    BadSplit(String),
+    /// Loading took longer than the load watchdog allows (see [`crate::loader::Watchdog`]).
+    #[error("model loading timed out after {seconds} s")]
+    LoadTimedOut {
+        /// The timeout.
+        seconds: u64,
+    },
     /// A tensor the model needs is absent from the weights.
     #[error("tensor `{0}` is missing from the weights")]
     MissingTensor(String),

@@ -1,49 +1,43 @@
 //! Writes a GGUF model out as a Hugging Face folder (f32 or bf16 safetensors, config.json,
 //! tokenizer.json, tokenizer_config.json), so tools that read only that layout (mlx-lm, in
-//! the benchmark) can run the very same weights.
+//! the benchmark) can run the very same weights; or as an MLX-community quantized folder
+//! (affine `bits`-bit weights with per-group scales and biases, as `mlx_lm.convert -q` writes
+//! it and Apple GPUs run it), which is how the tests check the quantized path's numbers.
 
-use crate::config::{Architecture, ModelConfig, RopeScaling};
-use crate::engine::open_model;
+use crate::config::{Architecture, RopeScaling};
 use crate::error::{InferenceError, Result};
+use crate::loader::open_model;
 use mlx_rs::{Array, Dtype};
 use std::path::Path;
 
-/// Hugging Face names of every tensor of a model with this configuration.
-pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
-    let mut names = vec!["model.embed_tokens.weight".to_owned()];
-    for l in 0..config.num_layers {
-        let mut parts = vec![
-            "self_attn.q_proj.weight",
-            "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight",
-            "mlp.gate_proj.weight",
-            "mlp.up_proj.weight",
-            "mlp.down_proj.weight",
-            "input_layernorm.weight",
-            "post_attention_layernorm.weight",
-        ];
-        if config.attention_bias {
-            parts.extend([
-                "self_attn.q_proj.bias",
-                "self_attn.k_proj.bias",
-                "self_attn.v_proj.bias",
-            ]);
-        }
-        if config.qk_norm {
-            parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]);
-        }
-        names.extend(parts.iter().map(|p| format!("model.layers.{l}.{p}")));
-    }
-    names.push("model.norm.weight".to_owned());
-    if !config.tie_word_embeddings {
-        names.push("lm_head.weight".to_owned());
-    }
-    names
+/// How an export stores the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportWeights {
+    /// Every tensor dense in this dtype.
+    Dense(Dtype),
+    /// Weight matrices in MLX's affine quantization (`w ≈ scale · q + bias` per group of
+    /// `group_size` weights of a row, `q` of `bits` bits), with f32 scales and biases; norms
+    /// stay f32.
+    Affine {
+        /// Bits per weight (4 or 8).
+        bits: i32,
+        /// Weights per group (64 is mlx-lm's default).
+        group_size: i32,
+    },
 }
 
 /// Converts the model at `model` (GGUF or folder) into a Hugging Face folder at `out`.
 pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
+    export_hf_folder_as(model, out, ExportWeights::Dense(dtype))
+}
+
+/// Converts the model at `model` into a Hugging Face folder at `out`, its weights stored as
+/// `weights` says.
+pub fn export_hf_folder_as(model: &Path, out: &Path, weights: ExportWeights) -> Result<()> {
+    let dtype = match weights {
+        ExportWeights::Dense(dtype) => dtype,
+        ExportWeights::Affine { .. } => Dtype::Float32,
+    };
     let mut opened = open_model(model)?;
     let config = opened.config.clone();
     let io = |source| InferenceError::Io {
@@ -52,10 +46,19 @@ pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
     };
     std::fs::create_dir_all(out).map_err(io)?;
     let mut tensors: Vec<(String, Array)> = Vec::new();
-    for name in tensor_names(&config) {
+    for name in crate::models::tensor_names(&config) {
         let a = opened.source.dense(&name, dtype)?;
         a.eval()?;
-        tensors.push((name, a));
+        match (weights, name.strip_suffix(".weight")) {
+            (ExportWeights::Affine { bits, group_size }, Some(prefix)) if a.ndim() == 2 => {
+                let (packed, scales, biases) = mlx_rs::ops::quantize(&a, group_size, bits)?;
+                mlx_rs::transforms::eval([&packed, &scales, &biases])?;
+                tensors.push((name.clone(), packed));
+                tensors.push((format!("{prefix}.scales"), scales));
+                tensors.push((format!("{prefix}.biases"), biases));
+            }
+            _ => tensors.push((name, a)),
+        }
     }
     Array::save_safetensors(
         tensors.iter().map(|(n, a)| (n.as_str(), a)),
@@ -102,6 +105,10 @@ pub fn export_hf_folder(model: &Path, out: &Path, dtype: Dtype) -> Result<()> {
         "eos_token_id": t.eos_token_ids,
         "torch_dtype": if dtype == Dtype::Bfloat16 { "bfloat16" } else { "float32" },
     });
+    let mut cfg = cfg;
+    if let ExportWeights::Affine { bits, group_size } = weights {
+        cfg["quantization"] = serde_json::json!({"group_size": group_size, "bits": bits});
+    }
     let write = |name: &str, text: String| std::fs::write(out.join(name), text).map_err(io);
     write(
         "config.json",

@@ -1,42 +1,51 @@
 //! Inference: transformer decoders on MLX (through mlx-rs), shardable by layer range.
 //!
-//! - [`config`], [`model`], [`rope`], [`kv_cache`], [`linear`]: the decoder (Llama, Qwen2,
-//!   Qwen3) over a layer range.
+//! - [`models`]: the decoders as mlx-lm lays them out (a shared base, one file per family:
+//!   Llama, Qwen2, Qwen3) and the shard of a layer range; [`config`], [`rope`], [`kv_cache`],
+//!   [`linear`] under them.
 //! - [`gguf`], [`quant`], [`weights`]: reading GGUF files and Hugging Face folders into the
-//!   fastest representation for the backend.
-//! - [`tokenizer`], [`detokenizer`]: tokens in and out, chat templates.
-//! - [`sampling`], [`engine`]: generation, the API callers use; one loop over any
-//!   [`engine::Forward`].
-//! - [`ring`], [`pipeline`], [`tensor_stage`]: one model across several processes over MLX's
-//!   ring backend (pipeline and tensor parallel).
+//!   fastest representation for the backend; [`loader`]: the one model loader (with the load
+//!   watchdog the runner uses).
+//! - [`tokenizer`], [`chat_template`], [`detokenizer`]: tokens in and out, chat templates.
+//! - [`request`], [`forward`], [`generate`], [`sampling`]: generation, one loop over any
+//!   [`forward::Forward`]; [`engine`]: a whole model in this process.
+//! - [`ring`], [`stage`], [`pipeline`], [`tensor_stage`]: one model across several processes
+//!   over MLX's ring backend (the two kinds of [`stage::Stage`]).
 //! - [`runner`]: one instance (or one rank of it) in its own process, driven by its node.
 
+pub mod chat_template;
 pub mod config;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;
 pub mod export;
+pub mod forward;
+pub mod generate;
 pub mod gguf;
 pub mod kv_cache;
 pub mod linear;
-pub mod model;
+pub mod loader;
+pub mod models;
 pub mod pipeline;
 pub mod platform;
 pub mod quant;
+pub mod request;
 pub mod ring;
 pub mod rope;
 pub mod runner;
 pub mod sampling;
+pub mod stage;
 pub mod tensor_stage;
 pub mod tokenizer;
 pub mod weights;
 
+pub use chat_template::{DateTime, TemplateClock};
 pub use config::{Architecture, ModelConfig};
-pub use engine::{
-    Completion, Engine, FinishReason, GenerateRequest, LoadOptions, Prompt, TokenEvent,
-};
+pub use engine::Engine;
 pub use error::{InferenceError, Result};
-pub use model::{ModelShard, ShardInput};
+pub use loader::LoadOptions;
+pub use models::shard::{ModelShard, ShardInput};
+pub use request::{Completion, FinishReason, GenerateRequest, Prompt, TokenEvent};
 pub use sampling::SamplingParams;
 pub use tokenizer::{ChatMessage, Tokenizer};
 pub use weights::WeightFormat;

@@ -15,11 +15,12 @@
 //! it keeps every sampling option on rank 0, where the request lives.
 
 use crate::config::ModelConfig;
-use crate::engine::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::error::{InferenceError, Result};
+use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
-use crate::model::ModelShard;
+use crate::models::shard::ModelShard;
 use crate::ring::RingGroup;
+use crate::stage::{midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 
@@ -51,26 +52,6 @@ pub struct PipelineStage {
     group: Arc<RingGroup>,
 }
 
-/// Any failure in the middle of a step leaves the ranks out of step (the ring has no framing),
-/// so it is a ring failure: the instance cannot go on.
-/// Refuses `what` on ranks other than 0, which alone drive a distributed instance.
-pub(crate) fn require_rank0(group: &RingGroup, what: &str) -> Result<()> {
-    if group.rank() != 0 {
-        return Err(InferenceError::InvalidRequest(format!(
-            "{what} is driven by rank 0, not rank {}",
-            group.rank()
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn midway(what: &str, e: InferenceError) -> InferenceError {
-    match e {
-        InferenceError::Ring(m) => InferenceError::Ring(format!("{what}: {m}")),
-        other => InferenceError::Ring(format!("{what}: {other}")),
-    }
-}
-
 impl PipelineStage {
     /// Joins a shard to its ring. Rank 0 must hold the embedding and the last rank the head.
     pub fn new(shard: ModelShard, group: impl Into<Arc<RingGroup>>) -> Result<PipelineStage> {
@@ -89,16 +70,6 @@ impl PipelineStage {
             cache,
             group,
         })
-    }
-
-    /// This stage's rank.
-    pub fn rank(&self) -> usize {
-        self.group.rank()
-    }
-
-    /// The shard this stage runs.
-    pub fn shard(&self) -> &ModelShard {
-        &self.shard
     }
 
     fn left(&self) -> usize {
@@ -155,9 +126,19 @@ impl PipelineStage {
             )
         })
     }
+}
+
+impl Stage for PipelineStage {
+    fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    fn shard(&self) -> &ModelShard {
+        &self.shard
+    }
 
     /// Rank 0: ends the serving loop of every other stage.
-    pub fn stop(&mut self) -> Result<()> {
+    fn stop(&mut self) -> Result<()> {
         require_rank0(&self.group, "stop")?;
         if self.group.size() > 1 {
             self.send_header(Kind::Stop, 0)
@@ -168,7 +149,7 @@ impl PipelineStage {
 
     /// Ranks above 0: serve steps until rank 0 says stop. Returns the number of forward
     /// steps served. An error means the ring broke (usually: a neighbour died).
-    pub fn serve(&mut self) -> Result<usize> {
+    fn serve(&mut self) -> Result<usize> {
         if self.group.rank() == 0 {
             return Err(InferenceError::InvalidRequest(
                 "rank 0 drives the pipeline; only the other ranks serve".into(),

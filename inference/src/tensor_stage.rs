@@ -2,9 +2,8 @@
 //! ([`ModelShard::into_tensor_parallel`]) and all ranks run each step together, because every
 //! layer all-sums its partial results over the ring.
 //!
-//! Rank 0 holds the request; the other ranks learn what to run from it, with the same shape of
-//! API as [`crate::pipeline::PipelineStage`] (rank 0: `forward`/`reset`/`stop`; the others:
-//! `serve`). One step:
+//! Rank 0 holds the request; the other ranks learn what to run from it (one of the two
+//! [`Stage`]s: rank 0 drives `forward`/`reset`/`stop`, the others `serve`). One step:
 //! 1. a header `[kind, count, first token]` is all-summed, rank 0 contributing the values and
 //!    the others zeros, so every rank learns the step's kind and token count (a decode step's
 //!    single token rides in the header: one small collective);
@@ -15,12 +14,12 @@
 //!    the same everywhere, so they need not be computed twice).
 
 use crate::config::ModelConfig;
-use crate::engine::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::error::{InferenceError, Result};
+use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
-use crate::model::ModelShard;
-use crate::pipeline::{midway, require_rank0};
+use crate::models::shard::ModelShard;
 use crate::ring::RingGroup;
+use crate::stage::{midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 
@@ -68,16 +67,6 @@ impl TensorStage {
             cache,
             group,
         })
-    }
-
-    /// This stage's rank.
-    pub fn rank(&self) -> usize {
-        self.group.rank()
-    }
-
-    /// The (sliced) shard this stage runs.
-    pub fn shard(&self) -> &ModelShard {
-        &self.shard
     }
 
     /// Sums `values` over the ring (rank 0 brings the content, the others zeros of the same
@@ -140,10 +129,20 @@ impl TensorStage {
             Ok(None)
         }
     }
+}
+
+impl Stage for TensorStage {
+    fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    fn shard(&self) -> &ModelShard {
+        &self.shard
+    }
 
     /// Rank 0: ends the serving loop of every other rank. Blocks until they all take part
     /// (a rank that is not serving yet holds it up; callers bound the wait).
-    pub fn stop(&mut self) -> Result<()> {
+    fn stop(&mut self) -> Result<()> {
         require_rank0(&self.group, "stop")?;
         if self.group.size() > 1 {
             self.header(Kind::Stop, &[])
@@ -154,7 +153,7 @@ impl TensorStage {
 
     /// Ranks above 0: run every step rank 0 runs until it says stop. Returns the number of
     /// forward steps served. An error means the ring broke (usually: a rank died).
-    pub fn serve(&mut self) -> Result<usize> {
+    fn serve(&mut self) -> Result<usize> {
         let rank = self.group.rank();
         if rank == 0 {
             return Err(InferenceError::InvalidRequest(

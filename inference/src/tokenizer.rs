@@ -2,6 +2,7 @@
 //! `tokenizer_config.json`) or rebuilt from the vocabulary, merges and template that a GGUF
 //! file carries in its metadata.
 
+use crate::chat_template::{render_chat_template, TemplateClock};
 use crate::error::{InferenceError, Result};
 use crate::gguf::{GgufFile, GgufValue};
 use serde_json::{json, Value};
@@ -45,6 +46,9 @@ pub struct Tokenizer {
     pub add_bos: bool,
     /// The chat template (Jinja source), if the model has one.
     pub chat_template: Option<String>,
+    /// The date the template's `strftime_now` tells: the system clock (UTC) unless a test
+    /// pins it.
+    pub template_clock: TemplateClock,
 }
 
 /// One message of a chat.
@@ -231,6 +235,7 @@ impl Tokenizer {
                 .get("tokenizer.chat_template")
                 .and_then(GgufValue::as_str)
                 .map(str::to_owned),
+            template_clock: TemplateClock::default(),
         })
     }
 
@@ -295,6 +300,7 @@ impl Tokenizer {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             chat_template,
+            template_clock: TemplateClock::default(),
         })
     }
 
@@ -354,146 +360,13 @@ impl Tokenizer {
         })?;
         let bos = self.token_text(self.bos_token_id);
         let eos = self.token_text(self.eos_token_ids.first().copied());
-        render_chat_template(template, messages, add_generation_prompt, &bos, &eos)
-    }
-}
-
-/// Renders a Hugging Face chat template the way `transformers` does: Jinja with
-/// `trim_blocks` and `lstrip_blocks`, loop controls, Python string methods, and the
-/// `raise_exception` and `strftime_now` helpers.
-pub fn render_chat_template(
-    template: &str,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-    bos_token: &str,
-    eos_token: &str,
-) -> Result<String> {
-    use minijinja::{context, Environment, Error, ErrorKind};
-    let err = |e: Error| InferenceError::ChatTemplate(e.to_string());
-    let mut env = Environment::new();
-    env.set_syntax(
-        minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-            .map_err(err)?,
-    );
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
-        Err(Error::new(ErrorKind::InvalidOperation, msg))
-    });
-    // Dates are not deterministic; templates that print one get a fixed neutral date.
-    env.add_function("strftime_now", |format: String| -> String {
-        strftime_fixed_date(&format)
-    });
-    let template = without_generation_tags(template);
-    env.add_template("chat", &template).map_err(err)?;
-    let tpl = env.get_template("chat").map_err(err)?;
-    tpl.render(context! {
-        messages => minijinja::Value::from(minijinja::value::Serde(messages)),
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos_token,
-        eos_token => eos_token,
-    })
-    .map_err(err)
-}
-
-/// `transformers` adds a `{% generation %}...{% endgeneration %}` block to Jinja (it marks the
-/// assistant's tokens for training masks and renders its body unchanged). minijinja has no
-/// custom tags, so each becomes an `if true`/`endif` pair with the same whitespace-control
-/// markers, which renders identically.
-fn without_generation_tags(template: &str) -> std::borrow::Cow<'_, str> {
-    if !template.contains("generation") {
-        return template.into();
-    }
-    let mut out = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(start) = rest.find("{%") {
-        out.push_str(&rest[..start]);
-        let tag = &rest[start..];
-        let Some(len) = tag.find("%}").map(|end| end + 2) else {
-            break;
-        };
-        let inner = &tag[2..len - 2];
-        let open = if inner.starts_with(['-', '+']) {
-            &inner[..1]
-        } else {
-            ""
-        };
-        let close = if inner.ends_with(['-', '+']) {
-            &inner[inner.len() - 1..]
-        } else {
-            ""
-        };
-        let word = inner[open.len()..inner.len() - close.len()].trim();
-        match word {
-            "generation" => out.push_str(&format!("{{%{open} if true {close}%}}")),
-            "endgeneration" => out.push_str(&format!("{{%{open} endif {close}%}}")),
-            _ => out.push_str(&tag[..len]),
-        }
-        rest = &tag[len..];
-    }
-    out.push_str(rest);
-    out.into()
-}
-
-/// `format` (C `strftime` specifiers) applied to the fixed date templates see: Wednesday
-/// 1 January 2025, 00:00:00. Covers what chat templates print (`%Y-%m-%d`, `%d %b %Y`,
-/// `%B %d, %Y`, ...); unknown specifiers are kept as written.
-fn strftime_fixed_date(format: &str) -> String {
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('Y') => out.push_str("2025"),
-            Some('y') => out.push_str("25"),
-            Some('m') => out.push_str("01"),
-            Some('d') => out.push_str("01"),
-            Some('e') => out.push_str(" 1"),
-            Some('j') => out.push_str("001"),
-            Some('b') | Some('h') => out.push_str("Jan"),
-            Some('B') => out.push_str("January"),
-            Some('a') => out.push_str("Wed"),
-            Some('A') => out.push_str("Wednesday"),
-            Some('H') | Some('M') | Some('S') => out.push_str("00"),
-            Some('F') => out.push_str("2025-01-01"),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{strftime_fixed_date, without_generation_tags};
-
-    #[test]
-    fn generation_blocks_become_plain_blocks() {
-        let t = "a {%- generation -%} b {{ x }} {%- endgeneration %} c {% if y %}{% endif %}";
-        assert_eq!(
-            without_generation_tags(t),
-            "a {%- if true -%} b {{ x }} {%- endif %} c {% if y %}{% endif %}"
-        );
-        assert_eq!(without_generation_tags("{% generation"), "{% generation");
-    }
-
-    #[test]
-    fn fixed_date_formats_like_strftime() {
-        assert_eq!(strftime_fixed_date("%d %b %Y"), "01 Jan 2025");
-        assert_eq!(strftime_fixed_date("%Y-%m-%d"), "2025-01-01");
-        assert_eq!(strftime_fixed_date("%B %d, %Y"), "January 01, 2025");
-        assert_eq!(
-            strftime_fixed_date("%A %H:%M:%S 100%% %q %"),
-            "Wednesday 00:00:00 100% %q %"
-        );
+        render_chat_template(
+            template,
+            messages,
+            add_generation_prompt,
+            &bos,
+            &eos,
+            &self.template_clock,
+        )
     }
 }

@@ -4,7 +4,7 @@
 //! Sources are asked for tensors by their Hugging Face names (`model.layers.3.mlp.up_proj`),
 //! one at a time, so a shard reads only the tensors of its own layers.
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::linear::{Linear, Matrix};
@@ -147,19 +147,51 @@ fn to_i32_shape(shape: &[usize]) -> Vec<i32> {
     shape.iter().map(|&d| d as i32).collect()
 }
 
+/// How a model family names its tensors in GGUF files (llama.cpp's names), and which of them
+/// GGUF stores differently from Hugging Face.
+pub trait GgufNames: Sync {
+    /// The GGUF name of a per-layer tensor part (`self_attn.q_proj` → `attn_q`); `None` for
+    /// parts this family does not have.
+    fn gguf_part(&self, hf_part: &str) -> Option<&'static str>;
+
+    /// Whether GGUF stores this tensor's rows interleaved for GGML's RoPE, so that reading it
+    /// must undo that (see [`quant::llama_unpermute_source_row`]).
+    fn gguf_rows_interleaved(&self, hf_name: &str) -> bool {
+        let _ = hf_name;
+        false
+    }
+}
+
+/// Maps a Hugging Face tensor name to its GGUF name, for a family named by `names`.
+pub fn gguf_name(names: &dyn GgufNames, hf: &str) -> Option<String> {
+    let (stem, suffix) = hf.rsplit_once('.')?;
+    let mapped = match stem {
+        "model.embed_tokens" => "token_embd".to_owned(),
+        "model.norm" => "output_norm".to_owned(),
+        "lm_head" => "output".to_owned(),
+        _ => {
+            let rest = stem.strip_prefix("model.layers.")?;
+            let (layer, part) = rest.split_once('.')?;
+            format!("blk.{layer}.{}", names.gguf_part(part)?)
+        }
+    };
+    Some(format!("{mapped}.{suffix}"))
+}
+
 /// Tensors of a GGUF file, read and converted one at a time.
 pub struct GgufSource {
     file: GgufFile,
-    architecture: Architecture,
+    names: &'static dyn GgufNames,
     head_dim: usize,
 }
 
 impl GgufSource {
-    /// Wraps an open GGUF file of a model with this configuration.
-    pub fn new(file: GgufFile, config: &ModelConfig) -> GgufSource {
+    /// Wraps an open GGUF file of a model with this configuration, whose family names its
+    /// tensors with `names`.
+    pub fn new(file: GgufFile, config: &ModelConfig, names: &'static dyn GgufNames) -> GgufSource {
         GgufSource {
             file,
-            architecture: config.architecture,
+            names,
             head_dim: config.head_dim,
         }
     }
@@ -169,52 +201,27 @@ impl GgufSource {
         &self.file
     }
 
-    /// Maps a Hugging Face tensor name to GGUF's.
-    pub fn gguf_name(hf: &str) -> Option<String> {
-        let (stem, suffix) = hf.rsplit_once('.')?;
-        let mapped = match stem {
-            "model.embed_tokens" => "token_embd".to_owned(),
-            "model.norm" => "output_norm".to_owned(),
-            "lm_head" => "output".to_owned(),
-            _ => {
-                let rest = stem.strip_prefix("model.layers.")?;
-                let (layer, part) = rest.split_once('.')?;
-                let part = match part {
-                    "self_attn.q_proj" => "attn_q",
-                    "self_attn.k_proj" => "attn_k",
-                    "self_attn.v_proj" => "attn_v",
-                    "self_attn.o_proj" => "attn_output",
-                    "self_attn.q_norm" => "attn_q_norm",
-                    "self_attn.k_norm" => "attn_k_norm",
-                    "mlp.gate_proj" => "ffn_gate",
-                    "mlp.up_proj" => "ffn_up",
-                    "mlp.down_proj" => "ffn_down",
-                    "input_layernorm" => "attn_norm",
-                    "post_attention_layernorm" => "ffn_norm",
-                    _ => return None,
-                };
-                format!("blk.{layer}.{part}")
-            }
-        };
-        Some(format!("{mapped}.{suffix}"))
+    /// Maps a Hugging Face tensor name to GGUF's (the family names its layers' tensors).
+    pub fn gguf_name(&self, hf: &str) -> Option<String> {
+        gguf_name(self.names, hf)
     }
 
     fn lookup(&self, hf: &str) -> Result<String> {
-        Self::gguf_name(hf)
+        self.gguf_name(hf)
             .filter(|n| self.file.tensors.contains_key(n))
             .ok_or_else(|| InferenceError::MissingTensor(hf.to_owned()))
     }
 
-    /// Llama GGUFs interleave the rows of Q and K for GGML's RoPE; this undoes it.
+    /// Llama GGUFs interleave the rows of Q and K for GGML's RoPE; reading them undoes it.
     fn needs_unpermute(&self, hf: &str) -> bool {
-        self.architecture == Architecture::Llama
-            && (hf.contains("self_attn.q_proj.") || hf.contains("self_attn.k_proj."))
+        self.names.gguf_rows_interleaved(hf)
     }
 }
 
 impl TensorSource for GgufSource {
     fn contains(&self, name: &str) -> bool {
-        Self::gguf_name(name).is_some_and(|n| self.file.tensors.contains_key(&n))
+        self.gguf_name(name)
+            .is_some_and(|n| self.file.tensors.contains_key(&n))
     }
 
     fn dense(&mut self, name: &str, dtype: Dtype) -> Result<Array> {
@@ -425,7 +432,6 @@ mod tests {
             max_position_embeddings: 4096,
             tie_word_embeddings: false,
             attention_bias: false,
-            qk_norm: false,
             quantization: None,
         }
     }

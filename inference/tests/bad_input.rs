@@ -10,8 +10,8 @@ mod reference;
 
 use common::{temp_dir, write_tiny_model};
 use inference::config::ModelConfig;
-use inference::engine::{load_shard, LoadOptions};
 use inference::gguf::GgufFile;
+use inference::loader::{load_shard, LoadOptions};
 use inference::{
     ChatMessage, Engine, GenerateRequest, InferenceError, Prompt, Tokenizer, WeightFormat,
 };

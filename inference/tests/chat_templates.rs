@@ -2,12 +2,13 @@
 //! it: trim_blocks, lstrip_blocks). The templates under `templates/` are written in the style
 //! of Qwen2.5's and Llama 3's (whitespace control, `namespace`-free slicing, `| trim`,
 //! `.startswith()`/`.strip()`, `is defined`, `raise_exception`, `strftime_now`); the expected
-//! strings were rendered by jinja2 3.1 with the same inputs.
+//! strings were rendered by jinja2 3.1 with the same inputs, `strftime_now` pinned to
+//! 1 January 2025 (here through the template's clock); production renders tell today's date.
 //! These run without any download; `real_chat_templates.rs` renders the real Qwen2.5, Llama 3.x
 //! and SmolLM2 templates (and every template llama.cpp ships) against jinja2 at test time.
 
-use inference::tokenizer::render_chat_template;
-use inference::{ChatMessage, InferenceError};
+use inference::chat_template::render_chat_template;
+use inference::{ChatMessage, DateTime, InferenceError, TemplateClock};
 
 const QWEN: &str = include_str!("templates/qwen2.5-style.jinja");
 const LLAMA3: &str = include_str!("templates/llama3-style.jinja");
@@ -28,9 +29,13 @@ fn render(template: &str, messages: &[ChatMessage], add_generation_prompt: bool)
         add_generation_prompt,
         "<|begin_of_text|>",
         "<|eot_id|>",
+        &PINNED,
     )
     .unwrap()
 }
+
+/// The date the reference renders state.
+const PINNED: TemplateClock = TemplateClock::Fixed(DateTime::midnight(2025, 1, 1));
 
 #[test]
 fn qwen_style_template_matches_jinja2() {
@@ -58,12 +63,85 @@ fn llama3_style_template_matches_jinja2() {
 
 #[test]
 fn template_errors_are_reported_not_panicked() {
-    let err = render_chat_template(LLAMA3, &[ChatMessage::new("wizard", "hi")], true, "", "")
-        .unwrap_err();
+    let err = render_chat_template(
+        LLAMA3,
+        &[ChatMessage::new("wizard", "hi")],
+        true,
+        "",
+        "",
+        &PINNED,
+    )
+    .unwrap_err();
     assert!(
         matches!(err, InferenceError::ChatTemplate(ref m) if m.contains("Unknown role: wizard")),
         "{err}"
     );
-    let err = render_chat_template("{% for %}", &[], true, "", "").unwrap_err();
+    let err = render_chat_template("{% for %}", &[], true, "", "", &PINNED).unwrap_err();
     assert!(matches!(err, InferenceError::ChatTemplate(_)));
+}
+
+/// `date -u +FORMAT` in the C locale: the system's own idea of today, not this crate's.
+fn system_date(format: &str) -> String {
+    let out = std::process::Command::new("date")
+        .env("LC_ALL", "C")
+        .args(["-u", &format!("+{format}")])
+        .output()
+        .expect("run date");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[test]
+fn production_renders_state_today() {
+    // Read before and after, so a render at midnight matches one of them.
+    let before = system_date("%d %b %Y");
+    let clock = TemplateClock::default();
+    let text = render_chat_template(LLAMA3, &conversation()[1..2], false, "", "", &clock).unwrap();
+    let after = system_date("%d %b %Y");
+    assert!(
+        text.contains(&format!("Today Date: {before}\n"))
+            || text.contains(&format!("Today Date: {after}\n")),
+        "{text:?} does not state today ({before})"
+    );
+    assert!(!text.contains("01 Jan 2025") || before == "01 Jan 2025");
+    let iso = render_chat_template(
+        "{{ strftime_now('%Y-%m-%d %A') }}",
+        &[],
+        false,
+        "",
+        "",
+        &clock,
+    )
+    .unwrap();
+    let (b, a) = (system_date("%Y-%m-%d %A"), system_date("%Y-%m-%d %A"));
+    assert!(iso == b || iso == a, "{iso} vs {b}");
+}
+
+#[test]
+fn a_tokenizer_renders_today_unless_its_clock_is_pinned() {
+    use inference::Tokenizer;
+    // A word-level tokenizer is enough: only the template matters here.
+    let dir = std::env::temp_dir().join(format!("shoal-template-date-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokenizer_json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": "{{ strftime_now('%d %b %Y') }}"}).to_string(),
+    )
+    .unwrap();
+    let mut t = Tokenizer::from_hf_dir(&dir, &serde_json::json!({})).unwrap();
+    let before = system_date("%d %b %Y");
+    let today = t.apply_chat_template(&[], true).unwrap();
+    assert!(
+        today == before || today == system_date("%d %b %Y"),
+        "{today}"
+    );
+    t.template_clock = PINNED;
+    assert_eq!(t.apply_chat_template(&[], true).unwrap(), "01 Jan 2025");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -12,9 +12,11 @@ use common::{
     argmax, hosts_field, max_abs_diff, parse_hosts_field, run_ranks, smollm2, temp_dir,
     write_tiny_model, RankNet,
 };
-use inference::engine::{last_logits_to_host, load_shard, Forward, LoadOptions};
+use inference::forward::{last_logits_to_host, Forward};
+use inference::loader::{load_shard, LoadOptions};
 use inference::pipeline::PipelineStage;
 use inference::ring::{RingConfig, RingGroup};
+use inference::stage::Stage;
 use inference::ShardInput;
 use std::path::PathBuf;
 use std::time::Duration;

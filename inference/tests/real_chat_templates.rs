@@ -9,9 +9,9 @@
 
 mod reference;
 
+use inference::chat_template::render_chat_template;
 use inference::gguf::{GgufFile, GgufValue};
-use inference::tokenizer::render_chat_template;
-use inference::{ChatMessage, Engine};
+use inference::{ChatMessage, DateTime, Engine, TemplateClock};
 use reference::{python_with_jinja2, reference_dir, skip_without_reference};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -44,6 +44,8 @@ fn ours(job: &Job) -> Result<String, String> {
         job.add_generation_prompt,
         job.bos_token,
         job.eos_token,
+        // jinja2_render.py pins `strftime_now` to the same date.
+        &TemplateClock::Fixed(DateTime::midnight(2025, 1, 1)),
     )
     .map_err(|e| e.to_string())
 }

@@ -12,7 +12,7 @@ use common::{
     argmax, host, hosts_field, max_abs_diff, parse_hosts_field, run_ranks, smollm2, temp_dir,
     write_tiny_model, RankNet,
 };
-use inference::engine::{load_shard, LoadOptions};
+use inference::loader::{load_shard, LoadOptions};
 use inference::ring::{RingConfig, RingGroup};
 use inference::ShardInput;
 use std::path::PathBuf;

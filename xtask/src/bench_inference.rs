@@ -2,21 +2,36 @@
 //!
 //! Same weights (the fixture dequantized to f32, exported as a Hugging Face folder for
 //! mlx-lm), same 128 prompt token ids, 128 generated tokens, greedy, end-of-text ignored,
-//! same threads. mlx-lm runs from a venv this command makes (`pip install 'mlx[cpu]' mlx-lm`)
-//! with the system OpenBLAS preloaded, in its fastest configuration (f32) and its default
-//! one (bf16, the dtype of the published checkpoint). Medians of `SHOAL_BENCH_RUNS` rounds
+//! same threads. mlx-lm runs from a venv this command makes, with pinned versions
+//! (`pip install 'mlx[cpu]==<setup's MLX>' mlx-lm==<MLX_LM_VERSION>`: the MLX that shoal links,
+//! so both sides run the same kernels), with the system OpenBLAS preloaded, in its fastest
+//! configuration (f32) and its default one (bf16, the dtype of the published checkpoint). Medians of `SHOAL_BENCH_RUNS` rounds
 //! (default 3); each round runs every contender once, interleaved, so background load hits
 //! them alike. llama.cpp's `llama-bench` (its 4-bit weights as stored, CPU) joins the rounds
 //! when available: `--with-llama-cpp` builds it on first use from the llama.cpp sources that the
 //! pinned `llama-cpp-python` sdist vendors (see `reference.rs`) into
-//! `<cache>/llama.cpp-<version>/`; without the flag a build already there, or `llama-bench` on
-//! PATH, is used.
+//! `<cache>/llama.cpp-<version>/`; without the flag a build already there is used (never another
+//! `llama-bench`: its version would not be the pinned one). The versions measured are printed
+//! with the table.
 
 use crate::paths::{cache_dir, default_model, target_dir};
 use crate::reference::{sdist, LLAMA_CPP_IN_SDIST, LLAMA_CPP_PYTHON_VERSION};
-use crate::util::{command_exists, run, run_quiet, Step};
+use crate::setup::MLX_VERSION;
+use crate::util::{run, run_quiet, Step};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// mlx-lm's release the benchmark measures (it asks for `mlx>=0.32.2`; the venv gets exactly
+/// setup's [`MLX_VERSION`]).
+const MLX_LM_VERSION: &str = "0.32.2";
+
+/// What the benchmark's venv installs: pinned MLX (the CPU build) and mlx-lm.
+fn mlx_lm_requirements() -> [String; 2] {
+    [
+        format!("mlx[cpu]=={MLX_VERSION}"),
+        format!("mlx-lm=={MLX_LM_VERSION}"),
+    ]
+}
 
 const PROMPT_TOKENS: usize = 128;
 const GENERATED_TOKENS: usize = 128;
@@ -53,11 +68,13 @@ print(json.dumps({
 "#;
 
 /// One measurement.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Figures {
     prompt_tps: f64,
     generation_tps: f64,
     peak_rss_mb: f64,
+    /// The build that ran, where the contender reports one (llama.cpp).
+    build: Option<String>,
 }
 
 /// Reads `"key": number` from a one-line JSON object (enough for the lines we print).
@@ -91,6 +108,7 @@ fn measure(cmd: &mut Command) -> Result<Figures, String> {
         prompt_tps: get("prompt_tps")?,
         generation_tps: get("generation_tps")?,
         peak_rss_mb: get("peak_rss_mb").unwrap_or(0.0),
+        build: None,
     })
 }
 
@@ -114,23 +132,46 @@ fn openblas_library() -> Option<PathBuf> {
     .find(|p| p.exists())
 }
 
-fn mlx_lm_venv(bench: &Path) -> Result<PathBuf, String> {
+/// The `mlx` and `mlx-lm` versions installed for `python`, if both import.
+fn installed_mlx_lm(python: &Path) -> Option<(String, String)> {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import importlib.metadata as m, mlx.core, mlx_lm; \
+             print(m.version('mlx'), m.version('mlx-lm'))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    Some((words.next()?.to_owned(), words.next()?.to_owned()))
+}
+
+/// The venv with the pinned mlx-lm (made, or brought to the pinned versions, on first use);
+/// its Python and the versions it holds.
+fn mlx_lm_venv(bench: &Path) -> Result<(PathBuf, (String, String)), String> {
     let venv = bench.join("mlx-lm-venv");
     let python = venv.join("bin").join("python");
-    let ok = Command::new(&python)
-        .args(["-c", "import mlx_lm, mlx.core"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
+    let pinned = (MLX_VERSION.to_owned(), MLX_LM_VERSION.to_owned());
+    if installed_mlx_lm(&python).as_ref() != Some(&pinned) {
         eprintln!(
-            "bench: creating a venv with mlx-lm in {} ...",
+            "bench: installing mlx {MLX_VERSION} and mlx-lm {MLX_LM_VERSION} in {} ...",
             venv.display()
         );
-        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        if !python.exists() {
+            run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        }
         run(Command::new(venv.join("bin").join("pip"))
-            .args(["install", "--quiet", "mlx[cpu]", "mlx-lm"]))?;
+            .args(["install", "--quiet"])
+            .args(mlx_lm_requirements()))?;
     }
-    Ok(python)
+    match installed_mlx_lm(&python) {
+        Some(versions) if versions == pinned => Ok((python, versions)),
+        other => Err(format!(
+            "the venv holds mlx/mlx-lm {other:?}, not the pinned {pinned:?}"
+        )),
+    }
 }
 
 /// Where `--with-llama-cpp` builds llama.cpp, and its `llama-bench`.
@@ -214,15 +255,16 @@ fn build_llama_bench() -> Result<PathBuf, String> {
 }
 
 /// The `llama-bench` to measure: built on demand with `--with-llama-cpp`, else an earlier
-/// build in the cache, else one on PATH.
+/// build in the cache (both from the pinned sources).
 fn find_llama_bench(build: bool) -> Result<Option<PathBuf>, String> {
     if build {
         return build_llama_bench().map(Some);
     }
-    if cached_llama_bench().exists() {
-        return Ok(Some(cached_llama_bench()));
-    }
-    Ok(command_exists("llama-bench").then(|| PathBuf::from("llama-bench")))
+    Ok(llama_bench_is_built().then(cached_llama_bench))
+}
+
+fn llama_bench_is_built() -> bool {
+    cached_llama_bench().exists() && llama_cpp_dir().join(".shoal-ok").exists()
 }
 
 /// The 1-minute load average (`/proc/loadavg`), or `?`.
@@ -233,13 +275,51 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// Reads `"key": "text"` from a one-line JSON object.
+fn json_string(line: &str, key: &str) -> Option<String> {
+    let at = line.find(&format!("\"{key}\""))? + key.len() + 2;
+    let rest = line[at..].trim_start().strip_prefix(':')?.trim_start();
+    let rest = rest.strip_prefix('"')?;
+    Some(rest[..rest.find('"')?].to_owned())
+}
+
+/// The llama.cpp build `llama-bench` reports in its JSON lines (`build_number`, `build_commit`).
+fn llama_cpp_build(stdout: &str) -> Option<String> {
+    let line = stdout.lines().find(|l| l.contains("\"build_commit\""))?;
+    let commit = json_string(line, "build_commit")?;
+    Some(match json_number(line, "build_number") {
+        Some(n) => format!("b{n} ({commit})"),
+        None => commit,
+    })
+}
+
+/// The pinned peers, as the table's heading names them.
+fn versions_line(mlx: Option<&(String, String)>, llama_cpp: Option<&str>) -> String {
+    let mlx = match mlx {
+        Some((mlx, lm)) => format!("mlx {mlx} (cpu) + mlx-lm {lm}"),
+        None => format!("mlx-lm not measured (pinned: mlx {MLX_VERSION}, mlx-lm {MLX_LM_VERSION})"),
+    };
+    let llama = match llama_cpp {
+        Some(build) => format!(
+            "llama.cpp {build} from llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}"
+        ),
+        None => format!(
+            "llama.cpp not measured (pinned: the one in llama-cpp-python {LLAMA_CPP_PYTHON_VERSION})"
+        ),
+    };
+    format!("versions: {mlx}; {llama}")
+}
+
 /// Runs `llama-bench` once (one prompt run and one generation run) and reads its JSON lines.
 fn measure_llama_bench(cmd: &mut Command) -> Result<Figures, String> {
     let out = cmd
         .output()
         .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let mut figures = Figures::default();
+    let mut figures = Figures {
+        build: llama_cpp_build(&stdout),
+        ..Figures::default()
+    };
     for line in stdout.lines().filter(|l| l.trim_start().starts_with('{')) {
         let (Some(prompt), Some(gen), Some(tps)) = (
             json_number(line, "n_prompt"),
@@ -271,9 +351,16 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     for arg in args {
         match arg.as_str() {
             "--with-llama-cpp" => with_llama_cpp = true,
+            "--versions" => {
+                // The pinned peers, without measuring anything.
+                println!("{}", versions_line(None, None));
+                println!("venv requirements: {}", mlx_lm_requirements().join(" "));
+                return Ok(());
+            }
             other => {
                 return Err(format!(
-                    "bench inference: unknown argument `{other}` (known: --with-llama-cpp)"
+                    "bench inference: unknown argument `{other}` (known: --with-llama-cpp, \
+                     --versions)"
                 ))
             }
         }
@@ -314,11 +401,11 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     std::fs::write(&ids_file, format!("[{}]", ids.join(","))).map_err(|e| e.to_string())?;
     let script = bench.join("bench_mlx_lm.py");
     std::fs::write(&script, MLX_LM_SCRIPT).map_err(|e| e.to_string())?;
-    let mlx_python = match mlx_lm_venv(&bench) {
-        Ok(p) => Some(p),
+    let (mlx_python, mlx_versions) = match mlx_lm_venv(&bench) {
+        Ok((python, versions)) => (Some(python), Some(versions)),
         Err(e) => {
             eprintln!("bench: mlx-lm is unavailable ({e}); measuring shoal alone");
-            None
+            (None, None)
         }
     };
     let openblas = openblas_library();
@@ -426,6 +513,11 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     println!();
     println!("SmolLM2-135M-Instruct (Q4_1 GGUF, run as f32), {PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} generated, greedy, EOS ignored");
     println!("median of {runs} interleaved rounds; {cores} cores; OPENBLAS_NUM_THREADS={threads}; load average {load_before} before, {} after", load_average());
+    let llama_cpp_build = results.iter().flatten().find_map(|f| f.build.clone());
+    println!(
+        "{}",
+        versions_line(mlx_versions.as_ref(), llama_cpp_build.as_deref())
+    );
     println!(
         "{:<34} {:>13} {:>13} {:>12} {:>16}",
         "", "prompt tok/s", "gen tok/s", "peak RSS MB", "shoal gen ratio"
@@ -447,7 +539,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
         );
     }
     if llama_bench.is_none() {
-        println!("llama.cpp: not measured (`cargo xtask bench inference --with-llama-cpp` builds llama-bench once: about 8 CPU-minutes)");
+        println!("llama.cpp: not measured here (`cargo xtask bench inference --with-llama-cpp` builds llama-bench once: about 8 CPU-minutes)");
     }
     Ok(())
 }
@@ -467,6 +559,27 @@ mod tests {
     }
 
     #[test]
+    fn the_peers_are_pinned_and_printed() {
+        let [mlx, lm] = mlx_lm_requirements();
+        assert_eq!(mlx, format!("mlx[cpu]=={}", crate::setup::MLX_VERSION));
+        assert_eq!(lm, "mlx-lm==0.32.2");
+        let measured = ("0.32.2".to_owned(), "0.32.2".to_owned());
+        let line = versions_line(Some(&measured), Some("b6660 (a1b2c3d)"));
+        assert_eq!(
+            line,
+            "versions: mlx 0.32.2 (cpu) + mlx-lm 0.32.2; llama.cpp b6660 (a1b2c3d) from \
+             llama-cpp-python 0.3.36"
+        );
+        assert!(versions_line(None, None).contains("pinned: mlx 0.32.2, mlx-lm 0.32.2"));
+        let jsonl = r#"{"build_commit": "a1b2c3d", "build_number": 6660, "n_prompt": 128}"#;
+        assert_eq!(llama_cpp_build(jsonl).as_deref(), Some("b6660 (a1b2c3d)"));
+        assert_eq!(
+            json_string(jsonl, "build_commit").as_deref(),
+            Some("a1b2c3d")
+        );
+    }
+
+    #[test]
     fn llama_bench_json_lines_give_prompt_and_generation_speed() {
         let mut cmd = Command::new("printf");
         cmd.arg(concat!(
@@ -475,6 +588,7 @@ mod tests {
         ));
         let f = measure_llama_bench(&mut cmd).unwrap();
         assert_eq!((f.prompt_tps, f.generation_tps), (301.5, 112.25));
+        assert_eq!(f.build.as_deref(), Some("x"));
         assert!(measure_llama_bench(&mut Command::new("true")).is_err());
     }
 }

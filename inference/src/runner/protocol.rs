@@ -22,7 +22,7 @@
 //!   reported as `failed`). A request in flight on rank 0 when the ring breaks ends with an
 //!   `Error` event for it, then `failed`.
 
-use crate::engine::{Completion, GenerateRequest};
+use crate::request::{Completion, GenerateRequest};
 use crate::weights::WeightFormat;
 pub use placement::Sharding;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -235,7 +235,7 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Prompt;
+    use crate::request::Prompt;
     use proptest::prelude::*;
 
     #[test]

@@ -2,7 +2,7 @@
 configures it for `apply_chat_template`: a sandboxed environment with trim_blocks,
 lstrip_blocks, loop controls and a `{% generation %}` block that renders its body (transformers
 uses it to mark assistant tokens); `raise_exception`; `tojson` that keeps non-ASCII text;
-`strftime_now` pinned to 1 January 2025 (shoal's renderer pins the same date).
+`strftime_now` pinned to 1 January 2025 (the tests pin shoal's template clock to the same date).
 
 Reads a JSON list of jobs on stdin, each {"template", "messages", "add_generation_prompt",
 "bos_token", "eos_token"}, and writes a JSON list of results, each {"ok": text} or

@@ -1,146 +1,18 @@
-//! The decoder: Llama-family transformer blocks (Llama, Qwen2, Qwen3) over a layer range.
+//! A layer range of a decoder of any family.
 //!
 //! A [`ModelShard`] holds layers `[start, end)`. The first shard also holds the token
 //! embedding, the last the final norm and the output head. A shard's forward pass takes
 //! tokens (first shard) or hidden states (others) and gives hidden states (inner shards) or
 //! logits (last shard), so pipeline stages can pass activations rank to rank.
 
+use super::base::{check_shape, DecoderLayer};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::kv_cache::{KvCache, LayerCache};
-use crate::linear::{Linear, Matrix};
-use crate::ring::RingGroup;
-use crate::rope::Rope;
+use crate::kv_cache::KvCache;
+use crate::linear::Matrix;
 use crate::weights::{TensorSource, WeightFormat};
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{nn, ops, Array, Dtype};
+use mlx_rs::{fast, Array, Dtype};
 use std::ops::Range;
-use std::sync::Arc;
-
-mod tensor_parallel;
-
-/// Adds up a row-parallel projection's partial results over the tensor-parallel ring.
-fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
-    match reduce {
-        Some(group) => Ok(group.all_sum(&partial)?),
-        None => Ok(partial),
-    }
-}
-
-/// Multi-head attention with grouped keys/values, RoPE and optional per-head Q/K norms.
-#[derive(Debug, Clone)]
-pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: Option<Array>,
-    k_norm: Option<Array>,
-    num_heads: i32,
-    num_kv_heads: i32,
-    head_dim: i32,
-    eps: f32,
-    rope: Rope,
-    /// Tensor parallel: the ring whose ranks each hold a slice of the heads; the output
-    /// projection's partial sums are added up over it.
-    reduce: Option<Arc<RingGroup>>,
-}
-
-impl Attention {
-    /// `x`: `[batch, seq, hidden]`.
-    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let heads = |t: Array, n: i32, norm: &Option<Array>| -> Result<Array> {
-            let t = t.reshape(&[b, l, n, self.head_dim])?;
-            let t = match norm {
-                Some(w) => fast::rms_norm(&t, Some(w), self.eps)?,
-                None => t,
-            };
-            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
-        };
-        let q = heads(self.q_proj.forward(x)?, self.num_heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, self.num_kv_heads, &self.k_norm)?;
-        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, &None)?;
-        let offset = cache.len();
-        let q = self.rope.apply(&q, offset)?;
-        let k = self.rope.apply(&k, offset)?;
-        let (k, v) = cache.append(k, v)?;
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let mask = if l > 1 {
-            Some(ScaledDotProductAttentionMask::Causal)
-        } else {
-            None
-        };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
-        let o =
-            o.transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[b, l, self.num_heads * self.head_dim])?;
-        all_sum(self.o_proj.forward(&o)?, &self.reduce)
-    }
-}
-
-/// The SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
-#[derive(Debug, Clone)]
-pub struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    /// Tensor parallel: see [`Attention`].
-    reduce: Option<Arc<RingGroup>>,
-}
-
-impl Mlp {
-    /// Applies the block.
-    pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = nn::silu(self.gate_proj.forward(x)?)?;
-        let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
-        all_sum(self.down_proj.forward(&h)?, &self.reduce)
-    }
-}
-
-/// One pre-norm transformer block.
-#[derive(Debug, Clone)]
-pub struct DecoderLayer {
-    input_norm: Array,
-    attention: Attention,
-    post_attention_norm: Array,
-    mlp: Mlp,
-    eps: f32,
-}
-
-impl DecoderLayer {
-    /// `h = x + attn(norm(x)); h + mlp(norm(h))`.
-    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let a = self
-            .attention
-            .forward(&fast::rms_norm(x, Some(&self.input_norm), self.eps)?, cache)?;
-        let h = ops::add(x, &a)?;
-        let m = self.mlp.forward(&fast::rms_norm(
-            &h,
-            Some(&self.post_attention_norm),
-            self.eps,
-        )?)?;
-        Ok(ops::add(&h, &m)?)
-    }
-
-    fn arrays(&self) -> Vec<&Array> {
-        let a = &self.attention;
-        let mut v = vec![&self.input_norm, &self.post_attention_norm];
-        for l in [
-            &a.q_proj,
-            &a.k_proj,
-            &a.v_proj,
-            &a.o_proj,
-            &self.mlp.gate_proj,
-            &self.mlp.up_proj,
-            &self.mlp.down_proj,
-        ] {
-            v.extend(l.arrays());
-        }
-        v.extend(a.q_norm.iter().chain(a.k_norm.iter()));
-        v
-    }
-}
 
 /// What a shard's forward pass takes.
 pub enum ShardInput<'a> {
@@ -159,10 +31,10 @@ pub struct ModelShard {
     pub range: Range<usize>,
     /// Dtype of activations.
     pub dtype: Dtype,
-    embed: Option<Matrix>,
-    layers: Vec<DecoderLayer>,
-    norm: Option<Array>,
-    head: Option<Matrix>,
+    pub(super) embed: Option<Matrix>,
+    pub(super) layers: Vec<DecoderLayer>,
+    pub(super) norm: Option<Array>,
+    pub(super) head: Option<Matrix>,
 }
 
 impl ModelShard {
@@ -197,73 +69,9 @@ impl ModelShard {
         }
         progress(1, total);
         let mut layers = Vec::with_capacity(range.len());
+        let family = super::family(config.architecture);
         for (done, i) in range.clone().enumerate() {
-            let p = |name: &str| format!("model.layers.{i}.{name}");
-            let attention = Attention {
-                q_proj: source.linear(&p("self_attn.q_proj"), format)?,
-                k_proj: source.linear(&p("self_attn.k_proj"), format)?,
-                v_proj: source.linear(&p("self_attn.v_proj"), format)?,
-                o_proj: source.linear(&p("self_attn.o_proj"), format)?,
-                q_norm: if config.qk_norm {
-                    Some(source.dense(&p("self_attn.q_norm.weight"), dtype)?)
-                } else {
-                    None
-                },
-                k_norm: if config.qk_norm {
-                    Some(source.dense(&p("self_attn.k_norm.weight"), dtype)?)
-                } else {
-                    None
-                },
-                num_heads: config.num_heads as i32,
-                num_kv_heads: config.num_kv_heads as i32,
-                head_dim: config.head_dim as i32,
-                eps: config.rms_norm_eps,
-                rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
-                reduce: None,
-            };
-            check_shape(
-                &attention.q_proj.weight,
-                &p("self_attn.q_proj"),
-                config.num_heads * config.head_dim,
-            )?;
-            check_shape(
-                &attention.k_proj.weight,
-                &p("self_attn.k_proj"),
-                config.num_kv_heads * config.head_dim,
-            )?;
-            check_shape(
-                &attention.v_proj.weight,
-                &p("self_attn.v_proj"),
-                config.num_kv_heads * config.head_dim,
-            )?;
-            check_shape(
-                &attention.o_proj.weight,
-                &p("self_attn.o_proj"),
-                config.hidden_size,
-            )?;
-            let mlp = Mlp {
-                gate_proj: source.linear(&p("mlp.gate_proj"), format)?,
-                up_proj: source.linear(&p("mlp.up_proj"), format)?,
-                down_proj: source.linear(&p("mlp.down_proj"), format)?,
-                reduce: None,
-            };
-            check_shape(
-                &mlp.gate_proj.weight,
-                &p("mlp.gate_proj"),
-                config.intermediate_size,
-            )?;
-            check_shape(
-                &mlp.down_proj.weight,
-                &p("mlp.down_proj"),
-                config.hidden_size,
-            )?;
-            let layer = DecoderLayer {
-                input_norm: source.dense(&p("input_layernorm.weight"), dtype)?,
-                attention,
-                post_attention_norm: source.dense(&p("post_attention_layernorm.weight"), dtype)?,
-                mlp,
-                eps: config.rms_norm_eps,
-            };
+            let layer = family.block(config, source, i, format)?;
             mlx_rs::transforms::eval(layer.arrays())?;
             layers.push(layer);
             progress(done + 2, total);
@@ -348,7 +156,7 @@ impl ModelShard {
 
     /// Backs the weights with huge pages where the platform allows (see
     /// [`crate::platform::prefer_huge_pages`]): decoding reads all of them at every token.
-    fn prefer_huge_pages(&self) {
+    pub(super) fn prefer_huge_pages(&self) {
         let mut arrays: Vec<&Array> = self.layers.iter().flat_map(DecoderLayer::arrays).collect();
         arrays.extend(
             self.embed
@@ -416,18 +224,4 @@ impl ModelShard {
             Ok(h)
         }
     }
-}
-
-fn check_shape(m: &Matrix, name: &str, rows: usize) -> Result<()> {
-    let got = match m {
-        Matrix::Dense(w) => w.shape()[0],
-        Matrix::Quantized { packed, .. } => packed.shape()[0],
-    };
-    if got as usize != rows {
-        return Err(InferenceError::BadTensor {
-            name: name.to_owned(),
-            reason: format!("expected {rows} rows, found {got}"),
-        });
-    }
-    Ok(())
 }

@@ -8,7 +8,8 @@
 //! norms and head stay whole on every rank. The placement's rule (ring size divides the head and
 //! key/value head counts) is checked again here, as is the MLP width.
 
-use super::{Attention, DecoderLayer, Mlp, ModelShard};
+use super::base::{Attention, DecoderLayer, Mlp};
+use super::shard::ModelShard;
 use crate::error::{InferenceError, Result};
 use crate::linear::{Linear, Matrix};
 use crate::ring::RingGroup;
@@ -105,8 +106,7 @@ impl ModelShard {
                 k_proj: rows(&a.k_proj, k0, k1, &name("k_proj"))?,
                 v_proj: rows(&a.v_proj, k0, k1, &name("v_proj"))?,
                 o_proj: columns(&a.o_proj, q0, q1, &name("o_proj"))?,
-                q_norm: a.q_norm.clone(),
-                k_norm: a.k_norm.clone(),
+                head_norms: a.head_norms.clone(),
                 num_heads: heads as i32,
                 num_kv_heads: kv_heads as i32,
                 head_dim: a.head_dim,

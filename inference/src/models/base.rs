@@ -1,0 +1,309 @@
+//! The pieces the model families share (as mlx-lm's `base.py` and the blocks its model files
+//! repeat): grouped-query attention with RoPE, the SwiGLU MLP, the pre-norm decoder block, and
+//! the helpers that read them from a [`TensorSource`]. A family ([`super::llama`],
+//! [`super::qwen2`], [`super::qwen3`]) decides which of them its block uses and under which
+//! tensor names; nothing here asks which family it serves.
+
+use crate::config::ModelConfig;
+use crate::error::{InferenceError, Result};
+use crate::kv_cache::LayerCache;
+use crate::linear::{Linear, Matrix};
+use crate::ring::RingGroup;
+use crate::rope::Rope;
+use crate::weights::{GgufNames, TensorSource, WeightFormat};
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::{nn, ops, Array};
+use std::sync::Arc;
+
+/// What makes a model family: how one of its decoder blocks is read from its tensors, and the
+/// names those tensors carry (in Hugging Face folders; in GGUF files through [`GgufNames`]).
+pub trait Family: GgufNames {
+    /// Reads layer `layer` from `source`.
+    fn block(
+        &self,
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+    ) -> Result<DecoderLayer>;
+
+    /// Hugging Face names of layer `layer`'s tensors (`model.layers.N.…`), as an export writes
+    /// them.
+    fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String>;
+}
+
+/// Hugging Face names of the weight matrices and norms every family's layer has, with the GGUF
+/// names llama.cpp gives them (`model.layers.N.<hf>` is `blk.N.<gguf>`).
+pub(crate) const LAYER_TENSORS: &[(&str, &str)] = &[
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+];
+
+/// The GGUF name of `hf_part` in the tables of a family's tensors.
+pub(crate) fn gguf_part_in<'a>(
+    tables: impl IntoIterator<Item = &'a (&'static str, &'static str)>,
+    hf_part: &str,
+) -> Option<&'static str> {
+    tables
+        .into_iter()
+        .find(|(hf, _)| *hf == hf_part)
+        .map(|(_, gguf)| *gguf)
+}
+
+/// Biases of the Q, K and V projections (Qwen2 always, Llama when configured).
+pub(crate) const QKV_BIASES: &[&str] = &[
+    "self_attn.q_proj.bias",
+    "self_attn.k_proj.bias",
+    "self_attn.v_proj.bias",
+];
+
+/// The name of tensor `part` (`self_attn.q_proj.weight`) of layer `layer`.
+pub(crate) fn layer_tensor(layer: usize, part: &str) -> String {
+    format!("model.layers.{layer}.{part}")
+}
+
+/// Adds up a row-parallel projection's partial results over the tensor-parallel ring.
+fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
+    match reduce {
+        Some(group) => Ok(group.all_sum(&partial)?),
+        None => Ok(partial),
+    }
+}
+
+/// RMS norms applied to each head's queries and keys before RoPE (Qwen3's block).
+#[derive(Debug, Clone)]
+pub struct HeadNorms {
+    /// `[head_dim]`.
+    pub(crate) q: Array,
+    /// `[head_dim]`.
+    pub(crate) k: Array,
+}
+
+/// Multi-head attention with grouped keys/values, RoPE and, where the family has them, per-head
+/// Q/K norms.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub(crate) q_proj: Linear,
+    pub(crate) k_proj: Linear,
+    pub(crate) v_proj: Linear,
+    pub(crate) o_proj: Linear,
+    pub(crate) head_norms: Option<HeadNorms>,
+    pub(crate) num_heads: i32,
+    pub(crate) num_kv_heads: i32,
+    pub(crate) head_dim: i32,
+    pub(crate) eps: f32,
+    pub(crate) rope: Rope,
+    /// Tensor parallel: the ring whose ranks each hold a slice of the heads; the output
+    /// projection's partial sums are added up over it.
+    pub(crate) reduce: Option<Arc<RingGroup>>,
+}
+
+impl Attention {
+    /// The projections of layer `layer` (with their biases where the weights have them) and
+    /// `head_norms`, checked against the configuration.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+    ) -> Result<Attention> {
+        let p = |part: &str| layer_tensor(layer, part);
+        let (q_rows, kv_rows) = (
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        );
+        let mut proj = |part: &str, rows: usize| -> Result<Linear> {
+            let linear = source.linear(&p(part), format)?;
+            check_shape(&linear.weight, &p(part), rows)?;
+            Ok(linear)
+        };
+        Ok(Attention {
+            q_proj: proj("self_attn.q_proj", q_rows)?,
+            k_proj: proj("self_attn.k_proj", kv_rows)?,
+            v_proj: proj("self_attn.v_proj", kv_rows)?,
+            o_proj: proj("self_attn.o_proj", config.hidden_size)?,
+            head_norms,
+            num_heads: config.num_heads as i32,
+            num_kv_heads: config.num_kv_heads as i32,
+            head_dim: config.head_dim as i32,
+            eps: config.rms_norm_eps,
+            rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
+            reduce: None,
+        })
+    }
+
+    /// `x`: `[batch, seq, hidden]`.
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |t: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
+            let t = t.reshape(&[b, l, n, self.head_dim])?;
+            let t = match norm {
+                Some(w) => fast::rms_norm(&t, Some(w), self.eps)?,
+                None => t,
+            };
+            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let norms = self.head_norms.as_ref();
+        let q = heads(self.q_proj.forward(x)?, self.num_heads, norms.map(|n| &n.q))?;
+        let k = heads(
+            self.k_proj.forward(x)?,
+            self.num_kv_heads,
+            norms.map(|n| &n.k),
+        )?;
+        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
+        let offset = cache.len();
+        let q = self.rope.apply(&q, offset)?;
+        let k = self.rope.apply(&k, offset)?;
+        let (k, v) = cache.append(k, v)?;
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let mask = if l > 1 {
+            Some(ScaledDotProductAttentionMask::Causal)
+        } else {
+            None
+        };
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
+        let o =
+            o.transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        all_sum(self.o_proj.forward(&o)?, &self.reduce)
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v: Vec<&Array> = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+            .into_iter()
+            .flat_map(Linear::arrays)
+            .collect();
+        v.extend(self.head_norms.iter().flat_map(|n| [&n.q, &n.k]));
+        v
+    }
+}
+
+/// The SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    pub(crate) gate_proj: Linear,
+    pub(crate) up_proj: Linear,
+    pub(crate) down_proj: Linear,
+    /// Tensor parallel: see [`Attention`].
+    pub(crate) reduce: Option<Arc<RingGroup>>,
+}
+
+impl Mlp {
+    /// The MLP of layer `layer`, checked against the configuration.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+    ) -> Result<Mlp> {
+        let p = |part: &str| layer_tensor(layer, part);
+        let mlp = Mlp {
+            gate_proj: source.linear(&p("mlp.gate_proj"), format)?,
+            up_proj: source.linear(&p("mlp.up_proj"), format)?,
+            down_proj: source.linear(&p("mlp.down_proj"), format)?,
+            reduce: None,
+        };
+        check_shape(
+            &mlp.gate_proj.weight,
+            &p("mlp.gate_proj"),
+            config.intermediate_size,
+        )?;
+        check_shape(
+            &mlp.down_proj.weight,
+            &p("mlp.down_proj"),
+            config.hidden_size,
+        )?;
+        Ok(mlp)
+    }
+
+    /// Applies the block.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = nn::silu(self.gate_proj.forward(x)?)?;
+        let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
+        all_sum(self.down_proj.forward(&h)?, &self.reduce)
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+            .into_iter()
+            .flat_map(Linear::arrays)
+            .collect()
+    }
+}
+
+/// One pre-norm transformer block.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    pub(crate) input_norm: Array,
+    pub(crate) attention: Attention,
+    pub(crate) post_attention_norm: Array,
+    pub(crate) mlp: Mlp,
+    pub(crate) eps: f32,
+}
+
+impl DecoderLayer {
+    /// The block of layer `layer` around `attention`: its MLP and its two norms.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        attention: Attention,
+    ) -> Result<DecoderLayer> {
+        let dtype = format.compute_dtype();
+        let p = |part: &str| layer_tensor(layer, part);
+        let mlp = Mlp::load(config, source, layer, format)?;
+        Ok(DecoderLayer {
+            input_norm: source.dense(&p("input_layernorm.weight"), dtype)?,
+            attention,
+            post_attention_norm: source.dense(&p("post_attention_layernorm.weight"), dtype)?,
+            mlp,
+            eps: config.rms_norm_eps,
+        })
+    }
+
+    /// `h = x + attn(norm(x)); h + mlp(norm(h))`.
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let a = self
+            .attention
+            .forward(&fast::rms_norm(x, Some(&self.input_norm), self.eps)?, cache)?;
+        let h = ops::add(x, &a)?;
+        let m = self.mlp.forward(&fast::rms_norm(
+            &h,
+            Some(&self.post_attention_norm),
+            self.eps,
+        )?)?;
+        Ok(ops::add(&h, &m)?)
+    }
+
+    /// Every array of the block (to evaluate them eagerly).
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        let mut v = vec![&self.input_norm, &self.post_attention_norm];
+        v.extend(self.attention.arrays());
+        v.extend(self.mlp.arrays());
+        v
+    }
+}
+
+/// Fails unless `m` has `rows` output rows.
+pub(crate) fn check_shape(m: &Matrix, name: &str, rows: usize) -> Result<()> {
+    let got = match m {
+        Matrix::Dense(w) => w.shape()[0],
+        Matrix::Quantized { packed, .. } => packed.shape()[0],
+    };
+    if got as usize != rows {
+        return Err(InferenceError::BadTensor {
+            name: name.to_owned(),
+            reason: format!("expected {rows} rows, found {got}"),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! The decoders, laid out as mlx-lm lays out its models: a small shared base ([`base`]:
+//! attention, MLP, the pre-norm block), one file per family, each with its own block and tensor
+//! names ([`llama`], [`qwen2`], [`qwen3`]), and the shard that runs a layer range of any of
+//! them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
+//!
+//! A family ([`base::Family`]) is chosen once, from the configuration's [`Architecture`],
+//! through [`family`]; the shared code never asks which family it runs.
+
+pub mod base;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+pub mod shard;
+mod tensor_parallel;
+
+use crate::config::{Architecture, ModelConfig};
+use base::Family;
+
+/// The family of `architecture`.
+pub fn family(architecture: Architecture) -> &'static dyn Family {
+    match architecture {
+        Architecture::Llama => &llama::Llama,
+        Architecture::Qwen2 => &qwen2::Qwen2,
+        Architecture::Qwen3 => &qwen3::Qwen3,
+    }
+}
+
+/// Hugging Face names of every tensor of a model with this configuration.
+pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
+    let family = family(config.architecture);
+    let mut names = vec!["model.embed_tokens.weight".to_owned()];
+    for layer in 0..config.num_layers {
+        names.extend(family.layer_tensor_names(config, layer));
+    }
+    names.push("model.norm.weight".to_owned());
+    if !config.tie_word_embeddings {
+        names.push("lm_head.weight".to_owned());
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::gguf_name;
+
+    #[test]
+    fn gguf_names_follow_llama_cpp() {
+        let llama = family(Architecture::Llama);
+        let qwen3 = family(Architecture::Qwen3);
+        assert_eq!(
+            gguf_name(llama, "model.layers.3.self_attn.q_proj.weight").as_deref(),
+            Some("blk.3.attn_q.weight")
+        );
+        assert_eq!(
+            gguf_name(llama, "model.embed_tokens.weight").as_deref(),
+            Some("token_embd.weight")
+        );
+        assert_eq!(
+            gguf_name(qwen3, "model.layers.0.self_attn.k_norm.weight").as_deref(),
+            Some("blk.0.attn_k_norm.weight")
+        );
+        // Only Qwen3 has per-head norms.
+        assert_eq!(
+            gguf_name(llama, "model.layers.0.self_attn.k_norm.weight"),
+            None
+        );
+        assert!(llama.gguf_rows_interleaved("model.layers.0.self_attn.k_proj.weight"));
+        assert!(!qwen3.gguf_rows_interleaved("model.layers.0.self_attn.k_proj.weight"));
+    }
+}

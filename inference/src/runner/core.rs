@@ -1,0 +1,526 @@
+//! The runner's lifecycle as a state machine, without IO (as the mesh's protocol core): the
+//! node's commands and the outcomes of the work the core asked for go in ([`Input`]); the
+//! events for the node and the work to do come out ([`Output`]). The IO loop
+//! ([`super::io`]) reads frames, does the work (joins the ring, loads, generates) and feeds the
+//! results back; every decision about what a command means in the current state is made here,
+//! so it can be tested by feeding inputs and reading outputs.
+//!
+//! The lifecycle (see [`super`] for what the node relies on): `idle`, then for a ring of one
+//! `Load` → `loading` → `loaded` → `warming_up` → `ready` ⇄ `running`; for a rank of a larger
+//! ring `Connect` → `connecting` → `connected`, `Load` → `loading` → `loaded`, `WarmUp` →
+//! `warming_up` → `ready` (rank 0 drives, the others serve the ring). A generation in flight
+//! takes cancels at once and holds back every other command until it ends.
+
+use super::protocol::{Command, Event, RunnerState, Sharding};
+use crate::request::{Completion, GenerateRequest};
+use crate::weights::WeightFormat;
+use std::collections::{BTreeSet, VecDeque};
+
+/// This process's seat in a ring of several ranks, as far as the core needs it (for the
+/// reasons it gives when things fail).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seat {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the ring.
+    pub size: usize,
+    /// Its neighbours, as reasons name them: "left neighbour rank 2 (10.99.0.3:5000), ...".
+    pub neighbours: String,
+}
+
+/// Why a load ended without a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadFailure {
+    /// The watchdog's timeout passed (already reported through [`Input::LoadTimedOut`]).
+    TimedOut,
+    /// Anything else, with the reason.
+    Failed(String),
+}
+
+/// Why a generation ended without a completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerateFailure {
+    /// What went wrong.
+    pub message: String,
+    /// The ring to the other ranks broke: the instance cannot go on.
+    pub ring_lost: bool,
+}
+
+/// What the core reacts to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The process is up; `Err` when MLX does not work in it.
+    Started(Result<(), String>),
+    /// A command from the node.
+    Command(Command),
+    /// A frame that could not be read (reported, then skipped).
+    BadFrame(String),
+    /// The outcome of [`Action::Connect`].
+    Connected(Result<Seat, String>),
+    /// Loading made progress.
+    LoadProgress {
+        /// Steps done.
+        done: usize,
+        /// Steps in all.
+        total: usize,
+    },
+    /// The load watchdog's timeout passed while loading.
+    LoadTimedOut {
+        /// The timeout, in seconds.
+        seconds: u64,
+    },
+    /// The outcome of [`Action::Load`]: `Ok(whole)`, whether the shard holds every layer.
+    Loaded(Result<bool, LoadFailure>),
+    /// The outcome of [`Action::WarmUp`] or [`Action::Serve`].
+    WarmedUp(Result<(), String>),
+    /// The generation in flight produced a token.
+    Token {
+        /// The request.
+        id: u64,
+        /// Token id.
+        token: u32,
+        /// New text (may be empty).
+        text: String,
+        /// Its log-probability.
+        logprob: f32,
+    },
+    /// The outcome of [`Action::Generate`].
+    Generated {
+        /// The request.
+        id: u64,
+        /// The completion, or why there is none.
+        result: Result<Completion, GenerateFailure>,
+    },
+    /// A serving rank's loop ended: rank 0 said stop (`Ok(steps)`) or the ring broke.
+    Served(Result<usize, String>),
+}
+
+/// Work the core asks of its IO loop.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Join the ring as `rank` of `hosts` within `timeout_ms`; answer [`Input::Connected`].
+    Connect {
+        /// This rank.
+        rank: usize,
+        /// Every rank's addresses.
+        hosts: Vec<Vec<String>>,
+        /// The deadline, in milliseconds.
+        timeout_ms: u64,
+    },
+    /// Load the model (under the watchdog); answer [`Input::LoadProgress`]… and
+    /// [`Input::Loaded`].
+    Load {
+        /// GGUF file or Hugging Face folder.
+        model: String,
+        /// Layers to hold (default: all).
+        layers: Option<(usize, usize)>,
+        /// Weight representation (default: the backend's fastest).
+        format: Option<WeightFormat>,
+        /// How the ring splits the model; `None` for a ring of one.
+        sharding: Option<Sharding>,
+    },
+    /// Run a one-token generation (the whole model, or rank 0 through the ring); answer
+    /// [`Input::WarmedUp`].
+    WarmUp,
+    /// A rank above 0: serve the ring on its own thread; answer [`Input::WarmedUp`] once it
+    /// runs, and [`Input::Served`] when it ends.
+    Serve,
+    /// Generate; answer [`Input::Token`]s and [`Input::Generated`].
+    Generate {
+        /// The request.
+        id: u64,
+        /// What to generate.
+        request: GenerateRequest,
+    },
+    /// Stop the generation in flight after the token just reported.
+    StopGenerating,
+    /// Rank 0: stop the other ranks (bounded; the process exits right after).
+    StopRing,
+    /// End the process with this code.
+    Exit(i32),
+}
+
+/// What the core gives out, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// An event for the node.
+    Event(Event),
+    /// Work for the IO loop.
+    Action(Action),
+}
+
+/// The part of a multi-rank instance this rank plays, or the whole model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A ring of one.
+    Whole,
+    /// Rank 0 of a ring: it drives every step.
+    Driver,
+    /// A rank above 0: it serves the ring.
+    Follower,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Before [`Input::Started`].
+    Starting,
+    /// Waiting for a `Connect` or a `Load`.
+    Unloaded,
+    /// Joining the ring.
+    Connecting,
+    /// Loading; `timed_out` once the watchdog reported.
+    Loading { timed_out: bool },
+    /// A rank of a ring, loaded, waiting for `WarmUp`.
+    Loaded(Role),
+    /// Warming up (or, for a follower, starting to serve).
+    WarmingUp(Role),
+    /// Ready for requests (a follower: serving the ring).
+    Ready(Role),
+    /// Generating request `id`.
+    Running { id: u64, role: Role },
+    /// The process is ending.
+    Exited,
+}
+
+/// The runner's state machine.
+#[derive(Debug)]
+pub struct RunnerCore {
+    phase: Phase,
+    /// Whether the warm-up after a ring of one's load is wanted.
+    warm_up: bool,
+    /// A `Connect` was taken (it comes once).
+    connected: bool,
+    seat: Option<Seat>,
+    /// Requests cancelled before or while they run.
+    cancelled: BTreeSet<u64>,
+    /// Inputs held back while a generation runs.
+    deferred: VecDeque<Input>,
+}
+
+impl RunnerCore {
+    /// A runner that warms up a ring of one after loading when `warm_up`.
+    pub fn new(warm_up: bool) -> RunnerCore {
+        RunnerCore {
+            phase: Phase::Starting,
+            warm_up,
+            connected: false,
+            seat: None,
+            cancelled: BTreeSet::new(),
+            deferred: VecDeque::new(),
+        }
+    }
+
+    /// True once the core has asked the process to end (it ignores every input after).
+    pub fn exited(&self) -> bool {
+        self.phase == Phase::Exited
+    }
+
+    /// Reacts to `input`.
+    pub fn handle(&mut self, input: Input) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.step(input, &mut out);
+        // Inputs held back during a generation, once it is over.
+        while !matches!(self.phase, Phase::Running { .. } | Phase::Exited) {
+            let Some(next) = self.deferred.pop_front() else {
+                break;
+            };
+            self.step(next, &mut out);
+        }
+        out
+    }
+
+    fn step(&mut self, input: Input, out: &mut Vec<Output>) {
+        if self.phase == Phase::Exited {
+            return;
+        }
+        match input {
+            Input::Started(Ok(())) => {
+                self.phase = Phase::Unloaded;
+                state(out, RunnerState::Idle);
+            }
+            Input::Started(Err(e)) => {
+                self.fail(out, format!("MLX does not work in this process: {e}"))
+            }
+            Input::Command(Command::Cancel { id }) => {
+                self.cancelled.insert(id);
+            }
+            other @ (Input::Command(_) | Input::BadFrame(_))
+                if matches!(self.phase, Phase::Running { .. }) =>
+            {
+                self.deferred.push_back(other)
+            }
+            Input::Command(command) => self.command(command, out),
+            Input::BadFrame(message) => error(out, None, message),
+            Input::Connected(Ok(seat)) => {
+                self.seat = Some(seat);
+                self.phase = Phase::Unloaded;
+                state(out, RunnerState::Connected);
+            }
+            Input::Connected(Err(reason)) => self.fail(out, reason),
+            Input::LoadProgress { done, total } => {
+                if self.phase == (Phase::Loading { timed_out: false }) {
+                    state(out, RunnerState::Loading { done, total });
+                }
+            }
+            Input::LoadTimedOut { seconds } => {
+                self.phase = Phase::Loading { timed_out: true };
+                state(
+                    out,
+                    RunnerState::Failed {
+                        reason: format!("model loading timed out after {seconds} s"),
+                    },
+                );
+            }
+            Input::Loaded(result) => self.loaded(result, out),
+            Input::WarmedUp(result) => self.warmed_up(result, out),
+            Input::Token {
+                id,
+                token,
+                text,
+                logprob,
+            } => {
+                out.push(Output::Event(Event::Token {
+                    id,
+                    token,
+                    text,
+                    logprob,
+                }));
+                if self.cancelled.remove(&id) {
+                    act(out, Action::StopGenerating);
+                }
+            }
+            Input::Generated { id, result } => self.generated(id, result, out),
+            Input::Served(Ok(_steps)) => self.exit(out, 0),
+            Input::Served(Err(e)) => {
+                let whom = self.seat.as_ref().map_or(String::new(), |s| {
+                    format!("rank {} of {} ({})", s.rank, s.size, s.neighbours)
+                });
+                self.fail(out, format!("{whom} lost the ring: {e}"));
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command, out: &mut Vec<Output>) {
+        match command {
+            Command::Connect {
+                rank,
+                hosts,
+                timeout_ms,
+            } => {
+                if self.connected || self.phase != Phase::Unloaded {
+                    return error(
+                        out,
+                        None,
+                        "Connect comes once, before Load; start a new runner to join another ring",
+                    );
+                }
+                self.connected = true;
+                if hosts.len() == 1 && rank == 0 {
+                    return state(out, RunnerState::Connected);
+                }
+                self.phase = Phase::Connecting;
+                state(out, RunnerState::Connecting);
+                act(
+                    out,
+                    Action::Connect {
+                        rank,
+                        hosts,
+                        timeout_ms,
+                    },
+                );
+            }
+            Command::Load {
+                model,
+                layers,
+                format,
+                sharding,
+            } => {
+                if self.phase != Phase::Unloaded {
+                    return error(out, None, "a model is already loaded; start a new runner");
+                }
+                if let Some(seat) = &self.seat {
+                    if sharding == Sharding::Pipeline && layers.is_none() {
+                        let reason = format!(
+                            "rank {} of a {}-rank pipeline needs its layer range in Load",
+                            seat.rank, seat.size
+                        );
+                        return self.fail(out, reason);
+                    }
+                }
+                self.phase = Phase::Loading { timed_out: false };
+                let sharding = self.seat.as_ref().map(|_| sharding);
+                act(
+                    out,
+                    Action::Load {
+                        model,
+                        layers,
+                        format,
+                        sharding,
+                    },
+                );
+            }
+            Command::WarmUp => match self.phase {
+                Phase::Loaded(role) => {
+                    self.phase = Phase::WarmingUp(role);
+                    state(out, RunnerState::WarmingUp);
+                    let work = if role == Role::Driver {
+                        Action::WarmUp
+                    } else {
+                        Action::Serve
+                    };
+                    act(out, work);
+                }
+                Phase::Ready(Role::Whole) => error(
+                    out,
+                    None,
+                    "WarmUp is for ranks of a multi-rank ring; a ring of one warms up while \
+                     loading",
+                ),
+                Phase::Ready(_) => error(out, None, "this rank is already warmed up"),
+                _ => error(out, None, "WarmUp needs a loaded model"),
+            },
+            Command::Generate { id, request } => match self.phase {
+                Phase::Ready(role @ (Role::Whole | Role::Driver)) => {
+                    self.phase = Phase::Running { id, role };
+                    state(out, RunnerState::Running);
+                    act(out, Action::Generate { id, request });
+                }
+                Phase::Loaded(Role::Driver) | Phase::WarmingUp(Role::Driver) => error(
+                    out,
+                    Some(id),
+                    "the instance is not warmed up yet (send WarmUp)",
+                ),
+                Phase::Loaded(Role::Follower)
+                | Phase::WarmingUp(Role::Follower)
+                | Phase::Ready(Role::Follower) => {
+                    let rank = self.seat.as_ref().map_or(0, |s| s.rank);
+                    error(
+                        out,
+                        Some(id),
+                        format!("only rank 0 takes requests; this is rank {rank}"),
+                    )
+                }
+                _ => error(out, Some(id), "no model is loaded yet"),
+            },
+            Command::Cancel { id } => {
+                self.cancelled.insert(id);
+            }
+            Command::Shutdown => {
+                if matches!(
+                    self.phase,
+                    Phase::Loaded(Role::Driver)
+                        | Phase::WarmingUp(Role::Driver)
+                        | Phase::Ready(Role::Driver)
+                ) {
+                    act(out, Action::StopRing);
+                }
+                self.exit(out, 0);
+            }
+        }
+    }
+
+    fn loaded(&mut self, result: Result<bool, LoadFailure>, out: &mut Vec<Output>) {
+        if let Phase::Loading { timed_out: true } = self.phase {
+            return self.exit(out, 3);
+        }
+        let whole = match result {
+            Ok(whole) => whole,
+            Err(LoadFailure::TimedOut) => return self.exit(out, 3),
+            Err(LoadFailure::Failed(reason)) => return self.fail(out, reason),
+        };
+        state(out, RunnerState::Loaded);
+        match &self.seat {
+            None if self.warm_up && whole => {
+                self.phase = Phase::WarmingUp(Role::Whole);
+                state(out, RunnerState::WarmingUp);
+                act(out, Action::WarmUp);
+            }
+            None => {
+                self.phase = Phase::Ready(Role::Whole);
+                state(out, RunnerState::Ready);
+            }
+            Some(seat) if seat.rank == 0 => self.phase = Phase::Loaded(Role::Driver),
+            Some(_) => self.phase = Phase::Loaded(Role::Follower),
+        }
+    }
+
+    fn warmed_up(&mut self, result: Result<(), String>, out: &mut Vec<Output>) {
+        let Phase::WarmingUp(role) = self.phase else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                self.phase = Phase::Ready(role);
+                state(out, RunnerState::Ready);
+            }
+            Err(e) => {
+                let reason = match role {
+                    Role::Whole => format!("warm-up failed: {e}"),
+                    Role::Driver => format!("warm-up through the ring failed: {e}"),
+                    Role::Follower => format!("cannot start the serving thread: {e}"),
+                };
+                self.fail(out, reason);
+            }
+        }
+    }
+
+    fn generated(
+        &mut self,
+        id: u64,
+        result: Result<Completion, GenerateFailure>,
+        out: &mut Vec<Output>,
+    ) {
+        let Phase::Running { role, .. } = self.phase else {
+            return;
+        };
+        self.cancelled.remove(&id);
+        match result {
+            Ok(completion) => out.push(Output::Event(Event::Done { id, completion })),
+            Err(GenerateFailure {
+                message,
+                ring_lost: true,
+            }) => {
+                // The ranks are out of step or one is gone: the request ends with an error,
+                // then the whole instance (this rank first) goes down.
+                error(out, Some(id), message.clone());
+                let ring = self
+                    .seat
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(" ({})", s.neighbours));
+                return self.fail(out, format!("rank 0 lost the ring{ring}: {message}"));
+            }
+            Err(GenerateFailure { message, .. }) => error(out, Some(id), message),
+        }
+        self.phase = Phase::Ready(role);
+        state(out, RunnerState::Ready);
+    }
+
+    fn fail(&mut self, out: &mut Vec<Output>, reason: String) {
+        state(out, RunnerState::Failed { reason });
+        self.exit(out, 1);
+    }
+
+    fn exit(&mut self, out: &mut Vec<Output>, code: i32) {
+        self.phase = Phase::Exited;
+        self.deferred.clear();
+        act(out, Action::Exit(code));
+    }
+}
+
+fn state(out: &mut Vec<Output>, s: RunnerState) {
+    out.push(Output::Event(Event::State(s)));
+}
+
+fn error(out: &mut Vec<Output>, id: Option<u64>, message: impl Into<String>) {
+    out.push(Output::Event(Event::Error {
+        id,
+        message: message.into(),
+    }));
+}
+
+fn act(out: &mut Vec<Output>, action: Action) {
+    out.push(Output::Action(action));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,422 @@
+//! The thin IO loop around [`RunnerCore`]: frames in from the node (on a reader thread),
+//! events out, and the work the core asks for done with the real ring, loader and models.
+//!
+//! Long work (loading, a generation) runs on this loop's thread, as MLX wants; while a
+//! generation runs, each token drains the commands that arrived, so a cancel reaches the core
+//! (which holds every other command back until the generation ends). The load watchdog's
+//! timeout reaches the core from the watchdog's thread, which is why the core sits behind a
+//! mutex.
+
+use super::core::{Action, GenerateFailure, Input, LoadFailure, Output, RunnerCore, Seat};
+use super::process::install_mlx_error_handler;
+use super::protocol::{read_frame, write_frame, Command, Event, FrameError, RunnerState, Sharding};
+use crate::engine::Engine;
+use crate::error::InferenceError;
+use crate::forward::Forward;
+use crate::loader::{base_load_timeout, load, Split, Watchdog};
+use crate::pipeline::PipelineStage;
+use crate::request::{GenerateRequest, Prompt, TokenEvent};
+use crate::ring::{RingConfig, RingGroup};
+use crate::stage::Stage;
+use crate::tensor_stage::TensorStage;
+use crate::tokenizer::Tokenizer;
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// Settings of a runner.
+pub struct RunnerOptions {
+    /// Base of the load watchdog.
+    pub load_timeout_base: Duration,
+    /// Called after `failed` was reported because loading timed out; the real runner exits
+    /// the process here (a load stuck inside MLX cannot be interrupted otherwise).
+    pub on_load_timeout: Arc<dyn Fn() + Send + Sync>,
+    /// Generate one token after loading, so the first request does not pay for warm-up.
+    pub warm_up: bool,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions {
+            load_timeout_base: base_load_timeout(),
+            on_load_timeout: Arc::new(|| std::process::exit(3)),
+            warm_up: true,
+        }
+    }
+}
+
+/// How long rank 0's shutdown waits for the stop to go around the ring (a tensor-parallel stop
+/// is a collective that ranks which are not serving yet would hold up).
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The core and the node's end of the stream, shared by the loop and the load watchdog.
+struct Shared {
+    core: Mutex<RunnerCore>,
+    out: Mutex<Box<dyn Write + Send>>,
+}
+
+impl Shared {
+    /// Feeds `input` to the core, writes the events it gives (in order, under the core's lock)
+    /// and returns the work it asks for.
+    fn feed(&self, input: Input) -> Vec<Action> {
+        let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        let mut actions = Vec::new();
+        for output in core.handle(input) {
+            match output {
+                Output::Event(event) => {
+                    if let Event::State(RunnerState::Failed { reason }) = &event {
+                        tracing::error!(%reason, "runner failed");
+                    }
+                    let mut w = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                    let _ = write_frame(&mut *w, &event);
+                }
+                Output::Action(action) => actions.push(action),
+            }
+        }
+        actions
+    }
+}
+
+/// This process's place in a ring of several ranks.
+struct Ring {
+    config: RingConfig,
+    group: Arc<RingGroup>,
+}
+
+impl Ring {
+    /// "left neighbour rank 2 (10.99.0.3:5000), right neighbour rank 1 (10.99.0.2:5000)".
+    fn neighbours(&self) -> String {
+        let (l, r) = (self.config.left(), self.config.right());
+        let at = |i: usize| self.config.hosts[i].join(",");
+        if l == r {
+            format!("neighbour rank {l} ({})", at(l))
+        } else {
+            format!(
+                "left neighbour rank {l} ({}), right neighbour rank {r} ({})",
+                at(l),
+                at(r)
+            )
+        }
+    }
+}
+
+/// What this process holds of the model.
+enum Held {
+    Nothing,
+    /// A ring of one.
+    Whole(Box<Engine>),
+    /// A rank of a ring (rank 0 drives it, the others serve it).
+    Stage {
+        stage: Box<dyn Stage>,
+        tokenizer: Box<Tokenizer>,
+    },
+    /// A rank above 0 whose stage serves the ring on its own thread.
+    Serving,
+}
+
+/// Serves one runner over `input`/`output` until `Shutdown`, the end of input, or a fatal
+/// error. Returns the process exit code (0 on a clean shutdown).
+pub fn serve(
+    input: impl Read + Send + 'static,
+    output: impl Write + Send + 'static,
+    options: RunnerOptions,
+) -> i32 {
+    let shared = Arc::new(Shared {
+        core: Mutex::new(RunnerCore::new(options.warm_up)),
+        out: Mutex::new(Box::new(output)),
+    });
+    let (tx, rx) = mpsc::channel::<Input>();
+    let started = install_mlx_error_handler().map_err(|e| e.to_string());
+    let mut pending: VecDeque<Action> = shared.feed(Input::Started(started)).into();
+    if !matches!(pending.front(), Some(Action::Exit(_))) {
+        spawn_reader(input, tx.clone());
+    }
+    let mut io = Io {
+        shared,
+        options,
+        rx,
+        tx,
+        ring: None,
+        held: Held::Nothing,
+    };
+    loop {
+        while let Some(action) = pending.pop_front() {
+            if let Action::Exit(code) = action {
+                return code;
+            }
+            pending.extend(io.run(action));
+        }
+        match io.rx.recv() {
+            Ok(input) => pending.extend(io.shared.feed(input)),
+            Err(_) => return 0,
+        }
+    }
+}
+
+/// Reads frames until the stream ends; the end (or a broken stream) is a `Shutdown`.
+fn spawn_reader(mut input: impl Read + Send + 'static, tx: mpsc::Sender<Input>) {
+    std::thread::spawn(move || loop {
+        let msg = match read_frame::<Command>(&mut input) {
+            Ok(cmd) => Input::Command(cmd),
+            Err(FrameError::Closed) => {
+                let _ = tx.send(Input::Command(Command::Shutdown));
+                return;
+            }
+            Err(e) => {
+                // A bad body of a well-framed message can be skipped; a broken stream cannot.
+                let fatal = !matches!(e, FrameError::Malformed(ref m) if !m.contains("ended"))
+                    && !matches!(e, FrameError::Version(_));
+                let _ = tx.send(Input::BadFrame(e.to_string()));
+                if fatal {
+                    let _ = tx.send(Input::Command(Command::Shutdown));
+                    return;
+                }
+                continue;
+            }
+        };
+        if tx.send(msg).is_err() {
+            return;
+        }
+    });
+}
+
+/// The loop's handles: what the core's actions are done with.
+struct Io {
+    shared: Arc<Shared>,
+    options: RunnerOptions,
+    rx: mpsc::Receiver<Input>,
+    tx: mpsc::Sender<Input>,
+    ring: Option<Ring>,
+    held: Held,
+}
+
+impl Io {
+    /// Does `action`, feeding its outcomes to the core; returns the work the core asks next.
+    fn run(&mut self, action: Action) -> Vec<Action> {
+        let outcome = match action {
+            Action::Connect {
+                rank,
+                hosts,
+                timeout_ms,
+            } => self.connect(rank, hosts, Duration::from_millis(timeout_ms)),
+            Action::Load {
+                model,
+                layers,
+                format,
+                sharding,
+            } => Input::Loaded(self.load(Path::new(&model), layers, format, sharding)),
+            Action::WarmUp => Input::WarmedUp(self.warm_up()),
+            Action::Serve => Input::WarmedUp(self.start_serving()),
+            Action::Generate { id, request } => return self.generate(id, &request),
+            Action::StopRing => {
+                if let Held::Stage { stage, .. } = std::mem::replace(&mut self.held, Held::Nothing)
+                {
+                    stop_ring(stage);
+                }
+                return Vec::new();
+            }
+            // Only meaningful while a generation runs (see `generate`).
+            Action::StopGenerating => return Vec::new(),
+            Action::Exit(code) => return vec![Action::Exit(code)],
+        };
+        self.shared.feed(outcome)
+    }
+
+    /// Joins the ring as `rank` of `hosts` within `deadline`.
+    fn connect(&mut self, rank: usize, hosts: Vec<Vec<String>>, deadline: Duration) -> Input {
+        let size = hosts.len();
+        let config = RingConfig { rank, hosts };
+        let dir = hostfile_dir();
+        let joined = RingGroup::join(&config, &dir, deadline);
+        // MLX read the host file when it started joining.
+        let _ = std::fs::remove_dir_all(&dir);
+        match joined {
+            Ok(group) => {
+                tracing::info!(rank, size, "joined the ring");
+                let ring = Ring {
+                    config,
+                    group: Arc::new(group),
+                };
+                let seat = Seat {
+                    rank,
+                    size,
+                    neighbours: ring.neighbours(),
+                };
+                self.ring = Some(ring);
+                Input::Connected(Ok(seat))
+            }
+            Err(e) => Input::Connected(Err(format!("rank {rank} of {size}: {e}"))),
+        }
+    }
+
+    /// Loads this process's part of the model under the watchdog; `Ok(whole)`.
+    fn load(
+        &mut self,
+        path: &Path,
+        layers: Option<(usize, usize)>,
+        format: Option<crate::weights::WeightFormat>,
+        sharding: Option<Sharding>,
+    ) -> Result<bool, LoadFailure> {
+        let layers = layers.map(|(a, b)| a..b);
+        let group = self.ring.as_ref().map(|r| r.group.clone());
+        let split = match (sharding, &group) {
+            (Some(Sharding::Tensor), Some(group)) => Split::Tensor {
+                group: group.clone(),
+                layers,
+            },
+            _ => Split::Layers(layers),
+        };
+        let watchdog = Watchdog {
+            base: self.options.load_timeout_base,
+            on_timeout: {
+                let (shared, hook) = (self.shared.clone(), self.options.on_load_timeout.clone());
+                Arc::new(move |timeout: Duration| {
+                    shared.feed(Input::LoadTimedOut {
+                        seconds: timeout.as_secs(),
+                    });
+                    hook();
+                })
+            },
+        };
+        let shared = self.shared.clone();
+        let mut progress = |done, total| {
+            shared.feed(Input::LoadProgress { done, total });
+        };
+        let (shard, tokenizer) = match load(path, split, format, &mut progress, Some(&watchdog)) {
+            Ok(loaded) => loaded,
+            Err(InferenceError::LoadTimedOut { .. }) => return Err(LoadFailure::TimedOut),
+            Err(e) => return Err(LoadFailure::Failed(e.to_string())),
+        };
+        let whole = shard.is_first() && shard.is_last();
+        self.held = match (sharding, group) {
+            (Some(sharding), Some(group)) => {
+                let stage: crate::error::Result<Box<dyn Stage>> = match sharding {
+                    Sharding::Pipeline => {
+                        PipelineStage::new(shard, group).map(|s| Box::new(s) as Box<dyn Stage>)
+                    }
+                    Sharding::Tensor => {
+                        TensorStage::new(shard, group).map(|s| Box::new(s) as Box<dyn Stage>)
+                    }
+                };
+                Held::Stage {
+                    stage: stage.map_err(|e| LoadFailure::Failed(e.to_string()))?,
+                    tokenizer: Box::new(tokenizer),
+                }
+            }
+            _ => Held::Whole(Box::new(Engine {
+                model: shard,
+                tokenizer,
+            })),
+        };
+        Ok(whole)
+    }
+
+    /// One token through the whole model, or (rank 0) through every rank, so the first
+    /// request pays for nothing.
+    fn warm_up(&mut self) -> Result<(), String> {
+        let (forward, tokenizer): (&mut dyn Forward, &Tokenizer) = match &mut self.held {
+            Held::Whole(engine) => {
+                let mut local =
+                    crate::forward::LocalForward::new(&engine.model).map_err(|e| e.to_string())?;
+                return one_token(&mut local, &engine.tokenizer);
+            }
+            Held::Stage { stage, tokenizer } => (stage.as_mut(), tokenizer),
+            _ => return Err("no model is loaded".into()),
+        };
+        one_token(forward, tokenizer)
+    }
+
+    /// A rank above 0: its stage serves the ring on its own thread until rank 0 stops it.
+    fn start_serving(&mut self) -> Result<(), String> {
+        let Held::Stage { mut stage, .. } = std::mem::replace(&mut self.held, Held::Serving) else {
+            return Err("no stage is loaded".into());
+        };
+        let tx = self.tx.clone();
+        std::thread::Builder::new()
+            .name("ring-serve".into())
+            .spawn(move || {
+                let served = stage.serve();
+                if let Ok(steps) = &served {
+                    tracing::info!(steps, "rank 0 stopped the ring");
+                }
+                let _ = tx.send(Input::Served(served.map_err(|e| e.to_string())));
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Generates request `id`: tokens go out as they come, cancels come in between them.
+    fn generate(&mut self, id: u64, request: &GenerateRequest) -> Vec<Action> {
+        let (shared, rx) = (self.shared.clone(), &self.rx);
+        let mut later = Vec::new();
+        let on_token = |ev: TokenEvent<'_>| {
+            // Commands that came meanwhile: the core takes cancels and holds the rest back.
+            while let Ok(input) = rx.try_recv() {
+                later.extend(shared.feed(input));
+            }
+            let actions = shared.feed(Input::Token {
+                id,
+                token: ev.token,
+                text: ev.text.to_owned(),
+                logprob: ev.logprob,
+            });
+            let stop = actions.contains(&Action::StopGenerating);
+            later.extend(actions.into_iter().filter(|a| *a != Action::StopGenerating));
+            if stop {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        };
+        let result = match &mut self.held {
+            Held::Whole(engine) => engine.generate(request, on_token),
+            Held::Stage { stage, tokenizer } => {
+                crate::generate::generate(stage.as_mut(), tokenizer, request, on_token)
+            }
+            _ => Err(InferenceError::InvalidRequest(
+                "no model is loaded yet".into(),
+            )),
+        };
+        let result = result.map_err(|e| GenerateFailure {
+            ring_lost: matches!(e, InferenceError::Ring(_)),
+            message: e.to_string(),
+        });
+        later.extend(self.shared.feed(Input::Generated { id, result }));
+        later
+    }
+}
+
+fn hostfile_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("shoal-runner-{}", std::process::id()))
+}
+
+/// A one-token generation (end tokens ignored).
+fn one_token(forward: &mut dyn Forward, tokenizer: &Tokenizer) -> Result<(), String> {
+    let mut req =
+        GenerateRequest::new(Prompt::Tokens(vec![tokenizer.bos_token_id.unwrap_or(0)]), 1);
+    req.ignore_eos = true;
+    crate::generate::generate(forward, tokenizer, &req, |_| ControlFlow::Continue(()))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Rank 0 stops every other rank, waiting at most [`STOP_GRACE`] (the process exits after
+/// this, which ends a stop stuck in a collective).
+fn stop_ring(mut stage: Box<dyn Stage>) {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ring-stop".into())
+        .spawn(move || {
+            let _ = tx.send(stage.stop());
+        });
+    if spawned.is_ok() {
+        match rx.recv_timeout(STOP_GRACE) {
+            Ok(Ok(())) => tracing::info!("stopped the other ranks"),
+            Ok(Err(e)) => tracing::warn!(%e, "could not stop the other ranks"),
+            Err(_) => tracing::warn!("the other ranks did not take the stop in time"),
+        }
+    }
+}

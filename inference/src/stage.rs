@@ -1,0 +1,66 @@
+//! One rank's part of a multi-rank instance: the [`Stage`] the runner drives, whatever the
+//! split. Two implementations: [`PipelineStage`] (each rank holds a layer range and passes
+//! activations to its right neighbour) and [`TensorStage`] (each rank holds a slice of every
+//! layer and the ranks all-sum partial results).
+//!
+//! Rank 0 holds the request and drives every step through [`Forward`] (the generation loop
+//! runs over it as over a local model); the other ranks [`Stage::serve`] until rank 0 says
+//! [`Stage::stop`].
+
+use crate::error::{InferenceError, Result};
+use crate::forward::Forward;
+use crate::models::shard::ModelShard;
+use crate::ring::RingGroup;
+use placement::Sharding;
+use std::sync::Arc;
+
+pub use crate::pipeline::PipelineStage;
+pub use crate::tensor_stage::TensorStage;
+
+/// One rank of a pipeline- or tensor-parallel instance over an MLX ring.
+pub trait Stage: Forward + Send {
+    /// This stage's rank.
+    fn rank(&self) -> usize;
+
+    /// The shard this stage runs (its layers, or its slice of every layer).
+    fn shard(&self) -> &ModelShard;
+
+    /// Ranks above 0: serve steps until rank 0 says stop. Returns the number of forward steps
+    /// served. An error means the ring broke (usually: a neighbour died).
+    fn serve(&mut self) -> Result<usize>;
+
+    /// Rank 0: ends the serving loop of every other rank.
+    fn stop(&mut self) -> Result<()>;
+}
+
+/// The stage of `sharding` for `shard` (already cut for it) on `group`.
+pub fn new_stage(
+    sharding: Sharding,
+    shard: ModelShard,
+    group: Arc<RingGroup>,
+) -> Result<Box<dyn Stage>> {
+    Ok(match sharding {
+        Sharding::Pipeline => Box::new(PipelineStage::new(shard, group)?),
+        Sharding::Tensor => Box::new(TensorStage::new(shard, group)?),
+    })
+}
+
+/// Refuses `what` on ranks other than 0, which alone drive a distributed instance.
+pub(crate) fn require_rank0(group: &RingGroup, what: &str) -> Result<()> {
+    if group.rank() != 0 {
+        return Err(InferenceError::InvalidRequest(format!(
+            "{what} is driven by rank 0, not rank {}",
+            group.rank()
+        )));
+    }
+    Ok(())
+}
+
+/// Any failure in the middle of a step leaves the ranks out of step (the ring has no framing),
+/// so it is a ring failure: the instance cannot go on.
+pub(crate) fn midway(what: &str, e: InferenceError) -> InferenceError {
+    match e {
+        InferenceError::Ring(m) => InferenceError::Ring(format!("{what}: {m}")),
+        other => InferenceError::Ring(format!("{what}: {other}")),
+    }
+}
