@@ -194,7 +194,18 @@ fn main() {
     );
     let mut all_ok = true;
     for nodes in [10, 50, 100] {
-        let runs: Vec<Figures> = SEEDS.iter().map(|seed| measure(nodes, *seed)).collect();
+        let runs: Vec<Figures> = SEEDS
+            .iter()
+            .map(|seed| {
+                let started = std::time::Instant::now();
+                let figures = measure(nodes, *seed);
+                eprintln!(
+                    "  {nodes} nodes, seed {seed}: {:.1} s of CPU time",
+                    started.elapsed().as_secs_f64()
+                );
+                figures
+            })
+            .collect();
         let pick = |f: fn(&Figures) -> f64| median_and_worst(runs.iter().map(f).collect());
         let cold = pick(|f| f.cold_convergence_ms as f64 / 1000.0);
         let write = pick(|f| f.write_spread_ms as f64 / 1000.0);
