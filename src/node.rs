@@ -8,7 +8,7 @@ use anyhow::anyhow;
 use control::Snapshot;
 use gateway::{ApiError, BoxFuture, CancellationToken, ChatRequest, ChatStream};
 use mesh::net::DEFAULT_MESH_PORT;
-use mesh::profile::{NodeProfile, PROFILE_KEY};
+use mesh::profile::{HostProfile, PROFILE_KEY};
 use mesh::{Config, Event, Mesh, MeshOptions, StaticPeer};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,7 +70,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
         .await?,
     );
     let mut events = mesh.subscribe();
-    mesh.set(PROFILE_KEY, &NodeProfile::gather(args.api_port))?;
+    mesh.set(PROFILE_KEY, &HostProfile::gather(args.api_port))?;
     let api_port = args.api_port;
     tokio::spawn({
         let mesh = mesh.clone();
@@ -79,7 +79,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             loop {
                 ticker.tick().await;
                 let profile =
-                    tokio::task::spawn_blocking(move || NodeProfile::gather(api_port)).await;
+                    tokio::task::spawn_blocking(move || HostProfile::gather(api_port)).await;
                 if let Ok(profile) = profile {
                     if let Err(e) = mesh.set(PROFILE_KEY, &profile) {
                         tracing::warn!("cannot publish the profile: {e:#}");

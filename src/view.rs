@@ -3,9 +3,9 @@
 //! Everything that decides lives in the `control` crate; this file only translates.
 
 use control::{Author, Snapshot};
-use mesh::probe::EDGE_PREFIX;
-use mesh::profile::{NodeProfile as MeshProfile, PROFILE_KEY};
-use placement::{ComputeBackend, Edge, Interface, InterfaceKind, Link};
+use mesh::probe::{EdgeRecord, EDGE_PREFIX};
+use mesh::profile::{HostProfile, PROFILE_KEY};
+use placement::Edge;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Reads a snapshot out of a mesh replica.
@@ -52,72 +52,33 @@ pub fn placement_nodes(snapshot: &Snapshot) -> (Vec<placement::NodeProfile>, Vec
         let Some(profile) = author
             .records
             .get(PROFILE_KEY)
-            .and_then(|p| serde_json::from_str::<MeshProfile>(p).ok())
+            .and_then(|p| serde_json::from_str::<HostProfile>(p).ok())
         else {
             continue;
         };
-        nodes.push(placement_profile(id, &profile));
-        for (_, to, edge) in author
+        nodes.push(profile.placement_profile(id));
+        for edge in author
             .records
             .range(EDGE_PREFIX.to_string()..)
             .take_while(|(k, _)| k.starts_with(EDGE_PREFIX))
-            .filter_map(|(k, v)| {
-                let edge = serde_json::from_str::<mesh::probe::Edge>(v).ok()?;
-                Some((k, edge.to.clone(), edge))
+            .filter_map(|(_, v)| {
+                serde_json::from_str::<EdgeRecord>(v)
+                    .ok()?
+                    .placement_edge(id)
             })
         {
-            if live.contains(to.as_str()) {
-                edges.push(Edge {
-                    from: id.clone(),
-                    to,
-                    link: Link::Ip(edge.ip.into()),
-                });
+            if live.contains(edge.to.as_str()) {
+                edges.push(edge);
             }
         }
     }
     (nodes, edges)
 }
 
-/// A mesh profile as placement sees it.
-pub fn placement_profile(id: &str, profile: &MeshProfile) -> placement::NodeProfile {
-    let backends = profile
-        .backends
-        .iter()
-        .filter_map(|b| match b.as_str() {
-            "mlx_cpu" => Some(ComputeBackend::MlxCpu),
-            "mlx_metal" => Some(ComputeBackend::MlxMetal),
-            "mlx_cuda" => Some(ComputeBackend::MlxCuda),
-            _ => None,
-        })
-        .collect();
-    let interfaces = profile
-        .interfaces
-        .iter()
-        .map(|i| Interface {
-            name: i.name.clone(),
-            ip: i.ip.into(),
-            kind: match i.kind {
-                mesh::interfaces::InterfaceKind::ThunderboltNet => InterfaceKind::Thunderbolt,
-                mesh::interfaces::InterfaceKind::Ethernet => InterfaceKind::Ethernet,
-                mesh::interfaces::InterfaceKind::Wireless => InterfaceKind::Wifi,
-                mesh::interfaces::InterfaceKind::Unknown => InterfaceKind::Unknown,
-            },
-        })
-        .collect();
-    placement::NodeProfile {
-        id: id.to_string(),
-        ram_available: profile.memory_available,
-        ram_total: profile.memory_total,
-        backends,
-        rdma_enabled: false,
-        interfaces,
-        download: BTreeMap::new(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use placement::{ComputeBackend, Interface, InterfaceKind, Link};
 
     fn author(alive: bool, records: &[(String, String)]) -> Author {
         Author {
@@ -133,7 +94,7 @@ mod tests {
 
     #[test]
     fn placement_input_comes_from_live_profiles_and_edges() {
-        let profile = |ip: &str| MeshProfile {
+        let profile = |ip: &str| HostProfile {
             name: "h".into(),
             os: "linux".into(),
             os_version: "6".into(),
@@ -141,22 +102,25 @@ mod tests {
             cpu_cores: 2,
             memory_total: 8 << 30,
             memory_available: 4 << 30,
-            backends: vec!["mlx_cpu".into()],
-            interfaces: vec![mesh::interfaces::Interface {
-                name: "eth0".into(),
-                ip: ip.parse().unwrap(),
-                prefix: 24,
-                kind: mesh::interfaces::InterfaceKind::Ethernet,
-            }],
+            backends: vec![ComputeBackend::MlxCpu],
+            interfaces: vec![Interface::new(
+                "eth0",
+                ip.parse().unwrap(),
+                24,
+                InterfaceKind::Ethernet,
+            )],
             api_port: 52415,
         };
-        let edge = |to: &str, ip: &str| mesh::probe::Edge {
-            to: to.into(),
-            ip: ip.parse().unwrap(),
+        let edge = |from: &str, to: &str, ip: &str| EdgeRecord {
+            edge: Edge {
+                from: from.into(),
+                to: to.into(),
+                link: Link::Ip(ip.parse().unwrap()),
+            },
             remote_interface: "eth0".into(),
-            remote_kind: mesh::interfaces::InterfaceKind::Ethernet,
+            remote_kind: InterfaceKind::Ethernet,
             local_interface: Some("eth0".into()),
-            local_kind: Some(mesh::interfaces::InterfaceKind::Ethernet),
+            local_kind: Some(InterfaceKind::Ethernet),
         };
         let snap = Snapshot {
             me: "a".into(),
@@ -167,8 +131,8 @@ mod tests {
                         true,
                         &[
                             (PROFILE_KEY.into(), json(&profile("10.0.0.1"))),
-                            ("edge/b/10.0.0.2".into(), json(&edge("b", "10.0.0.2"))),
-                            ("edge/c/10.0.0.3".into(), json(&edge("c", "10.0.0.3"))),
+                            ("edge/b/10.0.0.2".into(), json(&edge("a", "b", "10.0.0.2"))),
+                            ("edge/c/10.0.0.3".into(), json(&edge("a", "c", "10.0.0.3"))),
                         ],
                     ),
                 ),
@@ -178,7 +142,7 @@ mod tests {
                         true,
                         &[
                             (PROFILE_KEY.into(), json(&profile("10.0.0.2"))),
-                            ("edge/a/10.0.0.1".into(), json(&edge("a", "10.0.0.1"))),
+                            ("edge/a/10.0.0.1".into(), json(&edge("b", "a", "10.0.0.1"))),
                         ],
                     ),
                 ),

@@ -1,9 +1,9 @@
 //! The replicated state under simulation: convergence, liveness, loss, partitions, bad input.
 
-use mesh::codec::{self, Message};
-use mesh::delta::{Delta, NodeDelta};
-use mesh::record::{signed_bytes, Authority, Record, SimAuthority};
-use mesh::sim::{Sim, SimConfig};
+use mesh::proto::codec::{self, Message};
+use mesh::proto::delta::{Delta, NodeDelta};
+use mesh::proto::record::{signed_bytes, Authority, Record, SimAuthority};
+use mesh::proto::sim::{Sim, SimConfig};
 use mesh::{Event, NodeId};
 
 fn died_events(sim: &Sim, victim: usize) -> usize {
@@ -323,4 +323,93 @@ fn duplicate_ids_are_reported_to_the_newer_process() {
     assert!(new
         .drain_events()
         .contains(&Event::DuplicateId { ours: 2, other: 3 }));
+}
+
+/// Broadcasts travel a bounded overlay: at 80 nodes with 5 neighbours each, a write reaches
+/// everyone by gossip alone (anti-entropy off) in several hops, and most nodes receive it
+/// once (duplicates prune links to lazy).
+#[test]
+fn gossip_takes_several_hops_over_a_bounded_overlay() {
+    let mut config = SimConfig::lan(80, 10);
+    config.replica.sync_fanout = 0;
+    config.seed_peers = 0;
+    let mut sim = Sim::new(config);
+    for i in 0..80 {
+        let degree = sim.neighbours(i).len();
+        assert!((1..=5).contains(&degree), "node {i}: {degree} neighbours");
+    }
+    sim.run_until(2_000);
+    let now = sim.now_ms();
+    sim.replica_mut(3)
+        .set("runner/x", "{\"state\":\"Ready\"}", now)
+        .unwrap();
+    sim.run_until(now + 3_000);
+    let author = sim.id(3);
+    for i in 0..80 {
+        let held = sim.replica(i).state().nodes.get(&author);
+        assert!(
+            held.is_some_and(|s| s.records.contains_key("runner/x")),
+            "node {i} did not get the write by gossip"
+        );
+    }
+    let stats = sim.gossip_stats();
+    assert!(stats.max_hops >= 3, "{stats:?}");
+    assert!(stats.mean_hops() > 1.5, "{stats:?}");
+    assert!(stats.delivered >= 79, "{stats:?}");
+}
+
+/// A crashed neighbour's links are replaced after the link timeout, so later broadcasts reach
+/// every survivor over the overlay again.
+#[test]
+fn the_overlay_replaces_a_crashed_neighbour() {
+    let mut config = SimConfig::lan(40, 11);
+    config.replica.sync_fanout = 0;
+    config.seed_peers = 0;
+    let mut sim = Sim::new(config);
+    sim.run_until(1_000);
+    let victim = 5;
+    let neighbours = sim.neighbours(victim);
+    assert!(!neighbours.is_empty());
+    sim.kill(victim);
+    sim.run_until(1_000 + config_link_timeout() + 1_000);
+    for n in &neighbours {
+        assert!(
+            !sim.neighbours(*n).contains(&victim),
+            "node {n} kept the dead link"
+        );
+        assert!(
+            sim.neighbours(*n).len() >= 4,
+            "node {n} did not refill its view"
+        );
+    }
+    let now = sim.now_ms();
+    sim.replica_mut(7).set("runner/y", "1", now).unwrap();
+    sim.run_until(now + 2_000);
+    let author = sim.id(7);
+    for i in (0..40).filter(|i| *i != victim) {
+        assert!(sim.replica(i).state().nodes[&author]
+            .records
+            .contains_key("runner/y"));
+    }
+}
+
+fn config_link_timeout() -> u64 {
+    mesh::proto::sim::overlay::OverlayConfig::default().link_timeout_ms
+}
+
+/// One lossy link loses its messages; the others do not.
+#[test]
+fn a_lossy_link_drops_only_its_own_traffic() {
+    let mut config = SimConfig::lan(2, 12);
+    config.replica.sync_fanout = 1;
+    let mut sim = Sim::new(config);
+    sim.set_link_loss(0, 1, Some(1.0));
+    sim.run_until(5_000);
+    assert!(!sim.replica(0).state().nodes.contains_key(&sim.id(1)));
+    assert_eq!(sim.traffic()[0].messages, 0);
+    sim.set_link_loss(0, 1, None);
+    let now = sim.now_ms();
+    assert!(sim
+        .run_until_true(50, now + 5_000, Sim::converged)
+        .is_some());
 }

@@ -37,7 +37,7 @@ Commands:
   cluster -n N [--extra-link A,B]... [--release] [-- SHOAL ARGS]
                    N nodes in network namespaces on a bridge (10.99.0.x), until Ctrl-C
   cluster --down   remove namespaces left by a killed cluster run
-  bench mesh       simulated mesh benchmarks (10/50/100 nodes): bandwidth, messages,
+  bench mesh       simulated mesh benchmarks (10/50/100 nodes, 5 seeds): bandwidth, messages,
                    convergence, death detection, loss
   bench inference [--with-llama-cpp]
                    shoal vs mlx-lm on the SmolLM2 fixture; with the flag also llama.cpp's

@@ -3,8 +3,8 @@
 //! a service name derived from the cluster namespace. Interfaces that appear later (a cable
 //! plugged in) are added, ones that vanish are removed.
 
-use crate::id::NodeId;
-use crate::interfaces;
+use crate::host::interfaces;
+use crate::proto::id::NodeId;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -44,7 +44,10 @@ pub fn start(
     port: u16,
 ) -> anyhow::Result<(Discovery, mpsc::UnboundedReceiver<Found>)> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let mut current: BTreeSet<Ipv4Addr> = interfaces::local_ipv4().iter().map(|i| i.ip).collect();
+    let mut current: BTreeSet<Ipv4Addr> = interfaces::local_ipv4()
+        .iter()
+        .filter_map(|i| i.ipv4())
+        .collect();
     let addrs: Vec<IpAddr> = current.iter().map(|ip| IpAddr::V4(*ip)).collect();
     let own_label = id.to_label();
     let callback = {
@@ -83,7 +86,10 @@ pub fn start(
         let mut ticker = tokio::time::interval(Duration::from_secs(2));
         loop {
             ticker.tick().await;
-            let now: BTreeSet<Ipv4Addr> = interfaces::local_ipv4().iter().map(|i| i.ip).collect();
+            let now: BTreeSet<Ipv4Addr> = interfaces::local_ipv4()
+                .iter()
+                .filter_map(|i| i.ipv4())
+                .collect();
             for ip in now.difference(&current) {
                 tracing::info!(%ip, "new interface: announcing on it");
                 guard.add_interface_v4(*ip);

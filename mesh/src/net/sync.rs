@@ -2,9 +2,9 @@
 //! the responder answers with what the initiator lacks plus its own digest (SynAck), and the
 //! initiator sends what the responder lacks (Ack). Frames are length-prefixed and bounded.
 
-use super::Inner;
-use crate::codec::MAX_MESSAGE_BYTES;
-use crate::id::NodeId;
+use super::driver::Inner;
+use crate::proto::codec::MAX_MESSAGE_BYTES;
+use crate::proto::id::NodeId;
 use anyhow::{bail, Context};
 use iroh::endpoint::{Connection, RecvStream, SendStream};
 use iroh::protocol::{AcceptError, ProtocolHandler};
@@ -17,7 +17,7 @@ pub const SYNC_ALPN: &[u8] = b"shoal/mesh-sync/1/";
 /// The anti-entropy ALPN of a cluster namespace: a node given a `--peer` of another cluster
 /// fails the handshake instead of merging two clusters' states.
 pub fn sync_alpn(namespace: &str) -> Vec<u8> {
-    super::namespaced_alpn(SYNC_ALPN, namespace)
+    super::namespace::namespaced_alpn(SYNC_ALPN, namespace)
 }
 
 /// How long one exchange may take before it is abandoned.

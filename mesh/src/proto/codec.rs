@@ -1,8 +1,8 @@
 //! The wire format of every mesh message: one version byte, then postcard. Decoding checks the
 //! size first, the version, the exact length, and the shape of every delta; it never panics.
 
-use crate::delta::Delta;
-use crate::digest::Digest;
+use crate::proto::delta::Delta;
+use crate::proto::digest::Digest;
 use serde::{Deserialize, Serialize};
 
 /// Version of the wire format; a node refuses messages of another version.
@@ -94,10 +94,10 @@ pub fn decode(bytes: &[u8], max_bytes: usize) -> Result<Message, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delta::NodeDelta;
-    use crate::digest::DigestEntry;
-    use crate::id::NodeId;
-    use crate::record::Record;
+    use crate::proto::delta::NodeDelta;
+    use crate::proto::digest::DigestEntry;
+    use crate::proto::id::NodeId;
+    use crate::proto::record::Record;
     use proptest::prelude::*;
 
     fn sample() -> Message {

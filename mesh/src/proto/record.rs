@@ -1,14 +1,14 @@
 //! One replicated record: a key of one author, its version, its value (or a tombstone), and the
 //! author's signature, so a record relayed by any node can be checked against its author.
 
-use crate::id::NodeId;
+use crate::proto::id::NodeId;
 use serde::{Deserialize, Serialize};
 
-/// An ed25519 signature in a real node (64 bytes); shorter in simulations.
+/// An ed25519 signature in a real node (64 bytes); a stand-in of the same length in simulations.
 pub type Signature = Vec<u8>;
 
 /// Longest signature accepted on the wire (ed25519 is 64 bytes).
-pub const MAX_SIGNATURE_LEN: usize = 64;
+pub const MAX_SIGNATURE_LEN: usize = SIGNATURE_LEN;
 
 /// Longest record key, in bytes.
 pub const MAX_KEY_LEN: usize = 256;
@@ -59,13 +59,17 @@ pub trait Authority: Send + Sync {
     fn verify(&self, author: &NodeId, message: &[u8], signature: &[u8]) -> bool;
 }
 
-/// The simulator's stand-in for signatures: an FNV-1a hash of (author, message). It catches
+/// The simulator's stand-in for signatures: 64 bytes (an ed25519 signature's length, so
+/// simulated messages have their real size) of FNV-1a hashes of (author, message). It catches
 /// records attributed to the wrong author or altered in transit, which is what the protocol
 /// logic must handle; it is not cryptography and is never used by a real node.
 #[derive(Debug, Clone)]
 pub struct SimAuthority {
     id: NodeId,
 }
+
+/// Length of an ed25519 signature, which [`SimAuthority`]'s stand-ins match.
+pub const SIGNATURE_LEN: usize = 64;
 
 impl SimAuthority {
     /// The stand-in authority of node `id`.
@@ -79,7 +83,13 @@ impl SimAuthority {
             hash ^= u64::from(*byte);
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
-        hash.to_le_bytes().to_vec()
+        let mut out = Vec::with_capacity(SIGNATURE_LEN);
+        for lane in 0..(SIGNATURE_LEN / 8) as u64 {
+            let word =
+                (hash ^ lane.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0x0100_0000_01b3);
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        out
     }
 }
 
@@ -90,5 +100,20 @@ impl Authority for SimAuthority {
 
     fn verify(&self, author: &NodeId, message: &[u8], signature: &[u8]) -> bool {
         SimAuthority::tag(author, message) == signature
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stand_in_signatures_have_ed25519_length_and_bind_the_author() {
+        let a = SimAuthority::new(NodeId::from_index(1));
+        let sig = a.sign(b"record");
+        assert_eq!(sig.len(), SIGNATURE_LEN);
+        assert!(a.verify(&NodeId::from_index(1), b"record", &sig));
+        assert!(!a.verify(&NodeId::from_index(2), b"record", &sig));
+        assert!(!a.verify(&NodeId::from_index(1), b"recorD", &sig));
     }
 }

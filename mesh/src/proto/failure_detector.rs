@@ -3,7 +3,7 @@
 //! under an exponential model. A node is dead when phi passes a threshold, and alive again as
 //! soon as its heartbeat advances.
 
-use crate::id::NodeId;
+use crate::proto::id::NodeId;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Tuning of the detector.

@@ -1,15 +1,23 @@
 //! A node's profile record: what the machine is (name, OS, CPU, memory, interfaces and their
 //! kind, compute backends) and where its HTTP API listens. Written under the `profile` key.
+//!
+//! This is the published host record, not placement's input: it holds facts placement does not
+//! use (host name, OS, CPU, the API port, subnet prefixes) and lacks what placement adds from
+//! elsewhere (the node id is the record's author). [`HostProfile::placement_profile`] is the one
+//! place where it becomes a [`placement::NodeProfile`]; the kinds in it (backends, interface
+//! kinds) are placement's own types.
 
-use crate::interfaces::{self, Interface};
+use crate::host::interfaces::{self, Interface};
+use placement::ComputeBackend;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Record key of the profile.
 pub const PROFILE_KEY: &str = "profile";
 
 /// What a node tells the cluster about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeProfile {
+pub struct HostProfile {
     /// Host name.
     pub name: String,
     /// `linux`, `macos`, ...
@@ -25,7 +33,7 @@ pub struct NodeProfile {
     /// Available memory, bytes (rounded to 64 MiB so small changes do not churn the state).
     pub memory_available: u64,
     /// Compute backends this node can run (`mlx_cpu` on Linux, `mlx_metal` on macOS).
-    pub backends: Vec<String>,
+    pub backends: Vec<ComputeBackend>,
     /// IPv4 interfaces with their kind.
     pub interfaces: Vec<Interface>,
     /// Port of the HTTP API (the same on every address).
@@ -34,11 +42,11 @@ pub struct NodeProfile {
 
 const ROUND: u64 = 64 << 20;
 
-impl NodeProfile {
+impl HostProfile {
     /// Reads the profile of this machine.
-    pub fn gather(api_port: u16) -> NodeProfile {
+    pub fn gather(api_port: u16) -> HostProfile {
         let (total, available) = memory();
-        NodeProfile {
+        HostProfile {
             name: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
             os: std::env::consts::OS.to_string(),
             os_version: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
@@ -51,6 +59,20 @@ impl NodeProfile {
             api_port,
         }
     }
+
+    /// The profile as placement takes it, for the node `id` that authored it. The host does not
+    /// detect RDMA, and download progress is not part of this record: both start empty.
+    pub fn placement_profile(&self, id: &str) -> placement::NodeProfile {
+        placement::NodeProfile {
+            id: id.to_string(),
+            ram_available: self.memory_available,
+            ram_total: self.memory_total,
+            backends: self.backends.clone(),
+            rdma_enabled: false,
+            interfaces: self.interfaces.iter().map(|i| i.link.clone()).collect(),
+            download: BTreeMap::new(),
+        }
+    }
 }
 
 fn read_trimmed(path: &str) -> Option<String> {
@@ -59,11 +81,11 @@ fn read_trimmed(path: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-fn backends() -> Vec<String> {
+fn backends() -> Vec<ComputeBackend> {
     if cfg!(target_os = "macos") {
-        vec!["mlx_metal".into(), "mlx_cpu".into()]
+        vec![ComputeBackend::MlxMetal, ComputeBackend::MlxCpu]
     } else {
-        vec!["mlx_cpu".into()]
+        vec![ComputeBackend::MlxCpu]
     }
 }
 
@@ -110,13 +132,47 @@ mod tests {
 
     #[test]
     fn gathers_this_machine() {
-        let p = NodeProfile::gather(1234);
+        let p = HostProfile::gather(1234);
         assert_eq!(p.api_port, 1234);
         assert!(p.cpu_cores >= 1);
         if cfg!(target_os = "linux") {
             assert!(p.memory_total > 0);
             assert!(p.memory_available <= p.memory_total);
-            assert_eq!(p.backends, vec!["mlx_cpu".to_string()]);
+            assert_eq!(p.backends, vec![ComputeBackend::MlxCpu]);
         }
+    }
+
+    #[test]
+    fn converts_to_placement_input_and_keeps_the_json_shape() {
+        use crate::host::interfaces::InterfaceKind;
+        let p = HostProfile {
+            name: "h".into(),
+            os: "linux".into(),
+            os_version: "6".into(),
+            cpu: "x".into(),
+            cpu_cores: 2,
+            memory_total: 8 << 30,
+            memory_available: 4 << 30,
+            backends: vec![ComputeBackend::MlxCpu],
+            interfaces: vec![Interface::new(
+                "eth0",
+                "10.0.0.1".parse().unwrap(),
+                24,
+                InterfaceKind::Ethernet,
+            )],
+            api_port: 52415,
+        };
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json["backends"], serde_json::json!(["mlx_cpu"]));
+        assert_eq!(json["memory_available"], 4u64 << 30);
+        assert_eq!(json["interfaces"][0]["kind"], "ethernet");
+        assert_eq!(json["interfaces"][0]["prefix"], 24);
+        let placed = p.placement_profile("a");
+        assert_eq!(placed.id, "a");
+        assert_eq!(placed.ram_available, 4 << 30);
+        assert_eq!(placed.ram_total, 8 << 30);
+        assert_eq!(placed.backends, vec![ComputeBackend::MlxCpu]);
+        assert_eq!(placed.interfaces, vec![p.interfaces[0].link.clone()]);
+        assert!(!placed.rdma_enabled && placed.download.is_empty());
     }
 }

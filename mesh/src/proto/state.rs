@@ -1,10 +1,10 @@
 //! The replicated state: for every author, its generation, heartbeat, records and versions, and
 //! the merge rules (per author, per key, by version) that make every replica converge.
 
-use crate::delta::{Delta, NodeDelta, NODE_DELTA_OVERHEAD};
-use crate::digest::{Digest, DigestEntry};
-use crate::id::NodeId;
-use crate::record::Record;
+use crate::proto::delta::{Delta, NodeDelta, NODE_DELTA_OVERHEAD};
+use crate::proto::digest::{Digest, DigestEntry};
+use crate::proto::id::NodeId;
+use crate::proto::record::Record;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
 //! The digest: for every node a replica knows, how far it knows it. Sent first in every sync so
 //! the other side can answer with exactly what is missing.
 
-use crate::id::NodeId;
+use crate::proto::id::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

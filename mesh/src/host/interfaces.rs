@@ -1,45 +1,55 @@
 //! The machine's network interfaces: IPv4 addresses (for mDNS on every link and for the
 //! profile) and each interface's kind, read from sysfs on Linux.
 
+pub use placement::InterfaceKind;
 use serde::{Deserialize, Serialize};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-/// What kind of link an interface is, as far as the OS tells.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum InterfaceKind {
-    /// Wi-Fi.
-    Wireless,
-    /// IP over a Thunderbolt cable (`thunderbolt-net` on Linux, "Thunderbolt Bridge" on macOS).
-    ThunderboltNet,
-    /// Wired Ethernet (and Ethernet-like virtual links such as veth pairs).
-    Ethernet,
-    /// Anything else.
-    Unknown,
-}
-
-/// One IPv4 address of one interface.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+/// One address of one interface as the host publishes it: placement's
+/// [`placement::Interface`] (name, address, kind) plus the subnet's prefix length, which the
+/// probes need to pair a remote address with the local interface on the same link. In JSON the
+/// two are one flat object: `{"name", "ip", "kind", "prefix"}`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Interface {
-    /// OS name (`eth0`, `en5`).
-    pub name: String,
-    /// The address.
-    pub ip: Ipv4Addr,
+    /// The interface as placement sees it.
+    #[serde(flatten)]
+    pub link: placement::Interface,
     /// Prefix length of its subnet.
     pub prefix: u8,
-    /// Link kind.
-    pub kind: InterfaceKind,
 }
 
 impl Interface {
-    /// True if `other` is in this interface's subnet.
-    pub fn same_subnet(&self, other: Ipv4Addr) -> bool {
+    /// An IPv4 interface.
+    pub fn new(name: &str, ip: Ipv4Addr, prefix: u8, kind: InterfaceKind) -> Interface {
+        Interface {
+            link: placement::Interface {
+                name: name.to_string(),
+                ip: IpAddr::V4(ip),
+                kind,
+            },
+            prefix,
+        }
+    }
+
+    /// The address, if it is IPv4 (every address [`local_ipv4`] finds is).
+    pub fn ipv4(&self) -> Option<Ipv4Addr> {
+        match self.link.ip {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    /// True if `other` is in this interface's subnet (IPv4 only).
+    pub fn same_subnet(&self, other: IpAddr) -> bool {
+        let (IpAddr::V4(ip), IpAddr::V4(other)) = (self.link.ip, other) else {
+            return false;
+        };
         let mask = if self.prefix == 0 {
             0
         } else {
             u32::MAX << (32 - u32::from(self.prefix.min(32)))
         };
-        u32::from(self.ip) & mask == u32::from(other) & mask
+        u32::from(ip) & mask == u32::from(other) & mask
     }
 }
 
@@ -50,13 +60,7 @@ pub fn local_ipv4() -> Vec<Interface> {
         if ip.is_loopback() || ip.is_unspecified() {
             continue;
         }
-        let kind = kind_of(&name);
-        out.push(Interface {
-            name,
-            ip,
-            prefix,
-            kind,
-        });
+        out.push(Interface::new(&name, ip, prefix, kind_of(&name)));
     }
     out.sort();
     out.dedup();
@@ -110,7 +114,7 @@ pub fn kind_of(name: &str) -> InterfaceKind {
     #[cfg(not(target_os = "linux"))]
     {
         if name.starts_with("bridge") {
-            InterfaceKind::ThunderboltNet
+            InterfaceKind::Thunderbolt
         } else if name.starts_with("en") {
             InterfaceKind::Ethernet
         } else {
@@ -125,7 +129,7 @@ pub fn kind_of(name: &str) -> InterfaceKind {
 pub fn kind_from_sysfs(root: &std::path::Path, name: &str) -> InterfaceKind {
     let dir = root.join(name);
     if dir.join("wireless").exists() || dir.join("phy80211").exists() {
-        return InterfaceKind::Wireless;
+        return InterfaceKind::Wifi;
     }
     let driver = std::fs::read_link(dir.join("device/driver")).ok();
     let device = std::fs::canonicalize(dir.join("device")).ok();
@@ -133,7 +137,7 @@ pub fn kind_from_sysfs(root: &std::path::Path, name: &str) -> InterfaceKind {
     if driver.as_deref().is_some_and(through_thunderbolt)
         || device.as_deref().is_some_and(through_thunderbolt)
     {
-        return InterfaceKind::ThunderboltNet;
+        return InterfaceKind::Thunderbolt;
     }
     match std::fs::read_to_string(dir.join("type")) {
         Ok(t) if t.trim() == "1" => InterfaceKind::Ethernet,
@@ -162,10 +166,10 @@ mod tests {
         std::os::unix::fs::symlink(&driver, tb.join("device/driver")).unwrap();
         make("eth0", "1\n");
         make("tun0", "65534");
-        assert_eq!(kind_from_sysfs(&root, "wlan0"), InterfaceKind::Wireless);
+        assert_eq!(kind_from_sysfs(&root, "wlan0"), InterfaceKind::Wifi);
         assert_eq!(
             kind_from_sysfs(&root, "thunderbolt0"),
-            InterfaceKind::ThunderboltNet
+            InterfaceKind::Thunderbolt
         );
         assert_eq!(kind_from_sysfs(&root, "eth0"), InterfaceKind::Ethernet);
         assert_eq!(kind_from_sysfs(&root, "tun0"), InterfaceKind::Unknown);
@@ -175,18 +179,39 @@ mod tests {
 
     #[test]
     fn subnets() {
-        let i = Interface {
-            name: "eth0".into(),
-            ip: Ipv4Addr::new(10, 99, 0, 2),
-            prefix: 24,
-            kind: InterfaceKind::Ethernet,
-        };
-        assert!(i.same_subnet(Ipv4Addr::new(10, 99, 0, 7)));
-        assert!(!i.same_subnet(Ipv4Addr::new(10, 98, 0, 7)));
+        let i = Interface::new(
+            "eth0",
+            Ipv4Addr::new(10, 99, 0, 2),
+            24,
+            InterfaceKind::Ethernet,
+        );
+        assert!(i.same_subnet(Ipv4Addr::new(10, 99, 0, 7).into()));
+        assert!(!i.same_subnet(Ipv4Addr::new(10, 98, 0, 7).into()));
     }
 
     #[test]
     fn local_addresses_exclude_loopback() {
-        assert!(local_ipv4().iter().all(|i| !i.ip.is_loopback()));
+        assert!(local_ipv4().iter().all(|i| !i.link.ip.is_loopback()));
+    }
+
+    #[test]
+    fn json_is_one_flat_object_in_placement_terms() {
+        let i = Interface::new(
+            "tb0",
+            Ipv4Addr::new(10, 0, 0, 1),
+            30,
+            InterfaceKind::Thunderbolt,
+        );
+        let json = serde_json::to_value(&i).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"name": "tb0", "ip": "10.0.0.1", "kind": "thunderbolt", "prefix": 30})
+        );
+        assert_eq!(serde_json::from_value::<Interface>(json).unwrap(), i);
+        let link: placement::Interface = serde_json::from_value(serde_json::json!(
+            {"name": "tb0", "ip": "10.0.0.1", "kind": "thunderbolt"}
+        ))
+        .unwrap();
+        assert_eq!(link, i.link);
     }
 }

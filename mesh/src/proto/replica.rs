@@ -2,14 +2,14 @@
 //! in as milliseconds, messages come in as bytes, and what must be sent goes out through a
 //! [`Transport`]. The iroh driver and the simulator drive the same code.
 
-use crate::codec::{self, CodecError, Message, MAX_MESSAGE_BYTES};
-use crate::delta::{Delta, NodeDelta};
-use crate::failure_detector::{FailureDetector, FailureDetectorConfig, Liveness};
-use crate::id::NodeId;
-use crate::record::{signed_bytes, Authority, Record, MAX_KEY_LEN, MAX_VALUE_LEN};
-use crate::rng::Rng;
-use crate::state::{ClusterState, NodeState};
-use crate::transport::Transport;
+use crate::proto::codec::{self, CodecError, Message, MAX_MESSAGE_BYTES};
+use crate::proto::delta::{Delta, NodeDelta};
+use crate::proto::failure_detector::{FailureDetector, FailureDetectorConfig, Liveness};
+use crate::proto::id::NodeId;
+use crate::proto::record::{signed_bytes, Authority, Record, MAX_KEY_LEN, MAX_VALUE_LEN};
+use crate::proto::rng::Rng;
+use crate::proto::state::{ClusterState, NodeState};
+use crate::proto::transport::Transport;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -572,7 +572,7 @@ impl Replica {
 
     /// Remembers which generation an authenticated peer says it runs: two generations of one
     /// id heartbeating at once means two processes share an identity.
-    fn note_claim(&mut self, from: NodeId, digest: &crate::digest::Digest, now_ms: u64) {
+    fn note_claim(&mut self, from: NodeId, digest: &crate::proto::digest::Digest, now_ms: u64) {
         let Some(entry) = digest.nodes.get(&from) else {
             return;
         };
@@ -588,7 +588,7 @@ impl Replica {
     fn add_conflict_notices(
         &self,
         from: NodeId,
-        digest: &crate::digest::Digest,
+        digest: &crate::proto::digest::Digest,
         delta: &mut Delta,
         now_ms: u64,
     ) {

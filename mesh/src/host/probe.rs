@@ -2,16 +2,17 @@
 //! its profile with `GET http://IP:API_PORT/node_id`, and keeps an `edge/<node>/<ip>` record
 //! only while the answer is that node's id. Loopback addresses and this node are never probed.
 
-use crate::id::NodeId;
-use crate::interfaces::{self, Interface, InterfaceKind};
+use crate::host::interfaces::{self, Interface, InterfaceKind};
+use crate::host::profile::{HostProfile, PROFILE_KEY};
 use crate::net::Mesh;
-use crate::profile::{NodeProfile, PROFILE_KEY};
+use crate::proto::id::NodeId;
 use anyhow::{anyhow, bail};
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use placement::{Edge, Link};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,14 +22,16 @@ pub const EDGE_PREFIX: &str = "edge/";
 /// Failed probes in a row before an edge is removed.
 pub const FAILURES_TO_REMOVE: u32 = 2;
 
-/// A verified link from this node to another node's address.
+/// The published record of a verified link: placement's [`Edge`] (this node → the node that
+/// answered, at the address it answered on) plus the interfaces at both ends, which operators
+/// see in `shoal status`. In JSON it is one flat object: `{"from", "to", "ip",
+/// "remote_interface", "remote_kind", "local_interface", "local_kind"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Edge {
-    /// The node that answered.
-    pub to: String,
-    /// The address it answered on.
-    pub ip: Ipv4Addr,
-    /// Its interface with that address.
+pub struct EdgeRecord {
+    /// The link as placement takes it.
+    #[serde(flatten)]
+    pub edge: Edge,
+    /// The remote node's interface with that address.
     pub remote_interface: String,
     /// Kind of that interface.
     pub remote_kind: InterfaceKind,
@@ -38,8 +41,16 @@ pub struct Edge {
     pub local_kind: Option<InterfaceKind>,
 }
 
+impl EdgeRecord {
+    /// The edge as placement takes it, if `author` (who wrote and signed the record) is the
+    /// edge's `from`: a node can only vouch for links it verified itself.
+    pub fn placement_edge(&self, author: &str) -> Option<Edge> {
+        (self.edge.from == author).then(|| self.edge.clone())
+    }
+}
+
 /// The record key of the edge to `node` at `ip`.
-pub fn edge_key(node: &NodeId, ip: Ipv4Addr) -> String {
+pub fn edge_key(node: &NodeId, ip: IpAddr) -> String {
     format!("{EDGE_PREFIX}{node}/{ip}")
 }
 
@@ -74,7 +85,7 @@ pub async fn http_get(
 }
 
 /// Asks `ip:port` for its node id.
-pub async fn probe_node_id(ip: Ipv4Addr, port: u16, timeout: Duration) -> anyhow::Result<NodeId> {
+pub async fn probe_node_id(ip: IpAddr, port: u16, timeout: Duration) -> anyhow::Result<NodeId> {
     let (status, body) = http_get(SocketAddr::from((ip, port)), "/node_id", timeout).await?;
     if status != 200 {
         bail!("GET /node_id answered {status}");
@@ -86,7 +97,7 @@ pub async fn probe_node_id(ip: Ipv4Addr, port: u16, timeout: Duration) -> anyhow
 /// What to probe: (node, its interface, its API port) for every other live node's advertised,
 /// non-loopback IPv4 address that is not one of ours.
 fn targets(mesh: &Mesh, own: &[Interface]) -> Vec<(NodeId, Interface, u16)> {
-    let own_ips: BTreeSet<Ipv4Addr> = own.iter().map(|i| i.ip).collect();
+    let own_ips: BTreeSet<IpAddr> = own.iter().map(|i| i.link.ip).collect();
     mesh.read(|replica, _| {
         let mut out = Vec::new();
         for (id, state) in &replica.state().nodes {
@@ -97,15 +108,13 @@ fn targets(mesh: &Mesh, own: &[Interface]) -> Vec<(NodeId, Interface, u16)> {
                 .records
                 .get(PROFILE_KEY)
                 .and_then(|r| r.value.as_deref())
-                .and_then(|v| serde_json::from_str::<NodeProfile>(v).ok())
+                .and_then(|v| serde_json::from_str::<HostProfile>(v).ok())
             else {
                 continue;
             };
             for iface in profile.interfaces {
-                if iface.ip.is_loopback()
-                    || iface.ip.is_unspecified()
-                    || own_ips.contains(&iface.ip)
-                {
+                let ip = iface.link.ip;
+                if ip.is_loopback() || ip.is_unspecified() || own_ips.contains(&ip) {
                     continue;
                 }
                 out.push((*id, iface, profile.api_port));
@@ -127,24 +136,30 @@ pub async fn run(mesh: Arc<Mesh>, period: Duration) {
         let mut probes = tokio::task::JoinSet::new();
         for (node, iface, port) in targets.iter().cloned() {
             probes.spawn(async move {
-                let answer = probe_node_id(iface.ip, port, Duration::from_secs(1)).await;
+                let answer = probe_node_id(iface.link.ip, port, Duration::from_secs(1)).await;
                 (node, iface, answer)
             });
         }
-        let wanted: BTreeSet<String> = targets.iter().map(|(n, i, _)| edge_key(n, i.ip)).collect();
+        let wanted: BTreeSet<String> = targets
+            .iter()
+            .map(|(n, i, _)| edge_key(n, i.link.ip))
+            .collect();
         while let Some(Ok((node, iface, answer))) = probes.join_next().await {
-            let key = edge_key(&node, iface.ip);
+            let key = edge_key(&node, iface.link.ip);
             match answer {
                 Ok(answered) if answered == node => {
                     failures.remove(&key);
-                    let local = own.iter().find(|l| l.same_subnet(iface.ip));
-                    let edge = Edge {
-                        to: node.to_string(),
-                        ip: iface.ip,
-                        remote_interface: iface.name.clone(),
-                        remote_kind: iface.kind,
-                        local_interface: local.map(|l| l.name.clone()),
-                        local_kind: local.map(|l| l.kind),
+                    let local = own.iter().find(|l| l.same_subnet(iface.link.ip));
+                    let edge = EdgeRecord {
+                        edge: Edge {
+                            from: mesh.id().to_string(),
+                            to: node.to_string(),
+                            link: Link::Ip(iface.link.ip),
+                        },
+                        remote_interface: iface.link.name.clone(),
+                        remote_kind: iface.link.kind,
+                        local_interface: local.map(|l| l.link.name.clone()),
+                        local_kind: local.map(|l| l.link.kind),
                     };
                     if let Err(e) = mesh.set(&key, &edge) {
                         tracing::warn!("cannot record edge {key}: {e:#}");
@@ -169,5 +184,43 @@ pub async fn run(mesh: Arc<Mesh>, period: Duration) {
                 failures.remove(&key);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(from: &str) -> EdgeRecord {
+        EdgeRecord {
+            edge: Edge {
+                from: from.into(),
+                to: "b".into(),
+                link: Link::Ip("10.0.0.2".parse().unwrap()),
+            },
+            remote_interface: "eth0".into(),
+            remote_kind: InterfaceKind::Ethernet,
+            local_interface: Some("tb4".into()),
+            local_kind: Some(InterfaceKind::Thunderbolt),
+        }
+    }
+
+    #[test]
+    fn edge_records_are_flat_json_and_only_their_author_vouches_for_them() {
+        let r = record("a");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "from": "a", "to": "b", "ip": "10.0.0.2",
+                "remote_interface": "eth0", "remote_kind": "ethernet",
+                "local_interface": "tb4", "local_kind": "thunderbolt",
+            })
+        );
+        assert_eq!(serde_json::from_value::<EdgeRecord>(json).unwrap(), r);
+        assert_eq!(r.placement_edge("a"), Some(r.edge.clone()));
+        assert_eq!(record("c").placement_edge("a"), None);
+        let key = edge_key(&NodeId::from_index(1), "10.0.0.2".parse().unwrap());
+        assert!(key.starts_with(EDGE_PREFIX) && key.ends_with("/10.0.0.2"));
     }
 }

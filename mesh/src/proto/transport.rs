@@ -1,11 +1,11 @@
 //! The seam between the protocol and the network: the replica asks for messages to be sent,
 //! the driver (iroh, or the simulator) sends them and feeds the answers back.
 
-use crate::id::NodeId;
+use crate::proto::id::NodeId;
 
 /// Where a [`crate::Replica`] sends what it produces in [`crate::Replica::tick`].
 pub trait Transport {
-    /// Sends `message` (an encoded [`crate::codec::Message::Broadcast`], within the gossip size
+    /// Sends `message` (an encoded [`crate::proto::codec::Message::Broadcast`], within the gossip size
     /// limit) to every node on the gossip topic.
     fn broadcast(&mut self, message: Vec<u8>);
 

@@ -1,24 +1,52 @@
 //! A simulator: hundreds of [`Replica`]s in one process, a fake clock, random latency, message
-//! loss and partitions. Tests use it to check convergence and liveness; `cargo xtask bench
-//! mesh` uses it to measure bandwidth and detection times.
+//! loss (everywhere or per link) and partitions. Tests use it to check convergence and
+//! liveness; `cargo xtask bench mesh` uses it to measure bandwidth and detection times; the
+//! control plane's simulation runs its nodes over it.
 //!
-//! Gossip broadcasts are modelled as iroh-gossip delivers them: one copy reaches every other
-//! node (each copy lost independently); anti-entropy is the three-message exchange.
+//! Gossip broadcasts travel the way iroh-gossip carries them: over a bounded overlay (each node
+//! has a few neighbours, see [`overlay`]), pushed along eager links and announced along lazy
+//! ones, so a message reaches a large cluster in several hops, each hop with its own latency
+//! and loss. Anti-entropy is the replicas' real three-message exchange. Every message is the
+//! real codec's bytes with 64-byte stand-in signatures and 32-byte node ids, so sizes are the
+//! wire sizes before QUIC and TLS framing.
+//!
+//! Left out (the figures are the protocol's, not a deployment's): QUIC/TLS/UDP headers and
+//! handshakes, connection setup time, iroh-gossip's exact protocol (its passive view, shuffles,
+//! tree optimisation and `IHave` batching), CPU time (every message is handled instantly),
+//! bandwidth limits and queueing, and the reachability probes' own HTTP traffic.
 
-use crate::id::NodeId;
-use crate::record::SimAuthority;
-use crate::replica::{Config, Event, Replica};
-use crate::rng::Rng;
-use crate::transport::Outbox;
+mod broadcast;
+pub mod overlay;
+
+use crate::proto::id::NodeId;
+use crate::proto::record::SimAuthority;
+use crate::proto::replica::{Config, Event, Replica};
+use crate::proto::rng::Rng;
+use crate::proto::transport::Outbox;
+use overlay::{Overlay, OverlayConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// The records a node writes when it starts (and restarts): `(node, nodes, generation)` to
+/// `(key, JSON value)` pairs. A plain function so a scenario stays `Clone` and reproducible.
+pub type RecordsFn = fn(node: usize, nodes: usize, generation: u64) -> Vec<(String, String)>;
+
+/// The default start-up records: one `profile` of about 300 bytes.
+pub fn small_profile(node: usize, _nodes: usize, generation: u64) -> Vec<(String, String)> {
+    let profile = format!(
+        "{{\"name\":\"node-{node}\",\"generation\":{generation},\"memory\":{},\"pad\":\"{}\"}}",
+        64u64 << 30,
+        "x".repeat(220)
+    );
+    vec![("profile".to_string(), profile)]
+}
 
 /// A scenario's network and protocol settings.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Number of nodes.
     pub nodes: usize,
-    /// Seed of every random choice (network and replicas).
+    /// Seed of every random choice (network, overlay and replicas).
     pub seed: u64,
     /// Probability that any one message is lost.
     pub loss: f64,
@@ -26,14 +54,19 @@ pub struct SimConfig {
     pub min_latency_ms: u64,
     /// Largest one-way latency.
     pub max_latency_ms: u64,
-    /// Peers each node knows at start (as discovery would give it).
+    /// Peers each replica knows at start for anti-entropy (as discovery would give it).
     pub seed_peers: usize,
     /// Protocol settings of every replica.
     pub replica: Config,
+    /// The gossip overlay's settings.
+    pub overlay: OverlayConfig,
+    /// What every node writes when it (re)starts.
+    pub records: RecordsFn,
 }
 
 impl SimConfig {
-    /// `nodes` nodes on a LAN-like network (1–5 ms, no loss) with default protocol settings.
+    /// `nodes` nodes on a LAN-like network (1–5 ms, no loss) with default protocol and
+    /// overlay settings, each writing a small profile.
     pub fn lan(nodes: usize, seed: u64) -> SimConfig {
         SimConfig {
             nodes,
@@ -43,6 +76,8 @@ impl SimConfig {
             max_latency_ms: 5,
             seed_peers: 3,
             replica: Config::default(),
+            overlay: OverlayConfig::default(),
+            records: small_profile,
         }
     }
 }
@@ -56,9 +91,57 @@ pub struct Traffic {
     pub bytes: u64,
 }
 
+/// How gossip broadcasts travelled the overlay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GossipStats {
+    /// Broadcasts the replicas sent.
+    pub sent: u64,
+    /// First receipts of a broadcast (one per node that got it).
+    pub delivered: u64,
+    /// Copies received a second time (each prunes a link to lazy).
+    pub duplicates: u64,
+    /// Messages fetched by a graft after an `IHave`.
+    pub grafted: u64,
+    /// Sum of hop counts over first receipts.
+    pub hop_sum: u64,
+    /// Most hops any first receipt took.
+    pub max_hops: u32,
+}
+
+impl GossipStats {
+    /// Mean hops of a first receipt.
+    pub fn mean_hops(&self) -> f64 {
+        self.hop_sum as f64 / self.delivered.max(1) as f64
+    }
+}
+
 #[derive(Debug)]
-enum Delivery {
-    Broadcast {
+pub(super) enum Delivery {
+    Gossip {
+        from: usize,
+        to: usize,
+        id: u64,
+        hops: u32,
+    },
+    IHave {
+        from: usize,
+        to: usize,
+        id: u64,
+    },
+    Graft {
+        from: usize,
+        to: usize,
+        id: u64,
+    },
+    Prune {
+        from: usize,
+        to: usize,
+    },
+    GraftTimer {
+        node: usize,
+        id: u64,
+    },
+    Inject {
         to: usize,
         bytes: Vec<u8>,
     },
@@ -96,32 +179,37 @@ pub struct Sim {
     seq: u64,
     queue: BTreeMap<(u64, u64), Delivery>,
     nodes: Vec<SimNode>,
-    index: BTreeMap<NodeId, usize>,
     rng: Rng,
     traffic: Vec<Traffic>,
     events: Vec<(u64, usize, Event)>,
     largest_broadcast: usize,
+    overlay: Overlay,
+    payloads: BTreeMap<u64, Arc<Vec<u8>>>,
+    gossip: GossipStats,
+    link_loss: BTreeMap<(usize, usize), f64>,
 }
 
 impl Sim {
-    /// Builds the cluster; every node writes a `profile` record of about 300 bytes at time 0.
+    /// Builds the cluster and its overlay; every node writes its start-up records at time 0.
     pub fn new(config: SimConfig) -> Sim {
         let mut rng = Rng::new(config.seed);
+        let overlay = Overlay::new(config.nodes, config.overlay, &mut rng);
         let mut sim = Sim {
             now_ms: 0,
             seq: 0,
             queue: BTreeMap::new(),
             nodes: Vec::new(),
-            index: BTreeMap::new(),
             traffic: vec![Traffic::default(); config.nodes],
             events: Vec::new(),
             largest_broadcast: 0,
             rng: Rng::new(rng.next_u64()),
+            overlay,
+            payloads: BTreeMap::new(),
+            gossip: GossipStats::default(),
+            link_loss: BTreeMap::new(),
             config,
         };
         for i in 0..sim.config.nodes {
-            let id = NodeId::from_index(i as u64);
-            sim.index.insert(id, i);
             let replica = sim.make_replica(i, 1);
             sim.nodes.push(SimNode {
                 replica,
@@ -149,14 +237,11 @@ impl Sim {
             Arc::new(SimAuthority::new(id)),
             self.rng.next_u64(),
         );
-        let profile = format!(
-            "{{\"name\":\"node-{i}\",\"generation\":{generation},\"memory\":{},\"pad\":\"{}\"}}",
-            64u64 << 30,
-            "x".repeat(220)
-        );
-        replica
-            .set("profile", &profile, self.now_ms)
-            .expect("a small profile always fits");
+        for (key, value) in (self.config.records)(i, self.config.nodes, generation) {
+            replica
+                .set(&key, &value, self.now_ms)
+                .expect("a scenario's start-up records fit the limits");
+        }
         let n = self.config.nodes as u64;
         for _ in 0..self.config.seed_peers {
             let peer = self.rng.below(n) as usize;
@@ -165,7 +250,7 @@ impl Sim {
         replica
     }
 
-    fn schedule(&mut self, delay_ms: u64, delivery: Delivery) {
+    pub(super) fn schedule(&mut self, delay_ms: u64, delivery: Delivery) {
         self.seq += 1;
         self.queue
             .insert((self.now_ms + delay_ms, self.seq), delivery);
@@ -176,9 +261,20 @@ impl Sim {
         self.config.min_latency_ms + self.rng.below(span)
     }
 
-    /// Sends over the simulated network: lost by chance, by partition, or to a dead node.
-    fn send(&mut self, from: usize, to: usize, delivery: Delivery) {
-        if self.nodes[from].group != self.nodes[to].group || self.rng.chance(self.config.loss) {
+    /// True if `a` and `b` run and no partition separates them.
+    pub fn reachable(&self, a: usize, b: usize) -> bool {
+        self.nodes[a].alive && self.nodes[b].alive && self.nodes[a].group == self.nodes[b].group
+    }
+
+    /// Sends over the simulated network: lost by chance (the global or the link's loss), by
+    /// partition, or later at delivery if the receiver is dead.
+    pub(super) fn send(&mut self, from: usize, to: usize, delivery: Delivery) {
+        let loss = self
+            .link_loss
+            .get(&(from.min(to), from.max(to)))
+            .copied()
+            .unwrap_or(self.config.loss);
+        if self.nodes[from].group != self.nodes[to].group || self.rng.chance(loss) {
             return;
         }
         let delay = self.latency();
@@ -221,9 +317,9 @@ impl Sim {
         done(self).then_some(self.now_ms)
     }
 
-    fn count(&mut self, to: usize, bytes: &[u8]) {
+    pub(super) fn count(&mut self, to: usize, bytes: usize) {
         self.traffic[to].messages += 1;
-        self.traffic[to].bytes += bytes.len() as u64;
+        self.traffic[to].bytes += bytes as u64;
     }
 
     fn deliver(&mut self, delivery: Delivery) {
@@ -233,58 +329,53 @@ impl Sim {
                 if !self.nodes[node].alive || self.nodes[node].replica.generation() != generation {
                     return;
                 }
+                self.maintain_overlay(node);
                 let mut outbox = Outbox::default();
                 self.nodes[node].replica.tick(now, &mut outbox);
                 self.collect_events(node);
                 for bytes in outbox.broadcasts {
                     self.largest_broadcast = self.largest_broadcast.max(bytes.len());
-                    for to in 0..self.nodes.len() {
-                        if to != node {
-                            let bytes = bytes.clone();
-                            self.send(node, to, Delivery::Broadcast { to, bytes });
-                        }
-                    }
+                    self.originate(node, bytes);
                 }
                 for (peer, bytes) in outbox.syncs {
-                    if let Some(&to) = self.index.get(&peer) {
-                        self.send(
-                            node,
+                    let to = index_of(&peer);
+                    if to < self.nodes.len() {
+                        let syn = Delivery::Syn {
+                            from: node,
                             to,
-                            Delivery::Syn {
-                                from: node,
-                                to,
-                                bytes,
-                            },
-                        );
+                            bytes,
+                        };
+                        self.send(node, to, syn);
                     }
                 }
                 let interval = self.config.replica.gossip_interval_ms;
                 self.schedule(interval, Delivery::Tick { node, generation });
             }
-            Delivery::Broadcast { to, bytes } => {
-                if !self.nodes[to].alive {
-                    return;
+            Delivery::Gossip { from, to, id, hops } => self.on_gossip(from, to, id, hops),
+            Delivery::IHave { from, to, id } => self.on_ihave(from, to, id),
+            Delivery::Graft { from, to, id } => self.on_graft(from, to, id),
+            Delivery::Prune { from, to } => self.on_prune(from, to),
+            Delivery::GraftTimer { node, id } => self.on_graft_timer(node, id),
+            Delivery::Inject { to, bytes } => {
+                if self.nodes[to].alive {
+                    self.count(to, bytes.len());
+                    let _ = self.nodes[to].replica.on_broadcast(&bytes, now);
+                    self.collect_events(to);
                 }
-                self.count(to, &bytes);
-                let _ = self.nodes[to].replica.on_broadcast(&bytes, now);
-                self.collect_events(to);
             }
             Delivery::Syn { from, to, bytes } => {
                 if !self.nodes[to].alive {
                     return;
                 }
-                self.count(to, &bytes);
+                self.count(to, bytes.len());
                 let from_id = NodeId::from_index(from as u64);
                 if let Ok(reply) = self.nodes[to].replica.on_syn(from_id, &bytes, now) {
-                    self.send(
-                        to,
-                        from,
-                        Delivery::SynAck {
-                            from: to,
-                            to: from,
-                            bytes: reply,
-                        },
-                    );
+                    let synack = Delivery::SynAck {
+                        from: to,
+                        to: from,
+                        bytes: reply,
+                    };
+                    self.send(to, from, synack);
                 }
                 self.collect_events(to);
             }
@@ -292,18 +383,15 @@ impl Sim {
                 if !self.nodes[to].alive {
                     return;
                 }
-                self.count(to, &bytes);
+                self.count(to, bytes.len());
                 let from_id = NodeId::from_index(from as u64);
                 if let Ok(reply) = self.nodes[to].replica.on_synack(from_id, &bytes, now) {
-                    self.send(
-                        to,
-                        from,
-                        Delivery::Ack {
-                            from: to,
-                            to: from,
-                            bytes: reply,
-                        },
-                    );
+                    let ack = Delivery::Ack {
+                        from: to,
+                        to: from,
+                        bytes: reply,
+                    };
+                    self.send(to, from, ack);
                 }
                 self.collect_events(to);
             }
@@ -311,7 +399,7 @@ impl Sim {
                 if !self.nodes[to].alive {
                     return;
                 }
-                self.count(to, &bytes);
+                self.count(to, bytes.len());
                 let from_id = NodeId::from_index(from as u64);
                 let _ = self.nodes[to].replica.on_ack(from_id, &bytes, now);
                 self.collect_events(to);
@@ -319,12 +407,21 @@ impl Sim {
         }
     }
 
-    fn collect_events(&mut self, node: usize) {
+    pub(super) fn collect_events(&mut self, node: usize) {
         let now = self.now_ms;
         for event in self.nodes[node].replica.drain_events() {
-            if !matches!(event, Event::Changed(_)) {
-                self.events.push((now, node, event));
+            match event {
+                Event::Changed(_) => continue,
+                // Shoal's discovery joins a peer it considered gone again on the topic.
+                Event::Revived(peer) => {
+                    let peer = index_of(&peer);
+                    if peer < self.nodes.len() && self.reachable(node, peer) {
+                        self.overlay.rejoin(node, peer);
+                    }
+                }
+                _ => {}
             }
+            self.events.push((now, node, event));
         }
     }
 
@@ -333,10 +430,12 @@ impl Sim {
         self.nodes[i].alive = false;
     }
 
-    /// Starts node `i` again with a new generation and its profile record.
+    /// Starts node `i` again with a new generation, its start-up records and an empty
+    /// overlay view (it joins again at its first tick).
     pub fn restart(&mut self, i: usize) {
         let generation = self.nodes[i].replica.generation() + 1;
         let replica = self.make_replica(i, generation);
+        self.overlay.reset(i);
         self.nodes[i] = SimNode {
             replica,
             alive: true,
@@ -365,9 +464,19 @@ impl Sim {
         }
     }
 
-    /// Sets the message loss probability from now on.
+    /// Sets the message loss probability from now on (links with their own loss keep it).
     pub fn set_loss(&mut self, loss: f64) {
         self.config.loss = loss;
+    }
+
+    /// Sets the loss probability of the link between `a` and `b` (both directions), over the
+    /// global one; `None` gives the link the global loss again.
+    pub fn set_link_loss(&mut self, a: usize, b: usize, loss: Option<f64>) {
+        let key = (a.min(b), a.max(b));
+        match loss {
+            Some(loss) => self.link_loss.insert(key, loss),
+            None => self.link_loss.remove(&key),
+        };
     }
 
     /// Node `i`'s replica.
@@ -380,6 +489,16 @@ impl Sim {
         &mut self.nodes[i].replica
     }
 
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True if the cluster has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
     /// True if node `i` runs.
     pub fn is_running(&self, i: usize) -> bool {
         self.nodes[i].alive
@@ -388,6 +507,11 @@ impl Sim {
     /// The id of node `i`.
     pub fn id(&self, i: usize) -> NodeId {
         NodeId::from_index(i as u64)
+    }
+
+    /// Node `i`'s neighbours in the gossip overlay.
+    pub fn neighbours(&self, i: usize) -> Vec<usize> {
+        self.overlay.peers[i].neighbours()
     }
 
     /// True if every running node holds the same version of every running node's records.
@@ -446,6 +570,11 @@ impl Sim {
         self.traffic = vec![Traffic::default(); self.nodes.len()];
     }
 
+    /// How broadcasts travelled the overlay so far.
+    pub fn gossip_stats(&self) -> GossipStats {
+        self.gossip
+    }
+
     /// Size of the largest gossip broadcast any node sent.
     pub fn largest_broadcast(&self) -> usize {
         self.largest_broadcast
@@ -459,8 +588,20 @@ impl Sim {
             .sum()
     }
 
-    /// Injects raw bytes as a gossip broadcast to node `to` (for bad-input tests).
+    /// Injects raw bytes as a gossip broadcast to node `to` (for bad-input tests); it is
+    /// handed to that node's replica only, not forwarded.
     pub fn inject_broadcast(&mut self, to: usize, bytes: Vec<u8>) {
-        self.schedule(0, Delivery::Broadcast { to, bytes });
+        self.schedule(0, Delivery::Inject { to, bytes });
     }
+}
+
+/// The sim index of a made-up id ([`NodeId::from_index`]); out of range for any other id.
+fn index_of(id: &NodeId) -> usize {
+    let bytes = id.as_bytes();
+    if bytes[8..].iter().any(|b| *b != 0) {
+        return usize::MAX;
+    }
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&bytes[..8]);
+    usize::try_from(u64::from_be_bytes(first)).unwrap_or(usize::MAX)
 }

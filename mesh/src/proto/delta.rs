@@ -1,8 +1,8 @@
 //! Deltas: the records (and heartbeats) one replica sends another, per author, with the version
 //! range they cover, cut to a byte budget so a delta always fits its channel.
 
-use crate::id::NodeId;
-use crate::record::{Record, MAX_KEY_LEN, MAX_SIGNATURE_LEN, MAX_VALUE_LEN};
+use crate::proto::id::NodeId;
+use crate::proto::record::{Record, MAX_KEY_LEN, MAX_SIGNATURE_LEN, MAX_VALUE_LEN};
 use serde::{Deserialize, Serialize};
 
 /// Encoded-size allowance for the fixed fields of one [`NodeDelta`].
@@ -185,9 +185,10 @@ mod tests {
         assert_eq!(total, 37);
         for piece in &pieces {
             assert!(piece.wire_size() <= 4000);
-            let encoded = crate::codec::encode(&crate::codec::Message::Broadcast(Delta {
-                nodes: vec![piece.clone()],
-            }));
+            let encoded =
+                crate::proto::codec::encode(&crate::proto::codec::Message::Broadcast(Delta {
+                    nodes: vec![piece.clone()],
+                }));
             assert!(encoded.len() <= 4000, "piece encodes to {}", encoded.len());
         }
     }

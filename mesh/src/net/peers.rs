@@ -1,0 +1,52 @@
+//! Joining peers: every node mDNS finds and every `--peer` (retried every 5 s) is taught to
+//! the endpoint, added to the replica's sync peers and joined on the gossip topic, again when
+//! it was considered gone.
+
+use super::discovery::Found;
+use super::driver::Inner;
+use super::options::StaticPeer;
+use crate::proto::id::NodeId;
+use iroh::PublicKey;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Joins found and static peers until the driver stops.
+pub(crate) async fn join(
+    inner: Arc<Inner>,
+    me: NodeId,
+    statics: Vec<StaticPeer>,
+    mut found: UnboundedReceiver<Found>,
+) {
+    let mut joined: BTreeMap<NodeId, Instant> = BTreeMap::new();
+    let mut retry = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        let batch: Vec<(NodeId, Vec<SocketAddr>)> = tokio::select! {
+            Some(f) = found.recv() => vec![(f.id, f.addrs)],
+            _ = retry.tick() => statics.iter().map(|p| (p.id, vec![p.addr])).collect(),
+        };
+        for (peer, addrs) in batch {
+            if peer == me {
+                continue;
+            }
+            inner.learn_addrs(peer, &addrs);
+            let alive = inner.with_replica(|r| {
+                r.add_peer(peer);
+                r.state().nodes.contains_key(&peer) && r.is_alive(&peer)
+            });
+            // Join (again) a peer that is new, or that we consider gone.
+            let stale = joined
+                .get(&peer)
+                .is_none_or(|t| !alive && t.elapsed() > Duration::from_secs(5));
+            if stale {
+                joined.insert(peer, Instant::now());
+                if let Ok(key) = PublicKey::from_bytes(peer.as_bytes()) {
+                    tracing::debug!(peer = %peer.short(), ?addrs, "joining peer");
+                    let _ = inner.gossip.join_peers(vec![key]).await;
+                }
+            }
+        }
+    }
+}
