@@ -12,7 +12,7 @@ use crate::tokenizer::{ChatMessage, Tokenizer};
 use crate::weights::{GgufSource, SafetensorsSource, TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use std::ops::{ControlFlow, Range};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// An opened model: its configuration, a source of its tensors, and its tokenizer.
@@ -561,23 +561,5 @@ impl Engine {
     ) -> Result<Completion> {
         let mut local = LocalForward::new(&self.model)?;
         generate(&mut local, &self.tokenizer, request, on_token)
-    }
-
-    /// Path of the default model (the SmolLM2 fixture `cargo xtask setup` downloads).
-    pub fn default_model_path() -> PathBuf {
-        let cache = std::env::var_os("SHOAL_CACHE_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                let base = std::env::var_os("XDG_CACHE_HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| {
-                        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/".into()))
-                            .join(".cache")
-                    });
-                base.join("shoal")
-            });
-        cache.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf")
     }
 }
