@@ -239,6 +239,38 @@ mod tests {
         let _ = std::fs::remove_dir_all(log.parent().unwrap());
     }
 
+    /// What `tests/support`'s `TestNet::create` does for a multi-node test, run as a user who
+    /// is not root: never a pass.
+    #[test]
+    fn a_multi_node_test_as_non_root_fails_or_is_a_counted_skip() {
+        let not_root = || crate::netns::check_available(1000, || Ok(()));
+        let test = "mesh_cluster::nodes_in_namespaces_discover_agree_detect_death_and_rejoin";
+        let log = scratch("nonroot");
+        let strict = Policy {
+            allow: false,
+            log: log.clone(),
+        };
+        let message = panic_message(|| {
+            strict.can_run(test, not_root(), crate::netns::NEEDS);
+        })
+        .expect("without SHOAL_ALLOW_SKIP the test fails");
+        assert!(
+            message.contains("need root (running as uid 1000)"),
+            "{message}"
+        );
+        assert!(message.contains("run the tests as root"), "{message}");
+        assert!(read_log(&log).is_empty());
+        let lenient = Policy {
+            allow: true,
+            log: log.clone(),
+        };
+        assert!(!lenient.can_run(test, not_root(), crate::netns::NEEDS));
+        let skips = read_log(&log);
+        assert_eq!(skips.len(), 1);
+        assert!(skips[0].starts_with(test), "{skips:?}");
+        let _ = std::fs::remove_dir_all(log.parent().unwrap());
+    }
+
     #[test]
     fn the_current_test_is_named_after_its_thread() {
         let name = current_test();
