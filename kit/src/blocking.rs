@@ -38,8 +38,9 @@ impl Blocking {
     where
         F: Future<Output = Result<T, ApiFailure>>,
     {
+        // The timer is made inside the runtime, which it needs.
         self.runtime
-            .block_on(tokio::time::timeout(limit, request(&self.api)))
+            .block_on(async { tokio::time::timeout(limit, request(&self.api)).await })
             .unwrap_or_else(|_| {
                 Err(ApiFailure {
                     status: None,
@@ -102,7 +103,7 @@ impl BlockingStream<'_> {
         let stream = &mut self.stream;
         match self
             .runtime
-            .block_on(tokio::time::timeout(wait, stream.next()))
+            .block_on(async { tokio::time::timeout(wait, stream.next()).await })
         {
             Err(_) => Next::Silent,
             Ok(Err(e)) => Next::Broken(e),
