@@ -5,42 +5,33 @@
 //! created through B loses node A mid-stream: the client gets an error within seconds and B
 //! places the instance again on itself.
 //!
-//! Needs root (namespaces), `curl` and the model fixture (`cargo xtask setup`); skipped with
-//! a message without root.
+//! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
+//! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
 mod support;
 
+use kit::blocking::Next;
+use kit::sse::SseEvent;
 use serde_json::{json, Value};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 use support::netns::Spec;
-use support::{wait_for, ShoalNode, TestNet, API_PORT};
+use support::{wait_for, ShoalNode, TestNet};
 
-/// `curl` inside the node's namespace against its own API: (HTTP status, body).
-fn curl(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
-    let mut cmd = node.node.command("curl");
-    cmd.args([
-        "-s",
-        "--max-time",
-        "120",
-        "-X",
-        method,
-        "-w",
-        "\n%{http_code}",
-    ])
-    .arg(format!("http://{}:{API_PORT}{path}", node.node.ip()));
-    if let Some(body) = body {
-        cmd.args(["-H", "Content-Type: application/json", "-d"])
-            .arg(body.to_string());
+/// Longest wait for one answer.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A request to the node's own API from inside its namespace: (HTTP status, body as text);
+/// status 0 when no answer came (the node is down or not listening yet).
+fn call(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let method = method.parse().expect("an HTTP method");
+    match node.api.call(method, path, body, LIMIT) {
+        Ok(answer) => (answer.status.as_u16(), answer.text()),
+        Err(e) => (0, e.to_string()),
     }
-    let out = cmd.stdin(Stdio::null()).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, status) = text.rsplit_once('\n')?;
-    Some((status.trim().parse().ok()?, body.to_string()))
 }
 
 fn json_of(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let (status, text) = curl(node, method, path, body).expect("curl runs");
+    let (status, text) = call(node, method, path, body);
     (
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
@@ -48,7 +39,7 @@ fn json_of(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> 
 }
 
 fn default_ready(node: &ShoalNode) -> bool {
-    let Some((200, text)) = curl(node, "GET", "/v1/models", None) else {
+    let (200, text) = call(node, "GET", "/v1/models", None) else {
         return false;
     };
     let models: Value = serde_json::from_str(&text).unwrap_or_default();
@@ -88,63 +79,33 @@ fn stream_then_kill(client: &ShoalNode, victim: &mut ShoalNode, logs: &str) -> D
         "stream": true,
     });
     let mut stream = client
-        .node
-        .command("curl")
-        .args([
-            "-sN",
-            "--max-time",
-            "120",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-        ])
-        .arg(request.to_string())
-        .arg(format!(
-            "http://{}:{API_PORT}/v1/chat/completions",
-            client.node.ip()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("curl starts");
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stdout = stream.stdout.take().expect("curl's stdout");
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut seen = Vec::new();
+        .api
+        .chat_stream(&request, LIMIT)
+        .unwrap_or_else(|e| panic!("the stream did not start: {e}\n{logs}"));
+    let mut seen: Vec<String> = Vec::new();
     let first_chunk = Instant::now();
-    while !seen
-        .iter()
-        .any(|l: &String| l.contains("chat.completion.chunk"))
-    {
-        match lines.recv_timeout(Duration::from_secs(60).saturating_sub(first_chunk.elapsed())) {
-            Ok(line) => seen.push(line),
-            Err(_) => panic!("no chunk came: {seen:?}\n{}", logs),
+    while !seen.iter().any(|l| l.contains("chat.completion.chunk")) {
+        match stream.next(Duration::from_secs(60).saturating_sub(first_chunk.elapsed())) {
+            Next::Event(SseEvent::Data(data)) => seen.push(data),
+            other => panic!("no chunk came ({other:?}): {seen:?}\n{}", logs),
         }
     }
     victim.kill();
     let killed = Instant::now();
-    let mut rest = Vec::new();
-    while let Ok(line) = lines.recv_timeout(Duration::from_secs(30)) {
-        let done = line.contains("[DONE]");
-        rest.push(line);
+    // Each event as its line of the body: `data: ...`.
+    let mut rest: Vec<String> = Vec::new();
+    while let Next::Event(event) = stream.next(Duration::from_secs(30)) {
+        let done = event == SseEvent::Done;
+        rest.push(match event {
+            SseEvent::Data(data) => format!("data: {data}"),
+            SseEvent::Done => "data: [DONE]".into(),
+        });
         if done {
             break;
         }
     }
     let ended = killed.elapsed();
-    let _ = stream.kill();
-    let _ = stream.wait();
+    drop(stream);
     let tail = rest[rest.len().saturating_sub(3)..].join("\n");
     assert!(
         rest.last().is_some_and(|l| l.contains("[DONE]")),
@@ -253,7 +214,7 @@ fn chat_through_either_node_and_delete_from_the_other() {
         "max_tokens": 8,
         "stream": true,
     });
-    let (status, sse) = curl(b, "POST", "/v1/chat/completions", Some(&request)).expect("curl");
+    let (status, sse) = call(b, "POST", "/v1/chat/completions", Some(&request));
     assert_eq!(status, 200, "{sse}");
     assert!(sse.contains("chat.completion.chunk"), "{sse}");
     assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");

@@ -1,6 +1,7 @@
 //! Real `shoal` processes in Linux network namespaces (no `--peer`): they find each other by
 //! mDNS, agree on one state, verify edges, detect a crash, and take a restarted node back.
-//! Needs root (namespaces); skipped with a message otherwise.
+//! Needs root (namespaces): fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and
+//! counted (see `kit::skip`).
 
 mod support;
 

@@ -6,7 +6,7 @@ use inference::{ChatMessage, GenerateRequest, Prompt};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
 fn fixture() -> String {
-    let p = inference::Engine::default_model_path();
+    let p = kit::dirs::default_model_path();
     assert!(
         p.exists(),
         "{} is missing: run `cargo xtask setup`",

@@ -5,9 +5,13 @@
 //! a greedy "Paris", 32 concurrent streams (time to first token printed), and the loss of the
 //! runner mid-stream (an error, never a hang).
 //!
-//! Needs root (for `ip netns`), `curl`, the model fixture and the Python venv, all of which
-//! `cargo xtask setup` provides.
+//! Needs root (for `ip netns`), the model fixture and the Python venv, all of which
+//! `cargo xtask setup` provides; without root it fails, or with `SHOAL_ALLOW_SKIP=1` is
+//! skipped and counted (see `kit::skip`).
 
+use kit::blocking::Blocking;
+use kit::client::Api;
+use kit::netns::{self, Netns, Spec};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -15,48 +19,26 @@ use std::time::{Duration, Instant};
 
 const API_PORT: u16 = 52415;
 
-/// A network namespace with only loopback up, deleted on drop (even when the test panics).
-struct Namespace {
-    name: String,
-}
-
-impl Namespace {
-    fn create(tag: &str) -> Namespace {
-        let name = format!("shoal-t{}-{tag}", std::process::id());
-        // A namespace of that name can only be a leftover of a killed run with the same pid.
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .expect("`ip` runs (iproute2 is installed by `cargo xtask setup`)");
-        assert!(
-            out.status.success(),
-            "cannot create network namespace {name} (this test needs root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let ns = Namespace { name };
-        let out = Command::new("ip")
-            .args(["-n", &ns.name, "link", "set", "lo", "up"])
-            .output()
-            .expect("ip runs");
-        assert!(out.status.success(), "cannot bring lo up in {}", ns.name);
-        ns
+/// A network namespace with only loopback up (the kit's, with the node off the bridge),
+/// deleted on drop (even when the test panics). Without root the test fails here, or with
+/// `SHOAL_ALLOW_SKIP=1` is skipped and counted.
+fn namespace(tag: &str) -> Option<Netns> {
+    if !kit::skip::can_run(netns::available(), netns::NEEDS) {
+        return None;
     }
-
-    /// `program args...` run inside the namespace.
-    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(program);
-        c
+    let prefix = format!("shoal-t{}-{tag}", std::process::id());
+    // Namespaces of that name can only be leftovers of a killed run with the same pid.
+    for name in netns::list(&prefix) {
+        netns::delete(&name);
     }
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
+    let spec = Spec {
+        nodes: 1,
+        off_bridge: vec![0],
+        links: Vec::new(),
+    };
+    Some(Netns::create(&prefix, &spec).unwrap_or_else(|e| {
+        panic!("cannot create network namespace {prefix} (this test needs root): {e}")
+    }))
 }
 
 /// A `shoal` node process in its own namespace; stopped (SIGTERM, then SIGKILL) on drop,
@@ -64,15 +46,21 @@ impl Drop for Namespace {
 struct Node {
     child: Child,
     log: PathBuf,
-    ns: Namespace,
+    api: Blocking,
+    ns: Netns,
 }
 
 impl Node {
-    fn start(tag: &str) -> Node {
-        let ns = Namespace::create(tag);
-        let log = std::env::temp_dir().join(format!("{}.log", ns.name));
+    /// `None` when the test is skipped (see [`namespace`]).
+    fn start(tag: &str) -> Option<Node> {
+        let ns = namespace(tag)?;
+        let inside = &ns.nodes[0];
+        let log = std::env::temp_dir().join(format!("{}.log", inside.netns));
         let log_file = std::fs::File::create(&log).expect("create log file");
-        let child = ns
+        let api = Blocking::new(
+            Api::at(std::net::SocketAddr::from((inside.ip(), API_PORT))).in_netns(&inside.netns),
+        );
+        let child = inside
             .command(env!("CARGO_BIN_EXE_shoal"))
             .args(["--model", "default", "--api-port", &API_PORT.to_string()])
             .env("RUST_LOG", "info")
@@ -81,7 +69,12 @@ impl Node {
             .stderr(log_file)
             .spawn()
             .expect("start shoal");
-        Node { child, log, ns }
+        Some(Node {
+            child,
+            log,
+            api,
+            ns,
+        })
     }
 
     fn base_url(&self) -> String {
@@ -96,17 +89,11 @@ impl Node {
 
     /// GET `path` inside the namespace; `None` while the server does not answer 2xx.
     fn get_json(&self, path: &str) -> Option<Value> {
-        let out = self
-            .ns
-            .command("curl")
-            .args(["-sf", "--max-time", "5"])
-            .arg(format!("http://127.0.0.1:{API_PORT}{path}"))
-            .output()
-            .expect("curl runs (installed by `cargo xtask setup`)");
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
+        self.api
+            .run(Duration::from_secs(5), |api| {
+                api.json(kit::client::Method::GET, path, None)
+            })
+            .ok()
     }
 
     /// Waits until `/v1/models` lists `default` as ready.
@@ -141,13 +128,13 @@ impl Node {
     /// Runs a Python script with the venv's interpreter inside the namespace; panics with
     /// its output unless it exits 0 and printed "all passed".
     fn python(&self, script: &Path, args: &[&str], limit: Duration) -> String {
-        let python = venv_python();
+        let python = kit::dirs::python();
         assert!(
             python.exists(),
             "{} is missing: the openai Python client is installed by `cargo xtask setup`",
             python.display()
         );
-        let mut cmd = self.ns.command(&python);
+        let mut cmd = self.ns.nodes[0].command(&python.display().to_string());
         cmd.arg(script).args(args);
         let out = run_with_limit(cmd, limit);
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -203,21 +190,6 @@ fn run_with_limit(mut cmd: Command, limit: Duration) -> Output {
     child.wait_with_output().expect("collect output")
 }
 
-/// `SHOAL_PYTHON`, else `<cache>/venv/bin/python`, the cache resolved as xtask does.
-fn venv_python() -> PathBuf {
-    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(python) = non_empty("SHOAL_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let cache = non_empty("SHOAL_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("shoal")))
-        .unwrap_or_else(|| {
-            PathBuf::from(non_empty("HOME").unwrap_or_else(|| "/root".into())).join(".cache/shoal")
-        });
-    cache.join("venv/bin/python")
-}
-
 fn repo_file(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
@@ -240,7 +212,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// One test (one model load) rather than several, to keep CI on two cores short.
 #[test]
 fn one_node_serves_smollm2_in_a_namespace() {
-    let mut node = Node::start("serve");
+    let Some(mut node) = Node::start("serve") else {
+        return;
+    };
     let took = node.wait_ready(Duration::from_secs(240));
     eprintln!("node ready after {:.1} s", took.as_secs_f64());
     let url = node.base_url();

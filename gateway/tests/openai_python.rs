@@ -12,25 +12,10 @@ use gateway::GatewayConfig;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `SHOAL_PYTHON`, else `<cache>/venv/bin/python` with the cache resolved as xtask does
-/// (`SHOAL_CACHE_DIR`, else `$XDG_CACHE_HOME/shoal`, else `~/.cache/shoal`).
-fn venv_python() -> PathBuf {
-    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(python) = non_empty("SHOAL_PYTHON") {
-        return PathBuf::from(python);
-    }
-    let cache = non_empty("SHOAL_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("shoal")))
-        .unwrap_or_else(|| {
-            PathBuf::from(non_empty("HOME").unwrap_or_else(|| "/root".into())).join(".cache/shoal")
-        });
-    cache.join("venv/bin/python")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_openai_python_client() {
-    let python = venv_python();
+    // `SHOAL_PYTHON`, else `<cache>/venv/bin/python`, resolved by the kit as xtask does.
+    let python = kit::dirs::python();
     assert!(
         python.exists(),
         "{} is missing: the openai Python client is installed by `cargo xtask setup` \

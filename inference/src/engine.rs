@@ -9,7 +9,7 @@ use crate::request::{Completion, GenerateRequest, Prompt, TokenEvent};
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightFormat;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A whole model in this process, ready to generate.
 pub struct Engine {
@@ -47,23 +47,5 @@ impl Engine {
     ) -> Result<Completion> {
         let mut local = LocalForward::new(&self.model)?;
         crate::generate::generate(&mut local, &self.tokenizer, request, on_token)
-    }
-
-    /// Path of the default model (the SmolLM2 fixture `cargo xtask setup` downloads).
-    pub fn default_model_path() -> PathBuf {
-        let cache = std::env::var_os("SHOAL_CACHE_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                let base = std::env::var_os("XDG_CACHE_HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| {
-                        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/".into()))
-                            .join(".cache")
-                    });
-                base.join("shoal")
-            });
-        cache.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf")
     }
 }

@@ -85,8 +85,17 @@ fn blas_comes_from_the_system_openblas() {
 fn weights_are_advised_to_huge_pages() {
     let thp =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if !thp.contains("[madvise]") && !thp.contains("[always]") {
-        eprintln!("transparent huge pages are off on this kernel ({thp:?}); nothing to check");
+    let check = if thp.contains("[madvise]") || thp.contains("[always]") {
+        Ok(())
+    } else {
+        Err(format!(
+            "transparent huge pages are off on this kernel ({thp:?})"
+        ))
+    };
+    if !kit::skip::can_run(
+        check,
+        "enable them: echo madvise > /sys/kernel/mm/transparent_hugepage/enabled",
+    ) {
         return;
     }
     let weights = ops::ones::<f32>(&[4096, 1024]).unwrap();

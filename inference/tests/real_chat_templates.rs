@@ -11,7 +11,7 @@ mod reference;
 
 use inference::chat_template::render_chat_template;
 use inference::gguf::{GgufFile, GgufValue};
-use inference::{ChatMessage, DateTime, Engine, TemplateClock};
+use inference::{ChatMessage, DateTime, TemplateClock};
 use reference::{python_with_jinja2, reference_dir, skip_without_reference};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -200,7 +200,7 @@ fn smollm2_fixture_template_matches_jinja2() {
     let Some(python) = python_with_jinja2() else {
         return;
     };
-    let path = Engine::default_model_path();
+    let path = kit::dirs::default_model_path();
     let gguf = GgufFile::open(&path).expect("the SmolLM2 fixture (run `cargo xtask setup`)");
     let template = gguf
         .get("tokenizer.chat_template")

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 fn fixture() -> PathBuf {
-    let p = Engine::default_model_path();
+    let p = kit::dirs::default_model_path();
     assert!(
         p.exists(),
         "{} is missing: run `cargo xtask setup`",

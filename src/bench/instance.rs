@@ -4,11 +4,10 @@
 //! `{"status": ...}` or an externally tagged `{"failed": {"reason": ...}}`), so a field that
 //! moves does not break the bench silently: anything unreadable is an error naming it.
 
+use kit::instances::ranks;
+use kit::runner_states::{is_serving, name, runner_status, runners};
+use placement::RunnerStatus;
 use serde_json::Value;
-
-#[path = "../../xtask/src/runner_states.rs"]
-mod runner_states;
-use runner_states::{is_serving, runner_state, runners};
 
 /// How the user asked to shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -42,10 +41,7 @@ pub struct Preview {
 
 /// The number of ranks in an instance or placement value, wherever it keeps them.
 fn rank_count(v: &Value) -> Option<usize> {
-    v.get("ranks")
-        .and_then(Value::as_array)
-        .or_else(|| v.get("placement")?.get("ranks")?.as_array())
-        .map(Vec::len)
+    ranks(v).map(Vec::len)
 }
 
 /// The previews of `GET /instance/previews` that can be placed, are wanted, and span
@@ -148,16 +144,17 @@ pub fn readiness(instance: &Value) -> Readiness {
     let runners = runners(instance);
     let expected = rank_count(instance).unwrap_or(1).max(1);
     let mut states = Vec::new();
+    let mut ready = 0;
     for runner in &runners {
-        match runner_state(runner) {
-            Some((state, reason)) if state == "failed" => {
-                return Readiness::Failed(reason.unwrap_or_else(|| runner.to_string()))
+        match runner_status(runner) {
+            Some(RunnerStatus::Failed { reason }) => return Readiness::Failed(reason),
+            Some(status) => {
+                ready += usize::from(is_serving(&status));
+                states.push(name(&status).to_string());
             }
-            Some((state, _)) => states.push(state),
             None => states.push(format!("unreadable {runner}")),
         }
     }
-    let ready = states.iter().filter(|s| is_serving(s)).count();
     if ready >= expected {
         return Readiness::Ready;
     }

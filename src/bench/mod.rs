@@ -9,17 +9,15 @@
 //! (completion tokens − 1) over the time from the first token to the last, both as seen by
 //! the client (so they include HTTP and, through a node without rank 0, forwarding).
 
-mod client;
 mod instance;
 mod prompt;
 mod report;
-mod sse;
 
 use clap::Args;
-use client::Api;
-use hyper::Method;
 use instance::{readiness, select_previews, Preview, Readiness, ShardingChoice};
-use report::{Row, Sample};
+use kit::client::{percent_encode, Api};
+use kit::timing::Sample;
+use report::Row;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,7 +79,7 @@ struct Options {
 
 impl Options {
     fn from_args(args: &BenchArgs) -> Result<Options, String> {
-        let api = Api::parse(&args.api)?;
+        let api = Api::parse(&args.api, gateway::DEFAULT_API_PORT)?;
         if args.model.trim().is_empty() {
             return Err("--model: name a model, for example `default`".into());
         }
@@ -151,8 +149,7 @@ pub fn run(args: &BenchArgs) -> ExitCode {
 }
 
 async fn bench(o: &Options) -> Result<(), String> {
-    let path = format!("/instance/previews?model_id={}", percent_encode(&o.model));
-    let answer = o.api.json(Method::GET, &path, None).await.map_err(|e| {
+    let answer = o.api.previews(&o.model).await.map_err(|e| {
         format!(
             "asking {} for placements of `{}`: {e}",
             o.api.url(),
@@ -231,14 +228,7 @@ async fn bench(o: &Options) -> Result<(), String> {
 /// Creates the instance, measures it, deletes it; pushes the rows (or the failure) measured.
 async fn measure_preview(o: &Options, preview: &Preview, rows: &mut Vec<Result<Row, String>>) {
     let label = format!("{} on {} node(s)", preview.sharding, preview.nodes);
-    let created = o
-        .api
-        .json(
-            Method::POST,
-            "/instance",
-            Some(&json!({ "instance": preview.instance })),
-        )
-        .await;
+    let created = o.api.create_instance(&preview.instance).await;
     let id = match created.map_err(|e| e.to_string()).and_then(|answer| {
         instance::instance_id(&answer)
             .ok_or_else(|| format!("POST /instance answered no instance id: {answer}"))
@@ -294,16 +284,16 @@ impl Drop for DeleteOnDrop {
                 .enable_all()
                 .build();
             if let Ok(runtime) = runtime {
-                let path = format!("/instance/{}", percent_encode(&id));
                 let deleted = runtime.block_on(tokio::time::timeout(
                     Duration::from_secs(10),
-                    api.json(Method::DELETE, &path, None),
+                    api.delete_instance(&id),
                 ));
                 match deleted {
                     Ok(Ok(_)) => eprintln!("deleted instance {id}"),
                     _ => eprintln!(
-                        "could not delete instance {id}; remove it with curl -X DELETE {}{path}",
-                        api.url()
+                        "could not delete instance {id}; remove it with curl -X DELETE {}/instance/{}",
+                        api.url(),
+                        percent_encode(&id)
                     ),
                 }
             }
@@ -314,12 +304,13 @@ impl Drop for DeleteOnDrop {
 
 async fn wait_ready(o: &Options, id: &str) -> Result<(), String> {
     let started = Instant::now();
-    let path = format!("/instance/{}", percent_encode(id));
     let mut last = String::new();
     loop {
-        let status = match o.api.json(Method::GET, &path, None).await {
+        let status = match o.api.instance(id).await {
             Ok(instance) => readiness(&instance),
-            Err(e) => Readiness::Waiting(format!("GET {path} failed: {e}")),
+            Err(e) => {
+                Readiness::Waiting(format!("GET /instance/{} failed: {e}", percent_encode(id)))
+            }
         };
         match status {
             Readiness::Ready => {
@@ -348,16 +339,12 @@ async fn wait_ready(o: &Options, id: &str) -> Result<(), String> {
 }
 
 async fn delete_and_wait(o: &Options, id: &str) -> Result<(), String> {
-    let path = format!("/instance/{}", percent_encode(id));
-    o.api
-        .json(Method::DELETE, &path, None)
-        .await
-        .map_err(|e| e.to_string())?;
+    o.api.delete_instance(id).await.map_err(|e| e.to_string())?;
     // Let the runners shut down before the next placement starts its own.
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(30) {
-        match o.api.json(Method::GET, &path, None).await {
-            Err(e) if e.status == Some(hyper::StatusCode::NOT_FOUND) => {
+        match o.api.instance(id).await {
+            Err(e) if e.status.is_some_and(|s| s.as_u16() == 404) => {
                 eprintln!("deleted instance {id}");
                 return Ok(());
             }
@@ -391,14 +378,10 @@ async fn calibrate(o: &Options, model: &str, target: u32) -> Result<(usize, u64)
     let mut best: Option<(usize, u64)> = None;
     for _ in 0..prompt::MAX_CALIBRATION_ROUNDS {
         let body = chat_body(model, &prompt::build_prompt(words), 1, false);
-        let answer = tokio::time::timeout(
-            o.timeout,
-            o.api
-                .json(Method::POST, "/v1/chat/completions", Some(&body)),
-        )
-        .await
-        .map_err(|_| format!("sizing the prompt took over {} s", o.timeout.as_secs()))?
-        .map_err(|e| format!("sizing the prompt: {e}"))?;
+        let answer = tokio::time::timeout(o.timeout, o.api.chat(&body))
+            .await
+            .map_err(|_| format!("sizing the prompt took over {} s", o.timeout.as_secs()))?
+            .map_err(|e| format!("sizing the prompt: {e}"))?;
         let got = answer["usage"]["prompt_tokens"]
             .as_u64()
             .ok_or_else(|| format!("the chat answer has no usage.prompt_tokens: {answer}"))?;
@@ -473,20 +456,6 @@ async fn measure_instance(
         }
     }
     Ok(())
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters (for ids in paths and
-/// queries).
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -567,11 +536,5 @@ mod tests {
         assert_eq!(b["ignore_eos"], true);
         assert_eq!(b["stream_options"]["include_usage"], true);
         assert!(chat_body("m", "x", 1, false).get("stream").is_none());
-    }
-
-    #[test]
-    fn percent_encoding_keeps_unreserved() {
-        assert_eq!(percent_encode("org/Model-1.5_b~"), "org%2FModel-1.5_b~");
-        assert_eq!(percent_encode("a b#"), "a%20b%23");
     }
 }

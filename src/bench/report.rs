@@ -1,46 +1,11 @@
-//! Figures of `shoal bench`: one measured request ([`Sample`]), the mean and spread of several
+//! Figures of `shoal bench`: one measured request ([`Sample`], the kit's), the mean and spread of several
 //! ([`MeanSd`]), one line of the table per placement × prompt size × generation length
 //! ([`Row`]), and the table and JSON they print as.
 
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
-/// One streamed request, timed by the client from the moment it sent the request.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
-    /// `usage.prompt_tokens`: the prompt after the chat template.
-    pub prompt_tokens: u64,
-    /// `usage.completion_tokens`.
-    pub completion_tokens: u64,
-    /// Seconds until the first generated text arrived (prefill plus one step plus HTTP).
-    pub ttft_s: f64,
-    /// Seconds from the first generated text to the last.
-    pub decode_s: f64,
-}
-
-impl Sample {
-    /// Prompt tokens per second: prompt tokens over the time to the first token.
-    pub fn prompt_tps(&self) -> Option<f64> {
-        (self.ttft_s > 0.0).then(|| self.prompt_tokens as f64 / self.ttft_s)
-    }
-
-    /// Generation tokens per second: the tokens after the first over the time they took.
-    pub fn generation_tps(&self) -> Option<f64> {
-        (self.completion_tokens >= 2 && self.decode_s > 0.0)
-            .then(|| (self.completion_tokens - 1) as f64 / self.decode_s)
-    }
-
-    fn to_json(self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "ttft_s": self.ttft_s,
-            "decode_s": self.decode_s,
-            "prompt_tps": self.prompt_tps(),
-            "generation_tps": self.generation_tps(),
-        })
-    }
-}
+pub use kit::timing::Sample;
 
 /// Mean and sample standard deviation (n − 1; 0 for a single value).
 #[derive(Debug, Clone, Copy, PartialEq)]

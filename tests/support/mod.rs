@@ -1,11 +1,13 @@
 //! Helpers for tests that run real `shoal` processes in Linux network namespaces. The
-//! namespace code is the same file `cargo xtask cluster` uses.
+//! namespaces, the skip rule and the cluster-API client come from the kit, as for
+//! `cargo xtask cluster`.
 
 #![allow(dead_code)]
 
-#[path = "../../xtask/src/netns.rs"]
-pub mod netns;
+pub use kit::netns;
 
+use kit::blocking::Blocking;
+use kit::client::Api;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
@@ -29,14 +31,19 @@ pub struct ShoalNode {
     pub log: PathBuf,
     /// Extra `shoal` arguments (e.g. `--peer`).
     pub extra_args: Vec<String>,
+    /// Its API, reached from inside its namespace.
+    pub api: Blocking,
     child: Option<Child>,
 }
 
 impl ShoalNode {
     /// A node that is not started yet.
     pub fn new(node: netns::Node, dir: &std::path::Path, index: usize) -> ShoalNode {
+        let addr = std::net::SocketAddr::from((node.ip(), API_PORT));
+        let api = Blocking::new(Api::at(addr).in_netns(&node.netns));
         ShoalNode {
             node,
+            api,
             data_dir: dir.join(format!("n{index}")),
             log: dir.join(format!("n{index}.log")),
             extra_args: Vec::new(),
@@ -137,11 +144,11 @@ pub struct TestNet {
 }
 
 impl TestNet {
-    /// Namespaces named `<tag><pid>...` laid out as `spec`, with a node for each; `None` (and
-    /// the reason printed) where namespaces are not available, so the caller skips.
+    /// Namespaces named `<tag><pid>...` laid out as `spec`, with a node for each. Where
+    /// namespaces are not available the test fails here, or with `SHOAL_ALLOW_SKIP=1` this
+    /// returns `None` after counting the skip, and the caller returns (see `kit::skip`).
     pub fn create(tag: &str, spec: &netns::Spec) -> Option<(TestNet, Vec<ShoalNode>)> {
-        if let Err(why) = netns::available() {
-            eprintln!("skipping: {why}");
+        if !kit::skip::can_run(netns::available(), netns::NEEDS) {
             return None;
         }
         let prefix = format!("{tag}{}", std::process::id());

@@ -8,8 +8,8 @@
 //! N (default 20, at most 200) requests per path, one at a time.
 
 use crate::e2e::json_line;
-use crate::instances::instances_in_state;
 use crate::testbed::{self, Poll, Testbed};
+use kit::instances::instances_in_state;
 use serde_json::Value;
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! on this machine, each in its own network namespace on a shared bridge, until Ctrl-C.
 //! `cargo xtask cluster --down` removes what a killed run left behind.
 
-use crate::netns::{self, Netns, Spec};
 use crate::{cargo, paths::target_dir};
+use kit::netns::{self, Netns, Spec};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -9,8 +9,8 @@
 //! survivors and answer. Prints each step, the figures, and which step failed and why.
 //! Bounded (about three minutes at most); namespaces are removed whatever happens.
 
-use crate::instances::{describe, instances_in_state, read_instance, InstanceInfo};
 use crate::testbed::{self, Poll, Testbed};
+use kit::instances::{describe, instances_in_state, read_instance, InstanceInfo};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -148,15 +148,10 @@ fn run(
     steps.done("every node sees 3 alive");
 
     steps.next("place the SmolLM2 fixture across all 3 nodes (pipeline)");
-    let placed = tb
-        .http(
-            0,
-            0,
-            "POST",
-            "/place_instance",
-            Some(&json!({"model_id": MODEL, "sharding": "Pipeline", "min_nodes": NODES})),
-        )?
-        .ok_json("POST /place_instance on node 1")?;
+    let request = json!({"model_id": MODEL, "sharding": "Pipeline", "min_nodes": NODES});
+    let placed = tb.request(0, "POST /place_instance", |api| {
+        api.place_instance(&request)
+    })?;
     let id = read_instance(&placed, None)
         .map(|i| i.id)
         .ok_or_else(|| format!("POST /place_instance answered no instance id: {placed}"))?;
@@ -170,7 +165,7 @@ fn run(
             for i in 0..NODES {
                 tb.check_alive(i)?;
             }
-            let v = match tb.get(0, &format!("/instance/{id}")) {
+            let v = match tb.request(0, "GET /instance", |api| api.instance(&id)) {
                 Ok(v) => v,
                 Err(e) => return Ok(Poll::Waiting(e)),
             };

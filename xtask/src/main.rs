@@ -5,12 +5,9 @@ mod bench_forward;
 mod bench_inference;
 mod cluster;
 mod e2e;
-mod instances;
-mod netns;
 mod paths;
 mod pyenv;
 mod reference;
-mod runner_states;
 mod setup;
 mod testbed;
 mod util;
@@ -31,7 +28,9 @@ Commands:
   pyenv            create or update the Python venv with the pinned openai client (part
                    of setup); prints its interpreter as the last line
   test [ARGS]      setup, then every test of the workspace, then e2e (ARGS go to
-                   `cargo test`; with ARGS, e2e is skipped)
+                   `cargo test`; with ARGS, e2e is skipped). A test that cannot run
+                   fails; with SHOAL_ALLOW_SKIP=1 it is skipped, and the skips are
+                   listed at the end
   e2e [--release]  3 nodes in namespaces: one model across all 3, chat through each, kill
                    the middle rank's node mid-stream, re-placement on the survivors
   cluster -n N [--extra-link A,B]... [--release] [-- SHOAL ARGS]
@@ -52,6 +51,8 @@ Commands:
 Environment:
   SHOAL_CACHE_DIR   cache root (default $XDG_CACHE_HOME/shoal or ~/.cache/shoal)
   CARGO_TARGET_DIR  build directory (default <cache>/target, shared across clones)
+  SHOAL_ALLOW_SKIP  1: tests that cannot run (no root, no fixture) are skipped and
+                    counted instead of failing (never set in CI)
 ";
 
 fn main() -> ExitCode {
@@ -116,10 +117,17 @@ fn run_node(args: &[String]) -> Result<(), String> {
 fn test(args: &[String]) -> Result<(), String> {
     setup::setup()?;
     eprintln!("running every test of the workspace ...");
-    run(cargo()
+    // Every test that cannot run and is allowed to skip leaves a line here.
+    let skip_log = target_dir().join("shoal-skips.log");
+    let _ = std::fs::remove_file(&skip_log);
+    let tested = run(cargo()
         .args(["test", "--workspace"])
         .args(args)
-        .env("SHOAL_PYTHON", pyenv::venv_python()))?;
+        .env("SHOAL_PYTHON", pyenv::venv_python())
+        .env(kit::skip::LOG_VAR, &skip_log));
+    let skips = kit::skip::read_log(&skip_log);
+    check_skips(&skips, kit::skip::allowed())?;
+    tested?;
     if !args.is_empty() {
         eprintln!("(a subset of the tests was asked for: `cargo xtask e2e` not run)");
         return Ok(());
@@ -127,6 +135,24 @@ fn test(args: &[String]) -> Result<(), String> {
     eprintln!("running the end-to-end check (cargo xtask e2e) ...");
     // The binary `cargo test` just built for the integration tests: no second build.
     e2e::e2e_with(Some(target_dir().join("debug").join("shoal")), false)
+}
+
+/// Prints the skips; with any and without `SHOAL_ALLOW_SKIP=1` (as in CI) the run fails, so
+/// a green run means every test ran.
+fn check_skips(skips: &[String], allowed: bool) -> Result<(), String> {
+    let Some(summary) = kit::skip::summary(skips) else {
+        return Ok(());
+    };
+    eprintln!("{summary}");
+    if allowed {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} test(s) skipped without {}=1: every test must run",
+            skips.len(),
+            kit::skip::ALLOW_VAR
+        ))
+    }
 }
 
 fn bench(args: &[String]) -> Result<(), String> {
@@ -140,5 +166,22 @@ fn bench(args: &[String]) -> Result<(), String> {
                   `forward` or `cluster`"
                 .into(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skips_fail_the_run_unless_allowed() {
+        assert_eq!(check_skips(&[], false), Ok(()));
+        let skips = vec!["mesh_cluster::t: network namespaces need root (run as root)".to_string()];
+        let e = check_skips(&skips, false).unwrap_err();
+        assert!(
+            e.starts_with("1 test(s) skipped without SHOAL_ALLOW_SKIP=1"),
+            "{e}"
+        );
+        assert_eq!(check_skips(&skips, true), Ok(()));
     }
 }

@@ -1,13 +1,13 @@
 //! `cargo xtask pyenv`: a Python virtual environment with the official `openai` client, for the
 //! tests that drive the gateway the way users do, and jinja2, for the chat-template tests.
 //!
-//! The venv lives at `<cache>/venv` (see `paths::cache_dir`), outside the clone. Every package
+//! The venv lives at `<cache>/venv` (see `kit::dirs`), outside the clone. Every package
 //! is pinned (the client and what it pulled from PyPI when it was pinned), so every machine
 //! tests against the same client. A stamp holding the pinned list makes a second run free;
 //! changing the list reinstalls.
 
-use crate::paths::cache_dir;
 use crate::util::{command_exists, run, Step};
+pub use kit::dirs::{venv_dir, venv_python};
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
@@ -32,17 +32,6 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     "jinja2==3.1.6",
     "MarkupSafe==3.0.4",
 ];
-
-/// Where the venv lives.
-pub fn venv_dir() -> PathBuf {
-    cache_dir().join("venv")
-}
-
-/// The venv's interpreter; the gateway's tests read it from `SHOAL_PYTHON`, else from this
-/// same path.
-pub fn venv_python() -> PathBuf {
-    venv_dir().join("bin").join("python")
-}
 
 /// Creates or updates the venv; returns its interpreter.
 pub fn pyenv(step: Step) -> Result<PathBuf, String> {

@@ -35,7 +35,8 @@ const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea3
 
 /// Debian packages: cmake and g++ build mlx-c; libclang-dev feeds bindgen; OpenBLAS and
 /// LAPACKE replace the wheel's slow reference BLAS; iproute2 makes the test namespaces;
-/// python3-venv holds the openai client's venv; curl drives the cluster API in tests.
+/// python3-venv holds the openai client's venv; curl is what `cargo xtask run` and the README
+/// suggest for a first request (the tests and the xtask use the kit's cluster-API client).
 const DEBIAN_PACKAGES: &[&str] = &[
     "cmake",
     "g++",

@@ -1,11 +1,14 @@
 //! A cluster of real `shoal` nodes for end-to-end runs and benchmarks: N nodes, each in its own
-//! network namespace on a private bridge (see `netns`), their HTTP APIs reached with `curl`
-//! from inside a namespace, the Python `openai` client run inside one, and everything killed
-//! and removed when the testbed is dropped, also after a failure or Ctrl-C.
+//! network namespace on a private bridge (see `kit::netns`), their HTTP APIs reached with the
+//! kit's cluster-API client from inside each node's namespace, the Python `openai` client run
+//! inside one, and everything killed and removed when the testbed is dropped, also after a
+//! failure or Ctrl-C.
 
-use crate::netns::{Netns, Node, Spec};
 use crate::paths::{target_dir, workspace_root};
 use crate::pyenv::venv_python;
+use kit::blocking::Blocking;
+use kit::client::{Api, ApiFailure, Method};
+use kit::netns::{Netns, Node, Spec};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -76,7 +79,12 @@ pub enum Poll<T> {
 struct NodeProcess {
     child: Option<Child>,
     log: PathBuf,
+    /// Its API, reached from inside its namespace.
+    api: Blocking,
 }
+
+/// How long one API request may take.
+const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 
 /// N nodes in namespaces.
 pub struct Testbed {
@@ -84,33 +92,6 @@ pub struct Testbed {
     /// Declared after `nodes` so that the processes are stopped before the namespaces go.
     netns: Netns,
     data_root: PathBuf,
-}
-
-/// An answer of the HTTP API.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: u16,
-    pub body: String,
-}
-
-impl Answer {
-    /// The body as JSON, if it is.
-    pub fn json(&self) -> Option<Value> {
-        serde_json::from_str(&self.body).ok()
-    }
-
-    /// The JSON body of a 2xx answer; otherwise an error with the API's message.
-    pub fn ok_json(&self, what: &str) -> Result<Value, String> {
-        let value = self.json();
-        if (200..300).contains(&self.status) {
-            return value.ok_or_else(|| format!("{what}: the answer is not JSON: {}", self.body));
-        }
-        let message = value
-            .as_ref()
-            .and_then(|v| v["error"]["message"].as_str())
-            .map_or_else(|| self.body.clone(), str::to_string);
-        Err(format!("{what}: HTTP {}: {message}", self.status))
-    }
 }
 
 impl Testbed {
@@ -121,7 +102,7 @@ impl Testbed {
         binary: &Path,
         args: impl Fn(usize) -> Vec<String>,
     ) -> Result<Testbed, String> {
-        crate::netns::available()?;
+        kit::netns::available()?;
         remove_stale(tag);
         let prefix = format!("shoal{tag}-{}", std::process::id());
         let spec = Spec {
@@ -159,9 +140,12 @@ impl Testbed {
                 .stderr(err)
                 .spawn()
                 .map_err(|e| format!("cannot start node {}: {e}", i + 1))?;
+            let node = &testbed.netns.nodes[i];
+            let api = Api::at(std::net::SocketAddr::from((node.ip(), API_PORT)));
             testbed.nodes.push(NodeProcess {
                 child: Some(child),
                 log,
+                api: Blocking::new(api.in_netns(&node.netns)),
             });
         }
         Ok(testbed)
@@ -222,54 +206,27 @@ impl Testbed {
         Ok(())
     }
 
-    /// An HTTP request to node `target`'s API, sent with curl from node `from`'s namespace.
-    pub fn http(
-        &self,
-        from: usize,
-        target: usize,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<Answer, String> {
-        let mut cmd = self.ns(from).command("curl");
-        cmd.args([
-            "-s",
-            "--max-time",
-            "10",
-            "-X",
-            method,
-            "-w",
-            "\n%{http_code}",
-        ]);
-        if let Some(body) = body {
-            cmd.args(["-H", "content-type: application/json", "--data-binary"])
-                .arg(body.to_string());
-        }
-        cmd.arg(format!("{}{path}", self.url(target)));
-        let out = cmd
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run curl (installed by `cargo xtask setup`): {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        let status: u16 = code.trim().parse().unwrap_or(0);
-        if !out.status.success() || status == 0 {
-            return Err(format!(
-                "{method} {}{path}: no answer (curl exit {})",
-                self.url(target),
-                out.status.code().unwrap_or(-1)
-            ));
-        }
-        Ok(Answer {
-            status,
-            body: body.to_string(),
-        })
+    /// A request to node `i`'s API from its own namespace, bounded; a failure names the node.
+    pub fn request<'a, T, F>(
+        &'a self,
+        i: usize,
+        what: &str,
+        request: impl FnOnce(&'a Api) -> F,
+    ) -> Result<T, String>
+    where
+        F: std::future::Future<Output = Result<T, ApiFailure>>,
+    {
+        self.nodes[i]
+            .api
+            .run(REQUEST_LIMIT, request)
+            .map_err(|e| format!("{what} on node {}: {e}", i + 1))
     }
 
     /// GET on node `i` from its own namespace, as JSON.
     pub fn get(&self, i: usize, path: &str) -> Result<Value, String> {
-        self.http(i, i, "GET", path, None)?
-            .ok_json(&format!("GET {path} on node {}", i + 1))
+        self.request(i, &format!("GET {path}"), |api| {
+            api.json(Method::GET, path, None)
+        })
     }
 
     /// Polls `probe` every `every` until it is ready, up to `limit`. The probe's `Err` ends
@@ -469,7 +426,7 @@ impl Drop for Testbed {
 fn remove_stale(tag: &str) {
     let family = format!("shoal{tag}-");
     let mut stale: Vec<String> = Vec::new();
-    for name in crate::netns::list(&family) {
+    for name in kit::netns::list(&family) {
         let pid = name[family.len()..].split('-').next().unwrap_or("");
         let alive = !pid.is_empty() && Path::new("/proc").join(pid).exists();
         if !alive {
@@ -477,7 +434,7 @@ fn remove_stale(tag: &str) {
         }
     }
     for name in &stale {
-        crate::netns::delete(name);
+        kit::netns::delete(name);
     }
     if !stale.is_empty() {
         eprintln!(

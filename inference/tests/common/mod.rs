@@ -3,8 +3,7 @@
 //! network namespace when the tests run as root (else on loopback).
 #![allow(dead_code)]
 
-#[path = "../../../xtask/src/netns.rs"]
-pub mod netns;
+pub use kit::netns;
 
 use inference::sampling::Rng;
 use mlx_rs::Array;
@@ -165,7 +164,7 @@ pub fn argmax(v: &[f32]) -> u32 {
 
 /// The SmolLM2 fixture that `cargo xtask setup` downloads.
 pub fn smollm2() -> std::path::PathBuf {
-    let path = inference::Engine::default_model_path();
+    let path = kit::dirs::default_model_path();
     assert!(
         path.exists(),
         "{} is missing: run `cargo xtask setup`",

@@ -1,16 +1,19 @@
 //! Reading instances out of the cluster API's JSON (`GET /state`, `GET /instance/{id}`,
-//! `POST /place_instance`) for the end-to-end run and the benchmarks: ids, the node of each
-//! rank, and whether every rank's runner is ready. Tolerant of where the fields sit (an
+//! `POST /place_instance`) for the end-to-end run, the benchmarks and `shoal bench`: ids, the
+//! node of each rank, and whether every rank's runner is ready. Tolerant of where the fields sit (an
 //! instance's `ranks` or its `placement.ranks`; runner states as `"ready"`, `{"state": ...}`,
 //! `{"status": ...}` or `{"failed": {...}}`), strict about what it needs.
 
-use crate::runner_states::{is_serving, runner_state, runners};
+use crate::runner_states::{is_serving, name, runner_status, runners};
+use placement::RunnerStatus;
 use serde_json::Value;
 
 /// An instance as the run needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceInfo {
+    /// The instance id.
     pub id: String,
+    /// The model it serves.
     pub model_id: String,
     /// The node of each rank, in rank order.
     pub rank_nodes: Vec<String>,
@@ -20,9 +23,12 @@ pub struct InstanceInfo {
     pub failed: Option<String>,
     /// Runner states, for progress lines.
     pub states: Vec<String>,
+    /// How many runners serve.
+    pub serving: usize,
 }
 
-fn ranks(v: &Value) -> Option<&Vec<Value>> {
+/// The ranks of an instance or placement value, wherever it keeps them.
+pub fn ranks(v: &Value) -> Option<&Vec<Value>> {
     v.get("ranks")
         .and_then(Value::as_array)
         .or_else(|| v.get("placement")?.get("ranks")?.as_array())
@@ -48,18 +54,19 @@ pub fn read_instance(v: &Value, id_hint: Option<&str>) -> Option<InstanceInfo> {
         .unwrap_or_default();
     let mut states = Vec::new();
     let mut failed = None;
+    let mut ready_count = 0;
     for r in runners(v) {
-        match runner_state(r) {
-            Some((state, reason)) => {
-                if state == "failed" && failed.is_none() {
-                    failed = Some(reason.unwrap_or_else(|| r.to_string()));
+        match runner_status(r) {
+            Some(status) => {
+                if let RunnerStatus::Failed { reason } = &status {
+                    failed.get_or_insert_with(|| reason.clone());
                 }
-                states.push(state);
+                ready_count += usize::from(is_serving(&status));
+                states.push(name(&status).to_string());
             }
             None => states.push(format!("unreadable {r}")),
         }
     }
-    let ready_count = states.iter().filter(|s| is_serving(s)).count();
     let ready = !rank_nodes.is_empty() && ready_count >= rank_nodes.len() && failed.is_none();
     Some(InstanceInfo {
         id,
@@ -72,6 +79,7 @@ pub fn read_instance(v: &Value, id_hint: Option<&str>) -> Option<InstanceInfo> {
         ready,
         failed,
         states,
+        serving: ready_count,
     })
 }
 
@@ -89,7 +97,7 @@ pub fn instances_in_state(state: &Value) -> Vec<InstanceInfo> {
 
 /// A progress description: `2/3 ready (connecting, ready, ready)`.
 pub fn describe(info: &InstanceInfo) -> String {
-    let ready = info.states.iter().filter(|s| is_serving(s)).count();
+    let ready = info.serving;
     let mut states = info.states.clone();
     states.sort();
     format!(

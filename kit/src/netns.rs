@@ -1,8 +1,9 @@
 //! Local clusters in Linux network namespaces: one namespace per node, joined by a bridge that
 //! lives in its own "hub" namespace (so nothing touches the host's interfaces), with private
 //! 10.x addresses that exist only inside them, plus optional point-to-point veth links between
-//! two nodes (a stand-in for a Thunderbolt cable). Used by `cargo xtask cluster` and by the
-//! integration tests (which include this file), so it depends on std only and shells to `ip`.
+//! two nodes (a stand-in for a Thunderbolt cable). Used by `cargo xtask cluster`, the xtask's
+//! testbed and the integration tests; it shells to `ip`, and [`connect_in`] opens a TCP
+//! connection from inside a namespace (for the cluster-API client).
 //!
 //! Dropping a [`Netns`] kills every process left in its namespaces and deletes them.
 
@@ -76,16 +77,52 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// True if this process can create namespaces (root and `ip` present).
+/// What [`available`] and the tests say to do when namespaces cannot be made.
+pub const NEEDS: &str = "run the tests as root on Linux with iproute2 installed \
+                         (`cargo xtask setup` installs it)";
+
+/// `Ok` if this process can create namespaces (root and `ip` present), else why not.
 pub fn available() -> Result<(), String> {
-    let uid = Command::new("id")
-        .arg("-u")
-        .output()
-        .map_err(|e| format!("cannot run id: {e}"))?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Err("network namespaces need root".into());
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    check_available(euid, || ip(&["netns", "list"]))
+}
+
+/// [`available`] for a process of effective user id `euid` whose `ip netns list` answers
+/// `ip_netns` (injectable, so tests can be "not root").
+pub fn check_available(
+    euid: u32,
+    ip_netns: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    if euid != 0 {
+        return Err(format!(
+            "network namespaces need root (running as uid {euid})"
+        ));
     }
-    ip(&["netns", "list"]).map_err(|e| format!("`ip netns` is not usable: {e}"))
+    ip_netns().map_err(|e| format!("`ip netns` is not usable: {e}"))
+}
+
+/// A TCP connection to `addr` made from inside namespace `netns` (the socket stays there
+/// after the call), within `timeout`. A short-lived thread enters the namespace, so the
+/// caller's own threads never change namespace. Needs root, as namespaces do.
+pub fn connect_in(
+    netns: &str,
+    addr: std::net::SocketAddr,
+    timeout: std::time::Duration,
+) -> std::io::Result<std::net::TcpStream> {
+    let path = format!("/run/netns/{netns}");
+    let file = std::fs::File::open(&path)?;
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns on an open namespace file changes only this thread's namespace; the
+        // thread ends after connecting.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        std::net::TcpStream::connect_timeout(&addr, timeout)
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the namespace thread panicked"))?
 }
 
 /// Namespaces whose names start with `prefix`.
@@ -217,5 +254,38 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_root_with_a_working_ip_may_make_namespaces() {
+        let ok = || Ok(());
+        assert_eq!(check_available(0, ok), Ok(()));
+        let not_root = check_available(1000, || panic!("not asked")).unwrap_err();
+        assert!(
+            not_root.contains("need root") && not_root.contains("1000"),
+            "{not_root}"
+        );
+        let no_ip = check_available(0, || Err("cannot run `ip`".into())).unwrap_err();
+        assert!(no_ip.contains("`ip netns` is not usable"), "{no_ip}");
+    }
+
+    #[test]
+    fn a_node_without_addresses_is_on_loopback() {
+        let node = Node {
+            netns: "x".into(),
+            bridge_ip: None,
+            link_ips: vec![],
+        };
+        assert_eq!(node.ip(), Ipv4Addr::LOCALHOST);
+        let node = Node {
+            link_ips: vec![Ipv4Addr::new(10, 100, 0, 2)],
+            ..node
+        };
+        assert_eq!(node.ip(), Ipv4Addr::new(10, 100, 0, 2));
     }
 }
