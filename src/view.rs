@@ -6,7 +6,7 @@ use control::{Author, Snapshot};
 use mesh::probe::{EdgeRecord, EDGE_PREFIX};
 use mesh::profile::{HostProfile, PROFILE_KEY};
 use placement::Edge;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// Reads a snapshot out of a mesh replica.
 pub fn snapshot_of(replica: &mesh::Replica) -> Snapshot {
@@ -78,7 +78,8 @@ pub fn placement_nodes(snapshot: &Snapshot) -> (Vec<placement::NodeProfile>, Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use placement::{ComputeBackend, Interface, InterfaceKind, Link};
+    use mesh::interfaces::Interface;
+    use placement::{ComputeBackend, InterfaceKind, Link};
 
     fn author(alive: bool, records: &[(String, String)]) -> Author {
         Author {
