@@ -2,9 +2,12 @@
 
 mod backend;
 mod bench;
+mod chat;
+mod context;
 mod dirs;
 mod forward;
 mod generate;
+mod instances;
 mod intent;
 mod models;
 mod node;
@@ -12,7 +15,6 @@ mod reconcile;
 mod runner;
 mod serve;
 mod status;
-mod supervisor;
 mod view;
 
 use clap::{Args, Parser, Subcommand};

@@ -30,7 +30,7 @@ use crate::ring::{RingConfig, RingGroup};
 use crate::tensor_stage::TensorStage;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightFormat;
-use protocol::{read_frame, write_frame, Command, Event, FrameError, RunnerState, Sharding};
+use protocol::{read_frame, write_frame, Command, Event, FrameError, RunnerStatus, Sharding};
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::ops::ControlFlow;
@@ -129,7 +129,7 @@ fn send(out: &SharedOut, event: &Event) -> bool {
     write_frame(&mut *w, event).is_ok()
 }
 
-fn state(out: &SharedOut, s: RunnerState) {
+fn state(out: &SharedOut, s: RunnerStatus) {
     send(out, &Event::State(s));
 }
 
@@ -145,7 +145,7 @@ fn error(out: &SharedOut, id: Option<u64>, message: impl Into<String>) {
 
 fn fail(out: &SharedOut, reason: String) -> i32 {
     tracing::error!(%reason, "runner failed");
-    state(out, RunnerState::Failed { reason });
+    state(out, RunnerStatus::Failed { reason });
     1
 }
 
@@ -269,7 +269,7 @@ pub fn serve(
     if let Err(e) = install_mlx_error_handler() {
         return fail(&out, format!("MLX does not work in this process: {e}"));
     }
-    state(&out, RunnerState::Idle);
+    state(&out, RunnerStatus::Idle);
     let cancelled: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
     let (tx, rx) = mpsc::channel::<Msg>();
     {
@@ -343,15 +343,15 @@ pub fn serve(
                 }
                 connected = true;
                 if hosts.len() == 1 && rank == 0 {
-                    state(&out, RunnerState::Connected);
+                    state(&out, RunnerStatus::Connected);
                     continue;
                 }
-                state(&out, RunnerState::Connecting);
+                state(&out, RunnerStatus::Connecting);
                 match connect(rank, hosts, Duration::from_millis(timeout_ms)) {
                     Ok(r) => {
                         tracing::info!(rank, size = r.size(), "joined the ring");
                         ring = Some(r);
-                        state(&out, RunnerState::Connected);
+                        state(&out, RunnerStatus::Connected);
                     }
                     Err(reason) => return fail(&out, reason),
                 }
@@ -390,7 +390,7 @@ pub fn serve(
                     tokenizer,
                     ready: false,
                 }) => {
-                    state(&out, RunnerState::WarmingUp);
+                    state(&out, RunnerStatus::WarmingUp);
                     if let Err(e) = warm_up(stage.forward(), &tokenizer) {
                         return fail(&out, format!("warm-up through the ring failed: {e}"));
                     }
@@ -399,10 +399,10 @@ pub fn serve(
                         tokenizer,
                         ready: true,
                     });
-                    state(&out, RunnerState::Ready);
+                    state(&out, RunnerStatus::Ready);
                 }
                 Some(Model::Follower(mut stage)) => {
-                    state(&out, RunnerState::WarmingUp);
+                    state(&out, RunnerStatus::WarmingUp);
                     let tx = tx.clone();
                     let spawned =
                         std::thread::Builder::new()
@@ -414,7 +414,7 @@ pub fn serve(
                         return fail(&out, format!("cannot start the serving thread: {e}"));
                     }
                     model = Some(Model::Serving);
-                    state(&out, RunnerState::Ready);
+                    state(&out, RunnerStatus::Ready);
                 }
                 other => {
                     let message = match &other {
@@ -452,7 +452,7 @@ pub fn serve(
                 };
                 let result = match model.as_mut() {
                     Some(Model::Whole(e)) => {
-                        state(&out, RunnerState::Running);
+                        state(&out, RunnerStatus::Running);
                         e.generate(&request, on_token)
                     }
                     Some(Model::Driver {
@@ -460,7 +460,7 @@ pub fn serve(
                         tokenizer,
                         ready: true,
                     }) => {
-                        state(&out, RunnerState::Running);
+                        state(&out, RunnerStatus::Running);
                         engine::generate(stage.forward(), tokenizer, &request, on_token)
                     }
                     other => {
@@ -497,7 +497,7 @@ pub fn serve(
                     }
                     Err(err) => error(&out, Some(id), err.to_string()),
                 }
-                state(&out, RunnerState::Ready);
+                state(&out, RunnerStatus::Ready);
             }
             Command::Cancel { .. } => {}
             Command::Shutdown => {
@@ -568,10 +568,10 @@ fn load_whole(
     options: &RunnerOptions,
 ) -> Result<Model, String> {
     let (model, tokenizer) = load(out, path, layers, format, options, &mut Ok)?;
-    state(out, RunnerState::Loaded);
+    state(out, RunnerStatus::Loaded);
     let engine = Engine { model, tokenizer };
     if options.warm_up && engine.model.is_first() && engine.model.is_last() {
-        state(out, RunnerState::WarmingUp);
+        state(out, RunnerStatus::WarmingUp);
         let mut req = GenerateRequest::new(
             Prompt::Tokens(vec![engine.tokenizer.bos_token_id.unwrap_or(0)]),
             1,
@@ -581,7 +581,7 @@ fn load_whole(
             .generate(&req, |_| ControlFlow::Continue(()))
             .map_err(|e| format!("warm-up failed: {e}"))?;
     }
-    state(out, RunnerState::Ready);
+    state(out, RunnerStatus::Ready);
     Ok(Model::Whole(engine))
 }
 
@@ -649,7 +649,7 @@ fn load_rank(
             (Stage::Tensor(stage), tokenizer)
         }
     };
-    state(out, RunnerState::Loaded);
+    state(out, RunnerStatus::Loaded);
     Ok(if rank == 0 {
         Model::Driver {
             stage,
@@ -683,7 +683,13 @@ fn load(
     options: &RunnerOptions,
     prepare: &mut dyn FnMut(ModelShard) -> Result<ModelShard>,
 ) -> Result<(ModelShard, Tokenizer), String> {
-    state(out, RunnerState::Loading { done: 0, total: 1 });
+    state(
+        out,
+        RunnerStatus::Loading {
+            layers_loaded: 0,
+            total: 1,
+        },
+    );
     let mut opened = open_model(path).map_err(|e| e.to_string())?;
     let range = layers
         .map(|(a, b)| a..b)
@@ -702,7 +708,7 @@ fn load(
         move || {
             if !settled.swap(true, Ordering::SeqCst) {
                 let reason = format!("model loading timed out after {} s", timeout.as_secs());
-                state(&out, RunnerState::Failed { reason });
+                state(&out, RunnerStatus::Failed { reason });
                 on_timeout();
                 true
             } else {
@@ -730,7 +736,17 @@ fn load(
         range,
         opened.source.as_mut(),
         format,
-        &mut |d, t| state(out, RunnerState::Loading { done: d, total: t }),
+        &mut |d, t| {
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            let (layers_loaded, total) = (count(d), count(t));
+            state(
+                out,
+                RunnerStatus::Loading {
+                    layers_loaded,
+                    total,
+                },
+            )
+        },
     )
     .and_then(prepare);
     let late = started.elapsed() >= timeout && time_out();
