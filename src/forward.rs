@@ -3,29 +3,30 @@
 //! runs it on its runner and streams the events back.
 //!
 //! # Wire format
-//! One bidirectional QUIC stream per request. Frames are a 4-byte big-endian length and that
-//! many bytes of JSON `{"v": 1, "msg": ...}`; frames over [`MAX_FRAME`] or of another version
-//! are refused, and decoding never panics.
+//! One bidirectional QUIC stream per request. Frames are the shared codec's
+//! ([`wire::frame`]): a 4-byte little-endian length and that many bytes of JSON
+//! `{"v": 1, "msg": ...}`; frames over [`MAX_FRAME`] or of another version are refused, and
+//! decoding never panics. The messages are the gateway's own types ([`ChatRequest`],
+//! [`ChatEvent`], [`ApiError`]) in their serde forms.
 //! - client → server: one [`Request`], then nothing; the client finishing or dropping its
 //!   side means "cancel" (the client disconnected).
 //! - server → client: [`Reply::Accepted`] (or [`Reply::Refused`] and the end), then
-//!   [`Reply::Token`]s and one [`Reply::Done`] or [`Reply::Failed`].
+//!   token events and one `done` event ([`Reply::Event`]) or [`Reply::Failed`].
 //!
 //! The client watches the server node's liveness while it waits, so a server node that dies
 //! mid-stream ends the request with an error within the mesh's detection time.
 
-use gateway::{
-    ApiError, CancellationToken, ChatEvent, ChatMessage, ChatRequest, ChatStream, ErrorKind,
-    FinishReason, SamplingParams, TokenLogprob,
-};
+use gateway::{ApiError, CancellationToken, ChatEvent, ChatRequest, ChatStream, ErrorKind};
 use iroh::endpoint::{Connection, RecvStream, SendStream};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use wire::Codec;
 
 /// ALPN prefix of chat forwarding; [`chat_alpn`] scopes it by namespace.
-pub const CHAT_ALPN: &[u8] = b"shoal/chat/1/";
+/// (`2`: frames moved to the shared little-endian codec; version-1 nodes framed big-endian.)
+pub const CHAT_ALPN: &[u8] = b"shoal/chat/2/";
 /// Version of the frames.
 pub const VERSION: u32 = 1;
 /// Largest frame (a request with a long conversation fits).
@@ -45,156 +46,12 @@ pub fn chat_alpn(namespace: &str) -> Vec<u8> {
 pub struct Request {
     /// The instance whose rank 0 the server holds.
     pub instance_id: String,
-    /// The request.
-    pub chat: WireChat,
+    /// The request, in the gateway's own type.
+    pub chat: ChatRequest,
 }
 
-/// [`ChatRequest`] on the wire.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct WireChat {
-    model: String,
-    messages: Vec<WireMessage>,
-    #[serde(default)]
-    sampling: WireSampling,
-    #[serde(default)]
-    user: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-struct WireMessage {
-    role: String,
-    content: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[serde(default)]
-struct WireSampling {
-    max_tokens: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    stop: Vec<String>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    logprobs: Option<u32>,
-    /// Absent from older peers: `false`.
-    ignore_eos: bool,
-}
-
-impl From<&ChatRequest> for WireChat {
-    fn from(r: &ChatRequest) -> WireChat {
-        let s = &r.sampling;
-        WireChat {
-            model: r.model.clone(),
-            messages: r
-                .messages
-                .iter()
-                .map(|m| WireMessage {
-                    role: m.role.clone(),
-                    content: m.content.clone(),
-                })
-                .collect(),
-            sampling: WireSampling {
-                max_tokens: s.max_tokens,
-                temperature: s.temperature,
-                top_p: s.top_p,
-                top_k: s.top_k,
-                min_p: s.min_p,
-                seed: s.seed,
-                stop: s.stop.clone(),
-                presence_penalty: s.presence_penalty,
-                frequency_penalty: s.frequency_penalty,
-                logprobs: s.logprobs,
-                ignore_eos: s.ignore_eos,
-            },
-            user: r.user.clone(),
-        }
-    }
-}
-
-impl From<WireChat> for ChatRequest {
-    fn from(w: WireChat) -> ChatRequest {
-        let s = w.sampling;
-        ChatRequest {
-            model: w.model,
-            messages: w
-                .messages
-                .into_iter()
-                .map(|m| ChatMessage {
-                    role: m.role,
-                    content: m.content,
-                })
-                .collect(),
-            sampling: SamplingParams {
-                max_tokens: s.max_tokens,
-                temperature: s.temperature,
-                top_p: s.top_p,
-                top_k: s.top_k,
-                min_p: s.min_p,
-                seed: s.seed,
-                stop: s.stop,
-                presence_penalty: s.presence_penalty,
-                frequency_penalty: s.frequency_penalty,
-                logprobs: s.logprobs,
-                ignore_eos: s.ignore_eos,
-            },
-            user: w.user,
-        }
-    }
-}
-
-/// An [`ApiError`] on the wire.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct WireError {
-    kind: String,
-    message: String,
-    #[serde(default)]
-    param: Option<String>,
-    #[serde(default)]
-    code: Option<String>,
-}
-
-impl From<&ApiError> for WireError {
-    fn from(e: &ApiError) -> WireError {
-        let kind = match e.kind {
-            ErrorKind::InvalidRequest => "invalid_request",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::MethodNotAllowed => "method_not_allowed",
-            ErrorKind::Conflict => "conflict",
-            ErrorKind::PayloadTooLarge => "payload_too_large",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::Internal => "internal",
-        };
-        WireError {
-            kind: kind.into(),
-            message: e.message.clone(),
-            param: e.param.clone(),
-            code: e.code.clone(),
-        }
-    }
-}
-
-impl From<WireError> for ApiError {
-    fn from(w: WireError) -> ApiError {
-        let kind = match w.kind.as_str() {
-            "invalid_request" => ErrorKind::InvalidRequest,
-            "not_found" => ErrorKind::NotFound,
-            "method_not_allowed" => ErrorKind::MethodNotAllowed,
-            "conflict" => ErrorKind::Conflict,
-            "payload_too_large" => ErrorKind::PayloadTooLarge,
-            "unavailable" => ErrorKind::Unavailable,
-            _ => ErrorKind::Internal,
-        };
-        let mut e = ApiError::new(kind, w.message);
-        e.param = w.param;
-        e.code = w.code;
-        e
-    }
-}
-
-/// What the server sends back.
+/// What the server sends back: `accepted` (or `refused` and the end), then the gateway's
+/// own [`ChatEvent`]s (`token`s and one `done`) or `failed`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
@@ -206,106 +63,25 @@ pub enum Reply {
     /// The request cannot run there (the last frame).
     Refused {
         /// Why.
-        error: WireError,
-    },
-    /// A generated token.
-    Token {
-        /// Its text.
-        text: String,
-        /// Its log-probability, when asked.
-        #[serde(default)]
-        logprob: Option<f32>,
-    },
-    /// Generation ended (the last frame).
-    Done {
-        /// `stop` or `length`.
-        finish_reason: String,
-        /// Tokens generated.
-        completion_tokens: u32,
+        error: ApiError,
     },
     /// Generation failed (the last frame).
     Failed {
         /// Why.
-        error: WireError,
+        error: ApiError,
     },
+    /// A token, or the end of generation (`done`, the last frame), spelled as the gateway's
+    /// event is (`{"type": "token", ...}`, `{"type": "done", ...}`).
+    #[serde(untagged)]
+    Event(ChatEvent),
 }
 
-/// Why a frame could not be read.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FrameError {
-    /// Too large.
-    #[error("a frame of {0} bytes is over the limit of {MAX_FRAME}")]
-    TooLarge(usize),
-    /// Another version.
-    #[error("frame version {0} is not supported (this node speaks {VERSION})")]
-    Version(u32),
-    /// Not a valid message.
-    #[error("malformed frame: {0}")]
-    Malformed(String),
-}
-
-#[derive(Serialize)]
-struct OutFrame<'a, T> {
-    v: u32,
-    msg: &'a T,
-}
-
-#[derive(Deserialize)]
-struct InFrame {
-    v: u32,
-    msg: serde_json::Value,
-}
-
-/// A frame: length prefix and body.
-pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
-    let body = serde_json::to_vec(&OutFrame { v: VERSION, msg })
-        .map_err(|e| FrameError::Malformed(e.to_string()))?;
-    if body.len() > MAX_FRAME {
-        return Err(FrameError::TooLarge(body.len()));
-    }
-    let mut out = Vec::with_capacity(body.len() + 4);
-    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    out.extend_from_slice(&body);
-    Ok(out)
-}
-
-/// Checks a frame's announced length.
-pub fn check_length(header: [u8; 4]) -> Result<usize, FrameError> {
-    let len = u32::from_be_bytes(header) as usize;
-    if len > MAX_FRAME {
-        return Err(FrameError::TooLarge(len));
-    }
-    Ok(len)
-}
-
-/// Decodes a frame's body.
-pub fn decode_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
-    let frame: InFrame =
-        serde_json::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))?;
-    if frame.v != VERSION {
-        return Err(FrameError::Version(frame.v));
-    }
-    serde_json::from_value(frame.msg).map_err(|e| FrameError::Malformed(e.to_string()))
-}
-
-/// Decodes a whole frame (header and body) from `bytes` (what [`read`] does on a stream): the message and the bytes used, or
-/// `Ok(None)` if `bytes` holds less than one frame.
-#[cfg(test)]
-pub fn decode<T: serde::de::DeserializeOwned>(
-    bytes: &[u8],
-) -> Result<Option<(T, usize)>, FrameError> {
-    let Some(header) = bytes.get(..4) else {
-        return Ok(None);
-    };
-    let len = check_length(header.try_into().unwrap_or([0xff; 4]))?;
-    let Some(body) = bytes.get(4..4 + len) else {
-        return Ok(None);
-    };
-    Ok(Some((decode_body(body)?, 4 + len)))
-}
+/// The frames of chat forwarding: version [`VERSION`], at most [`MAX_FRAME`] bytes, in the
+/// shared codec.
+pub const CODEC: Codec = Codec::new(VERSION, MAX_FRAME);
 
 async fn write<T: Serialize>(send: &mut SendStream, msg: &T) -> anyhow::Result<()> {
-    let frame = encode(msg)?;
+    let frame = CODEC.encode(msg)?;
     send.write_all(&frame).await?;
     Ok(())
 }
@@ -321,18 +97,10 @@ async fn read<T: serde::de::DeserializeOwned>(recv: &mut RecvStream) -> anyhow::
             Some(n) => got += n,
         }
     }
-    let len = check_length(header)?;
+    let len = CODEC.body_len(header)?;
     let mut body = vec![0u8; len];
     recv.read_exact(&mut body).await?;
-    Ok(Some(decode_body(&body)?))
-}
-
-fn finish_reason(text: &str) -> FinishReason {
-    if text == "length" {
-        FinishReason::Length
-    } else {
-        FinishReason::Stop
-    }
+    Ok(Some(CODEC.decode_body(&body)?))
 }
 
 /// Sends `request` for `instance_id` over `connection` and relays the server's events into a
@@ -356,7 +124,7 @@ where
         .map_err(|e| lost(format!("cannot open a stream to the instance's node: {e}")))?;
     let frame = Request {
         instance_id: instance_id.to_string(),
-        chat: WireChat::from(request),
+        chat: request.clone(),
     };
     write(&mut send, &frame).await.map_err(|e| {
         ApiError::new(
@@ -379,7 +147,7 @@ where
     };
     let prompt_tokens = match first {
         Reply::Accepted { prompt_tokens } => prompt_tokens,
-        Reply::Refused { error } => return Err(error.into()),
+        Reply::Refused { error } => return Err(error),
         other => {
             return Err(lost(format!(
                 "the instance's node answered {other:?} before accepting"
@@ -398,24 +166,14 @@ where
                 next = watch_liveness(alive.clone(), read::<Reply>(&mut recv)) => next,
             };
             let item = match next {
-                Some(Ok(Some(Reply::Token { text, logprob }))) => Ok(ChatEvent::Token {
-                    logprob: logprob
-                        .filter(|_| want_logprobs)
-                        .map(|logprob| TokenLogprob {
-                            token: text.clone(),
-                            logprob,
-                            top: vec![],
-                        }),
-                    text,
-                }),
-                Some(Ok(Some(Reply::Done {
-                    finish_reason: reason,
-                    completion_tokens,
-                }))) => Ok(ChatEvent::Done {
-                    finish_reason: finish_reason(&reason),
-                    completion_tokens,
-                }),
-                Some(Ok(Some(Reply::Failed { error }))) => Err(error.into()),
+                Some(Ok(Some(Reply::Event(ChatEvent::Token { text, logprob })))) => {
+                    Ok(ChatEvent::Token {
+                        logprob: logprob.filter(|_| want_logprobs),
+                        text,
+                    })
+                }
+                Some(Ok(Some(Reply::Event(done @ ChatEvent::Done { .. })))) => Ok(done),
+                Some(Ok(Some(Reply::Failed { error }))) => Err(error),
                 Some(Ok(Some(other))) => Err(lost(format!(
                     "the instance's node sent {other:?} mid-stream"
                 ))),
@@ -494,13 +252,7 @@ async fn serve_stream(
         Ok(Ok(None)) => return Ok(()),
         Ok(Err(e)) => {
             let error = ApiError::new(ErrorKind::InvalidRequest, format!("{e:#}"));
-            write(
-                &mut send,
-                &Reply::Refused {
-                    error: (&error).into(),
-                },
-            )
-            .await?;
+            write(&mut send, &Reply::Refused { error }).await?;
             let _ = send.finish();
             return Ok(());
         }
@@ -518,18 +270,12 @@ async fn serve_stream(
     });
     let _guard = cancel.clone().drop_guard();
     let started = node
-        .chat_local(request.instance_id, request.chat.into(), cancel.clone())
+        .chat_local(request.instance_id, request.chat, cancel.clone())
         .await;
     let mut stream = match started {
         Ok(stream) => stream,
         Err(error) => {
-            write(
-                &mut send,
-                &Reply::Refused {
-                    error: (&error).into(),
-                },
-            )
-            .await?;
+            write(&mut send, &Reply::Refused { error }).await?;
             let _ = send.finish();
             watcher.abort();
             return Ok(());
@@ -548,32 +294,14 @@ async fn serve_stream(
             event = stream.events.recv() => event,
         };
         let (reply, last) = match event {
-            Some(Ok(ChatEvent::Token { text, logprob })) => (
-                Reply::Token {
-                    text,
-                    logprob: logprob.map(|l| l.logprob),
-                },
-                false,
-            ),
-            Some(Ok(ChatEvent::Done {
-                finish_reason,
-                completion_tokens,
-            })) => (
-                Reply::Done {
-                    finish_reason: finish_reason.as_str().into(),
-                    completion_tokens,
-                },
-                true,
-            ),
-            Some(Err(error)) => (
-                Reply::Failed {
-                    error: (&error).into(),
-                },
-                true,
-            ),
+            Some(Ok(event)) => {
+                let last = matches!(event, ChatEvent::Done { .. });
+                (Reply::Event(event), last)
+            }
+            Some(Err(error)) => (Reply::Failed { error }, true),
             None => (
                 Reply::Failed {
-                    error: (&ApiError::instance_lost("the runner's events ended")).into(),
+                    error: ApiError::instance_lost("the runner's events ended"),
                 },
                 true,
             ),
@@ -592,7 +320,30 @@ async fn serve_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway::{ChatMessage, FinishReason, SamplingParams, TokenLogprob};
     use proptest::prelude::*;
+    use wire::FrameError;
+
+    fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+        CODEC.encode(msg)
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(
+        bytes: &[u8],
+    ) -> Result<Option<(T, usize)>, FrameError> {
+        CODEC.decode(bytes)
+    }
+
+    fn token(text: &str, logprob: Option<f32>) -> Reply {
+        Reply::Event(ChatEvent::Token {
+            text: text.into(),
+            logprob: logprob.map(|logprob| TokenLogprob {
+                token: text.into(),
+                logprob,
+                top: vec![],
+            }),
+        })
+    }
 
     fn chat() -> ChatRequest {
         ChatRequest {
@@ -618,25 +369,22 @@ mod tests {
     fn requests_and_replies_round_trip() {
         let request = Request {
             instance_id: "default-1".into(),
-            chat: WireChat::from(&chat()),
+            chat: chat(),
         };
         let frame = encode(&request).unwrap();
         let (back, used) = decode::<Request>(&frame).unwrap().unwrap();
         assert_eq!(used, frame.len());
-        assert_eq!(ChatRequest::from(back.chat), chat());
+        assert_eq!(back.chat, chat());
         let error = ApiError::no_instance("default");
         let replies = vec![
             Reply::Accepted { prompt_tokens: 12 },
-            Reply::Token {
-                text: "Paris".into(),
-                logprob: Some(-0.25),
-            },
-            Reply::Done {
-                finish_reason: "length".into(),
+            token("Paris", Some(-0.25)),
+            Reply::Event(ChatEvent::Done {
+                finish_reason: FinishReason::Length,
                 completion_tokens: 16,
-            },
+            }),
             Reply::Failed {
-                error: (&error).into(),
+                error: error.clone(),
             },
         ];
         let mut bytes = Vec::new();
@@ -649,24 +397,83 @@ mod tests {
             assert_eq!(&back, r);
             at += used;
         }
-        let Reply::Failed { error: wire } = &replies[3] else {
+        let Some((Reply::Failed { error: wire }, _)) =
+            decode::<Reply>(&encode(&replies[3]).unwrap()).unwrap()
+        else {
             unreachable!()
         };
-        assert_eq!(ApiError::from(wire.clone()), error);
+        assert_eq!(wire, error);
+    }
+
+    #[test]
+    fn messages_keep_their_json() {
+        let body = |msg: &Reply| String::from_utf8(encode(msg).unwrap()[4..].to_vec()).unwrap();
+        assert_eq!(
+            body(&token("Paris", Some(-0.25))),
+            r#"{"v":1,"msg":{"type":"token","text":"Paris","logprob":-0.25}}"#
+        );
+        assert_eq!(
+            body(&token("a", None)),
+            r#"{"v":1,"msg":{"type":"token","text":"a","logprob":null}}"#
+        );
+        assert_eq!(
+            body(&Reply::Event(ChatEvent::Done {
+                finish_reason: FinishReason::Stop,
+                completion_tokens: 3
+            })),
+            r#"{"v":1,"msg":{"type":"done","finish_reason":"stop","completion_tokens":3}}"#
+        );
+        assert_eq!(
+            body(&Reply::Accepted { prompt_tokens: 12 }),
+            r#"{"v":1,"msg":{"type":"accepted","prompt_tokens":12}}"#
+        );
+        assert_eq!(
+            body(&Reply::Failed {
+                error: ApiError::instance_lost("x").with_code("c")
+            }),
+            format!(
+                r#"{{"v":1,"msg":{{"type":"failed","error":{{"kind":"unavailable","message":{:?},"param":null,"code":"c"}}}}}}"#,
+                ApiError::instance_lost("x").message
+            )
+        );
+        let request = Request {
+            instance_id: "i".into(),
+            chat: ChatRequest {
+                model: "m".into(),
+                messages: vec![],
+                sampling: SamplingParams::default(),
+                user: None,
+            },
+        };
+        let text = String::from_utf8(encode(&request).unwrap()[4..].to_vec()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"v":1,"msg":{"instance_id":"i","chat":{"model":"m","messages":[],"sampling":{"max_tokens":null,"temperature":null,"top_p":null,"top_k":null,"min_p":null,"seed":null,"stop":[],"presence_penalty":null,"frequency_penalty":null,"logprobs":null,"ignore_eos":false},"user":null}}}"#
+        );
+        // Older peers leave out `sampling`, `user` and `ignore_eos`; unknown error kinds read
+        // as internal ones.
+        let old = r#"{"v":1,"msg":{"instance_id":"i","chat":{"model":"m","messages":[{"role":"user","content":"hi"}]}}}"#;
+        let back: Request = CODEC.decode_body(old.as_bytes()).unwrap();
+        assert_eq!(back.chat.sampling, SamplingParams::default());
+        let odd = r#"{"v":1,"msg":{"type":"failed","error":{"kind":"martian","message":"m"}}}"#;
+        let Reply::Failed { error } = CODEC.decode_body::<Reply>(odd.as_bytes()).unwrap() else {
+            panic!("a failure")
+        };
+        assert_eq!(error.kind, ErrorKind::Internal);
     }
 
     #[test]
     fn bad_frames_are_refused() {
         assert_eq!(
-            decode::<Reply>(&u32::MAX.to_be_bytes()),
+            decode::<Reply>(&u32::MAX.to_le_bytes()),
             Err(FrameError::TooLarge(u32::MAX as usize))
         );
         let body = br#"{"v":9,"msg":{"type":"done"}}"#;
-        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
         frame.extend_from_slice(body);
         assert_eq!(decode::<Reply>(&frame), Err(FrameError::Version(9)));
         let body = br#"{"v":1,"msg":{"type":"explode"}}"#;
-        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
         frame.extend_from_slice(body);
         assert!(matches!(
             decode::<Reply>(&frame),
@@ -699,7 +506,7 @@ mod tests {
             kind in prop::sample::select(vec!["accepted", "refused", "token", "done", "failed", "x"]),
         ) {
             let body = format!(r#"{{"v":{v},"msg":{{"type":"{kind}","text":{text:?},"prompt_tokens":{}}}}}"#, text.len());
-            let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+            let mut frame = (body.len() as u32).to_le_bytes().to_vec();
             frame.extend_from_slice(body.as_bytes());
             let _ = decode::<Reply>(&frame);
             let _ = decode::<Request>(&frame);
@@ -707,7 +514,7 @@ mod tests {
 
         #[test]
         fn any_token_text_round_trips(text in "\\PC{0,64}", logprob in -100.0f32..0.0) {
-            let reply = Reply::Token { text: text.clone(), logprob: Some(logprob) };
+            let reply = token(&text, Some(logprob));
             let frame = encode(&reply).unwrap();
             prop_assert_eq!(decode::<Reply>(&frame).unwrap().unwrap().0, reply);
         }

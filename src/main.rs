@@ -2,16 +2,18 @@
 
 mod backend;
 mod bench;
+mod chat;
+mod context;
 mod dirs;
 mod forward;
 mod generate;
+mod instances;
 mod models;
 mod node;
 mod reconcile;
 mod runner;
 mod serve;
 mod status;
-mod supervisor;
 mod view;
 
 use clap::{Args, Parser, Subcommand};

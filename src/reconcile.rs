@@ -8,11 +8,10 @@
 
 use crate::backend::NodeBackend;
 use crate::models::ModelSpec;
-use crate::supervisor::Supervisor;
+use crate::runner::Supervisor;
 use control::{short, Command, Effect, LocalRunners, ModelFile, RunnerFacts};
-use inference::runner::protocol::RunnerState;
 use placement::RunnerStatus;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +47,7 @@ impl LocalRunner {
             return status.clone();
         }
         match &self.supervisor {
-            Some(s) => status_of(&s.current_state()),
+            Some(s) => s.current_state(),
             None => RunnerStatus::Shutdown,
         }
     }
@@ -96,47 +95,6 @@ impl LocalRunner {
             queued: self.load(),
             model_ready: self.model.path.exists(),
         }
-    }
-}
-
-/// The runner protocol's state as the planning crate's status.
-pub fn status_of(state: &RunnerState) -> RunnerStatus {
-    match state {
-        RunnerState::Idle => RunnerStatus::Idle,
-        RunnerState::Connecting => RunnerStatus::Connecting,
-        RunnerState::Connected => RunnerStatus::Connected,
-        RunnerState::Loading { done, total } => RunnerStatus::Loading {
-            layers_loaded: u32::try_from(*done).unwrap_or(u32::MAX),
-            total: u32::try_from(*total).unwrap_or(u32::MAX),
-        },
-        RunnerState::Loaded => RunnerStatus::Loaded,
-        RunnerState::WarmingUp => RunnerStatus::WarmingUp,
-        RunnerState::Ready => RunnerStatus::Ready,
-        RunnerState::Running => RunnerStatus::Running,
-        RunnerState::Failed { reason } => RunnerStatus::Failed {
-            reason: reason.clone(),
-        },
-    }
-}
-
-/// A runner status as the API shows it: `{"state": "ready"}`, `{"state": "loading", "done":
-/// 3, "total": 30}`, `{"state": "failed", "reason": "..."}`.
-pub fn runner_state_json(status: &RunnerStatus) -> Value {
-    match status {
-        RunnerStatus::Idle => json!({"state": "idle"}),
-        RunnerStatus::Connecting => json!({"state": "connecting"}),
-        RunnerStatus::Connected => json!({"state": "connected"}),
-        RunnerStatus::Loading {
-            layers_loaded,
-            total,
-        } => json!({"state": "loading", "done": layers_loaded, "total": total}),
-        RunnerStatus::Loaded => json!({"state": "loaded"}),
-        RunnerStatus::WarmingUp => json!({"state": "warming_up"}),
-        RunnerStatus::Ready => json!({"state": "ready"}),
-        RunnerStatus::Running => json!({"state": "running"}),
-        RunnerStatus::ShuttingDown => json!({"state": "shutting_down"}),
-        RunnerStatus::Shutdown => json!({"state": "shutdown"}),
-        RunnerStatus::Failed { reason } => json!({"state": "failed", "reason": reason}),
     }
 }
 
@@ -403,7 +361,7 @@ impl NodeBackend {
 mod tests {
     use super::*;
     use crate::backend::{LocalOnly, NodeContext};
-    use crate::supervisor::RunnerCommand;
+    use crate::runner::RunnerCommand;
     use control::Author;
     use control::{DeletedRecord, InstanceRecord, DELETED_PREFIX, INSTANCE_PREFIX, RUNNER_PREFIX};
 
@@ -535,29 +493,5 @@ mod tests {
         let runners = backend.runners.lock().unwrap();
         assert_eq!(runners.get(&id).map(|r| (r.epoch, r.rank)), Some((1, 0)));
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn protocol_states_map_to_plan_statuses() {
-        assert_eq!(status_of(&RunnerState::Idle), RunnerStatus::Idle);
-        assert_eq!(
-            status_of(&RunnerState::Loading { done: 3, total: 30 }),
-            RunnerStatus::Loading {
-                layers_loaded: 3,
-                total: 30
-            }
-        );
-        assert_eq!(
-            status_of(&RunnerState::Failed { reason: "x".into() }),
-            RunnerStatus::Failed { reason: "x".into() }
-        );
-        assert_eq!(
-            runner_state_json(&RunnerStatus::Ready),
-            json!({"state": "ready"})
-        );
-        assert_eq!(
-            runner_state_json(&RunnerStatus::Failed { reason: "x".into() })["state"],
-            "failed"
-        );
     }
 }

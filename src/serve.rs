@@ -2,7 +2,7 @@
 //! node at start. The mesh-aware node (src/node.rs) calls into the same pieces.
 
 use crate::backend::{NodeBackend, NodeContext};
-use crate::supervisor::RunnerCommand;
+use crate::runner::RunnerCommand;
 use crate::NodeArgs;
 use anyhow::Context;
 use std::sync::Arc;
@@ -59,19 +59,16 @@ pub async fn serve_with(
         // On this node alone: `--model` is this machine's model.
         let me = gateway::Backend::node_id(&*backend);
         let instance = backend
-            .create(
-                model,
-                placement::Sharding::Pipeline,
-                placement::CollectiveBackend::Ring,
-                1,
-                vec![me],
-            )
+            .create(crate::instances::NewInstance {
+                model: model.clone(),
+                sharding: placement::Sharding::Pipeline,
+                backend: placement::CollectiveBackend::Ring,
+                min_nodes: 1,
+                required_nodes: vec![me],
+            })
             .await
             .map_err(|e| anyhow::anyhow!("cannot place --model {model}: {}", e.message))?;
-        let id = instance["instance_id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let id = instance.instance_id;
         let model = model.clone();
         let waiting = backend.clone();
         tokio::spawn(async move {

@@ -1,7 +1,9 @@
 //! `shoal runner` as a real child process: frames on stdin/stdout, the SmolLM2 fixture, a
 //! failed load, and the load watchdog's exit.
 
-use inference::runner::protocol::{read_frame, write_frame, Command, Event, RunnerState, Sharding};
+use inference::runner::protocol::{
+    read_frame, write_frame, Command, Event, RunnerStatus, Sharding,
+};
 use inference::{ChatMessage, GenerateRequest, Prompt};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
@@ -28,7 +30,7 @@ fn spawn(envs: &[(&str, &str)]) -> (Child, ChildStdin, ChildStdout) {
     (child, stdin, stdout)
 }
 
-fn until_state(out: &mut ChildStdout, done: impl Fn(&RunnerState) -> bool) -> Vec<Event> {
+fn until_state(out: &mut ChildStdout, done: impl Fn(&RunnerStatus) -> bool) -> Vec<Event> {
     let mut events = Vec::new();
     loop {
         let e: Event = read_frame(out).unwrap();
@@ -54,10 +56,10 @@ fn runner_process_loads_and_answers() {
     )
     .unwrap();
     let events = until_state(&mut stdout, |s| {
-        matches!(s, RunnerState::Ready | RunnerState::Failed { .. })
+        matches!(s, RunnerStatus::Ready | RunnerStatus::Failed { .. })
     });
     assert!(
-        matches!(events.last(), Some(Event::State(RunnerState::Ready))),
+        matches!(events.last(), Some(Event::State(RunnerStatus::Ready))),
         "{events:?}"
     );
     let question = Prompt::Chat(vec![ChatMessage::new(
@@ -72,7 +74,7 @@ fn runner_process_loads_and_answers() {
         },
     )
     .unwrap();
-    let events = until_state(&mut stdout, |s| *s == RunnerState::Ready);
+    let events = until_state(&mut stdout, |s| *s == RunnerStatus::Ready);
     let streamed: String = events
         .iter()
         .filter_map(|e| {
@@ -112,9 +114,9 @@ fn runner_process_reports_failures_and_exits() {
         },
     )
     .unwrap();
-    let events = until_state(&mut stdout, |s| matches!(s, RunnerState::Failed { .. }));
+    let events = until_state(&mut stdout, |s| matches!(s, RunnerStatus::Failed { .. }));
     assert!(
-        matches!(events.last(), Some(Event::State(RunnerState::Failed { reason })) if reason.contains("/nonexistent.gguf"))
+        matches!(events.last(), Some(Event::State(RunnerStatus::Failed { reason })) if reason.contains("/nonexistent.gguf"))
     );
     assert_eq!(child.wait().unwrap().code(), Some(1));
 
@@ -130,8 +132,8 @@ fn runner_process_reports_failures_and_exits() {
         },
     )
     .unwrap();
-    let events = until_state(&mut stdout, |s| matches!(s, RunnerState::Failed { .. }));
-    let Some(Event::State(RunnerState::Failed { reason })) = events.last() else {
+    let events = until_state(&mut stdout, |s| matches!(s, RunnerStatus::Failed { .. }));
+    let Some(Event::State(RunnerStatus::Failed { reason })) = events.last() else {
         unreachable!()
     };
     assert_eq!(reason, "model loading timed out after 0 s");

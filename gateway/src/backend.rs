@@ -18,11 +18,16 @@
 //!   `max_tokens` was reached. The backend should then stop generating and free the slot; a
 //!   dropped event receiver means the same.
 //!
-//! Instance and placement payloads travel as JSON values: their types belong to the placement
-//! and mesh crates, and the gateway only forwards them.
+//! Requests arrive typed ([`PlaceInstanceRequest`], [`CreateInstanceRequest`], [`ChatRequest`]).
+//! Instance and preview answers travel as JSON values, so that a backend answers the shape it
+//! has; the node's shapes are typed in [`crate::exo`].
+//!
+//! [`ChatRequest`] and [`ChatEvent`] are also what travels between nodes when a chat is
+//! forwarded (their serde forms are that wire format; see [`ChatEvent`]).
 
 use crate::error::ApiError;
-use serde::Serialize;
+pub use crate::exo::{CreateInstanceRequest, PlaceInstanceRequest};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;
@@ -60,7 +65,10 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Value, ApiError>>;
 
     /// `POST /instance`: create the instance given (typically one taken from the previews).
-    fn create_instance(&self, instance: Value) -> BoxFuture<'_, Result<Value, ApiError>>;
+    fn create_instance(
+        &self,
+        request: CreateInstanceRequest,
+    ) -> BoxFuture<'_, Result<Value, ApiError>>;
 
     /// `GET /instance/previews?model_id=`: every sharding × backend × node count, each with its
     /// placement or the reason it is impossible, plus memory per node.
@@ -102,38 +110,8 @@ pub struct ModelInfo {
     pub ready: bool,
 }
 
-/// How a model is split over nodes (exo's `sharding`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Sharding {
-    /// Layers split over the ring's nodes.
-    Pipeline,
-    /// Every layer's matrices split over the nodes.
-    Tensor,
-}
-
-/// How the nodes of an instance talk (exo's `instance_meta`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum InstanceMeta {
-    /// MLX's ring backend over TCP.
-    MlxRing,
-    /// MLX's JACCL backend over RDMA (Thunderbolt 5).
-    MlxJaccl,
-}
-
-/// `POST /place_instance`'s body, validated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PlaceInstanceRequest {
-    pub model_id: String,
-    /// Default: `Pipeline`.
-    pub sharding: Sharding,
-    /// Default: `MlxRing`.
-    pub instance_meta: InstanceMeta,
-    /// At least this many nodes (default 1).
-    pub min_nodes: u32,
-}
-
 /// One message of the conversation, its content flattened to text.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -142,7 +120,12 @@ pub struct ChatMessage {
 
 /// Sampling and stopping settings, passed through from the request. `None` means the
 /// engine's default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+///
+/// This is what the *client asked*; the engine's resolved settings (every value set) are
+/// `inference::SamplingParams`, built from this on the node that runs the request. A
+/// forwarded chat carries this one (its serde form, every field present, `null` when unset).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SamplingParams {
     /// Upper bound on generated tokens (`max_completion_tokens`, else `max_tokens`). The
     /// gateway also enforces it on the events it receives.
@@ -165,13 +148,16 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
 }
 
-/// A validated chat request, as the backend receives it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A validated chat request, as the backend receives it (and as a forwarded chat travels).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
+    /// Absent on the wire: every setting the engine's default.
+    #[serde(default)]
     pub sampling: SamplingParams,
     /// OpenAI's end-user id, for logs.
+    #[serde(default)]
     pub user: Option<String>,
 }
 
@@ -204,7 +190,8 @@ impl ChatStream {
 }
 
 /// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// The model produced an end-of-sequence token, or a stop string matched.
     Stop,
@@ -232,6 +219,11 @@ pub struct TokenLogprob {
 }
 
 /// One event of a generation.
+///
+/// Its serde form is what a forwarded chat's events look like between nodes:
+/// `{"type": "token", "text": "Paris", "logprob": -0.25}` (`logprob` null when not asked
+/// for; `top`, a list of `[token, logprob]`, only when there are alternatives) and
+/// `{"type": "done", "finish_reason": "stop", "completion_tokens": 16}`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChatEvent {
     /// One generated token: its text (possibly empty while a multi-byte character is
@@ -246,4 +238,75 @@ pub enum ChatEvent {
         finish_reason: FinishReason,
         completion_tokens: u32,
     },
+}
+
+impl Serialize for ChatEvent {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        match self {
+            ChatEvent::Token { text, logprob } => {
+                map.serialize_entry("type", "token")?;
+                map.serialize_entry("text", text)?;
+                map.serialize_entry("logprob", &logprob.as_ref().map(|l| l.logprob))?;
+                if let Some(l) = logprob.as_ref().filter(|l| !l.top.is_empty()) {
+                    map.serialize_entry("top", &l.top)?;
+                }
+            }
+            ChatEvent::Done {
+                finish_reason,
+                completion_tokens,
+            } => {
+                map.serialize_entry("type", "done")?;
+                map.serialize_entry("finish_reason", finish_reason.as_str())?;
+                map.serialize_entry("completion_tokens", completion_tokens)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The fields either event may carry on the wire.
+#[derive(Deserialize)]
+struct EventFields {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+    logprob: Option<f32>,
+    #[serde(default)]
+    top: Vec<(String, f32)>,
+    finish_reason: Option<String>,
+    completion_tokens: Option<u32>,
+}
+
+impl<'de> Deserialize<'de> for ChatEvent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ChatEvent, D::Error> {
+        use serde::de::Error;
+        let f = EventFields::deserialize(d)?;
+        match f.kind.as_str() {
+            "token" => {
+                let text = f.text.ok_or_else(|| D::Error::missing_field("text"))?;
+                Ok(ChatEvent::Token {
+                    logprob: f.logprob.map(|logprob| TokenLogprob {
+                        token: text.clone(),
+                        logprob,
+                        top: f.top,
+                    }),
+                    text,
+                })
+            }
+            "done" => Ok(ChatEvent::Done {
+                // Anything but "length" ended as a stop (an end token or a stop string).
+                finish_reason: match f.finish_reason.as_deref() {
+                    Some("length") => FinishReason::Length,
+                    Some(_) => FinishReason::Stop,
+                    None => return Err(D::Error::missing_field("finish_reason")),
+                },
+                completion_tokens: f
+                    .completion_tokens
+                    .ok_or_else(|| D::Error::missing_field("completion_tokens"))?,
+            }),
+            other => Err(D::Error::unknown_variant(other, &["token", "done"])),
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! exo's cluster API, as thin handlers over the [`Backend`]: node id, state (whole or a
-//! subtree), and instances (place, create, preview, get, delete).
+//! subtree), and instances (place, create, preview, get, delete). The bodies and answers are
+//! typed in [`crate::exo`].
 
-use crate::backend::{Backend, InstanceMeta, PlaceInstanceRequest, Sharding};
+use crate::backend::Backend;
 use crate::error::{ApiError, ErrorKind};
 use serde_json::Value;
 
@@ -74,95 +75,6 @@ pub fn query_param(query: Option<&str>, name: &str) -> Result<Option<String>, Ap
     Ok(None)
 }
 
-/// Parses `POST /place_instance`'s body: `{model_id, sharding?, instance_meta?, min_nodes?}`.
-pub fn parse_place_instance(body: &[u8]) -> Result<PlaceInstanceRequest, ApiError> {
-    let obj = json_object(body)?;
-    let model_id = match obj.get("model_id") {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("model_id")),
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "model_id",
-                "`model_id` must be a non-empty string",
-            ))
-        }
-    };
-    let sharding = match obj.get("sharding") {
-        None | Some(Value::Null) => Sharding::Pipeline,
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("pipeline") => Sharding::Pipeline,
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("tensor") => Sharding::Tensor,
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "sharding",
-                "`sharding` must be \"Pipeline\" or \"Tensor\"",
-            ))
-        }
-    };
-    let instance_meta = match obj.get("instance_meta") {
-        None | Some(Value::Null) => InstanceMeta::MlxRing,
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("mlxring") => InstanceMeta::MlxRing,
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("mlxjaccl") => InstanceMeta::MlxJaccl,
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "instance_meta",
-                "`instance_meta` must be \"MlxRing\" or \"MlxJaccl\"",
-            ))
-        }
-    };
-    let min_nodes = match obj.get("min_nodes") {
-        None | Some(Value::Null) => 1,
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(v @ 1..=1024) => v as u32,
-            _ => {
-                return Err(ApiError::invalid_field(
-                    "min_nodes",
-                    "`min_nodes` must be an integer between 1 and 1024",
-                ))
-            }
-        },
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "min_nodes",
-                "`min_nodes` must be an integer between 1 and 1024",
-            ))
-        }
-    };
-    Ok(PlaceInstanceRequest {
-        model_id,
-        sharding,
-        instance_meta,
-        min_nodes,
-    })
-}
-
-/// Parses `POST /instance`'s body: `{"instance": {...}}`, answering the instance object.
-pub fn parse_create_instance(body: &[u8]) -> Result<Value, ApiError> {
-    let mut obj = json_object(body)?;
-    match obj.remove("instance") {
-        None | Some(Value::Null) => Err(ApiError::missing_field("instance")),
-        Some(v @ Value::Object(_)) => Ok(v),
-        Some(_) => Err(ApiError::invalid_field(
-            "instance",
-            "`instance` must be an object (take one from GET /instance/previews)",
-        )),
-    }
-}
-
-fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
-    match serde_json::from_slice(body) {
-        Ok(Value::Object(obj)) => Ok(obj),
-        Ok(_) => Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            "the body must be a JSON object",
-        )),
-        Err(e) => Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            format!("the body is not valid JSON: {e}"),
-        )
-        .with_code("invalid_json")),
-    }
-}
-
 /// `GET /instance/previews`: the backend's answer for the `model_id` in the query.
 pub async fn previews(backend: &dyn Backend, query: Option<&str>) -> Result<Value, ApiError> {
     let model_id = query_param(query, "model_id")?
@@ -191,32 +103,6 @@ mod tests {
             state_subtree(&state, "nodes/%zz").unwrap_err().kind,
             ErrorKind::InvalidRequest
         );
-    }
-
-    #[test]
-    fn place_instance_defaults_and_errors() {
-        let p = parse_place_instance(br#"{"model_id": "m"}"#).unwrap();
-        assert_eq!(p.sharding, Sharding::Pipeline);
-        assert_eq!(p.instance_meta, InstanceMeta::MlxRing);
-        assert_eq!(p.min_nodes, 1);
-        let p = parse_place_instance(
-            br#"{"model_id": "m", "sharding": "Tensor", "instance_meta": "MlxJaccl", "min_nodes": 2}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            (p.sharding, p.instance_meta, p.min_nodes),
-            (Sharding::Tensor, InstanceMeta::MlxJaccl, 2)
-        );
-        for (body, param) in [
-            (&br#"{}"#[..], "model_id"),
-            (br#"{"model_id": "m", "sharding": "x"}"#, "sharding"),
-            (br#"{"model_id": "m", "min_nodes": 0}"#, "min_nodes"),
-        ] {
-            assert_eq!(
-                parse_place_instance(body).unwrap_err().param.as_deref(),
-                Some(param)
-            );
-        }
     }
 
     #[test]

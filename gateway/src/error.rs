@@ -6,7 +6,11 @@ use serde_json::{json, Map, Value};
 use std::fmt;
 
 /// What kind of failure an [`ApiError`] is; it decides the HTTP status and the `type` field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Between nodes (a forwarded chat's refusal or failure) it travels in snake case; a kind
+/// this node does not know reads as `internal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The request itself is wrong (malformed JSON, a missing or bad field): 400.
     InvalidRequest,
@@ -23,6 +27,7 @@ pub enum ErrorKind {
     /// can help.
     Unavailable,
     /// A bug or an unexpected failure inside the node: 500.
+    #[serde(other)]
     Internal,
 }
 
@@ -56,15 +61,21 @@ impl ErrorKind {
 }
 
 /// An error answered to an API client. The message says what happened and what to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its serde form (`{"kind", "message", "param", "code"}`) is how a forwarded chat's error
+/// travels back from the node that ran it; the client's answer is [`ApiError::to_json`]'s
+/// OpenAI shape.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ApiError {
     /// Decides the status and the `type` field.
     pub kind: ErrorKind,
     /// A sentence for a person: what happened and what to do about it.
     pub message: String,
     /// The request field at fault, when there is one (OpenAI's `param`).
+    #[serde(default)]
     pub param: Option<String>,
     /// A stable machine-readable code (`model_not_found`, `no_instance`, ...).
+    #[serde(default)]
     pub code: Option<String>,
 }
 

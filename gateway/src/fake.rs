@@ -13,8 +13,8 @@
 //!   equal seeds give equal answers.
 
 use crate::backend::{
-    Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream, FinishReason,
-    ModelInfo, PlaceInstanceRequest, TokenLogprob,
+    Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream,
+    CreateInstanceRequest, FinishReason, ModelInfo, PlaceInstanceRequest, TokenLogprob,
 };
 use crate::error::{ApiError, ErrorKind};
 use serde_json::{json, Value};
@@ -229,8 +229,8 @@ impl Backend for FakeBackend {
             let instance = json!({
                 "instance_id": id,
                 "model_id": request.model_id,
-                "sharding": request.sharding,
-                "instance_meta": request.instance_meta,
+                "sharding": crate::exo::sharding_name(request.sharding),
+                "instance_meta": crate::exo::instance_meta_name(request.instance_meta),
                 "nodes": [self.node_id],
             });
             if let Ok(mut i) = self.instances.lock() {
@@ -243,18 +243,18 @@ impl Backend for FakeBackend {
         })
     }
 
-    fn create_instance(&self, instance: Value) -> BoxFuture<'_, Result<Value, ApiError>> {
+    fn create_instance(
+        &self,
+        request: CreateInstanceRequest,
+    ) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
-            let id = instance
-                .get("instance_id")
-                .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    ApiError::invalid_field(
-                        "instance.instance_id",
-                        "the instance needs an `instance_id`",
-                    )
-                })?
-                .to_string();
+            let id = request.instance_id.clone().ok_or_else(|| {
+                ApiError::invalid_field(
+                    "instance.instance_id",
+                    "the instance needs an `instance_id`",
+                )
+            })?;
+            let instance = json!({ "instance_id": id, "model_id": request.model_id });
             let mut instances = self
                 .instances
                 .lock()

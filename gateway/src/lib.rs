@@ -5,7 +5,8 @@
 //! - exo's cluster API (`GET /node_id`, `GET /state[/{path}]`, `POST /place_instance`,
 //!   `POST /instance`, `GET /instance/previews?model_id=`, `GET|DELETE /instance/{id}`).
 //!
-//! The crate owns HTTP, request validation, response shapes, streaming and error statuses.
+//! The crate owns HTTP, request validation, response shapes (exo's typed in [`exo`]),
+//! streaming and error statuses.
 //! Everything about the cluster (which instance serves a model, forwarding to another node,
 //! queueing, generation) sits behind the [`Backend`] trait, which the `shoal` binary
 //! implements; see [`backend`] for the contract.
@@ -22,6 +23,7 @@ pub mod body;
 mod chat;
 pub mod cluster;
 pub mod error;
+pub mod exo;
 pub mod fake;
 pub mod openai;
 pub mod router;
@@ -29,9 +31,9 @@ pub mod server;
 
 pub use backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
-    ChatStream, FinishReason, InstanceMeta, ModelInfo, PlaceInstanceRequest, SamplingParams,
-    Sharding, TokenLogprob,
+    ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob,
 };
 pub use error::{ApiError, ErrorKind};
+pub use exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use router::Router;
 pub use server::{serve, GatewayConfig, DEFAULT_API_PORT};

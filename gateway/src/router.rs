@@ -166,13 +166,13 @@ impl Router {
             }
             (Route::PlaceInstance, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                let request = cluster::parse_place_instance(&body)?;
+                let request = crate::exo::parse_place_instance(&body)?;
                 let placed = backend.place_instance(request).await?;
                 Ok(json_response(StatusCode::OK, &placed))
             }
             (Route::CreateInstance, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                let instance = cluster::parse_create_instance(&body)?;
+                let instance = crate::exo::parse_create_instance(&body)?;
                 let created = backend.create_instance(instance).await?;
                 Ok(json_response(StatusCode::OK, &created))
             }

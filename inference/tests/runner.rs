@@ -4,7 +4,9 @@
 mod common;
 
 use common::{temp_dir, write_tiny_model};
-use inference::runner::protocol::{read_frame, write_frame, Command, Event, RunnerState, Sharding};
+use inference::runner::protocol::{
+    read_frame, write_frame, Command, Event, RunnerStatus, Sharding,
+};
 use inference::runner::{load_timeout, serve, RunnerOptions};
 use inference::{FinishReason, GenerateRequest, Prompt, WeightFormat};
 use std::io::Write;
@@ -58,7 +60,7 @@ fn options() -> RunnerOptions {
     }
 }
 
-fn is_state(e: &Event, s: &RunnerState) -> bool {
+fn is_state(e: &Event, s: &RunnerStatus) -> bool {
     matches!(e, Event::State(x) if x == s)
 }
 
@@ -67,7 +69,7 @@ fn load_generate_cancel_and_shutdown() {
     let dir = temp_dir("runner");
     write_tiny_model(&dir, "qwen3", 11, 256);
     let mut r = start(options());
-    assert!(is_state(&r.next(), &RunnerState::Idle));
+    assert!(is_state(&r.next(), &RunnerStatus::Idle));
     r.send(&Command::Load {
         model: dir.display().to_string(),
         layers: None,
@@ -75,9 +77,9 @@ fn load_generate_cancel_and_shutdown() {
         sharding: Sharding::Pipeline,
     });
     let events = r.until(|e| {
-        is_state(e, &RunnerState::Ready) || matches!(e, Event::State(RunnerState::Failed { .. }))
+        is_state(e, &RunnerStatus::Ready) || matches!(e, Event::State(RunnerStatus::Failed { .. }))
     });
-    let states: Vec<&RunnerState> = events
+    let states: Vec<&RunnerStatus> = events
         .iter()
         .filter_map(|e| {
             if let Event::State(s) = e {
@@ -88,12 +90,12 @@ fn load_generate_cancel_and_shutdown() {
         })
         .collect();
     assert!(
-        matches!(states.first(), Some(RunnerState::Loading { .. })),
+        matches!(states.first(), Some(RunnerStatus::Loading { .. })),
         "{states:?}"
     );
     assert!(
         states.iter().any(
-            |s| matches!(s, RunnerState::Loading { done, total } if done == total && *total == 6)
+            |s| matches!(s, RunnerStatus::Loading { layers_loaded, total } if layers_loaded == total && *total == 6)
         ),
         "{states:?}"
     );
@@ -108,9 +110,9 @@ fn load_generate_cancel_and_shutdown() {
     assert_eq!(
         tail,
         vec![
-            RunnerState::Loaded,
-            RunnerState::WarmingUp,
-            RunnerState::Ready
+            RunnerStatus::Loaded,
+            RunnerStatus::WarmingUp,
+            RunnerStatus::Ready
         ]
     );
 
@@ -120,8 +122,8 @@ fn load_generate_cancel_and_shutdown() {
         id: 1,
         request: req.clone(),
     });
-    let events = r.until(|e| is_state(e, &RunnerState::Ready));
-    assert!(is_state(&events[0], &RunnerState::Running));
+    let events = r.until(|e| is_state(e, &RunnerStatus::Ready));
+    assert!(is_state(&events[0], &RunnerStatus::Running));
     let tokens: Vec<u32> = events
         .iter()
         .filter_map(|e| {
@@ -160,7 +162,7 @@ fn load_generate_cancel_and_shutdown() {
         request: req,
     });
     r.send(&Command::Cancel { id: 2 });
-    let events = r.until(|e| is_state(e, &RunnerState::Ready));
+    let events = r.until(|e| is_state(e, &RunnerStatus::Ready));
     let done = events
         .iter()
         .find_map(|e| {
@@ -179,7 +181,7 @@ fn load_generate_cancel_and_shutdown() {
         id: 3,
         request: GenerateRequest::new(Prompt::Tokens(vec![]), 3),
     });
-    let events = r.until(|e| is_state(e, &RunnerState::Ready));
+    let events = r.until(|e| is_state(e, &RunnerStatus::Ready));
     assert!(events
         .iter()
         .any(|e| matches!(e, Event::Error { id: Some(3), message } if message.contains("empty"))));
@@ -192,15 +194,15 @@ fn load_generate_cancel_and_shutdown() {
 #[test]
 fn a_missing_model_fails_with_a_reason() {
     let mut r = start(options());
-    assert!(is_state(&r.next(), &RunnerState::Idle));
+    assert!(is_state(&r.next(), &RunnerStatus::Idle));
     r.send(&Command::Load {
         model: "/nonexistent/model.gguf".into(),
         layers: None,
         format: None,
         sharding: Sharding::Pipeline,
     });
-    let events = r.until(|e| matches!(e, Event::State(RunnerState::Failed { .. })));
-    let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else {
+    let events = r.until(|e| matches!(e, Event::State(RunnerStatus::Failed { .. })));
+    let Event::State(RunnerStatus::Failed { reason }) = events.last().unwrap() else {
         unreachable!()
     };
     assert!(reason.contains("/nonexistent/model.gguf"), "{reason}");
@@ -222,15 +224,15 @@ fn the_load_watchdog_reports_a_timeout() {
         on_load_timeout: Arc::new(move || flag.store(true, Ordering::SeqCst)),
         warm_up: false,
     });
-    assert!(is_state(&r.next(), &RunnerState::Idle));
+    assert!(is_state(&r.next(), &RunnerStatus::Idle));
     r.send(&Command::Load {
         model: dir.display().to_string(),
         layers: None,
         format: Some(WeightFormat::F32),
         sharding: Sharding::Pipeline,
     });
-    let events = r.until(|e| matches!(e, Event::State(RunnerState::Failed { .. })));
-    let Event::State(RunnerState::Failed { reason }) = events.last().unwrap() else {
+    let events = r.until(|e| matches!(e, Event::State(RunnerStatus::Failed { .. })));
+    let Event::State(RunnerStatus::Failed { reason }) = events.last().unwrap() else {
         unreachable!()
     };
     assert_eq!(reason, "model loading timed out after 0 s");

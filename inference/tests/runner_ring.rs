@@ -13,7 +13,9 @@
 mod common;
 
 use common::{smollm2, temp_dir, write_tiny_model, RankNet};
-use inference::runner::protocol::{read_frame, write_frame, Command, Event, RunnerState, Sharding};
+use inference::runner::protocol::{
+    read_frame, write_frame, Command, Event, RunnerStatus, Sharding,
+};
 use inference::runner::{serve, RunnerOptions};
 use inference::{Completion, GenerateRequest, Prompt, WeightFormat};
 use std::os::fd::AsFd;
@@ -130,10 +132,10 @@ impl RunnerProc {
     }
 
     /// Waits for a state; a `failed` on the way panics with its reason.
-    fn expect_state(&mut self, want: RunnerState) {
+    fn expect_state(&mut self, want: RunnerStatus) {
         let rank = self.rank;
         let events = self.until(PATIENCE, |e| {
-            matches!(e, Event::State(s) if *s == want || matches!(s, RunnerState::Failed { .. }))
+            matches!(e, Event::State(s) if *s == want || matches!(s, RunnerStatus::Failed { .. }))
         });
         match events.last() {
             Some(Event::State(s)) if *s == want => {}
@@ -222,7 +224,7 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
     let n = net.size();
     let mut ranks: Vec<RunnerProc> = (0..n).map(|r| RunnerProc::spawn(Some(net), r)).collect();
     for r in ranks.iter_mut() {
-        r.expect_state(RunnerState::Idle);
+        r.expect_state(RunnerStatus::Idle);
     }
     for (rank, r) in ranks.iter_mut().enumerate() {
         r.send(&Command::Connect {
@@ -231,11 +233,11 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
             timeout_ms: 60_000,
         });
         if rank + 1 < n {
-            r.expect_state(RunnerState::Connecting);
+            r.expect_state(RunnerStatus::Connecting);
         }
     }
     for r in ranks.iter_mut() {
-        r.expect_state(RunnerState::Connected);
+        r.expect_state(RunnerStatus::Connected);
     }
     for (rank, r) in ranks.iter_mut().enumerate() {
         r.send(&Command::Load {
@@ -246,14 +248,14 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
         });
     }
     for r in ranks.iter_mut() {
-        r.expect_state(RunnerState::Loaded);
+        r.expect_state(RunnerStatus::Loaded);
     }
     for r in ranks.iter_mut() {
         r.send(&Command::WarmUp);
-        r.expect_state(RunnerState::WarmingUp);
+        r.expect_state(RunnerStatus::WarmingUp);
     }
     for r in ranks.iter_mut() {
-        r.expect_state(RunnerState::Ready);
+        r.expect_state(RunnerStatus::Ready);
     }
     ranks
 }
@@ -261,14 +263,14 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
 /// A runner holding the whole model (a ring of one) answers `request`.
 fn single_rank(model: &Path, request: &GenerateRequest) -> Completion {
     let mut r = RunnerProc::spawn(None, 0);
-    r.expect_state(RunnerState::Idle);
+    r.expect_state(RunnerStatus::Idle);
     r.send(&Command::Load {
         model: model.display().to_string(),
         layers: None,
         format: Some(WeightFormat::F32),
         sharding: Sharding::Pipeline,
     });
-    r.expect_state(RunnerState::Ready);
+    r.expect_state(RunnerStatus::Ready);
     let c = r.generate(1, request.clone()).unwrap();
     r.send(&Command::Shutdown);
     assert_eq!(r.exit_code(Duration::from_secs(10)), Some(0));
@@ -403,7 +405,7 @@ fn smollm2_three_rank_pipeline_runners_match_one_runner_and_survive_a_lost_rank(
     let killed_at = Instant::now();
     let _ = ranks[1].child.kill();
     let events = ranks[0].until(Duration::from_secs(20), |e| {
-        matches!(e, Event::State(RunnerState::Failed { .. }))
+        matches!(e, Event::State(RunnerStatus::Failed { .. }))
     });
     let ended = killed_at.elapsed();
     let error = events.iter().find_map(|e| match e {
@@ -423,7 +425,7 @@ fn smollm2_three_rank_pipeline_runners_match_one_runner_and_survive_a_lost_rank(
             .any(|e| matches!(e, Event::Done { id: 8, .. })),
         "{events:?}"
     );
-    let Some(Event::State(RunnerState::Failed { reason })) = events.last() else {
+    let Some(Event::State(RunnerStatus::Failed { reason })) = events.last() else {
         unreachable!()
     };
     assert!(reason.contains("rank 0 lost the ring"), "{reason}");
@@ -431,7 +433,7 @@ fn smollm2_three_rank_pipeline_runners_match_one_runner_and_survive_a_lost_rank(
     assert_eq!(ranks[0].exit_code(Duration::from_secs(10)), Some(1));
     // The last rank lost its left neighbour: it fails and exits by itself.
     ranks[2].until(Duration::from_secs(20), |e| {
-        matches!(e, Event::State(RunnerState::Failed { .. }))
+        matches!(e, Event::State(RunnerStatus::Failed { .. }))
     });
     assert_eq!(ranks[2].exit_code(Duration::from_secs(10)), Some(1));
 }
@@ -440,18 +442,18 @@ fn smollm2_three_rank_pipeline_runners_match_one_runner_and_survive_a_lost_rank(
 fn a_rank_whose_neighbour_never_comes_fails_naming_it() {
     let net = RankNet::new("rlone", 2, base_port(3));
     let mut r = RunnerProc::spawn(Some(&net), 0);
-    r.expect_state(RunnerState::Idle);
+    r.expect_state(RunnerStatus::Idle);
     let started = Instant::now();
     r.send(&Command::Connect {
         rank: 0,
         hosts: net.hosts(0),
         timeout_ms: 3_000,
     });
-    r.expect_state(RunnerState::Connecting);
+    r.expect_state(RunnerStatus::Connecting);
     let events = r.until(Duration::from_secs(40), |e| {
-        matches!(e, Event::State(RunnerState::Failed { .. }))
+        matches!(e, Event::State(RunnerStatus::Failed { .. }))
     });
-    let Some(Event::State(RunnerState::Failed { reason })) = events.last() else {
+    let Some(Event::State(RunnerStatus::Failed { reason })) = events.last() else {
         unreachable!()
     };
     let waited = started.elapsed();

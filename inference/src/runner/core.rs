@@ -11,7 +11,7 @@
 //! `warming_up` → `ready` (rank 0 drives, the others serve the ring). A generation in flight
 //! takes cancels at once and holds back every other command until it ends.
 
-use super::protocol::{Command, Event, RunnerState, Sharding};
+use super::protocol::{Command, Event, RunnerStatus, Sharding};
 use crate::request::{Completion, GenerateRequest};
 use crate::weights::WeightFormat;
 use std::collections::{BTreeSet, VecDeque};
@@ -236,7 +236,7 @@ impl RunnerCore {
         match input {
             Input::Started(Ok(())) => {
                 self.phase = Phase::Unloaded;
-                state(out, RunnerState::Idle);
+                state(out, RunnerStatus::Idle);
             }
             Input::Started(Err(e)) => {
                 self.fail(out, format!("MLX does not work in this process: {e}"))
@@ -254,19 +254,25 @@ impl RunnerCore {
             Input::Connected(Ok(seat)) => {
                 self.seat = Some(seat);
                 self.phase = Phase::Unloaded;
-                state(out, RunnerState::Connected);
+                state(out, RunnerStatus::Connected);
             }
             Input::Connected(Err(reason)) => self.fail(out, reason),
             Input::LoadProgress { done, total } => {
                 if self.phase == (Phase::Loading { timed_out: false }) {
-                    state(out, RunnerState::Loading { done, total });
+                    state(
+                        out,
+                        RunnerStatus::Loading {
+                            layers_loaded: count(done),
+                            total: count(total),
+                        },
+                    );
                 }
             }
             Input::LoadTimedOut { seconds } => {
                 self.phase = Phase::Loading { timed_out: true };
                 state(
                     out,
-                    RunnerState::Failed {
+                    RunnerStatus::Failed {
                         reason: format!("model loading timed out after {seconds} s"),
                     },
                 );
@@ -316,10 +322,10 @@ impl RunnerCore {
                 }
                 self.connected = true;
                 if hosts.len() == 1 && rank == 0 {
-                    return state(out, RunnerState::Connected);
+                    return state(out, RunnerStatus::Connected);
                 }
                 self.phase = Phase::Connecting;
-                state(out, RunnerState::Connecting);
+                state(out, RunnerStatus::Connecting);
                 act(
                     out,
                     Action::Connect {
@@ -362,7 +368,7 @@ impl RunnerCore {
             Command::WarmUp => match self.phase {
                 Phase::Loaded(role) => {
                     self.phase = Phase::WarmingUp(role);
-                    state(out, RunnerState::WarmingUp);
+                    state(out, RunnerStatus::WarmingUp);
                     let work = if role == Role::Driver {
                         Action::WarmUp
                     } else {
@@ -382,7 +388,7 @@ impl RunnerCore {
             Command::Generate { id, request } => match self.phase {
                 Phase::Ready(role @ (Role::Whole | Role::Driver)) => {
                     self.phase = Phase::Running { id, role };
-                    state(out, RunnerState::Running);
+                    state(out, RunnerStatus::Running);
                     act(out, Action::Generate { id, request });
                 }
                 Phase::Loaded(Role::Driver) | Phase::WarmingUp(Role::Driver) => error(
@@ -428,16 +434,16 @@ impl RunnerCore {
             Err(LoadFailure::TimedOut) => return self.exit(out, 3),
             Err(LoadFailure::Failed(reason)) => return self.fail(out, reason),
         };
-        state(out, RunnerState::Loaded);
+        state(out, RunnerStatus::Loaded);
         match &self.seat {
             None if self.warm_up && whole => {
                 self.phase = Phase::WarmingUp(Role::Whole);
-                state(out, RunnerState::WarmingUp);
+                state(out, RunnerStatus::WarmingUp);
                 act(out, Action::WarmUp);
             }
             None => {
                 self.phase = Phase::Ready(Role::Whole);
-                state(out, RunnerState::Ready);
+                state(out, RunnerStatus::Ready);
             }
             Some(seat) if seat.rank == 0 => self.phase = Phase::Loaded(Role::Driver),
             Some(_) => self.phase = Phase::Loaded(Role::Follower),
@@ -451,7 +457,7 @@ impl RunnerCore {
         match result {
             Ok(()) => {
                 self.phase = Phase::Ready(role);
-                state(out, RunnerState::Ready);
+                state(out, RunnerStatus::Ready);
             }
             Err(e) => {
                 let reason = match role {
@@ -492,11 +498,11 @@ impl RunnerCore {
             Err(GenerateFailure { message, .. }) => error(out, Some(id), message),
         }
         self.phase = Phase::Ready(role);
-        state(out, RunnerState::Ready);
+        state(out, RunnerStatus::Ready);
     }
 
     fn fail(&mut self, out: &mut Vec<Output>, reason: String) {
-        state(out, RunnerState::Failed { reason });
+        state(out, RunnerStatus::Failed { reason });
         self.exit(out, 1);
     }
 
@@ -507,7 +513,7 @@ impl RunnerCore {
     }
 }
 
-fn state(out: &mut Vec<Output>, s: RunnerState) {
+fn state(out: &mut Vec<Output>, s: RunnerStatus) {
     out.push(Output::Event(Event::State(s)));
 }
 
@@ -524,3 +530,8 @@ fn act(out: &mut Vec<Output>, action: Action) {
 
 #[cfg(test)]
 mod tests;
+
+/// A layer count as the runner status carries it (saturating; no model has 4 billion layers).
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}

@@ -9,7 +9,9 @@
 
 use super::core::{Action, GenerateFailure, Input, LoadFailure, Output, RunnerCore, Seat};
 use super::process::install_mlx_error_handler;
-use super::protocol::{read_frame, write_frame, Command, Event, FrameError, RunnerState, Sharding};
+use super::protocol::{
+    read_frame, write_frame, Command, Event, FrameError, RunnerStatus, Sharding,
+};
 use crate::engine::Engine;
 use crate::error::InferenceError;
 use crate::forward::Forward;
@@ -67,7 +69,7 @@ impl Shared {
         for output in core.handle(input) {
             match output {
                 Output::Event(event) => {
-                    if let Event::State(RunnerState::Failed { reason }) = &event {
+                    if let Event::State(RunnerStatus::Failed { reason }) = &event {
                         tracing::error!(%reason, "runner failed");
                     }
                     let mut w = self.out.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,9 +1,12 @@
 //! The runner's wire format: length-prefixed, versioned JSON frames over a byte stream
 //! (the runner's stdin and stdout).
 //!
-//! A frame is a 4-byte little-endian length followed by that many bytes of JSON
-//! `{"v": VERSION, "msg": ...}`. Frames larger than [`MAX_FRAME`] and frames of another
-//! version are refused; decoding never panics.
+//! Frames are the shared codec's ([`wire::frame`]): a 4-byte little-endian length followed
+//! by that many bytes of JSON `{"v": VERSION, "msg": ...}`. Frames larger than [`MAX_FRAME`]
+//! and frames of another version are refused; decoding never panics.
+//!
+//! The runner speaks the one runner-status type, [`RunnerStatus`] (the replicated state's and
+//! the worker plan's), in its tagged spelling.
 //!
 //! # Single-rank and multi-rank runners
 //! - **A ring of one** (the whole model in this process): `Load` takes the runner through
@@ -24,9 +27,11 @@
 
 use crate::request::{Completion, GenerateRequest};
 use crate::weights::WeightFormat;
-pub use placement::Sharding;
+pub use placement::{RunnerStatus, Sharding};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::io::{Read, Write};
+pub use wire::frame::FrameError;
+use wire::Codec;
 
 /// Version of this protocol; both ends must speak the same.
 pub const VERSION: u32 = 2;
@@ -79,44 +84,14 @@ pub enum Command {
     Shutdown,
 }
 
-/// The runner's lifecycle, as reported to the node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum RunnerState {
-    /// Started, waiting for a `Connect` or a `Load`.
-    Idle,
-    /// Joining the MLX ring.
-    Connecting,
-    /// In the MLX ring (or alone), waiting for a `Load`.
-    Connected,
-    /// Reading weights: `done` of `total` steps.
-    Loading {
-        /// Steps done.
-        done: usize,
-        /// Steps in all.
-        total: usize,
-    },
-    /// Weights are in memory.
-    Loaded,
-    /// Running a first tiny generation so the first real request is not slow.
-    WarmingUp,
-    /// Ready for requests.
-    Ready,
-    /// Generating.
-    Running,
-    /// Cannot go on; the runner exits after reporting this.
-    Failed {
-        /// What happened.
-        reason: String,
-    },
-}
-
 /// What the runner tells its node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
-    /// The runner's state changed.
-    State(RunnerState),
+    /// The runner's state changed (spelled `{"type": "state", "state": "loading", "done": 3,
+    /// "total": 30}`, see [`wire::runner_status`]). A runner reports only the start-up states,
+    /// `ready`, `running` and `failed`; the stopping states are the node's.
+    State(#[serde(with = "wire::runner_status")] RunnerStatus),
     /// A generated token.
     Token {
         /// The request.
@@ -148,88 +123,22 @@ fn default_sharding() -> Sharding {
     Sharding::Pipeline
 }
 
-/// Errors of the frame layer.
-#[derive(Debug, thiserror::Error)]
-pub enum FrameError {
-    /// The stream ended cleanly between frames.
-    #[error("the stream ended")]
-    Closed,
-    /// Reading or writing failed.
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
-    /// A frame announced more bytes than allowed.
-    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
-    TooLarge(usize),
-    /// The peer speaks another version.
-    #[error("protocol version {0} is not supported (this runner speaks {VERSION})")]
-    Version(u32),
-    /// The bytes are not a valid message.
-    #[error("malformed frame: {0}")]
-    Malformed(String),
-}
-
-#[derive(Serialize)]
-struct OutFrame<'a, T> {
-    v: u32,
-    msg: &'a T,
-}
-
-#[derive(Deserialize)]
-struct InFrame {
-    v: u32,
-    msg: serde_json::Value,
-}
+/// The frames of this protocol: version [`VERSION`], at most [`MAX_FRAME`] bytes.
+pub const CODEC: Codec = Codec::new(VERSION, MAX_FRAME);
 
 /// Writes one frame and flushes.
 pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
-    let body = serde_json::to_vec(&OutFrame { v: VERSION, msg })
-        .map_err(|e| FrameError::Malformed(e.to_string()))?;
-    if body.len() > MAX_FRAME {
-        return Err(FrameError::TooLarge(body.len()));
-    }
-    w.write_all(&(body.len() as u32).to_le_bytes())?;
-    w.write_all(&body)?;
-    w.flush()?;
-    Ok(())
+    CODEC.write(w, msg)
 }
 
 /// Decodes the body of one frame.
 pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
-    let frame: InFrame =
-        serde_json::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))?;
-    if frame.v != VERSION {
-        return Err(FrameError::Version(frame.v));
-    }
-    serde_json::from_value(frame.msg).map_err(|e| FrameError::Malformed(e.to_string()))
+    CODEC.decode_body(body)
 }
 
 /// Reads one frame; [`FrameError::Closed`] at a clean end of stream.
 pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, FrameError> {
-    let mut len = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match r.read(&mut len[got..])? {
-            0 if got == 0 => return Err(FrameError::Closed),
-            0 => {
-                return Err(FrameError::Malformed(
-                    "the stream ended inside a frame header".into(),
-                ))
-            }
-            n => got += n,
-        }
-    }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(FrameError::TooLarge(len));
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => {
-            FrameError::Malformed("the stream ended inside a frame".into())
-        }
-        _ => FrameError::Io(e),
-    })?;
-    decode_body(&body)
+    CODEC.read(r)
 }
 
 #[cfg(test)]
@@ -309,6 +218,42 @@ mod tests {
             read_frame::<Command>(&mut &unknown[..]),
             Err(FrameError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn runner_states_are_the_plan_statuses_in_their_tagged_spelling() {
+        // The runner's state reads straight into the plan's status (no second mapping).
+        let read = |msg: &str| {
+            decode_body::<Event>(format!(r#"{{"v":2,"msg":{msg}}}"#).as_bytes()).unwrap()
+        };
+        assert_eq!(
+            read(r#"{"type":"state","state":"idle"}"#),
+            Event::State(RunnerStatus::Idle)
+        );
+        assert_eq!(
+            read(r#"{"type":"state","state":"loading","done":3,"total":30}"#),
+            Event::State(RunnerStatus::Loading {
+                layers_loaded: 3,
+                total: 30
+            })
+        );
+        assert_eq!(
+            read(r#"{"type":"state","state":"failed","reason":"x"}"#),
+            Event::State(RunnerStatus::Failed { reason: "x".into() })
+        );
+        let mut buf = Vec::new();
+        write_frame(
+            &mut buf,
+            &Event::State(RunnerStatus::Loading {
+                layers_loaded: 3,
+                total: 30,
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            &buf[4..],
+            br#"{"v":2,"msg":{"type":"state","state":"loading","done":3,"total":30}}"#
+        );
     }
 
     proptest! {

@@ -8,7 +8,7 @@ fn started(warm_up: bool) -> RunnerCore {
     let mut core = RunnerCore::new(warm_up);
     assert_eq!(
         core.handle(Input::Started(Ok(()))),
-        vec![Output::Event(Event::State(RunnerState::Idle))]
+        vec![Output::Event(Event::State(RunnerStatus::Idle))]
     );
     core
 }
@@ -17,7 +17,7 @@ fn cmd(core: &mut RunnerCore, command: Command) -> Vec<Output> {
     core.handle(Input::Command(command))
 }
 
-fn st(s: RunnerState) -> Output {
+fn st(s: RunnerStatus) -> Output {
     Output::Event(Event::State(s))
 }
 
@@ -60,7 +60,7 @@ fn failed(outputs: &[Output]) -> String {
     outputs
         .iter()
         .find_map(|o| match o {
-            Output::Event(Event::State(RunnerState::Failed { reason })) => Some(reason.clone()),
+            Output::Event(Event::State(RunnerStatus::Failed { reason })) => Some(reason.clone()),
             _ => None,
         })
         .unwrap_or_else(|| panic!("no failed state in {outputs:?}"))
@@ -100,7 +100,7 @@ fn loaded_rank(rank: usize) -> RunnerCore {
             }
         ),
         vec![
-            st(RunnerState::Connecting),
+            st(RunnerStatus::Connecting),
             Output::Action(Action::Connect {
                 rank,
                 hosts,
@@ -110,7 +110,7 @@ fn loaded_rank(rank: usize) -> RunnerCore {
     );
     assert_eq!(
         core.handle(Input::Connected(Ok(seat(rank, 2)))),
-        vec![st(RunnerState::Connected)]
+        vec![st(RunnerStatus::Connected)]
     );
     let layers = Some(if rank == 0 { (0, 2) } else { (2, 4) });
     assert_eq!(
@@ -124,7 +124,7 @@ fn loaded_rank(rank: usize) -> RunnerCore {
     );
     assert_eq!(
         core.handle(Input::Loaded(Ok(false))),
-        vec![st(RunnerState::Loaded)]
+        vec![st(RunnerStatus::Loaded)]
     );
     core
 }
@@ -156,7 +156,7 @@ fn a_ring_of_one_loads_warms_up_and_gets_ready() {
                 timeout_ms: 10
             }
         ),
-        vec![st(RunnerState::Connected)]
+        vec![st(RunnerStatus::Connected)]
     );
     assert_eq!(
         cmd(&mut core, load(Sharding::Tensor, None)),
@@ -171,20 +171,23 @@ fn a_ring_of_one_loads_warms_up_and_gets_ready() {
     for (done, total) in progress {
         assert_eq!(
             core.handle(Input::LoadProgress { done, total }),
-            vec![st(RunnerState::Loading { done, total })]
+            vec![st(RunnerStatus::Loading {
+                layers_loaded: done as u32,
+                total: total as u32,
+            })]
         );
     }
     assert_eq!(
         core.handle(Input::Loaded(Ok(true))),
         vec![
-            st(RunnerState::Loaded),
-            st(RunnerState::WarmingUp),
+            st(RunnerStatus::Loaded),
+            st(RunnerStatus::WarmingUp),
             Output::Action(Action::WarmUp)
         ]
     );
     assert_eq!(
         core.handle(Input::WarmedUp(Ok(()))),
-        vec![st(RunnerState::Ready)]
+        vec![st(RunnerStatus::Ready)]
     );
     assert_eq!(
         cmd(&mut core, Command::WarmUp),
@@ -206,7 +209,7 @@ fn without_warm_up_or_with_a_part_of_the_model_the_runner_is_ready_at_once() {
         cmd(&mut core, load(Sharding::Pipeline, Some((0, 2))));
         assert_eq!(
             core.handle(Input::Loaded(Ok(whole))),
-            vec![st(RunnerState::Loaded), st(RunnerState::Ready)]
+            vec![st(RunnerStatus::Loaded), st(RunnerStatus::Ready)]
         );
     }
 }
@@ -217,7 +220,7 @@ fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
     assert_eq!(
         cmd(&mut core, generate(1)),
         vec![
-            st(RunnerState::Running),
+            st(RunnerStatus::Running),
             Output::Action(Action::Generate {
                 id: 1,
                 request: GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 4)
@@ -258,8 +261,8 @@ fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
                 id: 1,
                 completion: completion()
             }),
-            st(RunnerState::Ready),
-            st(RunnerState::Running),
+            st(RunnerStatus::Ready),
+            st(RunnerStatus::Running),
             Output::Action(Action::Generate {
                 id: 2,
                 request: GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 4)
@@ -278,7 +281,7 @@ fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
         }),
         vec![
             err(Some(2), "invalid request: the prompt is empty"),
-            st(RunnerState::Ready),
+            st(RunnerStatus::Ready),
             err(None, "garbled"),
         ]
     );
@@ -353,7 +356,7 @@ fn a_shutdown_during_a_generation_waits_for_it() {
         result: Ok(completion()),
     });
     assert_eq!(outputs.last(), Some(&Output::Action(Action::Exit(0))));
-    assert_eq!(outputs[1], st(RunnerState::Ready));
+    assert_eq!(outputs[1], st(RunnerStatus::Ready));
 }
 
 #[test]
@@ -368,26 +371,26 @@ fn ranks_of_a_ring_warm_up_on_command_and_only_rank_0_generates() {
     );
     assert_eq!(
         cmd(&mut driver, Command::WarmUp),
-        vec![st(RunnerState::WarmingUp), Output::Action(Action::WarmUp)]
+        vec![st(RunnerStatus::WarmingUp), Output::Action(Action::WarmUp)]
     );
     assert_eq!(
         driver.handle(Input::WarmedUp(Ok(()))),
-        vec![st(RunnerState::Ready)]
+        vec![st(RunnerStatus::Ready)]
     );
     assert_eq!(
         cmd(&mut driver, Command::WarmUp),
         vec![err(None, "this rank is already warmed up")]
     );
-    assert_eq!(cmd(&mut driver, generate(2))[0], st(RunnerState::Running));
+    assert_eq!(cmd(&mut driver, generate(2))[0], st(RunnerStatus::Running));
 
     let mut follower = loaded_rank(1);
     assert_eq!(
         cmd(&mut follower, Command::WarmUp),
-        vec![st(RunnerState::WarmingUp), Output::Action(Action::Serve)]
+        vec![st(RunnerStatus::WarmingUp), Output::Action(Action::Serve)]
     );
     assert_eq!(
         follower.handle(Input::WarmedUp(Ok(()))),
-        vec![st(RunnerState::Ready)]
+        vec![st(RunnerStatus::Ready)]
     );
     assert_eq!(
         cmd(&mut follower, generate(3)),
@@ -504,7 +507,7 @@ fn a_load_timeout_is_reported_once_and_exits_3() {
     cmd(&mut core, load(Sharding::Pipeline, None));
     assert_eq!(
         core.handle(Input::LoadTimedOut { seconds: 0 }),
-        vec![st(RunnerState::Failed {
+        vec![st(RunnerStatus::Failed {
             reason: "model loading timed out after 0 s".into()
         })]
     );

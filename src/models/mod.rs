@@ -6,6 +6,10 @@
 //! `cargo xtask setup` downloads is served as `default` and also as `SmolLM2-135M-Instruct`.
 //! An instance's intent records the model as `default` (each node then uses its own fixture
 //! path) or as a path, which must be the same on every node of the instance.
+//!
+//! The registry of this node's models and the model list are in [`registry`].
+
+pub mod registry;
 
 use inference::Tokenizer;
 use placement::{ComputeBackend, ModelCard};

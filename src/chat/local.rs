@@ -1,0 +1,44 @@
+//! Local chat: a request for an instance whose rank 0 is on this node runs on its runner here.
+
+use super::prompt::generate_request;
+use super::relay::relay;
+use crate::models::registry::ModelRegistry;
+use crate::runner::table::LocalRunners;
+use control::short;
+use gateway::{ApiError, CancellationToken, ChatRequest, ChatStream, ErrorKind};
+use inference::Prompt;
+
+/// Runs `request` on instance `id`'s rank-0 runner on this node (`node` names it in errors):
+/// renders and tokenizes the prompt, queues the generation, and relays its events.
+pub async fn chat_here(
+    id: &str,
+    request: ChatRequest,
+    cancel: CancellationToken,
+    runners: &dyn LocalRunners,
+    models: &ModelRegistry,
+    node: &str,
+) -> Result<ChatStream, ApiError> {
+    let Some((runner, model)) = runners.ready_rank0(id) else {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "instance `{id}` is not ready on node {} (its rank 0); retry",
+                short(node)
+            ),
+        )
+        .with_code("no_instance"));
+    };
+    let facts = models.facts(&model, node).await?;
+    let want_logprobs = request.sampling.logprobs.is_some();
+    let generate = tokio::task::spawn_blocking(move || generate_request(&request, &facts))
+        .await
+        .map_err(|e| ApiError::internal(format!("building the prompt failed: {e}")))??;
+    let prompt_tokens = match &generate.prompt {
+        Prompt::Tokens(ids) => ids.len() as u32,
+        _ => 0,
+    };
+    let events = runner.generate(generate, cancel);
+    let (tx, stream) = ChatStream::channel(prompt_tokens, 64);
+    tokio::spawn(relay(events, tx, want_logprobs));
+    Ok(stream)
+}

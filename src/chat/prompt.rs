@@ -1,0 +1,84 @@
+//! The prompt, rendered where it runs: the model's chat template over the conversation,
+//! tokenized on the node that holds rank 0, so that the prompt size is known when the request
+//! is accepted (`usage.prompt_tokens`, and a 400 for a prompt longer than the context). The
+//! runner receives token ids.
+//!
+//! **Stop strings** are enforced by the gateway, not passed to the engine: the engine holds
+//! back text that may start a stop string and releases it only at the end, and the gateway
+//! counts every token event towards `max_tokens`, so text released late could be cut.
+
+use crate::models::ModelFacts;
+use gateway::{ApiError, ChatRequest, ErrorKind};
+use inference::{GenerateRequest, Prompt};
+
+/// Builds the engine's request from the gateway's: the prompt as token ids, and the sampling
+/// settings the request gave (the engine's defaults, greedy among them, for the others).
+pub fn generate_request(
+    request: &ChatRequest,
+    facts: &ModelFacts,
+) -> Result<GenerateRequest, ApiError> {
+    let messages: Vec<inference::ChatMessage> = request
+        .messages
+        .iter()
+        .map(|m| {
+            // Templates know `system`; OpenAI's newer `developer` role means the same.
+            let role = if m.role == "developer" {
+                "system"
+            } else {
+                &m.role
+            };
+            inference::ChatMessage::new(role, m.content.clone())
+        })
+        .collect();
+    let text = facts
+        .tokenizer
+        .apply_chat_template(&messages, true)
+        .map_err(|e| {
+            ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
+        })?;
+    let ids = facts
+        .tokenizer
+        .encode(&text)
+        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?;
+    if ids.len() >= facts.context_length {
+        return Err(ApiError::invalid_field(
+            "messages",
+            format!(
+                "the prompt is {} tokens, the model's context is {}; shorten the conversation",
+                ids.len(),
+                facts.context_length
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let s = &request.sampling;
+    let max_tokens = s
+        .max_tokens
+        .map(|m| m as usize)
+        .unwrap_or(facts.context_length);
+    let mut out = GenerateRequest::new(Prompt::Tokens(ids), max_tokens);
+    out.ignore_eos = s.ignore_eos;
+    let p = &mut out.sampling;
+    if let Some(t) = s.temperature {
+        p.temperature = t;
+    }
+    if let Some(v) = s.top_p {
+        p.top_p = v;
+    }
+    if let Some(v) = s.top_k {
+        p.top_k = v as usize;
+    }
+    if let Some(v) = s.min_p {
+        p.min_p = v;
+    }
+    p.seed = s.seed;
+    if let Some(v) = s.presence_penalty {
+        p.presence_penalty = v;
+    }
+    if let Some(v) = s.frequency_penalty {
+        p.frequency_penalty = v;
+    }
+    p.validate()
+        .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, e.to_string()))?;
+    Ok(out)
+}

@@ -1,0 +1,343 @@
+//! Instances at the API: creating one (place it on the live nodes, write the intent),
+//! deleting one (write this node's deletion record), previewing every placement of a model,
+//! and each instance's answer (`GET /instance/{id}`, the shape of [`gateway::exo::Instance`]).
+//!
+//! **Instances are intents in the state** (see [`control::intent`]): `POST /place_instance`
+//! computes a placement from the live nodes and the model's card, and writes the intent
+//! under this node's `instance/<id>`; `DELETE /instance/{id}` on any node writes that node's
+//! `deleted/<id>`. Every node computes every placement from the intents ([`control::view`]).
+
+use crate::context::NodeContext;
+use crate::models::registry::ModelRegistry;
+use crate::models::ModelSpec;
+use crate::runner::table::LocalRunners;
+use control::{
+    instance_slug, DeletedRecord, InstanceRecord, InstanceView, Intent, PlacementCache, Snapshot,
+    DELETED_PREFIX, INSTANCE_PREFIX,
+};
+use gateway::exo::{self, Instance, InstancePreviews, InstanceStatus, NodeMemory, Preview};
+use gateway::{ApiError, ErrorKind};
+use placement::{CollectiveBackend, Input, PlaceError, Request, RunnerStatus, Sharding};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A placement failure as an API error: bad input is the client's (400), the rest is the
+/// cluster's capacity (503), each with the placement's stable code.
+pub fn place_error(e: &PlaceError) -> ApiError {
+    let kind = match e {
+        PlaceError::InvalidInput { .. } => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Unavailable,
+    };
+    ApiError::new(kind, format!("cannot place the instance: {e}")).with_code(e.code())
+}
+
+/// `instance_not_found`, pointing at `GET /state`.
+pub fn instance_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::NotFound,
+        format!("no instance `{id}`; see GET /state for the instances"),
+    )
+    .with_code("instance_not_found")
+}
+
+/// What to create: the fields of `POST /place_instance` and `POST /instance`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewInstance {
+    /// The model, as a user names it.
+    pub model: String,
+    /// How to split it.
+    pub sharding: Sharding,
+    /// How its nodes talk.
+    pub backend: CollectiveBackend,
+    /// At least this many nodes.
+    pub min_nodes: u32,
+    /// Nodes it must run on.
+    pub required_nodes: Vec<String>,
+}
+
+/// The instances as one node sees them: its context (the state, its writes), its models and
+/// its runners.
+pub struct Instances<'a> {
+    /// The node's view of the cluster and its own records.
+    pub context: &'a dyn NodeContext,
+    /// Its models.
+    pub models: &'a ModelRegistry,
+    /// Its runners.
+    pub runners: &'a dyn LocalRunners,
+    /// Every instance's placement, computed once per (instance, epoch).
+    pub placements: &'a PlacementCache,
+}
+
+impl Instances<'_> {
+    /// The placement input for `spec` on the live nodes now.
+    pub async fn placement_input(
+        &self,
+        spec: &ModelSpec,
+        request: Request,
+    ) -> Result<Input, ApiError> {
+        let facts = self.models.facts(spec, &self.context.node_id()).await?;
+        let (nodes, edges) = crate::view::placement_nodes(&self.context.snapshot());
+        Ok(Input {
+            nodes,
+            edges,
+            model: facts.card(&spec.id),
+            request,
+        })
+    }
+
+    /// Creates an instance: places it on the live nodes and writes the intent, under an id
+    /// made of the model, this node, its generation and the next number of `serial` (which
+    /// counts this start's instances). Answers the instance as `GET /instance/{id}` shows it.
+    pub async fn create(&self, new: NewInstance, serial: &AtomicU64) -> Result<Instance, ApiError> {
+        let snapshot = self.context.snapshot();
+        let Some(spec) = self.models.resolve(&new.model) else {
+            return Err(ApiError::model_not_found(
+                &new.model,
+                &self.models.ids(&snapshot, self.placements, self.runners),
+            ));
+        };
+        let me = self.context.node_id();
+        let n = serial.fetch_add(1, Ordering::SeqCst);
+        let id = format!(
+            "{}-{}-{:x}-{n}",
+            instance_slug(&spec.id),
+            &me[..8.min(me.len())],
+            self.context.generation()
+        );
+        let request = Request {
+            sharding: new.sharding,
+            backend: new.backend,
+            min_nodes: new.min_nodes,
+            required_nodes: new.required_nodes,
+            instance_id: id.clone(),
+        };
+        let input = self.placement_input(&spec, request).await?;
+        let record = InstanceRecord::new(Intent {
+            instance_id: id.clone(),
+            model: spec.reference.clone(),
+            model_id: spec.id.clone(),
+            created_by: me,
+            input,
+        });
+        let placement = self
+            .placements
+            .place(&record)
+            .map_err(|e| place_error(&e))?;
+        let value = serde_json::to_value(&record)
+            .map_err(|e| ApiError::internal(format!("encoding the intent: {e}")))?;
+        self.context
+            .write(&format!("{INSTANCE_PREFIX}{id}"), &value)
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("cannot record the instance in the state: {e}"),
+                )
+            })?;
+        tracing::info!(instance = %id, model = %spec.id, ranks = placement.ranks.len(), "instance placed");
+        let snapshot = self.context.snapshot();
+        let view = InstanceView {
+            record,
+            placement: Ok(placement),
+        };
+        Ok(self.answer(&view, &snapshot))
+    }
+
+    /// Instance `id` as the API shows it.
+    pub fn get(&self, id: &str) -> Result<Instance, ApiError> {
+        let snapshot = self.context.snapshot();
+        let view = snapshot
+            .instances(self.placements)
+            .remove(id)
+            .ok_or_else(|| instance_not_found(id))?;
+        Ok(self.answer(&view, &snapshot))
+    }
+
+    /// Deletes instance `id` (writes this node's deletion record, drops its own copy);
+    /// answers it as it was.
+    pub fn delete(&self, id: &str) -> Result<Instance, ApiError> {
+        let answer = self.get(id)?;
+        let record = serde_json::to_value(DeletedRecord {
+            instance_id: id.to_string(),
+        })
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+        self.context
+            .write(&format!("{DELETED_PREFIX}{id}"), &record)
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("cannot record the deletion in the state: {e}"),
+                )
+            })?;
+        self.context.remove(&format!("{INSTANCE_PREFIX}{id}"));
+        tracing::info!(instance = %id, "instance deleted");
+        Ok(answer)
+    }
+
+    /// Every instance, by id, as the API shows it.
+    pub fn all(&self) -> BTreeMap<String, Instance> {
+        let snapshot = self.context.snapshot();
+        snapshot
+            .instances(self.placements)
+            .values()
+            .map(|v| (v.record.id().to_string(), self.answer(v, &snapshot)))
+            .collect()
+    }
+
+    /// The instance as the API shows it: intent, placement (or why none), and each rank's
+    /// runner.
+    pub fn answer(&self, view: &InstanceView, snapshot: &Snapshot) -> Instance {
+        let id = view.record.id();
+        let mine = self.runners.status(id);
+        let intent = &view.record.intent;
+        let spec = self.models.spec_of(&intent.model);
+        let statuses = view.rank_statuses(snapshot, mine.as_ref());
+        let (placement, error) = exo::placement_or_error(view.placement.as_ref());
+        let ranks = match &view.placement {
+            Ok(p) => p
+                .ranks
+                .iter()
+                .zip(&statuses)
+                .enumerate()
+                .map(|(rank, (r, (_, record)))| exo::Rank {
+                    rank,
+                    node: r.node.clone(),
+                    start_layer: r.start_layer,
+                    end_layer: r.end_layer,
+                    runner: record.as_ref().map(|r| r.status.clone()),
+                    queued_requests: record.as_ref().map(|r| r.queued),
+                })
+                .collect(),
+            Err(_) => vec![],
+        };
+        let runners: BTreeMap<String, RunnerStatus> = statuses
+            .iter()
+            .filter_map(|(node, r)| r.as_ref().map(|r| (node.clone(), r.status.clone())))
+            .collect();
+        let failure = view.failure(snapshot, mine.as_ref());
+        let status = if view.is_ready(snapshot, mine.as_ref()) {
+            InstanceStatus::Ready
+        } else if view.placement.is_err() {
+            InstanceStatus::Unplaceable
+        } else if failure.is_some() {
+            InstanceStatus::Failed
+        } else {
+            InstanceStatus::Starting
+        };
+        let queued = statuses
+            .first()
+            .and_then(|(_, r)| r.as_ref().map(|r| r.queued));
+        let request = &view.record.placement_input().request;
+        Instance {
+            instance_id: id.to_string(),
+            model_id: intent.model_id.clone(),
+            model: intent.model.clone(),
+            model_path: spec.path.display().to_string(),
+            sharding: request.sharding,
+            instance_meta: request.backend,
+            min_nodes: intent.input.request.min_nodes,
+            created_by: intent.created_by.clone(),
+            epoch: view.record.epoch,
+            excluded: view.record.excluded.clone(),
+            status,
+            failure,
+            placement,
+            error,
+            ranks,
+            runners,
+            runner_pid: self.runners.pid(id),
+            queued_requests: queued,
+        }
+    }
+
+    /// `GET /instance/previews`: every sharding × backend × node count for `model`, with the
+    /// live nodes' memory.
+    pub async fn previews(&self, model: &str) -> Result<InstancePreviews, ApiError> {
+        let Some(spec) = self.models.resolve(model) else {
+            let snapshot = self.context.snapshot();
+            return Err(ApiError::model_not_found(
+                model,
+                &self.models.ids(&snapshot, self.placements, self.runners),
+            ));
+        };
+        let base = self
+            .placement_input(
+                &spec,
+                Request {
+                    sharding: Sharding::Pipeline,
+                    backend: CollectiveBackend::Ring,
+                    min_nodes: 1,
+                    required_nodes: vec![],
+                    instance_id: placement::DEFAULT_INSTANCE_ID.into(),
+                },
+            )
+            .await?;
+        let nodes = base
+            .nodes
+            .iter()
+            .map(|n| NodeMemory {
+                node: n.id.clone(),
+                ram_available: n.ram_available,
+                ram_total: n.ram_total,
+            })
+            .collect();
+        let previews = previews_for(&spec, &base);
+        Ok(InstancePreviews {
+            model_id: spec.id.clone(),
+            model: base.model,
+            nodes,
+            previews,
+        })
+    }
+}
+
+/// Every combination's placement (or why none) on `base`'s nodes.
+fn previews_for(spec: &ModelSpec, base: &Input) -> Vec<Preview> {
+    let nodes = base.nodes.len().max(1);
+    let mut out = Vec::new();
+    for sharding in [Sharding::Pipeline, Sharding::Tensor] {
+        for backend in [CollectiveBackend::Ring, CollectiveBackend::Jaccl] {
+            for count in 1..=nodes {
+                let mut input = base.clone();
+                input.request = Request {
+                    sharding,
+                    backend,
+                    min_nodes: count as u32,
+                    required_nodes: vec![],
+                    instance_id: placement::DEFAULT_INSTANCE_ID.into(),
+                };
+                let placed = placement::place(&input);
+                let (placement, error) = exo::placement_or_error(placed.as_ref());
+                out.push(Preview {
+                    model_id: spec.id.clone(),
+                    sharding,
+                    instance_meta: backend,
+                    node_count: count,
+                    placement,
+                    error,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_errors_map_to_statuses() {
+        let e = place_error(&PlaceError::NoRingWithEnoughMemory {
+            needed: 2,
+            available: 1,
+            min_nodes: 1,
+        });
+        assert_eq!(e.status().as_u16(), 503);
+        assert_eq!(e.code.as_deref(), Some("no_ring_with_enough_memory"));
+        let e = place_error(&PlaceError::InvalidInput {
+            field: "nodes".into(),
+            reason: "x".into(),
+        });
+        assert_eq!(e.status().as_u16(), 400);
+    }
+}

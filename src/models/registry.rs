@@ -1,0 +1,112 @@
+//! The model registry: which models this node knows (its default model and every model an
+//! instance names), the facts of each model file (read once), and the model list
+//! (`GET /v1/models`).
+
+use super::{ModelFacts, ModelSpec};
+use crate::runner::table::LocalRunners;
+use control::{short, PlacementCache, Snapshot};
+use gateway::{ApiError, ErrorKind, ModelInfo};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// This node's models: names to files, and each file's facts.
+pub struct ModelRegistry {
+    /// This node's file served as `default`.
+    default_model: PathBuf,
+    /// Model facts by file, read once.
+    facts: tokio::sync::Mutex<BTreeMap<PathBuf, Arc<ModelFacts>>>,
+}
+
+impl ModelRegistry {
+    /// A registry whose `default` model is the file at `default_model`.
+    pub fn new(default_model: PathBuf) -> ModelRegistry {
+        ModelRegistry {
+            default_model,
+            facts: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// The model a user's name refers to on this node.
+    pub fn resolve(&self, name: &str) -> Option<ModelSpec> {
+        ModelSpec::resolve(name, &self.default_model)
+    }
+
+    /// The model an intent names, as this node finds it.
+    pub fn spec_of(&self, reference: &str) -> ModelSpec {
+        ModelSpec::of_reference(reference, &self.default_model)
+    }
+
+    /// The facts of the model at `spec.path`, read once per file; `node` names this node in
+    /// the error.
+    pub async fn facts(&self, spec: &ModelSpec, node: &str) -> Result<Arc<ModelFacts>, ApiError> {
+        let mut cache = self.facts.lock().await;
+        if let Some(f) = cache.get(&spec.path) {
+            return Ok(f.clone());
+        }
+        let path = spec.path.clone();
+        let facts = tokio::task::spawn_blocking(move || ModelFacts::read(&path))
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the model failed: {e}")))?
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "cannot read model `{}` at {} on node {}: {e} (for the default model, \
+                         run `cargo xtask setup`)",
+                        spec.id,
+                        spec.path.display(),
+                        short(node)
+                    ),
+                )
+                .with_code("model_unreadable")
+            })?;
+        let facts = Arc::new(facts);
+        cache.insert(spec.path.clone(), facts.clone());
+        Ok(facts)
+    }
+
+    /// The model list: the default model's names, and every name of every instance's model,
+    /// `ready` when one of its instances is; sorted by name.
+    pub fn list(
+        &self,
+        snapshot: &Snapshot,
+        placements: &PlacementCache,
+        runners: &dyn LocalRunners,
+    ) -> Vec<ModelInfo> {
+        let mut models: BTreeMap<String, ModelInfo> = BTreeMap::new();
+        let mut add = |spec: &ModelSpec, ready: bool| {
+            for name in spec.names() {
+                let entry = models.entry(name.clone()).or_insert_with(|| ModelInfo {
+                    id: name.clone(),
+                    created: 0,
+                    owned_by: spec.owned_by.clone(),
+                    ready: false,
+                });
+                entry.ready |= ready;
+            }
+        };
+        add(&ModelSpec::default_at(&self.default_model), false);
+        for view in snapshot.instances(placements).values() {
+            let mine = runners.status(view.record.id());
+            add(
+                &self.spec_of(&view.record.intent.model),
+                view.is_ready(snapshot, mine.as_ref()),
+            );
+        }
+        models.into_values().collect()
+    }
+
+    /// The names of [`ModelRegistry::list`], for "unknown model" errors.
+    pub fn ids(
+        &self,
+        snapshot: &Snapshot,
+        placements: &PlacementCache,
+        runners: &dyn LocalRunners,
+    ) -> Vec<String> {
+        self.list(snapshot, placements, runners)
+            .into_iter()
+            .map(|m| m.id)
+            .collect()
+    }
+}

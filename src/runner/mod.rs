@@ -1,0 +1,19 @@
+//! The runner, from the node's side and from its own.
+//!
+//! - [`process`]: `shoal runner`, the process itself (one model instance, or one rank of
+//!   it, serving `inference::runner`'s protocol on stdin/stdout);
+//! - [`supervisor`]: the node's handle on one such process (start it, send it lifecycle
+//!   commands, queue generations, stop it);
+//! - [`scheduler`]: the state machine between requesters and one runner (one request at a
+//!   time, FIFO, cancellation, every request ending exactly once).
+//!
+//! - [`table`]: this node's runners as their readers (routing, the model list, the API) see
+//!   them; the table itself is the executor's ([`crate::reconcile::LocalRunner`]).
+
+pub mod process;
+pub mod scheduler;
+pub mod supervisor;
+pub mod table;
+
+pub use process::{run, RunnerArgs};
+pub use supervisor::{RunnerCommand, Supervisor};

@@ -1,0 +1,279 @@
+//! A handle on one runner process: [`Supervisor`] starts `shoal runner` as a child, speaks
+//! the framed protocol of `inference::runner::protocol` on its stdin and stdout, and hands
+//! requests to the [`Scheduler`](super::scheduler).
+//!
+//! Why a process per instance: an MLX distributed group cannot be re-formed inside a process,
+//! and a crash inside MLX must not take the node (and its HTTP API) down with it.
+//!
+//! The supervisor owns the child and three workers:
+//! - a **reader thread** decoding the runner's [`Event`]s from its stdout,
+//! - a **writer thread** encoding [`Command`]s onto its stdin,
+//! - a **scheduler task** (tokio, [`super::scheduler`]) that tracks the runner's status,
+//!   queues requests and routes each request's events to its own channel.
+//!
+//! Dropping the last [`Supervisor`] handle kills the child.
+
+use super::scheduler::{instance_lost, Input, Scheduler};
+use inference::runner::protocol::{read_frame, write_frame, Command, Event, FrameError};
+use inference::GenerateRequest;
+use placement::{RunnerStatus, Sharding};
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// How to start a runner process.
+#[derive(Debug, Clone)]
+pub struct RunnerCommand {
+    /// The executable: normally this very binary (`std::env::current_exe()`).
+    pub program: PathBuf,
+    /// Its arguments: normally `["runner"]`.
+    pub args: Vec<String>,
+    /// Extra environment variables (e.g. `SHOAL_FAST_SYNCH`).
+    pub env: Vec<(String, String)>,
+}
+
+impl RunnerCommand {
+    /// `<this executable> runner`.
+    pub fn current_exe() -> std::io::Result<RunnerCommand> {
+        Ok(RunnerCommand {
+            program: std::env::current_exe()?,
+            args: vec!["runner".into()],
+            env: vec![],
+        })
+    }
+}
+
+/// A handle on one runner process. Cheap to clone; the child is killed when the last clone
+/// is dropped.
+#[derive(Clone)]
+pub struct Supervisor {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inputs: mpsc::UnboundedSender<Input>,
+    state: watch::Receiver<RunnerStatus>,
+    next_id: std::sync::atomic::AtomicU64,
+    /// Requests submitted and not yet ended (queued or running): the instance's load.
+    load: Arc<std::sync::atomic::AtomicUsize>,
+    child: Arc<Mutex<Child>>,
+    pid: u32,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = self.inputs.send(Input::Shutdown);
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+}
+
+impl Supervisor {
+    /// Starts a runner process and leaves it idle: the node then sends it `Connect`, `Load`
+    /// and `WarmUp` as its start-up plan says ([`Supervisor::connect`], [`Supervisor::load_model`],
+    /// [`Supervisor::warm_up`]). Must be called inside a tokio runtime.
+    pub fn start_idle(command: &RunnerCommand) -> std::io::Result<Supervisor> {
+        let mut child = std::process::Command::new(&command.program)
+            .args(&command.args)
+            .envs(command.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let pid = child.id();
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
+        let (inputs, inputs_rx) = mpsc::unbounded_channel();
+        let (state_tx, state) = watch::channel(RunnerStatus::Idle);
+        let (commands, commands_rx) = std::sync::mpsc::channel::<Command>();
+        spawn_reader(stdout, inputs.clone(), pid);
+        spawn_writer(stdin, commands_rx, pid);
+        let child = Arc::new(Mutex::new(child));
+        let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let scheduler = Scheduler::new(commands, state_tx, child.clone(), load.clone());
+        tokio::spawn(scheduler.run(inputs_rx));
+        tracing::info!(pid, "runner started");
+        Ok(Supervisor {
+            shared: Arc::new(Shared {
+                inputs,
+                state,
+                next_id: std::sync::atomic::AtomicU64::new(1),
+                load,
+                child,
+                pid,
+            }),
+        })
+    }
+
+    /// Asks the runner to join its instance's MLX ring as `rank`, `hosts` being every rank's
+    /// addresses as this node's ring view has them.
+    pub fn connect(&self, rank: usize, hosts: Vec<Vec<String>>, timeout: Duration) {
+        self.command(Command::Connect {
+            rank,
+            hosts,
+            timeout_ms: timeout.as_millis() as u64,
+        });
+    }
+
+    /// Asks the runner to load `model`: layers `[start, end)` of it (all for `None`), split
+    /// across the ring as `sharding` says.
+    pub fn load_model(&self, model: &str, layers: Option<(usize, usize)>, sharding: Sharding) {
+        tracing::info!(pid = self.pid(), model, ?layers, ?sharding, "runner: load");
+        self.command(Command::Load {
+            model: model.to_string(),
+            layers,
+            format: None,
+            sharding,
+        });
+    }
+
+    /// Asks a loaded rank of a multi-rank ring to warm up.
+    pub fn warm_up(&self) {
+        self.command(Command::WarmUp);
+    }
+
+    /// Sends a lifecycle command, unless the runner already failed or was shut down.
+    fn command(&self, command: Command) {
+        let _ = self.shared.inputs.send(Input::Lifecycle(command));
+    }
+
+    /// The runner's state, updated as it reports changes.
+    pub fn state(&self) -> watch::Receiver<RunnerStatus> {
+        self.shared.state.clone()
+    }
+
+    /// The runner's current state.
+    pub fn current_state(&self) -> RunnerStatus {
+        self.shared.state.borrow().clone()
+    }
+
+    /// The runner's process id.
+    pub fn pid(&self) -> u32 {
+        self.shared.pid
+    }
+
+    /// Requests queued or running on this runner (for spreading load over instances).
+    pub fn load(&self) -> usize {
+        self.shared.load.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Queues a generation. Events arrive on the returned channel: the runner's `Token`s for
+    /// it, then exactly one `Done`, `Error` or `State(Failed)` (see [`super::scheduler`]; a
+    /// request is never silently dropped). Firing `cancel`, or dropping
+    /// the receiver, cancels it: a queued request is removed, a running one is stopped after
+    /// its current token.
+    pub fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> mpsc::UnboundedReceiver<Event> {
+        let id = self
+            .shared
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let (events, rx) = mpsc::unbounded_channel();
+        let watcher = events.clone();
+        let inputs = self.shared.inputs.clone();
+        if inputs
+            .send(Input::Submit {
+                id,
+                request: Box::new(request),
+                events,
+            })
+            .is_err()
+        {
+            let _ = watcher.send(instance_lost("the runner's supervisor stopped"));
+            return rx;
+        }
+        // Forwards a cancellation (or the requester going away) to the scheduler.
+        tokio::spawn(async move {
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                () = watcher.closed() => {}
+            }
+            let _ = inputs.send(Input::Cancel(id));
+        });
+        rx
+    }
+
+    /// Asks the runner to exit and waits up to `grace` for it; kills it after that.
+    pub async fn shutdown(&self, grace: Duration) {
+        let _ = self.shared.inputs.send(Input::Shutdown);
+        let child = self.shared.child.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + grace;
+            let mut child = child.lock().unwrap_or_else(|e| e.into_inner());
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        })
+        .await;
+    }
+}
+
+fn spawn_reader(stdout: ChildStdout, inputs: mpsc::UnboundedSender<Input>, pid: u32) {
+    std::thread::Builder::new()
+        .name(format!("runner-{pid}-reader"))
+        .spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            loop {
+                match read_frame::<Event>(&mut reader) {
+                    Ok(event) => {
+                        if inputs.send(Input::Runner(event)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(FrameError::Closed) => {
+                        let _ = inputs.send(Input::RunnerGone("the runner process exited".into()));
+                        return;
+                    }
+                    Err(FrameError::Malformed(m)) if !m.contains("ended") => {
+                        // One bad message in an intact stream: skip it.
+                        tracing::warn!(pid, error = %m, "malformed message from runner");
+                    }
+                    Err(e) => {
+                        let _ = inputs.send(Input::RunnerGone(format!(
+                            "the runner's output broke ({e})"
+                        )));
+                        return;
+                    }
+                }
+            }
+        })
+        .expect("spawning a thread");
+}
+
+fn spawn_writer(stdin: ChildStdin, commands: std::sync::mpsc::Receiver<Command>, pid: u32) {
+    std::thread::Builder::new()
+        .name(format!("runner-{pid}-writer"))
+        .spawn(move || {
+            let mut writer = BufWriter::new(stdin);
+            while let Ok(command) = commands.recv() {
+                if let Err(e) = write_frame(&mut writer, &command) {
+                    // The reader sees the process go; nothing more to do here.
+                    tracing::debug!(pid, error = %e, "writing to runner failed");
+                    return;
+                }
+            }
+            // Dropping stdin tells the runner to exit (end of input).
+        })
+        .expect("spawning a thread");
+}

@@ -1,0 +1,16 @@
+//! wire: what crosses process and node boundaries, in one place.
+//!
+//! - [`frame`]: the one frame codec (a 4-byte little-endian length, then versioned JSON)
+//!   used by the runner protocol (node ↔ runner process, over pipes) and by chat forwarding
+//!   (node ↔ node, over iroh streams). Each use states its own version and size limit.
+//! - [`runner_status`]: the runner status as the runner protocol and the HTTP API spell it
+//!   (`{"state": "loading", "done": 3, "total": 30}`). The type itself is
+//!   [`placement::RunnerStatus`], the one the replicated state and the worker plan use.
+//!
+//! The crate exists because `gateway` and `inference` do not depend on each other, yet both
+//! speak these shapes; both may depend on it (it depends on `placement` only).
+
+pub mod frame;
+pub mod runner_status;
+
+pub use frame::{Codec, FrameError};
