@@ -20,8 +20,8 @@ use crate::forward::LocalChat;
 use crate::instances::{Instances, NewInstance};
 use crate::models::registry::ModelRegistry;
 use crate::models::ModelSpec;
-use crate::reconcile::LocalRunner;
-use crate::runner::table::LocalRunners;
+use crate::runner::table::LocalRunner;
+use crate::runner::table::RunnerTable;
 use crate::runner::{RunnerCommand, Supervisor};
 use control::{short, PlacementCache};
 use gateway::exo::{self, Instance};
@@ -54,7 +54,7 @@ pub struct NodeBackend {
     pub(crate) wake: Arc<tokio::sync::Notify>,
 }
 
-impl LocalRunners for NodeBackend {
+impl RunnerTable for NodeBackend {
     fn status(&self, id: &str) -> Option<RunnerStatus> {
         self.local_status(id)
     }

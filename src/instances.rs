@@ -10,7 +10,7 @@
 use crate::context::NodeContext;
 use crate::models::registry::ModelRegistry;
 use crate::models::ModelSpec;
-use crate::runner::table::LocalRunners;
+use crate::runner::table::RunnerTable;
 use control::{
     instance_slug, DeletedRecord, InstanceRecord, InstanceView, Intent, PlacementCache, Snapshot,
     DELETED_PREFIX, INSTANCE_PREFIX,
@@ -63,7 +63,7 @@ pub struct Instances<'a> {
     /// Its models.
     pub models: &'a ModelRegistry,
     /// Its runners.
-    pub runners: &'a dyn LocalRunners,
+    pub runners: &'a dyn RunnerTable,
     /// Every instance's placement, computed once per (instance, epoch).
     pub placements: &'a PlacementCache,
 }

@@ -8,6 +8,7 @@
 
 use crate::backend::NodeBackend;
 use crate::models::ModelSpec;
+use crate::runner::table::LocalRunner;
 use crate::runner::Supervisor;
 use control::{short, Command, Effect, LocalRunners, ModelFile, RunnerFacts};
 use placement::RunnerStatus;
@@ -21,83 +22,6 @@ use tokio_util::sync::CancellationToken;
 pub const RECONCILE_PERIOD: Duration = Duration::from_millis(500);
 /// How long a rank waits for its ring neighbours.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long a runner gets to exit before it is killed.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// This node's runner for its rank of one instance.
-pub struct LocalRunner {
-    /// The instance epoch it was started for.
-    pub epoch: u32,
-    /// Its rank.
-    pub rank: usize,
-    /// The model, as this node finds it.
-    pub model: ModelSpec,
-    /// The process, while it runs.
-    supervisor: Option<Supervisor>,
-    /// Overrides the process's state: shut down by plan, or failed before it could start.
-    status: Option<RunnerStatus>,
-    /// Lifecycle commands already sent (each is sent once).
-    sent: BTreeSet<Command>,
-}
-
-impl LocalRunner {
-    /// Its status as the plan and the state see it.
-    pub fn status(&self) -> RunnerStatus {
-        if let Some(status) = &self.status {
-            return status.clone();
-        }
-        match &self.supervisor {
-            Some(s) => s.current_state(),
-            None => RunnerStatus::Shutdown,
-        }
-    }
-
-    /// The process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.supervisor.as_ref().map(Supervisor::pid)
-    }
-
-    /// Requests queued or running on it.
-    pub fn load(&self) -> usize {
-        self.supervisor.as_ref().map_or(0, Supervisor::load)
-    }
-
-    /// Its supervisor, if the runner is ready for requests.
-    pub fn ready_supervisor(&self) -> Option<Supervisor> {
-        matches!(self.status(), RunnerStatus::Ready | RunnerStatus::Running)
-            .then(|| self.supervisor.clone())
-            .flatten()
-    }
-
-    /// Stops the process (if any) and waits for it.
-    pub async fn stop(mut self) {
-        if let Some(s) = self.supervisor.take() {
-            s.shutdown(SHUTDOWN_GRACE).await;
-        }
-    }
-
-    /// Stops the process in the background, keeping the entry with `status`.
-    fn stop_as(&mut self, status: RunnerStatus) {
-        self.status = Some(status);
-        if let Some(s) = self.supervisor.take() {
-            tokio::spawn(async move { s.shutdown(SHUTDOWN_GRACE).await });
-        }
-    }
-
-    /// What the control plane knows of it.
-    fn facts(&self) -> RunnerFacts {
-        RunnerFacts {
-            epoch: self.epoch,
-            rank: self.rank,
-            status: self.status(),
-            process: self.supervisor.is_some(),
-            sent: self.sent.clone(),
-            queued: self.load(),
-            model_ready: self.model.path.exists(),
-        }
-    }
-}
-
 /// Runs passes until `shutdown` fires.
 pub async fn run(backend: Arc<NodeBackend>, shutdown: CancellationToken) {
     let mut events = backend.context.subscribe();

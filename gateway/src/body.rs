@@ -1,6 +1,9 @@
 //! The response body type: a whole buffer, or an SSE stream fed by a generation task.
 
 use bytes::Bytes;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
+use serde_json::Value;
 use hyper::body::{Body, Frame, SizeHint};
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -83,4 +86,15 @@ impl Body for GatewayBody {
             GatewayBody::Sse(_) => SizeHint::default(),
         }
     }
+}
+
+/// A JSON response with this status.
+pub fn json_response(status: StatusCode, value: &Value) -> Response<GatewayBody> {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = Response::new(GatewayBody::full(bytes));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }

@@ -6,15 +6,14 @@
 //! exceeded, and a stream that ends without `Done` is a lost instance, never a hang.
 
 use crate::backend::{Backend, ChatEvent, ChatStream, FinishReason, TokenLogprob};
-use crate::body::{GatewayBody, SseBody};
+use crate::body::{json_response, GatewayBody, SseBody};
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::request::{parse_chat_request, ParsedChat};
 use crate::openai::response::{
     chunk_json, completion_json, usage_chunk_json, ChunkDelta, CompletionMeta, Usage,
 };
 use crate::openai::stop::StopMatcher;
-use crate::router::json_response;
-use crate::server::GatewayConfig;
+use crate::config::GatewayConfig;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};

@@ -22,6 +22,7 @@ pub mod backend;
 pub mod body;
 mod chat;
 pub mod cluster;
+pub mod config;
 pub mod error;
 pub mod exo;
 pub mod fake;
@@ -36,4 +37,5 @@ pub use backend::{
 pub use error::{ApiError, ErrorKind};
 pub use exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use router::Router;
-pub use server::{serve, GatewayConfig, DEFAULT_API_PORT};
+pub use config::GatewayConfig;
+pub use server::{serve, DEFAULT_API_PORT};

@@ -3,12 +3,12 @@
 //! may be served from anywhere).
 
 use crate::backend::Backend;
-use crate::body::GatewayBody;
+use crate::body::{json_response, GatewayBody};
 use crate::chat::chat_completions;
 use crate::cluster;
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::response::models_json;
-use crate::server::GatewayConfig;
+use crate::config::GatewayConfig;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Body;
@@ -235,16 +235,6 @@ impl Router {
     }
 }
 
-/// A JSON response with this status.
-pub fn json_response(status: StatusCode, value: &Value) -> Response<GatewayBody> {
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    let mut response = Response::new(GatewayBody::full(bytes));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
 
 fn add_cors(headers: &mut hyper::HeaderMap) {
     headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));

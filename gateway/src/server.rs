@@ -2,6 +2,7 @@
 //! hyper's HTTP/1.1. Nothing here serialises requests; concurrency is the backend's to manage.
 
 use crate::backend::Backend;
+use crate::config::GatewayConfig;
 use crate::router::Router;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -14,37 +15,6 @@ use tokio_util::sync::CancellationToken;
 
 /// The port every node serves on (exo's).
 pub const DEFAULT_API_PORT: u16 = 52415;
-
-/// Settings of the gateway.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GatewayConfig {
-    /// Largest request body accepted; larger ones get 413. Default 32 MiB, room for prompts
-    /// of a few hundred thousand tokens.
-    pub body_limit: usize,
-    /// How long a stream may stay silent before a `: keep-alive` comment is sent (default
-    /// 10 s, as exo), so proxies and clients do not time out while a request waits in a
-    /// queue or a long prompt is processed.
-    pub keep_alive_interval: Duration,
-    /// How long a chat may go without any event from the backend (no first token while
-    /// queued or prefilling, or no next token) before it is answered as a lost instance.
-    /// A safety net so that a client never waits forever on a backend that lost track of a
-    /// request; the backend should report lost instances itself, long before this. Default
-    /// 10 minutes, above exo's longest model-side timeouts.
-    pub backend_silence_limit: Duration,
-    /// How long a client may take to send its request headers.
-    pub header_read_timeout: Duration,
-}
-
-impl Default for GatewayConfig {
-    fn default() -> GatewayConfig {
-        GatewayConfig {
-            body_limit: 32 * 1024 * 1024,
-            keep_alive_interval: Duration::from_secs(10),
-            backend_silence_limit: Duration::from_secs(600),
-            header_read_timeout: Duration::from_secs(30),
-        }
-    }
-}
 
 /// Serves the gateway on `listener` until `shutdown` fires. Connections already open when it
 /// fires are left to finish on their own tasks.

@@ -3,8 +3,16 @@
 //! clock in production; tests pin a date to compare with reference renders).
 
 use crate::error::{InferenceError, Result};
-use crate::tokenizer::ChatMessage;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// One message of a chat.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
 
 /// Where `strftime_now` gets the time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,6 +1,6 @@
 //! One rank's part of a multi-rank instance: the [`Stage`] the runner drives, whatever the
-//! split. Two implementations: [`PipelineStage`] (each rank holds a layer range and passes
-//! activations to its right neighbour) and [`TensorStage`] (each rank holds a slice of every
+//! split. Two implementations: [`PipelineStage`](crate::pipeline::PipelineStage) (each rank holds a layer range and passes
+//! activations to its right neighbour) and [`TensorStage`](crate::tensor_stage::TensorStage) (each rank holds a slice of every
 //! layer and the ranks all-sum partial results).
 //!
 //! Rank 0 holds the request and drives every step through [`Forward`] (the generation loop
@@ -11,11 +11,6 @@ use crate::error::{InferenceError, Result};
 use crate::forward::Forward;
 use crate::models::shard::ModelShard;
 use crate::ring::RingGroup;
-use placement::Sharding;
-use std::sync::Arc;
-
-pub use crate::pipeline::PipelineStage;
-pub use crate::tensor_stage::TensorStage;
 
 /// One rank of a pipeline- or tensor-parallel instance over an MLX ring.
 pub trait Stage: Forward + Send {
@@ -31,18 +26,6 @@ pub trait Stage: Forward + Send {
 
     /// Rank 0: ends the serving loop of every other rank.
     fn stop(&mut self) -> Result<()>;
-}
-
-/// The stage of `sharding` for `shard` (already cut for it) on `group`.
-pub fn new_stage(
-    sharding: Sharding,
-    shard: ModelShard,
-    group: Arc<RingGroup>,
-) -> Result<Box<dyn Stage>> {
-    Ok(match sharding {
-        Sharding::Pipeline => Box::new(PipelineStage::new(shard, group)?),
-        Sharding::Tensor => Box::new(TensorStage::new(shard, group)?),
-    })
 }
 
 /// Refuses `what` on ranks other than 0, which alone drive a distributed instance.

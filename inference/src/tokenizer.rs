@@ -2,6 +2,7 @@
 //! `tokenizer_config.json`) or rebuilt from the vocabulary, merges and template that a GGUF
 //! file carries in its metadata.
 
+pub use crate::chat_template::ChatMessage;
 use crate::chat_template::{render_chat_template, TemplateClock};
 use crate::error::{InferenceError, Result};
 use crate::gguf::{GgufFile, GgufValue};
@@ -51,14 +52,6 @@ pub struct Tokenizer {
     pub template_clock: TemplateClock,
 }
 
-/// One message of a chat.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
 
 impl ChatMessage {
     /// A message with this role and content.

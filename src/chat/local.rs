@@ -3,7 +3,7 @@
 use super::prompt::generate_request;
 use super::relay::relay;
 use crate::models::registry::ModelRegistry;
-use crate::runner::table::LocalRunners;
+use crate::runner::table::RunnerTable;
 use control::short;
 use gateway::{ApiError, CancellationToken, ChatRequest, ChatStream, ErrorKind};
 use inference::Prompt;
@@ -14,7 +14,7 @@ pub async fn chat_here(
     id: &str,
     request: ChatRequest,
     cancel: CancellationToken,
-    runners: &dyn LocalRunners,
+    runners: &dyn RunnerTable,
     models: &ModelRegistry,
     node: &str,
 ) -> Result<ChatStream, ApiError> {

@@ -1,7 +1,7 @@
 //! Load balancing: which instance serves a chat for a model.
 
 use crate::models::registry::ModelRegistry;
-use crate::runner::table::LocalRunners;
+use crate::runner::table::RunnerTable;
 use control::{InstanceView, PlacementCache, Snapshot};
 use gateway::ApiError;
 
@@ -16,7 +16,7 @@ pub fn pick_instance(
     placements: &PlacementCache,
     model: &str,
     models: &ModelRegistry,
-    runners: &dyn LocalRunners,
+    runners: &dyn RunnerTable,
 ) -> Result<(String, String), ApiError> {
     let me = snapshot.me.clone();
     let candidates: Vec<InstanceView> = snapshot

@@ -3,7 +3,7 @@
 //! (`GET /v1/models`).
 
 use super::{ModelFacts, ModelSpec};
-use crate::runner::table::LocalRunners;
+use crate::runner::table::RunnerTable;
 use control::{short, PlacementCache, Snapshot};
 use gateway::{ApiError, ErrorKind, ModelInfo};
 use std::collections::BTreeMap;
@@ -72,7 +72,7 @@ impl ModelRegistry {
         &self,
         snapshot: &Snapshot,
         placements: &PlacementCache,
-        runners: &dyn LocalRunners,
+        runners: &dyn RunnerTable,
     ) -> Vec<ModelInfo> {
         let mut models: BTreeMap<String, ModelInfo> = BTreeMap::new();
         let mut add = |spec: &ModelSpec, ready: bool| {
@@ -102,7 +102,7 @@ impl ModelRegistry {
         &self,
         snapshot: &Snapshot,
         placements: &PlacementCache,
-        runners: &dyn LocalRunners,
+        runners: &dyn RunnerTable,
     ) -> Vec<String> {
         self.list(snapshot, placements, runners)
             .into_iter()

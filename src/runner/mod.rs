@@ -8,7 +8,7 @@
 //!   time, FIFO, cancellation, every request ending exactly once).
 //!
 //! - [`table`]: this node's runners as their readers (routing, the model list, the API) see
-//!   them; the table itself is the executor's ([`crate::reconcile::LocalRunner`]).
+//!   them; the table ([`table::LocalRunner`]) is driven by the executor ([`crate::reconcile`]).
 
 pub mod process;
 pub mod scheduler;

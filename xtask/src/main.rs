@@ -7,6 +7,7 @@ mod cluster;
 mod e2e;
 mod paths;
 mod pyenv;
+mod pypi;
 mod reference;
 mod setup;
 mod testbed;

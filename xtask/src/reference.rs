@@ -9,7 +9,7 @@
 //! `cargo xtask bench inference --with-llama-cpp` finds llama.cpp's sources to build.
 
 use crate::paths::cache_dir;
-use crate::setup::pip_download_sdist;
+use crate::pypi::pip_download_sdist;
 use crate::util::{run, Step};
 use std::fs;
 use std::path::{Path, PathBuf};

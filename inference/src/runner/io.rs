@@ -295,14 +295,7 @@ impl Io {
         let whole = shard.is_first() && shard.is_last();
         self.held = match (sharding, group) {
             (Some(sharding), Some(group)) => {
-                let stage: crate::error::Result<Box<dyn Stage>> = match sharding {
-                    Sharding::Pipeline => {
-                        PipelineStage::new(shard, group).map(|s| Box::new(s) as Box<dyn Stage>)
-                    }
-                    Sharding::Tensor => {
-                        TensorStage::new(shard, group).map(|s| Box::new(s) as Box<dyn Stage>)
-                    }
-                };
+                let stage = new_stage(sharding, shard, group);
                 Held::Stage {
                     stage: stage.map_err(|e| LoadFailure::Failed(e.to_string()))?,
                     tokenizer: Box::new(tokenizer),
@@ -421,4 +414,16 @@ fn stop_ring(mut stage: Box<dyn Stage>) {
             Err(_) => tracing::warn!("the other ranks did not take the stop in time"),
         }
     }
+}
+
+/// The stage of `sharding` for `shard` (already cut for it) on `group`.
+fn new_stage(
+    sharding: Sharding,
+    shard: crate::models::shard::ModelShard,
+    group: Arc<RingGroup>,
+) -> crate::error::Result<Box<dyn Stage>> {
+    Ok(match sharding {
+        Sharding::Pipeline => Box::new(PipelineStage::new(shard, group)?),
+        Sharding::Tensor => Box::new(TensorStage::new(shard, group)?),
+    })
 }
