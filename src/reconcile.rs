@@ -7,10 +7,9 @@
 //! A pass runs on mesh changes, on a runner's state change, and every [`RECONCILE_PERIOD`].
 
 use crate::backend::NodeBackend;
-use crate::models::ModelSpec;
 use crate::runner::table::LocalRunner;
 use crate::runner::Supervisor;
-use control::{short, Command, Effect, LocalRunners, ModelFile, RunnerFacts};
+use control::{short, Effect, LocalRunners, ModelFile};
 use placement::RunnerStatus;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};

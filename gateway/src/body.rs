@@ -1,10 +1,10 @@
 //! The response body type: a whole buffer, or an SSE stream fed by a generation task.
 
 use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 use serde_json::Value;
-use hyper::body::{Body, Frame, SizeHint};
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -7,13 +7,13 @@
 
 use crate::backend::{Backend, ChatEvent, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{json_response, GatewayBody, SseBody};
+use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::request::{parse_chat_request, ParsedChat};
 use crate::openai::response::{
     chunk_json, completion_json, usage_chunk_json, ChunkDelta, CompletionMeta, Usage,
 };
 use crate::openai::stop::StopMatcher;
-use crate::config::GatewayConfig;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};

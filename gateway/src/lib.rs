@@ -34,8 +34,8 @@ pub use backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
     ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob,
 };
+pub use config::GatewayConfig;
 pub use error::{ApiError, ErrorKind};
 pub use exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use router::Router;
-pub use config::GatewayConfig;
 pub use server::{serve, DEFAULT_API_PORT};

@@ -6,13 +6,13 @@ use crate::backend::Backend;
 use crate::body::{json_response, GatewayBody};
 use crate::chat::chat_completions;
 use crate::cluster;
+use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::response::models_json;
-use crate::config::GatewayConfig;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Body;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::Value;
 use std::sync::Arc;
@@ -234,7 +234,6 @@ impl Router {
         }
     }
 }
-
 
 fn add_cors(headers: &mut hyper::HeaderMap) {
     headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));

@@ -52,7 +52,6 @@ pub struct Tokenizer {
     pub template_clock: TemplateClock,
 }
 
-
 impl ChatMessage {
     /// A message with this role and content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {

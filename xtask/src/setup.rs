@@ -16,7 +16,7 @@
 
 use crate::paths::{cache_dir, default_model, workspace_root};
 use crate::pypi::pip_download;
-use crate::util::{command_exists, run, run_quiet, sha256_file, Step};
+use crate::util::{run, run_quiet, sha256_file, Step};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -146,7 +146,6 @@ fn is_root() -> bool {
         .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
         .unwrap_or(false)
 }
-
 
 fn unzip(archive: &Path, into: &Path) -> Result<(), String> {
     run(Command::new("python3")
