@@ -78,20 +78,9 @@ pub fn placement_nodes(snapshot: &Snapshot) -> (Vec<placement::NodeProfile>, Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use control::fixture::{author, json};
     use mesh::interfaces::Interface;
     use placement::{ComputeBackend, InterfaceKind, Link};
-
-    fn author(alive: bool, records: &[(String, String)]) -> Author {
-        Author {
-            alive,
-            dead: !alive,
-            records: records.iter().cloned().collect(),
-        }
-    }
-
-    fn json<T: serde::Serialize>(v: &T) -> String {
-        serde_json::to_string(v).unwrap()
-    }
 
     #[test]
     fn placement_input_comes_from_live_profiles_and_edges() {

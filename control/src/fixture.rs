@@ -2,6 +2,7 @@
 //! (public so that the node's reconciler tests build the same records, not a copy of them).
 
 use crate::intent::{InstanceRecord, Intent};
+use crate::snapshot::Author;
 use placement::{
     CollectiveBackend, ComputeBackend, Edge, Input, Interface, InterfaceKind, Link, ModelCard,
     NodeProfile, Request, Sharding,
@@ -80,4 +81,18 @@ pub fn record(n: usize, ram: u64, min_nodes: u32) -> InstanceRecord {
         created_by: "a".into(),
         input: cluster_input(n, ram, min_nodes, "default-1"),
     })
+}
+
+/// An author's part of the state: alive (or dead) with these `(key, JSON text)` records.
+pub fn author(alive: bool, records: &[(String, String)]) -> Author {
+    Author {
+        alive,
+        dead: !alive,
+        records: records.iter().cloned().collect(),
+    }
+}
+
+/// `v` as the JSON text a record holds.
+pub fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("a fixture encodes")
 }

@@ -91,19 +91,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixture::record;
-
-    fn author(alive: bool, records: &[(String, String)]) -> Author {
-        Author {
-            alive,
-            dead: !alive,
-            records: records.iter().cloned().collect(),
-        }
-    }
-
-    fn json<T: serde::Serialize>(v: &T) -> String {
-        serde_json::to_string(v).unwrap()
-    }
+    use crate::fixture::{author, json, record};
 
     #[test]
     fn a_copy_keyed_under_another_id_is_ignored() {

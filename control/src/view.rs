@@ -167,22 +167,9 @@ pub fn short(node: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixture::record;
+    use crate::fixture::{author, json, record};
     use crate::intent::{DeletedRecord, DELETED_PREFIX, INSTANCE_PREFIX, RUNNER_PREFIX};
-    use crate::snapshot::Author;
     use placement::{next_action, Action, ShutdownReason};
-
-    fn author(alive: bool, records: &[(String, String)]) -> Author {
-        Author {
-            alive,
-            dead: !alive,
-            records: records.iter().cloned().collect(),
-        }
-    }
-
-    fn json<T: serde::Serialize>(v: &T) -> String {
-        serde_json::to_string(v).unwrap()
-    }
 
     fn runner(epoch: u32, rank: usize, status: RunnerStatus) -> String {
         json(&RunnerRecord {

@@ -4,7 +4,7 @@
 //! instance's `ranks` or its `placement.ranks`; runner states as `"ready"`, `{"state": ...}`,
 //! `{"status": ...}` or `{"failed": {...}}`), strict about what it needs.
 
-use crate::runner_states::{is_serving, name, runner_status, runners};
+use crate::runner_states::{is_serving, runner_status, runners};
 use placement::RunnerStatus;
 use serde_json::Value;
 
@@ -62,7 +62,7 @@ pub fn read_instance(v: &Value, id_hint: Option<&str>) -> Option<InstanceInfo> {
                     failed.get_or_insert_with(|| reason.clone());
                 }
                 ready_count += usize::from(is_serving(&status));
-                states.push(name(&status).to_string());
+                states.push(status.name().to_string());
             }
             None => states.push(format!("unreadable {r}")),
         }

@@ -21,23 +21,6 @@ pub fn is_serving(status: &RunnerStatus) -> bool {
     matches!(status, RunnerStatus::Ready | RunnerStatus::Running)
 }
 
-/// A state's name for progress lines (`loading`, `warming_up`, ...).
-pub fn name(status: &RunnerStatus) -> &'static str {
-    match status {
-        RunnerStatus::Idle => "idle",
-        RunnerStatus::Connecting => "connecting",
-        RunnerStatus::Connected => "connected",
-        RunnerStatus::Loading { .. } => "loading",
-        RunnerStatus::Loaded => "loaded",
-        RunnerStatus::WarmingUp => "warming_up",
-        RunnerStatus::Ready => "ready",
-        RunnerStatus::Running => "running",
-        RunnerStatus::ShuttingDown => "shutting_down",
-        RunnerStatus::Shutdown => "shutdown",
-        RunnerStatus::Failed { .. } => "failed",
-    }
-}
-
 /// `Ready`, `RunnerReady`, `warming_up`, `Warming-Up` → `ready`, `warmingup`.
 fn normal(state: &str) -> String {
     let s = state.to_ascii_lowercase().replace(['_', '-', ' '], "");
@@ -153,6 +136,6 @@ mod tests {
             assert!(!is_serving(&status));
         }
         assert!(is_serving(&RunnerStatus::Running));
-        assert_eq!(name(&RunnerStatus::WarmingUp), "warming_up");
+        assert_eq!(RunnerStatus::WarmingUp.name(), "warming_up");
     }
 }

@@ -70,6 +70,24 @@ pub enum RunnerStatus {
 }
 
 impl RunnerStatus {
+    /// The state's name, as the API, the runner protocol and progress lines spell it
+    /// (`idle`, `loading`, `warming_up`, `failed`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            RunnerStatus::Idle => "idle",
+            RunnerStatus::Connecting => "connecting",
+            RunnerStatus::Connected => "connected",
+            RunnerStatus::Loading { .. } => "loading",
+            RunnerStatus::Loaded => "loaded",
+            RunnerStatus::WarmingUp => "warming_up",
+            RunnerStatus::Ready => "ready",
+            RunnerStatus::Running => "running",
+            RunnerStatus::ShuttingDown => "shutting_down",
+            RunnerStatus::Shutdown => "shutdown",
+            RunnerStatus::Failed { .. } => "failed",
+        }
+    }
+
     /// Position in start-up, for "at least" checks; `None` once stopping, stopped or failed.
     fn stage(&self) -> Option<u8> {
         match self {

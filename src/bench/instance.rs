@@ -5,7 +5,7 @@
 //! moves does not break the bench silently: anything unreadable is an error naming it.
 
 use kit::instances::ranks;
-use kit::runner_states::{is_serving, name, runner_status, runners};
+use kit::runner_states::{is_serving, runner_status, runners};
 use placement::RunnerStatus;
 use serde_json::Value;
 
@@ -150,7 +150,7 @@ pub fn readiness(instance: &Value) -> Readiness {
             Some(RunnerStatus::Failed { reason }) => return Readiness::Failed(reason),
             Some(status) => {
                 ready += usize::from(is_serving(&status));
-                states.push(name(&status).to_string());
+                states.push(status.name().to_string());
             }
             None => states.push(format!("unreadable {runner}")),
         }

@@ -10,27 +10,10 @@ use placement::RunnerStatus;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serializer};
 
-/// The `state` names, one per variant.
-fn name(status: &RunnerStatus) -> &'static str {
-    match status {
-        RunnerStatus::Idle => "idle",
-        RunnerStatus::Connecting => "connecting",
-        RunnerStatus::Connected => "connected",
-        RunnerStatus::Loading { .. } => "loading",
-        RunnerStatus::Loaded => "loaded",
-        RunnerStatus::WarmingUp => "warming_up",
-        RunnerStatus::Ready => "ready",
-        RunnerStatus::Running => "running",
-        RunnerStatus::ShuttingDown => "shutting_down",
-        RunnerStatus::Shutdown => "shutdown",
-        RunnerStatus::Failed { .. } => "failed",
-    }
-}
-
 /// Serializes `status` tagged by `state` (`done`/`total` for loading, `reason` for failed).
 pub fn serialize<S: Serializer>(status: &RunnerStatus, s: S) -> Result<S::Ok, S::Error> {
     let mut map = s.serialize_map(None)?;
-    map.serialize_entry("state", name(status))?;
+    map.serialize_entry("state", status.name())?;
     match status {
         RunnerStatus::Loading {
             layers_loaded,

@@ -18,14 +18,19 @@ use std::sync::Arc;
 /// What makes a model family: how one of its decoder blocks is read from its tensors, and the
 /// names those tensors carry (in Hugging Face folders; in GGUF files through [`GgufNames`]).
 pub trait Family: GgufNames {
-    /// Reads layer `layer` from `source`.
+    /// Reads layer `layer` from `source`. The default is the plain Llama block (Qwen2's Q/K/V
+    /// biases come with the projections, `TensorSource::linear`); a family with more in its
+    /// block (Qwen3's Q/K norms) reads it itself.
     fn block(
         &self,
         config: &ModelConfig,
         source: &mut dyn TensorSource,
         layer: usize,
         format: WeightFormat,
-    ) -> Result<DecoderLayer>;
+    ) -> Result<DecoderLayer> {
+        let attention = Attention::load(config, source, layer, format, None)?;
+        DecoderLayer::load(config, source, layer, format, attention)
+    }
 
     /// Hugging Face names of layer `layer`'s tensors (`model.layers.N.…`), as an export writes
     /// them.

@@ -4,28 +4,14 @@
 //! In GGUF files, Llama's Q and K rows are interleaved for GGML's RoPE; reading them undoes
 //! that, so every family runs the same (Hugging Face, half-split) RoPE.
 
-use super::base::{
-    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, LAYER_TENSORS, QKV_BIASES,
-};
+use super::base::{gguf_part_in, layer_tensor, Family, LAYER_TENSORS, QKV_BIASES};
 use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::weights::{GgufNames, TensorSource, WeightFormat};
+use crate::weights::GgufNames;
 
 /// The Llama family.
 pub struct Llama;
 
 impl Family for Llama {
-    fn block(
-        &self,
-        config: &ModelConfig,
-        source: &mut dyn TensorSource,
-        layer: usize,
-        format: WeightFormat,
-    ) -> Result<DecoderLayer> {
-        let attention = Attention::load(config, source, layer, format, None)?;
-        DecoderLayer::load(config, source, layer, format, attention)
-    }
-
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
         let mut names: Vec<String> = LAYER_TENSORS
             .iter()

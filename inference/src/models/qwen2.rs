@@ -1,28 +1,13 @@
 //! Qwen2 / Qwen2.5: the shared pre-norm block with biases on the Q, K and V projections.
 
-use super::base::{
-    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, LAYER_TENSORS, QKV_BIASES,
-};
+use super::base::{gguf_part_in, layer_tensor, Family, LAYER_TENSORS, QKV_BIASES};
 use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::weights::{GgufNames, TensorSource, WeightFormat};
+use crate::weights::GgufNames;
 
 /// The Qwen2 family.
 pub struct Qwen2;
 
 impl Family for Qwen2 {
-    fn block(
-        &self,
-        config: &ModelConfig,
-        source: &mut dyn TensorSource,
-        layer: usize,
-        format: WeightFormat,
-    ) -> Result<DecoderLayer> {
-        // The Q/K/V biases come with the projections (`TensorSource::linear`).
-        let attention = Attention::load(config, source, layer, format, None)?;
-        DecoderLayer::load(config, source, layer, format, attention)
-    }
-
     fn layer_tensor_names(&self, _config: &ModelConfig, layer: usize) -> Vec<String> {
         LAYER_TENSORS
             .iter()
