@@ -3,53 +3,23 @@
 
 use crate::intent::{InstanceRecord, Intent};
 use crate::snapshot::Author;
-use placement::{
-    CollectiveBackend, ComputeBackend, Edge, Input, Interface, InterfaceKind, Link, ModelCard,
-    NodeProfile, Request, Sharding,
-};
+use placement::{fixture, CollectiveBackend, ComputeBackend, Input, ModelCard, Request, Sharding};
 
 /// `n` nodes `a`, `b`, ... on one switch (10.0.0.1...), each with `ram` bytes free, every
 /// pair linked both ways.
 pub fn cluster_input(n: usize, ram: u64, min_nodes: u32, id: &str) -> Input {
-    let names: Vec<String> = (0..n)
-        .map(|i| ((b'a' + i as u8) as char).to_string())
-        .collect();
+    let names: Vec<String> = (0..n).map(fixture::letter_id).collect();
     named_cluster_input(&names, ram, min_nodes, id)
 }
 
 /// [`cluster_input`] on nodes with the given ids (node `i` at 10.0.0.`i+1`).
 pub fn named_cluster_input(names: &[String], ram: u64, min_nodes: u32, id: &str) -> Input {
-    let n = names.len();
-    let ip = |i: usize| -> std::net::IpAddr { format!("10.0.0.{}", i + 1).parse().unwrap() };
-    let nodes = names
+    let nodes: Vec<_> = names
         .iter()
         .enumerate()
-        .map(|(i, name)| NodeProfile {
-            id: name.clone(),
-            ram_available: ram,
-            ram_total: ram * 2,
-            backends: vec![ComputeBackend::MlxCpu],
-            rdma_enabled: false,
-            interfaces: vec![Interface {
-                name: "eth0".into(),
-                ip: ip(i),
-                kind: InterfaceKind::Ethernet,
-            }],
-            download: Default::default(),
-        })
+        .map(|(i, name)| fixture::node(name, ram, &format!("10.0.0.{}", i + 1)))
         .collect();
-    let mut edges = Vec::new();
-    for i in 0..n {
-        for j in 0..n {
-            if i != j {
-                edges.push(Edge {
-                    from: names[i].clone(),
-                    to: names[j].clone(),
-                    link: Link::Ip(ip(j)),
-                });
-            }
-        }
-    }
+    let edges = fixture::full_mesh(&nodes);
     Input {
         nodes,
         edges,

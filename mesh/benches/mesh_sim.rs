@@ -21,7 +21,49 @@ use mesh::{Event, NodeId};
 use placement::{ComputeBackend, Edge, Link};
 use std::net::{IpAddr, Ipv4Addr};
 
-const SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
+/// What to run: `--nodes 10,50,100` (cluster sizes) and `--seeds 5` (seeds 1..=N), after
+/// `cargo xtask bench mesh` (or `cargo bench -p mesh --bench mesh_sim --`).
+struct Options {
+    sizes: Vec<usize>,
+    seeds: Vec<u64>,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options {
+        sizes: vec![10, 50, 100],
+        seeds: (1..=5).collect(),
+    };
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
+    while let Some(arg) = args.next() {
+        let value = args
+            .next()
+            .ok_or_else(|| format!("{arg} needs a value (--nodes 10,50,100 | --seeds 5)"))?;
+        match arg.as_str() {
+            "--nodes" => {
+                options.sizes = value
+                    .split(',')
+                    .map(|n| {
+                        n.trim()
+                            .parse()
+                            .map_err(|_| format!("--nodes: `{n}` is not a count"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--seeds" => {
+                let n: u64 = value
+                    .parse()
+                    .map_err(|_| format!("--seeds: `{value}` is not a count"))?;
+                options.seeds = (1..=n.max(1)).collect();
+            }
+            other => {
+                return Err(format!(
+                    "unknown option {other} (--nodes 10,50,100 | --seeds 5)"
+                ))
+            }
+        }
+    }
+    Ok(options)
+}
 
 fn ip_of(node: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(
@@ -174,11 +216,17 @@ fn median_and_worst(mut values: Vec<f64>) -> (f64, f64) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; nothing to parse.
+    let Options { sizes, seeds } = match options() {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("mesh_sim: {e}");
+            std::process::exit(2);
+        }
+    };
     println!(
         "mesh simulation (gossip every 250 ms over a 5-neighbour overlay, sync fanout 3, \
          phi threshold 6, 1-5 ms latency; profile + an edge to every node per author; \
-         seeds {SEEDS:?}: median / worst)"
+         seeds {seeds:?}: median / worst)"
     );
     println!(
         "{:>5} {:>9} {:>13} {:>13} {:>13} {:>11} {:>9} {:>13} {:>7}",
@@ -193,8 +241,8 @@ fn main() {
         "false"
     );
     let mut all_ok = true;
-    for nodes in [10, 50, 100] {
-        let runs: Vec<Figures> = SEEDS
+    for &nodes in &sizes {
+        let runs: Vec<Figures> = seeds
             .iter()
             .map(|seed| {
                 let started = std::time::Instant::now();

@@ -1,7 +1,7 @@
 //! Generates bindings for mlx-c and links the MLX that `cargo xtask setup` prepared.
 //!
 //! Setup leaves, under the shoal cache directory (`SHOAL_CACHE_DIR`, else
-//! `$XDG_CACHE_HOME/shoal`, else `~/.cache/shoal`):
+//! `$XDG_CACHE_HOME/shoal`, else `~/.cache/shoal`, as the `shoal-paths` crate resolves it):
 //! - `native/mlx-sys-0.7.0/`: the published crate's sources with shoal's patch applied;
 //! - `native/mlxc-0.7.0/lib/libmlxc.a`: mlx-c built against the prepared MLX;
 //! - `native/mlx-<version>/mlx/lib/`: MLX itself (the official PyPI wheel on Linux);
@@ -10,17 +10,6 @@
 //! Without that stamp the build stops with the command to run.
 use std::env;
 use std::path::{Path, PathBuf};
-
-fn cache_dir() -> PathBuf {
-    if let Some(dir) = env::var_os("SHOAL_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("shoal");
-    }
-    let home = env::var_os("HOME").expect("HOME is not set; set SHOAL_CACHE_DIR instead");
-    PathBuf::from(home).join(".cache").join("shoal")
-}
 
 /// `key=value` lines written by `cargo xtask setup`.
 fn read_stamp(path: &Path) -> Option<Vec<(String, String)>> {
@@ -36,7 +25,7 @@ fn read_stamp(path: &Path) -> Option<Vec<(String, String)>> {
 fn main() {
     println!("cargo:rerun-if-env-changed=SHOAL_CACHE_DIR");
     println!("cargo:rerun-if-env-changed=XDG_CACHE_HOME");
-    let cache = cache_dir();
+    let cache = paths::cache_dir();
     let stamp_path = cache.join("native").join("READY");
     println!("cargo:rerun-if-changed={}", stamp_path.display());
     let Some(stamp) = read_stamp(&stamp_path) else {

@@ -3,11 +3,8 @@
 //! of the cluster's memory, so rings grow with the cluster (2 nodes of 4, about 17 of 64).
 //! Figures: see the crate docs (`placement/src/lib.rs`, "Speed").
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
-use common::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use placement::fixture::*;
 use placement::{place, Input};
 use std::hint::black_box;
 

@@ -142,6 +142,7 @@
 pub mod cli;
 pub mod edge;
 pub mod error;
+pub mod fixture;
 pub mod input;
 pub mod model;
 pub mod node;

@@ -1,9 +1,7 @@
 //! Property tests: order independence, real cycles, layer coverage, memory fit, and agreement
 //! with a brute-force reference (every directed cycle enumerated) on small clusters.
 
-mod common;
-
-use common::MB;
+use placement::fixture::MB;
 use placement::{
     cli, place, CollectiveBackend, ComputeBackend, Edge, Input, Interface, InterfaceKind, Link,
     ModelCard, NodeProfile, PlaceError, RdmaLink, Request, Sharding,

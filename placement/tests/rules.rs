@@ -1,8 +1,6 @@
 //! Table tests: one or more cases per rule of issue 3.
 
-mod common;
-
-use common::*;
+use placement::fixture::*;
 use placement::split::pipeline_layer_counts;
 use placement::views::{ring_port, API_PORT, PLACEHOLDER_HOST, RING_PORT_MAX, RING_PORT_MIN};
 use placement::{

@@ -37,8 +37,9 @@ Commands:
   cluster -n N [--extra-link A,B]... [--release] [-- SHOAL ARGS]
                    N nodes in network namespaces on a bridge (10.99.0.x), until Ctrl-C
   cluster --down   remove namespaces left by a killed cluster run
-  bench mesh       simulated mesh benchmarks (10/50/100 nodes, 5 seeds): bandwidth, messages,
-                   convergence, death detection, loss
+  bench mesh [--nodes 10,50,100] [--seeds 5]
+                   simulated mesh benchmarks (default: 10/50/100 nodes, 5 seeds): bandwidth,
+                   messages, convergence, death detection, loss
   bench inference [--with-llama-cpp]
                    shoal vs mlx-lm on the SmolLM2 fixture; with the flag also llama.cpp's
                    llama-bench, built once into the cache from the pinned sdist
@@ -158,7 +159,9 @@ fn check_skips(skips: &[String], allowed: bool) -> Result<(), String> {
 
 fn bench(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
-        Some("mesh") => run(cargo().args(["bench", "--package", "mesh", "--bench", "mesh_sim"])),
+        Some("mesh") => run(cargo()
+            .args(["bench", "--package", "mesh", "--bench", "mesh_sim", "--"])
+            .args(&args[1..])),
         Some("inference") => bench_inference::bench_inference(&args[1..]),
         Some("forward") => bench_forward::bench_forward(&args[1..]),
         Some("cluster") => bench_cluster::bench_cluster(&args[1..]),

@@ -1,13 +1,16 @@
-//! Builders of clusters for the placement tests and benchmark.
-#![allow(dead_code)]
+//! Builders of clusters (nodes, topologies, model cards, requests) for tests and benchmarks:
+//! placement's own tests and benchmark, and the control plane's fixtures, build their inputs
+//! from these rather than from copies of them. Public because integration tests, benchmarks
+//! and other crates cannot reach a `#[cfg(test)]` module.
 
-use placement::{
+use crate::{
     CollectiveBackend, ComputeBackend, Edge, Input, Interface, InterfaceKind, Link, ModelCard,
     NodeProfile, RdmaLink, Request, Sharding,
 };
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+/// A megabyte, as the tests count memory.
 pub const MB: u64 = 1_000_000;
 
 /// A CPU node with one Ethernet interface at `ip`.
@@ -167,6 +170,7 @@ pub fn pipeline() -> Request {
     }
 }
 
+/// An [`Input`] from its four parts.
 pub fn input(
     nodes: Vec<NodeProfile>,
     edges: Vec<Edge>,
