@@ -70,7 +70,10 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
         .await?,
     );
     let mut events = mesh.subscribe();
-    mesh.set(PROFILE_KEY, &HostProfile::gather(args.api_port))?;
+    mesh.set(
+        PROFILE_KEY,
+        &HostProfile::gather(args.api_port, mlx_build()),
+    )?;
     let api_port = args.api_port;
     tokio::spawn({
         let mesh = mesh.clone();
@@ -79,7 +82,8 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             loop {
                 ticker.tick().await;
                 let profile =
-                    tokio::task::spawn_blocking(move || HostProfile::gather(api_port)).await;
+                    tokio::task::spawn_blocking(move || HostProfile::gather(api_port, mlx_build()))
+                        .await;
                 if let Ok(profile) = profile {
                     if let Err(e) = mesh.set(PROFILE_KEY, &profile) {
                         tracing::warn!("cannot publish the profile: {e:#}");
@@ -233,6 +237,12 @@ impl NodeContext for MeshContext {
 /// The default mesh port, for the CLI's help text.
 pub const fn default_mesh_port() -> u16 {
     DEFAULT_MESH_PORT
+}
+
+/// The MLX build this binary linked (`cargo xtask setup` chose it; see build.rs), so the node
+/// offers a GPU backend only when its MLX can drive that GPU.
+pub fn mlx_build() -> mesh::gpu::MlxBuild {
+    mesh::gpu::MlxBuild::parse(env!("SHOAL_MLX_BUILD")).unwrap_or(mesh::gpu::MlxBuild::Cpu)
 }
 
 #[cfg(test)]

@@ -96,8 +96,8 @@ pub fn render(state: &Value) -> String {
     let _ = writeln!(out, "\nNODES");
     let _ = writeln!(
         out,
-        "{:<12} {:<16} {:<6} {:>6} {:>14} INTERFACES",
-        "ID", "NAME", "ALIVE", "PHI", "MEM GiB"
+        "{:<12} {:<16} {:<6} {:>6} {:>14} {:<9} {:<28} INTERFACES",
+        "ID", "NAME", "ALIVE", "PHI", "MEM GiB", "BACKEND", "GPU (free/total GiB)"
     );
     let mut edges = Vec::new();
     for (id, node) in nodes {
@@ -117,6 +117,28 @@ pub fn render(state: &Value) -> String {
             gib(profile["memory_available"].as_u64()),
             gib(profile["memory_total"].as_u64())
         );
+        // The best backend first (`mlx_cuda`/`mlx_metal` when the node's MLX drives its GPU).
+        let backend = profile["backends"][0].as_str().unwrap_or("-");
+        let gpus: Vec<String> = profile["gpus"]
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .map(|g| {
+                        format!(
+                            "{} {}/{}",
+                            g["name"].as_str().unwrap_or("?"),
+                            gib(g["memory_free"].as_u64()),
+                            gib(g["memory_total"].as_u64())
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let gpus = if gpus.is_empty() {
+            "-".to_string()
+        } else {
+            gpus.join(", ")
+        };
         let interfaces: Vec<String> = profile["interfaces"]
             .as_array()
             .map(|list| {
@@ -135,12 +157,14 @@ pub fn render(state: &Value) -> String {
         let marker = if id == me { "*" } else { "" };
         let _ = writeln!(
             out,
-            "{:<12} {:<16} {:<6} {:>6} {:>14} {}",
+            "{:<12} {:<16} {:<6} {:>6} {:>14} {:<9} {:<28} {}",
             format!("{}{marker}", short(id)),
             profile["name"].as_str().unwrap_or("?"),
             alive,
             phi,
             memory,
+            backend,
+            gpus,
             interfaces.join(" ")
         );
         if let Some(map) = records.as_object() {
@@ -198,7 +222,9 @@ mod tests {
                     format!("edge/{b}/10.0.0.2"): {"to": b, "ip": "10.0.0.2", "remote_interface": "eth0",
                         "remote_kind": "thunderbolt-net", "local_interface": "tb0", "local_kind": "thunderbolt-net"}
                 }},
-                b.clone(): {"generation": 1, "max_version": 1, "records": {"profile": {"name": "beta"}}}
+                b.clone(): {"generation": 1, "max_version": 1, "records": {"profile": {"name": "beta",
+                    "backends": ["mlx_cuda", "mlx_cpu"],
+                    "gpus": [{"vendor": "nvidia", "name": "NVIDIA H200", "memory_total": 140u64 << 30, "memory_free": 130u64 << 30}]}}}
             },
             "liveness": {a.clone(): {"alive": true, "phi": null}, b.clone(): {"alive": false, "phi": 9.5}}
         });
@@ -209,6 +235,8 @@ mod tests {
         assert!(text.contains("EDGES (1)"));
         assert!(text.contains("tb0(thunderbolt-net)"));
         assert!(text.contains("eth0=10.0.0.1(ethernet)"));
+        assert!(text.contains("mlx_cuda"), "{text}");
+        assert!(text.contains("NVIDIA H200 130.0/140.0"), "{text}");
     }
 
     #[test]

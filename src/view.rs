@@ -93,6 +93,7 @@ mod tests {
             memory_total: 8 << 30,
             memory_available: 4 << 30,
             backends: vec![ComputeBackend::MlxCpu],
+            gpus: vec![],
             interfaces: vec![Interface::new(
                 "eth0",
                 ip.parse().unwrap(),

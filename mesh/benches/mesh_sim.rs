@@ -85,6 +85,7 @@ fn real_records(node: usize, nodes: usize, _generation: u64) -> Vec<(String, Str
         memory_total: 256 << 30,
         memory_available: 201 << 30,
         backends: vec![ComputeBackend::MlxCpu],
+        gpus: vec![],
         interfaces: vec![Interface::new(
             "enp65s0f0",
             match ip_of(node) {

@@ -16,7 +16,7 @@ pub mod host;
 pub mod net;
 pub mod proto;
 
-pub use host::{interfaces, probe, profile};
+pub use host::{gpu, interfaces, probe, profile};
 pub use net::{Mesh, MeshOptions, StaticPeer};
 pub use proto::id::NodeId;
 pub use proto::replica::{Config, Event, Replica, Stats, WriteError};

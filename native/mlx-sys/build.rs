@@ -84,4 +84,12 @@ fn main() {
     }
     // Final binaries read this as DEP_MLX_LIB_DIR to set their run path to MLX's shared library.
     println!("cargo::metadata=lib_dir={}", mlx_lib.display());
+    // ... and this as DEP_MLX_BACKEND: which build setup prepared (`cpu`, `cuda-12`, `cuda-13`,
+    // `metal`), so a node offers the GPU backend only when its MLX can drive it. A stamp from
+    // before setup chose builds is a CPU build.
+    let backend = stamp
+        .iter()
+        .find(|(k, _)| k == "mlx_backend")
+        .map_or("cpu", |(_, v)| v.as_str());
+    println!("cargo::metadata=backend={backend}");
 }

@@ -5,6 +5,7 @@ mod bench_forward;
 mod bench_inference;
 mod cluster;
 mod e2e;
+mod mlx_build;
 mod paths;
 mod pyenv;
 mod pypi;

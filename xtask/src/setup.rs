@@ -2,8 +2,10 @@
 //!
 //! Each step checks its own stamp first, so a second run does no work. Steps:
 //! 1. Debian packages MLX's build needs (installed with apt-get when root);
-//! 2. MLX itself, from PyPI's official `mlx-cpu` wheel (pinned sha256), with its bundled
-//!    reference BLAS/LAPACK redirected to the system OpenBLAS (about 30x faster matmuls);
+//! 2. MLX itself, from PyPI's official wheel for this machine (`mlx-cpu`; `mlx-cuda-12`/`-13`
+//!    with NVIDIA's CUDA wheels when `nvidia-smi` answers; `SHOAL_MLX` overrides; see
+//!    `mlx_build.rs`), pinned by sha256, with its bundled reference BLAS/LAPACK redirected to
+//!    the system OpenBLAS (about 30x faster matmuls on the CPU);
 //! 3. the published mlx-sys 0.7.0 crate, fetched by cargo, unpacked and patched with
 //!    `native/patches/mlx-sys-0.7.0-linux.patch`;
 //! 4. mlx-c (inside that crate) built in Release against the prepared MLX;
@@ -14,6 +16,7 @@
 //!    templates and vocab-only GGUFs with llama.cpp's tokenizer test vectors, from the
 //!    `llama-cpp-python` source distribution on PyPI (see `reference.rs`).
 
+use crate::mlx_build::MlxFlavor;
 use crate::paths::{cache_dir, default_model, workspace_root};
 use crate::pypi::pip_download;
 use crate::util::{run, run_quiet, sha256_file, Step};
@@ -23,8 +26,6 @@ use std::process::Command;
 
 /// MLX release that mlx-c 0.7.0 (inside mlx-sys 0.7.0) is written against.
 pub const MLX_VERSION: &str = "0.32.2";
-const MLX_WHEEL: &str = "mlx_cpu-0.32.2-py3-none-manylinux_2_35_x86_64.whl";
-const MLX_WHEEL_SHA256: &str = "fc5d31b90fc4f457b2f9614ed45651a567d22a6a11a03d114a90a4e10bdd8878";
 const MLX_SYS_VERSION: &str = "0.7.0";
 /// crates.io's checksum of `mlx-sys-0.7.0.crate`.
 const MLX_SYS_CRATE_SHA256: &str =
@@ -63,8 +64,17 @@ pub fn setup() -> Result<(), String> {
         );
     }
 
+    let flavor = crate::mlx_build::choose_here()?;
     debian_packages(Step::new(1, 8, "Debian packages"))?;
-    let mlx_root = mlx_wheel(Step::new(2, 8, "MLX 0.32.2 (PyPI mlx-cpu wheel)"), &native)?;
+    let mlx_root = mlx_wheel(
+        Step::new(
+            2,
+            8,
+            &format!("MLX {MLX_VERSION} (PyPI {})", flavor.wheels()[0].spec),
+        ),
+        &native,
+        flavor,
+    )?;
     let mlx_sys_src = mlx_sys_sources(Step::new(3, 8, "mlx-sys 0.7.0 sources + patch"), &native)?;
     let mlx_c_prefix = mlx_c_build(
         Step::new(4, 8, "mlx-c (Release, against MLX)"),
@@ -76,7 +86,8 @@ pub fn setup() -> Result<(), String> {
 
     let step = Step::new(6, 8, "native/READY");
     let stamp = format!(
-        "mlx_version={MLX_VERSION}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
+        "mlx_version={MLX_VERSION}\nmlx_backend={}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
+        flavor.name(),
         fs::read_to_string(mlx_sys_src.join(".shoal-patch")).unwrap_or_default(),
         mlx_root.join("mlx/lib").display(),
         mlx_sys_src.join("src/mlx-c").display(),
@@ -154,34 +165,44 @@ fn unzip(archive: &Path, into: &Path) -> Result<(), String> {
         .arg(into))
 }
 
-/// Returns the extracted wheel's root (holding `mlx/lib/libmlx.so`).
-fn mlx_wheel(step: Step, native: &Path) -> Result<PathBuf, String> {
-    let root = native.join(format!("mlx-{MLX_VERSION}"));
+/// Unpacks the chosen build's wheels into one folder (as pip would lay them out in
+/// site-packages, so libmlx's `$ORIGIN` run paths find the CUDA libraries) and returns it
+/// (holding `mlx/lib/libmlx.so`).
+fn mlx_wheel(step: Step, native: &Path, flavor: MlxFlavor) -> Result<PathBuf, String> {
+    // The CPU build keeps the folder name it always had, so a prepared machine reuses it.
+    let root = match flavor {
+        MlxFlavor::Cpu => native.join(format!("mlx-{MLX_VERSION}")),
+        other => native.join(format!("mlx-{MLX_VERSION}-{}", other.name())),
+    };
     let stamp = root.join(".shoal-ok");
     if stamp.exists() {
         step.cached(&root.display().to_string());
         return Ok(root);
     }
-    let wheel = pip_download(
-        &format!("mlx-cpu=={MLX_VERSION}"),
-        MLX_WHEEL,
-        MLX_WHEEL_SHA256,
-        &native.join("downloads"),
-        &step,
-    )?;
     let _ = fs::remove_dir_all(&root);
-    unzip(&wheel, &root)?;
-    redirect_blas_to_openblas(&root)?;
+    for wheel in flavor.wheels() {
+        let file = pip_download(
+            wheel.spec,
+            wheel.file,
+            wheel.sha256,
+            &native.join("downloads"),
+            &step,
+        )?;
+        unzip(&file, &root)?;
+    }
+    if flavor != MlxFlavor::Metal {
+        redirect_blas_to_openblas(&root, flavor)?;
+    }
     fs::write(&stamp, "").map_err(|e| e.to_string())?;
     step.done(&root.display().to_string());
     Ok(root)
 }
 
 /// The wheel ships netlib's reference BLAS and LAPACK (auditwheel copies under
-/// `mlx_cpu.libs/`, found through libmlx.so's `$ORIGIN` run path). A 1024x1024 f32 matmul takes
+/// `mlx_cpu.libs/` or `mlx_cuda_*.libs/`, found through libmlx.so's `$ORIGIN` run path). A 1024x1024 f32 matmul takes
 /// about 375 ms with them and 11 ms with OpenBLAS, so each bundled copy becomes a link to the
 /// system's OpenBLAS, which exports both the BLAS and the LAPACK symbols.
-fn redirect_blas_to_openblas(root: &Path) -> Result<(), String> {
+fn redirect_blas_to_openblas(root: &Path, flavor: MlxFlavor) -> Result<(), String> {
     let openblas = [
         "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
         "/usr/lib/libopenblas.so.0",
@@ -190,7 +211,7 @@ fn redirect_blas_to_openblas(root: &Path) -> Result<(), String> {
     .map(PathBuf::from)
     .find(|p| p.exists())
     .ok_or("libopenblas.so.0 not found; install libopenblas-dev")?;
-    let libs = root.join("mlx_cpu.libs");
+    let libs = root.join(flavor.bundled_libs());
     let entries = fs::read_dir(&libs).map_err(|e| format!("{}: {e}", libs.display()))?;
     let mut redirected = 0;
     for entry in entries.flatten() {

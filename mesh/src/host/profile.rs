@@ -7,6 +7,7 @@
 //! place where it becomes a [`placement::NodeProfile`]; the kinds in it (backends, interface
 //! kinds) are placement's own types.
 
+use crate::host::gpu::{self, Gpu, MlxBuild};
 use crate::host::interfaces::{self, Interface};
 use placement::ComputeBackend;
 use serde::{Deserialize, Serialize};
@@ -32,8 +33,13 @@ pub struct HostProfile {
     pub memory_total: u64,
     /// Available memory, bytes (rounded to 64 MiB so small changes do not churn the state).
     pub memory_available: u64,
-    /// Compute backends this node can run (`mlx_cpu` on Linux, `mlx_metal` on macOS).
+    /// Compute backends this node can run, best first: `mlx_cuda` or `mlx_metal` when the
+    /// machine has that GPU and the node's MLX build drives it, then `mlx_cpu`.
     pub backends: Vec<ComputeBackend>,
+    /// The machine's GPUs with their memory (empty without one; absent in records of nodes
+    /// from before GPUs were reported).
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
     /// IPv4 interfaces with their kind.
     pub interfaces: Vec<Interface>,
     /// Port of the HTTP API (the same on every address).
@@ -43,9 +49,10 @@ pub struct HostProfile {
 const ROUND: u64 = 64 << 20;
 
 impl HostProfile {
-    /// Reads the profile of this machine.
-    pub fn gather(api_port: u16) -> HostProfile {
+    /// Reads the profile of this machine, for a node whose MLX is `build`.
+    pub fn gather(api_port: u16, build: MlxBuild) -> HostProfile {
         let (total, available) = memory();
+        let gpus = gpu::Probe::default().gpus(total);
         HostProfile {
             name: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
             os: std::env::consts::OS.to_string(),
@@ -54,7 +61,8 @@ impl HostProfile {
             cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
             memory_total: total,
             memory_available: available / ROUND * ROUND,
-            backends: backends(),
+            backends: gpu::backends(build, &gpus),
+            gpus,
             interfaces: interfaces::local_ipv4(),
             api_port,
         }
@@ -79,14 +87,6 @@ fn read_trimmed(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
         .map(|s| s.trim().to_string())
-}
-
-fn backends() -> Vec<ComputeBackend> {
-    if cfg!(target_os = "macos") {
-        vec![ComputeBackend::MlxMetal, ComputeBackend::MlxCpu]
-    } else {
-        vec![ComputeBackend::MlxCpu]
-    }
 }
 
 fn cpu_model() -> String {
@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn gathers_this_machine() {
-        let p = HostProfile::gather(1234);
+        let p = HostProfile::gather(1234, MlxBuild::Cpu);
         assert_eq!(p.api_port, 1234);
         assert!(p.cpu_cores >= 1);
         if cfg!(target_os = "linux") {
@@ -154,6 +154,7 @@ mod tests {
             memory_total: 8 << 30,
             memory_available: 4 << 30,
             backends: vec![ComputeBackend::MlxCpu],
+            gpus: vec![],
             interfaces: vec![Interface::new(
                 "eth0",
                 "10.0.0.1".parse().unwrap(),
@@ -164,6 +165,12 @@ mod tests {
         };
         let json = serde_json::to_value(&p).unwrap();
         assert_eq!(json["backends"], serde_json::json!(["mlx_cpu"]));
+        assert_eq!(json["gpus"], serde_json::json!([]));
+        // A record from a node that did not report GPUs still reads.
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("gpus");
+        let back: HostProfile = serde_json::from_value(old).unwrap();
+        assert!(back.gpus.is_empty());
         assert_eq!(json["memory_available"], 4u64 << 30);
         assert_eq!(json["interfaces"][0]["kind"], "ethernet");
         assert_eq!(json["interfaces"][0]["prefix"], 24);
