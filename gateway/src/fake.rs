@@ -9,8 +9,8 @@
 //! - `fail after N` streams N tokens, then fails as a lost instance;
 //! - `vanish` streams 2 tokens, then ends the stream without `Done`;
 //! - `wait MS` waits MS milliseconds, then streams `done`;
-//! - anything else: 16 words drawn from the request's seed (a fresh one without a seed), so
-//!   equal seeds give equal answers.
+//! - anything else: 16 words drawn from the request's seed (seed 0 for a greedy request,
+//!   `temperature: 0`, without one; a fresh one otherwise), so equal seeds give equal answers.
 
 use crate::backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream,
@@ -139,9 +139,12 @@ impl FakeBackend {
                 wait: Duration::from_millis(ms),
             };
         }
+        // Greedy decoding (temperature 0) is deterministic without a seed too.
+        let greedy = (request.sampling.temperature == Some(0.0)).then_some(0);
         let mut state = request
             .sampling
             .seed
+            .or(greedy)
             .unwrap_or_else(|| self.next_seed.fetch_add(1, Ordering::Relaxed))
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             | 1;

@@ -2,6 +2,8 @@
 //!
 //! - OpenAI's chat completions (`POST /v1/chat/completions`, whole or streamed as SSE) and
 //!   model list (`GET /v1/models`);
+//! - Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), see
+//!   [`anthropic`];
 //! - exo's cluster API (`GET /node_id`, `GET /state[/{path}]`, `POST /place_instance`,
 //!   `POST /instance`, `GET /instance/previews?model_id=`, `GET|DELETE /instance/{id}`).
 //!
@@ -18,6 +20,7 @@
 //! # }
 //! ```
 
+pub mod anthropic;
 pub mod backend;
 pub mod body;
 mod chat;
@@ -26,6 +29,8 @@ pub mod config;
 pub mod error;
 pub mod exo;
 pub mod fake;
+pub mod fields;
+pub mod generation;
 pub mod openai;
 pub mod router;
 pub mod server;

@@ -28,6 +28,8 @@ pub struct Router {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     ChatCompletions,
+    Messages,
+    CountTokens,
     Models,
     NodeId,
     State,
@@ -42,6 +44,8 @@ impl Route {
     fn find(path: &str) -> Option<(Route, &str)> {
         let route = match path {
             "/v1/chat/completions" => Route::ChatCompletions,
+            "/v1/messages" => Route::Messages,
+            "/v1/messages/count_tokens" => Route::CountTokens,
             "/v1/models" | "/models" => Route::Models,
             "/node_id" => Route::NodeId,
             "/state" | "/state/" => Route::State,
@@ -65,11 +69,37 @@ impl Route {
 
     fn methods(self) -> &'static str {
         match self {
-            Route::ChatCompletions | Route::PlaceInstance | Route::CreateInstance => {
-                "POST, OPTIONS"
-            }
-            Route::Instance => "GET, DELETE, OPTIONS",
-            _ => "GET, OPTIONS",
+            Route::ChatCompletions
+            | Route::Messages
+            | Route::CountTokens
+            | Route::PlaceInstance
+            | Route::CreateInstance => "POST, OPTIONS",
+            Route::Instance => "GET, HEAD, DELETE, OPTIONS",
+            _ => "GET, HEAD, OPTIONS",
+        }
+    }
+
+    /// The API whose error shape this route answers in.
+    fn api(self) -> Api {
+        match self {
+            Route::Messages | Route::CountTokens => Api::Anthropic,
+            _ => Api::OpenAi,
+        }
+    }
+}
+
+/// Whose error shape an answer takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    OpenAi,
+    Anthropic,
+}
+
+impl Api {
+    fn error_json(self, e: &ApiError) -> Value {
+        match self {
+            Api::OpenAi => e.to_json(),
+            Api::Anthropic => crate::anthropic::error_json(e),
         }
     }
 }
@@ -87,15 +117,26 @@ impl Router {
         B::Data: Send,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
-        let allow = Route::find(request.uri().path()).map(|(route, _)| route.methods());
+        let route = Route::find(request.uri().path()).map(|(route, _)| route);
+        let allow = route.map(Route::methods);
+        let api = route.map_or(Api::OpenAi, Route::api);
         let (method, path) = (request.method().clone(), request.uri().path().to_string());
+        // HEAD answers as GET would, without the body.
+        let head = method == Method::HEAD;
+        let request = if head {
+            let (mut parts, body) = request.into_parts();
+            parts.method = Method::GET;
+            Request::from_parts(parts, body)
+        } else {
+            request
+        };
         let mut response = match self.dispatch(request).await {
             Ok(response) => response,
             Err(e) => {
                 if e.kind == ErrorKind::Internal {
                     tracing::error!(error = %e, "request failed");
                 }
-                let mut r = json_response(e.status(), &e.to_json());
+                let mut r = json_response(e.status(), &api.error_json(&e));
                 if let (ErrorKind::MethodNotAllowed, Some(allow)) = (e.kind, allow) {
                     r.headers_mut()
                         .insert(ALLOW, HeaderValue::from_static(allow));
@@ -104,6 +145,10 @@ impl Router {
             }
         };
         add_cors(response.headers_mut());
+        if head {
+            let (parts, _) = response.into_parts();
+            response = Response::from_parts(parts, GatewayBody::empty());
+        }
         tracing::debug!(%method, %path, status = response.status().as_u16(), "answered");
         response
     }
@@ -147,6 +192,14 @@ impl Router {
             (Route::ChatCompletions, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
                 chat_completions(backend, &body, &self.config).await
+            }
+            (Route::Messages, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::anthropic::messages(backend, &body, &self.config).await
+            }
+            (Route::CountTokens, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::anthropic::count_tokens(backend, &body, &self.config).await
             }
             (Route::Models, &Method::GET) => {
                 let models = backend.models().await;

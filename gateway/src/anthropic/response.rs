@@ -1,0 +1,175 @@
+//! Anthropic's answer shapes: the `message` object and the stream's events (`message_start`,
+//! `content_block_start`, `ping`, `content_block_delta` with `text_delta`,
+//! `content_block_stop`, `message_delta` with the stop reason and usage, `message_stop`).
+
+use crate::backend::{FinishReason, TokenLogprob};
+use crate::error::ApiError;
+use crate::generation::{sse_named, Encoder, Ending, Timings};
+use bytes::Bytes;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A fresh `msg_...` id, unique per node process.
+pub fn message_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("msg_{:x}{:06x}", now.as_micros(), n & 0xff_ffff)
+}
+
+/// Anthropic's `stop_reason`.
+pub fn stop_reason(ending: &Ending) -> &'static str {
+    match (ending.finish_reason, &ending.stop_sequence) {
+        (FinishReason::Length, _) => "max_tokens",
+        (FinishReason::Stop, Some(_)) => "stop_sequence",
+        (FinishReason::Stop, None) => "end_turn",
+    }
+}
+
+/// The whole `message`.
+pub fn message_json(id: &str, model: &str, text: &str, ending: &Ending) -> Value {
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": stop_reason(ending),
+        "stop_sequence": ending.stop_sequence,
+        "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
+    })
+}
+
+/// Anthropic's error body, `{"type": "error", "error": {"type", "message"}}`.
+pub fn error_json(e: &ApiError) -> Value {
+    use crate::error::ErrorKind::*;
+    let kind = match e.kind {
+        InvalidRequest | MethodNotAllowed | Conflict => "invalid_request_error",
+        NotFound => "not_found_error",
+        PayloadTooLarge => "request_too_large",
+        Unavailable => "overloaded_error",
+        Internal => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": e.message}})
+}
+
+/// The stream of one message: one text block.
+pub struct MessagesEncoder {
+    pub id: String,
+    pub model: String,
+}
+
+impl Encoder for MessagesEncoder {
+    fn content_type(&self) -> &'static str {
+        "text/event-stream"
+    }
+
+    fn start(&mut self, prompt_tokens: u32) -> Vec<Bytes> {
+        let message = json!({
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": null,
+            "stop_sequence": null,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        });
+        vec![
+            sse_named(
+                "message_start",
+                &json!({"type": "message_start", "message": message}),
+            ),
+            sse_named(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": 0,
+                        "content_block": {"type": "text", "text": ""}}),
+            ),
+            ping(),
+        ]
+    }
+
+    fn delta(&mut self, text: &str, _logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        vec![sse_named(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": text}}),
+        )]
+    }
+
+    fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
+        vec![
+            sse_named(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": 0}),
+            ),
+            sse_named(
+                "message_delta",
+                &json!({
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason(ending), "stop_sequence": ending.stop_sequence},
+                    "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
+                }),
+            ),
+            sse_named("message_stop", &json!({"type": "message_stop"})),
+        ]
+    }
+
+    fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
+        vec![sse_named("error", &error_json(error))]
+    }
+
+    fn keep_alive(&self) -> Option<Bytes> {
+        Some(ping())
+    }
+}
+
+fn ping() -> Bytes {
+    sse_named("ping", &json!({"type": "ping"}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ending(reason: FinishReason, stop: Option<&str>) -> Ending {
+        Ending {
+            finish_reason: reason,
+            stop_sequence: stop.map(str::to_string),
+            prompt_tokens: 3,
+            completion_tokens: 2,
+        }
+    }
+
+    #[test]
+    fn stop_reasons() {
+        assert_eq!(
+            stop_reason(&ending(FinishReason::Length, None)),
+            "max_tokens"
+        );
+        assert_eq!(stop_reason(&ending(FinishReason::Stop, None)), "end_turn");
+        let m = message_json("msg_1", "m", "hi", &ending(FinishReason::Stop, Some("X")));
+        assert_eq!(m["stop_reason"], "stop_sequence");
+        assert_eq!(m["stop_sequence"], "X");
+        assert_eq!(m["usage"]["input_tokens"], 3);
+    }
+
+    #[test]
+    fn errors_have_anthropic_types() {
+        let e = error_json(&ApiError::model_not_found("x", &[]));
+        assert_eq!(e["type"], "error");
+        assert_eq!(e["error"]["type"], "not_found_error");
+        let e = error_json(&ApiError::missing_field("max_tokens"));
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+        assert!(e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens"));
+    }
+}
