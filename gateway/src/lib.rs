@@ -4,6 +4,8 @@
 //!   model list (`GET /v1/models`);
 //! - Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), see
 //!   [`anthropic`];
+//! - Ollama's API at `/api/*` and `/ollama/api/*` (chat, generate, tags, show, ps,
+//!   version), see [`ollama`];
 //! - exo's cluster API (`GET /node_id`, `GET /state[/{path}]`, `POST /place_instance`,
 //!   `POST /instance`, `GET /instance/previews?model_id=`, `GET|DELETE /instance/{id}`).
 //!
@@ -31,6 +33,7 @@ pub mod exo;
 pub mod fake;
 pub mod fields;
 pub mod generation;
+pub mod ollama;
 pub mod openai;
 pub mod router;
 pub mod server;

@@ -30,6 +30,12 @@ enum Route {
     ChatCompletions,
     Messages,
     CountTokens,
+    OllamaChat,
+    OllamaGenerate,
+    OllamaShow,
+    OllamaTags,
+    OllamaPs,
+    OllamaVersion,
     Models,
     NodeId,
     State,
@@ -42,6 +48,20 @@ enum Route {
 
 impl Route {
     fn find(path: &str) -> Option<(Route, &str)> {
+        // exo serves Ollama's API under /ollama; Ollama itself at the root.
+        let ollama = path.strip_prefix("/ollama").unwrap_or(path);
+        let route = match ollama {
+            "/api/chat" => Some(Route::OllamaChat),
+            "/api/generate" => Some(Route::OllamaGenerate),
+            "/api/show" => Some(Route::OllamaShow),
+            "/api/tags" => Some(Route::OllamaTags),
+            "/api/ps" => Some(Route::OllamaPs),
+            "/api/version" => Some(Route::OllamaVersion),
+            _ => None,
+        };
+        if let Some(route) = route {
+            return Some((route, ""));
+        }
         let route = match path {
             "/v1/chat/completions" => Route::ChatCompletions,
             "/v1/messages" => Route::Messages,
@@ -72,6 +92,9 @@ impl Route {
             Route::ChatCompletions
             | Route::Messages
             | Route::CountTokens
+            | Route::OllamaChat
+            | Route::OllamaGenerate
+            | Route::OllamaShow
             | Route::PlaceInstance
             | Route::CreateInstance => "POST, OPTIONS",
             Route::Instance => "GET, HEAD, DELETE, OPTIONS",
@@ -83,6 +106,12 @@ impl Route {
     fn api(self) -> Api {
         match self {
             Route::Messages | Route::CountTokens => Api::Anthropic,
+            Route::OllamaChat
+            | Route::OllamaGenerate
+            | Route::OllamaShow
+            | Route::OllamaTags
+            | Route::OllamaPs
+            | Route::OllamaVersion => Api::Ollama,
             _ => Api::OpenAi,
         }
     }
@@ -93,6 +122,7 @@ impl Route {
 enum Api {
     OpenAi,
     Anthropic,
+    Ollama,
 }
 
 impl Api {
@@ -100,6 +130,7 @@ impl Api {
         match self {
             Api::OpenAi => e.to_json(),
             Api::Anthropic => crate::anthropic::error_json(e),
+            Api::Ollama => crate::ollama::error_json(e),
         }
     }
 }
@@ -119,7 +150,15 @@ impl Router {
     {
         let route = Route::find(request.uri().path()).map(|(route, _)| route);
         let allow = route.map(Route::methods);
-        let api = route.map_or(Api::OpenAi, Route::api);
+        let path_str = request.uri().path();
+        let api = match route {
+            Some(route) => route.api(),
+            // Ollama's other endpoints (pull, delete, embed, ...) answer in its shape too.
+            None if path_str.starts_with("/api/") || path_str.starts_with("/ollama/api/") => {
+                Api::Ollama
+            }
+            None => Api::OpenAi,
+        };
         let (method, path) = (request.method().clone(), request.uri().path().to_string());
         // HEAD answers as GET would, without the body.
         let head = method == Method::HEAD;
@@ -201,6 +240,22 @@ impl Router {
                 let body = self.read_body(&parts.headers, body).await?;
                 crate::anthropic::count_tokens(backend, &body, &self.config).await
             }
+            (Route::OllamaChat | Route::OllamaGenerate, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                let endpoint = if route == Route::OllamaChat {
+                    crate::ollama::request::Endpoint::Chat
+                } else {
+                    crate::ollama::request::Endpoint::Generate
+                };
+                crate::ollama::generate(backend, &body, &self.config, endpoint).await
+            }
+            (Route::OllamaShow, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::ollama::show(backend, &body).await
+            }
+            (Route::OllamaTags, &Method::GET) => Ok(crate::ollama::tags(backend).await),
+            (Route::OllamaPs, &Method::GET) => Ok(crate::ollama::ps(backend).await),
+            (Route::OllamaVersion, &Method::GET) => Ok(crate::ollama::version()),
             (Route::Models, &Method::GET) => {
                 let models = backend.models().await;
                 Ok(json_response(StatusCode::OK, &models_json(&models)))

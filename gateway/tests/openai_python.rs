@@ -1,7 +1,8 @@
 //! The official Python clients against a real gateway on 127.0.0.1 (port 0) over the scripted
 //! fake backend. `openai` (tests/openai_client.py): listing, whole and streamed chat, stop
 //! strings, max_tokens, seeds, sampling passthrough, logprobs and error cases; `anthropic`
-//! (tests/anthropic_client.py): the Messages API. Each script's model-agnostic half runs
+//! (tests/anthropic_client.py): the Messages API; `ollama` (tests/ollama_client.py): the
+//! Ollama API at /api and /ollama/api. Each script's model-agnostic half runs
 //! against a real node too (tests/serve_local.rs), without `--fake`.
 //!
 //! The clients live in the venv that `cargo xtask setup` (or `cargo xtask pyenv`) creates.
@@ -33,4 +34,15 @@ async fn official_anthropic_python_client() {
         "--fake".into(),
     ];
     common::python_script("anthropic_client.py", &args, Duration::from_secs(120)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_ollama_python_client() {
+    let server = common::start(Duration::from_millis(1), GatewayConfig::default()).await;
+    let args = [
+        format!("http://{}", server.addr),
+        FAKE_MODEL.into(),
+        "--fake".into(),
+    ];
+    common::python_script("ollama_client.py", &args, Duration::from_secs(120)).await;
 }
