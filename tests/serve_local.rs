@@ -3,7 +3,7 @@
 //! the host's network), and the official `openai` Python client, also run inside the
 //! namespace, drives it: the gateway's model-agnostic checks (gateway/tests/openai_client.py,
 //! the `anthropic` client's gateway/tests/anthropic_client.py and the `ollama` client's
-//! gateway/tests/ollama_client.py),
+//! gateway/tests/ollama_client.py, and the Responses API's gateway/tests/responses_client.py),
 //! a greedy "Paris", 32 concurrent streams (time to first token printed), and the loss of the
 //! runner mid-stream (an error, never a hang).
 //!
@@ -270,6 +270,12 @@ fn one_node_serves_smollm2_in_a_namespace() {
         Duration::from_secs(300),
     );
     eprintln!("ollama: {}", json_line(&out, "ollama"));
+    let out = node.python(
+        &repo_file("gateway/tests/responses_client.py"),
+        &[&url, "default"],
+        Duration::from_secs(300),
+    );
+    eprintln!("responses: {}", json_line(&out, "responses"));
 
     // 32 concurrent streams on one instance: all complete (queued, none lost or hung).
     let out = node.python(

@@ -2,6 +2,7 @@
 //!
 //! - OpenAI's chat completions (`POST /v1/chat/completions`, whole or streamed as SSE) and
 //!   model list (`GET /v1/models`);
+//! - OpenAI's Responses (`POST /v1/responses`, stateless), see [`responses`];
 //! - Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), see
 //!   [`anthropic`];
 //! - Ollama's API at `/api/*` and `/ollama/api/*` (chat, generate, tags, show, ps,
@@ -35,6 +36,7 @@ pub mod fields;
 pub mod generation;
 pub mod ollama;
 pub mod openai;
+pub mod responses;
 pub mod router;
 pub mod server;
 

@@ -30,6 +30,7 @@ enum Route {
     ChatCompletions,
     Messages,
     CountTokens,
+    Responses,
     OllamaChat,
     OllamaGenerate,
     OllamaShow,
@@ -66,6 +67,7 @@ impl Route {
             "/v1/chat/completions" => Route::ChatCompletions,
             "/v1/messages" => Route::Messages,
             "/v1/messages/count_tokens" => Route::CountTokens,
+            "/v1/responses" => Route::Responses,
             "/v1/models" | "/models" => Route::Models,
             "/node_id" => Route::NodeId,
             "/state" | "/state/" => Route::State,
@@ -92,6 +94,7 @@ impl Route {
             Route::ChatCompletions
             | Route::Messages
             | Route::CountTokens
+            | Route::Responses
             | Route::OllamaChat
             | Route::OllamaGenerate
             | Route::OllamaShow
@@ -239,6 +242,10 @@ impl Router {
             (Route::CountTokens, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
                 crate::anthropic::count_tokens(backend, &body, &self.config).await
+            }
+            (Route::Responses, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::responses::responses(backend, &body, &self.config).await
             }
             (Route::OllamaChat | Route::OllamaGenerate, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;

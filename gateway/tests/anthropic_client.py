@@ -70,7 +70,8 @@ check("message_start usage", events[0].message.usage.input_tokens == whole.usage
 
 # System prompts, as a string and as blocks, are part of the prompt.
 with_system = client.messages.create(messages=user(PROMPT), system="You answer in one word.", **GREEDY)
-check("system grows the prompt", with_system.usage.input_tokens > whole.usage.input_tokens, with_system.usage)
+# (SmolLM2's template puts in a default system prompt of its own when none is given.)
+check("system changes the prompt", with_system.usage.input_tokens != whole.usage.input_tokens, with_system.usage)
 blocks = client.messages.create(
     messages=user(PROMPT), system=[{"type": "text", "text": "You answer in one word."}], **GREEDY
 )

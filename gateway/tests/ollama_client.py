@@ -61,7 +61,7 @@ check("generate: answer", gen.response == answer and gen.done and gen.eval_count
 streamed = "".join(p.response for p in client.generate(model=model, prompt=PROMPT, options=GREEDY, stream=True))
 check("generate stream equals whole", streamed == answer, (streamed, answer))
 with_system = client.generate(model=model, prompt=PROMPT, system="Answer in one word.", options=GREEDY, stream=False)
-check("generate: system grows the prompt", with_system.prompt_eval_count > gen.prompt_eval_count, with_system)
+check("generate: system changes the prompt", with_system.prompt_eval_count != gen.prompt_eval_count, with_system)
 loaded = client.generate(model=model, prompt="", stream=False)
 check("generate: empty prompt loads", loaded.done and loaded.done_reason == "load" and loaded.response == "", loaded)
 

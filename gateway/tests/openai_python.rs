@@ -2,7 +2,8 @@
 //! fake backend. `openai` (tests/openai_client.py): listing, whole and streamed chat, stop
 //! strings, max_tokens, seeds, sampling passthrough, logprobs and error cases; `anthropic`
 //! (tests/anthropic_client.py): the Messages API; `ollama` (tests/ollama_client.py): the
-//! Ollama API at /api and /ollama/api. Each script's model-agnostic half runs
+//! Ollama API at /api and /ollama/api; `openai` again (tests/responses_client.py): the
+//! Responses API. Each script's model-agnostic half runs
 //! against a real node too (tests/serve_local.rs), without `--fake`.
 //!
 //! The clients live in the venv that `cargo xtask setup` (or `cargo xtask pyenv`) creates.
@@ -45,4 +46,15 @@ async fn official_ollama_python_client() {
         "--fake".into(),
     ];
     common::python_script("ollama_client.py", &args, Duration::from_secs(120)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_openai_python_client_responses() {
+    let server = common::start(Duration::from_millis(1), GatewayConfig::default()).await;
+    let args = [
+        format!("http://{}/v1", server.addr),
+        FAKE_MODEL.into(),
+        "--fake".into(),
+    ];
+    common::python_script("responses_client.py", &args, Duration::from_secs(120)).await;
 }
