@@ -2,8 +2,53 @@
 //! has the wrong type or range. Shared by every API's parser, so that each states its
 //! limits the same way.
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 use serde_json::{Map, Value};
+
+/// A request body as a JSON object: 400 `invalid_json` when it is not JSON, 400 when it is
+/// JSON but not an object.
+pub fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(obj)) => Ok(obj),
+        Ok(_) => Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            "the body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("the body is not valid JSON: {e}"),
+        )
+        .with_code("invalid_json")),
+    }
+}
+
+/// A required non-empty string field (`model`, `model_id`).
+pub fn required_string(value: Option<&Value>, name: &str) -> Result<String, ApiError> {
+    match value {
+        None | Some(Value::Null) => Err(ApiError::missing_field(name)),
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be a non-empty string"),
+        )),
+    }
+}
+
+/// A required array field with at least one element (`messages`, `input`).
+pub fn non_empty_array<'a>(value: Option<&'a Value>, name: &str) -> Result<&'a [Value], ApiError> {
+    match value {
+        None | Some(Value::Null) => Err(ApiError::missing_field(name)),
+        Some(Value::Array(list)) if !list.is_empty() => Ok(list),
+        Some(Value::Array(_)) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must hold at least one element"),
+        )),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be an array"),
+        )),
+    }
+}
 
 /// Most stop strings accepted (OpenAI allows 4; a few more cost nothing).
 pub const MAX_STOP_STRINGS: usize = 16;

@@ -161,18 +161,11 @@ impl Accepted {
                 } => {
                     text.push_str(&t);
                     logprobs.extend(logprob);
-                    let ending = Ending {
-                        finish_reason,
-                        stop_sequence,
-                        prompt_tokens: self.stream.prompt_tokens,
-                        completion_tokens,
-                    };
-                    let timings = Timings {
-                        received: self.received,
-                        accepted: self.accepted,
-                        first_token,
-                        ended: Instant::now(),
-                    };
+                    let (ending, timings) = close(
+                        (finish_reason, stop_sequence, completion_tokens),
+                        self.stream.prompt_tokens,
+                        (self.received, self.accepted, first_token),
+                    );
                     break Ok(Collected {
                         text,
                         logprobs,
@@ -283,18 +276,11 @@ impl Run {
                     if !text.is_empty() || logprob.is_some() {
                         frames.extend(encoder.delta(&text, logprob.as_ref()));
                     }
-                    let ending = Ending {
-                        finish_reason,
-                        stop_sequence,
-                        prompt_tokens: self.stream.prompt_tokens,
-                        completion_tokens,
-                    };
-                    let timings = Timings {
-                        received: self.received,
-                        accepted: self.accepted,
-                        first_token,
-                        ended: Instant::now(),
-                    };
+                    let (ending, timings) = close(
+                        (finish_reason, stop_sequence, completion_tokens),
+                        self.stream.prompt_tokens,
+                        (self.received, self.accepted, first_token),
+                    );
                     frames.extend(encoder.finish(&ending, &timings));
                     true
                 }
@@ -316,6 +302,28 @@ impl Run {
             last_event = last_write;
         }
     }
+}
+
+/// The ending and timings of a finished generation: `(finish_reason, stop_sequence,
+/// completion_tokens)` from its last step, `(received, accepted, first_token)` as recorded.
+fn close(
+    (finish_reason, stop_sequence, completion_tokens): (FinishReason, Option<String>, u32),
+    prompt_tokens: u32,
+    (received, accepted, first_token): (Instant, Instant, Option<Instant>),
+) -> (Ending, Timings) {
+    let ending = Ending {
+        finish_reason,
+        stop_sequence,
+        prompt_tokens,
+        completion_tokens,
+    };
+    let timings = Timings {
+        received,
+        accepted,
+        first_token,
+        ended: Instant::now(),
+    };
+    (ending, timings)
 }
 
 async fn send_all(tx: &mpsc::Sender<Bytes>, frames: Vec<Bytes>) -> bool {

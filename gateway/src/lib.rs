@@ -34,6 +34,7 @@ pub mod exo;
 pub mod fake;
 pub mod fields;
 pub mod generation;
+pub mod ids;
 pub mod ollama;
 pub mod openai;
 pub mod responses;

@@ -14,47 +14,35 @@ use gateway::fake::{FAKE_IDLE_MODEL, FAKE_MODEL};
 use gateway::GatewayConfig;
 use std::time::Duration;
 
+/// Runs `script` against a fresh fake-backed gateway at `http://ADDR{path}`, with `--fake`
+/// and `extra` arguments after the model.
+async fn run_fake(script: &str, path: &str, extra: &[&str]) {
+    let server = common::start(Duration::from_millis(1), GatewayConfig::default()).await;
+    let mut args = vec![
+        format!("http://{}{path}", server.addr),
+        FAKE_MODEL.to_string(),
+        "--fake".to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    common::python_script(script, &args, Duration::from_secs(120)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_openai_python_client() {
-    let server = common::start(Duration::from_millis(1), GatewayConfig::default()).await;
-    let args = [
-        format!("http://{}/v1", server.addr),
-        FAKE_MODEL.into(),
-        "--fake".into(),
-        FAKE_IDLE_MODEL.into(),
-    ];
-    common::python_script("openai_client.py", &args, Duration::from_secs(120)).await;
+    run_fake("openai_client.py", "/v1", &[FAKE_IDLE_MODEL]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_anthropic_python_client() {
-    let server = common::start(Duration::from_millis(1), GatewayConfig::default()).await;
-    let args = [
-        format!("http://{}", server.addr),
-        FAKE_MODEL.into(),
-        "--fake".into(),
-    ];
-    common::python_script("anthropic_client.py", &args, Duration::from_secs(120)).await;
+    run_fake("anthropic_client.py", "", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_ollama_python_client() {
-    let server = common::start(Duration::from_millis(1), GatewayConfig::default()).await;
-    let args = [
-        format!("http://{}", server.addr),
-        FAKE_MODEL.into(),
-        "--fake".into(),
-    ];
-    common::python_script("ollama_client.py", &args, Duration::from_secs(120)).await;
+    run_fake("ollama_client.py", "", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_openai_python_client_responses() {
-    let server = common::start(Duration::from_millis(1), GatewayConfig::default()).await;
-    let args = [
-        format!("http://{}/v1", server.addr),
-        FAKE_MODEL.into(),
-        "--fake".into(),
-    ];
-    common::python_script("responses_client.py", &args, Duration::from_secs(120)).await;
+    run_fake("responses_client.py", "/v1", &[]).await;
 }

@@ -5,8 +5,10 @@
 //! Each mistake is a 400 naming its field.
 
 use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
-use crate::error::{ApiError, ErrorKind};
-use crate::fields::{opt_bool, opt_f32_in, opt_u64, parse_stop};
+use crate::error::ApiError;
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_stop, required_string,
+};
 use serde_json::{Map, Value};
 
 /// A parsed Messages request plus how to answer it.
@@ -19,29 +21,8 @@ pub struct ParsedMessages {
 /// Parses `POST /v1/messages`; `max_tokens` is required there, not for `count_tokens`
 /// (`counting`). Never panics, whatever the bytes.
 pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessages, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            ErrorKind::InvalidRequest,
-            format!("the body is not valid JSON: {e}"),
-        )
-        .with_code("invalid_json")
-    })?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            "the body must be a JSON object",
-        ));
-    };
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("model")),
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "model",
-                "`model` must be a non-empty string",
-            ))
-        }
-    };
+    let obj = json_object(body)?;
+    let model = required_string(obj.get("model"), "model")?;
     let max_tokens = match opt_u64(&obj, "max_tokens")? {
         None if counting => None,
         None => return Err(ApiError::missing_field("max_tokens")),
@@ -137,22 +118,7 @@ fn parse_system(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
 }
 
 fn parse_turns(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match value {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("messages")),
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid_field(
-                "messages",
-                "`messages` must hold at least one message",
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "messages",
-                "`messages` must be an array",
-            ))
-        }
-    };
+    let list = non_empty_array(value, "messages")?;
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         parse_turn(i, m, &mut out)?;

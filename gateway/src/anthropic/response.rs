@@ -7,17 +7,10 @@ use crate::error::ApiError;
 use crate::generation::{sse_named, Encoder, Ending, Timings};
 use bytes::Bytes;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A fresh `msg_...` id, unique per node process.
 pub fn message_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("msg_{:x}{:06x}", now.as_micros(), n & 0xff_ffff)
+    format!("msg_{}", crate::ids::unique().0)
 }
 
 /// Anthropic's `stop_reason`.

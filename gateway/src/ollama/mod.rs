@@ -76,7 +76,7 @@ pub fn version() -> Response<GatewayBody> {
 
 /// `POST /api/show`.
 pub async fn show(backend: &dyn Backend, body: &[u8]) -> Result<Response<GatewayBody>, ApiError> {
-    let obj = request::object(body)?;
+    let obj = crate::fields::json_object(body)?;
     let model = request::required_model(&obj)?;
     let info = find_model(backend, &model).await?;
     Ok(json_response(StatusCode::OK, &response::show_json(&info)))

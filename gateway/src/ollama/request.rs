@@ -5,8 +5,11 @@
 //! default, as in Ollama. Each mistake is a 400 naming its field.
 
 use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
-use crate::error::{ApiError, ErrorKind};
-use crate::fields::{opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop};
+use crate::error::ApiError;
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
+    required_string,
+};
 use serde_json::{Map, Value};
 
 /// A parsed chat or generate request.
@@ -35,7 +38,7 @@ pub fn model_name(name: &str) -> &str {
 
 /// Parses a body for `endpoint`. Never panics, whatever the bytes.
 pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOllama, ApiError> {
-    let obj = object(body)?;
+    let obj = json_object(body)?;
     let model = required_model(&obj)?;
     let (messages, load_only) = match endpoint {
         Endpoint::Chat => (parse_messages(obj.get("messages"))?, false),
@@ -77,32 +80,9 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
     })
 }
 
-/// The body as a JSON object.
-pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice(body) {
-        Ok(Value::Object(obj)) => Ok(obj),
-        Ok(_) => Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            "the body must be a JSON object",
-        )),
-        Err(e) => Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            format!("the body is not valid JSON: {e}"),
-        )
-        .with_code("invalid_json")),
-    }
-}
-
 /// `model` (or the older `name`), a non-empty string.
 pub fn required_model(obj: &Map<String, Value>) -> Result<String, ApiError> {
-    match obj.get("model").or_else(|| obj.get("name")) {
-        None | Some(Value::Null) => Err(ApiError::missing_field("model")),
-        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(_) => Err(ApiError::invalid_field(
-            "model",
-            "`model` must be a non-empty string",
-        )),
-    }
+    required_string(obj.get("model").or_else(|| obj.get("name")), "model")
 }
 
 fn parse_generate(obj: &Map<String, Value>) -> Result<(Vec<ChatMessage>, bool), ApiError> {
@@ -164,22 +144,7 @@ fn check_no_images(value: Option<&Value>, param: &str) -> Result<(), ApiError> {
 }
 
 fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match value {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("messages")),
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid_field(
-                "messages",
-                "`messages` must hold at least one message",
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "messages",
-                "`messages` must be an array",
-            ))
-        }
-    };
+    let list = non_empty_array(value, "messages")?;
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].{f}");

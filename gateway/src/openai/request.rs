@@ -6,7 +6,10 @@
 
 use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
 use crate::error::ApiError;
-use crate::fields::{opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop};
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
+    required_string,
+};
 use serde_json::Value;
 
 pub use crate::fields::MAX_STOP_STRINGS;
@@ -25,30 +28,8 @@ pub struct ParsedChat {
 
 /// Parses and validates a chat completion body. Never panics, whatever the bytes.
 pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            crate::error::ErrorKind::InvalidRequest,
-            format!("the body is not valid JSON: {e}"),
-        )
-        .with_code("invalid_json")
-    })?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::new(
-            crate::error::ErrorKind::InvalidRequest,
-            "the body must be a JSON object",
-        ));
-    };
-
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("model")),
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "model",
-                "`model` must be a non-empty string",
-            ))
-        }
-    };
+    let obj = json_object(body)?;
+    let model = required_string(obj.get("model"), "model")?;
     let messages = parse_messages(obj.get("messages"))?;
 
     if let Some(n) = opt_u64(&obj, "n")? {
@@ -140,23 +121,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
 }
 
 fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match value {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("messages")),
-        Some(Value::Array(list)) => list,
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "messages",
-                "`messages` must be an array",
-            ))
-        }
-    };
-    if list.is_empty() {
-        return Err(ApiError::invalid_field(
-            "messages",
-            "`messages` must hold at least one message",
-        ));
-    }
-    list.iter()
+    non_empty_array(value, "messages")?
+        .iter()
         .enumerate()
         .map(|(i, m)| parse_message(i, m))
         .collect()

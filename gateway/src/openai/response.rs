@@ -4,8 +4,6 @@
 
 use crate::backend::{FinishReason, ModelInfo, TokenLogprob};
 use serde_json::{json, Map, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Identity shared by every chunk of one completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,14 +19,10 @@ pub struct CompletionMeta {
 impl CompletionMeta {
     /// A fresh id and the current time.
     pub fn new(model: &str) -> CompletionMeta {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let (suffix, created) = crate::ids::unique();
         CompletionMeta {
-            id: format!("chatcmpl-{:x}{:06x}", now.as_micros(), n & 0xff_ffff),
-            created: now.as_secs(),
+            id: format!("chatcmpl-{suffix}"),
+            created,
             model: model.to_string(),
         }
     }

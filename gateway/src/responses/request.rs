@@ -6,8 +6,10 @@
 //! is a 400 naming its field.
 
 use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
-use crate::error::{ApiError, ErrorKind};
-use crate::fields::{opt_bool, opt_f32_in, opt_u64, parse_seed};
+use crate::error::ApiError;
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, required_string,
+};
 use serde_json::{Map, Value};
 
 /// A parsed Responses request plus what the answer echoes.
@@ -20,32 +22,8 @@ pub struct ParsedResponses {
 
 /// Parses a body. Never panics, whatever the bytes.
 pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError> {
-    let obj = match serde_json::from_slice(body) {
-        Ok(Value::Object(obj)) => obj,
-        Ok(_) => {
-            return Err(ApiError::new(
-                ErrorKind::InvalidRequest,
-                "the body must be a JSON object",
-            ))
-        }
-        Err(e) => {
-            return Err(ApiError::new(
-                ErrorKind::InvalidRequest,
-                format!("the body is not valid JSON: {e}"),
-            )
-            .with_code("invalid_json"))
-        }
-    };
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("model")),
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "model",
-                "`model` must be a non-empty string",
-            ))
-        }
-    };
+    let obj = json_object(body)?;
+    let model = required_string(obj.get("model"), "model")?;
     for field in ["previous_response_id", "conversation"] {
         if obj.get(field).is_some_and(|v| !v.is_null()) {
             return Err(ApiError::invalid_field(
@@ -118,26 +96,13 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
 
 fn parse_input(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match value {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("input")),
         Some(Value::String(s)) => {
             return Ok(vec![ChatMessage {
                 role: "user".into(),
                 content: s.clone(),
             }])
         }
-        Some(Value::Array(items)) if !items.is_empty() => items,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid_field(
-                "input",
-                "`input` must hold at least one item",
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "input",
-                "`input` must be a string or an array of items",
-            ))
-        }
+        other => non_empty_array(other, "input")?,
     };
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {

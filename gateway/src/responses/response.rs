@@ -11,8 +11,6 @@ use crate::error::ApiError;
 use crate::generation::{sse_named, Encoder, Ending, Timings};
 use bytes::Bytes;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What every answer to one request shares.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,15 +30,11 @@ pub struct ResponseMeta {
 impl ResponseMeta {
     /// Fresh ids and the current time.
     pub fn new(model: &str) -> ResponseMeta {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+        let (suffix, created_at) = crate::ids::unique();
         ResponseMeta {
-            id: format!("resp_{:x}{n:06x}", now.as_micros()),
-            item_id: format!("msg_{:x}{n:06x}", now.as_micros()),
-            created_at: now.as_secs(),
+            id: format!("resp_{suffix}"),
+            item_id: format!("msg_{suffix}"),
+            created_at,
             model: model.to_string(),
             instructions: None,
             max_output_tokens: None,
