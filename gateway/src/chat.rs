@@ -41,7 +41,14 @@ pub async fn chat_completions(
         completion_tokens: answer.ending.completion_tokens,
     };
     let lp = want_logprobs.then_some(answer.logprobs.as_slice());
-    let value = completion_json(&meta, &answer.text, answer.ending.finish_reason, lp, usage);
+    let value = completion_json(
+        &meta,
+        &answer.text,
+        &answer.reasoning,
+        answer.ending.finish_reason,
+        lp,
+        usage,
+    );
     Ok(json_response(StatusCode::OK, &value))
 }
 
@@ -70,6 +77,14 @@ impl Encoder for ChunkEncoder {
         let delta = ChunkDelta {
             content: Some(text),
             logprobs: logprob.map(std::slice::from_ref),
+            ..ChunkDelta::default()
+        };
+        vec![sse_data(&chunk_json(&self.meta, delta))]
+    }
+
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
+        let delta = ChunkDelta {
+            reasoning: Some(text),
             ..ChunkDelta::default()
         };
         vec![sse_data(&chunk_json(&self.meta, delta))]

@@ -4,6 +4,8 @@
 //!
 //! Scripts (the last user message):
 //! - `echo: TEXT` streams TEXT back in 3-character tokens;
+//! - `think: THOUGHT | ANSWER` streams `<think>\nTHOUGHT\n</think>\n\nANSWER`, as a model
+//!   that reasons does;
 //! - `params` streams the received request's sampling settings as JSON (stop strings as
 //!   lists of character codes, so that they do not stop the answer);
 //! - `fail after N` streams N tokens, then fails as a lost instance;
@@ -101,6 +103,11 @@ impl FakeBackend {
         };
         if let Some(text) = last.strip_prefix("echo:") {
             return Script::tokens(chunks(text.trim_start()));
+        }
+        if let Some((thought, answer)) = last.strip_prefix("think:").and_then(|t| t.split_once('|'))
+        {
+            let text = format!("<think>\n{}\n</think>\n\n{}", thought.trim(), answer.trim());
+            return Script::tokens(chunks(&text));
         }
         if last == "params" {
             // Stop strings go out as their characters' codes, or they would stop this answer.

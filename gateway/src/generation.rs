@@ -12,6 +12,7 @@ use crate::body::{GatewayBody, SseBody};
 use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::stop::StopMatcher;
+use crate::reasoning::{Piece, ThinkSplitter};
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::Response;
@@ -48,6 +49,9 @@ pub struct Timings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Collected {
     pub text: String,
+    /// What the model thought before answering (`<think>…</think>`, see
+    /// [`crate::reasoning`]); empty for models that do not think.
+    pub reasoning: String,
     /// Per token, when asked for.
     pub logprobs: Vec<TokenLogprob>,
     pub ending: Ending,
@@ -63,6 +67,8 @@ pub trait Encoder: Send + 'static {
     fn start(&mut self, prompt_tokens: u32) -> Vec<Bytes>;
     /// Text to send (never empty unless a logprob comes with it).
     fn delta(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Bytes>;
+    /// Reasoning to send (never empty); it always comes before the answer's text.
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes>;
     /// The end of the answer.
     fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes>;
     /// The instance failed mid-stream.
@@ -140,8 +146,18 @@ impl Accepted {
     pub async fn collect(mut self) -> Result<Collected, ApiError> {
         let silence = self.config.backend_silence_limit;
         let mut text = String::new();
+        let mut reasoning = String::new();
         let mut logprobs = Vec::new();
         let mut first_token = None;
+        let mut splitter = ThinkSplitter::default();
+        let mut keep = |pieces: Vec<Piece>| {
+            for piece in pieces {
+                match piece {
+                    Piece::Reasoning(r) => reasoning.push_str(&r),
+                    Piece::Text(t) => text.push_str(&t),
+                }
+            }
+        };
         let result = loop {
             let event = next_event(&mut self.stream, Instant::now() + silence, silence).await;
             if first_token.is_none() && matches!(event, Some(Ok(ChatEvent::Token { .. }))) {
@@ -149,7 +165,7 @@ impl Accepted {
             }
             match self.generation.step(event) {
                 Step::Delta { text: t, logprob } => {
-                    text.push_str(&t);
+                    keep(splitter.push(&t));
                     logprobs.extend(logprob);
                 }
                 Step::Finished {
@@ -159,26 +175,29 @@ impl Accepted {
                     stop_sequence,
                     completion_tokens,
                 } => {
-                    text.push_str(&t);
+                    keep(splitter.push(&t));
+                    keep(splitter.finish());
                     logprobs.extend(logprob);
                     let (ending, timings) = close(
                         (finish_reason, stop_sequence, completion_tokens),
                         self.stream.prompt_tokens,
                         (self.received, self.accepted, first_token),
                     );
-                    break Ok(Collected {
-                        text,
-                        logprobs,
-                        ending,
-                        timings,
-                    });
+                    break Ok((logprobs, ending, timings));
                 }
                 Step::Failed(e) => break Err(e),
             }
         };
         self.cancel.cancel();
         self.guard.disarm();
-        result
+        let (logprobs, ending, timings) = result?;
+        Ok(Collected {
+            text,
+            reasoning,
+            logprobs,
+            ending,
+            timings,
+        })
     }
 
     /// Streams the generation through `encoder` as the response body.
@@ -236,6 +255,7 @@ impl Run {
         let mut last_write = Instant::now();
         let mut last_event = Instant::now();
         let mut first_token = None;
+        let mut splitter = ThinkSplitter::default();
         loop {
             let event = tokio::select! {
                 event = next_event(&mut self.stream, last_event + silence, silence) => event,
@@ -260,9 +280,8 @@ impl Run {
             let mut frames = Vec::new();
             let done = match self.generation.step(event) {
                 Step::Delta { text, logprob } => {
-                    if !text.is_empty() || logprob.is_some() {
-                        frames.extend(encoder.delta(&text, logprob.as_ref()));
-                    }
+                    let pieces = splitter.push(&text);
+                    frames.extend(encode(&mut encoder, pieces, logprob.as_ref()));
                     false
                 }
                 Step::Finished {
@@ -273,9 +292,9 @@ impl Run {
                     completion_tokens,
                 } => {
                     self.cancel.cancel();
-                    if !text.is_empty() || logprob.is_some() {
-                        frames.extend(encoder.delta(&text, logprob.as_ref()));
-                    }
+                    let mut pieces = splitter.push(&text);
+                    pieces.extend(splitter.finish());
+                    frames.extend(encode(&mut encoder, pieces, logprob.as_ref()));
                     let (ending, timings) = close(
                         (finish_reason, stop_sequence, completion_tokens),
                         self.stream.prompt_tokens,
@@ -302,6 +321,27 @@ impl Run {
             last_event = last_write;
         }
     }
+}
+
+/// One step's pieces through the encoder. A logprob goes with the step's first text (or
+/// alone, after its reasoning, when the token was all reasoning).
+fn encode<E: Encoder>(
+    encoder: &mut E,
+    pieces: Vec<Piece>,
+    logprob: Option<&TokenLogprob>,
+) -> Vec<Bytes> {
+    let mut frames = Vec::new();
+    let mut logprob = logprob;
+    for piece in pieces {
+        match piece {
+            Piece::Reasoning(r) => frames.extend(encoder.reasoning(&r)),
+            Piece::Text(t) => frames.extend(encoder.delta(&t, logprob.take())),
+        }
+    }
+    if let Some(lp) = logprob {
+        frames.extend(encoder.delta("", Some(lp)));
+    }
+    frames
 }
 
 /// The ending and timings of a finished generation: `(finish_reason, stop_sequence,

@@ -37,6 +37,7 @@ pub mod generation;
 pub mod ids;
 pub mod ollama;
 pub mod openai;
+pub mod reasoning;
 pub mod responses;
 pub mod router;
 pub mod server;

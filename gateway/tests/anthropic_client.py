@@ -142,6 +142,14 @@ r = client.messages.create(
 seen = json.loads(r.content[0].text)
 check("fake: sampling passthrough", seen["temperature"] == 0.25 and seen["top_p"] == 0.5
       and seen["top_k"] == 7 and seen["max_tokens"] == 300, seen)
+r = client.messages.create(model=model, max_tokens=100, messages=user("think: two and two | 4"))
+check("fake: thinking block", [b.type for b in r.content] == ["thinking", "text"]
+      and r.content[0].thinking == "two and two" and r.content[1].text == "4", r.content)
+with client.messages.stream(model=model, max_tokens=100, messages=user("think: two and two | 4")) as s:
+    said = "".join(s.text_stream)
+    final = s.get_final_message()
+check("fake: thinking streamed", said == "4" and final.content[0].thinking == "two and two"
+      and [b.type for b in final.content] == ["thinking", "text"], final.content)
 try:
     with client.messages.stream(model=model, max_tokens=100, messages=user("fail after 2")) as s:
         "".join(s.text_stream)

@@ -141,6 +141,14 @@ r = client.generate(model=model, prompt="params", options={"temperature": 0.25, 
 seen = json.loads(r.response)
 check("fake: options passthrough", (seen["temperature"], seen["top_p"], seen["top_k"], seen["seed"],
                                    seen["max_tokens"]) == (0.25, 0.5, 7, 9, 300), seen)
+think = [{"role": "user", "content": "think: two and two | 4"}]
+r = client.chat(model=model, messages=think, stream=False)
+check("fake: thinking", r.message.thinking == "two and two" and r.message.content == "4", r.message)
+parts = list(client.chat(model=model, messages=think, stream=True))
+check("fake: thinking streamed", "".join(p.message.thinking or "" for p in parts) == "two and two"
+      and "".join(p.message.content or "" for p in parts) == "4", parts)
+r = client.generate(model=model, prompt="think: two and two | 4", stream=False)
+check("fake: generate thinking", r.thinking == "two and two" and r.response == "4", r)
 try:
     list(client.chat(model=model, messages=[{"role": "user", "content": "fail after 2"}], stream=True))
     check("fake: lost instance raises", False)

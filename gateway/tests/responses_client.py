@@ -105,6 +105,15 @@ check("fake: text", r.output_text == "Paris is the capital" and r.status == "com
 r = client.responses.create(model=model, input="params", temperature=0.25, top_p=0.5, max_output_tokens=300)
 seen = json.loads(r.output_text)
 check("fake: sampling passthrough", (seen["temperature"], seen["top_p"], seen["max_tokens"]) == (0.25, 0.5, 300), seen)
+r = client.responses.create(model=model, input="think: two and two | 4")
+check("fake: reasoning item", [o.type for o in r.output] == ["reasoning", "message"]
+      and r.output[0].content[0].text == "two and two" and r.output_text == "4", r.output)
+with client.responses.stream(model=model, input="think: two and two | 4") as s:
+    streamed = list(s)
+    final = s.get_final_response()
+check("fake: reasoning streamed", final.output_text == "4" and final.output[0].type == "reasoning"
+      and "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") == "two and two",
+      [e.type for e in streamed])
 try:
     list(client.responses.create(model=model, input="fail after 2", stream=True))
     check("fake: lost instance raises", False)

@@ -30,12 +30,17 @@ pub async fn messages(
     let model = request.model.clone();
     let accepted = accept(backend, request, config, received).await?;
     if stream {
-        return Ok(accepted.stream(MessagesEncoder { id, model }));
+        return Ok(accepted.stream(MessagesEncoder::new(id, model)));
     }
     let answer = accepted.collect().await?;
     Ok(json_response(
         StatusCode::OK,
-        &message_json(&id, &model, &answer.text, &answer.ending),
+        &message_json(
+            &id,
+            &model,
+            (&answer.text, &answer.reasoning),
+            &answer.ending,
+        ),
     ))
 }
 

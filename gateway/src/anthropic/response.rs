@@ -22,14 +22,24 @@ pub fn stop_reason(ending: &Ending) -> &'static str {
     }
 }
 
-/// The whole `message`.
-pub fn message_json(id: &str, model: &str, text: &str, ending: &Ending) -> Value {
+/// The whole `message`: a `thinking` block first when the model thought.
+pub fn message_json(
+    id: &str,
+    model: &str,
+    (text, thinking): (&str, &str),
+    ending: &Ending,
+) -> Value {
+    let mut content = Vec::new();
+    if !thinking.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    }
+    content.push(json!({"type": "text", "text": text}));
     json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": content,
         "stop_reason": stop_reason(ending),
         "stop_sequence": ending.stop_sequence,
         "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
@@ -49,10 +59,57 @@ pub fn error_json(e: &ApiError) -> Value {
     json!({"type": "error", "error": {"type": kind, "message": e.message}})
 }
 
-/// The stream of one message: one text block.
+/// The stream of one message: a `thinking` block when the model thinks, then one text
+/// block. Blocks open when their first delta comes, so their indexes follow the output.
 pub struct MessagesEncoder {
-    pub id: String,
-    pub model: String,
+    id: String,
+    model: String,
+    /// The open block: its index and whether it is the thinking block.
+    open: Option<(usize, bool)>,
+    next_index: usize,
+}
+
+impl MessagesEncoder {
+    pub fn new(id: String, model: String) -> MessagesEncoder {
+        MessagesEncoder {
+            id,
+            model,
+            open: None,
+            next_index: 0,
+        }
+    }
+
+    /// Makes the open block the thinking one or the text one, closing the other; returns
+    /// the frames and the block's index.
+    fn block(&mut self, thinking: bool) -> (Vec<Bytes>, usize) {
+        let mut frames = Vec::new();
+        if let Some((index, kind)) = self.open {
+            if kind == thinking {
+                return (frames, index);
+            }
+            frames.push(block_stop(index));
+        }
+        let index = self.next_index;
+        self.next_index += 1;
+        self.open = Some((index, thinking));
+        let block = if thinking {
+            json!({"type": "thinking", "thinking": "", "signature": ""})
+        } else {
+            json!({"type": "text", "text": ""})
+        };
+        frames.push(sse_named(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        (frames, index)
+    }
+}
+
+fn block_stop(index: usize) -> Bytes {
+    sse_named(
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": index}),
+    )
 }
 
 impl Encoder for MessagesEncoder {
@@ -76,11 +133,6 @@ impl Encoder for MessagesEncoder {
                 "message_start",
                 &json!({"type": "message_start", "message": message}),
             ),
-            sse_named(
-                "content_block_start",
-                &json!({"type": "content_block_start", "index": 0,
-                        "content_block": {"type": "text", "text": ""}}),
-            ),
             ping(),
         ]
     }
@@ -89,29 +141,39 @@ impl Encoder for MessagesEncoder {
         if text.is_empty() {
             return Vec::new();
         }
-        vec![sse_named(
+        let (mut frames, index) = self.block(false);
+        frames.push(sse_named(
             "content_block_delta",
-            &json!({"type": "content_block_delta", "index": 0,
+            &json!({"type": "content_block_delta", "index": index,
                     "delta": {"type": "text_delta", "text": text}}),
-        )]
+        ));
+        frames
+    }
+
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
+        let (mut frames, index) = self.block(true);
+        frames.push(sse_named(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": text}}),
+        ));
+        frames
     }
 
     fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
-        vec![
-            sse_named(
-                "content_block_stop",
-                &json!({"type": "content_block_stop", "index": 0}),
-            ),
-            sse_named(
-                "message_delta",
-                &json!({
-                    "type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(ending), "stop_sequence": ending.stop_sequence},
-                    "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
-                }),
-            ),
-            sse_named("message_stop", &json!({"type": "message_stop"})),
-        ]
+        // Every message has its text block, empty if nothing was said.
+        let (mut frames, index) = self.block(false);
+        frames.push(block_stop(index));
+        frames.push(sse_named(
+            "message_delta",
+            &json!({
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason(ending), "stop_sequence": ending.stop_sequence},
+                "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
+            }),
+        ));
+        frames.push(sse_named("message_stop", &json!({"type": "message_stop"})));
+        frames
     }
 
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
@@ -147,7 +209,14 @@ mod tests {
             "max_tokens"
         );
         assert_eq!(stop_reason(&ending(FinishReason::Stop, None)), "end_turn");
-        let m = message_json("msg_1", "m", "hi", &ending(FinishReason::Stop, Some("X")));
+        let m = message_json(
+            "msg_1",
+            "m",
+            ("hi", "hmm"),
+            &ending(FinishReason::Stop, Some("X")),
+        );
+        assert_eq!(m["content"][0]["thinking"], "hmm");
+        assert_eq!(m["content"][1]["text"], "hi");
         assert_eq!(m["stop_reason"], "stop_sequence");
         assert_eq!(m["stop_sequence"], "X");
         assert_eq!(m["usage"]["input_tokens"], 3);

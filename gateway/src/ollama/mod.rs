@@ -50,7 +50,7 @@ pub async fn generate(
     let value = answer_json(
         shape,
         &model,
-        &answer.text,
+        (&answer.text, &answer.reasoning),
         Some((&answer.ending, &answer.timings)),
     );
     Ok(json_response(StatusCode::OK, &value))

@@ -31,12 +31,12 @@ pub enum Shape {
     Generate,
 }
 
-/// One answer line (or the whole answer): `text` as the message or response, and the
-/// closing fields when `end` is given.
+/// One answer line (or the whole answer): `text` as the message or response, `thinking`
+/// (the model's reasoning) when there is some, and the closing fields when `end` is given.
 pub fn answer_json(
     shape: Shape,
     model: &str,
-    text: &str,
+    (text, thinking): (&str, &str),
     end: Option<(&Ending, &Timings)>,
 ) -> Value {
     let mut out = Map::new();
@@ -44,13 +44,17 @@ pub fn answer_json(
     out.insert("created_at".into(), json!(rfc3339(SystemTime::now())));
     match shape {
         Shape::Chat => {
-            out.insert(
-                "message".into(),
-                json!({"role": "assistant", "content": text}),
-            );
+            let mut message = json!({"role": "assistant", "content": text});
+            if !thinking.is_empty() {
+                message["thinking"] = json!(thinking);
+            }
+            out.insert("message".into(), message);
         }
         Shape::Generate => {
             out.insert("response".into(), json!(text));
+            if !thinking.is_empty() {
+                out.insert("thinking".into(), json!(thinking));
+            }
         }
     }
     out.insert("done".into(), json!(end.is_some()));
@@ -105,14 +109,28 @@ impl Encoder for NdjsonEncoder {
         if text.is_empty() {
             return Vec::new();
         }
-        vec![line(&answer_json(self.shape, &self.model, text, None))]
+        vec![line(&answer_json(
+            self.shape,
+            &self.model,
+            (text, ""),
+            None,
+        ))]
+    }
+
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
+        vec![line(&answer_json(
+            self.shape,
+            &self.model,
+            ("", text),
+            None,
+        ))]
     }
 
     fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes> {
         vec![line(&answer_json(
             self.shape,
             &self.model,
-            "",
+            ("", ""),
             Some((ending, timings)),
         ))]
     }
@@ -258,7 +276,7 @@ mod tests {
             prompt_tokens: 4,
             completion_tokens: 2,
         };
-        let v = answer_json(Shape::Chat, "m", "", Some((&ending, &t)));
+        let v = answer_json(Shape::Chat, "m", ("", ""), Some((&ending, &t)));
         assert_eq!(v["done"], true);
         assert_eq!(v["done_reason"], "length");
         assert_eq!(v["total_duration"], 10_000_000);

@@ -73,16 +73,18 @@ pub fn logprobs_json(tokens: &[TokenLogprob]) -> Value {
 pub fn completion_json(
     meta: &CompletionMeta,
     text: &str,
+    reasoning: &str,
     finish_reason: FinishReason,
     logprobs: Option<&[TokenLogprob]>,
     usage: Usage,
 ) -> Value {
     let mut choice = Map::new();
     choice.insert("index".into(), json!(0));
-    choice.insert(
-        "message".into(),
-        json!({"role": "assistant", "content": text}),
-    );
+    let mut message = json!({"role": "assistant", "content": text});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = json!(reasoning);
+    }
+    choice.insert("message".into(), message);
     if let Some(lp) = logprobs {
         choice.insert("logprobs".into(), logprobs_json(lp));
     }
@@ -103,6 +105,8 @@ pub struct ChunkDelta<'a> {
     /// Only in the first chunk.
     pub role: bool,
     pub content: Option<&'a str>,
+    /// The model's thinking (`reasoning_content`, as DeepSeek's and vLLM's APIs name it).
+    pub reasoning: Option<&'a str>,
     pub logprobs: Option<&'a [TokenLogprob]>,
     pub finish_reason: Option<FinishReason>,
 }
@@ -115,6 +119,9 @@ pub fn chunk_json(meta: &CompletionMeta, delta: ChunkDelta<'_>) -> Value {
     }
     if let Some(content) = delta.content {
         d.insert("content".into(), json!(content));
+    }
+    if let Some(reasoning) = delta.reasoning {
+        d.insert("reasoning_content".into(), json!(reasoning));
     }
     let mut choice = Map::new();
     choice.insert("index".into(), json!(0));
@@ -196,6 +203,7 @@ mod tests {
         let c = completion_json(
             &meta,
             "hi",
+            "",
             FinishReason::Length,
             None,
             Usage {

@@ -39,6 +39,10 @@ pub async fn responses(
     let answer = accepted.collect().await?;
     Ok(json_response(
         StatusCode::OK,
-        &response_json(&meta, Some(&answer.text), Some(&answer.ending)),
+        &response_json(
+            &meta,
+            Some((&answer.text, &answer.reasoning)),
+            Some(&answer.ending),
+        ),
     ))
 }

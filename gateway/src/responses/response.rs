@@ -17,8 +17,10 @@ use serde_json::{json, Value};
 pub struct ResponseMeta {
     /// `resp_...`.
     pub id: String,
-    /// `msg_...`, the one output item's id.
+    /// `msg_...`, the message item's id.
     pub item_id: String,
+    /// `rs_...`, the reasoning item's id (when the model thinks).
+    pub reasoning_id: String,
     pub created_at: u64,
     pub model: String,
     pub instructions: Option<String>,
@@ -34,6 +36,7 @@ impl ResponseMeta {
         ResponseMeta {
             id: format!("resp_{suffix}"),
             item_id: format!("msg_{suffix}"),
+            reasoning_id: format!("rs_{suffix}"),
             created_at,
             model: model.to_string(),
             instructions: None,
@@ -44,8 +47,13 @@ impl ResponseMeta {
     }
 }
 
-/// The `response` object: `ending` absent while in progress.
-pub fn response_json(meta: &ResponseMeta, text: Option<&str>, ending: Option<&Ending>) -> Value {
+/// The `response` object: `ending` absent while in progress; `text` is the answer and the
+/// reasoning (a reasoning item comes first when there is some).
+pub fn response_json(
+    meta: &ResponseMeta,
+    text: Option<(&str, &str)>,
+    ending: Option<&Ending>,
+) -> Value {
     let (status, incomplete) = match ending {
         None => ("in_progress", Value::Null),
         Some(e) if e.finish_reason == FinishReason::Length => {
@@ -53,10 +61,13 @@ pub fn response_json(meta: &ResponseMeta, text: Option<&str>, ending: Option<&En
         }
         Some(_) => ("completed", Value::Null),
     };
-    let output: Vec<Value> = match (text, ending) {
-        (Some(text), Some(e)) => vec![message_item(meta, text, Some(e))],
-        _ => Vec::new(),
-    };
+    let mut output: Vec<Value> = Vec::new();
+    if let (Some((text, reasoning)), Some(e)) = (text, ending) {
+        if !reasoning.is_empty() {
+            output.push(reasoning_item(meta, Some(reasoning)));
+        }
+        output.push(message_item(meta, text, Some(e)));
+    }
     let usage = ending.map_or(Value::Null, |e| {
         json!({
             "input_tokens": e.prompt_tokens,
@@ -106,11 +117,30 @@ fn message_item(meta: &ResponseMeta, text: &str, ending: Option<&Ending>) -> Val
            "content": content})
 }
 
+/// The reasoning item; in progress (no content yet) without its text.
+fn reasoning_item(meta: &ResponseMeta, text: Option<&str>) -> Value {
+    let (status, content) = match text {
+        None => ("in_progress", vec![]),
+        Some(t) => (
+            "completed",
+            vec![json!({"type": "reasoning_text", "text": t})],
+        ),
+    };
+    json!({"id": meta.reasoning_id, "type": "reasoning", "status": status, "summary": [],
+           "content": content})
+}
+
 /// The event stream of one response.
 pub struct ResponsesEncoder {
     pub meta: ResponseMeta,
     sequence: u64,
     text: String,
+    reasoning: String,
+    /// The reasoning item's output index while it is open.
+    reasoning_open: Option<usize>,
+    /// The message item's output index once it is open.
+    message_at: Option<usize>,
+    next_index: usize,
 }
 
 impl ResponsesEncoder {
@@ -119,6 +149,10 @@ impl ResponsesEncoder {
             meta,
             sequence: 0,
             text: String::new(),
+            reasoning: String::new(),
+            reasoning_open: None,
+            message_at: None,
+            next_index: 0,
         }
     }
 
@@ -130,8 +164,48 @@ impl ResponsesEncoder {
         sse_named(kind, &body)
     }
 
-    fn part_location(&self) -> Value {
-        json!({"item_id": self.meta.item_id, "output_index": 0, "content_index": 0})
+    fn location(&self, item_id: &str, output_index: usize) -> Value {
+        json!({"item_id": item_id, "output_index": output_index, "content_index": 0})
+    }
+
+    /// Closes the reasoning item if it is open.
+    fn close_reasoning(&mut self) -> Vec<Bytes> {
+        let Some(index) = self.reasoning_open.take() else {
+            return Vec::new();
+        };
+        let id = self.meta.reasoning_id.clone();
+        let mut done = self.location(&id, index);
+        done["text"] = json!(self.reasoning);
+        let item = reasoning_item(&self.meta, Some(&self.reasoning));
+        vec![
+            self.event("response.reasoning_text.done", done),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            ),
+        ]
+    }
+
+    /// Opens the message item (closing the reasoning first) unless it is open; returns the
+    /// frames and its output index.
+    fn message(&mut self) -> (Vec<Bytes>, usize) {
+        if let Some(index) = self.message_at {
+            return (Vec::new(), index);
+        }
+        let mut frames = self.close_reasoning();
+        let index = self.next_index;
+        self.next_index += 1;
+        self.message_at = Some(index);
+        let item = message_item(&self.meta, "", None);
+        let id = self.meta.item_id.clone();
+        let mut part = self.location(&id, index);
+        part["part"] = text_part("");
+        frames.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item}),
+        ));
+        frames.push(self.event("response.content_part.added", part));
+        (frames, index)
     }
 }
 
@@ -142,17 +216,9 @@ impl Encoder for ResponsesEncoder {
 
     fn start(&mut self, _prompt_tokens: u32) -> Vec<Bytes> {
         let response = response_json(&self.meta, None, None);
-        let item = message_item(&self.meta, "", None);
-        let mut part = self.part_location();
-        part["part"] = text_part("");
         vec![
             self.event("response.created", json!({"response": response})),
             self.event("response.in_progress", json!({"response": response})),
-            self.event(
-                "response.output_item.added",
-                json!({"output_index": 0, "item": item}),
-            ),
-            self.event("response.content_part.added", part),
         ]
     }
 
@@ -160,36 +226,64 @@ impl Encoder for ResponsesEncoder {
         if text.is_empty() {
             return Vec::new();
         }
+        let (mut frames, index) = self.message();
         self.text.push_str(text);
-        let mut body = self.part_location();
+        let id = self.meta.item_id.clone();
+        let mut body = self.location(&id, index);
         body["delta"] = json!(text);
         body["logprobs"] = json!([]);
-        vec![self.event("response.output_text.delta", body)]
+        frames.push(self.event("response.output_text.delta", body));
+        frames
+    }
+
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
+        let mut frames = Vec::new();
+        let index = match self.reasoning_open {
+            Some(index) => index,
+            None => {
+                let index = self.next_index;
+                self.next_index += 1;
+                self.reasoning_open = Some(index);
+                let item = reasoning_item(&self.meta, None);
+                frames.push(self.event(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                ));
+                index
+            }
+        };
+        self.reasoning.push_str(text);
+        let id = self.meta.reasoning_id.clone();
+        let mut body = self.location(&id, index);
+        body["delta"] = json!(text);
+        frames.push(self.event("response.reasoning_text.delta", body));
+        frames
     }
 
     fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
+        let (mut frames, index) = self.message();
         let text = std::mem::take(&mut self.text);
-        let mut done = self.part_location();
+        let id = self.meta.item_id.clone();
+        let mut done = self.location(&id, index);
         done["text"] = json!(text);
         done["logprobs"] = json!([]);
-        let mut part = self.part_location();
+        let mut part = self.location(&id, index);
         part["part"] = text_part(&text);
         let item = message_item(&self.meta, &text, Some(ending));
-        let response = response_json(&self.meta, Some(&text), Some(ending));
+        let response = response_json(&self.meta, Some((&text, &self.reasoning)), Some(ending));
         let last = if ending.finish_reason == FinishReason::Length {
             "response.incomplete"
         } else {
             "response.completed"
         };
-        vec![
-            self.event("response.output_text.done", done),
-            self.event("response.content_part.done", part),
-            self.event(
-                "response.output_item.done",
-                json!({"output_index": 0, "item": item}),
-            ),
-            self.event(last, json!({"response": response})),
-        ]
+        frames.push(self.event("response.output_text.done", done));
+        frames.push(self.event("response.content_part.done", part));
+        frames.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        frames.push(self.event(last, json!({"response": response})));
+        frames
     }
 
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
@@ -217,7 +311,7 @@ mod tests {
             prompt_tokens: 5,
             completion_tokens: 3,
         };
-        let r = response_json(&meta, Some("abc"), Some(&ending));
+        let r = response_json(&meta, Some(("abc", "")), Some(&ending));
         assert_eq!(r["status"], "incomplete");
         assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(r["output"][0]["content"][0]["text"], "abc");
