@@ -1,9 +1,10 @@
 //! Two real `shoal` nodes in Linux network namespaces (found by mDNS, no configuration): an
 //! instance of the SmolLM2 fixture is created through node A on node A alone, the same greedy
 //! chat through node B (forwarded over iroh to A) and through A (served there) gives the
-//! same text, and deleting the instance through B stops A's runner. Then an instance on A
-//! created through B loses node A mid-stream: the client gets an error within seconds and B
-//! places the instance again on itself.
+//! same text (and so do the Anthropic, Ollama and Responses APIs), and deleting the instance
+//! through B stops A's runner. Then an instance on A created through B loses node A
+//! mid-stream: the client gets an error within seconds and B places the instance again on
+//! itself.
 //!
 //! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
@@ -65,6 +66,72 @@ fn greedy(node: &ShoalNode) -> String {
         .as_str()
         .unwrap_or_default();
     format!("{text} ({tokens} tokens)")
+}
+
+/// The same greedy question through each of the other APIs (Anthropic Messages, Ollama chat,
+/// OpenAI Responses), whole answers: `(api, text and token count)`; plus Anthropic's
+/// count_tokens, which must equal the Messages answer's `usage.input_tokens`.
+fn greedy_other_apis(node: &ShoalNode) -> Vec<(&'static str, String)> {
+    let question = "What is the capital of France?";
+    let user = json!([{"role": "user", "content": question}]);
+    let post = |path: &str, body: Value| {
+        let (status, answer) = json_of(node, "POST", path, Some(&body));
+        assert_eq!(status, 200, "{path}: {answer}\n{}", node.log_tail());
+        answer
+    };
+    let m = post(
+        "/v1/messages",
+        json!({"model": "default", "max_tokens": 16, "temperature": 0, "messages": user}),
+    );
+    let counted = post(
+        "/v1/messages/count_tokens",
+        json!({"model": "default", "messages": user}),
+    );
+    assert_eq!(
+        counted["input_tokens"], m["usage"]["input_tokens"],
+        "{counted} {m}"
+    );
+    let o = post(
+        "/api/chat",
+        json!({"model": "default", "stream": false, "messages": user,
+               "options": {"temperature": 0, "num_predict": 16}}),
+    );
+    let r = post(
+        "/v1/responses",
+        json!({"model": "default", "temperature": 0, "max_output_tokens": 16, "input": question}),
+    );
+    let text = |v: &Value, pointer: &str| {
+        v.pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    vec![
+        (
+            "anthropic",
+            format!(
+                "{} ({} tokens)",
+                text(&m, "/content/0/text"),
+                m["usage"]["output_tokens"]
+            ),
+        ),
+        (
+            "ollama",
+            format!(
+                "{} ({} tokens)",
+                text(&o, "/message/content"),
+                o["eval_count"]
+            ),
+        ),
+        (
+            "responses",
+            format!(
+                "{} ({} tokens)",
+                text(&r, "/output/0/content/0/text"),
+                r["usage"]["output_tokens"]
+            ),
+        ),
+    ]
 }
 
 /// Starts a long greedy stream through `client`, kills `victim` once the first chunk came,
@@ -205,6 +272,18 @@ fn chat_through_either_node_and_delete_from_the_other() {
     );
     assert!(direct.contains("Paris"), "{direct}");
     assert_eq!(forwarded, direct, "forwarding changed the answer");
+
+    // Every other API gives the same greedy answer, forwarded through B and served on A.
+    let through_b = greedy_other_apis(b);
+    let through_a = greedy_other_apis(a);
+    eprintln!("other APIs through B (forwarded): {through_b:?}");
+    assert_eq!(through_b, through_a, "forwarding changed an API's answer");
+    for (api, answer) in &through_a {
+        assert_eq!(
+            answer, &direct,
+            "{api} answers differently from chat completions"
+        );
+    }
 
     // Streaming through B: chunks, then [DONE].
     let request = json!({

@@ -1,7 +1,9 @@
 //! One real node serving the real SmolLM2 fixture, end to end: the `shoal` binary runs with
 //! `--model default` inside a Linux network namespace made for the test (nodes never touch
 //! the host's network), and the official `openai` Python client, also run inside the
-//! namespace, drives it: the gateway's model-agnostic checks (gateway/tests/openai_client.py),
+//! namespace, drives it: the gateway's model-agnostic checks (gateway/tests/openai_client.py,
+//! the `anthropic` client's gateway/tests/anthropic_client.py and the `ollama` client's
+//! gateway/tests/ollama_client.py, and the Responses API's gateway/tests/responses_client.py),
 //! a greedy "Paris", 32 concurrent streams (time to first token printed), and the loss of the
 //! runner mid-stream (an error, never a hang).
 //!
@@ -252,6 +254,28 @@ fn one_node_serves_smollm2_in_a_namespace() {
         &[&url, "default"],
         Duration::from_secs(300),
     );
+
+    // The other APIs, with their official clients: same model-agnostic checks (greedy stream
+    // equals the whole answer, stops, limits, errors in each API's shape).
+    let root = format!("http://127.0.0.1:{API_PORT}");
+    let out = node.python(
+        &repo_file("gateway/tests/anthropic_client.py"),
+        &[&root, "default"],
+        Duration::from_secs(300),
+    );
+    eprintln!("anthropic: {}", json_line(&out, "anthropic"));
+    let out = node.python(
+        &repo_file("gateway/tests/ollama_client.py"),
+        &[&root, "default"],
+        Duration::from_secs(300),
+    );
+    eprintln!("ollama: {}", json_line(&out, "ollama"));
+    let out = node.python(
+        &repo_file("gateway/tests/responses_client.py"),
+        &[&url, "default"],
+        Duration::from_secs(300),
+    );
+    eprintln!("responses: {}", json_line(&out, "responses"));
 
     // 32 concurrent streams on one instance: all complete (queued, none lost or hung).
     let out = node.python(

@@ -12,7 +12,8 @@
 //! The types are the placement crate's ([`Sharding`], [`CollectiveBackend`], [`Placement`],
 //! [`RunnerStatus`]); only their spelling at this API lives here.
 
-use crate::error::{ApiError, ErrorKind};
+use crate::error::ApiError;
+use crate::fields::{json_object, required_string};
 use placement::{CollectiveBackend, ModelCard, PlaceError, Placement, RunnerStatus, Sharding};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -170,16 +171,7 @@ pub struct CreateInstanceRequest {
 /// Parses `POST /place_instance`'s body: `{model_id, sharding?, instance_meta?, min_nodes?}`.
 pub fn parse_place_instance(body: &[u8]) -> Result<PlaceInstanceRequest, ApiError> {
     let obj = json_object(body)?;
-    let model_id = match obj.get("model_id") {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("model_id")),
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "model_id",
-                "`model_id` must be a non-empty string",
-            ))
-        }
-    };
+    let model_id = required_string(obj.get("model_id"), "model_id")?;
     Ok(PlaceInstanceRequest {
         model_id,
         sharding: parse_sharding(obj.get("sharding"))?,
@@ -238,21 +230,6 @@ fn instance_object(v: &Map<String, Value>) -> Result<CreateInstanceRequest, ApiE
         min_nodes,
         required_nodes,
     })
-}
-
-fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice(body) {
-        Ok(Value::Object(obj)) => Ok(obj),
-        Ok(_) => Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            "the body must be a JSON object",
-        )),
-        Err(e) => Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            format!("the body is not valid JSON: {e}"),
-        )
-        .with_code("invalid_json")),
-    }
 }
 
 /// Why there is no placement: the placement crate's stable code and its message.

@@ -4,13 +4,15 @@
 //!
 //! Scripts (the last user message):
 //! - `echo: TEXT` streams TEXT back in 3-character tokens;
+//! - `think: THOUGHT | ANSWER` streams `<think>\nTHOUGHT\n</think>\n\nANSWER`, as a model
+//!   that reasons does;
 //! - `params` streams the received request's sampling settings as JSON (stop strings as
 //!   lists of character codes, so that they do not stop the answer);
 //! - `fail after N` streams N tokens, then fails as a lost instance;
 //! - `vanish` streams 2 tokens, then ends the stream without `Done`;
 //! - `wait MS` waits MS milliseconds, then streams `done`;
-//! - anything else: 16 words drawn from the request's seed (a fresh one without a seed), so
-//!   equal seeds give equal answers.
+//! - anything else: 16 words drawn from the request's seed (seed 0 for a greedy request,
+//!   `temperature: 0`, without one; a fresh one otherwise), so equal seeds give equal answers.
 
 use crate::backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream,
@@ -102,6 +104,11 @@ impl FakeBackend {
         if let Some(text) = last.strip_prefix("echo:") {
             return Script::tokens(chunks(text.trim_start()));
         }
+        if let Some((thought, answer)) = last.strip_prefix("think:").and_then(|t| t.split_once('|'))
+        {
+            let text = format!("<think>\n{}\n</think>\n\n{}", thought.trim(), answer.trim());
+            return Script::tokens(chunks(&text));
+        }
         if last == "params" {
             // Stop strings go out as their characters' codes, or they would stop this answer.
             let mut params = serde_json::to_value(&request.sampling).unwrap_or_default();
@@ -139,9 +146,12 @@ impl FakeBackend {
                 wait: Duration::from_millis(ms),
             };
         }
+        // Greedy decoding (temperature 0) is deterministic without a seed too.
+        let greedy = (request.sampling.temperature == Some(0.0)).then_some(0);
         let mut state = request
             .sampling
             .seed
+            .or(greedy)
             .unwrap_or_else(|| self.next_seed.fetch_add(1, Ordering::Relaxed))
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             | 1;

@@ -2,6 +2,11 @@
 //!
 //! - OpenAI's chat completions (`POST /v1/chat/completions`, whole or streamed as SSE) and
 //!   model list (`GET /v1/models`);
+//! - OpenAI's Responses (`POST /v1/responses`, stateless), see [`responses`];
+//! - Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), see
+//!   [`anthropic`];
+//! - Ollama's API at `/api/*` and `/ollama/api/*` (chat, generate, tags, show, ps,
+//!   version), see [`ollama`];
 //! - exo's cluster API (`GET /node_id`, `GET /state[/{path}]`, `POST /place_instance`,
 //!   `POST /instance`, `GET /instance/previews?model_id=`, `GET|DELETE /instance/{id}`).
 //!
@@ -18,6 +23,7 @@
 //! # }
 //! ```
 
+pub mod anthropic;
 pub mod backend;
 pub mod body;
 mod chat;
@@ -26,7 +32,13 @@ pub mod config;
 pub mod error;
 pub mod exo;
 pub mod fake;
+pub mod fields;
+pub mod generation;
+pub mod ids;
+pub mod ollama;
 pub mod openai;
+pub mod reasoning;
+pub mod responses;
 pub mod router;
 pub mod server;
 

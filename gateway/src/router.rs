@@ -28,6 +28,15 @@ pub struct Router {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     ChatCompletions,
+    Messages,
+    CountTokens,
+    Responses,
+    OllamaChat,
+    OllamaGenerate,
+    OllamaShow,
+    OllamaTags,
+    OllamaPs,
+    OllamaVersion,
     Models,
     NodeId,
     State,
@@ -40,8 +49,25 @@ enum Route {
 
 impl Route {
     fn find(path: &str) -> Option<(Route, &str)> {
+        // exo serves Ollama's API under /ollama; Ollama itself at the root.
+        let ollama = path.strip_prefix("/ollama").unwrap_or(path);
+        let route = match ollama {
+            "/api/chat" => Some(Route::OllamaChat),
+            "/api/generate" => Some(Route::OllamaGenerate),
+            "/api/show" => Some(Route::OllamaShow),
+            "/api/tags" => Some(Route::OllamaTags),
+            "/api/ps" => Some(Route::OllamaPs),
+            "/api/version" => Some(Route::OllamaVersion),
+            _ => None,
+        };
+        if let Some(route) = route {
+            return Some((route, ""));
+        }
         let route = match path {
             "/v1/chat/completions" => Route::ChatCompletions,
+            "/v1/messages" => Route::Messages,
+            "/v1/messages/count_tokens" => Route::CountTokens,
+            "/v1/responses" => Route::Responses,
             "/v1/models" | "/models" => Route::Models,
             "/node_id" => Route::NodeId,
             "/state" | "/state/" => Route::State,
@@ -65,11 +91,49 @@ impl Route {
 
     fn methods(self) -> &'static str {
         match self {
-            Route::ChatCompletions | Route::PlaceInstance | Route::CreateInstance => {
-                "POST, OPTIONS"
-            }
-            Route::Instance => "GET, DELETE, OPTIONS",
-            _ => "GET, OPTIONS",
+            Route::ChatCompletions
+            | Route::Messages
+            | Route::CountTokens
+            | Route::Responses
+            | Route::OllamaChat
+            | Route::OllamaGenerate
+            | Route::OllamaShow
+            | Route::PlaceInstance
+            | Route::CreateInstance => "POST, OPTIONS",
+            Route::Instance => "GET, HEAD, DELETE, OPTIONS",
+            _ => "GET, HEAD, OPTIONS",
+        }
+    }
+
+    /// The API whose error shape this route answers in.
+    fn api(self) -> Api {
+        match self {
+            Route::Messages | Route::CountTokens => Api::Anthropic,
+            Route::OllamaChat
+            | Route::OllamaGenerate
+            | Route::OllamaShow
+            | Route::OllamaTags
+            | Route::OllamaPs
+            | Route::OllamaVersion => Api::Ollama,
+            _ => Api::OpenAi,
+        }
+    }
+}
+
+/// Whose error shape an answer takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    OpenAi,
+    Anthropic,
+    Ollama,
+}
+
+impl Api {
+    fn error_json(self, e: &ApiError) -> Value {
+        match self {
+            Api::OpenAi => e.to_json(),
+            Api::Anthropic => crate::anthropic::error_json(e),
+            Api::Ollama => crate::ollama::error_json(e),
         }
     }
 }
@@ -87,15 +151,34 @@ impl Router {
         B::Data: Send,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
-        let allow = Route::find(request.uri().path()).map(|(route, _)| route.methods());
+        let route = Route::find(request.uri().path()).map(|(route, _)| route);
+        let allow = route.map(Route::methods);
+        let path_str = request.uri().path();
+        let api = match route {
+            Some(route) => route.api(),
+            // Ollama's other endpoints (pull, delete, embed, ...) answer in its shape too.
+            None if path_str.starts_with("/api/") || path_str.starts_with("/ollama/api/") => {
+                Api::Ollama
+            }
+            None => Api::OpenAi,
+        };
         let (method, path) = (request.method().clone(), request.uri().path().to_string());
+        // HEAD answers as GET would, without the body.
+        let head = method == Method::HEAD;
+        let request = if head {
+            let (mut parts, body) = request.into_parts();
+            parts.method = Method::GET;
+            Request::from_parts(parts, body)
+        } else {
+            request
+        };
         let mut response = match self.dispatch(request).await {
             Ok(response) => response,
             Err(e) => {
                 if e.kind == ErrorKind::Internal {
                     tracing::error!(error = %e, "request failed");
                 }
-                let mut r = json_response(e.status(), &e.to_json());
+                let mut r = json_response(e.status(), &api.error_json(&e));
                 if let (ErrorKind::MethodNotAllowed, Some(allow)) = (e.kind, allow) {
                     r.headers_mut()
                         .insert(ALLOW, HeaderValue::from_static(allow));
@@ -104,6 +187,10 @@ impl Router {
             }
         };
         add_cors(response.headers_mut());
+        if head {
+            let (parts, _) = response.into_parts();
+            response = Response::from_parts(parts, GatewayBody::empty());
+        }
         tracing::debug!(%method, %path, status = response.status().as_u16(), "answered");
         response
     }
@@ -148,6 +235,34 @@ impl Router {
                 let body = self.read_body(&parts.headers, body).await?;
                 chat_completions(backend, &body, &self.config).await
             }
+            (Route::Messages, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::anthropic::messages(backend, &body, &self.config).await
+            }
+            (Route::CountTokens, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::anthropic::count_tokens(backend, &body, &self.config).await
+            }
+            (Route::Responses, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::responses::responses(backend, &body, &self.config).await
+            }
+            (Route::OllamaChat | Route::OllamaGenerate, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                let endpoint = if route == Route::OllamaChat {
+                    crate::ollama::request::Endpoint::Chat
+                } else {
+                    crate::ollama::request::Endpoint::Generate
+                };
+                crate::ollama::generate(backend, &body, &self.config, endpoint).await
+            }
+            (Route::OllamaShow, &Method::POST) => {
+                let body = self.read_body(&parts.headers, body).await?;
+                crate::ollama::show(backend, &body).await
+            }
+            (Route::OllamaTags, &Method::GET) => Ok(crate::ollama::tags(backend).await),
+            (Route::OllamaPs, &Method::GET) => Ok(crate::ollama::ps(backend).await),
+            (Route::OllamaVersion, &Method::GET) => Ok(crate::ollama::version()),
             (Route::Models, &Method::GET) => {
                 let models = backend.models().await;
                 Ok(json_response(StatusCode::OK, &models_json(&models)))

@@ -39,6 +39,20 @@ fn arb_target() -> impl Strategy<Value = (&'static str, String)> {
         ("GET", "/instance/instance-1"),
         ("DELETE", "/instance/instance-1"),
         ("GET", "/instance/%ff%fe"),
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/messages/count_tokens"),
+        ("POST", "/v1/responses"),
+        ("POST", "/v1/responses"),
+        ("POST", "/api/chat"),
+        ("POST", "/api/chat"),
+        ("POST", "/api/generate"),
+        ("POST", "/ollama/api/generate"),
+        ("POST", "/api/show"),
+        ("GET", "/api/tags"),
+        ("GET", "/ollama/api/ps"),
+        ("GET", "/api/version"),
+        ("POST", "/api/pull"),
     ])
     .prop_map(|(m, p)| (m, p.to_string()));
     let method = prop::sample::select(vec![
@@ -66,7 +80,7 @@ fn arb_json() -> impl Strategy<Value = Value> {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
             prop::collection::btree_map(
-                "(model|messages|role|content|text|type|n|stop|seed|stream|max_tokens|model_id|instance|sharding|min_nodes|[a-z]{1,4})",
+                "(model|messages|role|content|text|type|n|stop|seed|stream|max_tokens|model_id|instance|sharding|min_nodes|system|stop_sequences|input|instructions|max_output_tokens|options|num_predict|prompt|[a-z]{1,4})",
                 inner,
                 0..5
             )
@@ -111,8 +125,30 @@ fn arb_body() -> impl Strategy<Value = Vec<u8>> {
             .to_string()
             .into_bytes()
     });
+    // A valid body of each new API with one field replaced by arbitrary JSON.
+    let mutated_api = (
+        prop::sample::select(vec![
+            (json!({"model": FAKE_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "echo: hi"}]}),
+             "(model|max_tokens|messages|system|stop_sequences|stream|temperature|top_k|tools|tool_choice|thinking|metadata)"),
+            (json!({"model": FAKE_MODEL, "input": "echo: hi"}),
+             "(model|input|instructions|max_output_tokens|stream|temperature|tools|text|previous_response_id)"),
+            (json!({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "echo: hi"}], "stream": false}),
+             "(model|messages|stream|options|format)"),
+            (json!({"model": FAKE_MODEL, "prompt": "echo: hi", "options": {"num_predict": 4}}),
+             "(model|prompt|system|raw|options|stream|images)"),
+        ]),
+        arb_json(),
+        any::<u8>(),
+    )
+        .prop_map(|((mut body, keys), v, pick)| {
+            let keys: Vec<&str> = keys.trim_matches(|c| c == '(' || c == ')').split('|').collect();
+            let key = keys[pick as usize % keys.len()];
+            body[key] = v;
+            body.to_string().into_bytes()
+        });
     prop_oneof![
         2 => valid_chat,
+        3 => mutated_api,
         1 => place,
         2 => arb_json().prop_map(|v| v.to_string().into_bytes()),
         2 => mutated_chat,
@@ -151,8 +187,94 @@ proptest! {
         prop_assert!(status.is_success() || status.is_client_error(), "{method} {path}: {status} {text}");
         if status.is_client_error() && method != "HEAD" && method != "OPTIONS" {
             let v: Value = serde_json::from_str(&text).expect("errors are JSON");
-            prop_assert!(v["error"]["message"].is_string());
+            prop_assert!(error_in_its_shape(&path, &v), "{method} {path}: {text}");
         }
+    }
+}
+
+/// Whether an error body has the shape of the API its path belongs to: Anthropic's
+/// `{"type": "error", "error": {"type", "message"}}`, Ollama's `{"error": "..."}`, else
+/// OpenAI's `{"error": {"message", "type"}}`.
+fn error_in_its_shape(path: &str, v: &Value) -> bool {
+    let path = path.split('?').next().unwrap_or(path);
+    if path.starts_with("/v1/messages")
+        && matches!(path, "/v1/messages" | "/v1/messages/count_tokens")
+    {
+        v["type"] == "error" && v["error"]["type"].is_string() && v["error"]["message"].is_string()
+    } else if path.starts_with("/api/") || path.starts_with("/ollama/api/") {
+        v["error"].is_string()
+    } else {
+        v["error"]["message"].is_string() && v["error"]["type"].is_string()
+    }
+}
+
+/// Bad bodies on every new API's routes get a 4xx in that API's shape, and the same server
+/// then answers each API normally.
+#[tokio::test]
+async fn bad_bodies_on_new_routes_leave_the_server_serving() {
+    let s = start(Duration::ZERO, GatewayConfig::default()).await;
+    let routes = [
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/api/chat",
+        "/api/generate",
+        "/ollama/api/chat",
+    ];
+    let bad = [
+        "",
+        "{",
+        "[]",
+        "null",
+        "{\"model\": 5}",
+        "{\"model\": \"fake/model\", \"messages\": \"x\", \"input\": 3, \"prompt\": []}",
+        "{\"model\": \"fake/model\", \"max_tokens\": -1, \"prompt\": 5, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\"}]}]}",
+        "{\"model\": \"no-such\", \"max_tokens\": 2, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"input\": \"x\", \"prompt\": \"x\"}",
+    ];
+    for route in routes {
+        for body in bad {
+            let (status, v) = call_json(s.addr, "POST", route, body).await;
+            assert!(status.is_client_error(), "{route} {body}: {status} {v}");
+            assert!(error_in_its_shape(route, &v), "{route} {body}: {v}");
+        }
+    }
+    for body in ["", "{", "{\"model\": 5}", "{\"model\": \"no-such\"}"] {
+        let (status, v) = call_json(s.addr, "POST", "/api/show", body).await;
+        assert!(
+            status.is_client_error() && error_in_its_shape("/api/show", &v),
+            "{body}: {v}"
+        );
+    }
+    let good = [
+        (
+            "/v1/messages",
+            json!({"model": FAKE_MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "echo: still here"}]}),
+            "/content/0/text",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": FAKE_MODEL, "input": "echo: still here"}),
+            "/output/0/content/0/text",
+        ),
+        (
+            "/api/chat",
+            json!({"model": FAKE_MODEL, "stream": false, "messages": [{"role": "user", "content": "echo: still here"}]}),
+            "/message/content",
+        ),
+        (
+            "/api/generate",
+            json!({"model": FAKE_MODEL, "stream": false, "prompt": "echo: still here"}),
+            "/response",
+        ),
+    ];
+    for (route, body, pointer) in good {
+        let (status, v) = call_json(s.addr, "POST", route, &body.to_string()).await;
+        assert_eq!(status.as_u16(), 200, "{route}: {v}");
+        assert_eq!(
+            v.pointer(pointer),
+            Some(&json!("still here")),
+            "{route}: {v}"
+        );
     }
 }
 

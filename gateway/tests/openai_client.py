@@ -195,6 +195,15 @@ expected = {
 }
 check("sampling passthrough", seen == expected, seen)
 
+# Reasoning goes to reasoning_content, the answer to content.
+r = chat("think: two and two | 4")
+check("reasoning_content", r.choices[0].message.content == "4"
+      and r.choices[0].message.model_extra.get("reasoning_content") == "two and two", r)
+chunks = list(chat("think: two and two | 4", stream=True))
+thought = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
+said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check("reasoning_content streamed", (thought, said) == ("two and two", "4"), (thought, said))
+
 # Logprobs.
 r = chat("echo: abcdef", logprobs=True, top_logprobs=2)
 content = r.choices[0].logprobs.content

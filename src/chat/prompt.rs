@@ -52,6 +52,13 @@ pub fn generate_request(
         .with_code("context_length_exceeded"));
     }
     let s = &request.sampling;
+    if s.logprobs.is_some_and(|k| k > 0) {
+        return Err(ApiError::invalid_field(
+            "top_logprobs",
+            "`top_logprobs` is not supported by this node's engine yet (it reports the sampled \
+             token's log probability only); ask for `logprobs: true` without `top_logprobs`",
+        ));
+    }
     let max_tokens = s
         .max_tokens
         .map(|m| m as usize)
@@ -78,7 +85,51 @@ pub fn generate_request(
     if let Some(v) = s.frequency_penalty {
         p.frequency_penalty = v;
     }
-    p.validate()
-        .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, e.to_string()))?;
+    p.validate().map_err(|e| {
+        let message = e.to_string();
+        let param = sampling_param(&message);
+        ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
+    })?;
     Ok(out)
+}
+
+/// The request field an engine's sampling refusal is about (its message names it first), so
+/// that the 400 names its `param` as the gateway's own refusals do.
+fn sampling_param(message: &str) -> &'static str {
+    let message = message.trim_start_matches("invalid request: ");
+    [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+    ]
+    .into_iter()
+    .find(|p| message.starts_with(p))
+    .unwrap_or(if message.starts_with("presence") {
+        "presence_penalty"
+    } else {
+        "sampling"
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sampling_param;
+
+    #[test]
+    fn engine_refusals_name_their_field() {
+        assert_eq!(sampling_param("top_p must be in (0, 1]"), "top_p");
+        assert_eq!(
+            sampling_param("invalid request: temperature must be a finite number >= 0"),
+            "temperature"
+        );
+        assert_eq!(
+            sampling_param("presence and frequency penalties must be finite"),
+            "presence_penalty"
+        );
+        assert_eq!(sampling_param("something else"), "sampling");
+    }
 }

@@ -1,5 +1,6 @@
-//! `cargo xtask pyenv`: a Python virtual environment with the official `openai` client, for the
-//! tests that drive the gateway the way users do, and jinja2, for the chat-template tests.
+//! `cargo xtask pyenv`: a Python virtual environment with the official `openai`, `anthropic` and
+//! `ollama` clients, for the tests that drive the gateway the way users do, and jinja2, for the
+//! chat-template tests.
 //!
 //! The venv lives at `<cache>/venv` (see `kit::dirs`), outside the clone. Every package
 //! is pinned (the client and what it pulled from PyPI when it was pinned), so every machine
@@ -31,6 +32,15 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     // Python's jinja2, the reference the chat-template tests compare minijinja's renders with.
     "jinja2==3.1.6",
     "MarkupSafe==3.0.4",
+    // The official `anthropic` and `ollama` clients, for the Messages and Ollama API tests,
+    // and what they pulled in beyond the packages above.
+    "anthropic==2.10.0",
+    "ollama==0.6.3",
+    "certifi==2026.10.19.post1",
+    "docstring_parser==0.18.0",
+    "httpcore==1.0.9",
+    "httpx==0.28.1",
+    "opentelemetry-api==1.45.2",
 ];
 
 /// Creates or updates the venv; returns its interpreter.

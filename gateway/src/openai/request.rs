@@ -6,10 +6,13 @@
 
 use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
 use crate::error::ApiError;
-use serde_json::{Map, Value};
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
+    required_string,
+};
+use serde_json::Value;
 
-/// Most stop strings accepted (OpenAI allows 4; a few more cost nothing).
-pub const MAX_STOP_STRINGS: usize = 16;
+pub use crate::fields::MAX_STOP_STRINGS;
 /// Most alternatives `top_logprobs` may ask for (OpenAI's bound).
 pub const MAX_TOP_LOGPROBS: u64 = 20;
 
@@ -25,30 +28,8 @@ pub struct ParsedChat {
 
 /// Parses and validates a chat completion body. Never panics, whatever the bytes.
 pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            crate::error::ErrorKind::InvalidRequest,
-            format!("the body is not valid JSON: {e}"),
-        )
-        .with_code("invalid_json")
-    })?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::new(
-            crate::error::ErrorKind::InvalidRequest,
-            "the body must be a JSON object",
-        ));
-    };
-
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("model")),
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "model",
-                "`model` must be a non-empty string",
-            ))
-        }
-    };
+    let obj = json_object(body)?;
+    let model = required_string(obj.get("model"), "model")?;
     let messages = parse_messages(obj.get("messages"))?;
 
     if let Some(n) = opt_u64(&obj, "n")? {
@@ -101,7 +82,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         top_k: opt_u64(&obj, "top_k")?.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
         min_p: opt_f32_in(&obj, "min_p", 0.0, 1.0)?,
         seed: parse_seed(&obj)?,
-        stop: parse_stop(obj.get("stop"))?,
+        stop: parse_stop(obj.get("stop"), "stop")?,
         presence_penalty: opt_f32_in(&obj, "presence_penalty", -2.0, 2.0)?,
         frequency_penalty: opt_f32_in(&obj, "frequency_penalty", -2.0, 2.0)?,
         logprobs,
@@ -140,23 +121,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
 }
 
 fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match value {
-        None | Some(Value::Null) => return Err(ApiError::missing_field("messages")),
-        Some(Value::Array(list)) => list,
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "messages",
-                "`messages` must be an array",
-            ))
-        }
-    };
-    if list.is_empty() {
-        return Err(ApiError::invalid_field(
-            "messages",
-            "`messages` must hold at least one message",
-        ));
-    }
-    list.iter()
+    non_empty_array(value, "messages")?
+        .iter()
         .enumerate()
         .map(|(i, m)| parse_message(i, m))
         .collect()
@@ -231,117 +197,6 @@ fn parse_message(index: usize, value: &Value) -> Result<ChatMessage, ApiError> {
         }
     };
     Ok(ChatMessage { role, content })
-}
-
-fn parse_stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
-    let mut stops = match value {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => {
-            let mut out = Vec::with_capacity(items.len());
-            for item in items {
-                match item {
-                    Value::String(s) => out.push(s.clone()),
-                    _ => {
-                        return Err(ApiError::invalid_field(
-                            "stop",
-                            "`stop` must be a string or an array of strings",
-                        ))
-                    }
-                }
-            }
-            out
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "stop",
-                "`stop` must be a string or an array of strings",
-            ))
-        }
-    };
-    stops.retain(|s| !s.is_empty());
-    stops.sort();
-    stops.dedup();
-    if stops.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid_field(
-            "stop",
-            format!("at most {MAX_STOP_STRINGS} stop strings are accepted"),
-        ));
-    }
-    Ok(stops)
-}
-
-fn parse_seed(obj: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
-    match obj.get("seed") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            if let Some(u) = n.as_u64() {
-                Ok(Some(u))
-            } else if let Some(i) = n.as_i64() {
-                // Negative seeds are valid in OpenAI's API; keep their bits.
-                Ok(Some(i as u64))
-            } else {
-                Err(ApiError::invalid_field("seed", "`seed` must be an integer"))
-            }
-        }
-        Some(_) => Err(ApiError::invalid_field("seed", "`seed` must be an integer")),
-    }
-}
-
-fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid_field(
-            name,
-            format!("`{name}` must be true or false"),
-        )),
-    }
-}
-
-fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiError> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(v) => Ok(Some(v)),
-            // Accept integral floats such as 16.0, which some clients send.
-            None => match n.as_f64() {
-                Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => {
-                    Ok(Some(f as u64))
-                }
-                _ => Err(ApiError::invalid_field(
-                    name,
-                    format!("`{name}` must be a non-negative integer"),
-                )),
-            },
-        },
-        Some(_) => Err(ApiError::invalid_field(
-            name,
-            format!("`{name}` must be a non-negative integer"),
-        )),
-    }
-}
-
-fn opt_f32_in(
-    obj: &Map<String, Value>,
-    name: &str,
-    min: f64,
-    max: f64,
-) -> Result<Option<f32>, ApiError> {
-    let bad = || {
-        ApiError::invalid_field(
-            name,
-            format!("`{name}` must be a number between {min} and {max}"),
-        )
-    };
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(f) if (min..=max).contains(&f) => Ok(Some(f as f32)),
-            _ => Err(bad()),
-        },
-        Some(_) => Err(bad()),
-    }
 }
 
 #[cfg(test)]

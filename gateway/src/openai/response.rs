@@ -4,8 +4,6 @@
 
 use crate::backend::{FinishReason, ModelInfo, TokenLogprob};
 use serde_json::{json, Map, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Identity shared by every chunk of one completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,14 +19,10 @@ pub struct CompletionMeta {
 impl CompletionMeta {
     /// A fresh id and the current time.
     pub fn new(model: &str) -> CompletionMeta {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let (suffix, created) = crate::ids::unique();
         CompletionMeta {
-            id: format!("chatcmpl-{:x}{:06x}", now.as_micros(), n & 0xff_ffff),
-            created: now.as_secs(),
+            id: format!("chatcmpl-{suffix}"),
+            created,
             model: model.to_string(),
         }
     }
@@ -79,16 +73,18 @@ pub fn logprobs_json(tokens: &[TokenLogprob]) -> Value {
 pub fn completion_json(
     meta: &CompletionMeta,
     text: &str,
+    reasoning: &str,
     finish_reason: FinishReason,
     logprobs: Option<&[TokenLogprob]>,
     usage: Usage,
 ) -> Value {
     let mut choice = Map::new();
     choice.insert("index".into(), json!(0));
-    choice.insert(
-        "message".into(),
-        json!({"role": "assistant", "content": text}),
-    );
+    let mut message = json!({"role": "assistant", "content": text});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = json!(reasoning);
+    }
+    choice.insert("message".into(), message);
     if let Some(lp) = logprobs {
         choice.insert("logprobs".into(), logprobs_json(lp));
     }
@@ -109,6 +105,8 @@ pub struct ChunkDelta<'a> {
     /// Only in the first chunk.
     pub role: bool,
     pub content: Option<&'a str>,
+    /// The model's thinking (`reasoning_content`, as DeepSeek's and vLLM's APIs name it).
+    pub reasoning: Option<&'a str>,
     pub logprobs: Option<&'a [TokenLogprob]>,
     pub finish_reason: Option<FinishReason>,
 }
@@ -121,6 +119,9 @@ pub fn chunk_json(meta: &CompletionMeta, delta: ChunkDelta<'_>) -> Value {
     }
     if let Some(content) = delta.content {
         d.insert("content".into(), json!(content));
+    }
+    if let Some(reasoning) = delta.reasoning {
+        d.insert("reasoning_content".into(), json!(reasoning));
     }
     let mut choice = Map::new();
     choice.insert("index".into(), json!(0));
@@ -202,6 +203,7 @@ mod tests {
         let c = completion_json(
             &meta,
             "hi",
+            "",
             FinishReason::Length,
             None,
             Usage {

@@ -16,6 +16,8 @@ pub struct StopScan {
     pub emit: String,
     /// A stop string matched: `emit` ends right before it and generation should end.
     pub stopped: bool,
+    /// The stop string that matched (the earliest; the first listed on a tie).
+    pub matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -34,19 +36,22 @@ impl StopMatcher {
             return StopScan {
                 emit: std::mem::take(&mut self.pending),
                 stopped: false,
+                matched: None,
             };
         }
         let first_match = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first_match {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((at, stop)) = first_match {
+            let matched = Some(stop.clone());
             let emit = self.pending[..at].to_string();
             self.pending.clear();
             return StopScan {
                 emit,
                 stopped: true,
+                matched,
             };
         }
         let hold = self.longest_held_suffix();
@@ -56,6 +61,7 @@ impl StopMatcher {
         StopScan {
             emit,
             stopped: false,
+            matched: None,
         }
     }
 

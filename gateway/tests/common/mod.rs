@@ -166,3 +166,46 @@ pub fn chat_body(content: &str, extra: Value) -> String {
     }
     body.to_string()
 }
+
+/// Runs one of the gateway's Python client scripts (`tests/NAME`) with the venv's interpreter
+/// (`SHOAL_PYTHON`, else `<cache>/venv/bin/python`, resolved by the kit as xtask does), on
+/// loopback only, within `limit`; panics with its output unless it exits 0 and printed
+/// "all passed". Returns its stdout.
+pub async fn python_script(name: &str, args: &[String], limit: Duration) -> String {
+    let python = kit::dirs::python();
+    assert!(
+        python.exists(),
+        "{} is missing: the official Python clients are installed by `cargo xtask setup` \
+         (or just `cargo xtask pyenv`); run it, then this test again",
+        python.display()
+    );
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
+    let mut command = tokio::process::Command::new(&python);
+    command.arg(&script).args(args).kill_on_drop(true);
+    // Loopback only: no proxy may intercept.
+    for var in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        command.env_remove(var);
+    }
+    command.env("NO_PROXY", "*").env("OPENAI_LOG", "");
+    let output = tokio::time::timeout(limit, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{name} finished within {limit:?}"))
+        .expect("the venv's python starts");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("all passed"),
+        "{name} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    stdout
+}

@@ -1,0 +1,407 @@
+//! Parsing Anthropic Messages bodies (`POST /v1/messages`, `/v1/messages/count_tokens`) into
+//! the gateway's [`ChatRequest`]: `system` (a string or text blocks) becomes the first
+//! message, content blocks are flattened to text (tool use and results as the chat
+//! template's `assistant`/`tool` turns), `stop_sequences` are the gateway's stop strings.
+//! Each mistake is a 400 naming its field.
+
+use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::error::ApiError;
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_stop, required_string,
+};
+use serde_json::{Map, Value};
+
+/// A parsed Messages request plus how to answer it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedMessages {
+    pub request: ChatRequest,
+    pub stream: bool,
+}
+
+/// Parses `POST /v1/messages`; `max_tokens` is required there, not for `count_tokens`
+/// (`counting`). Never panics, whatever the bytes.
+pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessages, ApiError> {
+    let obj = json_object(body)?;
+    let model = required_string(obj.get("model"), "model")?;
+    let max_tokens = match opt_u64(&obj, "max_tokens")? {
+        None if counting => None,
+        None => return Err(ApiError::missing_field("max_tokens")),
+        Some(0) => {
+            return Err(ApiError::invalid_field(
+                "max_tokens",
+                "`max_tokens` must be at least 1",
+            ))
+        }
+        Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+    };
+    let mut messages = parse_system(obj.get("system"))?;
+    messages.extend(parse_turns(obj.get("messages"))?);
+    check_tools(&obj)?;
+    check_thinking(obj.get("thinking"))?;
+    let user = match obj.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => match m.get("user_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid_field(
+                    "metadata.user_id",
+                    "`metadata.user_id` must be a string",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "metadata",
+                "`metadata` must be an object",
+            ))
+        }
+    };
+    let sampling = SamplingParams {
+        max_tokens,
+        // Anthropic's range is 0..1; the engine's is wider, so 1 stays 1.
+        temperature: opt_f32_in(&obj, "temperature", 0.0, 1.0)?,
+        top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
+        top_k: opt_u64(&obj, "top_k")?.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+        stop: parse_stop(obj.get("stop_sequences"), "stop_sequences")?,
+        ..SamplingParams::default()
+    };
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    Ok(ParsedMessages {
+        request: ChatRequest {
+            model,
+            messages,
+            sampling,
+            user,
+        },
+        stream,
+    })
+}
+
+/// `system`: a string, or an array of text blocks.
+fn parse_system(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let text = match value {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => {
+            let mut text = String::new();
+            for (i, block) in blocks.iter().enumerate() {
+                let at = format!("system[{i}]");
+                match (block.get("type").and_then(Value::as_str), block.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => {
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(t);
+                    }
+                    _ => {
+                        return Err(ApiError::invalid_field(
+                            &at,
+                            "`system` blocks must be `{\"type\": \"text\", \"text\": ...}`",
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "system",
+                "`system` must be a string or an array of text blocks",
+            ))
+        }
+    };
+    Ok(vec![ChatMessage {
+        role: "system".into(),
+        content: text,
+    }])
+}
+
+fn parse_turns(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = non_empty_array(value, "messages")?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        parse_turn(i, m, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// One turn; its tool results become `tool` messages of their own, in order.
+fn parse_turn(index: usize, value: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+    let at = |field: &str| format!("messages[{index}].{field}");
+    let Value::Object(m) = value else {
+        return Err(ApiError::invalid_field(
+            &format!("messages[{index}]"),
+            "each message must be an object with `role` and `content`",
+        ));
+    };
+    let role = match m.get("role").and_then(Value::as_str) {
+        Some(r @ ("user" | "assistant")) => r.to_string(),
+        None if m.get("role").is_none_or(Value::is_null) => {
+            return Err(ApiError::missing_field(&at("role")))
+        }
+        _ => {
+            return Err(ApiError::invalid_field(
+                &at("role"),
+                "`role` must be `user` or `assistant` (the system prompt goes in `system`)",
+            ))
+        }
+    };
+    let blocks = match m.get("content") {
+        None | Some(Value::Null) => return Err(ApiError::missing_field(&at("content"))),
+        Some(Value::String(s)) => {
+            out.push(ChatMessage {
+                role,
+                content: s.clone(),
+            });
+            return Ok(());
+        }
+        Some(Value::Array(blocks)) => blocks,
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                &at("content"),
+                "`content` must be a string or an array of content blocks",
+            ))
+        }
+    };
+    let mut text = String::new();
+    for (j, block) in blocks.iter().enumerate() {
+        let param = format!("messages[{index}].content[{j}]");
+        let kind = block.get("type").and_then(Value::as_str);
+        match kind {
+            Some("text") => match block.get("text") {
+                Some(Value::String(t)) => text.push_str(t),
+                _ => {
+                    return Err(ApiError::invalid_field(
+                        &param,
+                        "a text block needs a string `text`",
+                    ))
+                }
+            },
+            Some("tool_use") => {
+                let name = block.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::invalid_field(&param, "a tool_use block needs a string `name`")
+                })?;
+                let input = block.get("input").cloned().unwrap_or(Value::Null);
+                let call = serde_json::json!({"name": name, "arguments": input});
+                text.push_str(&call.to_string());
+            }
+            Some("tool_result") => {
+                if !text.is_empty() {
+                    out.push(ChatMessage {
+                        role: role.clone(),
+                        content: std::mem::take(&mut text),
+                    });
+                }
+                out.push(ChatMessage {
+                    role: "tool".into(),
+                    content: tool_result_text(block.get("content"), &param)?,
+                });
+            }
+            // Thinking a client sends back is the model's own; the template drops it.
+            Some("thinking" | "redacted_thinking") => {}
+            Some(other @ ("image" | "document" | "search_result")) => {
+                return Err(ApiError::invalid_field(
+                    &param,
+                    format!(
+                        "`{other}` blocks are not supported: the models shoal serves read text \
+                         only; send the content as text"
+                    ),
+                ))
+            }
+            Some(other) => {
+                return Err(ApiError::invalid_field(
+                    &param,
+                    format!("unknown content block type `{other}`"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid_field(
+                    &param,
+                    "each content block needs a `type`",
+                ))
+            }
+        }
+    }
+    if !text.is_empty() || out.last().is_none_or(|m| m.role != "tool") {
+        out.push(ChatMessage {
+            role,
+            content: text,
+        });
+    }
+    Ok(())
+}
+
+/// A tool result's `content`: a string or text blocks.
+fn tool_result_text(value: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(blocks)) => {
+            let mut text = String::new();
+            for block in blocks {
+                match (block.get("type").and_then(Value::as_str), block.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid_field(
+                            &format!("{param}.content"),
+                            "tool results must be text",
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(ApiError::invalid_field(
+            &format!("{param}.content"),
+            "a tool result's `content` must be a string or text blocks",
+        )),
+    }
+}
+
+/// `tools` and `tool_choice` must have Anthropic's shapes.
+fn check_tools(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    match obj.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) => {
+            for (i, tool) in tools.iter().enumerate() {
+                if tool.get("name").and_then(Value::as_str).is_none() {
+                    return Err(ApiError::invalid_field(
+                        &format!("tools[{i}].name"),
+                        "each tool needs a string `name`",
+                    ));
+                }
+            }
+        }
+        Some(_) => return Err(ApiError::invalid_field("tools", "`tools` must be an array")),
+    }
+    match obj.get("tool_choice") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(c))
+            if matches!(
+                c.get("type").and_then(Value::as_str),
+                Some("auto" | "any" | "tool" | "none")
+            ) =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(ApiError::invalid_field(
+            "tool_choice",
+            "`tool_choice` must be an object with `type` auto, any, tool or none",
+        )),
+    }
+}
+
+fn check_thinking(value: Option<&Value>) -> Result<(), ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(t))
+            if matches!(
+                t.get("type").and_then(Value::as_str),
+                Some("enabled" | "disabled" | "adaptive")
+            ) =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(ApiError::invalid_field(
+            "thinking",
+            "`thinking` must be `{\"type\": \"enabled\", \"budget_tokens\": N}` or \
+             `{\"type\": \"disabled\"}`",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<ParsedMessages, ApiError> {
+        parse_messages_request(v.to_string().as_bytes(), false)
+    }
+
+    #[test]
+    fn system_blocks_and_fields() {
+        let p = parse(json!({
+            "model": "m", "max_tokens": 9, "stream": true,
+            "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "stop_sequences": ["X"], "temperature": 0.5, "top_p": 0.9, "top_k": 5,
+            "metadata": {"user_id": "u"}, "thinking": {"type": "disabled"}
+        }))
+        .unwrap();
+        assert!(p.stream);
+        let r = &p.request;
+        assert_eq!(r.messages[0].role, "system");
+        assert_eq!(r.messages[0].content, "a\nb");
+        assert_eq!(r.messages[1].content, "hi");
+        assert_eq!(r.sampling.max_tokens, Some(9));
+        assert_eq!(r.sampling.stop, vec!["X".to_string()]);
+        assert_eq!(r.sampling.top_k, Some(5));
+        assert_eq!(r.user.as_deref(), Some("u"));
+    }
+
+    #[test]
+    fn tool_results_become_tool_turns() {
+        let p = parse(json!({
+            "model": "m", "max_tokens": 9,
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {"c": "Paris"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}
+            ]
+        }))
+        .unwrap();
+        let roles: Vec<&str> = p.request.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool"]);
+        assert_eq!(p.request.messages[2].content, "sunny");
+    }
+
+    #[test]
+    fn errors_name_their_field() {
+        let ok =
+            json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]});
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("max_tokens", Value::Null, "max_tokens"),
+            ("max_tokens", json!(0), "max_tokens"),
+            ("model", Value::Null, "model"),
+            ("messages", json!([]), "messages"),
+            (
+                "messages",
+                json!([{"role": "system", "content": "x"}]),
+                "messages[0].role",
+            ),
+            (
+                "messages",
+                json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+                "messages[0].content[0]",
+            ),
+            ("system", json!(5), "system"),
+            ("stop_sequences", json!([1]), "stop_sequences"),
+            ("temperature", json!(1.5), "temperature"),
+            ("tools", json!([{}]), "tools[0].name"),
+            ("tool_choice", json!("auto"), "tool_choice"),
+            ("thinking", json!(true), "thinking"),
+        ];
+        for (key, v, param) in cases {
+            let mut body = ok.clone();
+            if v.is_null() {
+                body.as_object_mut().unwrap().remove(key);
+            } else {
+                body[key] = v;
+            }
+            let e = parse(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+        let mut counting = ok.clone();
+        counting.as_object_mut().unwrap().remove("max_tokens");
+        assert!(parse_messages_request(counting.to_string().as_bytes(), true).is_ok());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_messages_request(&bytes, false);
+        }
+    }
+}

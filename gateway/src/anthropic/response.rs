@@ -1,0 +1,237 @@
+//! Anthropic's answer shapes: the `message` object and the stream's events (`message_start`,
+//! `content_block_start`, `ping`, `content_block_delta` with `text_delta`,
+//! `content_block_stop`, `message_delta` with the stop reason and usage, `message_stop`).
+
+use crate::backend::{FinishReason, TokenLogprob};
+use crate::error::ApiError;
+use crate::generation::{sse_named, Encoder, Ending, Timings};
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+/// A fresh `msg_...` id, unique per node process.
+pub fn message_id() -> String {
+    format!("msg_{}", crate::ids::unique().0)
+}
+
+/// Anthropic's `stop_reason`.
+pub fn stop_reason(ending: &Ending) -> &'static str {
+    match (ending.finish_reason, &ending.stop_sequence) {
+        (FinishReason::Length, _) => "max_tokens",
+        (FinishReason::Stop, Some(_)) => "stop_sequence",
+        (FinishReason::Stop, None) => "end_turn",
+    }
+}
+
+/// The whole `message`: a `thinking` block first when the model thought.
+pub fn message_json(
+    id: &str,
+    model: &str,
+    (text, thinking): (&str, &str),
+    ending: &Ending,
+) -> Value {
+    let mut content = Vec::new();
+    if !thinking.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    }
+    content.push(json!({"type": "text", "text": text}));
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(ending),
+        "stop_sequence": ending.stop_sequence,
+        "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
+    })
+}
+
+/// Anthropic's error body, `{"type": "error", "error": {"type", "message"}}`.
+pub fn error_json(e: &ApiError) -> Value {
+    use crate::error::ErrorKind::*;
+    let kind = match e.kind {
+        InvalidRequest | MethodNotAllowed | Conflict => "invalid_request_error",
+        NotFound => "not_found_error",
+        PayloadTooLarge => "request_too_large",
+        Unavailable => "overloaded_error",
+        Internal => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": e.message}})
+}
+
+/// The stream of one message: a `thinking` block when the model thinks, then one text
+/// block. Blocks open when their first delta comes, so their indexes follow the output.
+pub struct MessagesEncoder {
+    id: String,
+    model: String,
+    /// The open block: its index and whether it is the thinking block.
+    open: Option<(usize, bool)>,
+    next_index: usize,
+}
+
+impl MessagesEncoder {
+    pub fn new(id: String, model: String) -> MessagesEncoder {
+        MessagesEncoder {
+            id,
+            model,
+            open: None,
+            next_index: 0,
+        }
+    }
+
+    /// Makes the open block the thinking one or the text one, closing the other; returns
+    /// the frames and the block's index.
+    fn block(&mut self, thinking: bool) -> (Vec<Bytes>, usize) {
+        let mut frames = Vec::new();
+        if let Some((index, kind)) = self.open {
+            if kind == thinking {
+                return (frames, index);
+            }
+            frames.push(block_stop(index));
+        }
+        let index = self.next_index;
+        self.next_index += 1;
+        self.open = Some((index, thinking));
+        let block = if thinking {
+            json!({"type": "thinking", "thinking": "", "signature": ""})
+        } else {
+            json!({"type": "text", "text": ""})
+        };
+        frames.push(sse_named(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        (frames, index)
+    }
+}
+
+fn block_stop(index: usize) -> Bytes {
+    sse_named(
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": index}),
+    )
+}
+
+impl Encoder for MessagesEncoder {
+    fn content_type(&self) -> &'static str {
+        "text/event-stream"
+    }
+
+    fn start(&mut self, prompt_tokens: u32) -> Vec<Bytes> {
+        let message = json!({
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": null,
+            "stop_sequence": null,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        });
+        vec![
+            sse_named(
+                "message_start",
+                &json!({"type": "message_start", "message": message}),
+            ),
+            ping(),
+        ]
+    }
+
+    fn delta(&mut self, text: &str, _logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        let (mut frames, index) = self.block(false);
+        frames.push(sse_named(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "text_delta", "text": text}}),
+        ));
+        frames
+    }
+
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
+        let (mut frames, index) = self.block(true);
+        frames.push(sse_named(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": text}}),
+        ));
+        frames
+    }
+
+    fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
+        // Every message has its text block, empty if nothing was said.
+        let (mut frames, index) = self.block(false);
+        frames.push(block_stop(index));
+        frames.push(sse_named(
+            "message_delta",
+            &json!({
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason(ending), "stop_sequence": ending.stop_sequence},
+                "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
+            }),
+        ));
+        frames.push(sse_named("message_stop", &json!({"type": "message_stop"})));
+        frames
+    }
+
+    fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
+        vec![sse_named("error", &error_json(error))]
+    }
+
+    fn keep_alive(&self) -> Option<Bytes> {
+        Some(ping())
+    }
+}
+
+fn ping() -> Bytes {
+    sse_named("ping", &json!({"type": "ping"}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ending(reason: FinishReason, stop: Option<&str>) -> Ending {
+        Ending {
+            finish_reason: reason,
+            stop_sequence: stop.map(str::to_string),
+            prompt_tokens: 3,
+            completion_tokens: 2,
+        }
+    }
+
+    #[test]
+    fn stop_reasons() {
+        assert_eq!(
+            stop_reason(&ending(FinishReason::Length, None)),
+            "max_tokens"
+        );
+        assert_eq!(stop_reason(&ending(FinishReason::Stop, None)), "end_turn");
+        let m = message_json(
+            "msg_1",
+            "m",
+            ("hi", "hmm"),
+            &ending(FinishReason::Stop, Some("X")),
+        );
+        assert_eq!(m["content"][0]["thinking"], "hmm");
+        assert_eq!(m["content"][1]["text"], "hi");
+        assert_eq!(m["stop_reason"], "stop_sequence");
+        assert_eq!(m["stop_sequence"], "X");
+        assert_eq!(m["usage"]["input_tokens"], 3);
+    }
+
+    #[test]
+    fn errors_have_anthropic_types() {
+        let e = error_json(&ApiError::model_not_found("x", &[]));
+        assert_eq!(e["type"], "error");
+        assert_eq!(e["error"]["type"], "not_found_error");
+        let e = error_json(&ApiError::missing_field("max_tokens"));
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+        assert!(e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens"));
+    }
+}

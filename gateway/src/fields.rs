@@ -1,0 +1,171 @@
+//! Reading one field of a JSON request body, with a 400 naming the field (`param`) when it
+//! has the wrong type or range. Shared by every API's parser, so that each states its
+//! limits the same way.
+
+use crate::error::{ApiError, ErrorKind};
+use serde_json::{Map, Value};
+
+/// A request body as a JSON object: 400 `invalid_json` when it is not JSON, 400 when it is
+/// JSON but not an object.
+pub fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(obj)) => Ok(obj),
+        Ok(_) => Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            "the body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("the body is not valid JSON: {e}"),
+        )
+        .with_code("invalid_json")),
+    }
+}
+
+/// A required non-empty string field (`model`, `model_id`).
+pub fn required_string(value: Option<&Value>, name: &str) -> Result<String, ApiError> {
+    match value {
+        None | Some(Value::Null) => Err(ApiError::missing_field(name)),
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be a non-empty string"),
+        )),
+    }
+}
+
+/// A required array field with at least one element (`messages`, `input`).
+pub fn non_empty_array<'a>(value: Option<&'a Value>, name: &str) -> Result<&'a [Value], ApiError> {
+    match value {
+        None | Some(Value::Null) => Err(ApiError::missing_field(name)),
+        Some(Value::Array(list)) if !list.is_empty() => Ok(list),
+        Some(Value::Array(_)) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must hold at least one element"),
+        )),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be an array"),
+        )),
+    }
+}
+
+/// Most stop strings accepted (OpenAI allows 4; a few more cost nothing).
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// Stop strings from a string or an array of strings (`name` is the field): empty ones
+/// dropped, sorted, deduplicated, at most [`MAX_STOP_STRINGS`].
+pub fn parse_stop(value: Option<&Value>, name: &str) -> Result<Vec<String>, ApiError> {
+    let mut stops = match value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                match item {
+                    Value::String(s) => out.push(s.clone()),
+                    _ => {
+                        return Err(ApiError::invalid_field(
+                            name,
+                            format!("`{name}` must be a string or an array of strings"),
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                name,
+                format!("`{name}` must be a string or an array of strings"),
+            ))
+        }
+    };
+    stops.retain(|s| !s.is_empty());
+    stops.sort();
+    stops.dedup();
+    if stops.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid_field(
+            name,
+            format!("at most {MAX_STOP_STRINGS} stop strings are accepted"),
+        ));
+    }
+    Ok(stops)
+}
+
+/// `seed`: any integer (a negative one keeps its bits).
+pub fn parse_seed(obj: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    match obj.get("seed") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            if let Some(u) = n.as_u64() {
+                Ok(Some(u))
+            } else if let Some(i) = n.as_i64() {
+                // Negative seeds are valid in OpenAI's API; keep their bits.
+                Ok(Some(i as u64))
+            } else {
+                Err(ApiError::invalid_field("seed", "`seed` must be an integer"))
+            }
+        }
+        Some(_) => Err(ApiError::invalid_field("seed", "`seed` must be an integer")),
+    }
+}
+
+/// An optional boolean.
+pub fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be true or false"),
+        )),
+    }
+}
+
+/// An optional non-negative integer (an integral float such as `16.0` is accepted).
+pub fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) => Ok(Some(v)),
+            // Accept integral floats such as 16.0, which some clients send.
+            None => match n.as_f64() {
+                Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => {
+                    Ok(Some(f as u64))
+                }
+                _ => Err(ApiError::invalid_field(
+                    name,
+                    format!("`{name}` must be a non-negative integer"),
+                )),
+            },
+        },
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be a non-negative integer"),
+        )),
+    }
+}
+
+/// An optional number within `min..=max`.
+pub fn opt_f32_in(
+    obj: &Map<String, Value>,
+    name: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f32>, ApiError> {
+    let bad = || {
+        ApiError::invalid_field(
+            name,
+            format!("`{name}` must be a number between {min} and {max}"),
+        )
+    };
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(f) if (min..=max).contains(&f) => Ok(Some(f as f32)),
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
+}

@@ -1,0 +1,593 @@
+//! One generation, whatever API asked for it: the request is handed to the backend, and its
+//! events are either collected into a whole answer or streamed through an API's [`Encoder`].
+//!
+//! Every API goes through [`Generation`], which applies what the gateway guarantees whatever
+//! the backend does: stop strings cut the text (and end generation), `max_tokens` is never
+//! exceeded, and a stream that ends without `Done` is a lost instance, never a hang. The
+//! APIs differ only in how they spell requests and events, so routing and forwarding (the
+//! backend's) are the same for all of them.
+
+use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
+use crate::body::{GatewayBody, SseBody};
+use crate::config::GatewayConfig;
+use crate::error::{ApiError, ErrorKind};
+use crate::openai::stop::StopMatcher;
+use crate::reasoning::{Piece, ThinkSplitter};
+use bytes::Bytes;
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::Response;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// How a generation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ending {
+    pub finish_reason: FinishReason,
+    /// The stop string that ended it, when one did (Anthropic's `stop_sequence`).
+    pub stop_sequence: Option<String>,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// When the phases of a request happened, for APIs that report durations (Ollama's
+/// `*_duration` fields): measured on this node's monotonic clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// The request arrived.
+    pub received: Instant,
+    /// The backend accepted it (the prompt was tokenized and queued).
+    pub accepted: Instant,
+    /// The first token arrived (prompt processed), if any did.
+    pub first_token: Option<Instant>,
+    /// The generation ended.
+    pub ended: Instant,
+}
+
+/// A whole answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Collected {
+    pub text: String,
+    /// What the model thought before answering (`<think>…</think>`, see
+    /// [`crate::reasoning`]); empty for models that do not think.
+    pub reasoning: String,
+    /// Per token, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    pub ending: Ending,
+    pub timings: Timings,
+}
+
+/// How an API writes a streamed answer. Each method returns the bytes to send (framed: SSE
+/// events or NDJSON lines).
+pub trait Encoder: Send + 'static {
+    /// The response's content type.
+    fn content_type(&self) -> &'static str;
+    /// Before the first token.
+    fn start(&mut self, prompt_tokens: u32) -> Vec<Bytes>;
+    /// Text to send (never empty unless a logprob comes with it).
+    fn delta(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Bytes>;
+    /// Reasoning to send (never empty); it always comes before the answer's text.
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes>;
+    /// The end of the answer.
+    fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes>;
+    /// The instance failed mid-stream.
+    fn fail(&mut self, error: &ApiError) -> Vec<Bytes>;
+    /// What to send after a silence, so that proxies and clients keep the connection open
+    /// (`None`: nothing, for formats without comments).
+    fn keep_alive(&self) -> Option<Bytes>;
+}
+
+/// A request the backend accepted, its events still to come.
+pub struct Accepted {
+    stream: ChatStream,
+    generation: Generation,
+    cancel: CancellationToken,
+    guard: DropGuard,
+    received: Instant,
+    accepted: Instant,
+    config: GatewayConfig,
+}
+
+/// Hands `request` to the backend, within the configured silence limit. `received` is when
+/// the HTTP request arrived.
+pub async fn accept(
+    backend: &dyn Backend,
+    request: ChatRequest,
+    config: &GatewayConfig,
+    received: Instant,
+) -> Result<Accepted, ApiError> {
+    let generation = Generation::new(
+        &request.sampling.stop,
+        request.sampling.max_tokens,
+        request.sampling.logprobs.is_some(),
+    );
+    let cancel = CancellationToken::new();
+    // Cancels the generation if this is dropped (client gone before the answer).
+    let guard = cancel.clone().drop_guard();
+    let limit = config.backend_silence_limit;
+    let stream = tokio::time::timeout(limit, backend.chat(request, cancel.clone()))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the cluster did not accept the request within {} s; check GET /state for \
+                     the model's instances and retry",
+                    limit.as_secs()
+                ),
+            )
+            .with_code("backend_timeout")
+        })??;
+    Ok(Accepted {
+        stream,
+        generation,
+        cancel,
+        guard,
+        received,
+        accepted: Instant::now(),
+        config: *config,
+    })
+}
+
+impl Accepted {
+    /// Tokens in the rendered prompt.
+    pub fn prompt_tokens(&self) -> u32 {
+        self.stream.prompt_tokens
+    }
+
+    /// Stops the generation before it produced anything (a token count was all that was
+    /// wanted).
+    pub fn abandon(self) {
+        self.cancel.cancel();
+    }
+
+    /// Runs the generation to its end.
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+        let silence = self.config.backend_silence_limit;
+        let mut text = String::new();
+        let mut reasoning = String::new();
+        let mut logprobs = Vec::new();
+        let mut first_token = None;
+        let mut splitter = ThinkSplitter::default();
+        let mut keep = |pieces: Vec<Piece>| {
+            for piece in pieces {
+                match piece {
+                    Piece::Reasoning(r) => reasoning.push_str(&r),
+                    Piece::Text(t) => text.push_str(&t),
+                }
+            }
+        };
+        let result = loop {
+            let event = next_event(&mut self.stream, Instant::now() + silence, silence).await;
+            if first_token.is_none() && matches!(event, Some(Ok(ChatEvent::Token { .. }))) {
+                first_token = Some(Instant::now());
+            }
+            match self.generation.step(event) {
+                Step::Delta { text: t, logprob } => {
+                    keep(splitter.push(&t));
+                    logprobs.extend(logprob);
+                }
+                Step::Finished {
+                    text: t,
+                    logprob,
+                    finish_reason,
+                    stop_sequence,
+                    completion_tokens,
+                } => {
+                    keep(splitter.push(&t));
+                    keep(splitter.finish());
+                    logprobs.extend(logprob);
+                    let (ending, timings) = close(
+                        (finish_reason, stop_sequence, completion_tokens),
+                        self.stream.prompt_tokens,
+                        (self.received, self.accepted, first_token),
+                    );
+                    break Ok((logprobs, ending, timings));
+                }
+                Step::Failed(e) => break Err(e),
+            }
+        };
+        self.cancel.cancel();
+        self.guard.disarm();
+        let (logprobs, ending, timings) = result?;
+        Ok(Collected {
+            text,
+            reasoning,
+            logprobs,
+            ending,
+            timings,
+        })
+    }
+
+    /// Streams the generation through `encoder` as the response body.
+    pub fn stream<E: Encoder>(self, encoder: E) -> Response<GatewayBody> {
+        let content_type = encoder.content_type();
+        let (tx, rx) = mpsc::channel(64);
+        let Accepted {
+            stream,
+            generation,
+            cancel,
+            guard,
+            received,
+            accepted,
+            config,
+        } = self;
+        let run = Run {
+            stream,
+            generation,
+            cancel,
+            received,
+            accepted,
+            config,
+        };
+        tokio::spawn(run.drive(tx, encoder));
+        let mut response = Response::new(GatewayBody::Sse(SseBody::new(rx, guard)));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        response
+    }
+}
+
+/// A streamed generation's task state.
+struct Run {
+    stream: ChatStream,
+    generation: Generation,
+    cancel: CancellationToken,
+    received: Instant,
+    accepted: Instant,
+    config: GatewayConfig,
+}
+
+impl Run {
+    /// Produces the frames into `tx`, with the encoder's keep-alive whenever nothing was
+    /// written for `config.keep_alive_interval`. Ends with the encoder's end in every case
+    /// but a gone client.
+    async fn drive<E: Encoder>(mut self, tx: mpsc::Sender<Bytes>, mut encoder: E) {
+        let keep_alive = self.config.keep_alive_interval;
+        let silence = self.config.backend_silence_limit;
+        if !send_all(&tx, encoder.start(self.stream.prompt_tokens)).await {
+            self.cancel.cancel();
+            return;
+        }
+        let mut last_write = Instant::now();
+        let mut last_event = Instant::now();
+        let mut first_token = None;
+        let mut splitter = ThinkSplitter::default();
+        loop {
+            let event = tokio::select! {
+                event = next_event(&mut self.stream, last_event + silence, silence) => event,
+                () = tokio::time::sleep_until(last_write + keep_alive) => {
+                    if let Some(ping) = encoder.keep_alive() {
+                        if tx.send(ping).await.is_err() {
+                            self.cancel.cancel();
+                            return;
+                        }
+                    }
+                    last_write = Instant::now();
+                    continue;
+                }
+                () = tx.closed() => {
+                    self.cancel.cancel();
+                    return;
+                }
+            };
+            if first_token.is_none() && matches!(event, Some(Ok(ChatEvent::Token { .. }))) {
+                first_token = Some(Instant::now());
+            }
+            let mut frames = Vec::new();
+            let done = match self.generation.step(event) {
+                Step::Delta { text, logprob } => {
+                    let pieces = splitter.push(&text);
+                    frames.extend(encode(&mut encoder, pieces, logprob.as_ref()));
+                    false
+                }
+                Step::Finished {
+                    text,
+                    logprob,
+                    finish_reason,
+                    stop_sequence,
+                    completion_tokens,
+                } => {
+                    self.cancel.cancel();
+                    let mut pieces = splitter.push(&text);
+                    pieces.extend(splitter.finish());
+                    frames.extend(encode(&mut encoder, pieces, logprob.as_ref()));
+                    let (ending, timings) = close(
+                        (finish_reason, stop_sequence, completion_tokens),
+                        self.stream.prompt_tokens,
+                        (self.received, self.accepted, first_token),
+                    );
+                    frames.extend(encoder.finish(&ending, &timings));
+                    true
+                }
+                Step::Failed(e) => {
+                    self.cancel.cancel();
+                    tracing::warn!(error = %e, "stream failed");
+                    frames.extend(encoder.fail(&e));
+                    true
+                }
+            };
+            if !send_all(&tx, frames).await {
+                self.cancel.cancel();
+                return;
+            }
+            if done {
+                return;
+            }
+            last_write = Instant::now();
+            last_event = last_write;
+        }
+    }
+}
+
+/// One step's pieces through the encoder. A logprob goes with the step's first text (or
+/// alone, after its reasoning, when the token was all reasoning).
+fn encode<E: Encoder>(
+    encoder: &mut E,
+    pieces: Vec<Piece>,
+    logprob: Option<&TokenLogprob>,
+) -> Vec<Bytes> {
+    let mut frames = Vec::new();
+    let mut logprob = logprob;
+    for piece in pieces {
+        match piece {
+            Piece::Reasoning(r) => frames.extend(encoder.reasoning(&r)),
+            Piece::Text(t) => frames.extend(encoder.delta(&t, logprob.take())),
+        }
+    }
+    if let Some(lp) = logprob {
+        frames.extend(encoder.delta("", Some(lp)));
+    }
+    frames
+}
+
+/// The ending and timings of a finished generation: `(finish_reason, stop_sequence,
+/// completion_tokens)` from its last step, `(received, accepted, first_token)` as recorded.
+fn close(
+    (finish_reason, stop_sequence, completion_tokens): (FinishReason, Option<String>, u32),
+    prompt_tokens: u32,
+    (received, accepted, first_token): (Instant, Instant, Option<Instant>),
+) -> (Ending, Timings) {
+    let ending = Ending {
+        finish_reason,
+        stop_sequence,
+        prompt_tokens,
+        completion_tokens,
+    };
+    let timings = Timings {
+        received,
+        accepted,
+        first_token,
+        ended: Instant::now(),
+    };
+    (ending, timings)
+}
+
+async fn send_all(tx: &mpsc::Sender<Bytes>, frames: Vec<Bytes>) -> bool {
+    for frame in frames {
+        if tx.send(frame).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The backend's next event, or a lost instance once it has been silent past `deadline`.
+async fn next_event(
+    accepted: &mut ChatStream,
+    deadline: Instant,
+    silence_limit: Duration,
+) -> Option<Result<ChatEvent, ApiError>> {
+    match tokio::time::timeout_at(deadline, accepted.events.recv()).await {
+        Ok(event) => event,
+        Err(_) => Some(Err(ApiError::instance_lost(format_args!(
+            "no event from the instance for {} s",
+            silence_limit.as_secs()
+        )))),
+    }
+}
+
+/// One SSE event with a name (`event: NAME`), as Anthropic's and the Responses API's
+/// streams frame them. JSON never contains a raw newline, so one data line suffices.
+pub fn sse_named(name: &str, value: &serde_json::Value) -> Bytes {
+    let mut out = Vec::with_capacity(160);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    serde_json::to_writer(&mut out, value).unwrap_or_default();
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// One `data:` event without a name (OpenAI's chat chunks).
+pub fn sse_data(value: &serde_json::Value) -> Bytes {
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut out, value).unwrap_or_default();
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// What the gateway makes of one backend event.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Text (possibly empty while a stop string may be starting) to send.
+    Delta {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// Generation is over; `text` is the last of it.
+    Finished {
+        text: String,
+        logprob: Option<TokenLogprob>,
+        finish_reason: FinishReason,
+        stop_sequence: Option<String>,
+        completion_tokens: u32,
+    },
+    /// The instance failed; the error says why.
+    Failed(ApiError),
+}
+
+/// The gateway's own guarantees over a backend's events: stop strings, `max_tokens`, and an
+/// end to every stream.
+#[derive(Debug)]
+struct Generation {
+    stop: StopMatcher,
+    max_tokens: Option<u32>,
+    tokens: u32,
+    want_logprobs: bool,
+}
+
+impl Generation {
+    fn new(stop: &[String], max_tokens: Option<u32>, want_logprobs: bool) -> Generation {
+        Generation {
+            stop: StopMatcher::new(stop),
+            max_tokens,
+            tokens: 0,
+            want_logprobs,
+        }
+    }
+
+    fn step(&mut self, event: Option<Result<ChatEvent, ApiError>>) -> Step {
+        match event {
+            Some(Ok(ChatEvent::Token { text, logprob })) => {
+                self.tokens = self.tokens.saturating_add(1);
+                let logprob = logprob.filter(|_| self.want_logprobs);
+                let scan = self.stop.push(&text);
+                if scan.stopped {
+                    return Step::Finished {
+                        text: scan.emit,
+                        logprob,
+                        finish_reason: FinishReason::Stop,
+                        stop_sequence: scan.matched,
+                        completion_tokens: self.tokens,
+                    };
+                }
+                if self.max_tokens.is_some_and(|max| self.tokens >= max) {
+                    let mut text = scan.emit;
+                    text.push_str(&self.stop.finish());
+                    return Step::Finished {
+                        text,
+                        logprob,
+                        finish_reason: FinishReason::Length,
+                        stop_sequence: None,
+                        completion_tokens: self.tokens,
+                    };
+                }
+                Step::Delta {
+                    text: scan.emit,
+                    logprob,
+                }
+            }
+            Some(Ok(ChatEvent::Done {
+                finish_reason,
+                completion_tokens,
+            })) => Step::Finished {
+                text: self.stop.finish(),
+                logprob: None,
+                finish_reason,
+                stop_sequence: None,
+                completion_tokens: completion_tokens.max(self.tokens),
+            },
+            Some(Err(e)) => Step::Failed(e),
+            None => Step::Failed(ApiError::instance_lost(
+                "the generation ended without finishing",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(t: &str) -> Option<Result<ChatEvent, ApiError>> {
+        Some(Ok(ChatEvent::Token {
+            text: t.into(),
+            logprob: None,
+        }))
+    }
+
+    #[test]
+    fn max_tokens_ends_with_length() {
+        let mut g = Generation::new(&[], Some(2), false);
+        assert!(matches!(g.step(token("a")), Step::Delta { .. }));
+        match g.step(token("b")) {
+            Step::Finished {
+                text,
+                finish_reason,
+                completion_tokens,
+                ..
+            } => {
+                assert_eq!(text, "b");
+                assert_eq!(finish_reason, FinishReason::Length);
+                assert_eq!(completion_tokens, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn stop_string_ends_with_stop_and_cut_text() {
+        let mut g = Generation::new(&["##".into(), "zz".into()], None, false);
+        assert_eq!(
+            g.step(token("ab#")),
+            Step::Delta {
+                text: "ab".into(),
+                logprob: None
+            }
+        );
+        match g.step(token("#cd")) {
+            Step::Finished {
+                text,
+                finish_reason,
+                stop_sequence,
+                ..
+            } => {
+                assert_eq!(text, "");
+                assert_eq!(finish_reason, FinishReason::Stop);
+                assert_eq!(stop_sequence.as_deref(), Some("##"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn closed_stream_is_a_lost_instance() {
+        let mut g = Generation::new(&[], None, false);
+        match g.step(None) {
+            Step::Failed(e) => assert_eq!(e.code.as_deref(), Some("instance_lost")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn done_flushes_held_text() {
+        let mut g = Generation::new(&["xyz".into()], None, false);
+        assert_eq!(
+            g.step(token("ax")),
+            Step::Delta {
+                text: "a".into(),
+                logprob: None
+            }
+        );
+        let done = Some(Ok(ChatEvent::Done {
+            finish_reason: FinishReason::Stop,
+            completion_tokens: 1,
+        }));
+        match g.step(done) {
+            Step::Finished {
+                text,
+                stop_sequence,
+                ..
+            } => {
+                assert_eq!(text, "x");
+                assert_eq!(stop_sequence, None);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Parsing Ollama's `/api/chat` and `/api/generate` bodies into the gateway's
+//! [`ChatRequest`]. `options` carries the sampling settings (`num_predict`, `temperature`,
+//! `top_p`, `top_k`, `min_p`, `seed`, `stop`, the penalties); options shoal has no use for
+//! (`num_ctx`, `num_gpu`, ...) are ignored, as Ollama ignores unknown ones. Streaming is the
+//! default, as in Ollama. Each mistake is a 400 naming its field.
+
+use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::error::ApiError;
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
+    required_string,
+};
+use serde_json::{Map, Value};
+
+/// A parsed chat or generate request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedOllama {
+    pub request: ChatRequest,
+    pub stream: bool,
+    /// The model as the client named it (answers echo it).
+    pub model: String,
+    /// `/api/generate` with an empty prompt: Ollama's "load the model" call.
+    pub load_only: bool,
+}
+
+/// Which endpoint the body is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Generate,
+}
+
+/// The model shoal should look up for an Ollama name: Ollama's default tag `:latest` is
+/// dropped (`default:latest` is `default`).
+pub fn model_name(name: &str) -> &str {
+    name.strip_suffix(":latest").unwrap_or(name)
+}
+
+/// Parses a body for `endpoint`. Never panics, whatever the bytes.
+pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOllama, ApiError> {
+    let obj = json_object(body)?;
+    let model = required_model(&obj)?;
+    let (messages, load_only) = match endpoint {
+        Endpoint::Chat => (parse_messages(obj.get("messages"))?, false),
+        Endpoint::Generate => parse_generate(&obj)?,
+    };
+    match obj.get("format") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "format",
+                "`format` (JSON mode or a schema) is not supported: shoal does not constrain \
+                 decoding; leave it out and ask for JSON in the prompt",
+            ))
+        }
+    }
+    let options = match obj.get("options") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "options",
+                "`options` must be an object",
+            ))
+        }
+    };
+    let sampling = parse_options(&options)?;
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(true);
+    Ok(ParsedOllama {
+        request: ChatRequest {
+            model: model_name(&model).to_string(),
+            messages,
+            sampling,
+            user: None,
+        },
+        stream,
+        model,
+        load_only,
+    })
+}
+
+/// `model` (or the older `name`), a non-empty string.
+pub fn required_model(obj: &Map<String, Value>) -> Result<String, ApiError> {
+    required_string(obj.get("model").or_else(|| obj.get("name")), "model")
+}
+
+fn parse_generate(obj: &Map<String, Value>) -> Result<(Vec<ChatMessage>, bool), ApiError> {
+    for field in ["suffix", "template"] {
+        if obj
+            .get(field)
+            .is_some_and(|v| !v.is_null() && v.as_str() != Some(""))
+        {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("`{field}` is not supported: shoal renders the model's own chat template"),
+            ));
+        }
+    }
+    if opt_bool(obj, "raw")?.unwrap_or(false) {
+        return Err(ApiError::invalid_field(
+            "raw",
+            "`raw` prompts are not supported: shoal renders the model's own chat template; \
+             send the prompt without `raw`",
+        ));
+    }
+    check_no_images(obj.get("images"), "images")?;
+    let text = |name: &str| -> Result<String, ApiError> {
+        match obj.get(name) {
+            None | Some(Value::Null) => Ok(String::new()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(ApiError::invalid_field(
+                name,
+                format!("`{name}` must be a string"),
+            )),
+        }
+    };
+    let prompt = text("prompt")?;
+    let system = text("system")?;
+    let mut messages = Vec::new();
+    if !system.is_empty() {
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: system,
+        });
+    }
+    let load_only = prompt.is_empty();
+    messages.push(ChatMessage {
+        role: "user".into(),
+        content: prompt,
+    });
+    Ok((messages, load_only))
+}
+
+fn check_no_images(value: Option<&Value>, param: &str) -> Result<(), ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(a)) if a.is_empty() => Ok(()),
+        Some(_) => Err(ApiError::invalid_field(
+            param,
+            "images are not supported: the models shoal serves read text only",
+        )),
+    }
+}
+
+fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = non_empty_array(value, "messages")?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let at = |f: &str| format!("messages[{i}].{f}");
+        let Value::Object(m) = m else {
+            return Err(ApiError::invalid_field(
+                &format!("messages[{i}]"),
+                "each message must be an object with `role` and `content`",
+            ));
+        };
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("system" | "user" | "assistant" | "tool")) => r.to_string(),
+            _ if m.get("role").is_none_or(Value::is_null) => {
+                return Err(ApiError::missing_field(&at("role")))
+            }
+            _ => {
+                return Err(ApiError::invalid_field(
+                    &at("role"),
+                    "`role` must be one of system, user, assistant, tool",
+                ))
+            }
+        };
+        check_no_images(m.get("images"), &at("images"))?;
+        let mut content = match m.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid_field(
+                    &at("content"),
+                    "`content` must be a string",
+                ))
+            }
+        };
+        // An assistant's earlier tool calls, as the JSON the model wrote them in.
+        if let Some(Value::Array(calls)) = m.get("tool_calls") {
+            for call in calls {
+                if let Some(f) = call.get("function") {
+                    content.push_str(&f.to_string());
+                }
+            }
+        }
+        out.push(ChatMessage { role, content });
+    }
+    Ok(out)
+}
+
+/// `options`, with errors naming `options.FIELD`.
+fn parse_options(o: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
+    let named = |e: ApiError| match e.param.clone() {
+        Some(p) => e.with_param(format!("options.{p}")),
+        None => e,
+    };
+    let max_tokens = match o.get("num_predict") {
+        None | Some(Value::Null) => None,
+        // -1: no limit, -2: fill the context; both are the context's limit here.
+        Some(Value::Number(n)) if n.as_i64().is_some_and(|v| v < 0) => None,
+        Some(_) => match opt_u64(o, "num_predict").map_err(named)? {
+            Some(0) | None => {
+                return Err(ApiError::invalid_field(
+                    "options.num_predict",
+                    "`num_predict` must be at least 1 (or -1 for no limit)",
+                ))
+            }
+            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        },
+    };
+    Ok(SamplingParams {
+        max_tokens,
+        temperature: opt_f32_in(o, "temperature", 0.0, 2.0).map_err(named)?,
+        top_p: opt_f32_in(o, "top_p", 0.0, 1.0).map_err(named)?,
+        top_k: opt_u64(o, "top_k")
+            .map_err(named)?
+            .map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+        min_p: opt_f32_in(o, "min_p", 0.0, 1.0).map_err(named)?,
+        seed: parse_seed(o).map_err(named)?,
+        stop: parse_stop(o.get("stop"), "stop").map_err(named)?,
+        presence_penalty: opt_f32_in(o, "presence_penalty", -2.0, 2.0).map_err(named)?,
+        frequency_penalty: opt_f32_in(o, "frequency_penalty", -2.0, 2.0).map_err(named)?,
+        ..SamplingParams::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value, e: Endpoint) -> Result<ParsedOllama, ApiError> {
+        parse_ollama_request(v.to_string().as_bytes(), e)
+    }
+
+    #[test]
+    fn chat_with_options() {
+        let p = parse(
+            json!({"model": "default:latest", "messages": [{"role": "user", "content": "hi"}],
+                   "options": {"num_predict": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 3,
+                               "seed": 7, "stop": ["x"], "num_ctx": 4096}}),
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert!(p.stream);
+        assert_eq!(p.model, "default:latest");
+        assert_eq!(p.request.model, "default");
+        let s = &p.request.sampling;
+        assert_eq!(
+            (s.max_tokens, s.temperature, s.top_k, s.seed),
+            (Some(5), Some(0.5), Some(3), Some(7))
+        );
+        assert_eq!(s.stop, vec!["x".to_string()]);
+        let p = parse(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "options": {"num_predict": -1}, "stream": false}),
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!((p.request.sampling.max_tokens, p.stream), (None, false));
+    }
+
+    #[test]
+    fn generate_with_system_and_load_only() {
+        let p = parse(
+            json!({"model": "m", "prompt": "hi", "system": "s"}),
+            Endpoint::Generate,
+        )
+        .unwrap();
+        assert_eq!(p.request.messages.len(), 2);
+        assert!(!p.load_only);
+        assert!(
+            parse(json!({"model": "m"}), Endpoint::Generate)
+                .unwrap()
+                .load_only
+        );
+    }
+
+    #[test]
+    fn errors_name_their_field() {
+        let cases = [
+            (json!({"messages": []}), Endpoint::Chat, "model"),
+            (json!({"model": "m"}), Endpoint::Chat, "messages"),
+            (
+                json!({"model": "m", "messages": [{"role": "x", "content": ""}]}),
+                Endpoint::Chat,
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "", "images": ["aGk="]}]}),
+                Endpoint::Chat,
+                "messages[0].images",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "options": {"temperature": "hot"}}),
+                Endpoint::Generate,
+                "options.temperature",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "options": {"num_predict": 0}}),
+                Endpoint::Generate,
+                "options.num_predict",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "raw": true}),
+                Endpoint::Generate,
+                "raw",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "format": "json"}),
+                Endpoint::Generate,
+                "format",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "options": 3}),
+                Endpoint::Generate,
+                "options",
+            ),
+        ];
+        for (body, endpoint, param) in cases {
+            let e = parse(body.clone(), endpoint).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_ollama_request(&bytes, Endpoint::Chat);
+            let _ = parse_ollama_request(&bytes, Endpoint::Generate);
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Reasoning: models that think (Qwen3, DeepSeek-R1 distills) open their answer with
+//! `<think>…</think>`. The gateway splits that off the generated text as it streams, so that
+//! each API can put it in its own reasoning field (`reasoning_content`, `thinking` blocks,
+//! reasoning items, Ollama's `thinking`) and the answer's text holds only the answer.
+//!
+//! Only a `<think>` at the very start of the output (after whitespace) opens reasoning; a
+//! `<think>` later in the text is text. Text that may still be the start of a tag is held
+//! back until it is known, so no client sees half a tag.
+
+/// The tags.
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+/// A piece of the output: reasoning or answer text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Reasoning(String),
+    Text(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nothing but whitespace seen yet.
+    Start,
+    Thinking,
+    Answer,
+}
+
+/// Splits streamed text into reasoning and answer.
+#[derive(Debug, Clone)]
+pub struct ThinkSplitter {
+    state: State,
+    pending: String,
+    /// Drop whitespace until something else comes (right after a tag: formatting).
+    skip_space: bool,
+}
+
+impl Default for ThinkSplitter {
+    fn default() -> ThinkSplitter {
+        ThinkSplitter {
+            state: State::Start,
+            pending: String::new(),
+            skip_space: false,
+        }
+    }
+}
+
+impl ThinkSplitter {
+    /// Feeds the next delta; returns what can be sent now.
+    pub fn push(&mut self, delta: &str) -> Vec<Piece> {
+        self.pending.push_str(delta);
+        let mut out = Vec::new();
+        loop {
+            match self.state {
+                State::Start => {
+                    let trimmed = self.pending.trim_start();
+                    if let Some(rest) = trimmed.strip_prefix(OPEN) {
+                        self.pending = rest.to_string();
+                        self.state = State::Thinking;
+                        self.skip_space = true;
+                        continue;
+                    }
+                    if trimmed.is_empty() || OPEN.starts_with(trimmed) {
+                        return out;
+                    }
+                    self.state = State::Answer;
+                }
+                State::Thinking => {
+                    if !self.skip_leading_space() {
+                        return out;
+                    }
+                    if let Some(at) = self.pending.find(CLOSE) {
+                        let reasoning = self.pending[..at].trim_end().to_string();
+                        let rest = self.pending[at + CLOSE.len()..].to_string();
+                        push(&mut out, Piece::Reasoning(reasoning));
+                        self.pending = rest;
+                        self.state = State::Answer;
+                        self.skip_space = true;
+                        continue;
+                    }
+                    // Hold a possible start of the tag, and the whitespace before it (it is
+                    // dropped if the tag follows).
+                    let tag = self.pending.len() - held_suffix(&self.pending, CLOSE);
+                    let cut = self.pending[..tag].trim_end().len();
+                    let now: String = self.pending.drain(..cut).collect();
+                    push(&mut out, Piece::Reasoning(now));
+                    return out;
+                }
+                State::Answer => {
+                    if !self.skip_leading_space() {
+                        return out;
+                    }
+                    let now = std::mem::take(&mut self.pending);
+                    push(&mut out, Piece::Text(now));
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// While skipping whitespace, drops it from `pending`; false if nothing else is left.
+    fn skip_leading_space(&mut self) -> bool {
+        if self.skip_space {
+            let start = self.pending.len() - self.pending.trim_start().len();
+            self.pending.drain(..start);
+            if self.pending.is_empty() {
+                return false;
+            }
+            self.skip_space = false;
+        }
+        true
+    }
+
+    /// The end of the output: whatever was held back.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let rest = std::mem::take(&mut self.pending);
+        let mut out = Vec::new();
+        match self.state {
+            State::Thinking => push(&mut out, Piece::Reasoning(rest)),
+            State::Start | State::Answer => push(&mut out, Piece::Text(rest)),
+        }
+        out
+    }
+}
+
+fn push(out: &mut Vec<Piece>, piece: Piece) {
+    let empty = match &piece {
+        Piece::Reasoning(t) | Piece::Text(t) => t.is_empty(),
+    };
+    if !empty {
+        out.push(piece);
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `tag`.
+fn held_suffix(text: &str, tag: &str) -> usize {
+    text.char_indices()
+        .map(|(i, _)| &text[i..])
+        .find(|s| tag.starts_with(s) && s.len() < tag.len())
+        .map_or(0, str::len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn split(deltas: &[&str]) -> (String, String) {
+        let mut s = ThinkSplitter::default();
+        let mut pieces: Vec<Piece> = deltas.iter().flat_map(|d| s.push(d)).collect();
+        pieces.extend(s.finish());
+        let (mut r, mut t) = (String::new(), String::new());
+        for p in pieces {
+            match p {
+                Piece::Reasoning(x) => r.push_str(&x),
+                Piece::Text(x) => t.push_str(&x),
+            }
+        }
+        (r, t)
+    }
+
+    #[test]
+    fn thinking_then_answer() {
+        assert_eq!(
+            split(&["<thi", "nk>\nhmm, ", "2+2</th", "ink>\n\n4"]),
+            ("hmm, 2+2".into(), "4".into())
+        );
+        assert_eq!(
+            split(&["plain ", "answer"]),
+            ("".into(), "plain answer".into())
+        );
+        assert_eq!(split(&["  <", "b>bold"]), ("".into(), "  <b>bold".into()));
+        assert_eq!(
+            split(&["4 <think>x</think>"]),
+            ("".into(), "4 <think>x</think>".into())
+        );
+        assert_eq!(split(&["<think>cut off"]), ("cut off".into(), "".into()));
+        assert_eq!(split(&["<thi"]), ("".into(), "<thi".into()));
+    }
+
+    proptest! {
+        /// Whatever the split into deltas, the result is the same as for the whole text.
+        #[test]
+        fn split_does_not_depend_on_deltas(
+            think in "[a-z <>/]{0,12}", answer in "[a-z <>/]{0,12}",
+            cuts in proptest::collection::vec(0usize..40, 0..6),
+        ) {
+            let text = format!("<think>{think}</think>{answer}");
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c <= text.len()).collect();
+            cuts.sort();
+            cuts.dedup();
+            let mut deltas = Vec::new();
+            let mut last = 0;
+            for c in cuts { deltas.push(&text[last..c]); last = c; }
+            deltas.push(&text[last..]);
+            prop_assert_eq!(split(&deltas), split(&[text.as_str()]));
+        }
+    }
+}

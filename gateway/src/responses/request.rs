@@ -1,0 +1,328 @@
+//! Parsing OpenAI Responses bodies (`POST /v1/responses`) into the gateway's [`ChatRequest`]:
+//! `instructions` becomes the system message, `input` (a string, or message,
+//! `function_call` and `function_call_output` items) the conversation, `max_output_tokens`
+//! the token limit. shoal's Responses API is stateless: `previous_response_id` and
+//! `conversation` are refused with a 400 saying to send the whole conversation. Each mistake
+//! is a 400 naming its field.
+
+use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::error::ApiError;
+use crate::fields::{
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, required_string,
+};
+use serde_json::{Map, Value};
+
+/// A parsed Responses request plus what the answer echoes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedResponses {
+    pub request: ChatRequest,
+    pub stream: bool,
+    pub instructions: Option<String>,
+}
+
+/// Parses a body. Never panics, whatever the bytes.
+pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError> {
+    let obj = json_object(body)?;
+    let model = required_string(obj.get("model"), "model")?;
+    for field in ["previous_response_id", "conversation"] {
+        if obj.get(field).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid_field(
+                field,
+                format!(
+                    "`{field}` is not supported: shoal's Responses API keeps no state between \
+                     requests; send the whole conversation in `input`"
+                ),
+            )
+            .with_code("unsupported_parameter"));
+        }
+    }
+    if opt_bool(&obj, "background")?.unwrap_or(false) {
+        return Err(ApiError::invalid_field(
+            "background",
+            "background responses are not supported; stream the response instead",
+        ));
+    }
+    let instructions = match obj.get("instructions") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "instructions",
+                "`instructions` must be a string",
+            ))
+        }
+    };
+    let mut messages = Vec::new();
+    if let Some(text) = &instructions {
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: text.clone(),
+        });
+    }
+    messages.extend(parse_input(obj.get("input"))?);
+    check_tools(&obj)?;
+    check_text_format(obj.get("text"))?;
+    let max_tokens = match opt_u64(&obj, "max_output_tokens")? {
+        Some(0) => {
+            return Err(ApiError::invalid_field(
+                "max_output_tokens",
+                "`max_output_tokens` must be at least 1",
+            ))
+        }
+        other => other.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    };
+    let sampling = SamplingParams {
+        max_tokens,
+        temperature: opt_f32_in(&obj, "temperature", 0.0, 2.0)?,
+        top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
+        seed: parse_seed(&obj)?,
+        ..SamplingParams::default()
+    };
+    let user = match obj.get("user").or_else(|| obj.get("safety_identifier")) {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    Ok(ParsedResponses {
+        request: ChatRequest {
+            model,
+            messages,
+            sampling,
+            user,
+        },
+        stream: opt_bool(&obj, "stream")?.unwrap_or(false),
+        instructions,
+    })
+}
+
+fn parse_input(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match value {
+        Some(Value::String(s)) => {
+            return Ok(vec![ChatMessage {
+                role: "user".into(),
+                content: s.clone(),
+            }])
+        }
+        other => non_empty_array(other, "input")?,
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        let Value::Object(item) = item else {
+            return Err(ApiError::invalid_field(
+                &at,
+                "each input item must be an object",
+            ));
+        };
+        let kind = item.get("type").and_then(Value::as_str);
+        match kind {
+            None | Some("message") => out.push(parse_message(&at, item)?),
+            Some("function_call") => {
+                let name = item.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::invalid_field(&at, "a function_call needs a string `name`")
+                })?;
+                let arguments = item
+                    .get("arguments")
+                    .and_then(Value::as_str)
+                    .unwrap_or("{}");
+                let arguments: Value =
+                    serde_json::from_str(arguments).unwrap_or(Value::String(arguments.into()));
+                let call = serde_json::json!({"name": name, "arguments": arguments});
+                out.push(ChatMessage {
+                    role: "assistant".into(),
+                    content: call.to_string(),
+                });
+            }
+            Some("function_call_output") => {
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v @ Value::Array(_)) => content_text(&format!("{at}.output"), v)?,
+                    _ => {
+                        return Err(ApiError::invalid_field(
+                            &format!("{at}.output"),
+                            "a function_call_output needs a string `output`",
+                        ))
+                    }
+                };
+                out.push(ChatMessage {
+                    role: "tool".into(),
+                    content: output,
+                });
+            }
+            // Earlier reasoning is the model's own; the template drops it.
+            Some("reasoning") => {}
+            Some(other) => {
+                return Err(ApiError::invalid_field(
+                    &format!("{at}.type"),
+                    format!(
+                        "input items of type `{other}` are not supported; use message, \
+                         function_call or function_call_output"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn parse_message(at: &str, item: &Map<String, Value>) -> Result<ChatMessage, ApiError> {
+    let role = match item.get("role").and_then(Value::as_str) {
+        Some(r @ ("user" | "assistant" | "system" | "developer")) => r.to_string(),
+        _ => {
+            return Err(ApiError::invalid_field(
+                &format!("{at}.role"),
+                "`role` must be one of user, assistant, system, developer",
+            ))
+        }
+    };
+    let content = match item.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(v @ Value::Array(_)) => content_text(&format!("{at}.content"), v)?,
+        _ => {
+            return Err(ApiError::invalid_field(
+                &format!("{at}.content"),
+                "`content` must be a string or an array of text parts",
+            ))
+        }
+    };
+    Ok(ChatMessage { role, content })
+}
+
+/// Text parts (`input_text`, `output_text`), concatenated.
+fn content_text(at: &str, value: &Value) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, part) in value.as_array().into_iter().flatten().enumerate() {
+        let param = format!("{at}[{j}]");
+        match (part.get("type").and_then(Value::as_str), part.get("text")) {
+            (Some("input_text" | "output_text" | "text"), Some(Value::String(t))) => {
+                text.push_str(t)
+            }
+            (Some(kind @ ("input_image" | "input_file" | "input_audio")), _) => {
+                return Err(ApiError::invalid_field(
+                    &param,
+                    format!(
+                        "`{kind}` parts are not supported: the models shoal serves read text only"
+                    ),
+                ))
+            }
+            _ => {
+                return Err(ApiError::invalid_field(
+                    &param,
+                    "each part must be `{\"type\": \"input_text\", \"text\": ...}`",
+                ))
+            }
+        }
+    }
+    Ok(text)
+}
+
+fn check_tools(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    match obj.get("tools") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(tools)) => {
+            for (i, tool) in tools.iter().enumerate() {
+                let kind = tool.get("type").and_then(Value::as_str);
+                if kind != Some("function") || tool.get("name").and_then(Value::as_str).is_none() {
+                    return Err(ApiError::invalid_field(
+                        &format!("tools[{i}]"),
+                        "only function tools (`{\"type\": \"function\", \"name\": ...}`) are \
+                         supported; shoal has no hosted tools",
+                    ));
+                }
+            }
+            Ok(())
+        }
+        Some(_) => Err(ApiError::invalid_field("tools", "`tools` must be an array")),
+    }
+}
+
+fn check_text_format(value: Option<&Value>) -> Result<(), ApiError> {
+    let kind = value
+        .and_then(|t| t.get("format"))
+        .and_then(|f| f.get("type"))
+        .and_then(Value::as_str);
+    match kind {
+        None | Some("text") => Ok(()),
+        Some(other) => Err(ApiError::invalid_field(
+            "text.format",
+            format!(
+                "`text.format` `{other}` is not supported: shoal does not constrain decoding; \
+                 ask for JSON in the prompt"
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<ParsedResponses, ApiError> {
+        parse_responses_request(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn items_and_instructions() {
+        let p = parse(json!({
+            "model": "m", "instructions": "be brief", "max_output_tokens": 5, "stream": true,
+            "input": [
+                {"role": "user", "content": "weather?"},
+                {"type": "function_call", "call_id": "c", "name": "w", "arguments": "{\"city\":\"Paris\"}"},
+                {"type": "function_call_output", "call_id": "c", "output": "sunny"},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and?"}]}
+            ]
+        }))
+        .unwrap();
+        let roles: Vec<&str> = p.request.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+        assert_eq!(
+            p.request.messages[2].content,
+            r#"{"arguments":{"city":"Paris"},"name":"w"}"#
+        );
+        assert_eq!(p.request.sampling.max_tokens, Some(5));
+        assert!(p.stream);
+    }
+
+    #[test]
+    fn errors_name_their_field() {
+        let cases = [
+            (json!({"input": "x"}), "model"),
+            (json!({"model": "m"}), "input"),
+            (
+                json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}),
+                "previous_response_id",
+            ),
+            (
+                json!({"model": "m", "input": "x", "max_output_tokens": 0}),
+                "max_output_tokens",
+            ),
+            (
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+                "input[0].content[0]",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
+                "tools[0]",
+            ),
+            (
+                json!({"model": "m", "input": "x", "temperature": 9}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "input": "x", "text": {"format": {"type": "json_schema"}}}),
+                "text.format",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = parse(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_responses_request(&bytes);
+        }
+    }
+}

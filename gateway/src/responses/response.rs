@@ -1,0 +1,364 @@
+//! The Responses API's answer shapes: the `response` object (one assistant `message` item
+//! with one `output_text` part; `status: "incomplete"` with `incomplete_details.reason` when
+//! `max_output_tokens` cut it) and the stream's events, in the order OpenAI sends them:
+//! `response.created`, `response.in_progress`, `response.output_item.added`,
+//! `response.content_part.added`, `response.output_text.delta`…, `response.output_text.done`,
+//! `response.content_part.done`, `response.output_item.done`, then `response.completed` or
+//! `response.incomplete`; each with its `sequence_number`.
+
+use crate::backend::{FinishReason, TokenLogprob};
+use crate::error::ApiError;
+use crate::generation::{sse_named, Encoder, Ending, Timings};
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+/// What every answer to one request shares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseMeta {
+    /// `resp_...`.
+    pub id: String,
+    /// `msg_...`, the message item's id.
+    pub item_id: String,
+    /// `rs_...`, the reasoning item's id (when the model thinks).
+    pub reasoning_id: String,
+    pub created_at: u64,
+    pub model: String,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+}
+
+impl ResponseMeta {
+    /// Fresh ids and the current time.
+    pub fn new(model: &str) -> ResponseMeta {
+        let (suffix, created_at) = crate::ids::unique();
+        ResponseMeta {
+            id: format!("resp_{suffix}"),
+            item_id: format!("msg_{suffix}"),
+            reasoning_id: format!("rs_{suffix}"),
+            created_at,
+            model: model.to_string(),
+            instructions: None,
+            max_output_tokens: None,
+            temperature: None,
+            top_p: None,
+        }
+    }
+}
+
+/// The `response` object: `ending` absent while in progress; `text` is the answer and the
+/// reasoning (a reasoning item comes first when there is some).
+pub fn response_json(
+    meta: &ResponseMeta,
+    text: Option<(&str, &str)>,
+    ending: Option<&Ending>,
+) -> Value {
+    let (status, incomplete) = match ending {
+        None => ("in_progress", Value::Null),
+        Some(e) if e.finish_reason == FinishReason::Length => {
+            ("incomplete", json!({"reason": "max_output_tokens"}))
+        }
+        Some(_) => ("completed", Value::Null),
+    };
+    let mut output: Vec<Value> = Vec::new();
+    if let (Some((text, reasoning)), Some(e)) = (text, ending) {
+        if !reasoning.is_empty() {
+            output.push(reasoning_item(meta, Some(reasoning)));
+        }
+        output.push(message_item(meta, text, Some(e)));
+    }
+    let usage = ending.map_or(Value::Null, |e| {
+        json!({
+            "input_tokens": e.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": e.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": e.prompt_tokens.saturating_add(e.completion_tokens),
+        })
+    });
+    json!({
+        "id": meta.id,
+        "object": "response",
+        "created_at": meta.created_at,
+        "status": status,
+        "error": null,
+        "incomplete_details": incomplete,
+        "instructions": meta.instructions,
+        "max_output_tokens": meta.max_output_tokens,
+        "model": meta.model,
+        "output": output,
+        "parallel_tool_calls": true,
+        "previous_response_id": null,
+        "store": false,
+        "temperature": meta.temperature,
+        "top_p": meta.top_p,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": {},
+    })
+}
+
+fn text_part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+}
+
+/// The assistant message item; in progress (no parts yet) without an ending.
+fn message_item(meta: &ResponseMeta, text: &str, ending: Option<&Ending>) -> Value {
+    let (status, content) = match ending {
+        None => ("in_progress", vec![]),
+        Some(e) if e.finish_reason == FinishReason::Length => ("incomplete", vec![text_part(text)]),
+        Some(_) => ("completed", vec![text_part(text)]),
+    };
+    json!({"id": meta.item_id, "type": "message", "status": status, "role": "assistant",
+           "content": content})
+}
+
+/// The reasoning item; in progress (no content yet) without its text.
+fn reasoning_item(meta: &ResponseMeta, text: Option<&str>) -> Value {
+    let (status, content) = match text {
+        None => ("in_progress", vec![]),
+        Some(t) => (
+            "completed",
+            vec![json!({"type": "reasoning_text", "text": t})],
+        ),
+    };
+    json!({"id": meta.reasoning_id, "type": "reasoning", "status": status, "summary": [],
+           "content": content})
+}
+
+/// The event stream of one response.
+pub struct ResponsesEncoder {
+    pub meta: ResponseMeta,
+    sequence: u64,
+    text: String,
+    reasoning: String,
+    /// The reasoning item's output index while it is open.
+    reasoning_open: Option<usize>,
+    /// The message item's output index once it is open.
+    message_at: Option<usize>,
+    next_index: usize,
+}
+
+impl ResponsesEncoder {
+    pub fn new(meta: ResponseMeta) -> ResponsesEncoder {
+        ResponsesEncoder {
+            meta,
+            sequence: 0,
+            text: String::new(),
+            reasoning: String::new(),
+            reasoning_open: None,
+            message_at: None,
+            next_index: 0,
+        }
+    }
+
+    /// One event, numbered.
+    fn event(&mut self, kind: &str, mut body: Value) -> Bytes {
+        body["type"] = json!(kind);
+        body["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        sse_named(kind, &body)
+    }
+
+    fn location(&self, item_id: &str, output_index: usize) -> Value {
+        json!({"item_id": item_id, "output_index": output_index, "content_index": 0})
+    }
+
+    /// Closes the reasoning item if it is open.
+    fn close_reasoning(&mut self) -> Vec<Bytes> {
+        let Some(index) = self.reasoning_open.take() else {
+            return Vec::new();
+        };
+        let id = self.meta.reasoning_id.clone();
+        let mut done = self.location(&id, index);
+        done["text"] = json!(self.reasoning);
+        let item = reasoning_item(&self.meta, Some(&self.reasoning));
+        vec![
+            self.event("response.reasoning_text.done", done),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            ),
+        ]
+    }
+
+    /// Opens the message item (closing the reasoning first) unless it is open; returns the
+    /// frames and its output index.
+    fn message(&mut self) -> (Vec<Bytes>, usize) {
+        if let Some(index) = self.message_at {
+            return (Vec::new(), index);
+        }
+        let mut frames = self.close_reasoning();
+        let index = self.next_index;
+        self.next_index += 1;
+        self.message_at = Some(index);
+        let item = message_item(&self.meta, "", None);
+        let id = self.meta.item_id.clone();
+        let mut part = self.location(&id, index);
+        part["part"] = text_part("");
+        frames.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item}),
+        ));
+        frames.push(self.event("response.content_part.added", part));
+        (frames, index)
+    }
+}
+
+impl Encoder for ResponsesEncoder {
+    fn content_type(&self) -> &'static str {
+        "text/event-stream"
+    }
+
+    fn start(&mut self, _prompt_tokens: u32) -> Vec<Bytes> {
+        let response = response_json(&self.meta, None, None);
+        vec![
+            self.event("response.created", json!({"response": response})),
+            self.event("response.in_progress", json!({"response": response})),
+        ]
+    }
+
+    fn delta(&mut self, text: &str, _logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        let (mut frames, index) = self.message();
+        self.text.push_str(text);
+        let id = self.meta.item_id.clone();
+        let mut body = self.location(&id, index);
+        body["delta"] = json!(text);
+        body["logprobs"] = json!([]);
+        frames.push(self.event("response.output_text.delta", body));
+        frames
+    }
+
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
+        let mut frames = Vec::new();
+        let index = match self.reasoning_open {
+            Some(index) => index,
+            None => {
+                let index = self.next_index;
+                self.next_index += 1;
+                self.reasoning_open = Some(index);
+                let item = reasoning_item(&self.meta, None);
+                frames.push(self.event(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                ));
+                index
+            }
+        };
+        self.reasoning.push_str(text);
+        let id = self.meta.reasoning_id.clone();
+        let mut body = self.location(&id, index);
+        body["delta"] = json!(text);
+        frames.push(self.event("response.reasoning_text.delta", body));
+        frames
+    }
+
+    fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
+        let (mut frames, index) = self.message();
+        let text = std::mem::take(&mut self.text);
+        let id = self.meta.item_id.clone();
+        let mut done = self.location(&id, index);
+        done["text"] = json!(text);
+        done["logprobs"] = json!([]);
+        let mut part = self.location(&id, index);
+        part["part"] = text_part(&text);
+        let item = message_item(&self.meta, &text, Some(ending));
+        let response = response_json(&self.meta, Some((&text, &self.reasoning)), Some(ending));
+        let last = if ending.finish_reason == FinishReason::Length {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        frames.push(self.event("response.output_text.done", done));
+        frames.push(self.event("response.content_part.done", part));
+        frames.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        frames.push(self.event(last, json!({"response": response})));
+        frames
+    }
+
+    fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
+        let mut body = error.to_json();
+        body["message"] = json!(error.message);
+        body["code"] = json!(error.code);
+        vec![self.event("error", body)]
+    }
+
+    fn keep_alive(&self) -> Option<Bytes> {
+        Some(Bytes::from_static(b": keep-alive\n\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incomplete_when_cut_by_the_limit() {
+        let meta = ResponseMeta::new("m");
+        let ending = Ending {
+            finish_reason: FinishReason::Length,
+            stop_sequence: None,
+            prompt_tokens: 5,
+            completion_tokens: 3,
+        };
+        let r = response_json(&meta, Some(("abc", "")), Some(&ending));
+        assert_eq!(r["status"], "incomplete");
+        assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(r["output"][0]["content"][0]["text"], "abc");
+        assert_eq!(r["usage"]["total_tokens"], 8);
+    }
+
+    #[test]
+    fn events_are_numbered_in_order() {
+        let mut e = ResponsesEncoder::new(ResponseMeta::new("m"));
+        let mut frames = e.start(3);
+        frames.extend(e.delta("hi", None));
+        let now = tokio::time::Instant::now();
+        let t = Timings {
+            received: now,
+            accepted: now,
+            first_token: None,
+            ended: now,
+        };
+        let ending = Ending {
+            finish_reason: FinishReason::Stop,
+            stop_sequence: None,
+            prompt_tokens: 3,
+            completion_tokens: 1,
+        };
+        frames.extend(e.finish(&ending, &t));
+        let names: Vec<String> = frames
+            .iter()
+            .map(|f| {
+                let text = String::from_utf8_lossy(f).to_string();
+                text.lines().next().unwrap_or("").replace("event: ", "")
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        let last = String::from_utf8_lossy(&frames[8]).to_string();
+        assert!(last.contains("\"sequence_number\":8"), "{last}");
+    }
+}

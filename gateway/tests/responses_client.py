@@ -1,0 +1,123 @@
+"""Drives a shoal gateway's Responses API with the official `openai` Python client.
+
+Usage: python responses_client.py BASE_URL MODEL [--fake]
+
+BASE_URL ends in /v1. Model-agnostic part, for any node (the fake backend, or SmolLM2 in a
+namespace): create, a stream whose text equals the whole greedy answer with its events in
+order, instructions, input items, max_output_tokens giving status "incomplete", usage, and
+errors (previous_response_id refused). With `--fake`, exact checks against the scripted fake
+backend too. Prints one JSON line {"responses": ...} with the greedy answer, and "all passed"
+at the end; exits non-zero on the first failure.
+"""
+
+import json
+import sys
+
+import openai
+
+base_url, model = sys.argv[1], sys.argv[2]
+fake = "--fake" in sys.argv[3:]
+client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def check(name, condition, detail=""):
+    if not condition:
+        print(f"FAILED: {name}: {detail}", flush=True)
+        sys.exit(1)
+    print(f"ok: {name}", flush=True)
+
+
+PROMPT = "Tell me a long story about a lighthouse."
+GREEDY = dict(model=model, temperature=0, max_output_tokens=24)
+
+whole = client.responses.create(input=PROMPT, **GREEDY)
+answer = whole.output_text
+check("create: output_text", whole.object == "response" and len(answer) >= 8, whole)
+check("create: id", whole.id.startswith("resp_"), whole.id)
+check("create: status", whole.status in ("completed", "incomplete"), whole.status)
+check("create: usage", whole.usage.input_tokens > 0 and 0 < whole.usage.output_tokens <= 24
+      and whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens, whole.usage)
+check("create: one message item", len(whole.output) == 1 and whole.output[0].type == "message"
+      and whole.output[0].role == "assistant", whole.output)
+
+# The stream helper accumulates the same response.
+# (A response cut by max_output_tokens ends with response.incomplete, which the helper's
+# get_final_response refuses; the last event carries the response either way.)
+with client.responses.stream(input=PROMPT, **GREEDY) as s:
+    streamed_events = list(s)
+deltas = [e.delta for e in streamed_events if e.type == "response.output_text.delta"]
+final = streamed_events[-1].response
+check("stream text equals whole", "".join(deltas) == answer, ("".join(deltas), answer))
+check("stream final response", final.output_text == answer and final.status == whole.status
+      and final.usage.output_tokens == whole.usage.output_tokens, final)
+
+events = list(client.responses.create(input=PROMPT, stream=True, **GREEDY))
+kinds = [e.type for e in events]
+last = "response.incomplete" if whole.status == "incomplete" else "response.completed"
+check("stream starts", kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                                     "response.content_part.added"], kinds)
+check("stream ends", kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                                    "response.output_item.done", last], kinds)
+check("stream deltas", all(k == "response.output_text.delta" for k in kinds[4:-4]) and len(kinds) > 8, kinds)
+check("sequence numbers", [e.sequence_number for e in events] == list(range(len(events))))
+check("text.done has the text", events[-4].text == answer, events[-4])
+
+# max_output_tokens cuts: status incomplete, with the reason.
+short = client.responses.create(model=model, input=PROMPT, max_output_tokens=3)
+check("incomplete", short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
+      and short.usage.output_tokens == 3, short)
+
+# Instructions are the system prompt.
+instructed = client.responses.create(input=PROMPT, instructions="Answer in one word.", **GREEDY)
+check("instructions change the prompt", instructed.usage.input_tokens != whole.usage.input_tokens, instructed.usage)
+check("instructions echoed", instructed.instructions == "Answer in one word.", instructed.instructions)
+as_items = client.responses.create(
+    input=[{"role": "system", "content": "Answer in one word."},
+           {"role": "user", "content": [{"type": "input_text", "text": PROMPT}]}], **GREEDY)
+check("items = instructions", as_items.output_text == instructed.output_text
+      and as_items.usage.input_tokens == instructed.usage.input_tokens, as_items)
+
+# Errors.
+try:
+    client.responses.create(model=model, input="x", previous_response_id="resp_123")
+    check("previous_response_id raises", False)
+except openai.BadRequestError as e:
+    check("previous_response_id refused clearly", e.param == "previous_response_id" and "input" in e.message, e)
+try:
+    client.responses.create(model="no-such-model", input="x")
+    check("unknown model raises", False)
+except openai.NotFoundError as e:
+    check("unknown model is 404", e.code == "model_not_found", e)
+try:
+    client.responses.create(model=model, input="x", temperature=7)
+    check("bad temperature raises", False)
+except openai.BadRequestError as e:
+    check("bad temperature is 400 naming it", e.param == "temperature", e)
+
+print(json.dumps({"responses": answer}), flush=True)
+if not fake:
+    print("all passed", flush=True)
+    sys.exit(0)
+
+# ---- Exact checks against the scripted fake backend ----
+r = client.responses.create(model=model, input="echo: Paris is the capital")
+check("fake: text", r.output_text == "Paris is the capital" and r.status == "completed", r)
+r = client.responses.create(model=model, input="params", temperature=0.25, top_p=0.5, max_output_tokens=300)
+seen = json.loads(r.output_text)
+check("fake: sampling passthrough", (seen["temperature"], seen["top_p"], seen["max_tokens"]) == (0.25, 0.5, 300), seen)
+r = client.responses.create(model=model, input="think: two and two | 4")
+check("fake: reasoning item", [o.type for o in r.output] == ["reasoning", "message"]
+      and r.output[0].content[0].text == "two and two" and r.output_text == "4", r.output)
+with client.responses.stream(model=model, input="think: two and two | 4") as s:
+    streamed = list(s)
+    final = s.get_final_response()
+check("fake: reasoning streamed", final.output_text == "4" and final.output[0].type == "reasoning"
+      and "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") == "two and two",
+      [e.type for e in streamed])
+try:
+    list(client.responses.create(model=model, input="fail after 2", stream=True))
+    check("fake: lost instance raises", False)
+except openai.APIError as e:
+    check("fake: lost instance mid-stream", "lost" in str(e), e)
+
+print("all passed", flush=True)
