@@ -11,6 +11,7 @@
 //!   [`forward::Forward`]; [`engine`]: a whole model in this process.
 //! - [`ring`], [`stage`], [`pipeline`], [`tensor_stage`]: one model across several processes
 //!   over MLX's ring backend (the two kinds of [`stage::Stage`]).
+//! - [`memory`]: what an instance holds while it runs (what placement counts).
 //! - [`runner`]: one instance (or one rank of it) in its own process, driven by its node.
 
 pub mod chat_template;
@@ -25,6 +26,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod linear;
 pub mod loader;
+pub mod memory;
 pub mod models;
 pub mod pipeline;
 pub mod platform;
