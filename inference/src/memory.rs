@@ -120,7 +120,7 @@ mod tests {
     fn smollm2() -> ModelConfig {
         // SmolLM2-135M's shape.
         let json = serde_json::json!({
-            "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+            "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
             "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
             "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
             "rope_theta": 100000.0, "tie_word_embeddings": true
