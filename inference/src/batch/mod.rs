@@ -14,3 +14,6 @@ mod forward;
 
 pub use batcher::{BatchEvent, BatchLimits, Batcher};
 pub use forward::{BatchForward, LocalBatch, OneAtATime, Part, Slot, LOCAL_STEP_TOKENS};
+
+mod limits;
+pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};
