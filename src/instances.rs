@@ -69,14 +69,42 @@ pub struct Instances<'a> {
 }
 
 impl Instances<'_> {
-    /// The placement input for `spec` on the live nodes now.
+    /// The placement input for `spec` on the live nodes now, each node's free memory less
+    /// what the live instances hold there ([`control::commitments`]).
     pub async fn placement_input(
         &self,
         spec: &ModelSpec,
         request: Request,
     ) -> Result<Input, ApiError> {
         let facts = self.models.facts(spec, &self.context.node_id()).await?;
-        let (nodes, edges) = crate::view::placement_nodes(&self.context.snapshot());
+        let snapshot = self.context.snapshot();
+        let (mut nodes, edges) = crate::view::placement_nodes(&snapshot);
+        let instances = snapshot.instances(self.placements);
+        let loaded = |view: &InstanceView, rank: usize| {
+            let Ok(placement) = &view.placement else {
+                return false;
+            };
+            let node = &placement.ranks[rank].node;
+            let status = if *node == snapshot.me {
+                self.runners.status(view.record.id())
+            } else {
+                snapshot
+                    .runner(node, view.record.id())
+                    .filter(|r| r.epoch == view.record.epoch && r.rank == rank)
+                    .map(|r| r.status)
+            };
+            matches!(
+                status,
+                Some(
+                    RunnerStatus::Loaded
+                        | RunnerStatus::WarmingUp
+                        | RunnerStatus::Ready
+                        | RunnerStatus::Running
+                )
+            )
+        };
+        let held = control::commitments::committed_memory(instances.values(), loaded);
+        control::commitments::without_committed(&mut nodes, &held);
         Ok(Input {
             nodes,
             edges,
@@ -339,5 +367,20 @@ mod tests {
             reason: "x".into(),
         });
         assert_eq!(e.status().as_u16(), 400);
+    }
+
+    #[test]
+    fn the_fixture_is_placed_by_what_its_runner_holds_not_its_file() {
+        let path = kit::dirs::cache_dir()
+            .join("models")
+            .join(kit::dirs::DEFAULT_MODEL_FILE);
+        let facts = crate::models::ModelFacts::read(&path).expect("the SmolLM2 fixture");
+        let card = facts.card("default");
+        assert!(facts.bytes_on_disk < 110_000_000, "{}", facts.bytes_on_disk);
+        // f32 weights (538 MB), 8192 positions of KV (377 MB), a runner's overhead (160 MB).
+        assert_eq!(facts.memory.weights, 538_060_032);
+        assert_eq!(facts.memory.kv_budget, 8192 * 46_080);
+        assert_eq!(card.storage_bytes, facts.memory.total());
+        assert!(card.storage_bytes > 1_000_000_000);
     }
 }

@@ -84,6 +84,20 @@ pub struct NodeArgs {
     /// Do not ask runners for fast synchronisation.
     #[arg(long, overrides_with = "fast_synch")]
     pub no_fast_synch: bool,
+
+    /// Requests one instance decodes together at most (continuous batching).
+    #[arg(long, env = "SHOAL_MAX_SEQUENCES", default_value_t = inference::batch::DEFAULT_MAX_SEQUENCES)]
+    pub max_sequences: usize,
+
+    /// KV-cache budget of one instance, in MiB (default: 8192 positions, at most a quarter
+    /// of the memory free when its runner loads; never less than one full context).
+    #[arg(long, env = "SHOAL_KV_BUDGET_MB")]
+    pub kv_budget_mb: Option<u64>,
+
+    /// Requests that may wait for room in one instance's batch; past that a request is
+    /// answered 429 with `Retry-After`.
+    #[arg(long, env = "SHOAL_MAX_QUEUE", default_value_t = runner::DEFAULT_MAX_QUEUE)]
+    pub max_queue: usize,
 }
 
 #[derive(Subcommand, Debug)]

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// The runner command for this node's settings: this binary's `runner` subcommand, with the
-/// fast-synchronisation choice passed in its environment.
+/// fast-synchronisation choice and the batch limits (`--max-sequences`, `--kv-budget-mb`,
+/// `--max-queue`) passed in its environment.
 pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
     let mut command =
         RunnerCommand::current_exe().context("cannot find this executable to start runners")?;
@@ -18,6 +19,20 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
         "SHOAL_FAST_SYNCH".into(),
         if fast { "true" } else { "false" }.into(),
     ));
+    let mut limits = vec![
+        (
+            inference::batch::MAX_SEQUENCES_ENV.to_string(),
+            args.max_sequences.max(1).to_string(),
+        ),
+        (
+            crate::runner::MAX_QUEUE_ENV.to_string(),
+            args.max_queue.to_string(),
+        ),
+    ];
+    if let Some(mb) = args.kv_budget_mb {
+        limits.push((inference::batch::KV_BUDGET_ENV.to_string(), mb.to_string()));
+    }
+    command.env.extend(limits);
     Ok(command)
 }
 

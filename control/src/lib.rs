@@ -8,6 +8,8 @@
 //! * [`Snapshot`]: the state at one moment as plain data (authors, their liveness, their
 //!   records); [`InstanceView`]: one live instance with its placement, rank statuses and the
 //!   start-up plan of a rank.
+//! * [`commitments`]: the memory live instances hold on each node, taken off what a new
+//!   placement may use.
 //! * [`PlacementCache`]: each placement computed once per (instance, epoch) and kept.
 //! * [`reconcile()`] and [`publish`]: the decisions of one reconcile pass, as [`Effect`]s
 //!   that the node's executor (`src/reconcile.rs` in the binary) applies.
@@ -32,6 +34,7 @@
 //! records arrived in.
 
 pub mod cache;
+pub mod commitments;
 pub mod fixture;
 pub mod intent;
 pub mod reconcile;

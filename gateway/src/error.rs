@@ -26,6 +26,9 @@ pub enum ErrorKind {
     /// enough memory for a placement): 503. Retrying later, or doing what the message says,
     /// can help.
     Unavailable,
+    /// The instance is at its limit (its batch and its wait queue are full): 429, with a
+    /// `Retry-After` header ([`ApiError::retry_after_seconds`]).
+    Busy,
     /// A bug or an unexpected failure inside the node: 500.
     #[serde(other)]
     Internal,
@@ -41,6 +44,7 @@ impl ErrorKind {
             ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Busy => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -55,6 +59,7 @@ impl ErrorKind {
             | ErrorKind::Conflict
             | ErrorKind::PayloadTooLarge => "invalid_request_error",
             ErrorKind::Unavailable => "service_unavailable_error",
+            ErrorKind::Busy => "rate_limit_error",
             ErrorKind::Internal => "server_error",
         }
     }
@@ -155,6 +160,24 @@ impl ApiError {
     /// 500 for failures that are nobody's input's fault.
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(ErrorKind::Internal, message)
+    }
+
+    /// 429: the instance serving `model` has as many requests as it takes; retry shortly.
+    pub fn busy(detail: impl fmt::Display) -> ApiError {
+        ApiError::new(
+            ErrorKind::Busy,
+            format!("{detail}; retry in a moment (see Retry-After)"),
+        )
+        .with_code("rate_limit_exceeded")
+    }
+
+    /// Seconds a client should wait before retrying (the `Retry-After` header), for errors
+    /// that a retry cures by itself.
+    pub fn retry_after_seconds(&self) -> Option<u32> {
+        match self.kind {
+            ErrorKind::Busy => Some(1),
+            _ => None,
+        }
     }
 
     /// The HTTP status to answer with.

@@ -12,7 +12,7 @@ use crate::openai::response::models_json;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Body;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::Value;
 use std::sync::Arc;
@@ -179,6 +179,10 @@ impl Router {
                     tracing::error!(error = %e, "request failed");
                 }
                 let mut r = json_response(e.status(), &api.error_json(&e));
+                if let Some(seconds) = e.retry_after_seconds() {
+                    r.headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(seconds));
+                }
                 if let (ErrorKind::MethodNotAllowed, Some(allow)) = (e.kind, allow) {
                     r.headers_mut()
                         .insert(ALLOW, HeaderValue::from_static(allow));

@@ -3,11 +3,11 @@
 //! tokens and strings, streaming and cancellation. Loading lives in [`crate::loader`].
 
 use crate::config::ModelConfig;
-use crate::detokenizer::{StopCheck, StopMatcher, StreamDecoder};
 use crate::error::{InferenceError, Result};
 use crate::forward::{Forward, StepInput};
-use crate::request::{Completion, FinishReason, GenerateRequest, Prompt, TokenEvent};
+use crate::request::{Completion, GenerateRequest, Prompt, TokenEvent};
 use crate::sampling::Sampler;
+use crate::sequence::SequenceOutput;
 use crate::tokenizer::Tokenizer;
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -67,17 +67,9 @@ pub fn generate(
     let max_tokens = request.max_tokens.min(context_length - prompt.len());
     let mut sampler = Sampler::new(request.sampling.clone());
     let mut context = prompt.clone();
-    let mut out = Completion {
-        text: String::new(),
-        tokens: vec![],
-        logprobs: vec![],
-        finish_reason: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        prompt_seconds: 0.0,
-        generation_seconds: 0.0,
-    };
+    let mut output = SequenceOutput::new(request, prompt.len(), max_tokens);
     if max_tokens == 0 {
-        return Ok(out);
+        return output.finish(tokenizer, &mut on_token);
     }
     let start = Instant::now();
     forward.reset()?;
@@ -98,73 +90,28 @@ pub fn generate(
         Some(choice) => choice.wait()?,
         None => logits = forward.forward(last_chunk)?,
     }
-    out.prompt_seconds = start.elapsed().as_secs_f64();
+    let prompt_seconds = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
-    let mut decoder = StreamDecoder::new();
-    let mut stops = StopMatcher::new(&request.stop);
-    let mut stopped_by_string = false;
     loop {
         let s = match pending.take() {
             Some(choice) => {
-                if out.tokens.len() + 1 < max_tokens {
+                if output.generated() + 1 < max_tokens {
                     pending = forward.greedy_on_device(StepInput::Device(&choice.token))?;
                 }
                 choice.read()?
             }
-            None => sampler.sample(&logits, &context, out.tokens.len()),
+            None => sampler.sample(&logits, &context, output.generated()),
         };
         context.push(s.token);
-        out.tokens.push(s.token);
-        out.logprobs.push(s.logprob);
-        let is_end = (!request.ignore_eos && tokenizer.eos_token_ids.contains(&s.token))
-            || request.stop_token_ids.contains(&s.token);
-        if is_end {
-            out.finish_reason = FinishReason::Stop;
-            break;
-        }
-        let piece = decoder.push(tokenizer, s.token)?;
-        let (emit, stopped) = match stops.push(&piece) {
-            StopCheck::Continue(t) => (t, false),
-            StopCheck::Stop(t) => (t, true),
-        };
-        if on_token(TokenEvent {
-            token: s.token,
-            text: &emit,
-            logprob: s.logprob,
-        })
-        .is_break()
-        {
-            out.finish_reason = FinishReason::Cancelled;
-            break;
-        }
-        if stopped {
-            stopped_by_string = true;
-            out.finish_reason = FinishReason::Stop;
-            break;
-        }
-        if out.tokens.len() >= max_tokens {
+        if output.push(tokenizer, s, &mut on_token)? {
             break;
         }
         if pending.is_none() {
             logits = forward.forward(&[s.token])?;
         }
     }
-    out.generation_seconds = decode_start.elapsed().as_secs_f64();
-    if !stopped_by_string && out.finish_reason != FinishReason::Cancelled {
-        // Flush an incomplete character and any text held back for a possible stop string.
-        let tail = decoder.finish(tokenizer)?;
-        let rest = match stops.push(&tail) {
-            StopCheck::Stop(t) => t,
-            StopCheck::Continue(t) => t + &stops.finish(),
-        };
-        if !rest.is_empty() {
-            let _ = on_token(TokenEvent {
-                token: *out.tokens.last().unwrap_or(&0),
-                text: &rest,
-                logprob: 0.0,
-            });
-        }
-    }
-    out.text = stops.text().to_owned();
-    Ok(out)
+    let c = output.completion_mut();
+    c.prompt_seconds = prompt_seconds;
+    c.generation_seconds = decode_start.elapsed().as_secs_f64();
+    output.finish(tokenizer, &mut on_token)
 }

@@ -9,10 +9,14 @@
 //! - [`tokenizer`], [`chat_template`], [`detokenizer`]: tokens in and out, chat templates.
 //! - [`request`], [`forward`], [`generate`], [`sampling`]: generation, one loop over any
 //!   [`forward::Forward`]; [`engine`]: a whole model in this process.
+//! - [`batch`]: many requests at once (continuous batching), [`sequence`]: each token's
+//!   fate, the same alone and in a batch.
 //! - [`ring`], [`stage`], [`pipeline`], [`tensor_stage`]: one model across several processes
 //!   over MLX's ring backend (the two kinds of [`stage::Stage`]).
+//! - [`memory`]: what an instance holds while it runs (what placement counts).
 //! - [`runner`]: one instance (or one rank of it) in its own process, driven by its node.
 
+pub mod batch;
 pub mod chat_template;
 pub mod config;
 pub mod detokenizer;
@@ -25,6 +29,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod linear;
 pub mod loader;
+pub mod memory;
 pub mod models;
 pub mod pipeline;
 pub mod platform;
@@ -34,6 +39,7 @@ pub mod ring;
 pub mod rope;
 pub mod runner;
 pub mod sampling;
+pub mod sequence;
 pub mod stage;
 pub mod tensor_stage;
 pub mod tokenizer;

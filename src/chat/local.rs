@@ -9,7 +9,8 @@ use gateway::{ApiError, CancellationToken, ChatRequest, ChatStream, ErrorKind};
 use inference::Prompt;
 
 /// Runs `request` on instance `id`'s rank-0 runner on this node (`node` names it in errors):
-/// renders and tokenizes the prompt, queues the generation, and relays its events.
+/// renders and tokenizes the prompt, queues the generation, and relays its events. A runner
+/// whose batch and queue are full answers 429 with `Retry-After` ([`ApiError::busy`]).
 pub async fn chat_here(
     id: &str,
     request: ChatRequest,
@@ -37,7 +38,9 @@ pub async fn chat_here(
         Prompt::Tokens(ids) => ids.len() as u32,
         _ => 0,
     };
-    let events = runner.generate(generate, cancel);
+    let events = runner
+        .generate(generate, cancel)
+        .map_err(|busy| ApiError::busy(busy))?;
     let (tx, stream) = ChatStream::channel(prompt_tokens, 64);
     tokio::spawn(relay(events, tx, want_logprobs));
     Ok(stream)

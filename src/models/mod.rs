@@ -114,6 +114,9 @@ pub struct ModelFacts {
     pub num_kv_heads: usize,
     /// Bytes of weights on disk.
     pub bytes_on_disk: u64,
+    /// What an instance holds while it runs (weights as they run, KV budget, runner
+    /// overhead): what placement counts.
+    pub memory: inference::memory::InstanceMemory,
 }
 
 impl ModelFacts {
@@ -127,16 +130,18 @@ impl ModelFacts {
             hidden_size: opened.config.hidden_size,
             num_kv_heads: opened.config.num_kv_heads,
             bytes_on_disk: opened.bytes_on_disk,
+            memory: inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk),
         })
     }
 
-    /// The model card placement decides on. Every model inference loads can be split by
+    /// The model card placement decides on: its memory is what a runner of it holds
+    /// ([`ModelFacts::memory`]), not the file's size. Every model inference loads can be split by
     /// layers and by heads (its Llama/Qwen-family decoder), on any MLX backend.
     pub fn card(&self, id: &str) -> ModelCard {
         ModelCard {
             id: id.to_string(),
             n_layers: u32::try_from(self.num_layers).unwrap_or(u32::MAX),
-            storage_bytes: self.bytes_on_disk,
+            storage_bytes: self.memory.total().max(self.bytes_on_disk),
             hidden_size: u32::try_from(self.hidden_size).unwrap_or(u32::MAX),
             num_key_value_heads: u32::try_from(self.num_kv_heads).unwrap_or(u32::MAX),
             supports_tensor: true,

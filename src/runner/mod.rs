@@ -4,8 +4,9 @@
 //!   it, serving `inference::runner`'s protocol on stdin/stdout);
 //! - [`supervisor`]: the node's handle on one such process (start it, send it lifecycle
 //!   commands, queue generations, stop it);
-//! - [`scheduler`]: the state machine between requesters and one runner (one request at a
-//!   time, FIFO, cancellation, every request ending exactly once).
+//! - [`scheduler`]: the state machine between requesters and one runner (up to the batch's
+//!   size at once, the rest FIFO in a bounded queue, cancellation, every request ending
+//!   exactly once).
 //!
 //! - [`table`]: this node's runners as their readers (routing, the model list, the API) see
 //!   them; the table ([`table::LocalRunner`]) is driven by the executor ([`crate::reconcile`]).
@@ -16,4 +17,4 @@ pub mod supervisor;
 pub mod table;
 
 pub use process::{run, RunnerArgs};
-pub use supervisor::{RunnerCommand, Supervisor};
+pub use supervisor::{RunnerCommand, Supervisor, DEFAULT_MAX_QUEUE, MAX_QUEUE_ENV};

@@ -1,9 +1,10 @@
 //! The scheduler: the state machine between requesters and one runner process.
 //!
 //! It tracks the runner's [`RunnerStatus`] (published on a watch channel), keeps a FIFO queue
-//! of generation requests, sends the next one to the runner only when the previous one has
-//! finished (the runner generates one request at a time), and routes each request's events
-//! to that request's own channel.
+//! of generation requests, keeps up to `max_running` of them in the runner at once (the runner
+//! batches them: every step decodes all of them), sends the next as soon as one ends, and
+//! routes each request's events to that request's own channel. The queue's bound is the
+//! supervisor's ([`super::Supervisor::generate`] refuses past it).
 //!
 //! A request's channel carries the runner protocol's own [`Event`]s for it: `Token`s, then
 //! exactly one end, `Done`, `Error` (the runner refused or failed this request and stays
@@ -15,7 +16,7 @@
 use inference::runner::protocol::{Command, Event};
 use inference::GenerateRequest;
 use placement::RunnerStatus;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,9 +60,12 @@ pub(super) struct Scheduler {
     commands: std::sync::mpsc::Sender<Command>,
     state: watch::Sender<RunnerStatus>,
     queue: VecDeque<Pending>,
-    running: Option<Pending>,
-    /// Whether `Cancel` was already sent for the running request.
-    cancel_sent: bool,
+    /// Requests in the runner, by id.
+    running: BTreeMap<u64, Pending>,
+    /// Running requests whose `Cancel` was already sent.
+    cancel_sent: BTreeSet<u64>,
+    /// Requests kept in the runner at once at most.
+    max_running: usize,
     /// Set once the runner failed or exited: why.
     failure: Option<String>,
     child: Arc<Mutex<Child>>,
@@ -78,19 +82,22 @@ pub fn instance_lost(reason: impl Into<String>) -> Event {
 impl Scheduler {
     /// A scheduler for a runner started just now (status `idle`): it sends commands on
     /// `commands`, publishes the status on `state`, counts queued and running requests in
-    /// `load`, and asks `child` for its exit status once the runner's output ends.
+    /// `load`, asks `child` for its exit status once the runner's output ends, and keeps up
+    /// to `max_running` requests in the runner at once.
     pub(super) fn new(
         commands: std::sync::mpsc::Sender<Command>,
         state: watch::Sender<RunnerStatus>,
         child: Arc<Mutex<Child>>,
         load: Arc<std::sync::atomic::AtomicUsize>,
+        max_running: usize,
     ) -> Scheduler {
         Scheduler {
             commands,
             state,
             queue: VecDeque::new(),
-            running: None,
-            cancel_sent: false,
+            running: BTreeMap::new(),
+            cancel_sent: BTreeSet::new(),
+            max_running: max_running.max(1),
             failure: None,
             child,
             load,
@@ -143,11 +150,8 @@ impl Scheduler {
             // Never reached the runner: drop it here. The requester stopped listening.
             self.queue.remove(pos);
             self.finished();
-        } else if let Some(running) = &self.running {
-            if running.id == id && !self.cancel_sent {
-                self.cancel_sent = true;
-                let _ = self.commands.send(Command::Cancel { id });
-            }
+        } else if self.running.contains_key(&id) && self.cancel_sent.insert(id) {
+            let _ = self.commands.send(Command::Cancel { id });
         }
     }
 
@@ -164,7 +168,7 @@ impl Scheduler {
                 }
             }
             Event::Token { id, .. } => {
-                if let Some(running) = self.running.as_ref().filter(|r| r.id == id) {
+                if let Some(running) = self.running.get(&id) {
                     let _ = running.events.send(event);
                 }
             }
@@ -180,13 +184,10 @@ impl Scheduler {
     }
 
     fn take_running(&mut self, id: u64) -> Option<Pending> {
-        if self.running.as_ref().is_some_and(|r| r.id == id) {
-            self.cancel_sent = false;
-            self.finished();
-            self.running.take()
-        } else {
-            None
-        }
+        let running = self.running.remove(&id)?;
+        self.cancel_sent.remove(&id);
+        self.finished();
+        Some(running)
     }
 
     fn finished(&self) {
@@ -222,21 +223,29 @@ impl Scheduler {
 
     /// Ends every queued and running request with "instance lost".
     fn fail_all(&mut self, reason: &str) {
-        for pending in self.running.take().into_iter().chain(self.queue.drain(..)) {
+        self.cancel_sent.clear();
+        let running = std::mem::take(&mut self.running).into_values();
+        for pending in running.chain(self.queue.drain(..)) {
             self.load.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             let _ = pending.events.send(instance_lost(reason));
         }
     }
 
-    /// Sends the next queued request to the runner if it is free.
+    /// Sends queued requests to the runner while it has room.
     fn start_next(&mut self) {
-        if self.running.is_some() || self.failure.is_some() {
+        if self.failure.is_some() {
             return;
         }
-        if !matches!(*self.state.borrow(), RunnerStatus::Ready) {
+        if !matches!(
+            *self.state.borrow(),
+            RunnerStatus::Ready | RunnerStatus::Running
+        ) {
             return;
         }
-        while let Some(next) = self.queue.pop_front() {
+        while self.running.len() < self.max_running {
+            let Some(next) = self.queue.pop_front() else {
+                return;
+            };
             if next.events.is_closed() {
                 self.finished();
                 continue;
@@ -252,8 +261,7 @@ impl Scheduler {
                 self.finished();
                 continue;
             }
-            self.running = Some(next);
-            return;
+            self.running.insert(next.id, next);
         }
     }
 }
@@ -275,6 +283,11 @@ mod tests {
 
     impl Harness {
         fn new() -> Harness {
+            Harness::with_limit(1)
+        }
+
+        /// A scheduler that keeps up to `max_running` requests in the runner.
+        fn with_limit(max_running: usize) -> Harness {
             let child = std::process::Command::new("sleep")
                 .arg("60")
                 .spawn()
@@ -284,16 +297,13 @@ mod tests {
             let (state_tx, state) = watch::channel(RunnerStatus::Idle);
             let (inputs, inputs_rx) = mpsc::unbounded_channel();
             let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let scheduler = Scheduler {
-                commands: commands_tx,
-                state: state_tx,
-                queue: VecDeque::new(),
-                running: None,
-                cancel_sent: false,
-                failure: None,
-                child: child.clone(),
-                load: load.clone(),
-            };
+            let scheduler = Scheduler::new(
+                commands_tx,
+                state_tx,
+                child.clone(),
+                load.clone(),
+                max_running,
+            );
             tokio::spawn(scheduler.run(inputs_rx));
             Harness {
                 inputs,
@@ -424,6 +434,49 @@ mod tests {
             })
         );
         assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let _ = h.child.lock().unwrap().kill();
+    }
+
+    #[tokio::test]
+    async fn up_to_the_limit_run_at_once_and_the_next_starts_when_one_ends() {
+        let h = Harness::with_limit(2);
+        h.runner(Event::State(RunnerStatus::Ready));
+        let mut first = h.submit(1);
+        let mut second = h.submit(2);
+        let _third = h.submit(3);
+        assert_eq!(generate_id(h.next_command().await), 1);
+        // The runner is `running` now: the second still goes in, the third waits.
+        h.runner(Event::State(RunnerStatus::Running));
+        assert_eq!(generate_id(h.next_command().await), 2);
+        assert!(h.next_command().await.is_none(), "two at once at most");
+        // Tokens of the two interleave, each to its own requester.
+        for id in [2, 1, 2] {
+            h.runner(Event::Token {
+                id,
+                token: id as u32,
+                text: "x".into(),
+                logprob: 0.0,
+            });
+        }
+        // Cancelling one running request reaches the runner; the other keeps going.
+        h.inputs.send(Input::Cancel(1)).unwrap();
+        assert_eq!(h.next_command().await, Some(Command::Cancel { id: 1 }));
+        h.runner(Event::Done {
+            id: 1,
+            completion: completion(),
+        });
+        assert_eq!(generate_id(h.next_command().await), 3);
+        let tokens = |rx: &mut mpsc::UnboundedReceiver<Event>| {
+            let mut v = Vec::new();
+            while let Ok(Event::Token { token, .. }) = rx.try_recv() {
+                v.push(token);
+            }
+            v
+        };
+        h.settle().await;
+        assert_eq!(tokens(&mut first), vec![1]);
+        assert_eq!(tokens(&mut second), vec![2, 2]);
+        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 2);
         let _ = h.child.lock().unwrap().kill();
     }
 

@@ -25,6 +25,12 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+/// The environment variable (in [`RunnerCommand::env`], from the node's `--max-queue`) with
+/// how many requests may wait for room in one runner's batch.
+pub const MAX_QUEUE_ENV: &str = "SHOAL_MAX_QUEUE";
+/// The default of [`MAX_QUEUE_ENV`].
+pub const DEFAULT_MAX_QUEUE: usize = 64;
+
 /// How to start a runner process.
 #[derive(Debug, Clone)]
 pub struct RunnerCommand {
@@ -60,6 +66,8 @@ struct Shared {
     next_id: std::sync::atomic::AtomicU64,
     /// Requests submitted and not yet ended (queued or running): the instance's load.
     load: Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests taken at once at most (the batch plus its queue); past it `generate` refuses.
+    capacity: usize,
     child: Arc<Mutex<Child>>,
     pid: u32,
 }
@@ -103,7 +111,23 @@ impl Supervisor {
         spawn_writer(stdin, commands_rx, pid);
         let child = Arc::new(Mutex::new(child));
         let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let scheduler = Scheduler::new(commands, state_tx, child.clone(), load.clone());
+        let setting = |name: &str, default: usize| -> usize {
+            command
+                .env
+                .iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let max_running = setting(
+            inference::batch::MAX_SEQUENCES_ENV,
+            inference::batch::DEFAULT_MAX_SEQUENCES,
+        )
+        .max(1);
+        let capacity = max_running + setting(MAX_QUEUE_ENV, DEFAULT_MAX_QUEUE);
+        let scheduler =
+            Scheduler::new(commands, state_tx, child.clone(), load.clone(), max_running);
         tokio::spawn(scheduler.run(inputs_rx));
         tracing::info!(pid, "runner started");
         Ok(Supervisor {
@@ -112,6 +136,7 @@ impl Supervisor {
                 state,
                 next_id: std::sync::atomic::AtomicU64::new(1),
                 load,
+                capacity,
                 child,
                 pid,
             }),
@@ -174,12 +199,19 @@ impl Supervisor {
     /// it, then exactly one `Done`, `Error` or `State(Failed)` (see [`super::scheduler`]; a
     /// request is never silently dropped). Firing `cancel`, or dropping
     /// the receiver, cancels it: a queued request is removed, a running one is stopped after
-    /// its current token.
+    /// its current token. Refused with [`Busy`] when the batch and its queue are full.
     pub fn generate(
         &self,
         request: GenerateRequest,
         cancel: CancellationToken,
-    ) -> mpsc::UnboundedReceiver<Event> {
+    ) -> Result<mpsc::UnboundedReceiver<Event>, Busy> {
+        let load = self.load();
+        if load >= self.shared.capacity {
+            return Err(Busy {
+                load,
+                capacity: self.shared.capacity,
+            });
+        }
         let id = self
             .shared
             .next_id
@@ -196,7 +228,7 @@ impl Supervisor {
             .is_err()
         {
             let _ = watcher.send(instance_lost("the runner's supervisor stopped"));
-            return rx;
+            return Ok(rx);
         }
         // Forwards a cancellation (or the requester going away) to the scheduler.
         tokio::spawn(async move {
@@ -206,7 +238,7 @@ impl Supervisor {
             }
             let _ = inputs.send(Input::Cancel(id));
         });
-        rx
+        Ok(rx)
     }
 
     /// Asks the runner to exit and waits up to `grace` for it; kills it after that.
@@ -226,6 +258,25 @@ impl Supervisor {
             let _ = child.wait();
         })
         .await;
+    }
+}
+
+/// A runner that already has as many requests as it takes (running and waiting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy {
+    /// Requests it holds.
+    pub load: usize,
+    /// What it takes: `--max-sequences` plus `--max-queue`.
+    pub capacity: usize,
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the instance is at its limit ({} requests running or waiting, of {})",
+            self.load, self.capacity
+        )
     }
 }
 

@@ -12,6 +12,7 @@ use crate::ring::RingGroup;
 use crate::rope::Rope;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{nn, ops, Array};
 use std::sync::Arc;
 
@@ -145,8 +146,23 @@ impl Attention {
         })
     }
 
-    /// `x`: `[batch, seq, hidden]`.
+    /// `x`: `[batch, seq, hidden]`, one sequence (per batch row) continuing `cache`.
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let l = x.shape()[1] as usize;
+        self.forward_segments(x, &mut [(l, cache)])
+    }
+
+    /// Several sequences in one pass (continuous batching): `x` is `[1, total, hidden]`, the
+    /// new positions of each sequence one after another, and `segments` says, in the same
+    /// order, how many positions each has and which cache it continues. The projections run
+    /// once over all positions (one read of the weights for every sequence); RoPE, the cache
+    /// and attention run per sequence at its own offset, so no padding or mask is needed and
+    /// each sequence sees exactly what it would see alone.
+    pub fn forward_segments(
+        &self,
+        x: &Array,
+        segments: &mut [(usize, &mut LayerCache)],
+    ) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
             let t = t.reshape(&[b, l, n, self.head_dim])?;
@@ -164,6 +180,28 @@ impl Attention {
             norms.map(|n| &n.k),
         )?;
         let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
+        let o = if let [(_, cache)] = segments {
+            self.attend(q, k, v, cache)?
+        } else {
+            let mut outs = Vec::with_capacity(segments.len());
+            let mut at = 0i32;
+            for (len, cache) in segments.iter_mut() {
+                let end = at + *len as i32;
+                let part = |t: &Array| t.index((.., .., at..end, ..));
+                outs.push(self.attend(part(&q), part(&k), part(&v), cache)?);
+                at = end;
+            }
+            ops::concatenate(&outs, 2)?
+        };
+        let o =
+            o.transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        all_sum(self.o_proj.forward(&o)?, &self.reduce)
+    }
+
+    /// Attention of one sequence's new positions (`[b, heads, new, head_dim]`) over its cache.
+    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache) -> Result<Array> {
+        let l = q.shape()[2];
         let offset = cache.len();
         let q = self.rope.apply(&q, offset)?;
         let k = self.rope.apply(&k, offset)?;
@@ -174,11 +212,9 @@ impl Attention {
         } else {
             None
         };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
-        let o =
-            o.transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[b, l, self.num_heads * self.head_dim])?;
-        all_sum(self.o_proj.forward(&o)?, &self.reduce)
+        Ok(fast::scaled_dot_product_attention(
+            &q, &k, &v, scale, mask, None,
+        )?)
     }
 
     fn arrays(&self) -> Vec<&Array> {
@@ -277,9 +313,21 @@ impl DecoderLayer {
 
     /// `h = x + attn(norm(x)); h + mlp(norm(h))`.
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let a = self
-            .attention
-            .forward(&fast::rms_norm(x, Some(&self.input_norm), self.eps)?, cache)?;
+        let l = x.shape()[1] as usize;
+        self.forward_segments(x, &mut [(l, cache)])
+    }
+
+    /// The block over several sequences' positions at once (see
+    /// [`Attention::forward_segments`]).
+    pub fn forward_segments(
+        &self,
+        x: &Array,
+        segments: &mut [(usize, &mut LayerCache)],
+    ) -> Result<Array> {
+        let a = self.attention.forward_segments(
+            &fast::rms_norm(x, Some(&self.input_norm), self.eps)?,
+            segments,
+        )?;
         let h = ops::add(x, &a)?;
         let m = self.mlp.forward(&fast::rms_norm(
             &h,

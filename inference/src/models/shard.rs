@@ -22,6 +22,16 @@ pub enum ShardInput<'a> {
     Hidden(Array),
 }
 
+/// One sequence's share of a [`ModelShard::forward_batch`].
+pub struct BatchPart<'a> {
+    /// Its new tokens (at least one).
+    pub tokens: &'a [u32],
+    /// Its cache, which the tokens continue.
+    pub cache: &'a mut KvCache,
+    /// Whether the caller needs the logits of its last new position.
+    pub wants_logits: bool,
+}
+
 /// Layers `[start, end)` of a decoder, with embeddings on the first and the head on the last.
 #[derive(Debug, Clone)]
 pub struct ModelShard {
@@ -183,6 +193,57 @@ impl ModelShard {
             h = layer.forward(&h, c)?;
         }
         Ok(h)
+    }
+
+    /// Several sequences in one pass (continuous batching): `parts` are, in order, each
+    /// sequence's new tokens with its cache. Returns float32 logits `[k, vocab]` of the last
+    /// new position of each part whose `wants_logits` is set, in order (`None` when none is).
+    /// Needs the whole model (embedding and head).
+    pub fn forward_batch(&self, parts: &mut [BatchPart<'_>]) -> Result<Option<Array>> {
+        let tokens: Vec<u32> = parts
+            .iter()
+            .flat_map(|p| p.tokens.iter().copied())
+            .collect();
+        let mut h = self.embed(&tokens)?;
+        for (j, layer) in self.layers.iter().enumerate() {
+            let mut segments: Vec<(usize, &mut crate::kv_cache::LayerCache)> = Vec::new();
+            for p in parts.iter_mut() {
+                let cache = p.cache.layers.get_mut(j).ok_or_else(|| {
+                    InferenceError::InvalidRequest("the cache belongs to a different shard".into())
+                })?;
+                segments.push((p.tokens.len(), cache));
+            }
+            h = layer.forward_segments(&h, &mut segments)?;
+        }
+        let mut rows = Vec::new();
+        let mut end = 0i32;
+        for p in parts.iter() {
+            end += p.tokens.len() as i32;
+            if p.wants_logits {
+                rows.push(end - 1);
+            }
+        }
+        if rows.is_empty() {
+            // Nothing to read, but the caches must still be computed.
+            let mut arrays: Vec<&Array> = vec![&h];
+            arrays.extend(
+                parts
+                    .iter()
+                    .flat_map(|p| p.cache.layers.iter().flat_map(|l| l.arrays())),
+            );
+            mlx_rs::transforms::eval(arrays)?;
+            return Ok(None);
+        }
+        let n = rows.len() as i32;
+        let h = h.take_axis(Array::from_slice(&rows, &[n]), 1)?;
+        let logits = self.logits(&h, false)?;
+        let vocab = *logits.shape().last().unwrap_or(&0);
+        let logits = logits.reshape(&[n, vocab])?;
+        Ok(Some(if logits.dtype() == Dtype::Float32 {
+            logits
+        } else {
+            logits.as_dtype(Dtype::Float32)?
+        }))
     }
 
     /// Final norm and head: logits `[1, seq, vocab]` (of the last position only if `last_only`).

@@ -8,8 +8,11 @@
 //! The lifecycle (see [`super`] for what the node relies on): `idle`, then for a ring of one
 //! `Load` → `loading` → `loaded` → `warming_up` → `ready` ⇄ `running`; for a rank of a larger
 //! ring `Connect` → `connecting` → `connected`, `Load` → `loading` → `loaded`, `WarmUp` →
-//! `warming_up` → `ready` (rank 0 drives, the others serve the ring). A generation in flight
-//! takes cancels at once and holds back every other command until it ends.
+//! `warming_up` → `ready` (rank 0 drives, the others serve the ring). Requests run together
+//! (the IO loop batches them, [`crate::batch`]): a `Generate` is taken at any time once
+//! ready, the status is `running` while any runs and `ready` once none does; cancels are
+//! forwarded at once; a `Shutdown` waits until the requests in flight have ended (and new
+//! ones are refused meanwhile).
 
 use super::protocol::{Command, Event, RunnerStatus, Sharding};
 use crate::request::{Completion, GenerateRequest};
@@ -125,15 +128,18 @@ pub enum Action {
     /// A rank above 0: serve the ring on its own thread; answer [`Input::WarmedUp`] once it
     /// runs, and [`Input::Served`] when it ends.
     Serve,
-    /// Generate; answer [`Input::Token`]s and [`Input::Generated`].
+    /// Add a request to the batch; answer [`Input::Token`]s and [`Input::Generated`].
     Generate {
         /// The request.
         id: u64,
         /// What to generate.
         request: GenerateRequest,
     },
-    /// Stop the generation in flight after the token just reported.
-    StopGenerating,
+    /// Cancel request `id` (it ends `cancelled` at the next step).
+    Cancel {
+        /// The request.
+        id: u64,
+    },
     /// Rank 0: stop the other ranks (bounded; the process exits right after).
     StopRing,
     /// End the process with this code.
@@ -174,10 +180,8 @@ enum Phase {
     Loaded(Role),
     /// Warming up (or, for a follower, starting to serve).
     WarmingUp(Role),
-    /// Ready for requests (a follower: serving the ring).
+    /// Ready for requests (a follower: serving the ring); requests may be running.
     Ready(Role),
-    /// Generating request `id`.
-    Running { id: u64, role: Role },
     /// The process is ending.
     Exited,
 }
@@ -191,9 +195,11 @@ pub struct RunnerCore {
     /// A `Connect` was taken (it comes once).
     connected: bool,
     seat: Option<Seat>,
-    /// Requests cancelled before or while they run.
+    /// Requests cancelled before they came.
     cancelled: BTreeSet<u64>,
-    /// Inputs held back while a generation runs.
+    /// Requests running (taken, not yet ended).
+    running: BTreeSet<u64>,
+    /// Inputs held back until no request runs (a shutdown).
     deferred: VecDeque<Input>,
 }
 
@@ -206,6 +212,7 @@ impl RunnerCore {
             connected: false,
             seat: None,
             cancelled: BTreeSet::new(),
+            running: BTreeSet::new(),
             deferred: VecDeque::new(),
         }
     }
@@ -219,8 +226,8 @@ impl RunnerCore {
     pub fn handle(&mut self, input: Input) -> Vec<Output> {
         let mut out = Vec::new();
         self.step(input, &mut out);
-        // Inputs held back during a generation, once it is over.
-        while !matches!(self.phase, Phase::Running { .. } | Phase::Exited) {
+        // Inputs held back while requests ran, once none does.
+        while self.running.is_empty() && self.phase != Phase::Exited {
             let Some(next) = self.deferred.pop_front() else {
                 break;
             };
@@ -241,13 +248,9 @@ impl RunnerCore {
             Input::Started(Err(e)) => {
                 self.fail(out, format!("MLX does not work in this process: {e}"))
             }
-            Input::Command(Command::Cancel { id }) => {
-                self.cancelled.insert(id);
-            }
-            other @ (Input::Command(_) | Input::BadFrame(_))
-                if matches!(self.phase, Phase::Running { .. }) =>
-            {
-                self.deferred.push_back(other)
+            Input::Command(Command::Cancel { id }) => self.cancel(id, out),
+            Input::Command(Command::Shutdown) if !self.running.is_empty() => {
+                self.deferred.push_back(Input::Command(Command::Shutdown))
             }
             Input::Command(command) => self.command(command, out),
             Input::BadFrame(message) => error(out, None, message),
@@ -285,14 +288,13 @@ impl RunnerCore {
                 text,
                 logprob,
             } => {
-                out.push(Output::Event(Event::Token {
-                    id,
-                    token,
-                    text,
-                    logprob,
-                }));
-                if self.cancelled.remove(&id) {
-                    act(out, Action::StopGenerating);
+                if self.running.contains(&id) {
+                    out.push(Output::Event(Event::Token {
+                        id,
+                        token,
+                        text,
+                        logprob,
+                    }));
                 }
             }
             Input::Generated { id, result } => self.generated(id, result, out),
@@ -386,10 +388,21 @@ impl RunnerCore {
                 _ => error(out, None, "WarmUp needs a loaded model"),
             },
             Command::Generate { id, request } => match self.phase {
-                Phase::Ready(role @ (Role::Whole | Role::Driver)) => {
-                    self.phase = Phase::Running { id, role };
-                    state(out, RunnerStatus::Running);
+                Phase::Ready(Role::Whole | Role::Driver) if !self.deferred.is_empty() => {
+                    error(out, Some(id), "the runner is shutting down")
+                }
+                Phase::Ready(Role::Whole | Role::Driver) if self.running.contains(&id) => {
+                    error(out, Some(id), format!("request {id} is already running"))
+                }
+                Phase::Ready(Role::Whole | Role::Driver) => {
+                    if self.running.is_empty() {
+                        state(out, RunnerStatus::Running);
+                    }
+                    self.running.insert(id);
                     act(out, Action::Generate { id, request });
+                    if self.cancelled.remove(&id) {
+                        act(out, Action::Cancel { id });
+                    }
                 }
                 Phase::Loaded(Role::Driver) | Phase::WarmingUp(Role::Driver) => error(
                     out,
@@ -408,9 +421,7 @@ impl RunnerCore {
                 }
                 _ => error(out, Some(id), "no model is loaded yet"),
             },
-            Command::Cancel { id } => {
-                self.cancelled.insert(id);
-            }
+            Command::Cancel { id } => self.cancel(id, out),
             Command::Shutdown => {
                 if matches!(
                     self.phase,
@@ -476,10 +487,12 @@ impl RunnerCore {
         result: Result<Completion, GenerateFailure>,
         out: &mut Vec<Output>,
     ) {
-        let Phase::Running { role, .. } = self.phase else {
+        let Phase::Ready(role) = self.phase else {
             return;
         };
-        self.cancelled.remove(&id);
+        if !self.running.remove(&id) {
+            return;
+        }
         match result {
             Ok(completion) => out.push(Output::Event(Event::Done { id, completion })),
             Err(GenerateFailure {
@@ -497,8 +510,24 @@ impl RunnerCore {
             }
             Err(GenerateFailure { message, .. }) => error(out, Some(id), message),
         }
-        self.phase = Phase::Ready(role);
-        state(out, RunnerStatus::Ready);
+        if self.running.is_empty() {
+            self.phase = Phase::Ready(role);
+            state(out, RunnerStatus::Ready);
+        }
+    }
+
+    /// A cancel: forwarded at once for a running request, kept for one still to come (the
+    /// node may send it before the request when a client gives up at once).
+    fn cancel(&mut self, id: u64, out: &mut Vec<Output>) {
+        if self.running.contains(&id) {
+            act(out, Action::Cancel { id });
+        } else {
+            // Bounded: a cancel for an id that never comes is forgotten with the oldest.
+            if self.cancelled.len() >= MAX_EARLY_CANCELS {
+                self.cancelled.pop_first();
+            }
+            self.cancelled.insert(id);
+        }
     }
 
     fn fail(&mut self, out: &mut Vec<Output>, reason: String) {
@@ -512,6 +541,9 @@ impl RunnerCore {
         act(out, Action::Exit(code));
     }
 }
+
+/// Cancels kept for requests that have not come (see [`RunnerCore::cancel`]).
+const MAX_EARLY_CANCELS: usize = 1024;
 
 fn state(out: &mut Vec<Output>, s: RunnerStatus) {
     out.push(Output::Event(Event::State(s)));

@@ -1,9 +1,9 @@
 //! The thin IO loop around [`RunnerCore`]: frames in from the node (on a reader thread),
 //! events out, and the work the core asks for done with the real ring, loader and models.
 //!
-//! Long work (loading, a generation) runs on this loop's thread, as MLX wants; while a
-//! generation runs, each token drains the commands that arrived, so a cancel reaches the core
-//! (which holds every other command back until the generation ends). The load watchdog's
+//! Long work (loading, a batch of generations) runs on this loop's thread, as MLX wants;
+//! while a batch runs, the commands that arrived are fed to the core between two steps, so
+//! new requests join and cancels reach their sequence within one step. The load watchdog's
 //! timeout reaches the core from the watchdog's thread, which is why the core sits behind a
 //! mutex.
 
@@ -12,12 +12,15 @@ use super::process::install_mlx_error_handler;
 use super::protocol::{
     read_frame, write_frame, Command, Event, FrameError, RunnerStatus, Sharding,
 };
+use crate::batch::{
+    batch_limits_of, BatchEvent, BatchForward, BatchLimits, Batcher, LocalBatch, OneAtATime,
+};
 use crate::engine::Engine;
 use crate::error::InferenceError;
 use crate::forward::Forward;
 use crate::loader::{base_load_timeout, load, Split, Watchdog};
 use crate::pipeline::PipelineStage;
-use crate::request::{GenerateRequest, Prompt, TokenEvent};
+use crate::request::{GenerateRequest, Prompt};
 use crate::ring::{RingConfig, RingGroup};
 use crate::stage::Stage;
 use crate::tensor_stage::TensorStage;
@@ -212,7 +215,7 @@ impl Io {
             } => Input::Loaded(self.load(Path::new(&model), layers, format, sharding)),
             Action::WarmUp => Input::WarmedUp(self.warm_up()),
             Action::Serve => Input::WarmedUp(self.start_serving()),
-            Action::Generate { id, request } => return self.generate(id, &request),
+            Action::Generate { id, request } => return self.batch(id, request),
             Action::StopRing => {
                 if let Held::Stage { stage, .. } = std::mem::replace(&mut self.held, Held::Nothing)
                 {
@@ -220,8 +223,8 @@ impl Io {
                 }
                 return Vec::new();
             }
-            // Only meaningful while a generation runs (see `generate`).
-            Action::StopGenerating => return Vec::new(),
+            // Only meaningful while a batch runs (see `batch`): the request already ended.
+            Action::Cancel { .. } => return Vec::new(),
             Action::Exit(code) => return vec![Action::Exit(code)],
         };
         self.shared.feed(outcome)
@@ -343,47 +346,102 @@ impl Io {
             .map_err(|e| e.to_string())
     }
 
-    /// Generates request `id`: tokens go out as they come, cancels come in between them.
-    fn generate(&mut self, id: u64, request: &GenerateRequest) -> Vec<Action> {
+    /// Runs request `id` and every request that joins while it runs, batched (see
+    /// [`crate::batch`]), until none is left: between two steps the commands that came are fed
+    /// to the core, which adds requests to the batch or cancels them; events go out as each
+    /// step produces them. A multi-rank instance's rank 0 runs one sequence at a time.
+    fn batch(&mut self, id: u64, request: GenerateRequest) -> Vec<Action> {
         let (shared, rx) = (self.shared.clone(), &self.rx);
-        let mut later = Vec::new();
-        let on_token = |ev: TokenEvent<'_>| {
-            // Commands that came meanwhile: the core takes cancels and holds the rest back.
-            while let Ok(input) = rx.try_recv() {
-                later.extend(shared.feed(input));
+        let (forward, tokenizer): (Box<dyn BatchForward + '_>, &Tokenizer) = match &mut self.held {
+            Held::Whole(engine) => {
+                let limits = batch_limits(&engine.model);
+                match LocalBatch::new(&engine.model, limits.max_sequences) {
+                    Ok(local) => (Box::new(local), &engine.tokenizer),
+                    Err(e) => return shared.feed(failed(id, &e)),
+                }
             }
-            let actions = shared.feed(Input::Token {
-                id,
-                token: ev.token,
-                text: ev.text.to_owned(),
-                logprob: ev.logprob,
-            });
-            let stop = actions.contains(&Action::StopGenerating);
-            later.extend(actions.into_iter().filter(|a| *a != Action::StopGenerating));
-            if stop {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        };
-        let result = match &mut self.held {
-            Held::Whole(engine) => engine.generate(request, on_token),
             Held::Stage { stage, tokenizer } => {
-                crate::generate::generate(stage.as_mut(), tokenizer, request, on_token)
+                (Box::new(OneAtATime::new(stage.as_mut())), tokenizer)
             }
-            _ => Err(InferenceError::InvalidRequest(
-                "no model is loaded yet".into(),
-            )),
+            _ => {
+                let e = InferenceError::InvalidRequest("no model is loaded yet".into());
+                return shared.feed(failed(id, &e));
+            }
         };
-        let result = result.map_err(|e| GenerateFailure {
-            ring_lost: matches!(e, InferenceError::Ring(_)),
-            message: e.to_string(),
-        });
-        later.extend(self.shared.feed(Input::Generated { id, result }));
-        later
+        let limits = batch_limits_of(forward.config());
+        let mut batcher = Batcher::new(forward, tokenizer, limits);
+        let mut later = Vec::new();
+        let mut todo: VecDeque<Action> = VecDeque::from([Action::Generate { id, request }]);
+        loop {
+            // Requests join or leave the batch; other work waits for the main loop.
+            while let Some(action) = todo.pop_front() {
+                match action {
+                    Action::Generate { id, request } => {
+                        if let Err(e) = batcher.submit(id, &request) {
+                            todo.extend(shared.feed(failed(id, &e)));
+                        }
+                    }
+                    Action::Cancel { id } => {
+                        batcher.cancel(id);
+                    }
+                    other => later.push(other),
+                }
+            }
+            if batcher.is_idle() || later.iter().any(|a| matches!(a, Action::Exit(_))) {
+                return later;
+            }
+            while let Ok(input) = rx.try_recv() {
+                todo.extend(shared.feed(input));
+            }
+            if !todo.is_empty() {
+                continue;
+            }
+            let events = match batcher.step() {
+                Ok(events) => events,
+                Err(e) => batcher.fail_all(&e.to_string(), matches!(e, InferenceError::Ring(_))),
+            };
+            for (id, event) in events {
+                let input = match event {
+                    BatchEvent::Token {
+                        token,
+                        text,
+                        logprob,
+                    } => Input::Token {
+                        id,
+                        token,
+                        text,
+                        logprob,
+                    },
+                    BatchEvent::Done(completion) => Input::Generated {
+                        id,
+                        result: Ok(completion),
+                    },
+                    BatchEvent::Failed { message, ring_lost } => Input::Generated {
+                        id,
+                        result: Err(GenerateFailure { message, ring_lost }),
+                    },
+                };
+                todo.extend(shared.feed(input));
+            }
+        }
     }
 }
 
+/// The outcome of a request that could not start.
+fn failed(id: u64, e: &InferenceError) -> Input {
+    Input::Generated {
+        id,
+        result: Err(GenerateFailure {
+            ring_lost: matches!(e, InferenceError::Ring(_)),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// The batch limits of a whole model in this process (see [`batch_limits_of`]).
+fn batch_limits(model: &crate::models::shard::ModelShard) -> BatchLimits {
+    batch_limits_of(&model.config)
+}
 fn hostfile_dir() -> PathBuf {
     std::env::temp_dir().join(format!("shoal-runner-{}", std::process::id()))
 }

@@ -215,7 +215,7 @@ fn without_warm_up_or_with_a_part_of_the_model_the_runner_is_ready_at_once() {
 }
 
 #[test]
-fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
+fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_batch() {
     let mut core = ready_whole();
     assert_eq!(
         cmd(&mut core, generate(1)),
@@ -227,10 +227,27 @@ fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
             })
         ]
     );
-    // While it runs: another request and a bad frame wait; a cancel is taken at once.
-    assert!(cmd(&mut core, generate(2)).is_empty());
-    assert!(core.handle(Input::BadFrame("garbled".into())).is_empty());
-    assert!(cmd(&mut core, Command::Cancel { id: 1 }).is_empty());
+    // While it runs: another request joins the batch, a bad frame is reported, a cancel is
+    // forwarded at once.
+    assert_eq!(
+        cmd(&mut core, generate(2)),
+        vec![Output::Action(Action::Generate {
+            id: 2,
+            request: GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 4)
+        })]
+    );
+    assert_eq!(
+        cmd(&mut core, generate(2)),
+        vec![err(Some(2), "request 2 is already running")]
+    );
+    assert_eq!(
+        core.handle(Input::BadFrame("garbled".into())),
+        vec![err(None, "garbled")]
+    );
+    assert_eq!(
+        cmd(&mut core, Command::Cancel { id: 1 }),
+        vec![Output::Action(Action::Cancel { id: 1 })]
+    );
     let token = |id| Input::Token {
         id,
         token: 5,
@@ -245,32 +262,21 @@ fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
             logprob: -0.1,
         })
     };
-    assert_eq!(
-        core.handle(token(1)),
-        vec![token_event(1), Output::Action(Action::StopGenerating)]
-    );
-    // It ends: its completion, ready, then what waited, in order.
-    let outputs = core.handle(Input::Generated {
-        id: 1,
-        result: Ok(completion()),
-    });
-    assert_eq!(
-        outputs,
-        vec![
-            Output::Event(Event::Done {
-                id: 1,
-                completion: completion()
-            }),
-            st(RunnerStatus::Ready),
-            st(RunnerStatus::Running),
-            Output::Action(Action::Generate {
-                id: 2,
-                request: GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 4)
-            }),
-        ]
-    );
-    // The bad frame still waits behind request 2; a later token of it is not cancelled.
+    assert_eq!(core.handle(token(1)), vec![token_event(1)]);
     assert_eq!(core.handle(token(2)), vec![token_event(2)]);
+    // One ends: its completion; the runner stays `running` while the other runs.
+    assert_eq!(
+        core.handle(Input::Generated {
+            id: 1,
+            result: Ok(completion()),
+        }),
+        vec![Output::Event(Event::Done {
+            id: 1,
+            completion: completion()
+        })]
+    );
+    // A token of a request that ended is not passed on.
+    assert!(core.handle(token(1)).is_empty());
     assert_eq!(
         core.handle(Input::Generated {
             id: 2,
@@ -282,7 +288,6 @@ fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
         vec![
             err(Some(2), "invalid request: the prompt is empty"),
             st(RunnerStatus::Ready),
-            err(None, "garbled"),
         ]
     );
 }
@@ -291,16 +296,10 @@ fn a_generation_streams_takes_cancels_and_holds_other_commands_back() {
 fn a_cancel_before_the_request_starts_still_stops_it() {
     let mut core = ready_whole();
     assert!(cmd(&mut core, Command::Cancel { id: 9 }).is_empty());
-    cmd(&mut core, generate(9));
-    let outputs = core.handle(Input::Token {
-        id: 9,
-        token: 1,
-        text: String::new(),
-        logprob: 0.0,
-    });
+    let outputs = cmd(&mut core, generate(9));
     assert_eq!(
         outputs.last(),
-        Some(&Output::Action(Action::StopGenerating))
+        Some(&Output::Action(Action::Cancel { id: 9 }))
     );
 }
 
@@ -351,6 +350,11 @@ fn a_shutdown_during_a_generation_waits_for_it() {
     let mut core = ready_whole();
     cmd(&mut core, generate(3));
     assert!(cmd(&mut core, Command::Shutdown).is_empty());
+    // New requests are refused meanwhile.
+    assert_eq!(
+        cmd(&mut core, generate(4)),
+        vec![err(Some(4), "the runner is shutting down")]
+    );
     let outputs = core.handle(Input::Generated {
         id: 3,
         result: Ok(completion()),

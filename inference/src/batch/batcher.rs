@@ -1,0 +1,362 @@
+//! The continuous-batching loop: many requests, one forward pass per step.
+//!
+//! Every [`Batcher::step`] runs each active sequence's next tokens together: one token for
+//! each decoding sequence, and chunks of the prompts of sequences still in prefill within what
+//! is left of the step's token budget ([`BatchForward::step_tokens`]), so a long prompt
+//! joining never stalls the streams already running. Requests join ([`Batcher::submit`]) and
+//! leave (finished, or [`Batcher::cancel`]led) between any two steps. Each sequence keeps its
+//! own sampler (and seed), stop strings, `max_tokens` and log-probabilities, and its own KV
+//! cache, so a request gives the same tokens alone or in a batch.
+//!
+//! Limits ([`BatchLimits`]): at most `max_sequences` run at once; the others wait in arrival
+//! order. The KV cache of all running sequences stays within `kv_tokens` positions: a waiting
+//! request is admitted only when its prompt fits beside the running ones, and when decoding
+//! would outgrow the budget the most recently admitted sequence is preempted: its cache is
+//! dropped and it waits at the head of the queue, to be prefilled again (prompt and the tokens
+//! it generated) when room returns, continuing exactly where it stopped.
+
+use super::forward::{BatchForward, Part, Slot};
+use crate::error::{InferenceError, Result};
+use crate::generate::check_request;
+use crate::request::{Completion, GenerateRequest, TokenEvent};
+use crate::sampling::Sampler;
+use crate::sequence::SequenceOutput;
+use crate::tokenizer::Tokenizer;
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+/// How much one batcher takes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Sequences decoded together at most.
+    pub max_sequences: usize,
+    /// KV-cache positions of all running sequences together at most (one sequence alone may
+    /// always use the whole context).
+    pub kv_tokens: usize,
+}
+
+/// What happened to one request in a step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BatchEvent {
+    /// A generated token.
+    Token {
+        /// Token id.
+        token: u32,
+        /// New text (may be empty).
+        text: String,
+        /// Its log-probability.
+        logprob: f32,
+    },
+    /// The request finished (its last event).
+    Done(Completion),
+    /// The request failed (its last event).
+    Failed {
+        /// What went wrong.
+        message: String,
+        /// The ring to the other ranks broke (the instance cannot go on).
+        ring_lost: bool,
+    },
+}
+
+/// One request in the batcher.
+struct Sequence {
+    id: u64,
+    slot: Option<Slot>,
+    /// Prompt, then the generated tokens.
+    context: Vec<u32>,
+    /// Positions of `context` in the slot's cache.
+    fed: usize,
+    sampler: Sampler,
+    output: SequenceOutput,
+    cancelled: bool,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+impl Sequence {
+    /// Tokens still to run before its next token can be sampled.
+    fn pending(&self) -> usize {
+        self.context.len() - self.fed
+    }
+}
+
+/// Continuous batching over a [`BatchForward`] (see the module docs).
+pub struct Batcher<'a> {
+    forward: Box<dyn BatchForward + 'a>,
+    tokenizer: &'a Tokenizer,
+    limits: BatchLimits,
+    waiting: VecDeque<Sequence>,
+    active: Vec<Sequence>,
+    /// Events of requests that ended outside a step (nothing to generate, cancelled).
+    ended: Vec<(u64, BatchEvent)>,
+}
+
+impl<'a> Batcher<'a> {
+    /// A batcher over `forward` within `limits` (and the forward's own maximum).
+    pub fn new(
+        forward: Box<dyn BatchForward + 'a>,
+        tokenizer: &'a Tokenizer,
+        limits: BatchLimits,
+    ) -> Batcher<'a> {
+        let max = limits.max_sequences.clamp(1, forward.max_sequences());
+        Batcher {
+            forward,
+            tokenizer,
+            limits: BatchLimits {
+                max_sequences: max,
+                kv_tokens: limits.kv_tokens,
+            },
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            ended: Vec::new(),
+        }
+    }
+
+    /// Takes request `id`: checked now (a bad request is refused here), run from the next
+    /// step on.
+    pub fn submit(&mut self, id: u64, request: &GenerateRequest) -> Result<()> {
+        let prompt = check_request(self.forward.config(), self.tokenizer, request)?;
+        let context_length = self.forward.config().max_position_embeddings;
+        let max_tokens = request.max_tokens.min(context_length - prompt.len());
+        let output = SequenceOutput::new(request, prompt.len(), max_tokens);
+        if max_tokens == 0 {
+            let completion = output.finish(self.tokenizer, &mut |_| ControlFlow::Continue(()))?;
+            self.ended.push((id, BatchEvent::Done(completion)));
+            return Ok(());
+        }
+        self.waiting.push_back(Sequence {
+            id,
+            slot: None,
+            context: prompt,
+            fed: 0,
+            sampler: Sampler::new(request.sampling.clone()),
+            output,
+            cancelled: false,
+            admitted: None,
+            first_token: None,
+        });
+        Ok(())
+    }
+
+    /// Cancels request `id` (it ends, `cancelled`, at the next step). False if unknown.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        let mut found = false;
+        for s in self.waiting.iter_mut().chain(self.active.iter_mut()) {
+            if s.id == id {
+                s.cancelled = true;
+                found = true;
+            }
+        }
+        found
+    }
+
+    /// Whether nothing is waiting, running or left to report.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.active.is_empty() && self.ended.is_empty()
+    }
+
+    /// Requests running now.
+    pub fn running(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Requests waiting for room.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// KV positions the running sequences hold (or will once their prompts are in).
+    pub fn kv_in_use(&self) -> usize {
+        self.active.iter().map(|s| s.context.len()).sum()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> BatchLimits {
+        self.limits
+    }
+
+    /// Runs one step (see the module docs) and returns what happened to each request, in
+    /// order. An error is fatal for every request in flight: the caller ends them with
+    /// [`Batcher::fail_all`].
+    pub fn step(&mut self) -> Result<Vec<(u64, BatchEvent)>> {
+        let mut events = std::mem::take(&mut self.ended);
+        self.drop_cancelled(&mut events)?;
+        self.admit();
+        self.preempt();
+        // Decoding sequences take one token each; prompts share what is left.
+        let mut budget = self.forward.step_tokens().max(1);
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        for (i, s) in self.active.iter().enumerate() {
+            if s.pending() == 1 {
+                plan.push((i, 1));
+                budget = budget.saturating_sub(1);
+            }
+        }
+        for (i, s) in self.active.iter().enumerate() {
+            if s.pending() > 1 && budget > 0 {
+                let n = s.pending().min(budget);
+                plan.push((i, n));
+                budget -= n;
+            }
+        }
+        plan.sort_unstable();
+        if plan.is_empty() {
+            return Ok(events);
+        }
+        let logits = {
+            let parts: Vec<Part<'_>> = plan
+                .iter()
+                .map(|&(i, n)| {
+                    let s = &self.active[i];
+                    Part {
+                        slot: s.slot.expect("an active sequence has a slot"),
+                        tokens: &s.context[s.fed..s.fed + n],
+                        wants_logits: n == s.pending(),
+                    }
+                })
+                .collect();
+            self.forward.step(&parts)?
+        };
+        let mut logits = logits.into_iter();
+        let mut finished = Vec::new();
+        for &(i, n) in &plan {
+            let s = &mut self.active[i];
+            s.fed += n;
+            if s.pending() > 0 {
+                continue;
+            }
+            let Some(row) = logits.next() else {
+                return Err(InferenceError::InvalidRequest(
+                    "a step returned fewer logits than asked".into(),
+                ));
+            };
+            let sampled = s.sampler.sample(&row, &s.context, s.output.generated());
+            s.context.push(sampled.token);
+            let now = Instant::now();
+            if s.first_token.is_none() {
+                s.first_token = Some(now);
+                let admitted = s.admitted.unwrap_or(now);
+                s.output.completion_mut().prompt_seconds = (now - admitted).as_secs_f64();
+            }
+            let id = s.id;
+            let done = s
+                .output
+                .push(self.tokenizer, sampled, &mut |t: TokenEvent<'_>| {
+                    events.push((id, token_event(t)));
+                    ControlFlow::Continue(())
+                })?;
+            if done {
+                finished.push(i);
+            }
+        }
+        for i in finished.into_iter().rev() {
+            let s = self.active.remove(i);
+            self.end(s, &mut events)?;
+        }
+        Ok(events)
+    }
+
+    /// Ends every request (waiting or running) with `message`: after a failed step.
+    pub fn fail_all(&mut self, message: &str, ring_lost: bool) -> Vec<(u64, BatchEvent)> {
+        let mut events = std::mem::take(&mut self.ended);
+        for s in self.active.drain(..).chain(self.waiting.drain(..)) {
+            if let Some(slot) = s.slot {
+                self.forward.close(slot);
+            }
+            events.push((
+                s.id,
+                BatchEvent::Failed {
+                    message: message.to_owned(),
+                    ring_lost,
+                },
+            ));
+        }
+        events
+    }
+
+    fn drop_cancelled(&mut self, events: &mut Vec<(u64, BatchEvent)>) -> Result<()> {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].cancelled {
+                let mut s = self.active.remove(i);
+                s.output.cancel();
+                self.end(s, events)?;
+            } else {
+                i += 1;
+            }
+        }
+        let (cancelled, kept): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|s| s.cancelled);
+        self.waiting = kept.into();
+        for mut s in cancelled {
+            s.output.cancel();
+            self.end(s, events)?;
+        }
+        Ok(())
+    }
+
+    /// Admits waiting requests while there is room (see the module docs).
+    fn admit(&mut self) {
+        while self.active.len() < self.limits.max_sequences {
+            let Some(next) = self.waiting.front() else {
+                return;
+            };
+            let need = next.context.len() + 1;
+            if !self.active.is_empty() && self.kv_in_use() + need > self.limits.kv_tokens {
+                return;
+            }
+            let mut s = self.waiting.pop_front().expect("checked above");
+            match self.forward.open() {
+                Ok(slot) => s.slot = Some(slot),
+                Err(e) => {
+                    // Cannot happen within `max_sequences`; the request waits rather than fail.
+                    tracing::warn!(%e, "no slot for a waiting request");
+                    self.waiting.push_front(s);
+                    return;
+                }
+            }
+            if s.admitted.is_none() {
+                s.admitted = Some(Instant::now());
+            }
+            self.active.push(s);
+        }
+    }
+
+    /// Preempts the most recently admitted sequences while the running ones would outgrow
+    /// the KV budget (one sequence alone is never preempted).
+    fn preempt(&mut self) {
+        while self.active.len() > 1 && self.kv_in_use() + 1 > self.limits.kv_tokens {
+            let mut s = self.active.pop().expect("more than one");
+            if let Some(slot) = s.slot.take() {
+                self.forward.close(slot);
+            }
+            s.fed = 0;
+            tracing::debug!(id = s.id, "preempted to stay within the KV budget");
+            self.waiting.push_front(s);
+        }
+    }
+
+    fn end(&mut self, mut s: Sequence, events: &mut Vec<(u64, BatchEvent)>) -> Result<()> {
+        if let Some(slot) = s.slot.take() {
+            self.forward.close(slot);
+        }
+        if let Some(first) = s.first_token {
+            s.output.completion_mut().generation_seconds = first.elapsed().as_secs_f64();
+        }
+        let id = s.id;
+        let completion = s.output.finish(self.tokenizer, &mut |t: TokenEvent<'_>| {
+            events.push((id, token_event(t)));
+            ControlFlow::Continue(())
+        })?;
+        events.push((id, BatchEvent::Done(completion)));
+        Ok(())
+    }
+}
+
+fn token_event(t: TokenEvent<'_>) -> BatchEvent {
+    BatchEvent::Token {
+        token: t.token,
+        text: t.text.to_owned(),
+        logprob: t.logprob,
+    }
+}

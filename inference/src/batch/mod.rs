@@ -1,0 +1,19 @@
+//! Many requests at once: continuous batching ([`Batcher`]) over whatever runs the model
+//! ([`BatchForward`]: the whole model in this process batches any number of sequences in one
+//! pass; a distributed stage runs one sequence at a time for now).
+//!
+//! **Layout of a batched step.** Sequences of different lengths are not padded: their new
+//! positions are laid one after another in a single `[1, total, hidden]` activation, the
+//! weight matrices (the memory-bound part of decoding) are applied once to all of them, and
+//! RoPE, the KV cache and attention run per sequence at its own offset against its own
+//! cache (per-sequence caches; see [`crate::models::base::Attention::forward_segments`]).
+//! No mask is needed and each sequence attends to exactly what it would alone.
+
+mod batcher;
+mod forward;
+
+pub use batcher::{BatchEvent, BatchLimits, Batcher};
+pub use forward::{BatchForward, LocalBatch, OneAtATime, Part, Slot, LOCAL_STEP_TOKENS};
+
+mod limits;
+pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};

@@ -1,0 +1,147 @@
+//! What an instance of a model holds in memory while it runs, as placement must count it: the
+//! weights in the representation the runner computes with (not the file: the Q4_1 SmolLM2
+//! fixture is 98 MB on disk and 538 MB as the f32 weights the CPU backend runs), the KV-cache
+//! budget of its batch, and what a runner process holds besides (MLX, activations, the
+//! tokenizer, the process itself).
+//!
+//! The runner keeps its KV cache within the same budget ([`KvBudget`]), so the memory that
+//! placement counts is the memory the runner holds.
+
+use crate::config::ModelConfig;
+use crate::weights::{available_memory_bytes, WeightFormat};
+
+/// What a runner process holds besides weights and KV cache: MLX and its allocator's pools,
+/// one step's activations, the tokenizer, the process (measured: an idle SmolLM2 runner's RSS
+/// is about 50 MB above its f32 weights; activations of a 256-token prefill chunk add some
+/// tens of MB).
+pub const RUNNER_OVERHEAD_BYTES: u64 = 160 << 20;
+
+/// Positions of KV cache an instance holds at most by default (for example 32 streams of 256
+/// tokens, or 4 of 2048): what placement counts, and the runner's cap unless
+/// `SHOAL_KV_BUDGET_MB` says otherwise.
+pub const DEFAULT_KV_TOKENS: u64 = 8192;
+
+/// The share of the memory free when a runner loads that its KV cache may take by default.
+pub const KV_FREE_MEMORY_SHARE: u64 = 4;
+
+/// Bytes of one element of `format`'s compute dtype.
+fn element_bytes(format: WeightFormat) -> u64 {
+    match format.compute_dtype() {
+        mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
+        _ => 4,
+    }
+}
+
+/// Parameters of the whole model (tied embeddings counted once, as the loader holds them).
+pub fn parameters(config: &ModelConfig) -> u64 {
+    let embed = (config.vocab_size * config.hidden_size) as u64;
+    let heads = if config.tie_word_embeddings { 1 } else { 2 };
+    config.layer_parameters() as u64 * config.num_layers as u64
+        + heads * embed
+        + config.hidden_size as u64
+}
+
+/// Bytes the weights take as `format` (a quantized runner keeps about the file's size).
+pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u64) -> u64 {
+    match format {
+        WeightFormat::Quantized => bytes_on_disk,
+        other => parameters(config) * element_bytes(other),
+    }
+}
+
+/// Bytes of KV cache one position takes over every layer (keys and values) in `format`.
+pub fn kv_bytes_per_token(config: &ModelConfig, format: WeightFormat) -> u64 {
+    2 * (config.num_layers * config.num_kv_heads * config.head_dim) as u64 * element_bytes(format)
+}
+
+/// What one instance of a model holds while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceMemory {
+    /// The weights as they run.
+    pub weights: u64,
+    /// The KV-cache budget (of [`DEFAULT_KV_TOKENS`] positions, at most the context).
+    pub kv_budget: u64,
+    /// [`RUNNER_OVERHEAD_BYTES`].
+    pub overhead: u64,
+}
+
+impl InstanceMemory {
+    /// The memory of an instance of `config` (stored in `bytes_on_disk`) on this build's
+    /// backend, in the representation it runs by default
+    /// ([`WeightFormat::default_for_backend`]).
+    pub fn of(config: &ModelConfig, bytes_on_disk: u64) -> InstanceMemory {
+        let format = WeightFormat::default_for_backend();
+        let tokens = DEFAULT_KV_TOKENS.min(config.max_position_embeddings as u64);
+        InstanceMemory {
+            weights: weight_bytes(config, format, bytes_on_disk),
+            kv_budget: tokens * kv_bytes_per_token(config, format),
+            overhead: RUNNER_OVERHEAD_BYTES,
+        }
+    }
+
+    /// Everything: what placement counts.
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_budget + self.overhead
+    }
+}
+
+/// The KV-cache budget of one runner, in positions (summed over its sequences).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvBudget {
+    /// Positions the runner's sequences may hold together.
+    pub tokens: usize,
+}
+
+impl KvBudget {
+    /// The budget for `config` run as `format`: `megabytes` when given (the node's
+    /// `--kv-budget-mb`), else [`DEFAULT_KV_TOKENS`] positions but at most a quarter of the
+    /// memory free now. Never less than one full context, so that every request the model
+    /// takes can run (alone).
+    pub fn new(config: &ModelConfig, format: WeightFormat, megabytes: Option<u64>) -> KvBudget {
+        let per_token = kv_bytes_per_token(config, format).max(1);
+        let tokens = match megabytes {
+            Some(mb) => (mb << 20) / per_token,
+            None => {
+                let free = available_memory_bytes().unwrap_or(u64::MAX) / KV_FREE_MEMORY_SHARE;
+                DEFAULT_KV_TOKENS.min(free / per_token)
+            }
+        };
+        let context = config.max_position_embeddings as u64;
+        KvBudget {
+            tokens: usize::try_from(tokens.max(context)).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smollm2() -> ModelConfig {
+        // SmolLM2-135M's shape.
+        let json = serde_json::json!({
+            "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+            "rope_theta": 100000.0, "tie_word_embeddings": true
+        });
+        ModelConfig::from_hf_json(&json).unwrap()
+    }
+
+    #[test]
+    fn the_fixture_counts_its_f32_weights_kv_budget_and_overhead() {
+        let c = smollm2();
+        assert_eq!(parameters(&c), 134_515_008);
+        assert_eq!(weight_bytes(&c, WeightFormat::F32, 98_000_000), 538_060_032);
+        assert_eq!(
+            weight_bytes(&c, WeightFormat::Quantized, 98_000_000),
+            98_000_000
+        );
+        assert_eq!(kv_bytes_per_token(&c, WeightFormat::F32), 46_080);
+        assert_eq!(kv_bytes_per_token(&c, WeightFormat::Bf16), 23_040);
+        let budget = KvBudget::new(&c, WeightFormat::F32, Some(1));
+        assert_eq!(budget.tokens, 8192, "at least one context");
+        let budget = KvBudget::new(&c, WeightFormat::F32, Some(720));
+        assert_eq!(budget.tokens, (720 << 20) / 46_080);
+    }
+}
