@@ -344,3 +344,93 @@ fn corrupt_bytes_are_detected_fetched_again_and_never_kept() {
     drop(server);
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+/// `shoal download` and `shoal generate` as a user runs them, inside a namespace.
+fn shoal_in(netns: &str, cache: &Path, endpoint: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", netns, env!("CARGO_BIN_EXE_shoal")])
+        .args(args)
+        .env("HF_ENDPOINT", endpoint)
+        .env("HF_HUB_CACHE", cache)
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_OFFLINE")
+        .output()
+        .expect("run shoal")
+}
+
+#[test]
+fn shoal_download_then_generate_by_model_id() {
+    let Some((net, fixture, scratch)) = setup("hfcli") else {
+        return;
+    };
+    let (hub_ns, client_ns) = (&net.nodes[0], net.nodes[1].netns.clone());
+    let server = HubInNetns::start(
+        &hub_ns.netns,
+        hub_ns.ip(),
+        repos(&fixture, false),
+        None,
+        Faults::default(),
+    );
+    let cache = scratch.join("hub");
+    // Not downloaded yet: generate says what to run.
+    let out = shoal_in(
+        &client_ns,
+        &cache,
+        &server.endpoint,
+        &["generate", "--model", REPO, "-p", "hi"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("shoal download {REPO}")), "{err}");
+    let out = shoal_in(&client_ns, &cache, &server.endpoint, &["download", REPO]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("100%") && err.contains("MB/s") && err.contains("(7/7 files)"),
+        "{err}"
+    );
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        dir.starts_with(&cache.display().to_string())
+            && Path::new(&dir).join(select::INDEX).is_file(),
+        "{dir}"
+    );
+    // Offline, with no hub: the cache is enough.
+    let out = shoal_in(
+        &client_ns,
+        &cache,
+        "http://192.0.2.1:1",
+        &["download", "--offline", REPO],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = shoal_in(
+        &client_ns,
+        &cache,
+        "http://192.0.2.1:1",
+        &[
+            "generate",
+            "--model",
+            REPO,
+            "--chat",
+            "-p",
+            "What is the capital of France?",
+            "--max-tokens",
+            "12",
+            "--dtype",
+            "bf16",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("Paris"), "{text}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&scratch);
+}
