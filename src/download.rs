@@ -104,7 +104,12 @@ pub fn line(t: &hub::progress::Totals, elapsed: Duration) -> String {
 }
 
 fn draw(progress: &Progress, elapsed: Duration, last: bool) {
-    let text = line(&progress.totals(), elapsed);
+    let totals = progress.totals();
+    if totals.files == 0 {
+        // Nothing to fetch (offline, or not listed yet).
+        return;
+    }
+    let text = line(&totals, elapsed);
     let mut err = std::io::stderr();
     let _ = write!(err, "\r\x1b[2K{text}{}", if last { "\n" } else { "" });
     let _ = err.flush();

@@ -31,6 +31,16 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     // Python's jinja2, the reference the chat-template tests compare minijinja's renders with.
     "jinja2==3.1.6",
     "MarkupSafe==3.0.4",
+    // huggingface_hub, the peer `cargo xtask bench download` measures `shoal download` against
+    // (and the client the test hub is checked with), and what it pulls beyond the above.
+    "huggingface_hub==2.4.0",
+    "click==8.5.1",
+    "filelock==4.3.1",
+    "fsspec==2026.9.0",
+    "hf-xet==1.8.0",
+    "packaging==26.4",
+    "PyYAML==6.0.4",
+    "tqdm==4.70.1",
 ];
 
 /// Creates or updates the venv; returns its interpreter.
