@@ -52,6 +52,37 @@ fn setup(tag: &str) -> Option<(Netns, PathBuf, PathBuf)> {
     Some((net, hf::fixture_repo().expect("fixture"), scratch))
 }
 
+/// A test: namespaces, the fixture, a scratch folder, the hub serving the fixture (gated
+/// behind [`TOKEN`] when `gated`) with `faults`, and the client's namespace.
+struct World {
+    net: Netns,
+    fixture: PathBuf,
+    scratch: PathBuf,
+    server: HubInNetns,
+    client_ns: String,
+}
+
+fn world(tag: &str, gated: bool, faults: Faults) -> Option<World> {
+    let (net, fixture, scratch) = setup(tag)?;
+    let hub_ns = &net.nodes[0];
+    let token = gated.then(|| TOKEN.to_string());
+    let server = HubInNetns::start(
+        &hub_ns.netns,
+        hub_ns.ip(),
+        repos(&fixture, gated),
+        token,
+        faults,
+    );
+    let client_ns = net.nodes[1].netns.clone();
+    Some(World {
+        net,
+        fixture,
+        scratch,
+        server,
+        client_ns,
+    })
+}
+
 fn repos(fixture: &Path, gated: bool) -> BTreeMap<String, ServedRepo> {
     let repo = ServedRepo::from_dir(fixture, gated).expect("fixture repo");
     BTreeMap::from([(REPO.to_string(), repo)])
@@ -114,17 +145,16 @@ fn weight_files(fixture: &Path) -> Vec<(String, u64)> {
 
 #[test]
 fn downloads_into_an_empty_cache_in_the_hugging_face_layout() {
-    let Some((net, fixture, scratch)) = setup("hfdl") else {
+    let Some(World {
+        net: _net,
+        fixture,
+        scratch,
+        server,
+        client_ns,
+    }) = world("hfdl", true, Faults::default())
+    else {
         return;
     };
-    let (hub_ns, client_ns) = (&net.nodes[0], net.nodes[1].netns.clone());
-    let server = HubInNetns::start(
-        &hub_ns.netns,
-        hub_ns.ip(),
-        repos(&fixture, true),
-        Some(TOKEN.into()),
-        Faults::default(),
-    );
     let cache = scratch.join("hub");
     let (result, fetched) = download(&client_ns, config(&server.endpoint, &cache), REPO, whole());
     let snap = result.expect("download");
@@ -236,22 +266,21 @@ fn downloads_into_an_empty_cache_in_the_hugging_face_layout() {
 
 #[test]
 fn the_hub_dies_mid_file_and_the_download_resumes_by_range() {
-    let Some((net, fixture, scratch)) = setup("hfdie") else {
-        return;
-    };
-    let (hub_ns, client_ns) = (&net.nodes[0], net.nodes[1].netns.clone());
     let die_after = 30 << 20;
     let faults = Faults {
         die_after: Some(die_after),
         ..Faults::default()
     };
-    let server = HubInNetns::start(
-        &hub_ns.netns,
-        hub_ns.ip(),
-        repos(&fixture, false),
-        None,
-        faults,
-    );
+    let Some(World {
+        net: _net,
+        fixture: _,
+        scratch,
+        server,
+        client_ns,
+    }) = world("hfdie", false, faults)
+    else {
+        return;
+    };
     let endpoint = server.endpoint.clone();
     let cache = scratch.join("hub");
     let client = {
@@ -297,23 +326,25 @@ fn the_hub_dies_mid_file_and_the_download_resumes_by_range() {
 
 #[test]
 fn corrupt_bytes_are_detected_fetched_again_and_never_kept() {
-    let Some((net, fixture, scratch)) = setup("hfbad") else {
-        return;
-    };
-    let (hub_ns, client_ns) = (&net.nodes[0], net.nodes[1].netns.clone());
-    let weights = weight_files(&fixture);
-    let (victim, size) = weights[1].clone();
+    // The split's names are fixed: the middle weight file is sent corrupt once.
+    let victim = "model-00002-of-00003.safetensors".to_string();
     let faults = Faults {
         corrupt_once: Some(victim.clone()),
         ..Faults::default()
     };
-    let server = HubInNetns::start(
-        &hub_ns.netns,
-        hub_ns.ip(),
-        repos(&fixture, false),
-        None,
-        faults,
-    );
+    let Some(World {
+        net: _net,
+        fixture,
+        scratch,
+        server,
+        client_ns,
+    }) = world("hfbad", false, faults)
+    else {
+        return;
+    };
+    let size = std::fs::metadata(fixture.join(&victim))
+        .expect("the split's middle file")
+        .len();
     let cache = scratch.join("hub");
     let snap = download(&client_ns, config(&server.endpoint, &cache), REPO, whole())
         .0
@@ -360,17 +391,16 @@ fn shoal_in(netns: &str, cache: &Path, endpoint: &str, args: &[&str]) -> std::pr
 
 #[test]
 fn shoal_download_then_generate_by_model_id() {
-    let Some((net, fixture, scratch)) = setup("hfcli") else {
+    let Some(World {
+        net: _net,
+        fixture: _,
+        scratch,
+        server,
+        client_ns,
+    }) = world("hfcli", false, Faults::default())
+    else {
         return;
     };
-    let (hub_ns, client_ns) = (&net.nodes[0], net.nodes[1].netns.clone());
-    let server = HubInNetns::start(
-        &hub_ns.netns,
-        hub_ns.ip(),
-        repos(&fixture, false),
-        None,
-        Faults::default(),
-    );
     let cache = scratch.join("hub");
     // Not downloaded yet: generate says what to run.
     let out = shoal_in(
