@@ -87,13 +87,22 @@ impl NodeBackend {
         NodeBackend {
             context,
             runner_command,
-            models: ModelRegistry::new(default_model),
+            models: ModelRegistry::new(
+                default_model,
+                crate::models::locate::ModelDirs::from_env(&[]),
+            ),
             runners: Mutex::default(),
             published: Mutex::default(),
             placements: PlacementCache::new(),
             next_instance: AtomicU64::new(1),
             wake: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Looks for models in `dirs` (the Hugging Face cache and `--models-dir` folders).
+    pub fn with_model_dirs(mut self, dirs: crate::models::locate::ModelDirs) -> NodeBackend {
+        self.models = ModelRegistry::new(self.models.default_model().to_path_buf(), dirs);
+        self
     }
 
     /// The model an intent names, as this node finds it.

@@ -68,13 +68,19 @@ pub struct GenerateArgs {
     pub json_stats: bool,
 }
 
-/// Resolves `default` to the fixture path.
+/// Resolves `default` to the fixture path, and a Hugging Face model id (`org/name`) to its
+/// snapshot in the Hugging Face cache (`shoal download` puts it there); anything else is a
+/// path.
 pub fn model_path(model: &str) -> PathBuf {
     if model == "default" {
-        crate::dirs::default_model_path()
-    } else {
-        PathBuf::from(model)
+        return crate::dirs::default_model_path();
     }
+    if hub::ModelId::looks_like_id(model) {
+        if let Ok(id) = hub::ModelId::parse(model) {
+            return crate::models::locate::ModelDirs::from_env(&[]).hf_path_or_future(&id);
+        }
+    }
+    PathBuf::from(model)
 }
 
 /// Runs `shoal generate`.
@@ -84,6 +90,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         anyhow::bail!(
             "the default model is not at {}: run `cargo xtask setup` first",
             path.display()
+        );
+    }
+    if hub::ModelId::looks_like_id(&args.model) && !path.exists() {
+        anyhow::bail!(
+            "model `{}` is not in the Hugging Face cache: run `shoal download {}` first",
+            args.model,
+            args.model
         );
     }
     let format = args

@@ -5,6 +5,7 @@ mod bench;
 mod chat;
 mod context;
 mod dirs;
+mod download;
 mod forward;
 mod generate;
 mod instances;
@@ -68,9 +69,16 @@ pub struct NodeArgs {
     #[arg(long = "peer", env = "SHOAL_PEERS", value_delimiter = ',')]
     pub peers: Vec<String>,
 
-    /// Model to place on this node at start: a path, or `default` for the SmolLM2 fixture.
+    /// Model to place on this node at start: a Hugging Face model id (`org/name`, downloaded
+    /// with `shoal download`), a path inside the model folders, or `default` for the SmolLM2
+    /// fixture.
     #[arg(long, env = "SHOAL_MODEL")]
     pub model: Option<String>,
+
+    /// A folder whose models (and only whose models, besides the Hugging Face cache and
+    /// shoal's own model folder) may be named by path (repeatable).
+    #[arg(long = "models-dir", env = "SHOAL_MODELS_DIR", value_delimiter = ',')]
+    pub models_dir: Vec<PathBuf>,
 
     /// Where the node keeps its identity and state.
     #[arg(long, env = "SHOAL_DATA_DIR")]
@@ -108,6 +116,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Generate text with a model in this process, streaming it to the terminal.
     Generate(generate::GenerateArgs),
+    /// Download a Hugging Face model into the Hugging Face cache, with a progress bar.
+    Download(download::DownloadArgs),
     /// Measure prompt and generation speed of a model on every placement (like exo_bench).
     Bench(bench::BenchArgs),
     /// Run one model instance, driven over stdin/stdout by its node (internal).
@@ -165,6 +175,13 @@ fn main() -> ExitCode {
         Some(Command::Place(args)) => place_command(&args),
         Some(Command::Status(args)) => status::run(&args),
         Some(Command::Bench(args)) => bench::run(&args),
+        Some(Command::Download(args)) => match download::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Some(Command::Generate(args)) => match generate::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -57,11 +57,14 @@ pub async fn serve_with(
         .local_addr()
         .map(|a| a.port())
         .unwrap_or(args.api_port);
-    let backend = Arc::new(NodeBackend::new(
-        context,
-        runner_command(args)?,
-        crate::dirs::default_model_path(),
-    ));
+    let backend = Arc::new(
+        NodeBackend::new(
+            context,
+            runner_command(args)?,
+            crate::dirs::default_model_path(),
+        )
+        .with_model_dirs(crate::models::locate::ModelDirs::from_env(&args.models_dir)),
+    );
     tracing::info!(port, node_id = %gateway::Backend::node_id(&*backend), "HTTP API listening");
     tokio::spawn(crate::reconcile::run(backend.clone(), shutdown.clone()));
     if let Some(connections) = chat_connections {

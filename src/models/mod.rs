@@ -1,15 +1,20 @@
 //! Models a node can run: how a name resolves to a file, and what the file says about the
 //! model (its card for placement, its tokenizer for prompts).
 //!
-//! **Names.** A model is named by its file or folder name without extension (a GGUF file
-//! `Foo.Q4_1.gguf` is `Foo.Q4_1`), or by its path. The SmolLM2 fixture that
-//! `cargo xtask setup` downloads is served as `default` and also as `SmolLM2-135M-Instruct`.
-//! An instance's intent records the model as `default` (each node then uses its own fixture
-//! path) or as a path, which must be the same on every node of the instance.
+//! **Names.** A model is named by a Hugging Face model id (`org/name`, `org/name@revision`,
+//! `org/name:Q4_K_M`), found in this node's Hugging Face cache; by its file or folder name
+//! without extension (a GGUF file `Foo.Q4_1.gguf` is `Foo.Q4_1`); or by its path, accepted only
+//! inside the model folders ([`locate`]). The SmolLM2 fixture that `cargo xtask setup`
+//! downloads is served as `default` and also as `SmolLM2-135M-Instruct`. An instance's intent
+//! records the model as `default` (each node then uses its own fixture path), as a model id
+//! (each node finds it in its own cache), or as a path, which must be the same on every node.
 //!
 //! The registry of this node's models and the model list are in [`registry`].
 
+pub mod locate;
 pub mod registry;
+
+use locate::ModelDirs;
 
 use inference::Tokenizer;
 use placement::{ComputeBackend, ModelCard};
@@ -48,11 +53,23 @@ impl ModelSpec {
     }
 
     /// The spec an intent's model reference names on this node (whether or not the file is
-    /// here): `default` for this node's fixture, else the path.
-    pub fn of_reference(reference: &str, default_path: &Path) -> ModelSpec {
+    /// here): `default` for this node's fixture, a model id's snapshot in the Hugging Face
+    /// cache, else the path.
+    pub fn of_reference(reference: &str, default_path: &Path, dirs: &ModelDirs) -> ModelSpec {
         let default = ModelSpec::default_at(default_path);
         if default.answers_to(reference) {
             return default;
+        }
+        if hub::ModelId::looks_like_id(reference) {
+            if let Ok(id) = hub::ModelId::parse(reference) {
+                return ModelSpec {
+                    id: reference.to_string(),
+                    aliases: vec![],
+                    path: dirs.hf_path_or_future(&id),
+                    owned_by: id.org.clone(),
+                    reference: reference.to_string(),
+                };
+            }
         }
         let path = Path::new(reference);
         let file_name = path
@@ -72,17 +89,25 @@ impl ModelSpec {
         }
     }
 
-    /// The model a name given by a user refers to: the default model by its names, or a file
-    /// or folder that exists here (by its absolute path). `None` for anything else.
-    pub fn resolve(name: &str, default_path: &Path) -> Option<ModelSpec> {
+    /// The model a name given by a user refers to: the default model by its names, a model
+    /// id downloaded into the Hugging Face cache, or a file or folder inside the model folders
+    /// (by its absolute path). `None` for anything else — a path outside the model folders is
+    /// not looked at, so the answer does not reveal whether it exists.
+    pub fn resolve(name: &str, default_path: &Path, dirs: &ModelDirs) -> Option<ModelSpec> {
         let default = ModelSpec::default_at(default_path);
         if default.answers_to(name) {
             return Some(default);
         }
-        let path = std::fs::canonicalize(name).ok()?;
+        if hub::ModelId::looks_like_id(name) {
+            let id = hub::ModelId::parse(name).ok()?;
+            dirs.hf_path(&id)?;
+            return Some(ModelSpec::of_reference(name, default_path, dirs));
+        }
+        let path = dirs.confine(name)?;
         Some(ModelSpec::of_reference(
             &path.to_string_lossy(),
             default_path,
+            dirs,
         ))
     }
 
@@ -161,21 +186,40 @@ mod tests {
     #[test]
     fn default_model_answers_to_both_names_and_paths_resolve_absolutely() {
         let fixture = Path::new("/nonexistent/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let dir = std::env::temp_dir().join(format!("shoal-models-{}", std::process::id()));
+        let dirs = ModelDirs {
+            hf: hub::HfCache::at(dir.join("hf")),
+            local: vec![dir.clone()],
+        };
         for name in [DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME] {
-            let spec = ModelSpec::resolve(name, fixture).expect(name);
+            let spec = ModelSpec::resolve(name, fixture, &dirs).expect(name);
             assert_eq!(spec.id, DEFAULT_MODEL_ID);
             assert_eq!(spec.reference, DEFAULT_MODEL_ID);
         }
-        assert!(ModelSpec::resolve("no-such-model", fixture).is_none());
-        let dir = std::env::temp_dir().join(format!("shoal-models-{}", std::process::id()));
+        assert!(ModelSpec::resolve("no-such-model", fixture, &dirs).is_none());
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("Foo.Q4_1.gguf");
         std::fs::write(&file, b"x").unwrap();
-        let spec = ModelSpec::resolve(&file.to_string_lossy(), fixture).unwrap();
+        let spec = ModelSpec::resolve(&file.to_string_lossy(), fixture, &dirs).unwrap();
         assert_eq!(spec.id, "Foo.Q4_1");
         assert!(Path::new(&spec.reference).is_absolute());
+        // Outside the model folders: refused whether or not it exists.
+        assert!(ModelSpec::resolve("/etc/passwd", fixture, &dirs).is_none());
+        assert!(ModelSpec::resolve("../../etc/passwd", fixture, &dirs).is_none());
+        // A model id: found once its snapshot is in the cache, at the snapshot folder.
+        assert!(ModelSpec::resolve("org/name", fixture, &dirs).is_none());
+        let id = hub::ModelId::parse("org/name").unwrap();
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        std::fs::create_dir_all(dirs.hf.snapshot(&id, commit)).unwrap();
+        dirs.hf.write_ref(&id, "main", commit).unwrap();
+        let spec = ModelSpec::resolve("org/name", fixture, &dirs).unwrap();
+        assert_eq!(spec.path, dirs.hf.snapshot(&id, commit));
+        assert_eq!(spec.reference, "org/name");
         // Another node names it by the same reference and finds the same id.
-        let theirs = ModelSpec::of_reference(&spec.reference, fixture);
+        let theirs = ModelSpec::of_reference(&spec.reference, fixture, &dirs);
+        assert_eq!(theirs, spec);
+        let spec = ModelSpec::resolve(&file.to_string_lossy(), fixture, &dirs).unwrap();
+        let theirs = ModelSpec::of_reference(&spec.reference, fixture, &dirs);
         assert_eq!(theirs, spec);
         assert!(theirs.answers_to("Foo.Q4_1"));
         let _ = std::fs::remove_dir_all(&dir);

@@ -2,6 +2,7 @@
 //! instance names), the facts of each model file (read once), and the model list
 //! (`GET /v1/models`).
 
+use super::locate::ModelDirs;
 use super::{ModelFacts, ModelSpec};
 use crate::runner::table::RunnerTable;
 use control::{short, PlacementCache, Snapshot};
@@ -14,27 +15,36 @@ use std::sync::Arc;
 pub struct ModelRegistry {
     /// This node's file served as `default`.
     default_model: PathBuf,
+    /// Where models are looked for.
+    dirs: ModelDirs,
     /// Model facts by file, read once.
     facts: tokio::sync::Mutex<BTreeMap<PathBuf, Arc<ModelFacts>>>,
 }
 
 impl ModelRegistry {
-    /// A registry whose `default` model is the file at `default_model`.
-    pub fn new(default_model: PathBuf) -> ModelRegistry {
+    /// A registry whose `default` model is the file at `default_model`, with models looked
+    /// for in `dirs`.
+    pub fn new(default_model: PathBuf, dirs: ModelDirs) -> ModelRegistry {
         ModelRegistry {
             default_model,
+            dirs,
             facts: tokio::sync::Mutex::default(),
         }
     }
 
+    /// The file served as `default`.
+    pub fn default_model(&self) -> &std::path::Path {
+        &self.default_model
+    }
+
     /// The model a user's name refers to on this node.
     pub fn resolve(&self, name: &str) -> Option<ModelSpec> {
-        ModelSpec::resolve(name, &self.default_model)
+        ModelSpec::resolve(name, &self.default_model, &self.dirs)
     }
 
     /// The model an intent names, as this node finds it.
     pub fn spec_of(&self, reference: &str) -> ModelSpec {
-        ModelSpec::of_reference(reference, &self.default_model)
+        ModelSpec::of_reference(reference, &self.default_model, &self.dirs)
     }
 
     /// The facts of the model at `spec.path`, read once per file; `node` names this node in
@@ -87,6 +97,12 @@ impl ModelRegistry {
             }
         };
         add(&ModelSpec::default_at(&self.default_model), false);
+        // Every model downloaded into the Hugging Face cache can run here.
+        for (id, _) in self.dirs.hf.models() {
+            if self.dirs.hf_path(&id).is_some() {
+                add(&self.spec_of(&id.to_string()), false);
+            }
+        }
         for view in snapshot.instances(placements).values() {
             let mine = runners.status(view.record.id());
             add(

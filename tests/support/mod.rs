@@ -31,6 +31,8 @@ pub struct ShoalNode {
     pub log: PathBuf,
     /// Extra `shoal` arguments (e.g. `--peer`).
     pub extra_args: Vec<String>,
+    /// Extra environment variables (e.g. `HF_HUB_CACHE`).
+    pub env: Vec<(String, String)>,
     /// Its API, reached from inside its namespace.
     pub api: Blocking,
     child: Option<Child>,
@@ -47,6 +49,7 @@ impl ShoalNode {
             data_dir: dir.join(format!("n{index}")),
             log: dir.join(format!("n{index}.log")),
             extra_args: Vec::new(),
+            env: Vec::new(),
             child: None,
         }
     }
@@ -66,6 +69,7 @@ impl ShoalNode {
             .arg(&self.data_dir)
             .args(&self.extra_args)
             .env("RUST_LOG", "info,mesh=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)

@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
 mod bench_cluster;
+mod bench_download;
 mod bench_forward;
 mod bench_inference;
 mod cluster;
@@ -46,6 +47,9 @@ Commands:
                    llama-bench, built once into the cache from the pinned sdist
   bench forward [-n N] [--tokens T]
                    latency a forwarded request adds (2 nodes in namespaces)
+  bench download [--repeat 3] [--release]
+                   `shoal download` vs huggingface_hub's snapshot_download from the
+                   test hub, in namespaces, alternating
   bench cluster [--nodes 1,2,3] [--pp 128] [--tg 64] [--repeat 3]
                    `shoal bench` on 1, 2 and 3 nodes in namespaces, with the
                    per-token overhead of each extra rank
@@ -166,9 +170,10 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("inference") => bench_inference::bench_inference(&args[1..]),
         Some("forward") => bench_forward::bench_forward(&args[1..]),
         Some("cluster") => bench_cluster::bench_cluster(&args[1..]),
+        Some("download") => bench_download::bench_download(&args[1..]),
         _ => Err(
             "bench: say what to measure: `cargo xtask bench mesh`, `inference`, \
-                  `forward` or `cluster`"
+                  `forward`, `cluster` or `download`"
                 .into(),
         ),
     }

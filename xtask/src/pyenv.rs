@@ -41,6 +41,16 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     "httpcore==1.0.9",
     "httpx==0.28.1",
     "opentelemetry-api==1.45.2",
+    // huggingface_hub, the peer `cargo xtask bench download` measures `shoal download` against
+    // (and the client the test hub is checked with), and what it pulls beyond the above.
+    "huggingface_hub==2.4.0",
+    "click==8.5.1",
+    "filelock==4.3.1",
+    "fsspec==2026.9.0",
+    "hf-xet==1.8.0",
+    "packaging==26.4",
+    "PyYAML==6.0.4",
+    "tqdm==4.70.1",
 ];
 
 /// Creates or updates the venv; returns its interpreter.

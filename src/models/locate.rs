@@ -1,0 +1,138 @@
+//! Where a node looks for models, and the only places it looks: the Hugging Face cache (for
+//! model ids, `org/name`) and the model directories (shoal's own `<cache>/models` and every
+//! `--models-dir`). A local path is accepted only when it lies inside one of them, so a
+//! request can never make the node open, or learn the existence of, any other file.
+
+use hub::{HfCache, ModelId};
+use std::path::{Component, Path, PathBuf};
+
+/// The folders models come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelDirs {
+    /// The Hugging Face cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+    /// `~/.cache/huggingface/hub`).
+    pub hf: HfCache,
+    /// Folders local paths may point into.
+    pub local: Vec<PathBuf>,
+}
+
+/// Folder name of a snapshot that is not downloaded yet (never a commit, so never present).
+const NOT_DOWNLOADED: &str = "not-downloaded";
+
+impl ModelDirs {
+    /// The environment's Hugging Face cache, shoal's model folder and `extra` folders.
+    pub fn from_env(extra: &[PathBuf]) -> ModelDirs {
+        let mut local = vec![kit::dirs::models_dir()];
+        local.extend(extra.iter().cloned());
+        ModelDirs {
+            hf: HfCache::from_env(),
+            local,
+        }
+    }
+
+    /// The path `given` names, if it lies inside a model folder (or the HF cache) once made
+    /// absolute and normalised, symlinks included; `None` for anything else, existing or not.
+    pub fn confine(&self, given: &str) -> Option<PathBuf> {
+        let path = Path::new(given);
+        let absolute = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            std::env::current_dir().ok()?.join(path)
+        };
+        let lexical = normalize(&absolute)?;
+        let roots: Vec<PathBuf> = self
+            .local
+            .iter()
+            .chain(std::iter::once(&self.hf.root))
+            .filter_map(|r| normalize(r))
+            .collect();
+        // First lexically, so a path outside is refused without touching the filesystem.
+        if !roots.iter().any(|r| lexical.starts_with(r)) {
+            return None;
+        }
+        let real = std::fs::canonicalize(&lexical).ok()?;
+        let inside = roots
+            .iter()
+            .filter_map(|r| std::fs::canonicalize(r).ok())
+            .any(|r| real.starts_with(r));
+        inside.then_some(lexical)
+    }
+
+    /// Where model `id` is on this node: its cached snapshot folder (or, for `:QUANT`, the
+    /// GGUF file of that quantization in it), if downloaded.
+    pub fn hf_path(&self, id: &ModelId) -> Option<PathBuf> {
+        let commit = self.hf.read_ref(id, id.revision())?;
+        let dir = self.hf.snapshot(id, &commit);
+        if !dir.is_dir() {
+            return None;
+        }
+        match &id.quant {
+            None => Some(dir),
+            Some(q) => {
+                let mut files = Vec::new();
+                hub::local::list_files(&dir, &dir, &mut files);
+                let first = hub::select::gguf_files(&files, q)
+                    .first()
+                    .map(|f| f.path.clone());
+                first.map(|p| dir.join(p))
+            }
+        }
+    }
+
+    /// Where model `id` is, or would be once downloaded (a path that does not exist yet).
+    pub fn hf_path_or_future(&self, id: &ModelId) -> PathBuf {
+        self.hf_path(id)
+            .unwrap_or_else(|| self.hf.repo_dir(id).join("snapshots").join(NOT_DOWNLOADED))
+    }
+}
+
+/// `path` with `.` and `..` resolved lexically; `None` when `..` climbs above the root.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() || out.as_os_str().is_empty() {
+                    return None;
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_inside_the_model_folders_are_accepted() {
+        let root = std::env::temp_dir().join(format!("shoal-confine-{}", std::process::id()));
+        let models = root.join("models");
+        let outside = root.join("outside");
+        std::fs::create_dir_all(&models).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(models.join("m.gguf"), b"x").unwrap();
+        std::fs::write(outside.join("secret.gguf"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.join("secret.gguf"), models.join("link.gguf")).unwrap();
+        let dirs = ModelDirs {
+            hf: HfCache::at(root.join("hf")),
+            local: vec![models.clone()],
+        };
+        let inside = models.join("m.gguf");
+        assert_eq!(dirs.confine(&inside.to_string_lossy()), Some(inside));
+        for bad in [
+            "/etc/passwd".to_string(),
+            "../../etc/passwd".into(),
+            format!("{}/../outside/secret.gguf", models.display()),
+            outside.join("secret.gguf").display().to_string(),
+            models.join("link.gguf").display().to_string(),
+            models.join("absent.gguf").display().to_string(),
+        ] {
+            assert_eq!(dirs.confine(&bad), None, "{bad}");
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
