@@ -54,6 +54,7 @@ pub fn error_json(e: &ApiError) -> Value {
         NotFound => "not_found_error",
         PayloadTooLarge => "request_too_large",
         Unavailable => "overloaded_error",
+        Busy => "rate_limit_error",
         Internal => "api_error",
     };
     json!({"type": "error", "error": {"type": kind, "message": e.message}})
