@@ -9,6 +9,7 @@
 
 use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
+use crate::cancel::{Registration, Running};
 use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::stop::StopMatcher;
@@ -87,16 +88,27 @@ pub struct Accepted {
     received: Instant,
     accepted: Instant,
     config: GatewayConfig,
+    registration: Option<Registration>,
+}
+
+/// What every API handler needs besides the backend: the settings and the table of running
+/// generations.
+#[derive(Debug, Clone, Default)]
+pub struct Ctx {
+    pub config: GatewayConfig,
+    pub running: Running,
 }
 
 /// Hands `request` to the backend, within the configured silence limit. `received` is when
-/// the HTTP request arrived.
+/// the HTTP request arrived; `id`, the answer's id, registers it for `POST /v1/cancel/{id}`.
 pub async fn accept(
     backend: &dyn Backend,
     request: ChatRequest,
-    config: &GatewayConfig,
+    ctx: &Ctx,
     received: Instant,
+    id: Option<&str>,
 ) -> Result<Accepted, ApiError> {
+    let config = &ctx.config;
     let generation = Generation::new(
         &request.sampling.stop,
         request.sampling.max_tokens,
@@ -119,6 +131,7 @@ pub async fn accept(
             )
             .with_code("backend_timeout")
         })??;
+    let registration = id.map(|id| ctx.running.register(id, cancel.clone()));
     Ok(Accepted {
         stream,
         generation,
@@ -127,6 +140,7 @@ pub async fn accept(
         received,
         accepted: Instant::now(),
         config: *config,
+        registration,
     })
 }
 
@@ -159,7 +173,14 @@ impl Accepted {
             }
         };
         let result = loop {
-            let event = next_event(&mut self.stream, Instant::now() + silence, silence).await;
+            let event = tokio::select! {
+                event = next_event(&mut self.stream, Instant::now() + silence, silence) => event,
+                () = self.cancel.cancelled() => None,
+            };
+            let event = match event {
+                None if self.cancel.is_cancelled() => Some(Ok(self.generation.cancelled())),
+                other => other,
+            };
             if first_token.is_none() && matches!(event, Some(Ok(ChatEvent::Token { .. }))) {
                 first_token = Some(Instant::now());
             }
@@ -212,6 +233,7 @@ impl Accepted {
             received,
             accepted,
             config,
+            registration,
         } = self;
         let run = Run {
             stream,
@@ -220,6 +242,7 @@ impl Accepted {
             received,
             accepted,
             config,
+            _registration: registration,
         };
         tokio::spawn(run.drive(tx, encoder));
         let mut response = Response::new(GatewayBody::Sse(SseBody::new(rx, guard)));
@@ -239,6 +262,8 @@ struct Run {
     received: Instant,
     accepted: Instant,
     config: GatewayConfig,
+    /// Keeps the generation cancellable by id while it streams.
+    _registration: Option<Registration>,
 }
 
 impl Run {
@@ -259,6 +284,8 @@ impl Run {
         loop {
             let event = tokio::select! {
                 event = next_event(&mut self.stream, last_event + silence, silence) => event,
+                // `POST /v1/cancel/{id}`: the answer ends here, normally.
+                () = self.cancel.cancelled() => Some(Ok(self.generation.cancelled())),
                 () = tokio::time::sleep_until(last_write + keep_alive) => {
                     if let Some(ping) = encoder.keep_alive() {
                         if tx.send(ping).await.is_err() {
@@ -273,6 +300,11 @@ impl Run {
                     self.cancel.cancel();
                     return;
                 }
+            };
+            // A backend that stopped because the generation was cancelled ends its stream.
+            let event = match event {
+                None if self.cancel.is_cancelled() => Some(Ok(self.generation.cancelled())),
+                other => other,
             };
             if first_token.is_none() && matches!(event, Some(Ok(ChatEvent::Token { .. }))) {
                 first_token = Some(Instant::now());
@@ -448,6 +480,14 @@ impl Generation {
             max_tokens,
             tokens: 0,
             want_logprobs,
+        }
+    }
+
+    /// The event that ends a cancelled generation: a stop after the tokens so far.
+    fn cancelled(&self) -> ChatEvent {
+        ChatEvent::Done {
+            finish_reason: FinishReason::Stop,
+            completion_tokens: self.tokens,
         }
     }
 
