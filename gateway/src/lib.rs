@@ -43,6 +43,7 @@ pub mod reasoning;
 pub mod responses;
 pub mod router;
 pub mod server;
+mod steps;
 
 pub use backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
