@@ -15,17 +15,11 @@ import json
 import sys
 
 import anthropic
+from checks import check
 
 base_url, model = sys.argv[1], sys.argv[2]
 fake = "--fake" in sys.argv[3:]
 client = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-
-
-def check(name, condition, detail=""):
-    if not condition:
-        print(f"FAILED: {name}: {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok: {name}", flush=True)
 
 
 def user(content):

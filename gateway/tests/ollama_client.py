@@ -15,17 +15,11 @@ import json
 import sys
 
 import ollama
+from checks import check
 
 host, model = sys.argv[1], sys.argv[2]
 fake = "--fake" in sys.argv[3:]
 client = ollama.Client(host=host, timeout=120)
-
-
-def check(name, condition, detail=""):
-    if not condition:
-        print(f"FAILED: {name}: {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok: {name}", flush=True)
 
 
 PROMPT = "Tell me a long story about a lighthouse."

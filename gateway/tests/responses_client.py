@@ -14,17 +14,11 @@ import json
 import sys
 
 import openai
+from checks import check
 
 base_url, model = sys.argv[1], sys.argv[2]
 fake = "--fake" in sys.argv[3:]
 client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-
-
-def check(name, condition, detail=""):
-    if not condition:
-        print(f"FAILED: {name}: {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok: {name}", flush=True)
 
 
 PROMPT = "Tell me a long story about a lighthouse."
