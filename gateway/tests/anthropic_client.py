@@ -93,6 +93,15 @@ check("stop sequence streamed", text == expected and final.stop_sequence == stop
 short = client.messages.create(model=model, max_tokens=3, messages=user(PROMPT))
 check("max_tokens", short.stop_reason == "max_tokens" and short.usage.output_tokens == 3, short)
 
+# A request with tools gets a valid message (the tools are not rendered into the prompt yet).
+tooled = client.messages.create(
+    messages=user("What is the weather in Paris?"),
+    tools=[{"name": "weather", "description": "Weather of a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    tool_choice={"type": "auto"}, **GREEDY)
+check("tools: a valid message", tooled.type == "message" and tooled.content[-1].type == "text"
+      and tooled.usage.output_tokens > 0, tooled)
+
 # Errors, in Anthropic's shape.
 try:
     client.post("/v1/messages", cast_to=anthropic.types.Message, body={"model": model, "messages": user("x")})

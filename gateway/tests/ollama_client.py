@@ -79,6 +79,12 @@ c = client.generate(model=model, prompt=PROMPT, options={**sampled, "seed": 4321
 check("same seed, same answer", a == b, (a, b))
 check("other seed, other answer", a != c, (a, c))
 
+# A chat with tools gets a valid answer (the tools are not rendered into the prompt yet).
+tooled = client.chat(model=model, messages=messages, options=GREEDY, stream=False, tools=[{
+    "type": "function", "function": {"name": "weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+check("tools: a valid answer", tooled.done and tooled.eval_count > 0, tooled)
+
 # Models.
 names = [m.model for m in client.list().models]
 check("list", model in names, names)

@@ -71,6 +71,12 @@ as_items = client.responses.create(
 check("items = instructions", as_items.output_text == instructed.output_text
       and as_items.usage.input_tokens == instructed.usage.input_tokens, as_items)
 
+# A request with function tools gets a valid response (not rendered into the prompt yet).
+tooled = client.responses.create(input="What is the weather in Paris?", tools=[{
+    "type": "function", "name": "weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}], **GREEDY)
+check("tools: a valid response", tooled.output[-1].type == "message" and tooled.usage.output_tokens > 0, tooled)
+
 # Errors.
 try:
     client.responses.create(model=model, input="x", previous_response_id="resp_123")
