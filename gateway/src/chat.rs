@@ -3,9 +3,8 @@
 
 use crate::backend::{Backend, TokenLogprob};
 use crate::body::{json_response, GatewayBody};
-use crate::config::GatewayConfig;
 use crate::error::ApiError;
-use crate::generation::{accept, sse_data, Encoder, Ending, Timings};
+use crate::generation::{accept, sse_data, Ctx, Encoder, Ending, Timings};
 use crate::openai::request::{parse_chat_request, ParsedChat};
 use crate::openai::response::{
     chunk_json, completion_json, usage_chunk_json, ChunkDelta, CompletionMeta, Usage,
@@ -18,7 +17,7 @@ use tokio::time::Instant;
 pub async fn chat_completions(
     backend: &dyn Backend,
     body: &[u8],
-    config: &GatewayConfig,
+    ctx: &Ctx,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let received = Instant::now();
     let ParsedChat {
@@ -28,7 +27,7 @@ pub async fn chat_completions(
     } = parse_chat_request(body)?;
     let meta = CompletionMeta::new(&request.model);
     let want_logprobs = request.sampling.logprobs.is_some();
-    let accepted = accept(backend, request, config, received).await?;
+    let accepted = accept(backend, request, ctx, received, Some(&meta.id)).await?;
     if stream {
         return Ok(accepted.stream(ChunkEncoder {
             meta,

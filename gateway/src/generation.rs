@@ -1,18 +1,18 @@
 //! One generation, whatever API asked for it: the request is handed to the backend, and its
 //! events are either collected into a whole answer or streamed through an API's [`Encoder`].
 //!
-//! Every API goes through [`Generation`], which applies what the gateway guarantees whatever
-//! the backend does: stop strings cut the text (and end generation), `max_tokens` is never
-//! exceeded, and a stream that ends without `Done` is a lost instance, never a hang. The
-//! APIs differ only in how they spell requests and events, so routing and forwarding (the
-//! backend's) are the same for all of them.
+//! Every API's events go through the gateway's guarantees (`steps.rs`: stop strings,
+//! `max_tokens`, cancellation, an end to every stream) and the reasoning split
+//! ([`crate::reasoning`]). The APIs differ only in how they spell requests and events, so
+//! routing and forwarding (the backend's) are the same for all of them.
 
 use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
+use crate::cancel::{Registration, Running};
 use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
-use crate::openai::stop::StopMatcher;
 use crate::reasoning::{Piece, ThinkSplitter};
+use crate::steps::{Generation, Step};
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::Response;
@@ -87,16 +87,27 @@ pub struct Accepted {
     received: Instant,
     accepted: Instant,
     config: GatewayConfig,
+    registration: Option<Registration>,
+}
+
+/// What every API handler needs besides the backend: the settings and the table of running
+/// generations.
+#[derive(Debug, Clone, Default)]
+pub struct Ctx {
+    pub config: GatewayConfig,
+    pub running: Running,
 }
 
 /// Hands `request` to the backend, within the configured silence limit. `received` is when
-/// the HTTP request arrived.
+/// the HTTP request arrived; `id`, the answer's id, registers it for `POST /v1/cancel/{id}`.
 pub async fn accept(
     backend: &dyn Backend,
     request: ChatRequest,
-    config: &GatewayConfig,
+    ctx: &Ctx,
     received: Instant,
+    id: Option<&str>,
 ) -> Result<Accepted, ApiError> {
+    let config = &ctx.config;
     let generation = Generation::new(
         &request.sampling.stop,
         request.sampling.max_tokens,
@@ -119,6 +130,7 @@ pub async fn accept(
             )
             .with_code("backend_timeout")
         })??;
+    let registration = id.map(|id| ctx.running.register(id, cancel.clone()));
     Ok(Accepted {
         stream,
         generation,
@@ -127,6 +139,7 @@ pub async fn accept(
         received,
         accepted: Instant::now(),
         config: *config,
+        registration,
     })
 }
 
@@ -159,7 +172,14 @@ impl Accepted {
             }
         };
         let result = loop {
-            let event = next_event(&mut self.stream, Instant::now() + silence, silence).await;
+            let event = tokio::select! {
+                event = next_event(&mut self.stream, Instant::now() + silence, silence) => event,
+                () = self.cancel.cancelled() => None,
+            };
+            let event = match event {
+                None if self.cancel.is_cancelled() => Some(Ok(self.generation.cancelled())),
+                other => other,
+            };
             if first_token.is_none() && matches!(event, Some(Ok(ChatEvent::Token { .. }))) {
                 first_token = Some(Instant::now());
             }
@@ -212,6 +232,7 @@ impl Accepted {
             received,
             accepted,
             config,
+            registration,
         } = self;
         let run = Run {
             stream,
@@ -220,6 +241,7 @@ impl Accepted {
             received,
             accepted,
             config,
+            _registration: registration,
         };
         tokio::spawn(run.drive(tx, encoder));
         let mut response = Response::new(GatewayBody::Sse(SseBody::new(rx, guard)));
@@ -239,6 +261,8 @@ struct Run {
     received: Instant,
     accepted: Instant,
     config: GatewayConfig,
+    /// Keeps the generation cancellable by id while it streams.
+    _registration: Option<Registration>,
 }
 
 impl Run {
@@ -259,6 +283,8 @@ impl Run {
         loop {
             let event = tokio::select! {
                 event = next_event(&mut self.stream, last_event + silence, silence) => event,
+                // `POST /v1/cancel/{id}`: the answer ends here, normally.
+                () = self.cancel.cancelled() => Some(Ok(self.generation.cancelled())),
                 () = tokio::time::sleep_until(last_write + keep_alive) => {
                     if let Some(ping) = encoder.keep_alive() {
                         if tx.send(ping).await.is_err() {
@@ -273,6 +299,11 @@ impl Run {
                     self.cancel.cancel();
                     return;
                 }
+            };
+            // A backend that stopped because the generation was cancelled ends its stream.
+            let event = match event {
+                None if self.cancel.is_cancelled() => Some(Ok(self.generation.cancelled())),
+                other => other,
             };
             if first_token.is_none() && matches!(event, Some(Ok(ChatEvent::Token { .. }))) {
                 first_token = Some(Instant::now());
@@ -409,185 +440,4 @@ pub fn sse_data(value: &serde_json::Value) -> Bytes {
     serde_json::to_writer(&mut out, value).unwrap_or_default();
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
-}
-
-/// What the gateway makes of one backend event.
-#[derive(Debug, PartialEq)]
-enum Step {
-    /// Text (possibly empty while a stop string may be starting) to send.
-    Delta {
-        text: String,
-        logprob: Option<TokenLogprob>,
-    },
-    /// Generation is over; `text` is the last of it.
-    Finished {
-        text: String,
-        logprob: Option<TokenLogprob>,
-        finish_reason: FinishReason,
-        stop_sequence: Option<String>,
-        completion_tokens: u32,
-    },
-    /// The instance failed; the error says why.
-    Failed(ApiError),
-}
-
-/// The gateway's own guarantees over a backend's events: stop strings, `max_tokens`, and an
-/// end to every stream.
-#[derive(Debug)]
-struct Generation {
-    stop: StopMatcher,
-    max_tokens: Option<u32>,
-    tokens: u32,
-    want_logprobs: bool,
-}
-
-impl Generation {
-    fn new(stop: &[String], max_tokens: Option<u32>, want_logprobs: bool) -> Generation {
-        Generation {
-            stop: StopMatcher::new(stop),
-            max_tokens,
-            tokens: 0,
-            want_logprobs,
-        }
-    }
-
-    fn step(&mut self, event: Option<Result<ChatEvent, ApiError>>) -> Step {
-        match event {
-            Some(Ok(ChatEvent::Token { text, logprob })) => {
-                self.tokens = self.tokens.saturating_add(1);
-                let logprob = logprob.filter(|_| self.want_logprobs);
-                let scan = self.stop.push(&text);
-                if scan.stopped {
-                    return Step::Finished {
-                        text: scan.emit,
-                        logprob,
-                        finish_reason: FinishReason::Stop,
-                        stop_sequence: scan.matched,
-                        completion_tokens: self.tokens,
-                    };
-                }
-                if self.max_tokens.is_some_and(|max| self.tokens >= max) {
-                    let mut text = scan.emit;
-                    text.push_str(&self.stop.finish());
-                    return Step::Finished {
-                        text,
-                        logprob,
-                        finish_reason: FinishReason::Length,
-                        stop_sequence: None,
-                        completion_tokens: self.tokens,
-                    };
-                }
-                Step::Delta {
-                    text: scan.emit,
-                    logprob,
-                }
-            }
-            Some(Ok(ChatEvent::Done {
-                finish_reason,
-                completion_tokens,
-            })) => Step::Finished {
-                text: self.stop.finish(),
-                logprob: None,
-                finish_reason,
-                stop_sequence: None,
-                completion_tokens: completion_tokens.max(self.tokens),
-            },
-            Some(Err(e)) => Step::Failed(e),
-            None => Step::Failed(ApiError::instance_lost(
-                "the generation ended without finishing",
-            )),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn token(t: &str) -> Option<Result<ChatEvent, ApiError>> {
-        Some(Ok(ChatEvent::Token {
-            text: t.into(),
-            logprob: None,
-        }))
-    }
-
-    #[test]
-    fn max_tokens_ends_with_length() {
-        let mut g = Generation::new(&[], Some(2), false);
-        assert!(matches!(g.step(token("a")), Step::Delta { .. }));
-        match g.step(token("b")) {
-            Step::Finished {
-                text,
-                finish_reason,
-                completion_tokens,
-                ..
-            } => {
-                assert_eq!(text, "b");
-                assert_eq!(finish_reason, FinishReason::Length);
-                assert_eq!(completion_tokens, 2);
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn stop_string_ends_with_stop_and_cut_text() {
-        let mut g = Generation::new(&["##".into(), "zz".into()], None, false);
-        assert_eq!(
-            g.step(token("ab#")),
-            Step::Delta {
-                text: "ab".into(),
-                logprob: None
-            }
-        );
-        match g.step(token("#cd")) {
-            Step::Finished {
-                text,
-                finish_reason,
-                stop_sequence,
-                ..
-            } => {
-                assert_eq!(text, "");
-                assert_eq!(finish_reason, FinishReason::Stop);
-                assert_eq!(stop_sequence.as_deref(), Some("##"));
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn closed_stream_is_a_lost_instance() {
-        let mut g = Generation::new(&[], None, false);
-        match g.step(None) {
-            Step::Failed(e) => assert_eq!(e.code.as_deref(), Some("instance_lost")),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn done_flushes_held_text() {
-        let mut g = Generation::new(&["xyz".into()], None, false);
-        assert_eq!(
-            g.step(token("ax")),
-            Step::Delta {
-                text: "a".into(),
-                logprob: None
-            }
-        );
-        let done = Some(Ok(ChatEvent::Done {
-            finish_reason: FinishReason::Stop,
-            completion_tokens: 1,
-        }));
-        match g.step(done) {
-            Step::Finished {
-                text,
-                stop_sequence,
-                ..
-            } => {
-                assert_eq!(text, "x");
-                assert_eq!(stop_sequence, None);
-            }
-            other => panic!("{other:?}"),
-        }
-    }
 }

@@ -2,6 +2,7 @@
 //!
 //! - OpenAI's chat completions (`POST /v1/chat/completions`, whole or streamed as SSE) and
 //!   model list (`GET /v1/models`);
+//! - `POST /v1/cancel/{id}`: stops a generation this node is answering, see [`cancel`];
 //! - OpenAI's Responses (`POST /v1/responses`, stateless), see [`responses`];
 //! - Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), see
 //!   [`anthropic`];
@@ -26,6 +27,7 @@
 pub mod anthropic;
 pub mod backend;
 pub mod body;
+pub mod cancel;
 mod chat;
 pub mod cluster;
 pub mod config;
@@ -41,6 +43,7 @@ pub mod reasoning;
 pub mod responses;
 pub mod router;
 pub mod server;
+mod steps;
 
 pub use backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,

@@ -4,10 +4,12 @@
 
 use crate::backend::Backend;
 use crate::body::{json_response, GatewayBody};
+use crate::cancel::Running;
 use crate::chat::chat_completions;
 use crate::cluster;
 use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
+use crate::generation::Ctx;
 use crate::openai::response::models_json;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -21,7 +23,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct Router {
     backend: Arc<dyn Backend>,
-    config: GatewayConfig,
+    ctx: Ctx,
 }
 
 /// The routes, for matching and for `405 Allow` answers.
@@ -31,6 +33,7 @@ enum Route {
     Messages,
     CountTokens,
     Responses,
+    Cancel,
     OllamaChat,
     OllamaGenerate,
     OllamaShow,
@@ -75,6 +78,11 @@ impl Route {
             "/instance" => Route::CreateInstance,
             "/instance/previews" => Route::InstancePreviews,
             _ => {
+                if let Some(id) = path.strip_prefix("/v1/cancel/") {
+                    if !id.is_empty() && !id.contains('/') {
+                        return Some((Route::Cancel, id));
+                    }
+                }
                 if let Some(rest) = path.strip_prefix("/state/") {
                     return Some((Route::StatePath, rest));
                 }
@@ -95,6 +103,7 @@ impl Route {
             | Route::Messages
             | Route::CountTokens
             | Route::Responses
+            | Route::Cancel
             | Route::OllamaChat
             | Route::OllamaGenerate
             | Route::OllamaShow
@@ -141,7 +150,13 @@ impl Api {
 impl Router {
     /// A router over `backend`.
     pub fn new(backend: Arc<dyn Backend>, config: GatewayConfig) -> Router {
-        Router { backend, config }
+        Router {
+            backend,
+            ctx: Ctx {
+                config,
+                running: Running::default(),
+            },
+        }
     }
 
     /// Answers one request. Never fails: every error becomes an error response.
@@ -237,19 +252,36 @@ impl Router {
         match (route, method) {
             (Route::ChatCompletions, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                chat_completions(backend, &body, &self.config).await
+                chat_completions(backend, &body, &self.ctx).await
             }
             (Route::Messages, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                crate::anthropic::messages(backend, &body, &self.config).await
+                crate::anthropic::messages(backend, &body, &self.ctx).await
             }
             (Route::CountTokens, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                crate::anthropic::count_tokens(backend, &body, &self.config).await
+                crate::anthropic::count_tokens(backend, &body, &self.ctx).await
+            }
+            (Route::Cancel, &Method::POST) => {
+                if self.ctx.running.cancel(rest) {
+                    Ok(json_response(
+                        StatusCode::OK,
+                        &serde_json::json!({"id": rest, "cancelled": true}),
+                    ))
+                } else {
+                    Err(ApiError::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "no request `{rest}` is running on this node; cancel a request on \
+                             the node that received it, with the id its answer carries"
+                        ),
+                    )
+                    .with_code("request_not_found"))
+                }
             }
             (Route::Responses, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                crate::responses::responses(backend, &body, &self.config).await
+                crate::responses::responses(backend, &body, &self.ctx).await
             }
             (Route::OllamaChat | Route::OllamaGenerate, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
@@ -258,7 +290,7 @@ impl Router {
                 } else {
                     crate::ollama::request::Endpoint::Generate
                 };
-                crate::ollama::generate(backend, &body, &self.config, endpoint).await
+                crate::ollama::generate(backend, &body, &self.ctx, endpoint).await
             }
             (Route::OllamaShow, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
@@ -328,7 +360,7 @@ impl Router {
         B::Data: Send,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
-        let limit = self.config.body_limit;
+        let limit = self.ctx.config.body_limit;
         let too_large = || {
             ApiError::new(
                 ErrorKind::PayloadTooLarge,

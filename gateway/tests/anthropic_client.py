@@ -15,17 +15,11 @@ import json
 import sys
 
 import anthropic
+from checks import check
 
 base_url, model = sys.argv[1], sys.argv[2]
 fake = "--fake" in sys.argv[3:]
 client = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-
-
-def check(name, condition, detail=""):
-    if not condition:
-        print(f"FAILED: {name}: {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok: {name}", flush=True)
 
 
 def user(content):
@@ -98,6 +92,15 @@ check("stop sequence streamed", text == expected and final.stop_sequence == stop
 
 short = client.messages.create(model=model, max_tokens=3, messages=user(PROMPT))
 check("max_tokens", short.stop_reason == "max_tokens" and short.usage.output_tokens == 3, short)
+
+# A request with tools gets a valid message (the tools are not rendered into the prompt yet).
+tooled = client.messages.create(
+    messages=user("What is the weather in Paris?"),
+    tools=[{"name": "weather", "description": "Weather of a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    tool_choice={"type": "auto"}, **GREEDY)
+check("tools: a valid message", tooled.type == "message" and tooled.content[-1].type == "text"
+      and tooled.usage.output_tokens > 0, tooled)
 
 # Errors, in Anthropic's shape.
 try:

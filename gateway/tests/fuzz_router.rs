@@ -53,6 +53,7 @@ fn arb_target() -> impl Strategy<Value = (&'static str, String)> {
         ("GET", "/ollama/api/ps"),
         ("GET", "/api/version"),
         ("POST", "/api/pull"),
+        ("POST", "/v1/cancel/chatcmpl-1"),
     ])
     .prop_map(|(m, p)| (m, p.to_string()));
     let method = prop::sample::select(vec![

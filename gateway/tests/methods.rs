@@ -23,7 +23,10 @@ async fn head_answers_like_get_without_a_body() {
         let (status, headers, body) = call(s.addr, "HEAD", path, "").await;
         assert_eq!(get_status, StatusCode::OK, "{path}");
         assert_eq!(status, get_status, "{path}");
-        assert_eq!(headers["content-type"], get_headers["content-type"], "{path}");
+        assert_eq!(
+            headers["content-type"], get_headers["content-type"],
+            "{path}"
+        );
         assert!(!get_body.is_empty(), "{path}");
         assert!(body.is_empty(), "{path}: HEAD sent a body");
     }

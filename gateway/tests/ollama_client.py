@@ -15,17 +15,11 @@ import json
 import sys
 
 import ollama
+from checks import check
 
 host, model = sys.argv[1], sys.argv[2]
 fake = "--fake" in sys.argv[3:]
 client = ollama.Client(host=host, timeout=120)
-
-
-def check(name, condition, detail=""):
-    if not condition:
-        print(f"FAILED: {name}: {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok: {name}", flush=True)
 
 
 PROMPT = "Tell me a long story about a lighthouse."
@@ -84,6 +78,12 @@ b = client.generate(model=model, prompt=PROMPT, options=sampled, stream=False).r
 c = client.generate(model=model, prompt=PROMPT, options={**sampled, "seed": 4321}, stream=False).response
 check("same seed, same answer", a == b, (a, b))
 check("other seed, other answer", a != c, (a, c))
+
+# A chat with tools gets a valid answer (the tools are not rendered into the prompt yet).
+tooled = client.chat(model=model, messages=messages, options=GREEDY, stream=False, tools=[{
+    "type": "function", "function": {"name": "weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+check("tools: a valid answer", tooled.done and tooled.eval_count > 0, tooled)
 
 # Models.
 names = [m.model for m in client.list().models]

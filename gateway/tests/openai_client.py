@@ -13,18 +13,12 @@ import json
 import sys
 
 import openai
+from checks import check
 
 base_url, model = sys.argv[1], sys.argv[2]
 fake = len(sys.argv) > 3 and sys.argv[3] == "--fake"
 idle_model = sys.argv[4] if fake else None
 client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-
-
-def check(name, condition, detail=""):
-    if not condition:
-        print(f"FAILED: {name}: {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok: {name}", flush=True)
 
 
 def chat(content, **kwargs):

@@ -14,17 +14,11 @@ import json
 import sys
 
 import openai
+from checks import check
 
 base_url, model = sys.argv[1], sys.argv[2]
 fake = "--fake" in sys.argv[3:]
 client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-
-
-def check(name, condition, detail=""):
-    if not condition:
-        print(f"FAILED: {name}: {detail}", flush=True)
-        sys.exit(1)
-    print(f"ok: {name}", flush=True)
 
 
 PROMPT = "Tell me a long story about a lighthouse."
@@ -76,6 +70,12 @@ as_items = client.responses.create(
            {"role": "user", "content": [{"type": "input_text", "text": PROMPT}]}], **GREEDY)
 check("items = instructions", as_items.output_text == instructed.output_text
       and as_items.usage.input_tokens == instructed.usage.input_tokens, as_items)
+
+# A request with function tools gets a valid response (not rendered into the prompt yet).
+tooled = client.responses.create(input="What is the weather in Paris?", tools=[{
+    "type": "function", "name": "weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}], **GREEDY)
+check("tools: a valid response", tooled.output[-1].type == "message" and tooled.usage.output_tokens > 0, tooled)
 
 # Errors.
 try:

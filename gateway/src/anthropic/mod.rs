@@ -7,9 +7,8 @@ pub mod response;
 
 use crate::backend::Backend;
 use crate::body::{json_response, GatewayBody};
-use crate::config::GatewayConfig;
 use crate::error::ApiError;
-use crate::generation::accept;
+use crate::generation::{accept, Ctx};
 use hyper::{Response, StatusCode};
 use request::{parse_messages_request, ParsedMessages};
 use response::{message_id, message_json, MessagesEncoder};
@@ -22,13 +21,13 @@ pub use response::error_json;
 pub async fn messages(
     backend: &dyn Backend,
     body: &[u8],
-    config: &GatewayConfig,
+    ctx: &Ctx,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let received = Instant::now();
     let ParsedMessages { request, stream } = parse_messages_request(body, false)?;
     let id = message_id();
     let model = request.model.clone();
-    let accepted = accept(backend, request, config, received).await?;
+    let accepted = accept(backend, request, ctx, received, Some(&id)).await?;
     if stream {
         return Ok(accepted.stream(MessagesEncoder::new(id, model)));
     }
@@ -51,11 +50,11 @@ pub async fn messages(
 pub async fn count_tokens(
     backend: &dyn Backend,
     body: &[u8],
-    config: &GatewayConfig,
+    ctx: &Ctx,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let ParsedMessages { mut request, .. } = parse_messages_request(body, true)?;
     request.sampling.max_tokens = Some(1);
-    let accepted = accept(backend, request, config, Instant::now()).await?;
+    let accepted = accept(backend, request, ctx, Instant::now(), None).await?;
     let input_tokens = accepted.prompt_tokens();
     accepted.abandon();
     Ok(json_response(

@@ -9,9 +9,8 @@ pub mod response;
 
 use crate::backend::{Backend, ModelInfo};
 use crate::body::{json_response, GatewayBody};
-use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
-use crate::generation::accept;
+use crate::generation::{accept, Ctx};
 use hyper::{Response, StatusCode};
 use request::{model_name, parse_ollama_request, Endpoint, ParsedOllama};
 use response::{answer_json, load_json, NdjsonEncoder, Shape};
@@ -24,7 +23,7 @@ pub use response::{error_json, OLLAMA_API_VERSION};
 pub async fn generate(
     backend: &dyn Backend,
     body: &[u8],
-    config: &GatewayConfig,
+    ctx: &Ctx,
     endpoint: Endpoint,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let received = Instant::now();
@@ -42,7 +41,7 @@ pub async fn generate(
         Endpoint::Chat => Shape::Chat,
         Endpoint::Generate => Shape::Generate,
     };
-    let accepted = accept(backend, request, config, received).await?;
+    let accepted = accept(backend, request, ctx, received, None).await?;
     if stream {
         return Ok(accepted.stream(NdjsonEncoder { shape, model }));
     }

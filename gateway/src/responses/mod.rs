@@ -7,9 +7,8 @@ pub mod response;
 
 use crate::backend::Backend;
 use crate::body::{json_response, GatewayBody};
-use crate::config::GatewayConfig;
 use crate::error::ApiError;
-use crate::generation::accept;
+use crate::generation::{accept, Ctx};
 use hyper::{Response, StatusCode};
 use request::{parse_responses_request, ParsedResponses};
 use response::{response_json, ResponseMeta, ResponsesEncoder};
@@ -19,7 +18,7 @@ use tokio::time::Instant;
 pub async fn responses(
     backend: &dyn Backend,
     body: &[u8],
-    config: &GatewayConfig,
+    ctx: &Ctx,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let received = Instant::now();
     let ParsedResponses {
@@ -32,7 +31,7 @@ pub async fn responses(
     meta.max_output_tokens = request.sampling.max_tokens;
     meta.temperature = request.sampling.temperature;
     meta.top_p = request.sampling.top_p;
-    let accepted = accept(backend, request, config, received).await?;
+    let accepted = accept(backend, request, ctx, received, Some(&meta.id)).await?;
     if stream {
         return Ok(accepted.stream(ResponsesEncoder::new(meta)));
     }
