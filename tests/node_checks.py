@@ -4,6 +4,9 @@ Usage: python node_checks.py BASE_URL MODEL COMMAND
   paris          a greedy answer to "What is the capital of France?" mentions Paris
   load N TOKENS  N concurrent streaming requests of at most TOKENS tokens all complete;
                  prints one JSON line {"ttft": [...seconds], "total": [...], "wall": s}
+  limit N TOKENS N concurrent streaming requests against a node with small limits: each one
+                 completes or is refused with 429, Retry-After and OpenAI's error shape;
+                 none hangs; prints one JSON line {"completed": n, "refused": n}
   lost PID       a stream whose runner (process PID) is killed mid-way ends with an error
                  (never a hang), and the model then reports no ready instance (503)
 Prints "all passed" at the end; exits non-zero on the first failure.
@@ -92,6 +95,64 @@ elif command == "load":
         json.dumps({"ttft": sorted(r["ttft"] for r in results), "total": sorted(r["total"] for r in results), "wall": wall}),
         flush=True,
     )
+
+elif command == "limit":
+    n, tokens = int(sys.argv[4]), int(sys.argv[5])
+    results = [None] * n
+    start_gate = threading.Barrier(n)
+
+    def one(i):
+        try:
+            start_gate.wait()
+            finish = None
+            stream = client.chat.completions.create(
+                model=model,
+                messages=messages(f"Request {i}: name a colour."),
+                max_tokens=tokens,
+                temperature=0,
+                stream=True,
+            )
+            for chunk in stream:
+                if chunk.choices:
+                    finish = chunk.choices[0].finish_reason or finish
+            results[i] = {"finish": finish}
+        except openai.RateLimitError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            results[i] = {
+                "refused": True,
+                "retry_after": e.response.headers.get("retry-after"),
+                "type": body.get("type"),
+                "code": body.get("code"),
+                "message": body.get("message"),
+            }
+        except Exception as e:  # reported below as a failure of this request
+            results[i] = {"error": repr(e)}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    check("no request hung", all(not t.is_alive() for t in threads))
+    other = [r for r in results if r is None or "error" in r]
+    check("every request completed or was refused with 429", not other, other[:3])
+    done = [r for r in results if "finish" in r]
+    refused = [r for r in results if r.get("refused")]
+    check(
+        "completed requests finished with a reason",
+        all(r["finish"] in ("stop", "length") for r in done),
+        [r["finish"] for r in done],
+    )
+    check(
+        "refusals carry Retry-After and the OpenAI error shape",
+        all(
+            r["retry_after"] and int(r["retry_after"]) >= 1 and r["type"] == "rate_limit_error"
+            and r["code"] == "rate_limit_exceeded" and "limit" in (r["message"] or "")
+            for r in refused
+        ),
+        refused[:3],
+    )
+    print(json.dumps({"completed": len(done), "refused": len(refused)}), flush=True)
 
 elif command == "lost":
     pid = int(sys.argv[4])

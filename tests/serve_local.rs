@@ -53,8 +53,8 @@ struct Node {
 }
 
 impl Node {
-    /// `None` when the test is skipped (see [`namespace`]).
-    fn start(tag: &str) -> Option<Node> {
+    /// `None` when the test is skipped (see [`namespace`]). `extra` are more flags.
+    fn start(tag: &str, extra: &[&str]) -> Option<Node> {
         let ns = namespace(tag)?;
         let inside = &ns.nodes[0];
         let log = std::env::temp_dir().join(format!("{}.log", inside.netns));
@@ -65,6 +65,7 @@ impl Node {
         let child = inside
             .command(env!("CARGO_BIN_EXE_shoal"))
             .args(["--model", "default", "--api-port", &API_PORT.to_string()])
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("clone log file"))
@@ -214,7 +215,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// One test (one model load) rather than several, to keep CI on two cores short.
 #[test]
 fn one_node_serves_smollm2_in_a_namespace() {
-    let Some(mut node) = Node::start("serve") else {
+    let Some(mut node) = Node::start("serve", &[]) else {
         return;
     };
     let took = node.wait_ready(Duration::from_secs(240));
@@ -310,4 +311,34 @@ fn one_node_serves_smollm2_in_a_namespace() {
     let state = node.get_json("/state").expect("GET /state after the loss");
     let runner = &state["instances"][instance_id.as_str()]["runners"][node_id.as_str().unwrap()];
     assert_eq!(runner["state"], "failed", "{state}");
+}
+
+/// Limits that say what they do: a node batching at most 4 requests with 8 more waiting
+/// takes 64 concurrent streams; each completes or is refused with 429 and `Retry-After` in
+/// OpenAI's error shape, none hangs, and the runner is ready again afterwards.
+#[test]
+fn sixty_four_streams_against_small_limits_complete_or_get_429() {
+    let Some(mut node) = Node::start("limits", &["--max-sequences", "4", "--max-queue", "8"])
+    else {
+        return;
+    };
+    node.wait_ready(Duration::from_secs(240));
+    let url = node.base_url();
+    let checks = repo_file("tests/node_checks.py");
+    let out = node.python(
+        &checks,
+        &[&url, "default", "limit", "64", "16"],
+        Duration::from_secs(400),
+    );
+    let counts = json_line(&out, "completed");
+    let (done, refused) = (
+        counts["completed"].as_u64().unwrap_or(0),
+        counts["refused"].as_u64().unwrap_or(0),
+    );
+    eprintln!("64 streams against 4 + 8: {done} completed, {refused} refused with 429");
+    assert_eq!(done + refused, 64, "{counts}");
+    assert!(done >= 12, "at least the batch and its queue are served: {counts}");
+    assert!(refused >= 1, "64 at once exceed 4 + 8: {counts}");
+    // Nothing is left over: the instance takes requests again.
+    node.python(&checks, &[&url, "default", "paris"], Duration::from_secs(60));
 }
