@@ -119,9 +119,11 @@ impl Instances<'_> {
     pub async fn create(&self, new: NewInstance, serial: &AtomicU64) -> Result<Instance, ApiError> {
         let snapshot = self.context.snapshot();
         let Some(spec) = self.models.resolve(&new.model) else {
-            return Err(ApiError::model_not_found(
+            return Err(self.models.not_found(
                 &new.model,
-                &self.models.ids(&snapshot, self.placements, self.runners),
+                &snapshot,
+                self.placements,
+                self.runners,
             ));
         };
         let me = self.context.node_id();
@@ -282,10 +284,9 @@ impl Instances<'_> {
     pub async fn previews(&self, model: &str) -> Result<InstancePreviews, ApiError> {
         let Some(spec) = self.models.resolve(model) else {
             let snapshot = self.context.snapshot();
-            return Err(ApiError::model_not_found(
-                model,
-                &self.models.ids(&snapshot, self.placements, self.runners),
-            ));
+            return Err(self
+                .models
+                .not_found(model, &snapshot, self.placements, self.runners));
         };
         let base = self
             .placement_input(

@@ -28,6 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const TOKEN: &str = "hf_shoal_test_token";
+/// A repo of two weight files with the same content.
+const TWINS: &str = "shoal/twins";
 
 /// Namespaces (node 0 the hub, node 1 the client), the fixture as a repo, a scratch folder.
 fn setup(tag: &str) -> Option<(Netns, PathBuf, PathBuf)> {
@@ -66,13 +68,19 @@ fn world(tag: &str, gated: bool, faults: Faults) -> Option<World> {
     let (net, fixture, scratch) = setup(tag)?;
     let hub_ns = &net.nodes[0];
     let token = gated.then(|| TOKEN.to_string());
-    let server = HubInNetns::start(
-        &hub_ns.netns,
-        hub_ns.ip(),
-        repos(&fixture, gated),
-        token,
-        faults,
+    let mut repos = repos(&fixture, gated);
+    // A small repo whose two weight files have the same bytes (one blob).
+    let twins = scratch.join("twins");
+    std::fs::create_dir_all(&twins).expect("twins repo");
+    for name in ["a.safetensors", "b.safetensors"] {
+        std::fs::write(twins.join(name), vec![7u8; 3 << 20]).expect("twin file");
+    }
+    std::fs::write(twins.join("config.json"), b"{}").expect("twin config");
+    repos.insert(
+        TWINS.into(),
+        ServedRepo::from_dir(&twins, false).expect("twins"),
     );
+    let server = HubInNetns::start(&hub_ns.netns, hub_ns.ip(), repos, token, faults);
     let client_ns = net.nodes[1].netns.clone();
     Some(World {
         net,
@@ -231,6 +239,22 @@ fn downloads_into_an_empty_cache_in_the_hugging_face_layout() {
         matches!(e, HubError::Gated { .. }) && e.to_string().contains("HF_TOKEN"),
         "{e}"
     );
+
+    // Two files of one content: fetched once, both linked to the one blob.
+    let twins = download(&client_ns, config(&server.endpoint, &cache), TWINS, whole())
+        .0
+        .expect("twins");
+    let (served, _, _) = server.report();
+    assert_eq!(
+        hf::bytes_of(&served, "a.safetensors") + hf::bytes_of(&served, "b.safetensors"),
+        3 << 20
+    );
+    for name in ["a.safetensors", "b.safetensors"] {
+        assert_eq!(
+            std::fs::read(twins.dir.join(name)).expect(name),
+            vec![7u8; 3 << 20]
+        );
+    }
 
     // A pipeline rank of layers 0..10 of 30 takes only the first weight file.
     let index = std::fs::read(fixture.join(select::INDEX)).unwrap();

@@ -93,6 +93,11 @@ fn paths_outside_the_model_folders_are_never_opened_and_cached_ids_are_listed() 
         assert_eq!(status, 404, "{evil}: {text}");
     }
 
+    // A model id that is not downloaded: the answer says how to fetch it.
+    let (status, text) = place("org/not-downloaded");
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("shoal download org/not-downloaded"), "{text}");
+
     // The cached model is listed under its id and previews place it.
     let (status, text) = call("GET", "/v1/models", None);
     assert_eq!(status, 200, "{text}");

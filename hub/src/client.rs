@@ -217,7 +217,13 @@ impl Hub {
         }
         let limit = Arc::new(tokio::sync::Semaphore::new(self.config.parallel.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
-        for file in wanted.clone() {
+        // Files with the same content share one blob: fetch it once, link the others after.
+        let mut seen = std::collections::BTreeSet::new();
+        let (first, again): (Vec<RepoFile>, Vec<RepoFile>) = wanted
+            .iter()
+            .cloned()
+            .partition(|f| seen.insert(f.hash.clone()));
+        for file in first {
             let (hub, id, commit, progress, limit) = (
                 self.clone(),
                 id.clone(),
@@ -247,6 +253,12 @@ impl Hub {
             return Err(e);
         }
         let cache = &self.config.cache;
+        for f in &again {
+            cache
+                .link(id, &commit, &f.path, &f.hash)
+                .map_err(|e| HubError::io(&cache.snapshot(id, &commit), e))?;
+            progress.complete(&f.path);
+        }
         cache
             .write_ref(id, id.revision(), &commit)
             .map_err(|e| HubError::io(&cache.repo_dir(id), e))?;

@@ -27,7 +27,7 @@ pub fn pick_instance(
     if candidates.is_empty() {
         return Err(match models.resolve(model) {
             Some(_) => ApiError::no_instance(model),
-            None => ApiError::model_not_found(model, &models.ids(snapshot, placements, runners)),
+            None => models.not_found(model, snapshot, placements, runners),
         });
     }
     let mut failures = Vec::new();

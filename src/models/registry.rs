@@ -113,6 +113,34 @@ impl ModelRegistry {
         models.into_values().collect()
     }
 
+    /// The "unknown model" error for `name`: the models there are, and for a Hugging Face
+    /// model id that is not downloaded here, the command that fetches it.
+    pub fn not_found(
+        &self,
+        name: &str,
+        snapshot: &Snapshot,
+        placements: &PlacementCache,
+        runners: &dyn RunnerTable,
+    ) -> ApiError {
+        let available = self.ids(snapshot, placements, runners);
+        if !hub::ModelId::looks_like_id(name) {
+            return ApiError::model_not_found(name, &available);
+        }
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!(
+                "model `{name}` is not downloaded on node {}: run `shoal download {name}` on \
+                 every node that should run it (the Hugging Face cache is {}); available \
+                 models: {}",
+                short(&snapshot.me),
+                self.dirs.hf.root.display(),
+                available.join(", ")
+            ),
+        )
+        .with_param("model")
+        .with_code("model_not_found")
+    }
+
     /// The names of [`ModelRegistry::list`], for "unknown model" errors.
     pub fn ids(
         &self,
