@@ -337,8 +337,15 @@ fn sixty_four_streams_against_small_limits_complete_or_get_429() {
     );
     eprintln!("64 streams against 4 + 8: {done} completed, {refused} refused with 429");
     assert_eq!(done + refused, 64, "{counts}");
-    assert!(done >= 12, "at least the batch and its queue are served: {counts}");
+    assert!(
+        done >= 12,
+        "at least the batch and its queue are served: {counts}"
+    );
     assert!(refused >= 1, "64 at once exceed 4 + 8: {counts}");
     // Nothing is left over: the instance takes requests again.
-    node.python(&checks, &[&url, "default", "paris"], Duration::from_secs(60));
+    node.python(
+        &checks,
+        &[&url, "default", "paris"],
+        Duration::from_secs(60),
+    );
 }
