@@ -165,10 +165,7 @@ impl BatchForward for OneAtATime<'_> {
     }
 
     fn step_tokens(&self) -> usize {
-        self.forward
-            .max_chunk()
-            .min(DISTRIBUTED_PREFILL_CHUNK)
-            .max(1)
+        self.forward.max_chunk().clamp(1, DISTRIBUTED_PREFILL_CHUNK)
     }
 
     fn open(&mut self) -> Result<Slot> {
