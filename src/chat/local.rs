@@ -38,9 +38,7 @@ pub async fn chat_here(
         Prompt::Tokens(ids) => ids.len() as u32,
         _ => 0,
     };
-    let events = runner
-        .generate(generate, cancel)
-        .map_err(|busy| ApiError::busy(busy))?;
+    let events = runner.generate(generate, cancel).map_err(ApiError::busy)?;
     let (tx, stream) = ChatStream::channel(prompt_tokens, 64);
     tokio::spawn(relay(events, tx, want_logprobs));
     Ok(stream)
