@@ -127,6 +127,7 @@ impl NodeBackend {
             runners: self,
             placements: &self.placements,
             downloads: &self.downloads,
+            shared: self.context.clone(),
         }
     }
 

@@ -20,6 +20,7 @@ use gateway::{ApiError, ErrorKind};
 use placement::{CollectiveBackend, Input, PlaceError, Request, RunnerStatus, Sharding};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A placement failure as an API error: bad input is the client's (400), the rest is the
 /// cluster's capacity (503), each with the placement's stable code.
@@ -68,6 +69,8 @@ pub struct Instances<'a> {
     pub placements: &'a PlacementCache,
     /// Its downloads (a model id placed here that is not downloaded yet is fetched first).
     pub downloads: &'a crate::models::fetch::Downloads,
+    /// The context again, shared (downloads run tasks of their own).
+    pub shared: Arc<dyn NodeContext>,
 }
 
 impl Instances<'_> {
@@ -295,13 +298,16 @@ impl Instances<'_> {
         if self.models.resolve(model).is_some() {
             return Ok(());
         }
-        self.downloads.fetch_support(model).await.map_err(|e| {
-            ApiError::new(
-                gateway::ErrorKind::Unavailable,
-                format!("cannot download model `{model}`: {e}"),
-            )
-            .with_code("model_download_failed")
-        })
+        self.downloads
+            .fetch_support(model, self.shared.clone())
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    gateway::ErrorKind::Unavailable,
+                    format!("cannot download model `{model}`: {e}"),
+                )
+                .with_code("model_download_failed")
+            })
     }
 
     /// `GET /instance/previews`: every sharding × backend × node count for `model`, with the

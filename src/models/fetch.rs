@@ -24,6 +24,9 @@ pub const DOWNLOAD_PREFIX: &str = "download/";
 /// How long a failed download is reported as failed; after that (or when a user places the
 /// model again on this node) the next rank that needs the part tries again.
 const FAILURE_KEPT: Duration = Duration::from_secs(30);
+/// How long a download waits after announcing the files it wants, so that the nodes wanting
+/// the same file agree on which of them asks the hub.
+const SETTLE: Duration = Duration::from_millis(1500);
 
 /// One (model, part) download.
 #[derive(Debug, Clone)]
@@ -104,7 +107,7 @@ impl Downloads {
         }
         let (table, model) = (self.clone(), model.to_string());
         tokio::spawn(async move {
-            let state = match fetch_part(&model, part, &*context).await {
+            let state = match fetch_part(&model, Some(part), context).await {
                 Ok(()) => {
                     tracing::info!(model = %model, part = %part.label(), "the files of this node's part are complete");
                     FetchState::Done
@@ -121,14 +124,13 @@ impl Downloads {
 
     /// Fetches `model`'s configuration, tokenizer, template and index files (not its weights)
     /// and waits: the node placing a model reads its configuration first.
-    pub async fn fetch_support(&self, model: &str) -> Result<(), String> {
+    pub async fn fetch_support(
+        &self,
+        model: &str,
+        context: Arc<dyn NodeContext>,
+    ) -> Result<(), String> {
         self.forget_failures(model);
-        let id = ModelId::parse(model).map_err(|e| e.to_string())?;
-        let hub = Hub::new(HubConfig::from_env()).map_err(|e| e.to_string())?;
-        hub.download(&id, &support_files, Arc::new(Progress::default()))
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        fetch_part(model, None, context).await
     }
 }
 
@@ -187,56 +189,116 @@ pub fn held(cache: &HfCache, id: &ModelId, part: Part) -> bool {
         .is_ok_and(|files| files.iter().all(|f| dir.join(&f.path).is_file()))
 }
 
-/// Downloads what `part` of `model` needs, writing its progress record every second.
-async fn fetch_part(model: &str, part: Part, context: &dyn NodeContext) -> Result<(), String> {
+/// Downloads what `part` of `model` needs (its support files alone for `None`), each file
+/// from a member that holds it or else from the hub ([`super::gather`]), writing its progress
+/// record every second. The listing (commit and files) comes from the members when one holds
+/// the model at the revision asked for, so the hub is not needed at all then.
+async fn fetch_part(
+    model: &str,
+    part: Option<Part>,
+    context: Arc<dyn NodeContext>,
+) -> Result<(), String> {
     let id = ModelId::parse(model).map_err(|e| e.to_string())?;
     let hub = Hub::new(HubConfig::from_env()).map_err(|e| e.to_string())?;
-    let key = format!("{DOWNLOAD_PREFIX}{model}/{}", part.label());
+    let cache = hub.config.cache.clone();
+    let label = part.map_or_else(|| "support".to_string(), |p| p.label());
+    let key = format!("{DOWNLOAD_PREFIX}{model}/{label}");
     let progress = Arc::new(Progress::default());
+    let wants: Mutex<BTreeMap<String, String>> = Mutex::default();
     let started = Instant::now();
     let record = |state: &str| {
         let t = progress.totals();
         let seconds = started.elapsed().as_secs_f64().max(0.001);
         let rate = t.fetched as f64 / seconds;
         let eta = (rate > 0.0).then(|| t.total.saturating_sub(t.done) as f64 / rate);
-        json!({"model": model, "part": part.label(), "state": state, "done": t.done,
+        let done = progress.per_file();
+        let wants: Vec<String> = wants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(path, _)| !done.get(*path).is_some_and(|f| f.complete))
+            .map(|(_, hash)| hash.clone())
+            .collect();
+        json!({"model": model, "part": label, "state": state, "done": t.done,
                "total": t.total, "files_complete": t.files_complete, "files": t.files,
-               "file": t.current, "from": hub.config.endpoint,
+               "file": t.current, "from": hub.config.endpoint, "wants": wants,
                "rate_bytes_per_s": rate.round(), "eta_s": eta.map(f64::round)})
     };
-    if held(&hub.config.cache, &id, part) {
+    if part.is_some_and(|p| held(&cache, &id, p)) {
+        super::gather::advertise(&*context, &cache, &id);
         let _ = context.write(&key, &record("complete"));
         return Ok(());
     }
-    if hub.config.offline {
-        return Err(format!(
-            "offline (HF_HUB_OFFLINE), and this node's cache {} lacks files of {}",
-            hub.config.cache.root.display(),
-            part.label()
-        ));
-    }
     let work = async {
-        let support = hub
-            .download(&id, &support_files, progress.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        let index = std::fs::read(support.dir.join(INDEX)).ok();
-        let all = hub
-            .files(&id, &support.commit)
-            .await
-            .map_err(|e| e.to_string())?;
-        let wanted = files_for(&id, &all, index.as_deref(), part)?;
-        let snapshot = hub
-            .download(&id, &|_| wanted.clone(), progress.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        if snapshot.files.is_empty() {
+        let snapshot = context.snapshot();
+        let (commit, all, from_members) = match super::sources::peer_listing(&snapshot, &id) {
+            Some((commit, files)) => (commit, files, true),
+            None if hub.config.offline => {
+                return Err(format!(
+                    "offline (HF_HUB_OFFLINE), no member holds {model}, and this node's cache \
+                     {} lacks files of {label}",
+                    cache.root.display()
+                ))
+            }
+            None => {
+                let commit = hub.commit_of(&id).await.map_err(|e| e.to_string())?;
+                let files = hub.files(&id, &commit).await.map_err(|e| e.to_string())?;
+                (commit, files, false)
+            }
+        };
+        cache
+            .write_ref(&id, id.revision(), &commit)
+            .map_err(|e| format!("{}: {e}", cache.repo_dir(&id).display()))?;
+        let support = support_files(&all);
+        let want = |files: &[RepoFile]| {
+            let mut w = wants.lock().unwrap_or_else(|p| p.into_inner());
+            for f in files {
+                w.insert(f.path.clone(), f.hash.clone());
+            }
+        };
+        want(&support);
+        let _ = context.write(&key, &record("downloading"));
+        // Let the other nodes see what this one wants before deciding who asks the hub.
+        tokio::time::sleep(SETTLE).await;
+        super::gather::gather(
+            context.clone(),
+            &hub,
+            &id,
+            &commit,
+            &support,
+            progress.clone(),
+        )
+        .await?;
+        let Some(part) = part else {
+            return Ok(());
+        };
+        let index = std::fs::read(cache.snapshot(&id, &commit).join(INDEX)).ok();
+        let wanted = match files_for(&id, &all, index.as_deref(), part) {
+            Ok(w) => w,
+            Err(_) if from_members && !hub.config.offline => {
+                // The members hold only parts of it: the hub lists the rest.
+                let files = hub.files(&id, &commit).await.map_err(|e| e.to_string())?;
+                files_for(&id, &files, index.as_deref(), part)?
+            }
+            Err(e) => return Err(e),
+        };
+        if wanted.is_empty() {
             return Err(format!(
-                "model `{model}` has no files shoal can run for {}",
-                part.label()
+                "model `{model}` has no files shoal can run for {label}"
             ));
         }
-        Ok(())
+        want(&wanted);
+        let _ = context.write(&key, &record("downloading"));
+        tokio::time::sleep(SETTLE).await;
+        super::gather::gather(
+            context.clone(),
+            &hub,
+            &id,
+            &commit,
+            &wanted,
+            progress.clone(),
+        )
+        .await
     };
     tokio::pin!(work);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
