@@ -250,25 +250,29 @@ async fn fetch_part(
             .write_ref(&id, id.revision(), &commit)
             .map_err(|e| format!("{}: {e}", cache.repo_dir(&id).display()))?;
         let support = support_files(&all);
-        let want = |files: &[RepoFile]| {
-            let mut w = wants.lock().unwrap_or_else(|p| p.into_inner());
-            for f in files {
-                w.insert(f.path.clone(), f.hash.clone());
+        // Announces the files wanted, lets the other nodes see them before deciding who asks
+        // the hub, then fetches them.
+        let fetch = |files: Vec<RepoFile>| {
+            {
+                let mut w = wants.lock().unwrap_or_else(|p| p.into_inner());
+                for f in &files {
+                    w.insert(f.path.clone(), f.hash.clone());
+                }
+            }
+            let _ = context.write(&key, &record("downloading"));
+            let (context, hub, id, commit, progress) = (
+                context.clone(),
+                hub.clone(),
+                id.clone(),
+                commit.clone(),
+                progress.clone(),
+            );
+            async move {
+                tokio::time::sleep(SETTLE).await;
+                super::gather::gather(context, &hub, &id, &commit, &files, progress).await
             }
         };
-        want(&support);
-        let _ = context.write(&key, &record("downloading"));
-        // Let the other nodes see what this one wants before deciding who asks the hub.
-        tokio::time::sleep(SETTLE).await;
-        super::gather::gather(
-            context.clone(),
-            &hub,
-            &id,
-            &commit,
-            &support,
-            progress.clone(),
-        )
-        .await?;
+        fetch(support).await?;
         let Some(part) = part else {
             return Ok(());
         };
@@ -287,18 +291,7 @@ async fn fetch_part(
                 "model `{model}` has no files shoal can run for {label}"
             ));
         }
-        want(&wanted);
-        let _ = context.write(&key, &record("downloading"));
-        tokio::time::sleep(SETTLE).await;
-        super::gather::gather(
-            context.clone(),
-            &hub,
-            &id,
-            &commit,
-            &wanted,
-            progress.clone(),
-        )
-        .await
+        fetch(wanted).await
     };
     tokio::pin!(work);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
