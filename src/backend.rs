@@ -52,6 +52,8 @@ pub struct NodeBackend {
     next_instance: AtomicU64,
     /// Wakes the reconciler (a runner changed state, an instance was created or deleted).
     pub(crate) wake: Arc<tokio::sync::Notify>,
+    /// Models this node is downloading (or downloaded) on its own.
+    pub(crate) downloads: Arc<crate::models::fetch::Downloads>,
 }
 
 impl RunnerTable for NodeBackend {
@@ -96,6 +98,7 @@ impl NodeBackend {
             placements: PlacementCache::new(),
             next_instance: AtomicU64::new(1),
             wake: Arc::new(tokio::sync::Notify::new()),
+            downloads: Arc::default(),
         }
     }
 
@@ -123,6 +126,8 @@ impl NodeBackend {
             models: &self.models,
             runners: self,
             placements: &self.placements,
+            downloads: &self.downloads,
+            shared: self.context.clone(),
         }
     }
 

@@ -22,6 +22,14 @@ pub trait NodeContext: Send + Sync + 'static {
     fn state_json(&self) -> Value;
     /// Writes this node's record `key`.
     fn write(&self, key: &str, value: &Value) -> Result<(), String>;
+    /// A connection to member `node` on the file-copy ALPN ([`crate::models::peer`]); a node
+    /// outside a mesh has none.
+    fn open_files(
+        &self,
+        node: String,
+    ) -> BoxFuture<'_, Result<iroh::endpoint::Connection, String>> {
+        Box::pin(async move { Err(format!("no mesh to reach node {node} through")) })
+    }
     /// Deletes this node's record `key`; true if it existed.
     fn remove(&self, key: &str) -> bool;
     /// Grows with every start of this node, so ids made now never repeat older ones.

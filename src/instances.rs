@@ -20,6 +20,7 @@ use gateway::{ApiError, ErrorKind};
 use placement::{CollectiveBackend, Input, PlaceError, Request, RunnerStatus, Sharding};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A placement failure as an API error: bad input is the client's (400), the rest is the
 /// cluster's capacity (503), each with the placement's stable code.
@@ -66,6 +67,10 @@ pub struct Instances<'a> {
     pub runners: &'a dyn RunnerTable,
     /// Every instance's placement, computed once per (instance, epoch).
     pub placements: &'a PlacementCache,
+    /// Its downloads (a model id placed here that is not downloaded yet is fetched first).
+    pub downloads: &'a crate::models::fetch::Downloads,
+    /// The context again, shared (downloads run tasks of their own).
+    pub shared: Arc<dyn NodeContext>,
 }
 
 impl Instances<'_> {
@@ -118,6 +123,7 @@ impl Instances<'_> {
     /// counts this start's instances). Answers the instance as `GET /instance/{id}` shows it.
     pub async fn create(&self, new: NewInstance, serial: &AtomicU64) -> Result<Instance, ApiError> {
         let snapshot = self.context.snapshot();
+        self.fetch_if_missing(&new.model).await?;
         let Some(spec) = self.models.resolve(&new.model) else {
             return Err(self.models.not_found(
                 &new.model,
@@ -277,6 +283,31 @@ impl Instances<'_> {
             runner_pid: self.runners.pid(id),
             queued_requests: queued,
         }
+    }
+
+    /// Fetches the configuration, tokenizer and index of a Hugging Face model id that is not
+    /// in this node's cache (not its weights: placing reads only the configuration), so that
+    /// placing `org/name` needs no `shoal download` first; each rank's node then fetches the
+    /// weight files of its own layers when it sees the instance. Placing a model again retries
+    /// this node's failed downloads of it.
+    async fn fetch_if_missing(&self, model: &str) -> Result<(), ApiError> {
+        if !hub::ModelId::looks_like_id(model) {
+            return Ok(());
+        }
+        self.downloads.forget_failures(model);
+        if self.models.resolve(model).is_some() {
+            return Ok(());
+        }
+        self.downloads
+            .fetch_support(model, self.shared.clone())
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    gateway::ErrorKind::Unavailable,
+                    format!("cannot download model `{model}`: {e}"),
+                )
+                .with_code("model_download_failed")
+            })
     }
 
     /// `GET /instance/previews`: every sharding × backend × node count for `model`, with the

@@ -58,6 +58,8 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
     let peers = parse_peers(&args.peers)?;
     let (chats, chat_connections) = tokio::sync::mpsc::channel(64);
     let chat_alpn = crate::forward::chat_alpn(&args.namespace);
+    let (files, file_connections) = tokio::sync::mpsc::channel(64);
+    let files_alpn = crate::models::peer::files_alpn(&args.namespace);
     let mesh = Arc::new(
         Mesh::start(MeshOptions {
             data_dir,
@@ -65,7 +67,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             peers,
             port: args.mesh_port,
             config: Config::default(),
-            extra_protocols: vec![(chat_alpn.clone(), chats)],
+            extra_protocols: vec![(chat_alpn.clone(), chats), (files_alpn.clone(), files)],
         })
         .await?,
     );
@@ -96,8 +98,17 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
     let context: Arc<dyn NodeContext> = Arc::new(MeshContext {
         mesh: mesh.clone(),
         chat_alpn,
+        files_alpn,
         connections: tokio::sync::Mutex::default(),
     });
+    // Model files: served to members, and what this node's cache holds announced to them.
+    let cache = hub::HfCache::from_env();
+    crate::models::gather::advertise_cache(&*context, &cache);
+    tokio::spawn(crate::models::peer::serve(
+        file_connections,
+        context.clone(),
+        cache,
+    ));
     let serving = crate::serve::serve_with(args, context, Some(chat_connections), shutdown.clone());
     tokio::pin!(serving);
     tokio::spawn(mesh::probe::run(mesh.clone(), PROBE_PERIOD));
@@ -147,6 +158,8 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
 struct MeshContext {
     mesh: Arc<Mesh>,
     chat_alpn: Vec<u8>,
+    /// The file-copy ALPN.
+    files_alpn: Vec<u8>,
     /// Open chat connections by peer, reused across requests.
     connections:
         tokio::sync::Mutex<std::collections::BTreeMap<mesh::NodeId, iroh::endpoint::Connection>>,
@@ -192,6 +205,21 @@ impl NodeContext for MeshContext {
 
     fn remove(&self, key: &str) -> bool {
         self.mesh.delete(key)
+    }
+
+    fn open_files(
+        &self,
+        node: String,
+    ) -> BoxFuture<'_, Result<iroh::endpoint::Connection, String>> {
+        Box::pin(async move {
+            let peer: mesh::NodeId = node
+                .parse()
+                .map_err(|e| format!("bad node id {node}: {e}"))?;
+            self.mesh
+                .connect(peer, &self.files_alpn)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        })
     }
 
     fn generation(&self) -> u64 {

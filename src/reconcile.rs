@@ -9,7 +9,7 @@
 use crate::backend::NodeBackend;
 use crate::runner::table::LocalRunner;
 use crate::runner::Supervisor;
-use control::{short, Effect, LocalRunners, ModelFile};
+use control::{short, Effect, Fetch, LocalRunners, ModelFile, Part, RunnerFacts};
 use placement::RunnerStatus;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,18 +68,21 @@ impl NodeBackend {
                 .into_iter()
                 .map(|reference| {
                     let path = self.spec_of(&reference).path;
+                    let fetch = if hub::ModelId::looks_like_id(&reference) {
+                        Fetch::Hub(self.downloads.parts_of(&reference))
+                    } else {
+                        Fetch::No
+                    };
                     let file = ModelFile {
                         path: path.display().to_string(),
                         ready: path.exists(),
+                        fetch,
                     };
                     (reference, file)
                 })
                 .collect();
             let local = LocalRunners {
-                runners: runners
-                    .iter()
-                    .map(|(id, r)| (id.clone(), r.facts()))
-                    .collect(),
+                runners: self.runner_facts(&snapshot, &runners),
                 models,
             };
             for effect in control::reconcile(&snapshot, &local, &self.placements) {
@@ -171,6 +174,10 @@ impl NodeBackend {
                 }
                 runners.insert(instance, runner);
             }
+            Effect::Download { model, part } => {
+                self.downloads
+                    .start(&model, part, self.context.clone(), self.wake.clone());
+            }
             Effect::MarkFailed {
                 instance,
                 epoch,
@@ -221,6 +228,9 @@ impl NodeBackend {
                     Effect::Load {
                         layers, sharding, ..
                     } => {
+                        // Found again now: a model downloaded after the runner started has
+                        // its snapshot folder only now.
+                        runner.model = self.spec_of(&runner.model.reference);
                         supervisor.load_model(
                             &runner.model.path.to_string_lossy(),
                             Some(*layers),
@@ -246,15 +256,40 @@ impl NodeBackend {
         }
     }
 
+    /// The control plane's facts of this node's runners. A runner of a Hugging Face model has
+    /// its model ready when the files of its rank's part are complete here (the snapshot
+    /// folder exists as soon as the configuration is, long before the weights).
+    fn runner_facts(
+        &self,
+        snapshot: &control::Snapshot,
+        runners: &BTreeMap<String, LocalRunner>,
+    ) -> BTreeMap<String, RunnerFacts> {
+        let instances = snapshot.instances(&self.placements);
+        runners
+            .iter()
+            .map(|(id, r)| {
+                let mut facts = r.facts();
+                if hub::ModelId::looks_like_id(&r.model.reference) {
+                    let part = instances.get(id).and_then(|v| {
+                        let placement = v.placement.as_ref().ok()?;
+                        let n_layers = v.record.intent.input.model.n_layers as usize;
+                        Part::of_rank(placement, r.rank, n_layers)
+                    });
+                    facts.model_ready =
+                        part.is_some_and(|p| self.downloads.is_done(&r.model.reference, &p));
+                }
+                (id.clone(), facts)
+            })
+            .collect()
+    }
+
     /// Writes the `runner/<id>` records that changed since they were last written.
     fn publish_runners(&self) {
+        let snapshot = self.context.snapshot();
         let local = {
             let runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
             LocalRunners {
-                runners: runners
-                    .iter()
-                    .map(|(id, r)| (id.clone(), r.facts()))
-                    .collect(),
+                runners: self.runner_facts(&snapshot, &runners),
                 models: BTreeMap::new(),
             }
         };

@@ -13,26 +13,11 @@ mod support;
 mod hf;
 
 use hub::testhub::{Faults, ServedRepo};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::netns::Spec;
-use support::{logs, wait_for, ShoalNode, TestNet};
-
-fn call(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    match node.api.call(
-        method.parse().unwrap(),
-        path,
-        body,
-        Duration::from_secs(120),
-    ) {
-        Ok(a) => (
-            a.status.as_u16(),
-            serde_json::from_str(&a.text()).unwrap_or(Value::Null),
-        ),
-        Err(e) => (0, Value::String(e.to_string())),
-    }
-}
+use support::{call, logs, wait_for, ShoalNode, TestNet};
 
 #[test]
 fn a_model_id_runs_as_a_two_node_pipeline() {

@@ -59,6 +59,8 @@ fn paths_outside_the_model_folders_are_never_opened_and_cached_ids_are_listed() 
     let node = &mut nodes[0];
     node.env
         .push(("HF_HUB_CACHE".into(), cache.display().to_string()));
+    // No hub here: a model id that is neither cached nor held by a member cannot be fetched.
+    node.env.push(("HF_HUB_OFFLINE".into(), "1".into()));
     node.start();
     let call = |method: &str, path: &str, body: Option<&Value>| -> (u16, String) {
         match node.api.call(method.parse().unwrap(), path, body, LIMIT) {
@@ -93,8 +95,19 @@ fn paths_outside_the_model_folders_are_never_opened_and_cached_ids_are_listed() 
         assert_eq!(status, 404, "{evil}: {text}");
     }
 
-    // A model id that is not downloaded: the answer says how to fetch it.
+    // A model id that is not downloaded: placing it fetches it, and here (offline, no member
+    // holds it) that fails with the reason; previews say how to fetch it.
     let (status, text) = place("org/not-downloaded");
+    assert_eq!(status, 503, "{text}");
+    assert!(
+        text.contains("model_download_failed") && text.contains("offline"),
+        "{text}"
+    );
+    let (status, text) = call(
+        "GET",
+        "/instance/previews?model_id=org/not-downloaded",
+        None,
+    );
     assert_eq!(status, 404, "{text}");
     assert!(text.contains("shoal download org/not-downloaded"), "{text}");
 

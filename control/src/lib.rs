@@ -10,6 +10,7 @@
 //!   start-up plan of a rank.
 //! * [`commitments`]: the memory live instances hold on each node, taken off what a new
 //!   placement may use.
+//! * [`fetch`]: the part of a model each rank reads and where this node's fetch of it stands.
 //! * [`PlacementCache`]: each placement computed once per (instance, epoch) and kept.
 //! * [`reconcile()`] and [`publish`]: the decisions of one reconcile pass, as [`Effect`]s
 //!   that the node's executor (`src/reconcile.rs` in the binary) applies.
@@ -35,6 +36,7 @@
 
 pub mod cache;
 pub mod commitments;
+pub mod fetch;
 pub mod fixture;
 pub mod intent;
 pub mod reconcile;
@@ -42,6 +44,7 @@ pub mod snapshot;
 pub mod view;
 
 pub use cache::PlacementCache;
+pub use fetch::{Fetch, FetchState, Part};
 pub use intent::{
     effective, instance_slug, DeletedRecord, InstanceRecord, Intent, RunnerRecord, DELETED_PREFIX,
     INSTANCE_PREFIX, RUNNER_PREFIX,

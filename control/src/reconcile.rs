@@ -20,6 +20,7 @@
 //! to write or remove: only those that changed since they were last written.
 
 use crate::cache::PlacementCache;
+use crate::fetch::{Fetch, FetchState, Part};
 use crate::intent::{InstanceRecord, RunnerRecord, DELETED_PREFIX, INSTANCE_PREFIX, RUNNER_PREFIX};
 use crate::snapshot::Snapshot;
 use crate::view::short;
@@ -63,6 +64,8 @@ pub struct ModelFile {
     pub path: String,
     /// Whether it is there.
     pub ready: bool,
+    /// Whether this node can fetch it when it is not there, and its fetches.
+    pub fetch: Fetch,
 }
 
 /// This node's side of the picture: its runners by instance id, and its models by the
@@ -151,6 +154,14 @@ pub enum Effect {
         status: RunnerStatus,
         /// Why.
         reason: ShutdownReason,
+    },
+    /// Fetch part `part` of model `model` to this node (idempotent: the executor starts one
+    /// download per (model, part) and ignores the effect while it runs or once it is done).
+    Download {
+        /// The model reference (a Hugging Face model id).
+        model: String,
+        /// The part this node's rank reads.
+        part: Part,
     },
     /// Fail this node's rank before (or instead of) starting: stop the runner if there is
     /// one, else record a runner entry that is failed.
@@ -270,12 +281,15 @@ pub fn reconcile(
             .get(id)
             .filter(|_| !stale.contains(id.as_str()));
         let mine = runner.map(|r| r.status.clone());
-        let plan = view.plan_input(
-            snapshot,
-            rank,
-            mine.as_ref(),
-            model.is_some_and(|m| m.ready),
-        );
+        let n_layers = view.record.intent.input.model.n_layers as usize;
+        let part = Part::of_rank(placement, rank, n_layers);
+        let fetched = model.zip(part.as_ref()).and_then(|(m, p)| m.fetch.part(p));
+        let ready = match model {
+            Some(m) if m.fetch == Fetch::No => m.ready,
+            Some(_) => fetched == Some(&FetchState::Done),
+            None => false,
+        };
+        let plan = view.plan_input(snapshot, rank, mine.as_ref(), ready);
         let instance = id.clone();
         let ring_size = placement.ranks.len();
         match next_action(&plan) {
@@ -287,18 +301,38 @@ pub fn reconcile(
                 ranks: ring_size,
                 model: reference.clone(),
             }),
-            Action::Download => effects.push(Effect::MarkFailed {
-                instance,
-                epoch: view.record.epoch,
-                rank,
-                model: reference.clone(),
-                reason: format!(
-                    "model file {} is not on node {}; models other than `default` must be at \
-                     the same path on every node of the instance",
-                    model.map_or(reference.as_str(), |m| m.path.as_str()),
-                    short(me)
-                ),
-            }),
+            Action::Download => match (model.map(|m| &m.fetch), part, fetched) {
+                (Some(Fetch::Hub(_)), Some(part), Some(FetchState::Failed(why))) => {
+                    effects.push(Effect::MarkFailed {
+                        instance,
+                        epoch: view.record.epoch,
+                        rank,
+                        model: reference.clone(),
+                        reason: format!(
+                            "downloading {} of model {reference} on node {} failed: {why}",
+                            part.label(),
+                            short(me)
+                        ),
+                    })
+                }
+                (Some(Fetch::Hub(_)), Some(part), _) => effects.push(Effect::Download {
+                    model: reference.clone(),
+                    part,
+                }),
+                _ => effects.push(Effect::MarkFailed {
+                    instance,
+                    epoch: view.record.epoch,
+                    rank,
+                    model: reference.clone(),
+                    reason: format!(
+                        "model file {} is not on node {}; models other than `default` and \
+                         Hugging Face model ids must be at the same path on every node of the \
+                         instance",
+                        model.map_or(reference.as_str(), |m| m.path.as_str()),
+                        short(me)
+                    ),
+                }),
+            },
             action @ (Action::Connect | Action::Load | Action::WarmUp) => {
                 let Some(runner) = runner.filter(|r| r.process) else {
                     continue;
@@ -414,6 +448,79 @@ mod tests {
             vec![Effect::RemoveRecord {
                 key: "runner/gone".into()
             }]
+        );
+    }
+
+    #[test]
+    fn a_hub_models_rank_downloads_its_part_then_connects_or_fails_with_the_reason() {
+        let mut r = record(1, 4_000_000_000, 1);
+        r.intent.model = "org/name".into();
+        let snapshot = Snapshot {
+            me: "a".into(),
+            authors: [(
+                "a".to_string(),
+                crate::fixture::author(true, &[(r.key(), crate::fixture::json(&r))]),
+            )]
+            .into(),
+        };
+        let idle = RunnerFacts {
+            epoch: 0,
+            rank: 0,
+            status: RunnerStatus::Idle,
+            process: true,
+            sent: BTreeSet::new(),
+            queued: 0,
+            model_ready: false,
+        };
+        let part = Part::Layers {
+            start: 0,
+            end: 30,
+            n_layers: 30,
+        };
+        let with = |parts: BTreeMap<Part, FetchState>| LocalRunners {
+            runners: [(r.id().to_string(), idle.clone())].into(),
+            models: [(
+                "org/name".to_string(),
+                ModelFile {
+                    path: "/hf/models--org--name/snapshots/x".into(),
+                    // The snapshot folder exists (config and tokenizer), the weights may not.
+                    ready: true,
+                    fetch: Fetch::Hub(parts),
+                },
+            )]
+            .into(),
+        };
+        let cache = PlacementCache::new();
+        let only = |local: &LocalRunners| {
+            let effects = reconcile(&snapshot, local, &cache);
+            effects
+                .into_iter()
+                .filter(|e| !matches!(e, Effect::WriteRecord { .. }))
+                .collect::<Vec<_>>()
+        };
+        let download = Effect::Download {
+            model: "org/name".into(),
+            part,
+        };
+        assert_eq!(only(&with(BTreeMap::new())), vec![download.clone()]);
+        assert_eq!(
+            only(&with([(part, FetchState::Running)].into())),
+            vec![download]
+        );
+        let failed = only(&with(
+            [(part, FetchState::Failed("hub down".into()))].into(),
+        ));
+        let [Effect::MarkFailed { reason, .. }] = failed.as_slice() else {
+            panic!("{failed:?}");
+        };
+        assert!(
+            reason.contains("hub down") && reason.contains("layers-0-30-of-30"),
+            "{reason}"
+        );
+        let done = only(&with([(part, FetchState::Done)].into()));
+        assert!(
+            matches!(done.as_slice(), [Effect::Connect { .. }]),
+            "{done:?}"
         );
     }
 }

@@ -57,6 +57,7 @@ fn local(node: &Node) -> LocalRunners {
             ModelFile {
                 path: "/models/default.gguf".into(),
                 ready: true,
+                fetch: control::Fetch::No,
             },
         )]
         .into(),
@@ -133,7 +134,9 @@ fn apply(sim: &mut Sim, i: usize, node: &mut Node, effects: Vec<Effect>) {
                     r.process = false;
                 }
             }
-            Effect::MarkFailed { .. } => panic!("every model is on every node"),
+            Effect::MarkFailed { .. } | Effect::Download { .. } => {
+                panic!("every model is on every node")
+            }
         }
     }
 }

@@ -71,6 +71,7 @@ impl World {
                 ModelFile {
                     path: "/models/default.gguf".into(),
                     ready: true,
+                    fetch: control::Fetch::No,
                 },
             )]
             .into(),

@@ -253,8 +253,12 @@ async fn try_once(
     Ok(Step::Fetched(meta))
 }
 
-/// Feeds the first `len` bytes of `path` into `hash`.
-fn hash_existing(path: &std::path::Path, len: u64, hash: &mut ContentHash) -> std::io::Result<()> {
+/// Feeds the first `len` bytes of `path` into `hash` (resuming a partial file).
+pub fn hash_existing(
+    path: &std::path::Path,
+    len: u64,
+    hash: &mut ContentHash,
+) -> std::io::Result<()> {
     let mut f = std::fs::File::open(path)?.take(len);
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -49,11 +49,7 @@ pub fn open_model(path: &Path) -> Result<OpenedModel> {
         let config = ModelConfig::from_hf_json(&json)?;
         let tokenizer = Tokenizer::from_hf_dir(path, &json)?;
         let source = SafetensorsSource::open(path, &config)?;
-        let bytes_on_disk = crate::weights::safetensors_files(path)?
-            .iter()
-            .filter_map(|f| std::fs::metadata(f).ok())
-            .map(|m| m.len())
-            .sum();
+        let bytes_on_disk = crate::weights::weight_bytes_of_folder(path)?;
         return Ok(OpenedModel {
             config,
             source: Box::new(source),

@@ -290,12 +290,19 @@ impl TensorSource for GgufSource {
 pub struct SafetensorsSource {
     tensors: HashMap<String, Array>,
     quantization: Option<crate::config::QuantizationConfig>,
+    /// Weight files the index names that are not in the folder (a pipeline rank's node holds
+    /// only its layers' files): named when a tensor of theirs is asked for.
+    absent: Vec<PathBuf>,
 }
 
 impl SafetensorsSource {
-    /// Opens the safetensors files of a model folder.
+    /// Opens the safetensors files of a model folder that are there: a node running one
+    /// pipeline stage holds only the files of its layers, so the others may be absent (asking
+    /// for one of their tensors is an error that names the missing files).
     pub fn open(dir: &Path, config: &ModelConfig) -> Result<SafetensorsSource> {
-        let files = safetensors_files(dir)?;
+        let (files, absent): (Vec<PathBuf>, Vec<PathBuf>) = safetensors_files(dir)?
+            .into_iter()
+            .partition(|f| f.exists());
         let mut tensors = HashMap::new();
         for f in files {
             let loaded = Array::load_safetensors(&f).map_err(|e| InferenceError::BadModel {
@@ -307,14 +314,46 @@ impl SafetensorsSource {
         Ok(SafetensorsSource {
             tensors,
             quantization: config.quantization,
+            absent,
         })
     }
 
     fn get(&self, name: &str) -> Result<&Array> {
-        self.tensors
-            .get(name)
-            .ok_or_else(|| InferenceError::MissingTensor(name.to_owned()))
+        self.tensors.get(name).ok_or_else(|| {
+            if self.absent.is_empty() {
+                return InferenceError::MissingTensor(name.to_owned());
+            }
+            let files: Vec<String> = self
+                .absent
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect();
+            InferenceError::MissingTensor(format!(
+                "{name} (not in this node's weight files; absent here: {})",
+                files.join(", ")
+            ))
+        })
     }
+}
+
+/// Bytes of a folder's weights: the sum of its safetensors files when all are there, else
+/// the index's `metadata.total_size` (a node holding only some of the files, or only the
+/// config and index, still sizes the whole model for placement), else what is there.
+pub fn weight_bytes_of_folder(dir: &Path) -> Result<u64> {
+    let files = safetensors_files(dir)?;
+    let sizes: Vec<Option<u64>> = files
+        .iter()
+        .map(|f| std::fs::metadata(f).ok().map(|m| m.len()))
+        .collect();
+    let present: u64 = sizes.iter().flatten().sum();
+    if sizes.iter().all(Option::is_some) {
+        return Ok(present);
+    }
+    let total = std::fs::read(dir.join("model.safetensors.index.json"))
+        .ok()
+        .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["metadata"]["total_size"].as_u64());
+    Ok(total.unwrap_or(present).max(present))
 }
 
 /// The safetensors files of a folder: those the index names, else `model.safetensors`.

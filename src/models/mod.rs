@@ -11,8 +11,12 @@
 //!
 //! The registry of this node's models and the model list are in [`registry`].
 
+pub mod fetch;
+pub mod gather;
 pub mod locate;
+pub mod peer;
 pub mod registry;
+pub mod sources;
 
 use locate::ModelDirs;
 

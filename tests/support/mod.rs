@@ -188,3 +188,25 @@ pub fn logs(nodes: &[ShoalNode]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// One API call to `node` (inside its namespace): the status (0 when it did not answer) and
+/// the JSON body (`null` when not JSON).
+pub fn call(
+    node: &ShoalNode,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    match node.api.call(
+        method.parse().unwrap(),
+        path,
+        body,
+        std::time::Duration::from_secs(120),
+    ) {
+        Ok(a) => (
+            a.status.as_u16(),
+            serde_json::from_str(&a.text()).unwrap_or(serde_json::Value::Null),
+        ),
+        Err(e) => (0, serde_json::Value::String(e.to_string())),
+    }
+}

@@ -1,0 +1,310 @@
+//! Downloads a node starts on its own. When an instance gives this node a rank of a Hugging
+//! Face model whose files for that rank are not in its cache, the reconciler asks for them
+//! ([`control::Effect::Download`] with the rank's [`Part`]) and this table runs one download
+//! per (model, part): first the configuration, tokenizer and index files, then only the weight
+//! files the index says the part needs. Its progress is this node's `download/<model>/<part>`
+//! record in the replicated state (bytes done and total, rate, ETA, the file, from where, the
+//! state, the error), and the reconciler is woken when it ends, so the runner loads once the
+//! files are complete, or the rank fails with the download's error.
+//!
+//! The node that places a model it has never seen fetches only the small files first
+//! ([`Downloads::fetch_support`]): placement needs the configuration, not the weights.
+
+use crate::context::NodeContext;
+use control::{FetchState, Part};
+use hub::select::{self, Shard, INDEX};
+use hub::{HfCache, Hub, HubConfig, ModelId, Progress, RepoFile};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Key prefix of download records.
+pub const DOWNLOAD_PREFIX: &str = "download/";
+/// How long a failed download is reported as failed; after that (or when a user places the
+/// model again on this node) the next rank that needs the part tries again.
+const FAILURE_KEPT: Duration = Duration::from_secs(30);
+/// How long a download waits after announcing the files it wants, so that the nodes wanting
+/// the same file agree on which of them asks the hub.
+const SETTLE: Duration = Duration::from_millis(1500);
+
+/// One (model, part) download.
+#[derive(Debug, Clone)]
+struct Job {
+    state: FetchState,
+    since: Instant,
+}
+
+/// This node's downloads by (model reference, part).
+#[derive(Debug, Default)]
+pub struct Downloads {
+    jobs: Mutex<BTreeMap<(String, Part), Job>>,
+}
+
+impl Downloads {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, Part), Job>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where each part of `model` stands on this node (recent failures included).
+    pub fn parts_of(&self, model: &str) -> BTreeMap<Part, FetchState> {
+        let mut jobs = self.jobs();
+        jobs.retain(|_, j| {
+            !matches!(j.state, FetchState::Failed(_)) || j.since.elapsed() < FAILURE_KEPT
+        });
+        jobs.iter()
+            .filter(|((m, _), _)| m == model)
+            .map(|((_, p), j)| (*p, j.state.clone()))
+            .collect()
+    }
+
+    /// Whether `part` of `model` is complete here (downloaded by this node, or found whole in
+    /// its cache by a download that then had nothing to do).
+    pub fn is_done(&self, model: &str, part: &Part) -> bool {
+        self.jobs()
+            .get(&(model.to_string(), *part))
+            .is_some_and(|j| j.state == FetchState::Done)
+    }
+
+    /// Forgets `model`'s failed downloads, so that the next rank that needs one tries again.
+    pub fn forget_failures(&self, model: &str) {
+        self.jobs()
+            .retain(|(m, _), j| m != model || !matches!(j.state, FetchState::Failed(_)));
+    }
+
+    fn set(&self, model: &str, part: Part, state: FetchState) {
+        self.jobs().insert(
+            (model.to_string(), part),
+            Job {
+                state,
+                since: Instant::now(),
+            },
+        );
+    }
+
+    /// Starts downloading `part` of `model` unless a download of it runs or has ended;
+    /// `wake` is told when it ends.
+    pub fn start(
+        self: &Arc<Self>,
+        model: &str,
+        part: Part,
+        context: Arc<dyn NodeContext>,
+        wake: Arc<tokio::sync::Notify>,
+    ) {
+        {
+            let mut jobs = self.jobs();
+            let key = (model.to_string(), part);
+            if jobs.contains_key(&key) {
+                return;
+            }
+            jobs.insert(
+                key,
+                Job {
+                    state: FetchState::Running,
+                    since: Instant::now(),
+                },
+            );
+        }
+        let (table, model) = (self.clone(), model.to_string());
+        tokio::spawn(async move {
+            let state = match fetch_part(&model, Some(part), context).await {
+                Ok(()) => {
+                    tracing::info!(model = %model, part = %part.label(), "the files of this node's part are complete");
+                    FetchState::Done
+                }
+                Err(e) => {
+                    tracing::error!(model = %model, part = %part.label(), "download failed: {e}");
+                    FetchState::Failed(e)
+                }
+            };
+            table.set(&model, part, state);
+            wake.notify_one();
+        });
+    }
+
+    /// Fetches `model`'s configuration, tokenizer, template and index files (not its weights)
+    /// and waits: the node placing a model reads its configuration first.
+    pub async fn fetch_support(
+        &self,
+        model: &str,
+        context: Arc<dyn NodeContext>,
+    ) -> Result<(), String> {
+        self.forget_failures(model);
+        fetch_part(model, None, context).await
+    }
+}
+
+/// The configuration, tokenizer, template and index files of a repository.
+fn support_files(files: &[RepoFile]) -> Vec<RepoFile> {
+    files
+        .iter()
+        .filter(|f| select::is_support_file(&f.path))
+        .cloned()
+        .collect()
+}
+
+/// The hub crate's name for a part.
+fn shard_of(part: Part) -> Shard {
+    match part {
+        Part::Layers {
+            start,
+            end,
+            n_layers,
+        } => Shard::Layers {
+            start,
+            end,
+            n_layers,
+        },
+        Part::Tensor => Shard::Tensor,
+    }
+}
+
+/// The files `part` needs out of `files` (a repository's, or a snapshot's), given the index
+/// text if there is one; GGUF repos (`:QUANT`) need the quantization's file whole.
+pub fn files_for(
+    id: &ModelId,
+    files: &[RepoFile],
+    index: Option<&[u8]>,
+    part: Part,
+) -> Result<Vec<RepoFile>, String> {
+    match &id.quant {
+        Some(q) => select::for_model(files, Some(q)),
+        None => select::for_shard(files, index, shard_of(part)),
+    }
+}
+
+/// Whether this node's cache already holds every file `part` of `id` needs (no network).
+pub fn held(cache: &HfCache, id: &ModelId, part: Part) -> bool {
+    let Some(commit) = cache.read_ref(id, id.revision()) else {
+        return false;
+    };
+    let dir = cache.snapshot(id, &commit);
+    if !dir.join("config.json").is_file() && id.quant.is_none() {
+        return false;
+    }
+    let mut present = Vec::new();
+    hub::local::list_files(&dir, &dir, &mut present);
+    let index = std::fs::read(dir.join(INDEX)).ok();
+    files_for(id, &present, index.as_deref(), part)
+        .is_ok_and(|files| files.iter().all(|f| dir.join(&f.path).is_file()))
+}
+
+/// Downloads what `part` of `model` needs (its support files alone for `None`), each file
+/// from a member that holds it or else from the hub ([`super::gather`]), writing its progress
+/// record every second. The listing (commit and files) comes from the members when one holds
+/// the model at the revision asked for, so the hub is not needed at all then.
+async fn fetch_part(
+    model: &str,
+    part: Option<Part>,
+    context: Arc<dyn NodeContext>,
+) -> Result<(), String> {
+    let id = ModelId::parse(model).map_err(|e| e.to_string())?;
+    let hub = Hub::new(HubConfig::from_env()).map_err(|e| e.to_string())?;
+    let cache = hub.config.cache.clone();
+    let label = part.map_or_else(|| "support".to_string(), |p| p.label());
+    let key = format!("{DOWNLOAD_PREFIX}{model}/{label}");
+    let progress = Arc::new(Progress::default());
+    let wants: Mutex<BTreeMap<String, String>> = Mutex::default();
+    let started = Instant::now();
+    let record = |state: &str| {
+        let t = progress.totals();
+        let seconds = started.elapsed().as_secs_f64().max(0.001);
+        let rate = t.fetched as f64 / seconds;
+        let eta = (rate > 0.0).then(|| t.total.saturating_sub(t.done) as f64 / rate);
+        let done = progress.per_file();
+        let wants: Vec<String> = wants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(path, _)| !done.get(*path).is_some_and(|f| f.complete))
+            .map(|(_, hash)| hash.clone())
+            .collect();
+        json!({"model": model, "part": label, "state": state, "done": t.done,
+               "total": t.total, "files_complete": t.files_complete, "files": t.files,
+               "file": t.current, "from": hub.config.endpoint, "wants": wants,
+               "rate_bytes_per_s": rate.round(), "eta_s": eta.map(f64::round)})
+    };
+    if part.is_some_and(|p| held(&cache, &id, p)) {
+        super::gather::advertise(&*context, &cache, &id);
+        let _ = context.write(&key, &record("complete"));
+        return Ok(());
+    }
+    let work = async {
+        let snapshot = context.snapshot();
+        let (commit, all, from_members) = match super::sources::peer_listing(&snapshot, &id) {
+            Some((commit, files)) => (commit, files, true),
+            None if hub.config.offline => {
+                return Err(format!(
+                    "offline (HF_HUB_OFFLINE), no member holds {model}, and this node's cache \
+                     {} lacks files of {label}",
+                    cache.root.display()
+                ))
+            }
+            None => {
+                let commit = hub.commit_of(&id).await.map_err(|e| e.to_string())?;
+                let files = hub.files(&id, &commit).await.map_err(|e| e.to_string())?;
+                (commit, files, false)
+            }
+        };
+        cache
+            .write_ref(&id, id.revision(), &commit)
+            .map_err(|e| format!("{}: {e}", cache.repo_dir(&id).display()))?;
+        let support = support_files(&all);
+        // Announces the files wanted, lets the other nodes see them before deciding who asks
+        // the hub, then fetches them.
+        let fetch = |files: Vec<RepoFile>| {
+            {
+                let mut w = wants.lock().unwrap_or_else(|p| p.into_inner());
+                for f in &files {
+                    w.insert(f.path.clone(), f.hash.clone());
+                }
+            }
+            let _ = context.write(&key, &record("downloading"));
+            let (context, hub, id, commit, progress) = (
+                context.clone(),
+                hub.clone(),
+                id.clone(),
+                commit.clone(),
+                progress.clone(),
+            );
+            async move {
+                tokio::time::sleep(SETTLE).await;
+                super::gather::gather(context, &hub, &id, &commit, &files, progress).await
+            }
+        };
+        fetch(support).await?;
+        let Some(part) = part else {
+            return Ok(());
+        };
+        let index = std::fs::read(cache.snapshot(&id, &commit).join(INDEX)).ok();
+        let wanted = match files_for(&id, &all, index.as_deref(), part) {
+            Ok(w) => w,
+            Err(_) if from_members && !hub.config.offline => {
+                // The members hold only parts of it: the hub lists the rest.
+                let files = hub.files(&id, &commit).await.map_err(|e| e.to_string())?;
+                files_for(&id, &files, index.as_deref(), part)?
+            }
+            Err(e) => return Err(e),
+        };
+        if wanted.is_empty() {
+            return Err(format!(
+                "model `{model}` has no files shoal can run for {label}"
+            ));
+        }
+        fetch(wanted).await
+    };
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let result = loop {
+        tokio::select! {
+            done = &mut work => break done,
+            _ = tick.tick() => { let _ = context.write(&key, &record("downloading")); }
+        }
+    };
+    let mut value = record(if result.is_ok() { "complete" } else { "failed" });
+    if let Err(e) = &result {
+        value["error"] = json!(e);
+    }
+    let _ = context.write(&key, &value);
+    result
+}

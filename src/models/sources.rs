@@ -1,0 +1,204 @@
+//! Where each file of a download comes from: a cluster member that holds it, else the hub.
+//!
+//! Every node says which verified files of a model it holds in its `files/<model>` record
+//! ([`Holding`]: the revision, its commit and each file's path, size and hub hash), and which
+//! it still lacks in the `wants` of its `download/<model>/<part>` record. A node that needs a
+//! file copies it from a member that holds it ([`crate::models::peer`]); when none does, only
+//! one of the nodes that want it fetches it from the hub — the smallest node id among the
+//! live nodes whose running download wants it ([`designated`]) — and the others wait for it
+//! to appear in that node's record and copy it from there, so the hub serves each file once
+//! to the whole cluster. With no hub at all, the listing comes from the members' records.
+
+use control::Snapshot;
+use hub::{HfCache, ModelId, RepoFile};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Key prefix of holding records (`files/<model>`).
+pub const FILES_PREFIX: &str = "files/";
+
+/// The verified files of one model a node holds.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct Holding {
+    /// The revision the files are of (`main`, a tag, a commit).
+    pub revision: String,
+    /// The commit it pointed to.
+    pub commit: String,
+    /// The files, by path.
+    pub files: Vec<HeldFile>,
+}
+
+/// One held file.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HeldFile {
+    /// Path in the repository.
+    pub path: String,
+    /// Size.
+    pub size: u64,
+    /// The hub's content hash (the blob's name).
+    pub hash: String,
+}
+
+impl HeldFile {
+    /// As the hub crate's file.
+    pub fn repo_file(&self) -> RepoFile {
+        RepoFile {
+            path: self.path.clone(),
+            size: self.size,
+            lfs: self.hash.len() == 64,
+            hash: self.hash.clone(),
+        }
+    }
+}
+
+/// What this node's cache holds of `id` (its revision's snapshot), if anything.
+pub fn holding(cache: &HfCache, id: &ModelId) -> Option<Holding> {
+    let commit = cache.read_ref(id, id.revision())?;
+    let dir = cache.snapshot(id, &commit);
+    let mut present = Vec::new();
+    hub::local::list_files(&dir, &dir, &mut present);
+    let files: Vec<HeldFile> = present
+        .into_iter()
+        .filter(|f| !f.hash.is_empty() && cache.blob(id, &f.hash).is_file())
+        .map(|f| HeldFile {
+            path: f.path,
+            size: f.size,
+            hash: f.hash,
+        })
+        .collect();
+    (!files.is_empty()).then(|| Holding {
+        revision: id.revision().to_string(),
+        commit,
+        files,
+    })
+}
+
+/// The holding records of `model` by live member (this node excluded).
+fn holdings<'a>(snapshot: &'a Snapshot, model: &str) -> Vec<(&'a String, Holding)> {
+    let key = format!("{FILES_PREFIX}{model}");
+    snapshot
+        .authors
+        .iter()
+        .filter(|(id, a)| a.alive && **id != snapshot.me)
+        .filter_map(|(id, a)| Some((id, serde_json::from_str(a.records.get(&key)?).ok()?)))
+        .collect()
+}
+
+/// The live members that hold the file with content hash `hash` of `model`, by id.
+pub fn holders(snapshot: &Snapshot, model: &str, hash: &str) -> Vec<String> {
+    holdings(snapshot, model)
+        .into_iter()
+        .filter(|(_, h)| h.files.iter().any(|f| f.hash == hash))
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// The members' listing of `id`'s revision: the commit most of them hold (ties to the
+/// smallest) and the union of their files of it; `None` when no member holds the model.
+pub fn peer_listing(snapshot: &Snapshot, id: &ModelId) -> Option<(String, Vec<RepoFile>)> {
+    let mut by_commit: BTreeMap<String, (usize, BTreeMap<String, RepoFile>)> = BTreeMap::new();
+    for (_, h) in holdings(snapshot, &id.to_string()) {
+        if h.revision != id.revision() || !hub::cache::is_commit(&h.commit) {
+            continue;
+        }
+        let entry = by_commit.entry(h.commit.clone()).or_default();
+        entry.0 += 1;
+        for f in &h.files {
+            if hub::cache::safe_relative(&f.path) {
+                entry.1.insert(f.path.clone(), f.repo_file());
+            }
+        }
+    }
+    let (commit, (_, files)) = by_commit
+        .into_iter()
+        .max_by(|a, b| a.1 .0.cmp(&b.1 .0).then_with(|| b.0.cmp(&a.0)))?;
+    Some((commit, files.into_values().collect()))
+}
+
+/// Whether this node is the one to fetch `hash` of `model` from the hub: the smallest id
+/// among live nodes (this one included) whose running download of the model wants it.
+pub fn designated(snapshot: &Snapshot, model: &str, hash: &str) -> bool {
+    let prefix = format!("{}{model}/", super::fetch::DOWNLOAD_PREFIX);
+    let wanting: BTreeSet<&String> = snapshot
+        .authors
+        .iter()
+        .filter(|(id, a)| a.alive || **id == snapshot.me)
+        .filter(|(_, a)| {
+            a.records
+                .range(prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&prefix))
+                .filter_map(|(_, v)| serde_json::from_str::<serde_json::Value>(v).ok())
+                .any(|v| {
+                    v["state"] == "downloading"
+                        && v["wants"]
+                            .as_array()
+                            .is_some_and(|w| w.iter().any(|h| h == hash))
+                })
+        })
+        .map(|(id, _)| id)
+        .collect();
+    wanting.first().is_none_or(|first| **first == snapshot.me)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use control::fixture::author;
+    use serde_json::json;
+
+    fn holding_of(commit: &str, files: &[(&str, &str)]) -> String {
+        json!({"revision": "main", "commit": commit, "files":
+            files.iter().map(|(p, h)| json!({"path": p, "size": 1, "hash": h})).collect::<Vec<_>>()})
+        .to_string()
+    }
+
+    #[test]
+    fn holders_listing_and_the_one_that_fetches_from_the_hub() {
+        let c = "0123456789abcdef0123456789abcdef01234567";
+        let m = "org/name";
+        let h1 = "a".repeat(64);
+        let want = |hashes: &[&str]| json!({"state": "downloading", "wants": hashes}).to_string();
+        let snapshot = Snapshot {
+            me: "b".into(),
+            authors: [
+                (
+                    "a".to_string(),
+                    author(
+                        true,
+                        &[(
+                            format!("{FILES_PREFIX}{m}"),
+                            holding_of(c, &[("config.json", "11"), ("m1.safetensors", &h1)]),
+                        )],
+                    ),
+                ),
+                (
+                    "b".to_string(),
+                    author(true, &[(format!("download/{m}/tensor"), want(&["22"]))]),
+                ),
+                (
+                    "c".to_string(),
+                    author(
+                        true,
+                        &[(format!("download/{m}/tensor"), want(&["22", "33"]))],
+                    ),
+                ),
+                (
+                    "0".to_string(),
+                    author(false, &[(format!("download/{m}/tensor"), want(&["22"]))]),
+                ),
+            ]
+            .into(),
+        };
+        assert_eq!(holders(&snapshot, m, &h1), vec!["a".to_string()]);
+        assert!(holders(&snapshot, m, "22").is_empty());
+        let id = ModelId::parse(m).unwrap();
+        let (commit, files) = peer_listing(&snapshot, &id).unwrap();
+        assert_eq!(commit, c);
+        assert_eq!(files.len(), 2);
+        assert!(files[1].lfs && !files[0].lfs);
+        // b and c want 22: b (the smaller live id) fetches it; only c wants 33; nobody 44.
+        assert!(designated(&snapshot, m, "22"));
+        assert!(!designated(&snapshot, m, "33"));
+        assert!(designated(&snapshot, m, "44"));
+    }
+}
