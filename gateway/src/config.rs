@@ -1,4 +1,5 @@
-//! The gateway's settings: body limit, keep-alive and silence limits, header timeout.
+//! The gateway's settings: body limit, keep-alive and silence limits, header timeout, and the
+//! limits of the dashboard's event streams.
 
 use std::time::Duration;
 
@@ -20,6 +21,37 @@ pub struct GatewayConfig {
     pub backend_silence_limit: Duration,
     /// How long a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// The dashboard's state streams (`GET /events`), see [`crate::events`].
+    pub events: EventsConfig,
+}
+
+/// Limits and timings of `GET /events`: a node must stay responsive however many dashboards
+/// are open and however slowly they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventsConfig {
+    /// Streams open at once; one more is refused with 429 (default 32: a few dashboards per
+    /// person on a small cluster, far below what hurts a node).
+    pub max_streams: usize,
+    /// How often the state is read while a stream is open (default 250 ms), so a node that
+    /// dies shows so within about a second of this node noticing.
+    pub poll_interval: Duration,
+    /// A `: heartbeat` comment after this much silence (default 15 s), so proxies keep the
+    /// stream open and the page can tell a quiet cluster from a lost connection.
+    pub heartbeat: Duration,
+    /// A client that leaves its events unread this long (its buffer full) is disconnected
+    /// (default 30 s); the page reconnects and gets the whole state again.
+    pub send_timeout: Duration,
+}
+
+impl Default for EventsConfig {
+    fn default() -> EventsConfig {
+        EventsConfig {
+            max_streams: 32,
+            poll_interval: Duration::from_millis(250),
+            heartbeat: Duration::from_secs(15),
+            send_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -29,6 +61,7 @@ impl Default for GatewayConfig {
             keep_alive_interval: Duration::from_secs(10),
             backend_silence_limit: Duration::from_secs(600),
             header_read_timeout: Duration::from_secs(30),
+            events: EventsConfig::default(),
         }
     }
 }

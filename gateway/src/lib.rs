@@ -9,7 +9,9 @@
 //! - Ollama's API at `/api/*` and `/ollama/api/*` (chat, generate, tags, show, ps,
 //!   version), see [`ollama`];
 //! - exo's cluster API (`GET /node_id`, `GET /state[/{path}]`, `POST /place_instance`,
-//!   `POST /instance`, `GET /instance/previews?model_id=`, `GET|DELETE /instance/{id}`).
+//!   `POST /instance`, `GET /instance/previews?model_id=`, `GET|DELETE /instance/{id}`);
+//! - the dashboard: its page at `GET /` (files built in, see [`dashboard`]) and the state
+//!   stream it follows, `GET /events` (see [`events`]).
 //!
 //! The crate owns HTTP, request validation, response shapes (exo's typed in [`exo`]),
 //! streaming and error statuses.
@@ -31,7 +33,9 @@ pub mod cancel;
 mod chat;
 pub mod cluster;
 pub mod config;
+pub mod dashboard;
 pub mod error;
+pub mod events;
 pub mod exo;
 pub mod fake;
 pub mod fields;
@@ -49,7 +53,7 @@ pub use backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
     ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob,
 };
-pub use config::GatewayConfig;
+pub use config::{EventsConfig, GatewayConfig};
 pub use error::{ApiError, ErrorKind};
 pub use exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use router::Router;

@@ -24,6 +24,7 @@ use std::sync::Arc;
 pub struct Router {
     backend: Arc<dyn Backend>,
     ctx: Ctx,
+    events: crate::events::Events,
 }
 
 /// The routes, for matching and for `405 Allow` answers.
@@ -48,6 +49,10 @@ enum Route {
     CreateInstance,
     InstancePreviews,
     Instance,
+    /// The dashboard's page and files (`/`, `/dashboard/{file}`).
+    Dashboard,
+    /// The dashboard's state stream.
+    Events,
 }
 
 impl Route {
@@ -77,7 +82,12 @@ impl Route {
             "/place_instance" => Route::PlaceInstance,
             "/instance" => Route::CreateInstance,
             "/instance/previews" => Route::InstancePreviews,
+            "/" => return Some((Route::Dashboard, "index.html")),
+            "/events" => Route::Events,
             _ => {
+                if let Some(file) = path.strip_prefix("/dashboard/") {
+                    return Some((Route::Dashboard, file));
+                }
                 if let Some(id) = path.strip_prefix("/v1/cancel/") {
                     if !id.is_empty() && !id.contains('/') {
                         return Some((Route::Cancel, id));
@@ -151,6 +161,7 @@ impl Router {
     /// A router over `backend`.
     pub fn new(backend: Arc<dyn Backend>, config: GatewayConfig) -> Router {
         Router {
+            events: crate::events::Events::new(backend.clone(), config.events),
             backend,
             ctx: Ctx {
                 config,
@@ -345,6 +356,15 @@ impl Router {
                 };
                 Ok(json_response(StatusCode::OK, &answer))
             }
+            (Route::Dashboard, &Method::GET) => match crate::dashboard::find(rest) {
+                Some(file) => Ok(crate::dashboard::response(file)),
+                None => Err(ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("the dashboard has no file `{rest}`; open / for its page"),
+                )
+                .with_code("unknown_route")),
+            },
+            (Route::Events, &Method::GET) => self.events.open(),
             _ => Err(ApiError::new(
                 ErrorKind::MethodNotAllowed,
                 format!("{method} is not allowed on {path}; use {}", route.methods()),

@@ -1,6 +1,6 @@
 //! `cargo xtask pyenv`: a Python virtual environment with the official `openai`, `anthropic` and
-//! `ollama` clients, for the tests that drive the gateway the way users do, and jinja2, for the
-//! chat-template tests.
+//! `ollama` clients, for the tests that drive the gateway the way users do, jinja2, for the
+//! chat-template tests, and Selenium, for the dashboard's browser tests.
 //!
 //! The venv lives at `<cache>/venv` (see `kit::dirs`), outside the clone. Every package
 //! is pinned (the client and what it pulled from PyPI when it was pinned), so every machine
@@ -51,6 +51,18 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     "packaging==26.4",
     "PyYAML==6.0.4",
     "tqdm==4.70.1",
+    // Selenium, which drives Debian's headless Chromium (through its chromedriver) in the
+    // dashboard's browser tests, and what it pulls beyond the above.
+    "selenium==4.51.0",
+    "attrs==26.1.0",
+    "outcome==1.3.0.post0",
+    "PySocks==1.7.1",
+    "sortedcontainers==2.4.0",
+    "trio==0.35.0",
+    "trio-websocket==0.12.2",
+    "urllib3==2.8.0",
+    "websocket-client==1.9.2",
+    "wsproto==1.3.2",
 ];
 
 /// Creates or updates the venv; returns its interpreter.

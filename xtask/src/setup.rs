@@ -1,7 +1,8 @@
 //! `cargo xtask setup`: everything native that shoal needs, prepared once and cached.
 //!
 //! Each step checks its own stamp first, so a second run does no work. Steps:
-//! 1. Debian packages MLX's build needs (installed with apt-get when root);
+//! 1. Debian packages MLX's build and the tests need (installed with apt-get when root;
+//!    checked with dpkg-query first, so a second run installs nothing);
 //! 2. MLX itself, from PyPI's official wheel for this machine (`mlx-cpu`; `mlx-cuda-12`/`-13`
 //!    with NVIDIA's CUDA wheels when `nvidia-smi` answers; `SHOAL_MLX` overrides; see
 //!    `mlx_build.rs`), pinned by sha256, with its bundled reference BLAS/LAPACK redirected to
@@ -38,7 +39,9 @@ const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea3
 /// Debian packages: cmake and g++ build mlx-c; libclang-dev feeds bindgen; OpenBLAS and
 /// LAPACKE replace the wheel's slow reference BLAS; iproute2 makes the test namespaces;
 /// python3-venv holds the openai client's venv; curl is what `cargo xtask run` and the README
-/// suggest for a first request (the tests and the xtask use the kit's cluster-API client).
+/// suggest for a first request (the tests and the xtask use the kit's cluster-API client);
+/// Chromium and its chromedriver run the dashboard's browser tests (headless, driven by
+/// Selenium from the venv).
 const DEBIAN_PACKAGES: &[&str] = &[
     "cmake",
     "g++",
@@ -48,6 +51,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "python3-venv",
     "curl",
+    "chromium",
+    "chromium-driver",
 ];
 
 pub fn setup() -> Result<(), String> {

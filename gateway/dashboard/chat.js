@@ -1,0 +1,201 @@
+// Chat: pick a running model, stream the answer (OpenAI's chat completions, streamed), stop
+// it (POST /v1/cancel/{id}), see the time to first token and tokens per second; a model's
+// thinking (`reasoning_content`) is shown apart from its answer.
+
+import { h, showError } from './dom.js';
+import { errorOf } from './api.js';
+
+const history = [];
+let running = null;
+
+function el(id) {
+  return document.getElementById(id);
+}
+
+function bubble(role, text) {
+  const content = h('div', { class: 'content' }, text || '');
+  const item = h('div', { class: `message ${role}` }, h('div', { class: 'role' }, role), content);
+  el('chat-log').append(item);
+  item.scrollIntoView({ block: 'end' });
+  return { item, content };
+}
+
+/** Reads an SSE body, calling `onData(json)` for each `data:` event until `[DONE]`. */
+async function readEvents(body, onData) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf('\n\n')) >= 0) {
+      const event = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      for (const line of event.split('\n')) {
+        if (!line.startsWith('data: ')) continue;
+        const data = line.slice(6);
+        if (data === '[DONE]') return;
+        onData(JSON.parse(data));
+      }
+    }
+  }
+}
+
+async function send() {
+  const input = el('chat-input');
+  const error = el('chat-error');
+  const model = el('chat-model').value;
+  const text = input.value.trim();
+  showError(error, null);
+  if (running) return;
+  if (!model) {
+    showError(error, 'No running model to chat with: place one above and wait until it is ready.');
+    return;
+  }
+  if (!text) {
+    showError(error, 'Type a message first.');
+    input.focus();
+    return;
+  }
+  input.value = '';
+  history.push({ role: 'user', content: text });
+  bubble('user', text);
+  const answer = bubble('assistant', '');
+  answer.item.classList.add('streaming');
+  const thinking = h('pre', {});
+  const thinkingBox = h('details', { class: 'thinking', open: true, hidden: true }, h('summary', {}, 'Thinking'), thinking);
+  answer.item.insertBefore(thinkingBox, answer.content);
+  const stats = el('chat-stats');
+  stats.textContent = 'Waiting for the first token…';
+  const controller = new AbortController();
+  const mine = { id: null, controller, stopped: false };
+  running = mine;
+  el('chat-send').disabled = true;
+  el('chat-stop').disabled = false;
+  const started = performance.now();
+  let first = null;
+  let tokens = 0;
+  let usage = null;
+  let reply = '';
+  let finish = null;
+  const update = () => {
+    const now = performance.now();
+    const ttft = first === null ? null : first - started;
+    const n = usage ? usage.completion_tokens : tokens;
+    const rate = first !== null && now > first && n > 1 ? ((n - 1) * 1000) / (now - first) : null;
+    stats.textContent = [
+      ttft === null ? 'no token yet' : `time to first token ${Math.round(ttft)} ms`,
+      rate === null ? null : `${rate.toFixed(1)} tokens/s`,
+      `${n} token${n === 1 ? '' : 's'}`,
+      finish ? `finished: ${finish}` : null,
+    ].filter(Boolean).join(' · ');
+    stats.dataset.ttftMs = ttft === null ? '' : String(Math.round(ttft));
+    stats.dataset.tokensPerSecond = rate === null ? '' : rate.toFixed(2);
+  };
+  try {
+    const response = await fetch('/v1/chat/completions', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model, messages: history, stream: true, stream_options: { include_usage: true } }),
+      signal: controller.signal,
+    });
+    if (!response.ok) {
+      const body = await response.text();
+      let json = null;
+      try { json = JSON.parse(body); } catch { /* the text is the message */ }
+      throw errorOf(response.status, json, body);
+    }
+    await readEvents(response.body, (chunk) => {
+      if (chunk.error) throw errorOf(0, chunk, '');
+      if (chunk.id && running && !running.id) running.id = chunk.id;
+      if (chunk.usage) usage = chunk.usage;
+      for (const choice of chunk.choices || []) {
+        const delta = choice.delta || {};
+        if (delta.reasoning_content) {
+          thinkingBox.hidden = false;
+          thinking.textContent += delta.reasoning_content;
+        }
+        if (delta.content) {
+          reply += delta.content;
+          answer.content.textContent = reply;
+        }
+        if (delta.content || delta.reasoning_content) {
+          if (first === null) first = performance.now();
+          tokens += 1;
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+      update();
+    });
+    history.push({ role: 'assistant', content: reply });
+  } catch (e) {
+    if (e.name === 'AbortError') {
+      finish = 'stopped';
+      history.push({ role: 'assistant', content: reply });
+    } else {
+      showError(error, `The chat failed: ${e.message}`);
+      history.pop();
+      if (!reply) answer.item.remove();
+    }
+  } finally {
+    if (mine.stopped) finish = 'stopped';
+    answer.item.classList.remove('streaming');
+    update();
+    running = null;
+    el('chat-send').disabled = false;
+    el('chat-stop').disabled = true;
+  }
+}
+
+async function stop() {
+  if (!running) return;
+  running.stopped = true;
+  const { id, controller } = running;
+  if (!id) {
+    controller.abort();
+    return;
+  }
+  try {
+    const response = await fetch(`/v1/cancel/${encodeURIComponent(id)}`, { method: 'POST' });
+    if (!response.ok) controller.abort();
+  } catch {
+    controller.abort();
+  }
+}
+
+/** Wires the chat section. */
+export function setup() {
+  el('chat-form').addEventListener('submit', (event) => {
+    event.preventDefault();
+    send();
+  });
+  el('chat-input').addEventListener('keydown', (event) => {
+    if (event.key === 'Enter' && !event.shiftKey) {
+      event.preventDefault();
+      send();
+    }
+  });
+  el('chat-stop').addEventListener('click', stop);
+  document.addEventListener('keydown', (event) => {
+    if (event.key === 'Escape' && running) stop();
+  });
+  el('chat-clear').addEventListener('click', () => {
+    if (running) return;
+    history.length = 0;
+    el('chat-log').replaceChildren();
+    el('chat-stats').textContent = '';
+    showError(el('chat-error'), null);
+  });
+}
+
+/** The models that can chat now (ready ones from GET /v1/models). */
+export function setModels(ids) {
+  const select = el('chat-model');
+  const keep = select.value;
+  select.replaceChildren(...(ids.length
+    ? ids.map((id) => h('option', { value: id }, id))
+    : [h('option', { value: '' }, 'no model is running')]));
+  if (ids.includes(keep)) select.value = keep;
+}
