@@ -348,10 +348,30 @@ mod tests {
     fn chat() -> ChatRequest {
         ChatRequest {
             model: "default".into(),
-            messages: vec![ChatMessage {
-                role: "user".into(),
-                content: "What is the capital of France?".into(),
-            }],
+            messages: vec![
+                ChatMessage {
+                    role: "user".into(),
+                    content: "What is the capital of France?".into(),
+                    ..ChatMessage::default()
+                },
+                ChatMessage {
+                    role: "assistant".into(),
+                    content: String::new(),
+                    tool_calls: vec![gateway::ToolCall {
+                        id: "a1B2c3D4e".into(),
+                        name: "get_weather".into(),
+                        arguments: r#"{"city":"Paris"}"#.into(),
+                    }],
+                    ..ChatMessage::default()
+                },
+                ChatMessage {
+                    role: "tool".into(),
+                    content: "sunny".into(),
+                    tool_call_id: Some("a1B2c3D4e".into()),
+                    name: Some("get_weather".into()),
+                    ..ChatMessage::default()
+                },
+            ],
             sampling: SamplingParams {
                 max_tokens: Some(16),
                 temperature: Some(0.0),
@@ -362,6 +382,16 @@ mod tests {
                 ..SamplingParams::default()
             },
             user: Some("u".into()),
+            // Tools, a call and its result travel too (rendered where the instance runs).
+            tools: vec![gateway::Tool {
+                name: "get_weather".into(),
+                description: Some("Weather «now»".into()),
+                parameters: Some(
+                    r#"{"type":"object","properties":{"city":{"type":"string"}}}"#.into(),
+                ),
+            }],
+            tool_choice: gateway::ToolChoice::Function("get_weather".into()),
+            enable_thinking: Some(false),
         }
     }
 
@@ -443,6 +473,7 @@ mod tests {
                 messages: vec![],
                 sampling: SamplingParams::default(),
                 user: None,
+                ..ChatRequest::default()
             },
         };
         let text = String::from_utf8(encode(&request).unwrap()[4..].to_vec()).unwrap();

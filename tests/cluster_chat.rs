@@ -70,7 +70,8 @@ fn greedy(node: &ShoalNode) -> String {
 
 /// The same greedy question through each of the other APIs (Anthropic Messages, Ollama chat,
 /// OpenAI Responses), whole answers: `(api, text and token count)`; plus Anthropic's
-/// count_tokens, which must equal the Messages answer's `usage.input_tokens`.
+/// count_tokens, which must equal the Messages answer's `usage.input_tokens`, and a chat with
+/// tools, an earlier call and its result (rendered by the template where the instance runs).
 fn greedy_other_apis(node: &ShoalNode) -> Vec<(&'static str, String)> {
     let question = "What is the capital of France?";
     let user = json!([{"role": "user", "content": question}]);
@@ -99,6 +100,17 @@ fn greedy_other_apis(node: &ShoalNode) -> Vec<(&'static str, String)> {
     let r = post(
         "/v1/responses",
         json!({"model": "default", "temperature": 0, "max_output_tokens": 16, "input": question}),
+    );
+    let t = post(
+        "/v1/chat/completions",
+        json!({"model": "default", "max_tokens": 16, "temperature": 0,
+               "tools": [{"type": "function", "function": {"name": "get_weather",
+                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+               "messages": [
+                   {"role": "user", "content": "What is the weather in Paris?"},
+                   {"role": "assistant", "content": null, "tool_calls": [{"id": "a1B2c3D4e",
+                    "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                   {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "Sunny, 24 degrees."}]}),
     );
     let text = |v: &Value, pointer: &str| {
         v.pointer(pointer)
@@ -129,6 +141,15 @@ fn greedy_other_apis(node: &ShoalNode) -> Vec<(&'static str, String)> {
                 "{} ({} tokens)",
                 text(&r, "/output/0/content/0/text"),
                 r["usage"]["output_tokens"]
+            ),
+        ),
+        (
+            "chat with tools",
+            format!(
+                "{} ({} prompt tokens, {} tokens)",
+                text(&t, "/choices/0/message/content"),
+                t["usage"]["prompt_tokens"],
+                t["usage"]["completion_tokens"]
             ),
         ),
     ]

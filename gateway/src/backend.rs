@@ -27,6 +27,7 @@
 
 use crate::error::ApiError;
 pub use crate::exo::{CreateInstanceRequest, PlaceInstanceRequest};
+pub use crate::tools::{Tool, ToolCall, ToolChoice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;
@@ -110,12 +111,33 @@ pub struct ModelInfo {
     pub ready: bool,
 }
 
-/// One message of the conversation, its content flattened to text.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One message of the conversation, its content flattened to text, with the tool calls an
+/// assistant turn made and, for a `tool` turn, the call it answers. The tool fields are left
+/// out of a forwarded chat's JSON when empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool result's call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's tool name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with this role and text.
+    pub fn text(role: &str, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..ChatMessage::default()
+        }
+    }
 }
 
 /// Sampling and stopping settings, passed through from the request. `None` means the
@@ -149,7 +171,7 @@ pub struct SamplingParams {
 }
 
 /// A validated chat request, as the backend receives it (and as a forwarded chat travels).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
@@ -159,6 +181,16 @@ pub struct ChatRequest {
     /// OpenAI's end-user id, for logs.
     #[serde(default)]
     pub user: Option<String>,
+    /// The functions the model may call, rendered into the prompt by the model's chat
+    /// template (those [`ToolChoice::offered`] keeps); the answer's calls are parsed by the
+    /// gateway. Left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    #[serde(default, skip_serializing_if = "ToolChoice::is_auto")]
+    pub tool_choice: ToolChoice,
+    /// The template's thinking switch (`enable_thinking`, Qwen3's), when the client set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
 }
 
 /// An accepted chat: its prompt size and the events to come.

@@ -1,13 +1,14 @@
 //! `POST /v1/chat/completions`: runs a chat through the backend ([`crate::generation`]) and
 //! answers it whole or as SSE chunks.
 
-use crate::backend::{Backend, TokenLogprob};
+use crate::backend::{Backend, TokenLogprob, ToolCall};
 use crate::body::{json_response, GatewayBody};
 use crate::error::ApiError;
 use crate::generation::{accept, sse_data, Ctx, Encoder, Ending, Timings};
 use crate::openai::request::{parse_chat_request, ParsedChat};
 use crate::openai::response::{
-    chunk_json, completion_json, usage_chunk_json, ChunkDelta, CompletionMeta, Usage,
+    chunk_json, completion_json, finish_reason_str, usage_chunk_json, AnswerParts, ChunkDelta,
+    CompletionMeta, Usage,
 };
 use bytes::Bytes;
 use hyper::{Response, StatusCode};
@@ -42,8 +43,11 @@ pub async fn chat_completions(
     let lp = want_logprobs.then_some(answer.logprobs.as_slice());
     let value = completion_json(
         &meta,
-        &answer.text,
-        &answer.reasoning,
+        AnswerParts {
+            text: &answer.text,
+            reasoning: &answer.reasoning,
+            tool_calls: &answer.tool_calls,
+        },
         answer.ending.finish_reason,
         lp,
         usage,
@@ -89,11 +93,19 @@ impl Encoder for ChunkEncoder {
         vec![sse_data(&chunk_json(&self.meta, delta))]
     }
 
+    fn tool_call(&mut self, index: usize, call: &ToolCall) -> Vec<Bytes> {
+        let delta = ChunkDelta {
+            tool_call: Some((index, call)),
+            ..ChunkDelta::default()
+        };
+        vec![sse_data(&chunk_json(&self.meta, delta))]
+    }
+
     fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
         let mut frames = vec![sse_data(&chunk_json(
             &self.meta,
             ChunkDelta {
-                finish_reason: Some(ending.finish_reason),
+                finish_reason: Some(finish_reason_str(ending.finish_reason, ending.tool_calls)),
                 ..ChunkDelta::default()
             },
         ))];

@@ -8,6 +8,11 @@
 //!   that reasons does;
 //! - `params` streams the received request's sampling settings as JSON (stop strings as
 //!   lists of character codes, so that they do not stop the answer);
+//! - `call: NAME {ARGS}` streams a Hermes-style tool call, `<tool_call>\n{"name": "NAME",
+//!   "arguments": {ARGS}}\n</tool_call>`, as Qwen writes one (several `call:` scripts joined by
+//!   ` && ` stream several calls, after the text of an `echo:` before them, if any);
+//! - `request` streams what the request carried for tools, as JSON: `tools`, `tool_choice`,
+//!   `enable_thinking` and each message's role, content and tool fields;
 //! - `fail after N` streams N tokens, then fails as a lost instance;
 //! - `vanish` streams 2 tokens, then ends the stream without `Done`;
 //! - `wait MS` waits MS milliseconds, then streams `done`;
@@ -101,6 +106,21 @@ impl FakeBackend {
             let chars: Vec<char> = text.chars().collect();
             chars.chunks(3).map(|c| c.iter().collect()).collect()
         };
+        if last.starts_with("call:") || (last.starts_with("echo:") && last.contains(" && call:")) {
+            let mut text = String::new();
+            for part in last.split(" && ") {
+                if let Some(t) = part.strip_prefix("echo:") {
+                    text.push_str(t.trim_start());
+                } else if let Some(call) = part.strip_prefix("call:") {
+                    let (name, args) = call.trim().split_once(' ').unwrap_or((call.trim(), "{}"));
+                    text.push_str(&format!(
+                        "<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {}}}\n</tool_call>",
+                        args.trim()
+                    ));
+                }
+            }
+            return Script::tokens(chunks(&text));
+        }
         if let Some(text) = last.strip_prefix("echo:") {
             return Script::tokens(chunks(text.trim_start()));
         }
@@ -108,6 +128,15 @@ impl FakeBackend {
         {
             let text = format!("<think>\n{}\n</think>\n\n{}", thought.trim(), answer.trim());
             return Script::tokens(chunks(&text));
+        }
+        if last == "request" {
+            let seen = json!({
+                "tools": request.tools,
+                "tool_choice": request.tool_choice,
+                "enable_thinking": request.enable_thinking,
+                "messages": request.messages,
+            });
+            return Script::tokens(chunks(&seen.to_string()));
         }
         if last == "params" {
             // Stop strings go out as their characters' codes, or they would stop this answer.

@@ -6,13 +6,14 @@
 //! ([`crate::reasoning`]). The APIs differ only in how they spell requests and events, so
 //! routing and forwarding (the backend's) are the same for all of them.
 
+use crate::answer::{AnswerSplitter, Part};
 use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
 use crate::cancel::{Registration, Running};
 use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
-use crate::reasoning::{Piece, ThinkSplitter};
 use crate::steps::{Generation, Step};
+use crate::tools::ToolCall;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::Response;
@@ -29,6 +30,9 @@ pub struct Ending {
     pub stop_sequence: Option<String>,
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
+    /// How many tool calls the answer made (each API then ends it as a tool call:
+    /// `tool_calls`, `tool_use`, ...).
+    pub tool_calls: usize,
 }
 
 /// When the phases of a request happened, for APIs that report durations (Ollama's
@@ -54,6 +58,8 @@ pub struct Collected {
     pub reasoning: String,
     /// Per token, when asked for.
     pub logprobs: Vec<TokenLogprob>,
+    /// The calls parsed out of the answer (only when the request offered tools).
+    pub tool_calls: Vec<ToolCall>,
     pub ending: Ending,
     pub timings: Timings,
 }
@@ -69,6 +75,9 @@ pub trait Encoder: Send + 'static {
     fn delta(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Bytes>;
     /// Reasoning to send (never empty); it always comes before the answer's text.
     fn reasoning(&mut self, text: &str) -> Vec<Bytes>;
+    /// A complete tool call, the `index`th of the answer (calls come whole, once checked;
+    /// text may come before and after them).
+    fn tool_call(&mut self, index: usize, call: &ToolCall) -> Vec<Bytes>;
     /// The end of the answer.
     fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes>;
     /// The instance failed mid-stream.
@@ -81,6 +90,7 @@ pub trait Encoder: Send + 'static {
 /// A request the backend accepted, its events still to come.
 pub struct Accepted {
     stream: ChatStream,
+    splitter: AnswerSplitter,
     generation: Generation,
     cancel: CancellationToken,
     guard: DropGuard,
@@ -113,6 +123,13 @@ pub async fn accept(
         request.sampling.max_tokens,
         request.sampling.logprobs.is_some(),
     );
+    let offered: Vec<_> = request
+        .tool_choice
+        .offered(&request.tools)
+        .into_iter()
+        .cloned()
+        .collect();
+    let splitter = AnswerSplitter::new(&offered);
     let cancel = CancellationToken::new();
     // Cancels the generation if this is dropped (client gone before the answer).
     let guard = cancel.clone().drop_guard();
@@ -133,6 +150,7 @@ pub async fn accept(
     let registration = id.map(|id| ctx.running.register(id, cancel.clone()));
     Ok(Accepted {
         stream,
+        splitter,
         generation,
         cancel,
         guard,
@@ -161,13 +179,15 @@ impl Accepted {
         let mut text = String::new();
         let mut reasoning = String::new();
         let mut logprobs = Vec::new();
+        let mut tool_calls = Vec::new();
         let mut first_token = None;
-        let mut splitter = ThinkSplitter::default();
-        let mut keep = |pieces: Vec<Piece>| {
-            for piece in pieces {
-                match piece {
-                    Piece::Reasoning(r) => reasoning.push_str(&r),
-                    Piece::Text(t) => text.push_str(&t),
+        let mut splitter = std::mem::take(&mut self.splitter);
+        let mut keep = |parts: Vec<Part>| {
+            for part in parts {
+                match part {
+                    Part::Reasoning(r) => reasoning.push_str(&r),
+                    Part::Text(t) => text.push_str(&t),
+                    Part::Call(c) => tool_calls.push(c),
                 }
             }
         };
@@ -210,11 +230,13 @@ impl Accepted {
         };
         self.cancel.cancel();
         self.guard.disarm();
-        let (logprobs, ending, timings) = result?;
+        let (logprobs, mut ending, timings) = result?;
+        ending.tool_calls = tool_calls.len();
         Ok(Collected {
             text,
             reasoning,
             logprobs,
+            tool_calls,
             ending,
             timings,
         })
@@ -226,6 +248,7 @@ impl Accepted {
         let (tx, rx) = mpsc::channel(64);
         let Accepted {
             stream,
+            splitter,
             generation,
             cancel,
             guard,
@@ -236,6 +259,8 @@ impl Accepted {
         } = self;
         let run = Run {
             stream,
+            splitter,
+            calls: 0,
             generation,
             cancel,
             received,
@@ -256,6 +281,9 @@ impl Accepted {
 /// A streamed generation's task state.
 struct Run {
     stream: ChatStream,
+    splitter: AnswerSplitter,
+    /// Tool calls sent so far.
+    calls: usize,
     generation: Generation,
     cancel: CancellationToken,
     received: Instant,
@@ -279,7 +307,6 @@ impl Run {
         let mut last_write = Instant::now();
         let mut last_event = Instant::now();
         let mut first_token = None;
-        let mut splitter = ThinkSplitter::default();
         loop {
             let event = tokio::select! {
                 event = next_event(&mut self.stream, last_event + silence, silence) => event,
@@ -311,8 +338,13 @@ impl Run {
             let mut frames = Vec::new();
             let done = match self.generation.step(event) {
                 Step::Delta { text, logprob } => {
-                    let pieces = splitter.push(&text);
-                    frames.extend(encode(&mut encoder, pieces, logprob.as_ref()));
+                    let parts = self.splitter.push(&text);
+                    frames.extend(encode(
+                        &mut encoder,
+                        parts,
+                        logprob.as_ref(),
+                        &mut self.calls,
+                    ));
                     false
                 }
                 Step::Finished {
@@ -323,14 +355,20 @@ impl Run {
                     completion_tokens,
                 } => {
                     self.cancel.cancel();
-                    let mut pieces = splitter.push(&text);
-                    pieces.extend(splitter.finish());
-                    frames.extend(encode(&mut encoder, pieces, logprob.as_ref()));
-                    let (ending, timings) = close(
+                    let mut parts = self.splitter.push(&text);
+                    parts.extend(self.splitter.finish());
+                    frames.extend(encode(
+                        &mut encoder,
+                        parts,
+                        logprob.as_ref(),
+                        &mut self.calls,
+                    ));
+                    let (mut ending, timings) = close(
                         (finish_reason, stop_sequence, completion_tokens),
                         self.stream.prompt_tokens,
                         (self.received, self.accepted, first_token),
                     );
+                    ending.tool_calls = self.calls;
                     frames.extend(encoder.finish(&ending, &timings));
                     true
                 }
@@ -354,19 +392,25 @@ impl Run {
     }
 }
 
-/// One step's pieces through the encoder. A logprob goes with the step's first text (or
-/// alone, after its reasoning, when the token was all reasoning).
+/// One step's parts through the encoder. A logprob goes with the step's first text (or
+/// alone, after its reasoning or calls, when the token was not text); `calls` counts the
+/// tool calls sent.
 fn encode<E: Encoder>(
     encoder: &mut E,
-    pieces: Vec<Piece>,
+    parts: Vec<Part>,
     logprob: Option<&TokenLogprob>,
+    calls: &mut usize,
 ) -> Vec<Bytes> {
     let mut frames = Vec::new();
     let mut logprob = logprob;
-    for piece in pieces {
-        match piece {
-            Piece::Reasoning(r) => frames.extend(encoder.reasoning(&r)),
-            Piece::Text(t) => frames.extend(encoder.delta(&t, logprob.take())),
+    for part in parts {
+        match part {
+            Part::Reasoning(r) => frames.extend(encoder.reasoning(&r)),
+            Part::Text(t) => frames.extend(encoder.delta(&t, logprob.take())),
+            Part::Call(c) => {
+                frames.extend(encoder.tool_call(*calls, &c));
+                *calls += 1;
+            }
         }
     }
     if let Some(lp) = logprob {
@@ -387,6 +431,7 @@ fn close(
         stop_sequence,
         prompt_tokens,
         completion_tokens,
+        tool_calls: 0,
     };
     let timings = Timings {
         received,

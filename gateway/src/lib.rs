@@ -26,6 +26,7 @@
 //! # }
 //! ```
 
+pub mod answer;
 pub mod anthropic;
 pub mod backend;
 pub mod body;
@@ -48,10 +49,11 @@ pub mod responses;
 pub mod router;
 pub mod server;
 mod steps;
+pub mod tools;
 
 pub use backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
-    ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob,
+    ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob, Tool, ToolCall, ToolChoice,
 };
 pub use config::{EventsConfig, GatewayConfig};
 pub use error::{ApiError, ErrorKind};

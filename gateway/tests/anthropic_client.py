@@ -93,14 +93,23 @@ check("stop sequence streamed", text == expected and final.stop_sequence == stop
 short = client.messages.create(model=model, max_tokens=3, messages=user(PROMPT))
 check("max_tokens", short.stop_reason == "max_tokens" and short.usage.output_tokens == 3, short)
 
-# A request with tools gets a valid message (the tools are not rendered into the prompt yet).
+# A request with tools gets a valid message; a tool_use turn and its tool_result reach the
+# prompt (through the model's chat template), so they make it longer.
+WEATHER = {"name": "get_weather", "description": "Weather of a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 tooled = client.messages.create(
-    messages=user("What is the weather in Paris?"),
-    tools=[{"name": "weather", "description": "Weather of a city",
-            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
-    tool_choice={"type": "auto"}, **GREEDY)
-check("tools: a valid message", tooled.type == "message" and tooled.content[-1].type == "text"
-      and tooled.usage.output_tokens > 0, tooled)
+    messages=user("What is the weather in Paris?"), tools=[WEATHER], tool_choice={"type": "auto"}, **GREEDY)
+check("tools: a valid message", tooled.type == "message" and len(tooled.content) >= 1
+      and tooled.usage.output_tokens > 0 and tooled.stop_reason in ("end_turn", "max_tokens", "tool_use"), tooled)
+with_result = client.messages.create(tools=[WEATHER], **GREEDY, messages=[
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "a1B2c3D4e", "name": "get_weather",
+                                       "input": {"city": "Paris"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a1B2c3D4e",
+                                  "content": "Sunny and 24 degrees, light wind from the west."}]},
+])
+check("tools: a tool result turn gets a valid message", with_result.type == "message"
+      and with_result.usage.input_tokens > tooled.usage.input_tokens, (with_result.usage, tooled.usage))
 
 # Errors, in Anthropic's shape.
 try:
@@ -159,6 +168,48 @@ try:
     check("fake: lost instance raises", False)
 except anthropic.APIError as e:
     check("fake: lost instance mid-stream", "lost" in str(e), e)
+# Tool calls: the scripted model writes a Hermes `<tool_call>`; the client reads `tool_use` blocks.
+CALL = 'echo: Let me look. && call: get_weather {"city": "Paris"}'
+r = client.messages.create(model=model, max_tokens=200, tools=[WEATHER], messages=user(CALL))
+check("fake: tool_use blocks", [b.type for b in r.content] == ["text", "tool_use"]
+      and r.content[0].text == "Let me look." and r.content[1].name == "get_weather"
+      and r.content[1].input == {"city": "Paris"} and r.stop_reason == "tool_use", r)
+call_id = r.content[1].id
+check("fake: tool_use id", len(call_id) == 9 and call_id.isalnum(), call_id)
+with client.messages.stream(model=model, max_tokens=200, tools=[WEATHER], messages=user(CALL)) as s:
+    events = list(s)
+    final = s.get_final_message()
+check("fake: tool_use streamed", [b.type for b in final.content] == ["text", "tool_use"]
+      and final.content[1].input == {"city": "Paris"} and final.stop_reason == "tool_use", final)
+check("fake: input_json_delta", any(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+                                    for e in events), [e.type for e in events])
+# Without tools, or with tool_choice none, the same text stays text.
+r = client.messages.create(model=model, max_tokens=200, tools=[WEATHER], tool_choice={"type": "none"},
+                           messages=user(CALL))
+check("fake: tool_choice none keeps text", [b.type for b in r.content] == ["text"]
+      and "<tool_call>" in r.content[0].text and r.stop_reason == "end_turn", r)
+# A call that does not fit the schema stays text.
+r = client.messages.create(model=model, max_tokens=200, tools=[WEATHER],
+                           messages=user('call: get_weather {"town": "Paris"}'))
+check("fake: a call against the schema is text", [b.type for b in r.content] == ["text"], r)
+# The call and its result, sent back, reach the backend as the template's tool turns.
+r = client.messages.create(model=model, max_tokens=2000, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"},
+                           thinking={"type": "disabled"}, messages=[
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+                                      {"type": "tool_use", "id": call_id, "name": "get_weather", "input": {"city": "Paris"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "sunny"},
+                                 {"type": "text", "text": "request"}]},
+])
+seen = json.loads(r.content[0].text)
+check("fake: tools reach the backend", seen["tools"][0]["name"] == "get_weather"
+      and json.loads(seen["tools"][0]["parameters"])["required"] == ["city"]
+      and seen["tool_choice"] == {"function": "get_weather"} and seen["enable_thinking"] is False, seen)
+check("fake: tool turns reach the backend", [m["role"] for m in seen["messages"]] == ["user", "assistant", "tool", "user"]
+      and seen["messages"][1]["content"] == "Let me look."
+      and seen["messages"][1]["tool_calls"] == [{"id": call_id, "name": "get_weather", "arguments": '{"city":"Paris"}'}]
+      and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": call_id, "name": "get_weather"},
+      seen["messages"])
 try:
     client.messages.create(model="fake/idle-model", max_tokens=4, messages=user("x"))
     check("fake: no instance raises", False)

@@ -79,11 +79,18 @@ c = client.generate(model=model, prompt=PROMPT, options={**sampled, "seed": 4321
 check("same seed, same answer", a == b, (a, b))
 check("other seed, other answer", a != c, (a, c))
 
-# A chat with tools gets a valid answer (the tools are not rendered into the prompt yet).
-tooled = client.chat(model=model, messages=messages, options=GREEDY, stream=False, tools=[{
-    "type": "function", "function": {"name": "weather", "description": "Weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+# A chat with tools gets a valid answer; an assistant's call and the tool's result reach the
+# prompt through the model's chat template, so they make it longer.
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+tooled = client.chat(model=model, messages=messages, options=GREEDY, stream=False, tools=[WEATHER])
 check("tools: a valid answer", tooled.done and tooled.eval_count > 0, tooled)
+with_result = client.chat(model=model, options=GREEDY, stream=False, tools=[WEATHER], messages=messages + [
+    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "Sunny and 24 degrees, light wind from the west.", "tool_name": "get_weather"},
+])
+check("tools: a tool result turn gets a valid answer", with_result.done
+      and with_result.prompt_eval_count > tooled.prompt_eval_count, (with_result, tooled))
 
 # Models.
 names = [m.model for m in client.list().models]
@@ -149,6 +156,31 @@ check("fake: thinking streamed", "".join(p.message.thinking or "" for p in parts
       and "".join(p.message.content or "" for p in parts) == "4", parts)
 r = client.generate(model=model, prompt="think: two and two | 4", stream=False)
 check("fake: generate thinking", r.thinking == "two and two" and r.response == "4", r)
+# Tool calls: the scripted model writes Hermes `<tool_call>`s; the client reads message.tool_calls.
+CALL = [{"role": "user", "content": 'echo: Let me look. && call: get_weather {"city": "Paris"}'}]
+r = client.chat(model=model, messages=CALL, tools=[WEATHER], stream=False)
+check("fake: tool_calls", r.message.content == "Let me look." and len(r.message.tool_calls) == 1
+      and r.message.tool_calls[0].function.name == "get_weather"
+      and dict(r.message.tool_calls[0].function.arguments) == {"city": "Paris"}, r.message)
+parts = list(client.chat(model=model, messages=CALL, tools=[WEATHER], stream=True))
+calls = [c for p in parts for c in (p.message.tool_calls or [])]
+check("fake: tool_calls streamed", "".join(p.message.content or "" for p in parts) == "Let me look."
+      and [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+      and parts[-1].done, parts)
+r = client.chat(model=model, messages=CALL, stream=False)
+check("fake: without tools, text", not r.message.tool_calls and "<tool_call>" in r.message.content, r.message)
+r = client.chat(model=model, stream=False, tools=[WEATHER], think=False, messages=[
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+    {"role": "user", "content": "request"},
+])
+seen = json.loads(r.message.content)
+call = seen["messages"][1]["tool_calls"][0]
+check("fake: tool turns reach the backend", seen["enable_thinking"] is False and call["name"] == "get_weather"
+      and call["arguments"] == '{"city":"Paris"}'
+      and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": call["id"], "name": "get_weather"},
+      seen)
 try:
     list(client.chat(model=model, messages=[{"role": "user", "content": "fail after 2"}], stream=True))
     check("fake: lost instance raises", False)

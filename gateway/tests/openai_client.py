@@ -107,6 +107,23 @@ try:
 except openai.BadRequestError as e:
     check("bad temperature is 400", e.param == "temperature", e)
 
+# Tools: a request with tools gets a valid answer; an assistant's call and the tool's result
+# reach the prompt through the model's chat template, so they make it longer.
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+tooled = chat("What is the weather in Paris?", tools=[WEATHER], max_tokens=24, temperature=0)
+check("tools: a valid answer", tooled.choices[0].finish_reason in ("stop", "length", "tool_calls")
+      and tooled.usage.completion_tokens > 0, tooled)
+with_result = client.chat.completions.create(model=model, tools=[WEATHER], max_tokens=24, temperature=0, messages=[
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "a1B2c3D4e", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "Sunny and 24 degrees, light wind from the west."},
+])
+check("tools: a tool result turn gets a valid answer",
+      with_result.usage.prompt_tokens > tooled.usage.prompt_tokens, (with_result.usage, tooled.usage))
+
 if not fake:
     print("all passed", flush=True)
     sys.exit(0)
@@ -202,6 +219,48 @@ check("reasoning_content streamed", (thought, said) == ("two and two", "4"), (th
 r = chat("echo: abcdef", logprobs=True, top_logprobs=2)
 content = r.choices[0].logprobs.content
 check("logprobs", len(content) == 2 and len(content[0].top_logprobs) == 2 and content[0].logprob < 0, content)
+
+# Tool calls: the scripted model writes Hermes `<tool_call>`s; the client reads `tool_calls`.
+CALLS = 'echo: Let me look. && call: get_weather {"city": "Paris"} && call: get_weather {"city": "Rome"}'
+r = chat(CALLS, tools=[WEATHER])
+m = r.choices[0].message
+check("tool_calls", r.choices[0].finish_reason == "tool_calls" and m.content == "Let me look."
+      and [(c.type, c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls]
+      == [("function", "get_weather", {"city": "Paris"}), ("function", "get_weather", {"city": "Rome"})], r)
+check("tool call ids", len({c.id for c in m.tool_calls}) == 2 and all(len(c.id) == 9 for c in m.tool_calls), m)
+r = chat('call: get_weather {"city": "Paris"}', tools=[WEATHER])
+check("tool_calls only: content null", r.choices[0].message.content is None
+      and r.choices[0].message.tool_calls[0].function.name == "get_weather", r)
+chunks = list(chat(CALLS, tools=[WEATHER], stream=True))
+deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+check("tool_calls streamed", [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas]
+      == [(0, "get_weather", {"city": "Paris"}), (1, "get_weather", {"city": "Rome"})]
+      and all(d.id and d.type == "function" for d in deltas), deltas)
+said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+check("tool_calls streamed: text and finish", said == "Let me look." and finishes == ["tool_calls"], (said, finishes))
+r = chat(CALLS, tools=[WEATHER], tool_choice="none")
+check("tool_choice none keeps text", r.choices[0].message.tool_calls is None
+      and "<tool_call>" in r.choices[0].message.content and r.choices[0].finish_reason == "stop", r)
+r = chat('call: get_weather {"city": 5}')
+check("no tools: text", r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content, r)
+r = chat('call: get_weather {"city": 5}', tools=[WEATHER])
+check("a call against the schema is text", r.choices[0].message.tool_calls is None, r)
+r = client.chat.completions.create(model=model, max_tokens=2000, tools=[WEATHER],
+    tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    extra_body={"chat_template_kwargs": {"enable_thinking": False}}, messages=[
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "a1B2c3D4e", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
+    {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "sunny"},
+    {"role": "user", "content": "request"},
+])
+seen = json.loads(r.choices[0].message.content)
+check("tools reach the backend", json.loads(seen["tools"][0]["parameters"])["required"] == ["city"]
+      and seen["tool_choice"] == {"function": "get_weather"} and seen["enable_thinking"] is False, seen)
+check("tool turns reach the backend", seen["messages"][1] == {"role": "assistant", "content": "",
+      "tool_calls": [{"id": "a1B2c3D4e", "name": "get_weather", "arguments": '{"city":"Paris","unit":"c"}'}]}
+      and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": "a1B2c3D4e"}, seen["messages"])
 
 # Errors.
 try:

@@ -71,11 +71,20 @@ as_items = client.responses.create(
 check("items = instructions", as_items.output_text == instructed.output_text
       and as_items.usage.input_tokens == instructed.usage.input_tokens, as_items)
 
-# A request with function tools gets a valid response (not rendered into the prompt yet).
-tooled = client.responses.create(input="What is the weather in Paris?", tools=[{
-    "type": "function", "name": "weather", "description": "Weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}], **GREEDY)
-check("tools: a valid response", tooled.output[-1].type == "message" and tooled.usage.output_tokens > 0, tooled)
+# A request with function tools gets a valid response; a function_call and its output reach
+# the prompt through the model's chat template, so they make it longer.
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+tooled = client.responses.create(input="What is the weather in Paris?", tools=[WEATHER], **GREEDY)
+check("tools: a valid response", tooled.output[-1].type in ("message", "function_call")
+      and tooled.usage.output_tokens > 0, tooled)
+with_result = client.responses.create(tools=[WEATHER], **GREEDY, input=[
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"type": "function_call", "call_id": "a1B2c3D4e", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+    {"type": "function_call_output", "call_id": "a1B2c3D4e", "output": "Sunny and 24 degrees, light wind from the west."},
+])
+check("tools: a function_call_output gets a valid response", with_result.status in ("completed", "incomplete")
+      and with_result.usage.input_tokens > tooled.usage.input_tokens, (with_result.usage, tooled.usage))
 
 # Errors.
 try:
@@ -114,6 +123,35 @@ with client.responses.stream(model=model, input="think: two and two | 4") as s:
 check("fake: reasoning streamed", final.output_text == "4" and final.output[0].type == "reasoning"
       and "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") == "two and two",
       [e.type for e in streamed])
+# Function calls: the scripted model writes Hermes `<tool_call>`s; the client reads items.
+CALL = 'echo: Let me look. && call: get_weather {"city": "Paris"}'
+r = client.responses.create(model=model, input=CALL, tools=[WEATHER])
+check("fake: function_call item", [o.type for o in r.output] == ["message", "function_call"]
+      and r.output_text == "Let me look." and r.output[1].name == "get_weather"
+      and json.loads(r.output[1].arguments) == {"city": "Paris"} and r.status == "completed", r.output)
+call_id = r.output[1].call_id
+with client.responses.stream(model=model, input=CALL, tools=[WEATHER]) as s:
+    streamed = list(s)
+    final = s.get_final_response()
+kinds = [e.type for e in streamed]
+check("fake: function_call streamed", [o.type for o in final.output] == ["message", "function_call"]
+      and json.loads(final.output[1].arguments) == {"city": "Paris"}
+      and "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds, kinds)
+args = "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta")
+check("fake: argument deltas", json.loads(args) == {"city": "Paris"}, args)
+r = client.responses.create(model=model, input=CALL, tools=[WEATHER], tool_choice="none")
+check("fake: tool_choice none keeps text", [o.type for o in r.output] == ["message"] and "<tool_call>" in r.output_text, r)
+r = client.responses.create(model=model, max_output_tokens=2000, tools=[WEATHER], input=[
+    {"role": "user", "content": "weather?"},
+    {"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": '{"city": "Paris"}'},
+    {"type": "function_call_output", "call_id": call_id, "output": "sunny"},
+    {"role": "user", "content": "request"},
+])
+seen = json.loads(r.output_text)
+check("fake: function turns reach the backend", seen["messages"][1] == {"role": "assistant", "content": "",
+      "tool_calls": [{"id": call_id, "name": "get_weather", "arguments": '{"city":"Paris"}'}]}
+      and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": call_id, "name": "get_weather"},
+      seen["messages"])
 try:
     list(client.responses.create(model=model, input="fail after 2", stream=True))
     check("fake: lost instance raises", False)

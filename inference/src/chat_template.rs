@@ -5,13 +5,64 @@
 use crate::error::{InferenceError, Result};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// One message of a chat.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+/// One message of a chat, with the fields `transformers`' chat templates read.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// The text.
+    /// The text (empty for an assistant turn that only called tools).
     pub content: String,
+    /// The calls an assistant turn made; templates see each as
+    /// `{"id", "type": "function", "function": {"name", "arguments": {...}}}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool result's call id (`role: "tool"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's tool name (`role: "tool"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A call an assistant turn made.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the tool result names.
+    pub id: String,
+    /// The function called.
+    pub name: String,
+    /// The arguments as JSON text (an object); templates see it parsed, keys in order, as
+    /// `transformers` expects (text that is not JSON is passed as the string).
+    pub arguments: String,
+}
+
+/// A function the model may call, as the template's `tools` list holds it:
+/// `{"type": "function", "function": {"name", "description", "parameters"}}`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ToolSpec {
+    /// The function's name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: Option<String>,
+    /// Its JSON Schema as JSON text, keys in the order the client wrote them.
+    pub parameters: Option<String>,
+}
+
+/// Everything a chat template is rendered with.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateInput<'a> {
+    /// The conversation.
+    pub messages: &'a [ChatMessage],
+    /// The tools offered; `None` leaves `tools` undefined (see [`template_variables`]).
+    pub tools: Option<&'a [ToolSpec]>,
+    /// Open the assistant's turn at the end.
+    pub add_generation_prompt: bool,
+    /// `enable_thinking` (Qwen3's switch), passed only when set.
+    pub enable_thinking: Option<bool>,
+    /// The model's beginning-of-sequence token text.
+    pub bos_token: &'a str,
+    /// The model's end-of-sequence token text.
+    pub eos_token: &'a str,
 }
 
 /// Where `strftime_now` gets the time.
@@ -181,10 +232,8 @@ impl DateTime {
     }
 }
 
-/// Renders a Hugging Face chat template the way `transformers` does: Jinja with
-/// `trim_blocks` and `lstrip_blocks`, loop controls, Python string methods, and the
-/// `raise_exception` and `strftime_now` helpers. `strftime_now` tells the time of `clock`,
-/// read once per render.
+/// Renders a Hugging Face chat template the way `transformers` does, for a conversation
+/// without tools; see [`render_template`].
 pub fn render_chat_template(
     template: &str,
     messages: &[ChatMessage],
@@ -193,7 +242,27 @@ pub fn render_chat_template(
     eos_token: &str,
     clock: &TemplateClock,
 ) -> Result<String> {
-    use minijinja::{context, Environment, Error, ErrorKind};
+    let input = TemplateInput {
+        messages,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+        ..TemplateInput::default()
+    };
+    render_template(template, &input, clock)
+}
+
+/// Renders a Hugging Face chat template the way `transformers` does: Jinja with
+/// `trim_blocks` and `lstrip_blocks`, loop controls, Python string methods, Python's
+/// `json.dumps` as `tojson`, and the `raise_exception` and `strftime_now` helpers, over the
+/// variables of [`template_variables`]. `strftime_now` tells the time of `clock`, read once
+/// per render.
+pub fn render_template(
+    template: &str,
+    input: &TemplateInput,
+    clock: &TemplateClock,
+) -> Result<String> {
+    use minijinja::{Environment, Error, ErrorKind};
     let err = |e: Error| InferenceError::ChatTemplate(e.to_string());
     let mut env = Environment::new();
     env.set_syntax(
@@ -204,6 +273,7 @@ pub fn render_chat_template(
             .map_err(err)?,
     );
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_filter("tojson", crate::template_json::tojson);
     env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
@@ -214,13 +284,125 @@ pub fn render_chat_template(
     let template = without_generation_tags(template);
     env.add_template("chat", &template).map_err(err)?;
     let tpl = env.get_template("chat").map_err(err)?;
-    tpl.render(context! {
-        messages => minijinja::Value::from(minijinja::value::Serde(messages)),
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos_token,
-        eos_token => eos_token,
-    })
-    .map_err(err)
+    let variables: minijinja::Value = serde_json::from_str(&template_variables(input))
+        .map_err(|e| InferenceError::ChatTemplate(e.to_string()))?;
+    tpl.render(variables).map_err(err)
+}
+
+/// The variables a template is rendered with, as a JSON object (keys in order): `messages`,
+/// `tools` when tools are offered, `add_generation_prompt`, `bos_token`, `eos_token`, and
+/// `enable_thinking` when set. Reference renderers (the tests' jinja2) take exactly this text,
+/// so that both see the same input.
+///
+/// Without tools, `tools` is left undefined, where `transformers` passes `None`: jinja2
+/// renders both the same for every template llama.cpp ships except three `tool_use`-only
+/// templates that refuse `None` (Hermes 2 Pro, Hermes 3, Command R+), and minijinja, unlike
+/// jinja2, iterates `none` as empty and calls it iterable, so an undefined `tools` is what
+/// renders byte-identically everywhere else.
+pub fn template_variables(input: &TemplateInput) -> String {
+    #[derive(serde::Serialize)]
+    struct Function<'a> {
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        description: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        parameters: Option<Json<'a>>,
+    }
+    #[derive(serde::Serialize)]
+    struct Tool<'a> {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        function: Function<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Call<'a> {
+        name: &'a str,
+        arguments: Json<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct CallItem<'a> {
+        id: &'a str,
+        #[serde(rename = "type")]
+        kind: &'a str,
+        function: Call<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Message<'a> {
+        role: &'a str,
+        content: &'a str,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<CallItem<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        name: Option<&'a str>,
+    }
+    #[derive(serde::Serialize)]
+    struct Variables<'a> {
+        messages: Vec<Message<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tools: Option<Vec<Tool<'a>>>,
+        add_generation_prompt: bool,
+        bos_token: &'a str,
+        eos_token: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        enable_thinking: Option<bool>,
+    }
+    let variables = Variables {
+        messages: input
+            .messages
+            .iter()
+            .map(|m| Message {
+                role: &m.role,
+                content: &m.content,
+                tool_calls: m
+                    .tool_calls
+                    .iter()
+                    .map(|c| CallItem {
+                        id: &c.id,
+                        kind: "function",
+                        function: Call {
+                            name: &c.name,
+                            arguments: Json(&c.arguments),
+                        },
+                    })
+                    .collect(),
+                tool_call_id: m.tool_call_id.as_deref(),
+                name: m.name.as_deref(),
+            })
+            .collect(),
+        tools: input.tools.map(|tools| {
+            tools
+                .iter()
+                .map(|t| Tool {
+                    kind: "function",
+                    function: Function {
+                        name: &t.name,
+                        description: t.description.as_deref(),
+                        parameters: t.parameters.as_deref().map(Json),
+                    },
+                })
+                .collect()
+        }),
+        add_generation_prompt: input.add_generation_prompt,
+        bos_token: input.bos_token,
+        eos_token: input.eos_token,
+        enable_thinking: input.enable_thinking,
+    };
+    serde_json::to_string(&variables).unwrap_or_default()
+}
+
+/// JSON text written into the variables as the value it spells (keys in the order written);
+/// text that is not JSON is written as a string.
+struct Json<'a>(&'a str);
+
+impl serde::Serialize for Json<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match serde_json::from_str::<minijinja::Value>(self.0) {
+            Ok(value) => serde::Serialize::serialize(&value, s),
+            Err(_) => s.serialize_str(self.0),
+        }
+    }
 }
 
 /// `transformers` adds a `{% generation %}...{% endgeneration %}` block to Jinja (it marks the

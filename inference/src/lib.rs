@@ -41,11 +41,12 @@ pub mod runner;
 pub mod sampling;
 pub mod sequence;
 pub mod stage;
+pub mod template_json;
 pub mod tensor_stage;
 pub mod tokenizer;
 pub mod weights;
 
-pub use chat_template::{DateTime, TemplateClock};
+pub use chat_template::{DateTime, TemplateClock, TemplateInput, ToolCall, ToolSpec};
 pub use config::{Architecture, ModelConfig};
 pub use engine::Engine;
 pub use error::{InferenceError, Result};

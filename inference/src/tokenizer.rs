@@ -3,7 +3,7 @@
 //! file carries in its metadata.
 
 pub use crate::chat_template::ChatMessage;
-use crate::chat_template::{render_chat_template, TemplateClock};
+use crate::chat_template::{render_template, TemplateClock, TemplateInput};
 use crate::error::{InferenceError, Result};
 use crate::gguf::{GgufFile, GgufValue};
 use serde_json::{json, Value};
@@ -36,6 +36,19 @@ const DEEPSEEK_CODER_SPLITS: &[&str] = &[
 /// Falcon's last split: digits in groups of three.
 const FALCON_DIGIT_GROUPS: &str = "[0-9][0-9][0-9]";
 
+/// Control tokens that spell tool calls (Hermes/Qwen, Llama 3.1, Mistral). Decoding skips
+/// special tokens, but these stay in the text, so that the gateway can parse the calls out of
+/// it (`gateway::tools::parse`); they are marked as ordinary added tokens, which changes
+/// nothing in how text is encoded.
+pub const TOOL_MARKUP_TOKENS: &[&str] = &[
+    "<tool_call>",
+    "</tool_call>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[CALL_ID]",
+];
+
 /// A tokenizer with the model's special tokens and chat template.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -58,6 +71,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..ChatMessage::default()
         }
     }
 }
@@ -110,7 +124,8 @@ impl Tokenizer {
             if ty == 3 || ty == 4 {
                 added.push(json!({
                     "id": id, "content": tok, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": ty == 3,
+                    "rstrip": false, "normalized": false,
+                    "special": ty == 3 && !TOOL_MARKUP_TOKENS.contains(&tok.as_str()),
                 }));
             }
         }
@@ -235,7 +250,19 @@ impl Tokenizer {
     /// present) from a Hugging Face folder; `config` is the model's config.json.
     pub fn from_hf_dir(dir: &Path, config: &Value) -> Result<Tokenizer> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
+        let mut json: Value =
+            serde_json::from_str(&text).map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
+        if let Some(added) = json.get_mut("added_tokens").and_then(Value::as_array_mut) {
+            for token in added {
+                let content = token.get("content").and_then(Value::as_str).unwrap_or("");
+                if TOOL_MARKUP_TOKENS.contains(&content) {
+                    token["special"] = Value::Bool(false);
+                }
+            }
+        }
+        let inner = tokenizers::Tokenizer::from_str(&json.to_string())
             .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
         let tc: Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
             .ok()
@@ -345,6 +372,16 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_chat(&TemplateInput {
+            messages,
+            add_generation_prompt,
+            ..TemplateInput::default()
+        })
+    }
+
+    /// Renders the chat template for `input` (tools, tool calls and results, template
+    /// switches), with this model's special tokens in place of the input's.
+    pub fn render_chat(&self, input: &TemplateInput) -> Result<String> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
             InferenceError::ChatTemplate(
                 "the model has no chat template; send a plain prompt".into(),
@@ -352,13 +389,11 @@ impl Tokenizer {
         })?;
         let bos = self.token_text(self.bos_token_id);
         let eos = self.token_text(self.eos_token_ids.first().copied());
-        render_chat_template(
-            template,
-            messages,
-            add_generation_prompt,
-            &bos,
-            &eos,
-            &self.template_clock,
-        )
+        let input = TemplateInput {
+            bos_token: &bos,
+            eos_token: &eos,
+            ..*input
+        };
+        render_template(template, &input, &self.template_clock)
     }
 }

@@ -9,13 +9,11 @@
 
 mod reference;
 
-use inference::chat_template::render_chat_template;
+use inference::chat_template::{render_chat_template, template_variables};
 use inference::gguf::{GgufFile, GgufValue};
-use inference::{ChatMessage, DateTime, TemplateClock};
-use reference::{python_with_jinja2, reference_dir, skip_without_reference};
-use serde_json::{json, Value};
-use std::io::Write;
-use std::process::{Command, Stdio};
+use inference::{ChatMessage, DateTime, TemplateClock, TemplateInput};
+use reference::{python_with_jinja2, reference_dir, render_with_jinja2, skip_without_reference};
+use serde_json::json;
 
 /// A template, the conversation and the special tokens to render it with.
 #[derive(Clone)]
@@ -52,46 +50,23 @@ fn ours(job: &Job) -> Result<String, String> {
 
 /// Renders every job with jinja2 in one Python process.
 fn jinja2(python: &std::path::Path, jobs: &[Job]) -> Vec<Result<String, String>> {
-    let input: Vec<Value> = jobs
+    let input: Vec<String> = jobs
         .iter()
         .map(|j| {
-            json!({
-                "template": j.template,
-                "messages": j.messages,
-                "add_generation_prompt": j.add_generation_prompt,
-                "bos_token": j.bos_token,
-                "eos_token": j.eos_token,
-            })
+            let variables = template_variables(&TemplateInput {
+                messages: j.messages,
+                add_generation_prompt: j.add_generation_prompt,
+                bos_token: j.bos_token,
+                eos_token: j.eos_token,
+                ..TemplateInput::default()
+            });
+            format!(
+                r#"{{"template": {}, "variables": {variables}}}"#,
+                json!(j.template)
+            )
         })
         .collect();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/reference/jinja2_render.py"
-    );
-    let mut child = Command::new(python)
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start python");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(Value::Array(input).to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "jinja2_render.py failed");
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(results.len(), jobs.len());
-    results
-        .into_iter()
-        .map(|r| match (r.get("ok"), r.get("error")) {
-            (Some(Value::String(text)), _) => Ok(text.clone()),
-            (_, Some(Value::String(e))) => Err(e.clone()),
-            _ => panic!("bad result {r}"),
-        })
-        .collect()
+    render_with_jinja2(python, &input)
 }
 
 fn read_template(file: &str) -> String {

@@ -1,7 +1,8 @@
 //! The prompt, rendered where it runs: the model's chat template over the conversation,
 //! tokenized on the node that holds rank 0, so that the prompt size is known when the request
 //! is accepted (`usage.prompt_tokens`, and a 400 for a prompt longer than the context). The
-//! runner receives token ids.
+//! runner receives token ids. Tools, earlier calls and tool results go through the template
+//! too, as `transformers` renders them (`tools`, `message.tool_calls`, `role: "tool"`).
 //!
 //! **Stop strings** are enforced by the gateway, not passed to the engine: the engine holds
 //! back text that may start a stop string and releases it only at the end, and the gateway
@@ -27,15 +28,43 @@ pub fn generate_request(
             } else {
                 &m.role
             };
-            inference::ChatMessage::new(role, m.content.clone())
+            inference::ChatMessage {
+                tool_calls: m
+                    .tool_calls
+                    .iter()
+                    .map(|c| inference::ToolCall {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                        arguments: c.arguments.clone(),
+                    })
+                    .collect(),
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+                ..inference::ChatMessage::new(role, m.content.clone())
+            }
         })
         .collect();
-    let text = facts
-        .tokenizer
-        .apply_chat_template(&messages, true)
-        .map_err(|e| {
-            ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
-        })?;
+    // The tools the choice keeps (none for `tool_choice: "none"`), as the template lists them.
+    let tools: Vec<inference::ToolSpec> = request
+        .tool_choice
+        .offered(&request.tools)
+        .into_iter()
+        .map(|t| inference::ToolSpec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters: t.parameters.clone(),
+        })
+        .collect();
+    let input = inference::TemplateInput {
+        messages: &messages,
+        tools: (!tools.is_empty()).then_some(&tools[..]),
+        add_generation_prompt: true,
+        enable_thinking: request.enable_thinking,
+        ..inference::TemplateInput::default()
+    };
+    let text = facts.tokenizer.render_chat(&input).map_err(|e| {
+        ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
+    })?;
     let ids = facts
         .tokenizer
         .encode(&text)

@@ -47,6 +47,10 @@ const REQUIRED_TEMPLATES: &[&str] = &[
     "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "meta-llama-Llama-3.2-3B-Instruct.jinja",
     "meta-llama-Llama-3.3-70B-Instruct.jinja",
+    // The tool-calling tests' templates (inference/tests/tool_chat_templates.rs).
+    "Qwen-Qwen3-0.6B.jinja",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja",
 ];
 
 /// The extracted reference folder (the tests compute the same path from the cache root).

@@ -38,6 +38,7 @@ pub async fn messages(
             &id,
             &model,
             (&answer.text, &answer.reasoning),
+            &answer.tool_calls,
             &answer.ending,
         ),
     ))

@@ -4,12 +4,14 @@
 //! template's `assistant`/`tool` turns), `stop_sequences` are the gateway's stop strings.
 //! Each mistake is a 400 naming its field.
 
-use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_stop, required_string,
 };
-use serde_json::{Map, Value};
+use crate::tools::json::Ordered;
+use crate::tools::{arguments_text, parse_anthropic_tool_choice, parse_tools, ToolShape};
+use serde_json::Value;
 
 /// A parsed Messages request plus how to answer it.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +24,9 @@ pub struct ParsedMessages {
 /// (`counting`). Never panics, whatever the bytes.
 pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessages, ApiError> {
     let obj = json_object(body)?;
+    // The same body with its keys in order, for the JSON that reaches the prompt.
+    let ordered = Ordered::parse(body);
+    let ordered_at = |key: &str| ordered.as_ref().and_then(|o| o.get(key));
     let model = required_string(obj.get("model"), "model")?;
     let max_tokens = match opt_u64(&obj, "max_tokens")? {
         None if counting => None,
@@ -35,9 +40,10 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
         Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
     };
     let mut messages = parse_system(obj.get("system"))?;
-    messages.extend(parse_turns(obj.get("messages"))?);
-    check_tools(&obj)?;
-    check_thinking(obj.get("thinking"))?;
+    messages.extend(parse_turns(obj.get("messages"), ordered_at("messages"))?);
+    let tools = parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Anthropic)?;
+    let tool_choice = parse_anthropic_tool_choice(obj.get("tool_choice"), &tools)?;
+    let enable_thinking = parse_thinking(obj.get("thinking"))?;
     let user = match obj.get("metadata") {
         None | Some(Value::Null) => None,
         Some(Value::Object(m)) => match m.get("user_id") {
@@ -73,6 +79,9 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
             messages,
             sampling,
             user,
+            tools,
+            tool_choice,
+            enable_thinking,
         },
         stream,
     })
@@ -114,20 +123,30 @@ fn parse_system(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     Ok(vec![ChatMessage {
         role: "system".into(),
         content: text,
+        ..ChatMessage::default()
     }])
 }
 
-fn parse_turns(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn parse_turns(
+    value: Option<&Value>,
+    ordered: Option<&Ordered>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let list = non_empty_array(value, "messages")?;
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
-        parse_turn(i, m, &mut out)?;
+        parse_turn(i, m, ordered.and_then(|o| o.at(i)), &mut out)?;
     }
     Ok(out)
 }
 
-/// One turn; its tool results become `tool` messages of their own, in order.
-fn parse_turn(index: usize, value: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+/// One turn; its `tool_use` blocks become the assistant turn's calls, its tool results
+/// `tool` messages of their own, in order.
+fn parse_turn(
+    index: usize,
+    value: &Value,
+    ordered: Option<&Ordered>,
+    out: &mut Vec<ChatMessage>,
+) -> Result<(), ApiError> {
     let at = |field: &str| format!("messages[{index}].{field}");
     let Value::Object(m) = value else {
         return Err(ApiError::invalid_field(
@@ -150,10 +169,7 @@ fn parse_turn(index: usize, value: &Value, out: &mut Vec<ChatMessage>) -> Result
     let blocks = match m.get("content") {
         None | Some(Value::Null) => return Err(ApiError::missing_field(&at("content"))),
         Some(Value::String(s)) => {
-            out.push(ChatMessage {
-                role,
-                content: s.clone(),
-            });
+            out.push(ChatMessage::text(&role, s.clone()));
             return Ok(());
         }
         Some(Value::Array(blocks)) => blocks,
@@ -165,6 +181,7 @@ fn parse_turn(index: usize, value: &Value, out: &mut Vec<ChatMessage>) -> Result
         }
     };
     let mut text = String::new();
+    let mut calls = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let param = format!("messages[{index}].content[{j}]");
         let kind = block.get("type").and_then(Value::as_str);
@@ -182,20 +199,46 @@ fn parse_turn(index: usize, value: &Value, out: &mut Vec<ChatMessage>) -> Result
                 let name = block.get("name").and_then(Value::as_str).ok_or_else(|| {
                     ApiError::invalid_field(&param, "a tool_use block needs a string `name`")
                 })?;
-                let input = block.get("input").cloned().unwrap_or(Value::Null);
-                let call = serde_json::json!({"name": name, "arguments": input});
-                text.push_str(&call.to_string());
+                let id = match block.get("id") {
+                    Some(Value::String(id)) if !id.is_empty() => id.clone(),
+                    _ => format!("toolu{index:02}{j:02}"),
+                };
+                let input = block.get("input");
+                if input.is_some_and(|i| !(i.is_object() || i.is_null())) {
+                    return Err(ApiError::invalid_field(
+                        &format!("{param}.input"),
+                        "a tool_use block's `input` must be an object",
+                    ));
+                }
+                let ordered_input = ordered
+                    .and_then(|o| o.get("content"))
+                    .and_then(|c| c.at(j))
+                    .and_then(|b| b.get("input"));
+                calls.push(ToolCall {
+                    id,
+                    name: name.to_string(),
+                    arguments: arguments_text(input, ordered_input),
+                });
             }
             Some("tool_result") => {
-                if !text.is_empty() {
+                if !text.is_empty() || !calls.is_empty() {
                     out.push(ChatMessage {
-                        role: role.clone(),
-                        content: std::mem::take(&mut text),
+                        tool_calls: std::mem::take(&mut calls),
+                        ..ChatMessage::text(&role, std::mem::take(&mut text))
                     });
                 }
+                let tool_call_id = block.get("tool_use_id").and_then(Value::as_str);
+                // The tool's name, from the call it answers, for templates that print it.
+                let name = out
+                    .iter()
+                    .rev()
+                    .flat_map(|m| &m.tool_calls)
+                    .find(|c| Some(c.id.as_str()) == tool_call_id)
+                    .map(|c| c.name.clone());
                 out.push(ChatMessage {
-                    role: "tool".into(),
-                    content: tool_result_text(block.get("content"), &param)?,
+                    tool_call_id: tool_call_id.map(str::to_string),
+                    name,
+                    ..ChatMessage::text("tool", tool_result_text(block.get("content"), &param)?)
                 });
             }
             // Thinking a client sends back is the model's own; the template drops it.
@@ -223,10 +266,10 @@ fn parse_turn(index: usize, value: &Value, out: &mut Vec<ChatMessage>) -> Result
             }
         }
     }
-    if !text.is_empty() || out.last().is_none_or(|m| m.role != "tool") {
+    if !text.is_empty() || !calls.is_empty() || out.last().is_none_or(|m| m.role != "tool") {
         out.push(ChatMessage {
-            role,
-            content: text,
+            tool_calls: calls,
+            ..ChatMessage::text(&role, text)
         });
     }
     Ok(())
@@ -259,49 +302,19 @@ fn tool_result_text(value: Option<&Value>, param: &str) -> Result<String, ApiErr
     }
 }
 
-/// `tools` and `tool_choice` must have Anthropic's shapes.
-fn check_tools(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    match obj.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(tools)) => {
-            for (i, tool) in tools.iter().enumerate() {
-                if tool.get("name").and_then(Value::as_str).is_none() {
-                    return Err(ApiError::invalid_field(
-                        &format!("tools[{i}].name"),
-                        "each tool needs a string `name`",
-                    ));
-                }
-            }
-        }
-        Some(_) => return Err(ApiError::invalid_field("tools", "`tools` must be an array")),
-    }
-    match obj.get("tool_choice") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Object(c))
-            if matches!(
-                c.get("type").and_then(Value::as_str),
-                Some("auto" | "any" | "tool" | "none")
-            ) =>
-        {
-            Ok(())
-        }
-        Some(_) => Err(ApiError::invalid_field(
-            "tool_choice",
-            "`tool_choice` must be an object with `type` auto, any, tool or none",
-        )),
-    }
-}
-
-fn check_thinking(value: Option<&Value>) -> Result<(), ApiError> {
+/// `thinking`, as the template's switch: on for `enabled`, off for `disabled`, the model's
+/// default for `adaptive`.
+fn parse_thinking(value: Option<&Value>) -> Result<Option<bool>, ApiError> {
     match value {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Object(t))
-            if matches!(
-                t.get("type").and_then(Value::as_str),
-                Some("enabled" | "disabled" | "adaptive")
-            ) =>
-        {
-            Ok(())
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(t)) if t.get("type").and_then(Value::as_str) == Some("enabled") => {
+            Ok(Some(true))
+        }
+        Some(Value::Object(t)) if t.get("type").and_then(Value::as_str) == Some("disabled") => {
+            Ok(Some(false))
+        }
+        Some(Value::Object(t)) if t.get("type").and_then(Value::as_str) == Some("adaptive") => {
+            Ok(None)
         }
         Some(_) => Err(ApiError::invalid_field(
             "thinking",

@@ -2,7 +2,7 @@
 //! `content_block_start`, `ping`, `content_block_delta` with `text_delta`,
 //! `content_block_stop`, `message_delta` with the stop reason and usage, `message_stop`).
 
-use crate::backend::{FinishReason, TokenLogprob};
+use crate::backend::{FinishReason, TokenLogprob, ToolCall};
 use crate::error::ApiError;
 use crate::generation::{sse_named, Encoder, Ending, Timings};
 use bytes::Bytes;
@@ -18,22 +18,38 @@ pub fn stop_reason(ending: &Ending) -> &'static str {
     match (ending.finish_reason, &ending.stop_sequence) {
         (FinishReason::Length, _) => "max_tokens",
         (FinishReason::Stop, Some(_)) => "stop_sequence",
+        (FinishReason::Stop, None) if ending.tool_calls > 0 => "tool_use",
         (FinishReason::Stop, None) => "end_turn",
     }
 }
 
-/// The whole `message`: a `thinking` block first when the model thought.
+/// A call's arguments as the object `input` holds (an object even if the text is not one).
+fn input_json(call: &ToolCall) -> Value {
+    serde_json::from_str::<Value>(&call.arguments)
+        .ok()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}))
+}
+
+/// The whole `message`: a `thinking` block first when the model thought, the text block
+/// (left out when the answer is only tool calls), then a `tool_use` block per call.
 pub fn message_json(
     id: &str,
     model: &str,
     (text, thinking): (&str, &str),
+    tool_calls: &[ToolCall],
     ending: &Ending,
 ) -> Value {
     let mut content = Vec::new();
     if !thinking.is_empty() {
         content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
     }
-    content.push(json!({"type": "text", "text": text}));
+    if !text.is_empty() || tool_calls.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for call in tool_calls {
+        content.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input_json(call)}));
+    }
     json!({
         "id": id,
         "type": "message",
@@ -68,6 +84,8 @@ pub struct MessagesEncoder {
     /// The open block: its index and whether it is the thinking block.
     open: Option<(usize, bool)>,
     next_index: usize,
+    /// Tool calls sent.
+    calls: usize,
 }
 
 impl MessagesEncoder {
@@ -77,6 +95,7 @@ impl MessagesEncoder {
             model,
             open: None,
             next_index: 0,
+            calls: 0,
         }
     }
 
@@ -161,10 +180,38 @@ impl Encoder for MessagesEncoder {
         frames
     }
 
-    fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
-        // Every message has its text block, empty if nothing was said.
-        let (mut frames, index) = self.block(false);
+    fn tool_call(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
+        let mut frames: Vec<Bytes> = self
+            .open
+            .take()
+            .map(|(i, _)| block_stop(i))
+            .into_iter()
+            .collect();
+        let index = self.next_index;
+        self.next_index += 1;
+        self.calls += 1;
+        let block = json!({"type": "tool_use", "id": call.id, "name": call.name, "input": {}});
+        frames.push(sse_named(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        frames.push(sse_named(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+        ));
         frames.push(block_stop(index));
+        frames
+    }
+
+    fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
+        // Every message has its text block, empty if nothing was said, unless it called tools.
+        let mut frames = Vec::new();
+        if self.calls == 0 || self.open.is_some() {
+            let (opened, index) = self.block(false);
+            frames = opened;
+            frames.push(block_stop(index));
+        }
         frames.push(sse_named(
             "message_delta",
             &json!({
@@ -200,6 +247,7 @@ mod tests {
             stop_sequence: stop.map(str::to_string),
             prompt_tokens: 3,
             completion_tokens: 2,
+            tool_calls: 0,
         }
     }
 
@@ -214,6 +262,7 @@ mod tests {
             "msg_1",
             "m",
             ("hi", "hmm"),
+            &[],
             &ending(FinishReason::Stop, Some("X")),
         );
         assert_eq!(m["content"][0]["thinking"], "hmm");

@@ -50,6 +50,7 @@ pub async fn generate(
         shape,
         &model,
         (&answer.text, &answer.reasoning),
+        &answer.tool_calls,
         Some((&answer.ending, &answer.timings)),
     );
     Ok(json_response(StatusCode::OK, &value))

@@ -4,12 +4,14 @@
 //! (`num_ctx`, `num_gpu`, ...) are ignored, as Ollama ignores unknown ones. Streaming is the
 //! default, as in Ollama. Each mistake is a 400 naming its field.
 
-use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
     required_string,
 };
+use crate::tools::json::Ordered;
+use crate::tools::{parse_tool_calls, parse_tools, ToolShape};
 use serde_json::{Map, Value};
 
 /// A parsed chat or generate request.
@@ -39,10 +41,34 @@ pub fn model_name(name: &str) -> &str {
 /// Parses a body for `endpoint`. Never panics, whatever the bytes.
 pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOllama, ApiError> {
     let obj = json_object(body)?;
+    // The same body with its keys in order, for the JSON that reaches the prompt.
+    let ordered = Ordered::parse(body);
+    let ordered_at = |key: &str| ordered.as_ref().and_then(|o| o.get(key));
     let model = required_model(&obj)?;
     let (messages, load_only) = match endpoint {
-        Endpoint::Chat => (parse_messages(obj.get("messages"))?, false),
+        Endpoint::Chat => (
+            parse_messages(obj.get("messages"), ordered_at("messages"))?,
+            false,
+        ),
         Endpoint::Generate => parse_generate(&obj)?,
+    };
+    let tools = match endpoint {
+        Endpoint::Chat => parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Nested)?,
+        Endpoint::Generate => Vec::new(),
+    };
+    // `think`: a boolean, or (for models with levels) "low" | "medium" | "high", all on.
+    let enable_thinking = match obj.get("think") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
+            Some(true)
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "think",
+                "`think` must be true, false, \"low\", \"medium\" or \"high\"",
+            ))
+        }
     };
     match obj.get("format") {
         None | Some(Value::Null) => {}
@@ -72,7 +98,9 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
             model: model_name(&model).to_string(),
             messages,
             sampling,
-            user: None,
+            tools,
+            enable_thinking,
+            ..ChatRequest::default()
         },
         stream,
         model,
@@ -122,12 +150,14 @@ fn parse_generate(obj: &Map<String, Value>) -> Result<(Vec<ChatMessage>, bool), 
         messages.push(ChatMessage {
             role: "system".into(),
             content: system,
+            ..ChatMessage::default()
         });
     }
     let load_only = prompt.is_empty();
     messages.push(ChatMessage {
         role: "user".into(),
         content: prompt,
+        ..ChatMessage::default()
     });
     Ok((messages, load_only))
 }
@@ -143,9 +173,15 @@ fn check_no_images(value: Option<&Value>, param: &str) -> Result<(), ApiError> {
     }
 }
 
-fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn parse_messages(
+    value: Option<&Value>,
+    ordered: Option<&Ordered>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let list = non_empty_array(value, "messages")?;
     let mut out = Vec::with_capacity(list.len());
+    // Ollama's calls carry no ids: each gets one from its place, and each tool result takes
+    // the id of the next call not yet answered.
+    let mut unanswered: std::collections::VecDeque<ToolCall> = Default::default();
     for (i, m) in list.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].{f}");
         let Value::Object(m) = m else {
@@ -167,7 +203,7 @@ fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
             }
         };
         check_no_images(m.get("images"), &at("images"))?;
-        let mut content = match m.get("content") {
+        let content = match m.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
             Some(_) => {
@@ -177,15 +213,33 @@ fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 ))
             }
         };
-        // An assistant's earlier tool calls, as the JSON the model wrote them in.
-        if let Some(Value::Array(calls)) = m.get("tool_calls") {
-            for call in calls {
-                if let Some(f) = call.get("function") {
-                    content.push_str(&f.to_string());
-                }
-            }
+        let tool_calls = match role.as_str() {
+            "assistant" => parse_tool_calls(
+                m.get("tool_calls"),
+                ordered
+                    .and_then(|o| o.at(i))
+                    .and_then(|o| o.get("tool_calls")),
+                &at("tool_calls"),
+                |j| format!("call{i:03}{j:02}"),
+            )?,
+            _ => Vec::new(),
+        };
+        let mut message = ChatMessage {
+            tool_calls,
+            ..ChatMessage::text(&role, content)
+        };
+        if role == "assistant" {
+            unanswered = message.tool_calls.iter().cloned().collect();
         }
-        out.push(ChatMessage { role, content });
+        if role == "tool" {
+            let answered = unanswered.pop_front();
+            message.name = match m.get("tool_name") {
+                Some(Value::String(name)) => Some(name.clone()),
+                _ => answered.as_ref().map(|c| c.name.clone()),
+            };
+            message.tool_call_id = answered.map(|c| c.id);
+        }
+        out.push(message);
     }
     Ok(out)
 }

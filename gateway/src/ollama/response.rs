@@ -8,7 +8,7 @@
 //! (queueing and prefill), `eval_duration` from the first token to the end, and
 //! `total_duration` the whole request.
 
-use crate::backend::{FinishReason, ModelInfo, TokenLogprob};
+use crate::backend::{FinishReason, ModelInfo, TokenLogprob, ToolCall};
 use crate::error::ApiError;
 use crate::generation::{Encoder, Ending, Timings};
 use bytes::Bytes;
@@ -32,11 +32,13 @@ pub enum Shape {
 }
 
 /// One answer line (or the whole answer): `text` as the message or response, `thinking`
-/// (the model's reasoning) when there is some, and the closing fields when `end` is given.
+/// (the model's reasoning) when there is some, the chat message's `tool_calls` (`{"function":
+/// {"name", "arguments": {...}}}`), and the closing fields when `end` is given.
 pub fn answer_json(
     shape: Shape,
     model: &str,
     (text, thinking): (&str, &str),
+    tool_calls: &[ToolCall],
     end: Option<(&Ending, &Timings)>,
 ) -> Value {
     let mut out = Map::new();
@@ -47,6 +49,19 @@ pub fn answer_json(
             let mut message = json!({"role": "assistant", "content": text});
             if !thinking.is_empty() {
                 message["thinking"] = json!(thinking);
+            }
+            if !tool_calls.is_empty() {
+                let calls: Vec<Value> = tool_calls
+                    .iter()
+                    .map(|c| {
+                        let arguments = serde_json::from_str::<Value>(&c.arguments)
+                            .ok()
+                            .filter(Value::is_object)
+                            .unwrap_or_else(|| json!({}));
+                        json!({"function": {"name": c.name, "arguments": arguments}})
+                    })
+                    .collect();
+                message["tool_calls"] = json!(calls);
             }
             out.insert("message".into(), message);
         }
@@ -113,6 +128,7 @@ impl Encoder for NdjsonEncoder {
             self.shape,
             &self.model,
             (text, ""),
+            &[],
             None,
         ))]
     }
@@ -122,6 +138,17 @@ impl Encoder for NdjsonEncoder {
             self.shape,
             &self.model,
             ("", text),
+            &[],
+            None,
+        ))]
+    }
+
+    fn tool_call(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
+        vec![line(&answer_json(
+            self.shape,
+            &self.model,
+            ("", ""),
+            std::slice::from_ref(call),
             None,
         ))]
     }
@@ -131,6 +158,7 @@ impl Encoder for NdjsonEncoder {
             self.shape,
             &self.model,
             ("", ""),
+            &[],
             Some((ending, timings)),
         ))]
     }
@@ -275,8 +303,9 @@ mod tests {
             stop_sequence: None,
             prompt_tokens: 4,
             completion_tokens: 2,
+            tool_calls: 0,
         };
-        let v = answer_json(Shape::Chat, "m", ("", ""), Some((&ending, &t)));
+        let v = answer_json(Shape::Chat, "m", ("", ""), &[], Some((&ending, &t)));
         assert_eq!(v["done"], true);
         assert_eq!(v["done_reason"], "length");
         assert_eq!(v["total_duration"], 10_000_000);

@@ -10,6 +10,8 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
     required_string,
 };
+use crate::tools::json::Ordered;
+use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
 use serde_json::Value;
 
 pub use crate::fields::MAX_STOP_STRINGS;
@@ -29,8 +31,30 @@ pub struct ParsedChat {
 /// Parses and validates a chat completion body. Never panics, whatever the bytes.
 pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
     let obj = json_object(body)?;
+    // The same body with its keys in order, for the JSON that reaches the prompt.
+    let ordered = Ordered::parse(body);
     let model = required_string(obj.get("model"), "model")?;
-    let messages = parse_messages(obj.get("messages"))?;
+    let messages = parse_messages(
+        obj.get("messages"),
+        ordered.as_ref().and_then(|o| o.get("messages")),
+    )?;
+    let tools = parse_tools(
+        obj.get("tools"),
+        ordered.as_ref().and_then(|o| o.get("tools")),
+        ToolShape::Nested,
+    )?;
+    let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Nested, &tools)?;
+    let enable_thinking = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(kwargs)) => opt_bool(kwargs, "enable_thinking")
+            .map_err(|e| e.with_param("chat_template_kwargs.enable_thinking"))?,
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "chat_template_kwargs",
+                "`chat_template_kwargs` must be an object",
+            ))
+        }
+    };
 
     if let Some(n) = opt_u64(&obj, "n")? {
         if n != 1 {
@@ -114,21 +138,31 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
             messages,
             sampling,
             user,
+            tools,
+            tool_choice,
+            enable_thinking,
         },
         stream,
         include_usage: stream && include_usage,
     })
 }
 
-fn parse_messages(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn parse_messages(
+    value: Option<&Value>,
+    ordered: Option<&Ordered>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     non_empty_array(value, "messages")?
         .iter()
         .enumerate()
-        .map(|(i, m)| parse_message(i, m))
+        .map(|(i, m)| parse_message(i, m, ordered.and_then(|o| o.at(i))))
         .collect()
 }
 
-fn parse_message(index: usize, value: &Value) -> Result<ChatMessage, ApiError> {
+fn parse_message(
+    index: usize,
+    value: &Value,
+    ordered: Option<&Ordered>,
+) -> Result<ChatMessage, ApiError> {
     let at = |field: &str| format!("messages[{index}].{field}");
     let Value::Object(m) = value else {
         return Err(ApiError::invalid_field(
@@ -196,7 +230,34 @@ fn parse_message(index: usize, value: &Value) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
-    Ok(ChatMessage { role, content })
+    let tool_calls = match role.as_str() {
+        "assistant" => parse_tool_calls(
+            m.get("tool_calls"),
+            ordered.and_then(|o| o.get("tool_calls")),
+            &at("tool_calls"),
+            |j| format!("call{index:03}{j:02}"),
+        )?,
+        _ => Vec::new(),
+    };
+    // A tool result names the call it answers (and the tool).
+    let text_field = |field: &str| -> Result<Option<String>, ApiError> {
+        match m.get(field) {
+            _ if role != "tool" => Ok(None),
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::invalid_field(
+                &at(field),
+                format!("`{field}` must be a string"),
+            )),
+        }
+    };
+    Ok(ChatMessage {
+        tool_call_id: text_field("tool_call_id")?,
+        name: text_field("name")?,
+        role,
+        content,
+        tool_calls,
+    })
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! Built as JSON values with absent fields omitted rather than null (clients broke on nulls
 //! in exo).
 
-use crate::backend::{FinishReason, ModelInfo, TokenLogprob};
+use crate::backend::{FinishReason, ModelInfo, TokenLogprob, ToolCall};
 use serde_json::{json, Map, Value};
 
 /// Identity shared by every chunk of one completion.
@@ -69,26 +69,71 @@ pub fn logprobs_json(tokens: &[TokenLogprob]) -> Value {
     json!({ "content": content })
 }
 
+/// OpenAI's finish reason: `tool_calls` when the answer ended after calling tools.
+pub fn finish_reason_str(finish_reason: FinishReason, tool_calls: usize) -> &'static str {
+    match finish_reason {
+        FinishReason::Stop if tool_calls > 0 => "tool_calls",
+        other => other.as_str(),
+    }
+}
+
+/// A call as a message's `tool_calls` item: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}` (`index` too in a streamed delta).
+pub fn tool_call_json(call: &ToolCall, index: Option<usize>) -> Value {
+    let mut item = json!({
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    });
+    if let Some(i) = index {
+        item["index"] = json!(i);
+    }
+    item
+}
+
+/// What a whole answer says besides its text.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerParts<'a> {
+    pub text: &'a str,
+    pub reasoning: &'a str,
+    pub tool_calls: &'a [ToolCall],
+}
+
 /// A whole non-streaming answer (`chat.completion`).
 pub fn completion_json(
     meta: &CompletionMeta,
-    text: &str,
-    reasoning: &str,
+    answer: AnswerParts<'_>,
     finish_reason: FinishReason,
     logprobs: Option<&[TokenLogprob]>,
     usage: Usage,
 ) -> Value {
     let mut choice = Map::new();
     choice.insert("index".into(), json!(0));
-    let mut message = json!({"role": "assistant", "content": text});
-    if !reasoning.is_empty() {
-        message["reasoning_content"] = json!(reasoning);
+    // With calls and no text, `content` is null, as OpenAI answers.
+    let content = match (answer.text, answer.tool_calls) {
+        ("", [_, ..]) => Value::Null,
+        (text, _) => json!(text),
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    if !answer.reasoning.is_empty() {
+        message["reasoning_content"] = json!(answer.reasoning);
+    }
+    if !answer.tool_calls.is_empty() {
+        let calls: Vec<Value> = answer
+            .tool_calls
+            .iter()
+            .map(|c| tool_call_json(c, None))
+            .collect();
+        message["tool_calls"] = json!(calls);
     }
     choice.insert("message".into(), message);
     if let Some(lp) = logprobs {
         choice.insert("logprobs".into(), logprobs_json(lp));
     }
-    choice.insert("finish_reason".into(), json!(finish_reason.as_str()));
+    choice.insert(
+        "finish_reason".into(),
+        json!(finish_reason_str(finish_reason, answer.tool_calls.len())),
+    );
     json!({
         "id": meta.id,
         "object": "chat.completion",
@@ -108,7 +153,10 @@ pub struct ChunkDelta<'a> {
     /// The model's thinking (`reasoning_content`, as DeepSeek's and vLLM's APIs name it).
     pub reasoning: Option<&'a str>,
     pub logprobs: Option<&'a [TokenLogprob]>,
-    pub finish_reason: Option<FinishReason>,
+    /// One streamed call (`tool_calls: [{index, id, type, function}]`).
+    pub tool_call: Option<(usize, &'a ToolCall)>,
+    /// OpenAI's spelling ([`finish_reason_str`]).
+    pub finish_reason: Option<&'static str>,
 }
 
 /// One `chat.completion.chunk` with a single choice.
@@ -123,6 +171,12 @@ pub fn chunk_json(meta: &CompletionMeta, delta: ChunkDelta<'_>) -> Value {
     if let Some(reasoning) = delta.reasoning {
         d.insert("reasoning_content".into(), json!(reasoning));
     }
+    if let Some((index, call)) = delta.tool_call {
+        d.insert(
+            "tool_calls".into(),
+            json!([tool_call_json(call, Some(index))]),
+        );
+    }
     let mut choice = Map::new();
     choice.insert("index".into(), json!(0));
     choice.insert("delta".into(), Value::Object(d));
@@ -130,7 +184,7 @@ pub fn chunk_json(meta: &CompletionMeta, delta: ChunkDelta<'_>) -> Value {
         choice.insert("logprobs".into(), logprobs_json(lp));
     }
     if let Some(reason) = delta.finish_reason {
-        choice.insert("finish_reason".into(), json!(reason.as_str()));
+        choice.insert("finish_reason".into(), json!(reason));
     }
     json!({
         "id": meta.id,
@@ -202,8 +256,11 @@ mod tests {
         let meta = CompletionMeta::new("m");
         let c = completion_json(
             &meta,
-            "hi",
-            "",
+            AnswerParts {
+                text: "hi",
+                reasoning: "",
+                tool_calls: &[],
+            },
             FinishReason::Length,
             None,
             Usage {

@@ -11,7 +11,7 @@ use crate::error::ApiError;
 use crate::generation::{accept, Ctx};
 use hyper::{Response, StatusCode};
 use request::{parse_responses_request, ParsedResponses};
-use response::{response_json, ResponseMeta, ResponsesEncoder};
+use response::{output_items, response_json, ResponseMeta, ResponsesEncoder};
 use tokio::time::Instant;
 
 /// `POST /v1/responses`.
@@ -40,7 +40,12 @@ pub async fn responses(
         StatusCode::OK,
         &response_json(
             &meta,
-            Some((&answer.text, &answer.reasoning)),
+            &output_items(
+                &meta,
+                (&answer.text, &answer.reasoning),
+                &answer.tool_calls,
+                &answer.ending,
+            ),
             Some(&answer.ending),
         ),
     ))

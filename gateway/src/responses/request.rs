@@ -5,11 +5,13 @@
 //! `conversation` are refused with a 400 saying to send the whole conversation. Each mistake
 //! is a 400 naming its field.
 
-use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, required_string,
 };
+use crate::tools::json::Ordered;
+use crate::tools::{arguments_text, parse_openai_tool_choice, parse_tools, ToolShape};
 use serde_json::{Map, Value};
 
 /// A parsed Responses request plus what the answer echoes.
@@ -23,6 +25,9 @@ pub struct ParsedResponses {
 /// Parses a body. Never panics, whatever the bytes.
 pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError> {
     let obj = json_object(body)?;
+    // The same body with its keys in order, for the JSON that reaches the prompt.
+    let ordered = Ordered::parse(body);
+    let ordered_at = |key: &str| ordered.as_ref().and_then(|o| o.get(key));
     let model = required_string(obj.get("model"), "model")?;
     for field in ["previous_response_id", "conversation"] {
         if obj.get(field).is_some_and(|v| !v.is_null()) {
@@ -57,10 +62,12 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         messages.push(ChatMessage {
             role: "system".into(),
             content: text.clone(),
+            ..ChatMessage::default()
         });
     }
-    messages.extend(parse_input(obj.get("input"))?);
-    check_tools(&obj)?;
+    messages.extend(parse_input(obj.get("input"), ordered_at("input"))?);
+    let tools = parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Flat)?;
+    let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Flat, &tools)?;
     check_text_format(obj.get("text"))?;
     let max_tokens = match opt_u64(&obj, "max_output_tokens")? {
         Some(0) => {
@@ -88,18 +95,25 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
             messages,
             sampling,
             user,
+            tools,
+            tool_choice,
+            enable_thinking: None,
         },
         stream: opt_bool(&obj, "stream")?.unwrap_or(false),
         instructions,
     })
 }
 
-fn parse_input(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn parse_input(
+    value: Option<&Value>,
+    ordered: Option<&Ordered>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match value {
         Some(Value::String(s)) => {
             return Ok(vec![ChatMessage {
                 role: "user".into(),
                 content: s.clone(),
+                ..ChatMessage::default()
             }])
         }
         other => non_empty_array(other, "input")?,
@@ -120,17 +134,33 @@ fn parse_input(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 let name = item.get("name").and_then(Value::as_str).ok_or_else(|| {
                     ApiError::invalid_field(&at, "a function_call needs a string `name`")
                 })?;
-                let arguments = item
-                    .get("arguments")
-                    .and_then(Value::as_str)
-                    .unwrap_or("{}");
-                let arguments: Value =
-                    serde_json::from_str(arguments).unwrap_or(Value::String(arguments.into()));
-                let call = serde_json::json!({"name": name, "arguments": arguments});
-                out.push(ChatMessage {
-                    role: "assistant".into(),
-                    content: call.to_string(),
-                });
+                let id = match item.get("call_id").or_else(|| item.get("id")) {
+                    Some(Value::String(id)) if !id.is_empty() => id.clone(),
+                    _ => format!("call{i:05}"),
+                };
+                let arguments = item.get("arguments");
+                if arguments.is_some_and(|a| !(a.is_string() || a.is_null())) {
+                    return Err(ApiError::invalid_field(
+                        &format!("{at}.arguments"),
+                        "a function_call's `arguments` must be JSON text",
+                    ));
+                }
+                let ordered_args = ordered
+                    .and_then(|o| o.at(i))
+                    .and_then(|o| o.get("arguments"));
+                let call = ToolCall {
+                    id,
+                    name: name.to_string(),
+                    arguments: arguments_text(arguments, ordered_args),
+                };
+                // Calls in a row (and right after the assistant's text) are one turn.
+                match out.last_mut() {
+                    Some(last) if last.role == "assistant" => last.tool_calls.push(call),
+                    _ => out.push(ChatMessage {
+                        tool_calls: vec![call],
+                        ..ChatMessage::text("assistant", "")
+                    }),
+                }
             }
             Some("function_call_output") => {
                 let output = match item.get("output") {
@@ -143,9 +173,17 @@ fn parse_input(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                         ))
                     }
                 };
+                let call_id = item.get("call_id").and_then(Value::as_str);
+                let name = out
+                    .iter()
+                    .rev()
+                    .flat_map(|m| &m.tool_calls)
+                    .find(|c| Some(c.id.as_str()) == call_id)
+                    .map(|c| c.name.clone());
                 out.push(ChatMessage {
-                    role: "tool".into(),
-                    content: output,
+                    tool_call_id: call_id.map(str::to_string),
+                    name,
+                    ..ChatMessage::text("tool", output)
                 });
             }
             // Earlier reasoning is the model's own; the template drops it.
@@ -184,7 +222,7 @@ fn parse_message(at: &str, item: &Map<String, Value>) -> Result<ChatMessage, Api
             ))
         }
     };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage::text(&role, content))
 }
 
 /// Text parts (`input_text`, `output_text`), concatenated.
@@ -213,26 +251,6 @@ fn content_text(at: &str, value: &Value) -> Result<String, ApiError> {
         }
     }
     Ok(text)
-}
-
-fn check_tools(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    match obj.get("tools") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(tools)) => {
-            for (i, tool) in tools.iter().enumerate() {
-                let kind = tool.get("type").and_then(Value::as_str);
-                if kind != Some("function") || tool.get("name").and_then(Value::as_str).is_none() {
-                    return Err(ApiError::invalid_field(
-                        &format!("tools[{i}]"),
-                        "only function tools (`{\"type\": \"function\", \"name\": ...}`) are \
-                         supported; shoal has no hosted tools",
-                    ));
-                }
-            }
-            Ok(())
-        }
-        Some(_) => Err(ApiError::invalid_field("tools", "`tools` must be an array")),
-    }
 }
 
 fn check_text_format(value: Option<&Value>) -> Result<(), ApiError> {
@@ -275,9 +293,23 @@ mod tests {
         .unwrap();
         let roles: Vec<&str> = p.request.messages.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+        let call = &p.request.messages[2].tool_calls[0];
         assert_eq!(
-            p.request.messages[2].content,
-            r#"{"arguments":{"city":"Paris"},"name":"w"}"#
+            (
+                call.id.as_str(),
+                call.name.as_str(),
+                call.arguments.as_str()
+            ),
+            ("c", "w", r#"{"city":"Paris"}"#)
+        );
+        let result = &p.request.messages[3];
+        assert_eq!(
+            (
+                result.tool_call_id.as_deref(),
+                result.name.as_deref(),
+                result.content.as_str()
+            ),
+            (Some("c"), Some("w"), "sunny")
         );
         assert_eq!(p.request.sampling.max_tokens, Some(5));
         assert!(p.stream);

@@ -6,7 +6,7 @@
 //! `response.content_part.done`, `response.output_item.done`, then `response.completed` or
 //! `response.incomplete`; each with its `sequence_number`.
 
-use crate::backend::{FinishReason, TokenLogprob};
+use crate::backend::{FinishReason, TokenLogprob, ToolCall};
 use crate::error::ApiError;
 use crate::generation::{sse_named, Encoder, Ending, Timings};
 use bytes::Bytes;
@@ -47,13 +47,27 @@ impl ResponseMeta {
     }
 }
 
-/// The `response` object: `ending` absent while in progress; `text` is the answer and the
-/// reasoning (a reasoning item comes first when there is some).
-pub fn response_json(
+/// The output items of a whole answer: a reasoning item when the model thought, the message
+/// (left out when the answer is only function calls), then a `function_call` item per call.
+pub fn output_items(
     meta: &ResponseMeta,
-    text: Option<(&str, &str)>,
-    ending: Option<&Ending>,
-) -> Value {
+    (text, reasoning): (&str, &str),
+    calls: &[ToolCall],
+    ending: &Ending,
+) -> Vec<Value> {
+    let mut output = Vec::new();
+    if !reasoning.is_empty() {
+        output.push(reasoning_item(meta, Some(reasoning)));
+    }
+    if !text.is_empty() || calls.is_empty() {
+        output.push(message_item(&meta.item_id, text, Some(ending)));
+    }
+    output.extend(calls.iter().map(|c| function_call_item(c, true)));
+    output
+}
+
+/// The `response` object: `ending` absent while in progress (and `output` empty).
+pub fn response_json(meta: &ResponseMeta, output: &[Value], ending: Option<&Ending>) -> Value {
     let (status, incomplete) = match ending {
         None => ("in_progress", Value::Null),
         Some(e) if e.finish_reason == FinishReason::Length => {
@@ -61,13 +75,6 @@ pub fn response_json(
         }
         Some(_) => ("completed", Value::Null),
     };
-    let mut output: Vec<Value> = Vec::new();
-    if let (Some((text, reasoning)), Some(e)) = (text, ending) {
-        if !reasoning.is_empty() {
-            output.push(reasoning_item(meta, Some(reasoning)));
-        }
-        output.push(message_item(meta, text, Some(e)));
-    }
     let usage = ending.map_or(Value::Null, |e| {
         json!({
             "input_tokens": e.prompt_tokens,
@@ -106,15 +113,27 @@ fn text_part(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
 }
 
-/// The assistant message item; in progress (no parts yet) without an ending.
-fn message_item(meta: &ResponseMeta, text: &str, ending: Option<&Ending>) -> Value {
+/// An assistant message item; in progress (no parts yet) without an ending.
+fn message_item(id: &str, text: &str, ending: Option<&Ending>) -> Value {
     let (status, content) = match ending {
         None => ("in_progress", vec![]),
         Some(e) if e.finish_reason == FinishReason::Length => ("incomplete", vec![text_part(text)]),
         Some(_) => ("completed", vec![text_part(text)]),
     };
-    json!({"id": meta.item_id, "type": "message", "status": status, "role": "assistant",
+    json!({"id": id, "type": "message", "status": status, "role": "assistant",
            "content": content})
+}
+
+/// A call as a `function_call` item (`call_id` is what the client's
+/// `function_call_output` names); `done` with its arguments, else in progress and empty.
+fn function_call_item(call: &ToolCall, done: bool) -> Value {
+    let (status, arguments) = if done {
+        ("completed", call.arguments.as_str())
+    } else {
+        ("in_progress", "")
+    };
+    json!({"id": format!("fc_{}", call.id), "type": "function_call", "status": status,
+           "call_id": call.id, "name": call.name, "arguments": arguments})
 }
 
 /// The reasoning item; in progress (no content yet) without its text.
@@ -138,8 +157,12 @@ pub struct ResponsesEncoder {
     reasoning: String,
     /// The reasoning item's output index while it is open.
     reasoning_open: Option<usize>,
-    /// The message item's output index once it is open.
-    message_at: Option<usize>,
+    /// The open message item: its id and output index.
+    message_at: Option<(String, usize)>,
+    /// Message items opened so far (the first has the meta's id, later ones a suffix).
+    messages: usize,
+    /// The items closed so far, in output order, for the final `response`.
+    done: Vec<Value>,
     next_index: usize,
 }
 
@@ -152,6 +175,8 @@ impl ResponsesEncoder {
             reasoning: String::new(),
             reasoning_open: None,
             message_at: None,
+            messages: 0,
+            done: Vec::new(),
             next_index: 0,
         }
     }
@@ -177,6 +202,7 @@ impl ResponsesEncoder {
         let mut done = self.location(&id, index);
         done["text"] = json!(self.reasoning);
         let item = reasoning_item(&self.meta, Some(&self.reasoning));
+        self.done.push(item.clone());
         vec![
             self.event("response.reasoning_text.done", done),
             self.event(
@@ -186,18 +212,22 @@ impl ResponsesEncoder {
         ]
     }
 
-    /// Opens the message item (closing the reasoning first) unless it is open; returns the
-    /// frames and its output index.
-    fn message(&mut self) -> (Vec<Bytes>, usize) {
-        if let Some(index) = self.message_at {
-            return (Vec::new(), index);
+    /// Opens a message item (closing the reasoning first) unless one is open; returns the
+    /// frames, its id and output index.
+    fn message(&mut self) -> (Vec<Bytes>, String, usize) {
+        if let Some((id, index)) = &self.message_at {
+            return (Vec::new(), id.clone(), *index);
         }
         let mut frames = self.close_reasoning();
         let index = self.next_index;
         self.next_index += 1;
-        self.message_at = Some(index);
-        let item = message_item(&self.meta, "", None);
-        let id = self.meta.item_id.clone();
+        let id = match self.messages {
+            0 => self.meta.item_id.clone(),
+            n => format!("{}_{n}", self.meta.item_id),
+        };
+        self.messages += 1;
+        self.message_at = Some((id.clone(), index));
+        let item = message_item(&id, "", None);
         let mut part = self.location(&id, index);
         part["part"] = text_part("");
         frames.push(self.event(
@@ -205,9 +235,41 @@ impl ResponsesEncoder {
             json!({"output_index": index, "item": item}),
         ));
         frames.push(self.event("response.content_part.added", part));
-        (frames, index)
+        (frames, id, index)
+    }
+
+    /// Closes the open message item, if any, with the text it received.
+    fn close_message(&mut self, ending: &Ending) -> Vec<Bytes> {
+        let Some((id, index)) = self.message_at.take() else {
+            return Vec::new();
+        };
+        let text = std::mem::take(&mut self.text);
+        let mut done = self.location(&id, index);
+        done["text"] = json!(text);
+        done["logprobs"] = json!([]);
+        let mut part = self.location(&id, index);
+        part["part"] = text_part(&text);
+        let item = message_item(&id, &text, Some(ending));
+        self.done.push(item.clone());
+        vec![
+            self.event("response.output_text.done", done),
+            self.event("response.content_part.done", part),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            ),
+        ]
     }
 }
+
+/// An ending for items closed before the answer's end: they are complete.
+const COMPLETE: Ending = Ending {
+    finish_reason: FinishReason::Stop,
+    stop_sequence: None,
+    prompt_tokens: 0,
+    completion_tokens: 0,
+    tool_calls: 0,
+};
 
 impl Encoder for ResponsesEncoder {
     fn content_type(&self) -> &'static str {
@@ -215,7 +277,7 @@ impl Encoder for ResponsesEncoder {
     }
 
     fn start(&mut self, _prompt_tokens: u32) -> Vec<Bytes> {
-        let response = response_json(&self.meta, None, None);
+        let response = response_json(&self.meta, &[], None);
         vec![
             self.event("response.created", json!({"response": response})),
             self.event("response.in_progress", json!({"response": response})),
@@ -226,9 +288,8 @@ impl Encoder for ResponsesEncoder {
         if text.is_empty() {
             return Vec::new();
         }
-        let (mut frames, index) = self.message();
+        let (mut frames, id, index) = self.message();
         self.text.push_str(text);
-        let id = self.meta.item_id.clone();
         let mut body = self.location(&id, index);
         body["delta"] = json!(text);
         body["logprobs"] = json!([]);
@@ -260,28 +321,49 @@ impl Encoder for ResponsesEncoder {
         frames
     }
 
+    fn tool_call(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
+        let mut frames = self.close_reasoning();
+        frames.extend(self.close_message(&COMPLETE));
+        let index = self.next_index;
+        self.next_index += 1;
+        let item_id = format!("fc_{}", call.id);
+        frames.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": function_call_item(call, false)}),
+        ));
+        frames.push(self.event(
+            "response.function_call_arguments.delta",
+            json!({"item_id": item_id, "output_index": index, "delta": call.arguments}),
+        ));
+        frames.push(self.event(
+            "response.function_call_arguments.done",
+            json!({"item_id": item_id, "output_index": index, "name": call.name,
+                   "arguments": call.arguments}),
+        ));
+        let item = function_call_item(call, true);
+        self.done.push(item.clone());
+        frames.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        frames
+    }
+
     fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
-        let (mut frames, index) = self.message();
-        let text = std::mem::take(&mut self.text);
-        let id = self.meta.item_id.clone();
-        let mut done = self.location(&id, index);
-        done["text"] = json!(text);
-        done["logprobs"] = json!([]);
-        let mut part = self.location(&id, index);
-        part["part"] = text_part(&text);
-        let item = message_item(&self.meta, &text, Some(ending));
-        let response = response_json(&self.meta, Some((&text, &self.reasoning)), Some(ending));
+        let mut frames = Vec::new();
+        // Every response has its message unless it only called functions.
+        if self.message_at.is_some() || ending.tool_calls == 0 {
+            let (opened, _, _) = self.message();
+            frames = opened;
+        }
+        frames.extend(self.close_reasoning());
+        frames.extend(self.close_message(ending));
+        let response = response_json(&self.meta, &self.done, Some(ending));
         let last = if ending.finish_reason == FinishReason::Length {
             "response.incomplete"
         } else {
             "response.completed"
         };
-        frames.push(self.event("response.output_text.done", done));
-        frames.push(self.event("response.content_part.done", part));
-        frames.push(self.event(
-            "response.output_item.done",
-            json!({"output_index": index, "item": item}),
-        ));
         frames.push(self.event(last, json!({"response": response})));
         frames
     }
@@ -310,8 +392,10 @@ mod tests {
             stop_sequence: None,
             prompt_tokens: 5,
             completion_tokens: 3,
+            tool_calls: 0,
         };
-        let r = response_json(&meta, Some(("abc", "")), Some(&ending));
+        let output = output_items(&meta, ("abc", ""), &[], &ending);
+        let r = response_json(&meta, &output, Some(&ending));
         assert_eq!(r["status"], "incomplete");
         assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(r["output"][0]["content"][0]["text"], "abc");
@@ -335,6 +419,7 @@ mod tests {
             stop_sequence: None,
             prompt_tokens: 3,
             completion_tokens: 1,
+            tool_calls: 0,
         };
         frames.extend(e.finish(&ending, &t));
         let names: Vec<String> = frames

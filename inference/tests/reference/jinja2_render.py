@@ -5,7 +5,9 @@ uses it to mark assistant tokens); `raise_exception`; `tojson` that keeps non-AS
 `strftime_now` pinned to 1 January 2025 (the tests pin shoal's template clock to the same date).
 
 Reads a JSON list of jobs on stdin, each {"template", "messages", "add_generation_prompt",
-"bos_token", "eos_token"}, and writes a JSON list of results, each {"ok": text} or
+"bos_token", "eos_token"} or {"template", "variables"} (every variable the template is rendered
+with, as shoal's `template_variables` writes them: messages with tool calls and results, `tools`
+as `transformers` passes them, switches such as `enable_thinking`), and writes a JSON list of results, each {"ok": text} or
 {"error": message}. The chat-template tests compare these with minijinja's renders.
 """
 
@@ -54,6 +56,8 @@ def render(job):
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     template = env.from_string(job["template"])
+    if "variables" in job:
+        return template.render(**job["variables"])
     return template.render(
         messages=job["messages"],
         add_generation_prompt=job["add_generation_prompt"],

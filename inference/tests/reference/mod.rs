@@ -56,3 +56,43 @@ pub fn python_with_jinja2() -> Option<PathBuf> {
     )
     .then_some(python)
 }
+
+/// Renders jobs (each a JSON object as `jinja2_render.py` reads them, written as text so that
+/// the order of keys reaches Python as written) with jinja2 in one Python process: the text,
+/// or jinja2's error.
+pub fn render_with_jinja2(
+    python: &std::path::Path,
+    jobs: &[String],
+) -> Vec<Result<String, String>> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/reference/jinja2_render.py"
+    );
+    let mut child = Command::new(python)
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start python");
+    let input = format!("[{}]", jobs.join(","));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "jinja2_render.py failed");
+    let results: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(results.len(), jobs.len());
+    results
+        .into_iter()
+        .map(|r| match (r.get("ok"), r.get("error")) {
+            (Some(serde_json::Value::String(text)), _) => Ok(text.clone()),
+            (_, Some(serde_json::Value::String(e))) => Err(e.clone()),
+            _ => panic!("bad result {r}"),
+        })
+        .collect()
+}

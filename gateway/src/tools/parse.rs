@@ -1,0 +1,454 @@
+//! Tool calls parsed back out of generated text, as it streams, for the formats of the
+//! families shoal runs:
+//!
+//! - **Hermes / Qwen2.5 / Qwen3**: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+//!   anywhere in the answer, one or more;
+//! - **Mistral**: `[TOOL_CALLS]` followed by a JSON list of `{"name", "arguments", "id"?}`
+//!   (Mistral Nemo, tokenizer v3) or by `name[CALL_ID]id[ARGS]{...}` / `name[ARGS]{...}`
+//!   (Mistral Small 3.2 and later), one or more;
+//! - **Llama 3.1 / 3.2 / 3.3**: an answer that *is* JSON, `{"name": ..., "parameters": {...}}`
+//!   (`"arguments"` accepted too), optionally after `<|python_tag|>`, several joined by `;`.
+//!
+//! One parser recognises all three, so that it needs no knowledge of the model (a forwarded
+//! chat's answer is parsed where the client is). A call counts only if it names one of the
+//! request's tools and its arguments are an object that fits the tool's schema
+//! ([`crate::tools::schema`]); anything else — malformed JSON, an unknown tool, a call cut
+//! off by `max_tokens` — stays text, exactly as generated. Never an error, never a panic.
+//!
+//! Streaming: text is released as soon as it cannot be the start of a call (only a possible
+//! marker prefix, and trailing whitespace, is held back); a call is held until it is complete
+//! and checked, then released whole, so a client never sees a call that later turns out to be
+//! text. Whitespace around calls is formatting and is dropped with them.
+
+use crate::tools::json::Ordered;
+use crate::tools::{schema, Tool, ToolCall};
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const MISTRAL: &str = "[TOOL_CALLS]";
+const MISTRAL_ARGS: &str = "[ARGS]";
+const MISTRAL_CALL_ID: &str = "[CALL_ID]";
+const PYTHON_TAG: &str = "<|python_tag|>";
+/// Markers that open a call anywhere in the text.
+const MARKERS: [&str; 2] = [HERMES_OPEN, MISTRAL];
+
+/// A piece of the answer: text, or a complete, checked call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolPiece {
+    Text(String),
+    Call(ToolCall),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Plain text; `pending` holds at most a possible marker prefix.
+    Text,
+    /// Inside `<tool_call>`; `pending` starts with the marker.
+    Hermes,
+    /// After `[TOOL_CALLS]`; `pending` starts with the marker.
+    Mistral,
+    /// The answer began with JSON (or `<|python_tag|>`): Llama's calls.
+    Json,
+}
+
+/// The incremental parser of one answer.
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    /// The request's tools, with their schemas parsed.
+    tools: Vec<(String, Option<serde_json::Value>)>,
+    state: State,
+    pending: String,
+    /// Something other than whitespace came already (Llama's JSON counts only at the start).
+    started: bool,
+    /// In a call attempt, the whitespace before its marker at the start of `pending`: dropped
+    /// with a call (it is formatting), kept with text.
+    lead: usize,
+    /// A call was just released: whitespace after it is formatting too.
+    after_call: bool,
+}
+
+/// How far a JSON object or array at the start of a text reaches.
+#[derive(Debug, PartialEq, Eq)]
+enum Scan {
+    /// It ends after this many bytes.
+    Complete(usize),
+    /// It may still end: wait for more text.
+    Incomplete,
+    /// It is not an object or array.
+    Invalid,
+}
+
+impl ToolCallParser {
+    /// A parser for calls of `tools`.
+    pub fn new(tools: &[Tool]) -> ToolCallParser {
+        ToolCallParser {
+            tools: tools
+                .iter()
+                .map(|t| {
+                    let schema = t
+                        .parameters
+                        .as_deref()
+                        .and_then(|p| serde_json::from_str(p).ok());
+                    (t.name.clone(), schema)
+                })
+                .collect(),
+            state: State::Text,
+            pending: String::new(),
+            started: false,
+            lead: 0,
+            after_call: false,
+        }
+    }
+
+    /// Feeds the next piece of generated text; returns what can be released now.
+    pub fn push(&mut self, delta: &str) -> Vec<ToolPiece> {
+        self.pending.push_str(delta);
+        let mut out = Vec::new();
+        while self.step(&mut out, false) {}
+        out
+    }
+
+    /// The end of the answer: every held piece, as a call where it is a complete one.
+    pub fn finish(&mut self) -> Vec<ToolPiece> {
+        let mut out = Vec::new();
+        while self.step(&mut out, true) {}
+        let rest = std::mem::take(&mut self.pending);
+        if !(self.after_call && rest.trim().is_empty()) {
+            text(&mut out, &rest);
+        }
+        self.state = State::Text;
+        out
+    }
+
+    /// One move of the state machine; false when it needs more text (or, at the `end`, when
+    /// all that can be decided is decided).
+    fn step(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
+        match self.state {
+            State::Text => self.step_text(out, end),
+            State::Hermes => self.step_hermes(out, end),
+            State::Mistral => self.step_mistral(out, end),
+            State::Json => self.step_json(out, end),
+        }
+    }
+
+    fn step_text(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
+        if !self.started {
+            let trimmed = self.pending.trim_start();
+            if trimmed.is_empty() {
+                return false;
+            }
+            if trimmed.starts_with('{') || trimmed.starts_with(PYTHON_TAG) {
+                self.started = true;
+                self.state = State::Json;
+                return true;
+            }
+            if PYTHON_TAG.starts_with(trimmed) && !end {
+                return false;
+            }
+            self.started = true;
+        }
+        if self.after_call {
+            let space = self.pending.len() - self.pending.trim_start().len();
+            self.pending.drain(..space);
+            if self.pending.is_empty() {
+                return false;
+            }
+            self.after_call = false;
+        }
+        let found = MARKERS
+            .iter()
+            .filter_map(|m| self.pending.find(m).map(|at| (at, *m)))
+            .min();
+        if let Some((at, marker)) = found {
+            // The whitespace before the marker stays with the attempt (see `lead`).
+            let cut = self.pending[..at].trim_end().len();
+            let before: String = self.pending.drain(..cut).collect();
+            text(out, &before);
+            self.lead = at - cut;
+            self.state = if marker == HERMES_OPEN {
+                State::Hermes
+            } else {
+                State::Mistral
+            };
+            return true;
+        }
+        // Hold a possible start of a marker, and the whitespace before it (or at the end:
+        // it may come before a call).
+        let cut = if end {
+            self.pending.len()
+        } else {
+            let keep = MARKERS
+                .iter()
+                .map(|m| held_suffix(&self.pending, m))
+                .max()
+                .unwrap_or(0);
+            self.pending[..self.pending.len() - keep].trim_end().len()
+        };
+        let now: String = self.pending.drain(..cut).collect();
+        text(out, &now);
+        false
+    }
+
+    fn step_hermes(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
+        let (body_end, raw_end) = match self.pending.find(HERMES_CLOSE) {
+            Some(at) => (at, at + HERMES_CLOSE.len()),
+            // A call the answer's end cut before its closing tag still counts if complete.
+            None if end => (self.pending.len(), self.pending.len()),
+            None => return false,
+        };
+        let body = self.pending[self.lead + HERMES_OPEN.len()..body_end].trim();
+        let call = Ordered::parse(body.as_bytes()).and_then(|v| self.check(&v, None));
+        self.release(out, raw_end, call.map(|c| vec![c]));
+        true
+    }
+
+    fn step_mistral(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
+        match self.mistral_span(end) {
+            Some((raw_end, calls)) => {
+                self.release(out, raw_end, calls);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How much of `pending` a `[TOOL_CALLS]` attempt spans and its calls if valid (`None`
+    /// for the calls: it is text); `None` while more text is needed to tell.
+    fn mistral_span(&self, end: bool) -> Option<(usize, Option<Vec<ToolCall>>)> {
+        let marker_end = self.lead + MISTRAL.len();
+        let after = &self.pending[marker_end..];
+        let space = after.len() - after.trim_start().len();
+        let body = &after[space..];
+        let start = marker_end + space;
+        // Not a call after all: the marker is text, and what follows is looked at afresh.
+        let not_a_call = Some((marker_end, None));
+        if body.is_empty() {
+            return if end { not_a_call } else { None };
+        }
+        if body.starts_with(['[', '{']) {
+            return match scan_json(body, end) {
+                Scan::Incomplete => None,
+                Scan::Invalid => not_a_call,
+                Scan::Complete(len) => {
+                    let calls = Ordered::parse(body[..len].as_bytes()).and_then(|v| {
+                        let items = match v {
+                            Ordered::Array(items) => items,
+                            single => vec![single],
+                        };
+                        let calls: Option<Vec<ToolCall>> =
+                            items.iter().map(|c| self.check(c, None)).collect();
+                        calls.filter(|c| !c.is_empty())
+                    });
+                    Some((start + len, calls))
+                }
+            };
+        }
+        // `name[CALL_ID]id[ARGS]{...}` or `name[ARGS]{...}`.
+        // Names and ids have no spaces, braces or quotes: text that has them before `[ARGS]`
+        // is no call, whether `[ARGS]` came yet or not.
+        let odd = |t: &str| t.contains(|c: char| c.is_whitespace() || c == '{' || c == '"');
+        let Some(args_at) = body.find(MISTRAL_ARGS) else {
+            return if end || odd(body) { not_a_call } else { None };
+        };
+        let head = &body[..args_at];
+        if odd(head) {
+            return not_a_call;
+        }
+        let (name, id) = match head.split_once(MISTRAL_CALL_ID) {
+            Some((name, id)) => (name, Some(id)),
+            None => (head, None),
+        };
+        let args = &body[args_at + MISTRAL_ARGS.len()..];
+        match scan_json(args, end) {
+            Scan::Incomplete => None,
+            Scan::Invalid => not_a_call,
+            Scan::Complete(len) => {
+                let call = Ordered::parse(args[..len].as_bytes()).and_then(|arguments| {
+                    let object = Ordered::Object(vec![
+                        ("name".into(), Ordered::String(name.into())),
+                        ("arguments".into(), arguments),
+                    ]);
+                    self.check(&object, id)
+                });
+                let raw_end = start + args_at + MISTRAL_ARGS.len() + len;
+                Some((raw_end, call.map(|c| vec![c])))
+            }
+        }
+    }
+
+    /// Llama's answer-is-JSON calls: objects joined by `;`, decided once the JSON ends.
+    fn step_json(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
+        let lead = self.pending.len() - self.pending.trim_start().len();
+        let mut pos = lead;
+        if self.pending[pos..].starts_with(PYTHON_TAG) {
+            pos += PYTHON_TAG.len();
+        }
+        let mut objects = Vec::new();
+        loop {
+            let rest = &self.pending[pos..];
+            pos += rest.len() - rest.trim_start().len();
+            match scan_json(&self.pending[pos..], end) {
+                Scan::Incomplete => return false,
+                // Not JSON: plain text, looked at afresh for the other formats.
+                Scan::Invalid => {
+                    self.state = State::Text;
+                    return true;
+                }
+                Scan::Complete(len) => {
+                    objects.push(pos..pos + len);
+                    pos += len;
+                }
+            }
+            let rest = &self.pending[pos..];
+            let after = rest.trim_start();
+            if after.is_empty() && !end {
+                return false;
+            }
+            match after.strip_prefix(';') {
+                Some(more) if !more.trim().is_empty() || !end => {
+                    pos += rest.len() - after.len() + 1;
+                }
+                _ => break,
+            }
+        }
+        let calls: Option<Vec<ToolCall>> = objects
+            .iter()
+            .map(|r| {
+                Ordered::parse(self.pending[r.clone()].as_bytes())
+                    .and_then(|v| self.check(&v, None))
+            })
+            .collect();
+        self.release(out, pos, calls);
+        true
+    }
+
+    /// Ends a call attempt spanning `pending[..raw_end]`: its calls if it was valid, else the
+    /// raw text, exactly as generated. Back to plain text after it.
+    fn release(&mut self, out: &mut Vec<ToolPiece>, raw_end: usize, calls: Option<Vec<ToolCall>>) {
+        let raw: String = self.pending.drain(..raw_end).collect();
+        match calls {
+            Some(calls) => {
+                out.extend(calls.into_iter().map(ToolPiece::Call));
+                self.after_call = true;
+            }
+            None => text(out, &raw),
+        }
+        self.lead = 0;
+        self.state = State::Text;
+    }
+
+    /// A call object `{"name": ..., "arguments" | "parameters": {...}, "id"?}`, if it names one
+    /// of the tools and its arguments fit the tool's schema.
+    fn check(&self, call: &Ordered, id: Option<&str>) -> Option<ToolCall> {
+        let name = call.get("name")?.as_str()?;
+        let (_, schema) = self.tools.iter().find(|(n, _)| n == name)?;
+        let arguments = match call.get("arguments").or_else(|| call.get("parameters")) {
+            None | Some(Ordered::Null) => Ordered::Object(Vec::new()),
+            // Some models write the arguments as a JSON string.
+            Some(Ordered::String(s)) => Ordered::parse(s.as_bytes())?,
+            Some(other) => other.clone(),
+        };
+        if !matches!(arguments, Ordered::Object(_)) {
+            return None;
+        }
+        let text = arguments.to_text();
+        if let Some(schema) = schema {
+            let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+            if !schema::fits(&value, schema) {
+                return None;
+            }
+        }
+        let id = id
+            .map(str::to_string)
+            .or_else(|| call.get("id").and_then(Ordered::as_str).map(str::to_string))
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(call_id);
+        Some(ToolCall {
+            id,
+            name: name.to_string(),
+            arguments: text,
+        })
+    }
+}
+
+/// A fresh call id: 9 letters and digits, the shape Mistral's templates demand of the ids a
+/// client sends back (the other families take any string).
+pub fn call_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Mix so that consecutive ids differ in every position.
+    let mut x = micros ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 29;
+    (0..9)
+        .map(|_| {
+            let c = ALPHABET[(x % 62) as usize] as char;
+            x /= 62;
+            c
+        })
+        .collect()
+}
+
+fn text(out: &mut Vec<ToolPiece>, t: &str) {
+    if t.is_empty() {
+        return;
+    }
+    if let Some(ToolPiece::Text(last)) = out.last_mut() {
+        last.push_str(t);
+    } else {
+        out.push(ToolPiece::Text(t.to_string()));
+    }
+}
+
+/// Where a JSON object or array at the start of `s` ends (strings and escapes respected);
+/// at the `end` of the answer an unfinished one is invalid.
+fn scan_json(s: &str, end: bool) -> Scan {
+    if !s.starts_with(['{', '[']) {
+        return if s.is_empty() && !end {
+            Scan::Incomplete
+        } else {
+            Scan::Invalid
+        };
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, b) in s.bytes().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Scan::Complete(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    if end {
+        Scan::Invalid
+    } else {
+        Scan::Incomplete
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `marker`.
+fn held_suffix(text: &str, marker: &str) -> usize {
+    text.char_indices()
+        .map(|(i, _)| &text[i..])
+        .find(|s| marker.starts_with(s) && s.len() < marker.len())
+        .map_or(0, str::len)
+}
