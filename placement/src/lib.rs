@@ -139,6 +139,7 @@
 //! tight for the layer split: `node_short_of_memory`). Two switches joined by a normal uplink
 //! are a full mesh in IP terms, the fast case.
 
+pub mod accel;
 pub mod cli;
 pub mod edge;
 pub mod error;

@@ -2,10 +2,10 @@
 
 use crate::error::PlaceError;
 use crate::input::Input;
-use crate::node::NodeId;
+use crate::node::{NodeId, NodeProfile};
 use crate::request::{CollectiveBackend, Sharding};
 use crate::ring::{choose_ring, larger_ring, SEARCH_BUDGET};
-use crate::split::{check_share, pipeline_layer_counts};
+use crate::split::{check_share, pipeline_split};
 use crate::topology::Topology;
 use crate::views::{jaccl_coordinators, jaccl_devices, ring_hosts, ring_port};
 use serde::{Deserialize, Serialize};
@@ -57,8 +57,22 @@ pub struct JacclPlan {
 /// holds its share (`node_short_of_memory`; then the best rings of the next sizes are tried
 /// in turn, and the first ring's error is reported only when none holds its split), then
 /// build the ring views or JACCL addressing (`neighbour_unreachable`).
+///
+/// Where the cluster mixes GPU and CPU-only nodes, the GPU nodes alone are tried first
+/// ([`crate::accel`]), then the whole cluster with every GPU node in the ring, and the
+/// cluster as it is only when neither places.
 pub fn place(input: &Input) -> Result<Placement, PlaceError> {
     input.validate()?;
+    for attempt in crate::accel::gpu_first_attempts(input) {
+        if let Ok(placement) = place_validated(&attempt) {
+            return Ok(placement);
+        }
+    }
+    place_validated(input)
+}
+
+/// [`place`] on an input already validated, without the accelerated-first step.
+fn place_validated(input: &Input) -> Result<Placement, PlaceError> {
     let topo = Topology::new(&input.nodes, &input.edges);
     let mut budget = SEARCH_BUDGET;
     let mut ring = choose_ring(&topo, input, &mut budget)?;
@@ -131,8 +145,8 @@ fn layer_ranges(
     let model = &input.model;
     match sharding_of(input, ring) {
         Sharding::Pipeline => {
-            let memory: Vec<u64> = ring.iter().map(|&v| topo.nodes[v].ram_available).collect();
-            let counts = pipeline_layer_counts(model.n_layers, &memory)?;
+            let nodes: Vec<&NodeProfile> = ring.iter().map(|&v| topo.nodes[v]).collect();
+            let counts = pipeline_split(&nodes, model)?;
             let mut start = 0;
             let mut ranges = Vec::with_capacity(counts.len());
             for (&v, &count) in ring.iter().zip(&counts) {

@@ -1,6 +1,7 @@
 //! How many layers each rank holds, and whether it can hold them.
 
 use crate::error::PlaceError;
+use crate::model::ModelCard;
 use crate::node::NodeProfile;
 
 /// Splits `n_layers` across ranks in proportion to their free memory.
@@ -70,4 +71,33 @@ pub(crate) fn check_share(
         });
     }
     Ok(())
+}
+
+/// The layer counts a pipeline over `ring` (its nodes in rank order) gets: accelerated ranks
+/// first where the ring mixes them with CPU ranks ([`crate::accel::gpu_first_counts`]) when
+/// every rank can hold that split, else in proportion to free memory
+/// ([`pipeline_layer_counts`]). Shares are not checked here for the memory split; the caller
+/// checks them.
+pub fn pipeline_split(ring: &[&NodeProfile], model: &ModelCard) -> Result<Vec<u32>, PlaceError> {
+    let memory: Vec<u64> = ring.iter().map(|n| n.ram_available).collect();
+    let by_memory = pipeline_layer_counts(model.n_layers, &memory)?;
+    let fast: Vec<bool> = ring
+        .iter()
+        .map(|n| crate::accel::is_accelerated(n, model))
+        .collect();
+    let gpu_first =
+        crate::accel::gpu_first_counts(model.n_layers, model.storage_bytes, &memory, &fast).filter(
+            |counts| {
+                ring.iter().zip(counts).all(|(node, &c)| {
+                    check_share(
+                        node,
+                        model.storage_bytes,
+                        u64::from(c),
+                        u64::from(model.n_layers),
+                    )
+                    .is_ok()
+                })
+            },
+        );
+    Ok(gpu_first.unwrap_or(by_memory))
 }

@@ -70,11 +70,27 @@ impl HostProfile {
 
     /// The profile as placement takes it, for the node `id` that authored it. The host does not
     /// detect RDMA, and download progress is not part of this record: both start empty.
+    ///
+    /// On a node that runs MLX on CUDA the memory placement counts is the GPU's, not the
+    /// host's: the weights live in device memory. MLX drives one device per process (device 0,
+    /// the first GPU `nvidia-smi` lists), so that device's free memory is what counts (its total
+    /// when the driver does not report free memory). On Apple GPUs memory is shared and the
+    /// host's figures stand.
     pub fn placement_profile(&self, id: &str) -> placement::NodeProfile {
+        let cuda_device = self
+            .gpus
+            .iter()
+            .find(|g| g.vendor == "nvidia")
+            .filter(|_| self.backends.contains(&ComputeBackend::MlxCuda));
+        let (ram_available, ram_total) = match cuda_device {
+            Some(gpu) if gpu.memory_free > 0 => (gpu.memory_free, gpu.memory_total),
+            Some(gpu) => (gpu.memory_total, gpu.memory_total),
+            None => (self.memory_available, self.memory_total),
+        };
         placement::NodeProfile {
             id: id.to_string(),
-            ram_available: self.memory_available,
-            ram_total: self.memory_total,
+            ram_available,
+            ram_total,
             backends: self.backends.clone(),
             rdma_enabled: false,
             interfaces: self.interfaces.iter().map(|i| i.link.clone()).collect(),
@@ -181,5 +197,39 @@ mod tests {
         assert_eq!(placed.backends, vec![ComputeBackend::MlxCpu]);
         assert_eq!(placed.interfaces, vec![p.interfaces[0].link.clone()]);
         assert!(!placed.rdma_enabled && placed.download.is_empty());
+    }
+
+    #[test]
+    fn a_cuda_node_offers_its_first_gpus_memory_to_placement() {
+        let gpu = |free: u64, total: u64| Gpu {
+            vendor: "nvidia".into(),
+            name: "NVIDIA H200".into(),
+            memory_total: total << 30,
+            memory_free: free << 30,
+        };
+        let mut p = HostProfile {
+            name: "g".into(),
+            os: "linux".into(),
+            os_version: "6".into(),
+            cpu: "x".into(),
+            cpu_cores: 16,
+            memory_total: 128 << 30,
+            memory_available: 120 << 30,
+            backends: vec![ComputeBackend::MlxCuda, ComputeBackend::MlxCpu],
+            gpus: vec![gpu(130, 141), gpu(141, 141)],
+            interfaces: vec![],
+            api_port: 52415,
+        };
+        let placed = p.placement_profile("g");
+        assert_eq!(
+            (placed.ram_available, placed.ram_total),
+            (130 << 30, 141 << 30)
+        );
+        // A driver that reports no free memory: the device's total.
+        p.gpus = vec![gpu(0, 80)];
+        assert_eq!(p.placement_profile("g").ram_available, 80 << 30);
+        // A CPU build of MLX on the same machine does not use the GPU: host memory counts.
+        p.backends = vec![ComputeBackend::MlxCpu];
+        assert_eq!(p.placement_profile("g").ram_available, 120 << 30);
     }
 }
