@@ -230,7 +230,7 @@ impl ToolCallParser {
                 Scan::Incomplete => None,
                 Scan::Invalid => not_a_call,
                 Scan::Complete(len) => {
-                    let calls = Ordered::parse(body[..len].as_bytes()).and_then(|v| {
+                    let calls = Ordered::parse(&body.as_bytes()[..len]).and_then(|v| {
                         let items = match v {
                             Ordered::Array(items) => items,
                             single => vec![single],
@@ -263,7 +263,7 @@ impl ToolCallParser {
             Scan::Incomplete => None,
             Scan::Invalid => not_a_call,
             Scan::Complete(len) => {
-                let call = Ordered::parse(args[..len].as_bytes()).and_then(|arguments| {
+                let call = Ordered::parse(&args.as_bytes()[..len]).and_then(|arguments| {
                     let object = Ordered::Object(vec![
                         ("name".into(), Ordered::String(name.into())),
                         ("arguments".into(), arguments),
