@@ -80,8 +80,6 @@ fn formed(nodes: &[ShoalNode]) -> bool {
 }
 
 #[test]
-#[ignore = "written 2026-12-02 but not yet run (the session ran out of build time): run it with \
-            `cargo test --test dashboard -- --ignored`, then remove this line"]
 fn the_dashboard_shows_the_cluster_places_chats_and_follows_a_death() {
     if !kit::skip::can_run(
         browser_ready(),

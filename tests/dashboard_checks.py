@@ -82,31 +82,59 @@ def api(method, path, body=None):
         return e.code, json.load(e)
 
 
-def topology():
-    def ready():
-        nodes = css("#topology-graph g.node[data-alive='true']")
-        labels = css("#topology-graph text.edge-label")
-        pairs = {(l.get_attribute("data-from"), l.get_attribute("data-to")) for l in labels}
-        return len(nodes) == 3 and len(pairs) == 6 and (nodes, labels)
+TOPOLOGY_SNAPSHOT = """
+const g = document.querySelector('#topology-graph');
+if (!g) return null;
+return {
+  nodes: [...g.querySelectorAll("g.node[data-alive='true']")].map((n) => ({
+    id: n.getAttribute('data-node-id'), text: n.textContent, me: n.classList.contains('me'),
+  })),
+  labels: [...g.querySelectorAll('text.edge-label')].map((l) => ({
+    // The label as drawn: its text without the tooltip (<title>) inside it.
+    text: [...l.childNodes].filter((c) => c.nodeName.toLowerCase() !== 'title')
+      .map((c) => c.textContent).join(''),
+    ip: l.getAttribute('data-ip'),
+    from: l.getAttribute('data-from'), to: l.getAttribute('data-to'),
+  })),
+};
+"""
 
-    (nodes, labels), took = wait("3 live nodes and 6 labelled edges", ready, 60)
-    ids = {n.get_attribute("data-node-id") for n in nodes}
-    for label in labels:
-        text = label.text
-        ip = label.get_attribute("data-ip")
-        assert label.get_attribute("data-from") in ids and label.get_attribute("data-to") in ids
+
+def topology():
+    # Read the graph in one script: the page redraws it as the state changes, so elements
+    # held across calls can go stale.
+    def ready():
+        snap = DRIVER.execute_script(TOPOLOGY_SNAPSHOT)
+        if not snap:
+            return False
+        pairs = {(l["from"], l["to"]) for l in snap["labels"]}
+        return len(snap["nodes"]) == 3 and len(pairs) == 6 and snap
+
+    snap, took = wait("3 live nodes and 6 labelled edges", ready, 60)
+    ids = {n["id"] for n in snap["nodes"]}
+    for label in snap["labels"]:
+        text, ip = label["text"].strip(), label["ip"] or ""
+        if label["from"] not in ids or label["to"] not in ids:
+            fail(f"edge label {text!r} names a node that is not shown")
         if not (text.startswith("Ethernet ") and ip.startswith("10.99.0.") and text.endswith(ip)):
             fail(f"edge label {text!r} (ip {ip!r}) is not an Ethernet address on the bridge")
-    for node in nodes:
-        text = node.text
+    for node in snap["nodes"]:
+        text = node["text"]
         if "linux" not in text or "GB used" not in text or "mlx_cpu" not in text or "alive" not in text:
             fail(f"node box lacks OS, memory, backends or liveness: {text!r}")
-    me = css("#topology-graph g.node.me")
+    me = [n["id"] for n in snap["nodes"] if n["me"]]
     if len(me) != 1:
         fail("the page does not mark its own node")
-    log(f"topology: 3 nodes alive, 6 edge labels ({sorted(l.text for l in labels)}) after {took:.1f} s")
+    log(f"topology: 3 nodes alive, 6 edge labels ({sorted(l['text'].strip() for l in snap['labels'])}) after {took:.1f} s")
     shot("01-topology")
-    return me[0].get_attribute("data-node-id"), ids
+    return me[0], ids
+
+
+def click(element):
+    """Clicks as a user would: the element scrolled to the middle of the window first, so the
+    sticky header never covers it."""
+    DRIVER.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    element.click()
 
 
 def preview(sharding, meta, count):
@@ -118,16 +146,30 @@ def place():
     field = DRIVER.find_element(By.ID, "place-model")
     field.clear()
     field.send_keys("default", Keys.ENTER)
-    wait("the previews", lambda: len(css("li.preview")) == 8, 30)
-    tensor = preview("Tensor", "MlxRing", 2).find_element(By.CSS_SELECTOR, ".reason").text
-    rdma = preview("Pipeline", "MlxJaccl", 2).find_element(By.CSS_SELECTOR, ".reason").text
-    if "tensor_indivisible" not in tensor or "no_rdma_ring" not in rdma:
-        fail(f"impossible previews do not say why: {tensor!r}, {rdma!r}")
-    log(f"previews: 8, impossible ones say why (Tensor x2: {tensor!r})")
+    status, answer = api("GET", "/instance/previews?model_id=default")
+    if status != 200:
+        fail(f"GET /instance/previews answered {status}: {answer}")
+    expected = len(answer["previews"])
+    wait("the previews", lambda: len(css("li.preview")) == expected, 30)
+    # Every preview the API calls impossible shows its reason and code on the page.
+    impossible = [p for p in answer["previews"] if not p.get("placement")]
+    if not impossible:
+        fail("the fixture on 3 CPU nodes should have impossible previews (JACCL needs RDMA)")
+    reasons = []
+    for p in impossible:
+        item = preview(p["sharding"], p["instance_meta"], p["node_count"])
+        if item is None:
+            fail(f"no preview item for {p['sharding']} {p['instance_meta']} {p['node_count']}")
+        shown = item.find_element(By.CSS_SELECTOR, ".reason").text
+        code = (p.get("error") or {}).get("code", "")
+        if not code or code not in shown:
+            fail(f"an impossible preview does not say why: {shown!r} (the API says {code!r})")
+        reasons.append(code)
+    log(f"previews: {expected} as the API lists them; the {len(impossible)} impossible ones say why ({sorted(set(reasons))})")
     two = preview("Pipeline", "MlxRing", 2)
     shot("02-previews")
     start = time.monotonic()
-    two.find_element(By.CSS_SELECTOR, "button.launch").click()
+    click(two.find_element(By.CSS_SELECTOR, "button.launch"))
     status, _ = wait(
         "the launch's confirmation",
         lambda: "Created instance" in DRIVER.find_element(By.ID, "place-status").text
@@ -200,7 +242,7 @@ def chat():
         return len(answers) == 2 and len(answers[-1].find_element(By.CSS_SELECTOR, ".content").text) > 10
 
     wait("the long answer's first tokens", some_text, 60)
-    DRIVER.find_element(By.ID, "chat-stop").click()
+    click(DRIVER.find_element(By.ID, "chat-stop"))
     stopped = time.monotonic()
     wait("the stopped answer", lambda: "finished: stopped" in stats.text, 15)
     text = css(".message.assistant")[-1].find_element(By.CSS_SELECTOR, ".content").text
@@ -254,7 +296,7 @@ def failed_placement():
     count = DRIVER.find_element(By.ID, "place-min-nodes")
     count.clear()
     count.send_keys("5")
-    DRIVER.find_element(By.ID, "place-submit").click()
+    click(DRIVER.find_element(By.ID, "place-submit"))
     shown, _ = wait(
         "the refusal's reason",
         lambda: DRIVER.find_element(By.ID, "place-error").is_displayed()
@@ -269,7 +311,7 @@ def failed_placement():
 
 def delete(instance):
     card = css(f"article.instance[data-instance-id='{instance}']")[0]
-    card.find_element(By.CSS_SELECTOR, "button.danger").click()
+    click(card.find_element(By.CSS_SELECTOR, "button.danger"))
     _, took = wait("the deleted instance gone", lambda: not css("article.instance"), 30)
     log(f"deleted from the page; its card left {took:.1f} s after the click")
 
