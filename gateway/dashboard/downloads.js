@@ -1,4 +1,4 @@
-// Downloads per node and model, with progress: each node's `download/<model>` records (bytes
+// Downloads per node and model, with progress: each node's `download/<model>/<part>` records (bytes
 // done and total, files, the file now, the state, the error of a failed one).
 
 import { h, bytes } from './dom.js';
@@ -12,7 +12,8 @@ export function render(box, empty, v) {
       const pct = d.total ? Math.floor((100 * (d.done || 0)) / d.total) : d.state === 'complete' ? 100 : 0;
       rows.push(h('tr', { 'data-node': node.id, 'data-model': d.model, 'data-state': d.state || '' },
         h('td', {}, label(node), node.alive ? '' : ' (dead)'),
-        h('td', {}, d.model),
+        // A rank's node downloads its part of a model (`download/<model>/<part>` records).
+        h('td', {}, d.part ? `${d.model} (${d.part})` : d.model),
         h('td', { class: `dl-state ${d.state || ''}` }, d.state || '?'),
         h('td', {}, h('progress', { max: d.total || 1, value: d.state === 'complete' ? d.total || 1 : d.done || 0 }),
           ` ${pct}% · ${bytes(d.done || 0)} / ${bytes(d.total || 0)}`),
