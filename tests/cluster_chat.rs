@@ -299,7 +299,13 @@ fn chat_through_either_node_and_delete_from_the_other() {
     let through_a = greedy_other_apis(a);
     eprintln!("other APIs through B (forwarded): {through_b:?}");
     assert_eq!(through_b, through_a, "forwarding changed an API's answer");
+    // The same prompt through every API gives chat completions' answer; a chat with tools has
+    // the tools rendered into its prompt, so its answer is its own (equal through B and A above).
     for (api, answer) in &through_a {
+        if *api == "chat with tools" {
+            assert!(!answer.trim().is_empty(), "chat with tools gave no answer");
+            continue;
+        }
         assert_eq!(
             answer, &direct,
             "{api} answers differently from chat completions"
