@@ -15,6 +15,7 @@
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
 #[path = "support/hf.rs"]
+#[allow(dead_code)]
 mod hf;
 
 use hf::{HubInNetns, REPO};

@@ -17,7 +17,6 @@ mod support;
 mod hf;
 
 use hub::select::{Shard, INDEX};
-use hub::testhub::{Faults, ServedRepo};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -91,25 +90,13 @@ fn placing_a_model_id_downloads_each_ranks_layers_and_answers_everywhere() {
     };
     let fixture = hf::fixture_repo().unwrap();
     let hub_node = nodes.remove(0);
-    let repos = BTreeMap::from([(
-        hf::REPO.to_string(),
-        ServedRepo::from_dir(&fixture, false).unwrap(),
-    )]);
-    let server = hf::HubInNetns::start(
+    let (server, caches) = hf::serve_fixture(
         &hub_node.node.netns,
         hub_node.node.ip(),
-        repos,
-        None,
-        Faults::default(),
+        &net.dir,
+        nodes.iter_mut().map(|n| &mut n.env),
     );
-    let caches: Vec<_> = (0..nodes.len())
-        .map(|i| net.dir.join(format!("hf{i}")))
-        .collect();
-    for (node, cache) in nodes.iter_mut().zip(&caches) {
-        node.env
-            .push(("HF_HUB_CACHE".into(), cache.display().to_string()));
-        node.env
-            .push(("HF_ENDPOINT".into(), server.endpoint.clone()));
+    for node in nodes.iter_mut() {
         node.start();
     }
     let started = Instant::now();

@@ -13,9 +13,7 @@ mod support;
 #[allow(dead_code)]
 mod hf;
 
-use hub::testhub::{Faults, ServedRepo};
 use serde_json::json;
-use std::collections::BTreeMap;
 use std::time::Duration;
 use support::netns::Spec;
 use support::{call, logs, wait_for, TestNet};
@@ -78,24 +76,12 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
     };
     let fixture = hf::fixture_repo().unwrap();
     let hub_node = nodes.remove(0);
-    let repos = BTreeMap::from([(
-        hf::REPO.to_string(),
-        ServedRepo::from_dir(&fixture, false).unwrap(),
-    )]);
-    let server = hf::HubInNetns::start(
+    let (server, _caches) = hf::serve_fixture(
         &hub_node.node.netns,
         hub_node.node.ip(),
-        repos,
-        None,
-        Faults::default(),
+        &net.dir,
+        nodes.iter_mut().map(|n| &mut n.env),
     );
-    for (i, node) in nodes.iter_mut().enumerate() {
-        let cache = net.dir.join(format!("hf{i}"));
-        node.env
-            .push(("HF_HUB_CACHE".into(), cache.display().to_string()));
-        node.env
-            .push(("HF_ENDPOINT".into(), server.endpoint.clone()));
-    }
     let out = nodes[0]
         .node
         .command(support::shoal_bin())

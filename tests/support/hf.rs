@@ -143,6 +143,31 @@ impl HubInNetns {
     }
 }
 
+/// Serves the fixture as [`REPO`] from the namespace `netns` at `ip` (a namespace where no
+/// shoal runs) and points every node whose environment is in `envs` at it, each with an empty
+/// cache of its own under `dir` (`hf0`, `hf1`, ...). Answers the hub and those caches.
+pub fn serve_fixture<'a>(
+    netns: &str,
+    ip: std::net::Ipv4Addr,
+    dir: &std::path::Path,
+    envs: impl IntoIterator<Item = &'a mut Vec<(String, String)>>,
+) -> (HubInNetns, Vec<PathBuf>) {
+    let fixture = fixture_repo().expect("the fixture (checked by the test first)");
+    let repos = BTreeMap::from([(
+        REPO.to_string(),
+        ServedRepo::from_dir(&fixture, false).expect("the fixture as a repo"),
+    )]);
+    let server = HubInNetns::start(netns, ip, repos, None, Faults::default());
+    let mut caches = Vec::new();
+    for (i, env) in envs.into_iter().enumerate() {
+        let cache = dir.join(format!("hf{i}"));
+        env.push(("HF_HUB_CACHE".into(), cache.display().to_string()));
+        env.push(("HF_ENDPOINT".into(), server.endpoint.clone()));
+        caches.push(cache);
+    }
+    (server, caches)
+}
+
 impl Drop for HubInNetns {
     fn drop(&mut self) {
         let (tx, _) = tokio::sync::mpsc::unbounded_channel();
