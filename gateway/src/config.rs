@@ -1,5 +1,5 @@
-//! The gateway's settings: body limit, keep-alive and silence limits, header timeout, and the
-//! limits of the dashboard's event streams.
+//! The gateway's settings: body limit, keep-alive and silence limits, header and body timeouts,
+//! the body budget and connection cap, and the limits of the dashboard's event streams.
 
 use std::time::Duration;
 
@@ -21,6 +21,18 @@ pub struct GatewayConfig {
     pub backend_silence_limit: Duration,
     /// How long a client may take to send its request headers.
     pub header_read_timeout: Duration,
+    /// How long a client may take to send a request body once its headers are in (default
+    /// 60 s); a body still unfinished then is answered 408 and its connection closed, so
+    /// half-sent bodies cannot pile up.
+    pub body_timeout: Duration,
+    /// Request-body bytes held at once, all connections together (default 64 MiB: two bodies
+    /// of the largest size). A body that does not fit now is answered 429 with `Retry-After`
+    /// instead of growing the node's memory; chats are a few KiB, so this only bites a flood
+    /// of huge bodies.
+    pub body_budget: usize,
+    /// Connections open at once (default 512). One more is answered 503 with `Retry-After`
+    /// and closed, so a flood of connections cannot exhaust tasks or file descriptors.
+    pub max_connections: usize,
     /// The dashboard's state streams (`GET /events`), see [`crate::events`].
     pub events: EventsConfig,
 }
@@ -61,6 +73,9 @@ impl Default for GatewayConfig {
             keep_alive_interval: Duration::from_secs(10),
             backend_silence_limit: Duration::from_secs(600),
             header_read_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
+            body_budget: 64 * 1024 * 1024,
+            max_connections: 512,
             events: EventsConfig::default(),
         }
     }

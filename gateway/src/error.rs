@@ -18,6 +18,12 @@ pub enum ErrorKind {
     NotFound,
     /// The route exists but not with this method: 405.
     MethodNotAllowed,
+    /// No API key, or one this node does not accept: 401 (with `WWW-Authenticate`).
+    Unauthorized,
+    /// The key (or the web page's origin) is known but not allowed this: 403.
+    Forbidden,
+    /// The request body did not arrive in time: 408.
+    RequestTimeout,
     /// The request conflicts with the cluster's state (e.g. an instance id already taken): 409.
     Conflict,
     /// The body is larger than the configured limit: 413.
@@ -41,6 +47,9 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -57,7 +66,10 @@ impl ErrorKind {
             | ErrorKind::NotFound
             | ErrorKind::MethodNotAllowed
             | ErrorKind::Conflict
-            | ErrorKind::PayloadTooLarge => "invalid_request_error",
+            | ErrorKind::PayloadTooLarge
+            | ErrorKind::Unauthorized
+            | ErrorKind::RequestTimeout => "invalid_request_error",
+            ErrorKind::Forbidden => "permission_error",
             ErrorKind::Unavailable => "service_unavailable_error",
             ErrorKind::Busy => "rate_limit_error",
             ErrorKind::Internal => "server_error",

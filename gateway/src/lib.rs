@@ -26,6 +26,7 @@
 //! # }
 //! ```
 
+pub mod access;
 pub mod answer;
 pub mod anthropic;
 pub mod backend;
@@ -42,6 +43,7 @@ pub mod fake;
 pub mod fields;
 pub mod generation;
 pub mod ids;
+mod memory;
 pub mod ollama;
 pub mod openai;
 pub mod reasoning;
@@ -51,6 +53,7 @@ pub mod server;
 mod steps;
 pub mod tools;
 
+pub use access::{AccessPolicy, KeyError, Scope};
 pub use backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
     ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob, Tool, ToolCall, ToolChoice,
@@ -59,4 +62,4 @@ pub use config::{EventsConfig, GatewayConfig};
 pub use error::{ApiError, ErrorKind};
 pub use exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use router::Router;
-pub use server::{serve, DEFAULT_API_PORT};
+pub use server::{serve, serve_with, DEFAULT_API_PORT};

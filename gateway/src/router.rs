@@ -1,7 +1,8 @@
-//! Routing: method and path to handler, request bodies read under the size limit, errors turned
-//! into OpenAI-shaped responses, and CORS `*` on everything (the dashboard and browser clients
-//! may be served from anywhere).
+//! Routing: method and path to handler, the access rules checked first (web page origins, then
+//! API keys, see [`crate::access`]), request bodies read under the size limit, the shared body
+//! budget and the body timeout, and errors turned into each API's own shape.
 
+use crate::access::{AccessPolicy, Scope};
 use crate::backend::Backend;
 use crate::body::{json_response, GatewayBody};
 use crate::cancel::Running;
@@ -12,12 +13,15 @@ use crate::error::{ApiError, ErrorKind};
 use crate::generation::Ctx;
 use crate::openai::response::models_json;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Body;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, RETRY_AFTER};
+use hyper::header::{
+    HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::Value;
 use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The gateway's request handler: cheap to clone, one per server.
 #[derive(Clone)]
@@ -25,6 +29,32 @@ pub struct Router {
     backend: Arc<dyn Backend>,
     ctx: Ctx,
     events: crate::events::Events,
+    access: Arc<AccessPolicy>,
+    /// The body budget in KiB permits, shared by every request being read.
+    bodies: Arc<Semaphore>,
+}
+
+/// A request body as read, holding its share of the body budget until it is dropped (when
+/// the request has been handled; a stream's request is parsed before its answer starts).
+pub(crate) struct HeldBody {
+    bytes: Bytes,
+    _budget: Option<OwnedSemaphorePermit>,
+}
+
+impl std::ops::Deref for HeldBody {
+    type Target = Bytes;
+    fn deref(&self) -> &Bytes {
+        &self.bytes
+    }
+}
+
+impl Drop for HeldBody {
+    fn drop(&mut self) {
+        // Large bodies leave large free blocks behind; hand them back to the system.
+        if self.bytes.len() >= crate::memory::TRIM_AFTER_BYTES {
+            crate::memory::give_back_soon();
+        }
+    }
 }
 
 /// The routes, for matching and for `405 Allow` answers.
@@ -107,6 +137,32 @@ impl Route {
         Some((route, ""))
     }
 
+    /// What the route needs of the request's key (see [`crate::access`]).
+    fn scope(self) -> Scope {
+        match self {
+            Route::NodeId | Route::Dashboard => Scope::Public,
+            Route::ChatCompletions
+            | Route::Messages
+            | Route::CountTokens
+            | Route::Responses
+            | Route::Cancel
+            | Route::OllamaChat
+            | Route::OllamaGenerate
+            | Route::OllamaShow
+            | Route::OllamaTags
+            | Route::OllamaPs
+            | Route::OllamaVersion
+            | Route::Models => Scope::Chat,
+            Route::State
+            | Route::StatePath
+            | Route::PlaceInstance
+            | Route::CreateInstance
+            | Route::InstancePreviews
+            | Route::Instance
+            | Route::Events => Scope::Admin,
+        }
+    }
+
     fn methods(self) -> &'static str {
         match self {
             Route::ChatCompletions
@@ -158,10 +214,21 @@ impl Api {
 }
 
 impl Router {
-    /// A router over `backend`.
+    /// A router over `backend`, open to every client (no keys) and to the node's own pages.
     pub fn new(backend: Arc<dyn Backend>, config: GatewayConfig) -> Router {
+        Router::with_access(backend, config, AccessPolicy::default())
+    }
+
+    /// A router over `backend` that enforces `access`.
+    pub fn with_access(
+        backend: Arc<dyn Backend>,
+        config: GatewayConfig,
+        access: AccessPolicy,
+    ) -> Router {
         Router {
             events: crate::events::Events::new(backend.clone(), config.events),
+            access: Arc::new(access),
+            bodies: Arc::new(Semaphore::new(config.body_budget.div_ceil(1024))),
             backend,
             ctx: Ctx {
                 config,
@@ -198,7 +265,13 @@ impl Router {
         } else {
             request
         };
-        let mut response = match self.dispatch(request).await {
+        let checked = self.access.check_origin(request.headers());
+        let allow_origin = checked.as_ref().ok().cloned().flatten();
+        let result = match checked {
+            Ok(_) => self.dispatch(request).await,
+            Err(e) => Err(e),
+        };
+        let mut response = match result {
             Ok(response) => response,
             Err(e) => {
                 if e.kind == ErrorKind::Internal {
@@ -213,10 +286,30 @@ impl Router {
                     r.headers_mut()
                         .insert(ALLOW, HeaderValue::from_static(allow));
                 }
+                if e.kind == ErrorKind::Unauthorized {
+                    r.headers_mut().insert(
+                        WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Bearer realm=\"shoal\""),
+                    );
+                }
+                // A body left unread (too large, too slow, over budget): end the
+                // connection rather than read on.
+                if matches!(
+                    e.kind,
+                    ErrorKind::RequestTimeout | ErrorKind::PayloadTooLarge
+                ) || e.code.as_deref() == Some(BODY_BUDGET_CODE)
+                {
+                    r.headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                }
                 r
             }
         };
-        add_cors(response.headers_mut());
+        if let Some(origin) = allow_origin {
+            let h = response.headers_mut();
+            h.insert("access-control-allow-origin", origin);
+            h.insert(VARY, HeaderValue::from_static("Origin"));
+        }
         if head {
             let (parts, _) = response.into_parts();
             response = Response::from_parts(parts, GatewayBody::empty());
@@ -259,6 +352,11 @@ impl Router {
             h.insert("access-control-max-age", HeaderValue::from_static("86400"));
             return Ok(r);
         }
+        // The key travels in the query only for the event stream (EventSource sends no
+        // headers); elsewhere a key in a URL would end up in logs and histories.
+        let key_query = if route == Route::Events { query } else { None };
+        self.access
+            .authorize(route.scope(), &parts.headers, key_query)?;
         let backend = self.backend.as_ref();
         match (route, method) {
             (Route::ChatCompletions, &Method::POST) => {
@@ -372,15 +470,17 @@ impl Router {
         }
     }
 
-    /// Reads a request body, refusing with 413 anything over the configured limit, whether
-    /// announced by `Content-Length` or discovered while reading.
-    async fn read_body<B>(&self, headers: &hyper::HeaderMap, body: B) -> Result<Bytes, ApiError>
+    /// Reads a request body: 413 for anything over the configured limit (announced by
+    /// `Content-Length` or found while reading), 503 when the shared body budget cannot hold
+    /// it now, 408 when it does not arrive within the body timeout.
+    async fn read_body<B>(&self, headers: &hyper::HeaderMap, body: B) -> Result<HeldBody, ApiError>
     where
         B: Body + Send,
         B::Data: Send,
         B::Error: std::error::Error + Send + Sync + 'static,
     {
-        let limit = self.ctx.config.body_limit;
+        let config = &self.ctx.config;
+        let limit = config.body_limit;
         let too_large = || {
             ApiError::new(
                 ErrorKind::PayloadTooLarge,
@@ -395,17 +495,96 @@ impl Router {
         if announced.is_some_and(|n| n > limit as u64) {
             return Err(too_large());
         }
-        match Limited::new(body, limit).collect().await {
-            Ok(collected) => Ok(collected.to_bytes()),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-            Err(e) => Err(ApiError::new(
-                ErrorKind::InvalidRequest,
-                format!("could not read the request body: {e}"),
-            )),
+        let read = async {
+            let mut held = Budget::new(&self.bodies);
+            let mut out = bytes::BytesMut::new();
+            if let Some(n) = announced {
+                held.grow_to(n as usize)?;
+                out.reserve(n as usize);
+            }
+            let mut body = std::pin::pin!(body);
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| {
+                    ApiError::new(
+                        ErrorKind::InvalidRequest,
+                        format!("could not read the request body: {e}"),
+                    )
+                })?;
+                let Ok(mut data) = frame.into_data() else {
+                    continue;
+                };
+                use bytes::Buf;
+                let size = out.len() + data.remaining();
+                if size > limit {
+                    return Err(too_large());
+                }
+                held.grow_to(size)?;
+                while data.has_remaining() {
+                    let chunk = data.chunk();
+                    let n = chunk.len();
+                    out.extend_from_slice(chunk);
+                    data.advance(n);
+                }
+            }
+            Ok(HeldBody {
+                bytes: out.freeze(),
+                _budget: held.permit,
+            })
+        };
+        match tokio::time::timeout(config.body_timeout, read).await {
+            Ok(result) => result,
+            Err(_) => Err(ApiError::new(
+                ErrorKind::RequestTimeout,
+                format!(
+                    "the request body did not arrive within {} s; send it whole, promptly",
+                    config.body_timeout.as_secs()
+                ),
+            )
+            .with_code("body_timeout")),
         }
     }
 }
 
-fn add_cors(headers: &mut hyper::HeaderMap) {
-    headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+/// The `code` of a 503 for a body the shared budget cannot hold now.
+const BODY_BUDGET_CODE: &str = "body_budget_exhausted";
+
+/// The share of the body budget one request holds, grown as its bytes arrive.
+struct Budget<'a> {
+    budget: &'a Arc<Semaphore>,
+    permit: Option<OwnedSemaphorePermit>,
+    kib: usize,
+}
+
+impl<'a> Budget<'a> {
+    fn new(budget: &'a Arc<Semaphore>) -> Budget<'a> {
+        Budget {
+            budget,
+            permit: None,
+            kib: 0,
+        }
+    }
+
+    /// Holds enough of the budget for `bytes`, or answers 503 now: waiting would keep the
+    /// connection and its bytes alive, which is what the budget is there to prevent.
+    fn grow_to(&mut self, bytes: usize) -> Result<(), ApiError> {
+        let want = bytes.div_ceil(1024);
+        if want <= self.kib {
+            return Ok(());
+        }
+        let more = u32::try_from(want - self.kib).unwrap_or(u32::MAX);
+        let Ok(permit) = self.budget.clone().try_acquire_many_owned(more) else {
+            return Err(ApiError::new(
+                ErrorKind::Busy,
+                "this node is receiving as many request bytes as it holds at once (other large \
+                 bodies are arriving)",
+            )
+            .with_code(BODY_BUDGET_CODE));
+        };
+        self.kib = want;
+        match &mut self.permit {
+            Some(held) => held.merge(permit),
+            None => self.permit = Some(permit),
+        }
+        Ok(())
+    }
 }

@@ -66,7 +66,9 @@ pub fn message_json(
 pub fn error_json(e: &ApiError) -> Value {
     use crate::error::ErrorKind::*;
     let kind = match e.kind {
-        InvalidRequest | MethodNotAllowed | Conflict => "invalid_request_error",
+        InvalidRequest | MethodNotAllowed | Conflict | RequestTimeout => "invalid_request_error",
+        Unauthorized => "authentication_error",
+        Forbidden => "permission_error",
         NotFound => "not_found_error",
         PayloadTooLarge => "request_too_large",
         Unavailable => "overloaded_error",

@@ -29,14 +29,24 @@ impl Drop for TestServer {
 
 /// Starts a gateway over a fresh fake backend on an ephemeral loopback port.
 pub async fn start(token_delay: Duration, config: GatewayConfig) -> TestServer {
+    start_with(token_delay, config, gateway::AccessPolicy::default()).await
+}
+
+/// [`start`], enforcing `access`.
+pub async fn start_with(
+    token_delay: Duration,
+    config: GatewayConfig,
+    access: gateway::AccessPolicy,
+) -> TestServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let backend = Arc::new(FakeBackend::new(token_delay));
     let shutdown = CancellationToken::new();
-    tokio::spawn(gateway::serve(
+    tokio::spawn(gateway::serve_with(
         listener,
         backend.clone(),
         config,
+        access,
         shutdown.clone(),
     ));
     TestServer {
@@ -54,6 +64,33 @@ pub async fn send(addr: SocketAddr, request: Request<Full<Bytes>>) -> Response<I
         .unwrap();
     tokio::spawn(conn);
     sender.send_request(request).await.unwrap()
+}
+
+/// One whole request with extra headers: status, headers, body bytes (10 s bound).
+pub async fn call_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, Bytes) {
+    let mut request = build(method, addr, path, body);
+    for (name, value) in extra {
+        request.headers_mut().insert(
+            hyper::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    let fut = async {
+        let response = send(addr, request).await;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, bytes)
+    };
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .expect("request did not finish within 10 s")
 }
 
 pub fn build(method: &str, addr: SocketAddr, path: &str, body: &str) -> Request<Full<Bytes>> {
