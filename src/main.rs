@@ -1,5 +1,6 @@
 //! `shoal`: run it on every machine you own; they find each other and serve models together.
 
+mod access;
 mod backend;
 mod bench;
 mod chat;
@@ -106,6 +107,9 @@ pub struct NodeArgs {
     /// answered 429 with `Retry-After`.
     #[arg(long, env = "SHOAL_MAX_QUEUE", default_value_t = runner::DEFAULT_MAX_QUEUE)]
     pub max_queue: usize,
+
+    #[command(flatten)]
+    pub access: access::AccessArgs,
 }
 
 #[derive(Subcommand, Debug)]

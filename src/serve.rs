@@ -45,6 +45,8 @@ pub async fn serve_with(
     chat_connections: Option<tokio::sync::mpsc::Receiver<iroh::endpoint::Connection>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // Bad keys stop the node before it listens, rather than leave the API open.
+    let access = args.access.policy()?;
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.api_port))
         .await
         .with_context(|| {
@@ -66,6 +68,12 @@ pub async fn serve_with(
         .with_model_dirs(crate::models::locate::ModelDirs::from_env(&args.models_dir)),
     );
     tracing::info!(port, node_id = %gateway::Backend::node_id(&*backend), "HTTP API listening");
+    if !access.has_keys() {
+        tracing::info!(
+            "the HTTP API is open to anyone who reaches port {port}; require a key with \
+             --api-key (see `shoal --help`)"
+        );
+    }
     tokio::spawn(crate::reconcile::run(backend.clone(), shutdown.clone()));
     if let Some(connections) = chat_connections {
         tokio::spawn(crate::forward::serve(
@@ -107,10 +115,11 @@ pub async fn serve_with(
             }
         });
     }
-    let served = gateway::serve(
+    let served = gateway::serve_with(
         listener,
         backend.clone() as Arc<dyn gateway::Backend>,
         gateway::GatewayConfig::default(),
+        access,
         shutdown,
     )
     .await;

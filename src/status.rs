@@ -17,6 +17,9 @@ pub struct StatusArgs {
     /// Print the raw `/state` JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// The node's admin API key, when it requires one (`shoal --api-key`).
+    #[arg(long, env = "SHOAL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 fn resolve(api: &str) -> Result<SocketAddr, String> {
@@ -40,14 +43,20 @@ pub fn run(args: &StatusArgs) -> ExitCode {
             .build()
             .map_err(|e| e.to_string())?;
         let (status, body) = runtime
-            .block_on(mesh::probe::http_get(
+            .block_on(mesh::probe::http_get_with(
                 addr,
                 "/state",
+                args.api_key.as_deref(),
                 Duration::from_secs(5),
             ))
             .map_err(|e| {
                 format!("cannot reach the node at {addr}: {e:#}; is `shoal` running there?")
             })?;
+        if status == 401 || status == 403 {
+            return Err(format!(
+                "{addr} needs an admin API key: pass --api-key KEY (or set SHOAL_API_KEY)"
+            ));
+        }
         if status != 200 {
             return Err(format!("{addr} answered {status} to GET /state"));
         }

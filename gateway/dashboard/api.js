@@ -9,13 +9,55 @@ export class ApiError extends Error {
   }
 }
 
+const KEY_ITEM = 'shoal-api-key';
+
+/** The API key this browser keeps for the node ('' when none). */
+export function apiKey() {
+  try {
+    return localStorage.getItem(KEY_ITEM) || '';
+  } catch {
+    return '';
+  }
+}
+
+/** Keeps `key` for later visits ('' forgets it). */
+export function setApiKey(key) {
+  try {
+    if (key) localStorage.setItem(KEY_ITEM, key);
+    else localStorage.removeItem(KEY_ITEM);
+  } catch {
+    // Private mode without storage: the key lasts until the page closes.
+  }
+}
+
+/** `headers` plus the key's Authorization header, when a key is kept. */
+export function withKey(headers = {}) {
+  const key = apiKey();
+  return key ? { ...headers, authorization: `Bearer ${key}` } : { ...headers };
+}
+
+const keyListeners = [];
+
+/** Calls `listener(message)` when the node refuses the kept key (or asks for one). */
+export function onKeyNeeded(listener) {
+  keyListeners.push(listener);
+}
+
+/** Tells the key listeners when an answer is 401 or 403 for a key. */
+export function checkKey(error) {
+  if (error.status === 401 || (error.status === 403 && error.code === 'admin_key_required')) {
+    keyListeners.forEach((l) => l(error.message));
+  }
+  return error;
+}
+
 /** Calls the API; resolves to the answer's JSON, or rejects with an ApiError. */
 export async function api(method, path, body, signal) {
   let response;
   try {
     response = await fetch(path, {
       method,
-      headers: body === undefined ? {} : { 'content-type': 'application/json' },
+      headers: withKey(body === undefined ? {} : { 'content-type': 'application/json' }),
       body: body === undefined ? undefined : JSON.stringify(body),
       signal,
     });
@@ -29,7 +71,7 @@ export async function api(method, path, body, signal) {
   } catch {
     // Not JSON: the text is the message.
   }
-  if (!response.ok) throw errorOf(response.status, json, text);
+  if (!response.ok) throw checkKey(errorOf(response.status, json, text));
   return json;
 }
 
@@ -48,7 +90,9 @@ export function errorOf(status, json, text) {
 export function follow(onState, onStatus) {
   let source;
   const open = () => {
-    source = new EventSource('/events');
+    // EventSource cannot send headers: the stream takes the key in its query.
+    const key = apiKey();
+    source = new EventSource(key ? `/events?access_token=${encodeURIComponent(key)}` : '/events');
     source.addEventListener('state', (event) => {
       onStatus('live');
       onState(JSON.parse(event.data));
@@ -56,7 +100,11 @@ export function follow(onState, onStatus) {
     source.onopen = () => onStatus('live');
     source.onerror = () => {
       onStatus('reconnecting');
-      if (source.readyState === EventSource.CLOSED) setTimeout(open, 3000);
+      if (source.readyState === EventSource.CLOSED) {
+        // Refused: find out whether for want of a key (the listeners then ask for one).
+        api('GET', '/state').catch(() => {});
+        setTimeout(open, 3000);
+      }
     };
   };
   open();

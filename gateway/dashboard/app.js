@@ -1,6 +1,6 @@
 // The dashboard: follows this node's state stream and draws each part from it.
 
-import { api, follow } from './api.js';
+import { api, follow, onKeyNeeded, setApiKey, apiKey } from './api.js';
 import { view, label } from './cluster.js';
 import * as topology from './topology.js';
 import * as instances from './instances.js';
@@ -44,6 +44,22 @@ function onStatus(status) {
   conn.textContent = status === 'live' ? 'live' : 'reconnecting…';
   conn.className = `connection ${status}`;
 }
+
+// A node started with --api-key: ask for the key once, keep it, and start again with it.
+onKeyNeeded((message) => {
+  const form = el('key-form');
+  if (!form.hidden) return;
+  form.hidden = false;
+  el('key-message').textContent = apiKey()
+    ? `This key is not accepted: ${message}`
+    : 'This node needs an API key (an admin key for the whole dashboard).';
+  el('key-input').focus();
+});
+el('key-form').addEventListener('submit', (event) => {
+  event.preventDefault();
+  setApiKey(el('key-input').value.trim());
+  window.location.reload();
+});
 
 place.setup(() => latest);
 chat.setup();

@@ -3,7 +3,7 @@
 // thinking (`reasoning_content`) is shown apart from its answer.
 
 import { h, showError } from './dom.js';
-import { errorOf } from './api.js';
+import { errorOf, withKey, checkKey } from './api.js';
 
 const history = [];
 let running = null;
@@ -97,7 +97,7 @@ async function send() {
   try {
     const response = await fetch('/v1/chat/completions', {
       method: 'POST',
-      headers: { 'content-type': 'application/json' },
+      headers: withKey({ 'content-type': 'application/json' }),
       body: JSON.stringify({ model, messages: history, stream: true, stream_options: { include_usage: true } }),
       signal: controller.signal,
     });
@@ -105,7 +105,7 @@ async function send() {
       const body = await response.text();
       let json = null;
       try { json = JSON.parse(body); } catch { /* the text is the message */ }
-      throw errorOf(response.status, json, body);
+      throw checkKey(errorOf(response.status, json, body));
     }
     await readEvents(response.body, (chunk) => {
       if (chunk.error) throw errorOf(0, chunk, '');
@@ -158,7 +158,10 @@ async function stop() {
     return;
   }
   try {
-    const response = await fetch(`/v1/cancel/${encodeURIComponent(id)}`, { method: 'POST' });
+    const response = await fetch(`/v1/cancel/${encodeURIComponent(id)}`, {
+      method: 'POST',
+      headers: withKey(),
+    });
     if (!response.ok) controller.abort();
   } catch {
     controller.abort();

@@ -44,6 +44,7 @@ pub mod stage;
 pub mod template_json;
 pub mod tensor_stage;
 pub mod tokenizer;
+pub mod untrusted_text;
 pub mod weights;
 
 pub use chat_template::{DateTime, TemplateClock, TemplateInput, ToolCall, ToolSpec};

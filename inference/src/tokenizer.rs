@@ -51,7 +51,10 @@ pub const TOOL_MARKUP_TOKENS: &[&str] = &[
 
 /// A tokenizer with the model's special tokens and chat template.
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    pub(crate) inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special-token matching off, for the text of messages (made on
+    /// first use, see [`crate::untrusted_text`]).
+    pub(crate) plain: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// Beginning-of-sequence token, if the model has one.
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation.
@@ -231,6 +234,7 @@ impl Tokenizer {
         eos_token_ids.sort_unstable();
         eos_token_ids.dedup();
         Ok(Tokenizer {
+            plain: std::sync::OnceLock::new(),
             inner,
             bos_token_id,
             eos_token_ids,
@@ -311,6 +315,7 @@ impl Tokenizer {
                 _ => None,
             });
         Ok(Tokenizer {
+            plain: std::sync::OnceLock::new(),
             inner,
             bos_token_id,
             eos_token_ids,

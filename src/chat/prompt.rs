@@ -65,10 +65,17 @@ pub fn generate_request(
     let text = facts.tokenizer.render_chat(&input).map_err(|e| {
         ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
     })?;
+    // Only the template's markup may become control tokens, never a message's text.
+    let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
     let ids = facts
         .tokenizer
-        .encode(&text)
-        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?;
+        .encode_chat(&text, &contents)
+        .map_err(|e| match e {
+            inference::InferenceError::Tokenizer(reason) if reason.contains("control token") => {
+                ApiError::invalid_field("messages", reason)
+            }
+            e => ApiError::internal(format!("tokenizing the prompt failed: {e}")),
+        })?;
     if ids.len() >= facts.context_length {
         return Err(ApiError::invalid_field(
             "messages",

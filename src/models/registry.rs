@@ -11,14 +11,22 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// How long reading one model's facts (header, config, tokenizer) may take.
+pub const FACTS_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// One file's facts, read at most once at a time and kept once read.
+type FactsCell = tokio::sync::OnceCell<Arc<ModelFacts>>;
+
 /// This node's models: names to files, and each file's facts.
 pub struct ModelRegistry {
     /// This node's file served as `default`.
     default_model: PathBuf,
     /// Where models are looked for.
     dirs: ModelDirs,
-    /// Model facts by file, read once.
-    facts: tokio::sync::Mutex<BTreeMap<PathBuf, Arc<ModelFacts>>>,
+    /// Model facts by file, read once. The map's lock is held only to find a file's cell,
+    /// never while a file is read: a file that blocks (a FIFO, a stalled network disk) must
+    /// not hold up requests for other models.
+    facts: std::sync::Mutex<BTreeMap<PathBuf, Arc<FactsCell>>>,
 }
 
 impl ModelRegistry {
@@ -28,7 +36,7 @@ impl ModelRegistry {
         ModelRegistry {
             default_model,
             dirs,
-            facts: tokio::sync::Mutex::default(),
+            facts: std::sync::Mutex::default(),
         }
     }
 
@@ -48,32 +56,50 @@ impl ModelRegistry {
     }
 
     /// The facts of the model at `spec.path`, read once per file; `node` names this node in
-    /// the error.
+    /// the error. Only regular files and folders are opened, and a read that takes longer
+    /// than [`FACTS_READ_LIMIT`] is answered as unreadable (a later request tries again).
     pub async fn facts(&self, spec: &ModelSpec, node: &str) -> Result<Arc<ModelFacts>, ApiError> {
-        let mut cache = self.facts.lock().await;
-        if let Some(f) = cache.get(&spec.path) {
-            return Ok(f.clone());
-        }
+        let cell = {
+            let mut cells = self
+                .facts
+                .lock()
+                .map_err(|_| ApiError::internal("the model registry's lock is poisoned"))?;
+            cells.entry(spec.path.clone()).or_default().clone()
+        };
+        let unreadable = |e: String| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "cannot read model `{}` at {} on node {}: {e} (for the default model, run \
+                     `cargo xtask setup`)",
+                    spec.id,
+                    spec.path.display(),
+                    short(node)
+                ),
+            )
+            .with_code("model_unreadable")
+        };
         let path = spec.path.clone();
-        let facts = tokio::task::spawn_blocking(move || ModelFacts::read(&path))
-            .await
-            .map_err(|e| ApiError::internal(format!("reading the model failed: {e}")))?
-            .map_err(|e| {
-                ApiError::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "cannot read model `{}` at {} on node {}: {e} (for the default model, \
-                         run `cargo xtask setup`)",
-                        spec.id,
-                        spec.path.display(),
-                        short(node)
-                    ),
-                )
-                .with_code("model_unreadable")
-            })?;
-        let facts = Arc::new(facts);
-        cache.insert(spec.path.clone(), facts.clone());
-        Ok(facts)
+        let read = cell.get_or_try_init(|| async move {
+            // stat never blocks on a FIFO or device, opening may: look before opening.
+            let meta = tokio::fs::metadata(&path)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !meta.is_file() && !meta.is_dir() {
+                return Err("it is not a regular file or a folder".to_string());
+            }
+            let reading = tokio::task::spawn_blocking(move || ModelFacts::read(&path));
+            match tokio::time::timeout(FACTS_READ_LIMIT, reading).await {
+                Ok(Ok(Ok(facts))) => Ok(Arc::new(facts)),
+                Ok(Ok(Err(e))) => Err(e.to_string()),
+                Ok(Err(e)) => Err(format!("reading the model failed: {e}")),
+                Err(_) => Err(format!(
+                    "reading it took longer than {} s",
+                    FACTS_READ_LIMIT.as_secs()
+                )),
+            }
+        });
+        read.await.cloned().map_err(unreadable)
     }
 
     /// The model list: the default model's names, and every name of every instance's model,

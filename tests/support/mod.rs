@@ -78,6 +78,11 @@ impl ShoalNode {
         self.child = Some(child);
     }
 
+    /// The process id while it runs (`ip netns exec` becomes `shoal` itself).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// The exit status if the process has ended.
     pub fn exit_code(&mut self) -> Option<Option<i32>> {
         let status = self.child.as_mut()?.try_wait().ok()??;

@@ -60,14 +60,27 @@ pub async fn http_get(
     path: &str,
     timeout: Duration,
 ) -> anyhow::Result<(u16, Vec<u8>)> {
+    http_get_with(addr, path, None, timeout).await
+}
+
+/// [`http_get`] with `Authorization: Bearer KEY` when `bearer` is given (a node that
+/// requires API keys).
+pub async fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<(u16, Vec<u8>)> {
     let request = async {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         let io = hyper_util::rt::TokioIo::new(stream);
         let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
         let driver = tokio::spawn(connection);
-        let request = hyper::Request::get(path)
-            .header(hyper::header::HOST, addr.to_string())
-            .body(http_body_util::Empty::<Bytes>::new())?;
+        let mut request = hyper::Request::get(path).header(hyper::header::HOST, addr.to_string());
+        if let Some(key) = bearer {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let request = request.body(http_body_util::Empty::<Bytes>::new())?;
         let response = sender.send_request(request).await?;
         let status = response.status().as_u16();
         let body = http_body_util::Limited::new(response.into_body(), 16 << 20)
