@@ -208,12 +208,13 @@ impl HfCache {
 pub fn free_space(path: &Path) -> Option<u64> {
     let existing = path.ancestors().find(|p| p.exists())?;
     let c = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs is a plain C struct; all zeroes is a valid value of it.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path and `st` a valid, writable statvfs.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    Some(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
 }
 
 /// Whether `s` is a 40-hex-digit git commit.

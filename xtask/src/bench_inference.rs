@@ -18,7 +18,7 @@ use crate::llama_cpp;
 use crate::paths::{cache_dir, default_model, target_dir};
 use crate::reference::LLAMA_CPP_PYTHON_VERSION;
 use crate::setup::MLX_VERSION;
-use crate::util::{run, run_quiet, Step};
+use crate::util::{run, Step};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
