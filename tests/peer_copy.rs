@@ -193,7 +193,7 @@ fn strip_ansi(text: &str) -> String {
     let mut chars = text.chars();
     while let Some(ch) = chars.next() {
         if ch == '\u{1b}' {
-            chars.by_ref().find(|&c| c == 'm');
+            let _ = chars.by_ref().find(|&c| c == 'm');
         } else {
             out.push(ch);
         }

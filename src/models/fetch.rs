@@ -5,8 +5,9 @@
 //! files the index says the part needs. Its progress is this node's `download/<model>/<part>`
 //! record in the replicated state (bytes done and total, bytes that came over the network,
 //! rate, ETA, the file, from where — the hub's endpoint or the member's node id —, how long
-//! the last set of files took, the state, the error), and the reconciler is woken when it ends, so the runner loads once the
-//! files are complete, or the rank fails with the download's error.
+//! the last set of files took, the state, the error), and the reconciler is woken when it
+//! ends, so the runner loads once the files are complete, or the rank fails with the
+//! download's error.
 //!
 //! The node that places a model it has never seen fetches only the small files first
 //! ([`Downloads::fetch_support`]): placement needs the configuration, not the weights.
