@@ -128,6 +128,7 @@ mod tests {
             files_complete: 1,
             files: 3,
             current: Some("model-00002-of-00003.safetensors".into()),
+            current_source: None,
         };
         let l = line(&t, Duration::from_secs(5));
         assert_eq!(

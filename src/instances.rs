@@ -32,6 +32,28 @@ pub fn place_error(e: &PlaceError) -> ApiError {
     ApiError::new(kind, format!("cannot place the instance: {e}")).with_code(e.code())
 }
 
+/// The download record of a rank's files on `node` (`download/<model>/<part>`, the part
+/// `layers-<start>-<end>-of-<n>` of a pipeline rank or `tensor`), if that node has one.
+fn rank_download(
+    snapshot: &Snapshot,
+    node: &str,
+    model: &str,
+    sharding: Sharding,
+    (start, end): (u32, u32),
+) -> Option<serde_json::Value> {
+    let prefix = format!("{}{model}/", crate::models::fetch::DOWNLOAD_PREFIX);
+    let wanted = |part: &str| match sharding {
+        Sharding::Tensor => part == "tensor",
+        Sharding::Pipeline => part.starts_with(&format!("layers-{start}-{end}-of-")),
+    };
+    let records = &snapshot.authors.get(node)?.records;
+    records
+        .range(prefix.clone()..)
+        .take_while(|(k, _)| k.starts_with(&prefix))
+        .find(|(k, _)| wanted(&k[prefix.len()..]))
+        .and_then(|(_, v)| serde_json::from_str(v).ok())
+}
+
 /// `instance_not_found`, pointing at `GET /state`.
 pub fn instance_not_found(id: &str) -> ApiError {
     ApiError::new(
@@ -228,6 +250,7 @@ impl Instances<'_> {
         let spec = self.models.spec_of(&intent.model);
         let statuses = view.rank_statuses(snapshot, mine.as_ref());
         let (placement, error) = exo::placement_or_error(view.placement.as_ref());
+        let request = &view.record.placement_input().request;
         let ranks = match &view.placement {
             Ok(p) => p
                 .ranks
@@ -241,6 +264,13 @@ impl Instances<'_> {
                     end_layer: r.end_layer,
                     runner: record.as_ref().map(|r| r.status.clone()),
                     queued_requests: record.as_ref().map(|r| r.queued),
+                    download: rank_download(
+                        snapshot,
+                        &r.node,
+                        &intent.model,
+                        request.sharding,
+                        (r.start_layer, r.end_layer),
+                    ),
                 })
                 .collect(),
             Err(_) => vec![],
@@ -262,7 +292,6 @@ impl Instances<'_> {
         let queued = statuses
             .first()
             .and_then(|(_, r)| r.as_ref().map(|r| r.queued));
-        let request = &view.record.placement_input().request;
         Instance {
             instance_id: id.to_string(),
             model_id: intent.model_id.clone(),

@@ -1,5 +1,6 @@
 //! `shoal status`: asks a node for its `/state` and prints the cluster as tables: nodes with
-//! liveness and memory, and verified edges with the kind of interface at each end.
+//! liveness and memory, verified edges with the kind of interface at each end, and each
+//! node's model downloads (its `download/<model>/<part>` records).
 
 use clap::Args;
 use serde_json::Value;
@@ -210,7 +211,72 @@ pub fn render(state: &Value) -> String {
             remote
         );
     }
+    render_downloads(&mut out, nodes);
     out
+}
+
+/// The DOWNLOADS table: one row per `download/<model>/<part>` record of any node.
+fn render_downloads(out: &mut String, nodes: &serde_json::Map<String, Value>) {
+    let rows: Vec<(&String, &Value)> = nodes
+        .iter()
+        .flat_map(|(id, node)| {
+            node["records"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k.starts_with("download/"))
+                .map(move |(_, v)| (id, v))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nDOWNLOADS ({})", rows.len());
+    let _ = writeln!(
+        out,
+        "{:<12} {:<40} {:<11} {:>21} {:>10} {:>6} {:<12} FILE",
+        "NODE", "MODEL / PART", "STATE", "DONE MB", "MB/s", "ETA", "FROM"
+    );
+    let mb = |v: &Value| v.as_f64().map_or(0.0, |b| b / 1e6);
+    for (id, r) in rows {
+        let (done, total) = (mb(&r["done"]), mb(&r["total"]));
+        let pct = if total > 0.0 {
+            100.0 * done / total
+        } else {
+            0.0
+        };
+        let eta = r["eta_s"]
+            .as_f64()
+            .filter(|_| r["state"] == "downloading")
+            .map_or("-".into(), |s| format!("{s:.0}s"));
+        let from = r["from"].as_str().unwrap_or("-");
+        // A member's node id is shortened; a hub endpoint is shown as it is.
+        let from = if from.len() == 64 && from.bytes().all(|b| b.is_ascii_hexdigit()) {
+            short(from)
+        } else {
+            from
+        };
+        let state = match r["error"].as_str() {
+            Some(_) => "failed",
+            None => r["state"].as_str().unwrap_or("?"),
+        };
+        let _ = writeln!(
+            out,
+            "{:<12} {:<40} {:<11} {:>21} {:>10.1} {:>6} {:<12} {}",
+            short(id),
+            format!(
+                "{} / {}",
+                r["model"].as_str().unwrap_or("?"),
+                r["part"].as_str().unwrap_or("?")
+            ),
+            state,
+            format!("{done:.1}/{total:.1} ({pct:.0}%)"),
+            mb(&r["rate_bytes_per_s"]),
+            eta,
+            from,
+            r["error"].as_str().or(r["file"].as_str()).unwrap_or("-")
+        );
+    }
 }
 
 #[cfg(test)]
@@ -246,6 +312,34 @@ mod tests {
         assert!(text.contains("eth0=10.0.0.1(ethernet)"));
         assert!(text.contains("mlx_cuda"), "{text}");
         assert!(text.contains("NVIDIA H200 130.0/140.0"), "{text}");
+        assert!(!text.contains("DOWNLOADS"), "{text}");
+    }
+
+    #[test]
+    fn renders_downloads() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let state = serde_json::json!({
+            "node_id": a,
+            "nodes": {a.clone(): {"records": {
+                "download/org/m/layers-0-15-of-30": {"model": "org/m", "part": "layers-0-15-of-30",
+                    "state": "downloading", "done": 50_000_000u64, "total": 200_000_000u64,
+                    "rate_bytes_per_s": 25_000_000.0, "eta_s": 6.0, "from": b,
+                    "file": "model-00001-of-00003.safetensors"},
+                "download/org/m/support": {"model": "org/m", "part": "support", "state": "failed",
+                    "done": 0, "total": 0, "from": "https://huggingface.co", "error": "gated"}
+            }}},
+            "liveness": {}
+        });
+        let text = render(&state);
+        assert!(text.contains("DOWNLOADS (2)"), "{text}");
+        assert!(text.contains("org/m / layers-0-15-of-30"), "{text}");
+        assert!(text.contains("50.0/200.0 (25%)"), "{text}");
+        assert!(text.contains("25.0"), "{text}");
+        assert!(text.contains(" 6s "), "{text}");
+        assert!(text.contains("bbbbbbbbbb "), "{text}");
+        assert!(text.contains("model-00001-of-00003.safetensors"), "{text}");
+        assert!(text.contains("failed") && text.contains("gated"), "{text}");
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! machine on the same LAN that is not a cluster member asking A for a file on the file-copy
 //! ALPN is refused.
 //!
+//! And a fault: the member serving a copy dies mid-file (SIGKILL, links throttled so the
+//! copy takes seconds) and another member that holds the file finishes it, resuming from the
+//! bytes already held: the copy's bytes over the network equal the files' sizes, the second
+//! member sends from an offset past zero, and the files are the hub's, byte for byte.
+//!
 //! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
@@ -149,6 +154,206 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
             .unwrap_or_default();
         assert!(text.contains("Paris"), "{text}");
     }
+    nodes.insert(0, hub_node);
+    net.teardown(nodes);
+}
+
+/// Limits what leaves `netns` on its bridge link (`eth0`) to `rate` (tc's token bucket).
+fn throttle(netns: &str, rate: &str) {
+    let status = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", netns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+        ])
+        .args(["rate", rate, "burst", "256kb", "latency", "200ms"])
+        .status()
+        .expect("tc");
+    assert!(status.success(), "tc qdisc add in {netns}");
+}
+
+/// The node id of `node`, once it answers.
+fn node_id(node: &support::ShoalNode) -> Option<String> {
+    let (status, id) = call(node, "GET", "/node_id", None);
+    (status == 200).then(|| id.as_str().unwrap_or_default().to_string())
+}
+
+/// `node`'s download record of `model` (the first part), from its own `GET /state`.
+fn download_record(node: &support::ShoalNode, me: &str) -> Option<serde_json::Value> {
+    let (_, state) = call(node, "GET", "/state", None);
+    let prefix = format!("download/{}/", hf::REPO);
+    let records = state["nodes"][me]["records"].as_object()?;
+    records
+        .iter()
+        .find(|(k, _)| k.starts_with(&prefix) && !k.ends_with("/support"))
+        .map(|(_, v)| v.clone())
+}
+
+/// `text` without ANSI colour sequences (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(ch) = chars.next() {
+        if ch == '\u{1b}' {
+            let _ = chars.by_ref().find(|&c| c == 'm');
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// `(offset, size)` of each `sending a file copy` line in a log.
+fn copies_sent(log: &str) -> Vec<(u64, u64)> {
+    let log = strip_ansi(log);
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    log.lines()
+        .filter(|l| l.contains("sending a file copy"))
+        .filter_map(|l| Some((field(l, "offset")?, field(l, "size")?)))
+        .collect()
+}
+
+#[test]
+fn the_member_serving_a_copy_dies_mid_file_and_another_finishes_it() {
+    if !kit::skip::can_run(hf::fixture_repo().map(|_| ()), "run `cargo xtask setup`") {
+        return;
+    }
+    let Some((net, mut nodes)) = TestNet::create(
+        "hfcut",
+        &Spec {
+            nodes: 4,
+            ..Spec::default()
+        },
+    ) else {
+        return;
+    };
+    let fixture = hf::fixture_repo().unwrap();
+    let hub_node = nodes.remove(0);
+    let (server, caches) = hf::serve_fixture(
+        &hub_node.node.netns,
+        hub_node.node.ip(),
+        &net.dir,
+        nodes.iter_mut().map(|n| &mut n.env),
+    );
+    // Two holders (A, B) download the model from the hub; then the hub is gone.
+    for holder in &nodes[..2] {
+        let out = holder
+            .node
+            .command(support::shoal_bin())
+            .args(["download", "--quiet", hf::REPO])
+            .envs(holder.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("shoal download");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // 200 Mbit/s out of each holder: copying the 270 MB model takes about 11 s.
+        throttle(&holder.node.netns, "200mbit");
+    }
+    drop(server);
+    for node in &mut nodes {
+        node.start();
+    }
+    let ids: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            wait_for(Duration::from_secs(30), || node_id(n))
+                .unwrap_or_else(|| panic!("a node does not answer\n{}", logs(&nodes)))
+                .0
+        })
+        .collect();
+    let c = &ids[2];
+    // One rank on C, which holds nothing: it copies the whole model from A or B.
+    let placed = wait_for(Duration::from_secs(60), || {
+        let (status, created) = call(
+            &nodes[2],
+            "POST",
+            "/instance",
+            Some(&json!({"instance": {"model_id": hf::REPO, "required_nodes": [c]}})),
+        );
+        (status == 200).then_some(created)
+    });
+    let Some((created, _)) = placed else {
+        panic!("no placement on C\n{}", logs(&nodes));
+    };
+    let instance = created["instance_id"].as_str().unwrap().to_string();
+    // Once C holds 60 MB from one holder, that holder dies.
+    let (serving, _) = wait_for(Duration::from_secs(90), || {
+        let r = download_record(&nodes[2], c)?;
+        let from = r["from"].as_str()?;
+        let serving = ids[..2].iter().position(|id| id == from)?;
+        (r["done"].as_u64()? > 60 << 20).then_some(serving)
+    })
+    .unwrap_or_else(|| panic!("C is not copying from A or B\n{}", logs(&nodes)));
+    nodes[serving].kill();
+    let other = 1 - serving;
+    let (ready, _) = wait_for(Duration::from_secs(150), || {
+        let (_, i) = call(&nodes[2], "GET", &format!("/instance/{instance}"), None);
+        assert_ne!(i["status"], "failed", "{i}\n{}", logs(&nodes));
+        (i["status"] == "ready").then_some(i)
+    })
+    .unwrap_or_else(|| panic!("the instance did not become ready\n{}", logs(&nodes)));
+    // GET /instance shows the rank's download.
+    let shown = &ready["ranks"][0]["download"];
+    assert_eq!(shown["state"], "complete", "{ready}");
+    assert_eq!(shown["done"], shown["total"], "{ready}");
+
+    // Complete and verified: C's files are the hub's; nothing came over the network twice.
+    let record = download_record(&nodes[2], c).expect("C's download record");
+    assert_eq!(record["state"], "complete", "{record}");
+    assert_eq!(record["done"], record["total"], "{record}");
+    assert_eq!(
+        record["fetched"], record["total"],
+        "bytes held before the cut were fetched again: {record}"
+    );
+    let snapshot_dir = std::fs::read_dir(
+        caches[2]
+            .join(format!("models--{}", hf::REPO.replace('/', "--")))
+            .join("snapshots"),
+    )
+    .unwrap()
+    .flatten()
+    .next()
+    .expect("C's snapshot")
+    .path();
+    for part in 1..=hf::PARTS {
+        let name = format!("model-{part:05}-of-{:05}.safetensors", hf::PARTS);
+        let ours = std::fs::read(snapshot_dir.join(&name)).unwrap();
+        assert!(
+            ours == std::fs::read(fixture.join(&name)).unwrap(),
+            "{name} differs"
+        );
+    }
+    // The survivor resumed the cut copies: it sent from past the start, never the whole file.
+    let sent = copies_sent(&std::fs::read_to_string(&nodes[other].log).unwrap());
+    assert!(
+        sent.iter()
+            .any(|&(offset, size)| offset > 0 && offset < size),
+        "the other holder sent no resumed copy: {sent:?}\n{}",
+        logs(&nodes)
+    );
+    let (_, answer) = call(
+        &nodes[2],
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({
+            "model": hf::REPO,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0,
+            "max_tokens": 12,
+        })),
+    );
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("Paris"), "{answer}");
     nodes.insert(0, hub_node);
     net.teardown(nodes);
 }

@@ -290,6 +290,10 @@ pub struct Rank {
     pub runner: Option<RunnerStatus>,
     /// Requests queued on its runner, once reported.
     pub queued_requests: Option<usize>,
+    /// The download of its files on its node (that node's `download/<model>/<part>` record:
+    /// bytes done and total, rate, ETA, file, source, state), once one started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub download: Option<Value>,
 }
 
 /// An instance as `GET /instance/{id}` (and `GET /state`'s `instances`) show it.

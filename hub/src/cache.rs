@@ -166,6 +166,57 @@ impl HfCache {
     }
 }
 
+impl HfCache {
+    /// Bytes still to be written for `files` of `id`: their sizes (each content once) less
+    /// what their blobs, or the `.incomplete` files of a cut download, already hold.
+    pub fn bytes_missing(&self, id: &ModelId, files: &[crate::RepoFile]) -> u64 {
+        let mut seen = std::collections::BTreeSet::new();
+        files
+            .iter()
+            .filter(|f| seen.insert(f.hash.as_str()))
+            .map(|f| {
+                let len = |p: PathBuf| std::fs::metadata(p).map_or(0, |m| m.len());
+                let held = len(self.blob(id, &f.hash)).max(len(self.incomplete(id, &f.hash)));
+                f.size.saturating_sub(held)
+            })
+            .sum()
+    }
+
+    /// Checks that the cache's filesystem has room for what `files` of `id` still need
+    /// ([`HfCache::bytes_missing`]) before a download starts, so a full disk is said up front
+    /// rather than as a failed write halfway through.
+    pub fn check_free_space(
+        &self,
+        id: &ModelId,
+        files: &[crate::RepoFile],
+    ) -> Result<(), crate::HubError> {
+        let need = self.bytes_missing(id, files);
+        match free_space(&self.root) {
+            Some(free) if need > free => Err(crate::HubError::NoSpace {
+                id: id.to_string(),
+                path: self.root.display().to_string(),
+                need,
+                free,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Bytes available to this user on the filesystem of `path` (or of its nearest existing
+/// ancestor: the cache may not exist yet); `None` if it cannot be asked.
+pub fn free_space(path: &Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs is a plain C struct; all zeroes is a valid value of it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid, writable statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
 /// Whether `s` is a 40-hex-digit git commit.
 pub fn is_commit(s: &str) -> bool {
     s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
@@ -223,7 +274,33 @@ mod tests {
         assert_eq!(cache.read_ref(&id, "main").as_deref(), Some(commit));
         assert_eq!(cache.read_ref(&id, commit).as_deref(), Some(commit));
         assert_eq!(cache.read_ref(&id, "../../x"), None);
-        assert_eq!(cache.models(), vec![(id, vec![commit.to_string()])]);
+        assert_eq!(cache.models(), vec![(id.clone(), vec![commit.to_string()])]);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn free_space_is_checked_against_what_is_still_missing() {
+        let root = std::env::temp_dir().join(format!("shoal-hfspace-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let cache = HfCache::at(root.join("not/yet/made"));
+        assert!(free_space(&cache.root).is_some_and(|f| f > 0));
+        let id = ModelId::parse("org/name").unwrap();
+        let file = |hash: &str, size: u64| crate::RepoFile {
+            path: format!("{hash}.bin"),
+            size,
+            lfs: true,
+            hash: hash.into(),
+        };
+        std::fs::create_dir_all(cache.repo_dir(&id).join("blobs")).unwrap();
+        std::fs::write(cache.blob(&id, "aa"), b"12345").unwrap();
+        std::fs::write(cache.incomplete(&id, "bb"), b"12").unwrap();
+        let files = [file("aa", 5), file("bb", 10), file("cc", 7), file("cc", 7)];
+        assert_eq!(cache.bytes_missing(&id, &files), 8 + 7);
+        assert!(cache.check_free_space(&id, &files).is_ok());
+        let huge = [file("dd", u64::MAX / 2)];
+        let err = cache.check_free_space(&id, &huge).unwrap_err().to_string();
+        assert!(err.contains("not enough disk space"), "{err}");
+        assert!(err.contains("HF_HUB_CACHE"), "{err}");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

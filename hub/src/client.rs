@@ -212,6 +212,7 @@ impl Hub {
         let commit = self.commit_of(id).await?;
         let all = self.files(id, &commit).await?;
         let wanted = select(&all);
+        self.config.cache.check_free_space(id, &wanted)?;
         for f in &wanted {
             progress.add_file(&f.path, f.size);
         }

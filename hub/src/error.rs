@@ -71,6 +71,18 @@ pub enum HubError {
         /// What was wrong.
         what: String,
     },
+    /// The cache's disk has less free space than the files still need.
+    #[error("not enough disk space for `{id}`: its files need {need} more bytes at {path}, where {free} are free; free some space, or set HF_HUB_CACHE to a larger disk")]
+    NoSpace {
+        /// The model.
+        id: String,
+        /// The cache root.
+        path: String,
+        /// Bytes still needed.
+        need: u64,
+        /// Bytes free.
+        free: u64,
+    },
     /// Local files could not be written.
     #[error("cannot write the cache at {path}: {source} (check free disk space and permissions, or set HF_HUB_CACHE)")]
     Io {

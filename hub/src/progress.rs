@@ -13,6 +13,8 @@ pub struct FileProgress {
     pub total: u64,
     /// Whether it is complete and verified.
     pub complete: bool,
+    /// Where its bytes come from now (a hub endpoint, a peer's node id), once known.
+    pub source: Option<String>,
 }
 
 /// A download's progress: per file, plus the bytes that came over the network.
@@ -37,6 +39,8 @@ pub struct Totals {
     pub files: usize,
     /// A file being fetched now (the first by path), if any.
     pub current: Option<String>,
+    /// Where [`Totals::current`] comes from, if known.
+    pub current_source: Option<String>,
 }
 
 impl Progress {
@@ -52,6 +56,11 @@ impl Progress {
     /// Sets the bytes held of `path` (resumed from, or reset to zero after a bad copy).
     pub fn set_done(&self, path: &str, done: u64) {
         self.files().entry(path.to_string()).or_default().done = done;
+    }
+
+    /// Says where the bytes of `path` come from from now on.
+    pub fn set_source(&self, path: &str, source: &str) {
+        self.files().entry(path.to_string()).or_default().source = Some(source.to_string());
     }
 
     /// Adds `n` bytes received of `path`.
@@ -77,16 +86,15 @@ impl Progress {
     /// The totals now.
     pub fn totals(&self) -> Totals {
         let files = self.files();
+        let current = files.iter().find(|(_, f)| !f.complete && f.done > 0);
         Totals {
             done: files.values().map(|f| f.done.min(f.total)).sum(),
             total: files.values().map(|f| f.total).sum(),
             fetched: self.fetched.load(std::sync::atomic::Ordering::Relaxed),
             files_complete: files.values().filter(|f| f.complete).count(),
             files: files.len(),
-            current: files
-                .iter()
-                .find(|(_, f)| !f.complete && f.done > 0)
-                .map(|(p, _)| p.clone()),
+            current: current.map(|(p, _)| p.clone()),
+            current_source: current.and_then(|(_, f)| f.source.clone()),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! allocation.
 
 use crate::error::{InferenceError, Result};
+use crate::gguf_kquant as kq;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -75,8 +76,25 @@ pub enum GgmlType {
     Q4_0,
     /// 4-bit, blocks of 32: f16 scale `d` and minimum `m`, `w = d * q + m`.
     Q4_1,
+    /// 5-bit, blocks of 32: f16 scale `d`, `w = d * (q - 16)`.
+    Q5_0,
+    /// 5-bit, blocks of 32: f16 scale `d` and minimum `m`, `w = d * q + m`.
+    Q5_1,
     /// 8-bit, blocks of 32: f16 scale `d`, `w = d * q` with signed `q`.
     Q8_0,
+    /// 2-bit K-quant: super-blocks of 256, sub-blocks of 16 with 4-bit scales and minimums.
+    Q2K,
+    /// 3-bit K-quant: super-blocks of 256, sub-blocks of 16 with 6-bit signed scales.
+    Q3K,
+    /// 4-bit K-quant: super-blocks of 256, sub-blocks of 32 with 6-bit scales and minimums.
+    Q4K,
+    /// 5-bit K-quant: as Q4_K with a fifth bit per weight.
+    Q5K,
+    /// 6-bit K-quant: super-blocks of 256, sub-blocks of 16 with 8-bit signed scales.
+    Q6K,
+    /// 4-bit non-linear, blocks of 32: f16 scale `d`, `w = d * level[q]` (16 fixed levels);
+    /// `llama-quantize`'s fallback for IQ4_XS on rows not a multiple of 256.
+    Iq4Nl,
 }
 
 impl GgmlType {
@@ -86,10 +104,90 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2K,
+            11 => GgmlType::Q3K,
+            12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
+            14 => GgmlType::Q6K,
+            20 => GgmlType::Iq4Nl,
             30 => GgmlType::Bf16,
             _ => return None,
         })
+    }
+
+    /// GGML's id of this type (as stored in GGUF tensor directories).
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q2K => 10,
+            GgmlType::Q3K => 11,
+            GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
+            GgmlType::Q6K => 14,
+            GgmlType::Iq4Nl => 20,
+            GgmlType::Bf16 => 30,
+        }
+    }
+
+    /// GGML's name of this type (`Q4_K`).
+    pub fn name(self) -> &'static str {
+        Self::name_of_id(self.id())
+    }
+
+    /// GGML's name of a type id, for errors about types this crate does not read.
+    pub fn name_of_id(id: u32) -> &'static str {
+        const NAMES: [&str; 40] = [
+            "F32",
+            "F16",
+            "Q4_0",
+            "Q4_1",
+            "Q4_2",
+            "Q4_3",
+            "Q5_0",
+            "Q5_1",
+            "Q8_0",
+            "Q8_1",
+            "Q2_K",
+            "Q3_K",
+            "Q4_K",
+            "Q5_K",
+            "Q6_K",
+            "Q8_K",
+            "IQ2_XXS",
+            "IQ2_XS",
+            "IQ3_XXS",
+            "IQ1_S",
+            "IQ4_NL",
+            "IQ3_S",
+            "IQ2_S",
+            "IQ4_XS",
+            "I8",
+            "I16",
+            "I32",
+            "I64",
+            "F64",
+            "IQ1_M",
+            "BF16",
+            "Q4_0_4_4",
+            "Q4_0_4_8",
+            "Q4_0_8_8",
+            "TQ1_0",
+            "TQ2_0",
+            "IQ4_NL_4_4",
+            "IQ4_NL_4_8",
+            "IQ4_NL_8_8",
+            "MXFP4",
+        ];
+        NAMES.get(id as usize).copied().unwrap_or("unknown")
     }
     /// Elements per block and bytes per block.
     pub fn block(self) -> (usize, usize) {
@@ -98,7 +196,15 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::Bf16 => (1, 2),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, kq::Q5_0_BYTES),
+            GgmlType::Q5_1 => (32, kq::Q5_1_BYTES),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q2K => (kq::QK_K, kq::Q2_K_BYTES),
+            GgmlType::Q3K => (kq::QK_K, kq::Q3_K_BYTES),
+            GgmlType::Q4K => (kq::QK_K, kq::Q4_K_BYTES),
+            GgmlType::Q5K => (kq::QK_K, kq::Q5_K_BYTES),
+            GgmlType::Q6K => (kq::QK_K, kq::Q6_K_BYTES),
+            GgmlType::Iq4Nl => (32, kq::IQ4_NL_BYTES),
         }
     }
 }
@@ -349,7 +455,9 @@ impl GgufFile {
             return Err(InferenceError::BadTensor {
                 name: name.to_owned(),
                 reason: format!(
-                    "GGML type {id} is not supported (F32, F16, BF16, Q4_0, Q4_1 and Q8_0 are)"
+                    "GGML type {id} ({}) is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, \
+                     Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_NL are)",
+                    GgmlType::name_of_id(id)
                 ),
             });
         }
@@ -362,5 +470,51 @@ impl GgufFile {
                 source,
             })?;
         Ok((info.clone(), buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_ids_and_names_round_trip() {
+        for id in 0..64 {
+            if let Some(t) = GgmlType::from_id(id) {
+                assert_eq!(t.id(), id);
+                assert_eq!(t.name(), GgmlType::name_of_id(id));
+            }
+        }
+        assert_eq!(GgmlType::Q4K.name(), "Q4_K");
+        assert_eq!(GgmlType::Iq4Nl.name(), "IQ4_NL");
+        assert_eq!(GgmlType::from_id(12), Some(GgmlType::Q4K));
+        assert_eq!(GgmlType::Q6K.block(), (256, 210));
+    }
+
+    #[test]
+    fn a_tensor_of_an_unknown_type_is_a_clear_error() {
+        // A GGUF v3 file with no metadata and one 256-element tensor of type 16 (IQ2_XXS).
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend(4u64.to_le_bytes());
+        b.extend(b"blob");
+        b.extend(1u32.to_le_bytes());
+        b.extend(256u64.to_le_bytes());
+        b.extend(16u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.resize(b.len().div_ceil(32) * 32 + 66, 0);
+        let path = std::env::temp_dir().join(format!("shoal-iq2-{}.gguf", std::process::id()));
+        std::fs::write(&path, &b).unwrap();
+        let file = GgufFile::open(&path).unwrap();
+        assert_eq!(file.tensors["blob"].ggml_type.as_ref().err(), Some(&16));
+        let err = file.read_tensor_bytes("blob").unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
+        assert!(
+            err.contains("GGML type 16 (IQ2_XXS) is not supported"),
+            "{err}"
+        );
+        assert!(err.contains("Q4_K"), "{err}");
     }
 }

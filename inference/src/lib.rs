@@ -3,7 +3,7 @@
 //! - [`models`]: the decoders as mlx-lm lays them out (a shared base, one file per family:
 //!   Llama, Qwen2, Qwen3) and the shard of a layer range; [`config`], [`rope`], [`kv_cache`],
 //!   [`linear`] under them.
-//! - [`gguf`], [`quant`], [`weights`]: reading GGUF files and Hugging Face folders into the
+//! - [`gguf`], [`gguf_kquant`], [`quant`], [`weights`]: reading GGUF files and Hugging Face folders into the
 //!   fastest representation for the backend; [`loader`]: the one model loader (with the load
 //!   watchdog the runner uses).
 //! - [`tokenizer`], [`chat_template`], [`detokenizer`]: tokens in and out, chat templates.
@@ -26,6 +26,7 @@ pub mod export;
 pub mod forward;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_kquant;
 pub mod kv_cache;
 pub mod linear;
 pub mod loader;

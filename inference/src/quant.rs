@@ -6,6 +6,7 @@
 //! same idea with groups of 32, so they convert without loss.
 
 use crate::gguf::GgmlType;
+use crate::gguf_kquant as kq;
 use half::{bf16, f16};
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -55,6 +56,14 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
                 out.extend(b[2..34].iter().map(|&q| d * (q as i8) as f32));
             }
         }
+        GgmlType::Q5_0 => kq::dequantize_q5_0(bytes, &mut out),
+        GgmlType::Q5_1 => kq::dequantize_q5_1(bytes, &mut out),
+        GgmlType::Q2K => kq::dequantize_q2_k(bytes, &mut out),
+        GgmlType::Q3K => kq::dequantize_q3_k(bytes, &mut out),
+        GgmlType::Q4K => kq::dequantize_q4_k(bytes, &mut out),
+        GgmlType::Q5K => kq::dequantize_q5_k(bytes, &mut out),
+        GgmlType::Q6K => kq::dequantize_q6_k(bytes, &mut out),
+        GgmlType::Iq4Nl => kq::dequantize_iq4_nl(bytes, &mut out),
     }
     out
 }

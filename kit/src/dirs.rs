@@ -34,6 +34,15 @@ pub fn default_model_path() -> PathBuf {
     models_dir().join(DEFAULT_MODEL_FILE)
 }
 
+/// The SmolLM2 fixture requantized by llama.cpp's `llama-quantize` to `quant` (`Q4_K_M`,
+/// `Q5_K_M`, `Q6_K`, ...): `<cache>/kquants/SmolLM2-135M-Instruct.<quant>.gguf`, made by
+/// `cargo xtask setup` for the K-quant tests (outside [`models_dir`], so nodes do not list them).
+pub fn kquant_fixture_path(quant: &str) -> PathBuf {
+    cache_dir()
+        .join("kquants")
+        .join(format!("SmolLM2-135M-Instruct.{quant}.gguf"))
+}
+
 /// The Python venv with the pinned `openai` client and jinja2: `<cache>/venv`.
 pub fn venv_dir() -> PathBuf {
     cache_dir().join("venv")

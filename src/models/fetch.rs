@@ -3,9 +3,11 @@
 //! ([`control::Effect::Download`] with the rank's [`Part`]) and this table runs one download
 //! per (model, part): first the configuration, tokenizer and index files, then only the weight
 //! files the index says the part needs. Its progress is this node's `download/<model>/<part>`
-//! record in the replicated state (bytes done and total, rate, ETA, the file, from where, the
-//! state, the error), and the reconciler is woken when it ends, so the runner loads once the
-//! files are complete, or the rank fails with the download's error.
+//! record in the replicated state (bytes done and total, bytes that came over the network,
+//! rate, ETA, the file, from where — the hub's endpoint or the member's node id —, how long
+//! the last set of files took, the state, the error), and the reconciler is woken when it
+//! ends, so the runner loads once the files are complete, or the rank fails with the
+//! download's error.
 //!
 //! The node that places a model it has never seen fetches only the small files first
 //! ([`Downloads::fetch_support`]): placement needs the configuration, not the weights.
@@ -205,6 +207,9 @@ async fn fetch_part(
     let key = format!("{DOWNLOAD_PREFIX}{model}/{label}");
     let progress = Arc::new(Progress::default());
     let wants: Mutex<BTreeMap<String, String>> = Mutex::default();
+    // How long the last set of files took, from the end of the settle wait to the last file
+    // verified (the weights' copy time, which `cargo xtask bench peer-copy` reads).
+    let transfer_s: Arc<Mutex<Option<f64>>> = Arc::default();
     let started = Instant::now();
     let record = |state: &str| {
         let t = progress.totals();
@@ -219,10 +224,12 @@ async fn fetch_part(
             .filter(|(path, _)| !done.get(*path).is_some_and(|f| f.complete))
             .map(|(_, hash)| hash.clone())
             .collect();
+        let from = t.current_source.as_deref().unwrap_or(&hub.config.endpoint);
         json!({"model": model, "part": label, "state": state, "done": t.done,
-               "total": t.total, "files_complete": t.files_complete, "files": t.files,
-               "file": t.current, "from": hub.config.endpoint, "wants": wants,
-               "rate_bytes_per_s": rate.round(), "eta_s": eta.map(f64::round)})
+               "total": t.total, "fetched": t.fetched, "files_complete": t.files_complete,
+               "files": t.files, "file": t.current, "from": from, "wants": wants,
+               "rate_bytes_per_s": rate.round(), "eta_s": eta.map(f64::round),
+               "transfer_s": *transfer_s.lock().unwrap_or_else(|p| p.into_inner())})
     };
     if part.is_some_and(|p| held(&cache, &id, p)) {
         super::gather::advertise(&*context, &cache, &id);
@@ -260,16 +267,22 @@ async fn fetch_part(
                 }
             }
             let _ = context.write(&key, &record("downloading"));
-            let (context, hub, id, commit, progress) = (
+            let (context, hub, id, commit, progress, transfer_s) = (
                 context.clone(),
                 hub.clone(),
                 id.clone(),
                 commit.clone(),
                 progress.clone(),
+                transfer_s.clone(),
             );
             async move {
                 tokio::time::sleep(SETTLE).await;
-                super::gather::gather(context, &hub, &id, &commit, &files, progress).await
+                let start = Instant::now();
+                let done =
+                    super::gather::gather(context, &hub, &id, &commit, &files, progress).await;
+                *transfer_s.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(start.elapsed().as_secs_f64());
+                done
             }
         };
         fetch(support).await?;
@@ -291,6 +304,9 @@ async fn fetch_part(
                 "model `{model}` has no files shoal can run for {label}"
             ));
         }
+        cache
+            .check_free_space(&id, &wanted)
+            .map_err(|e| e.to_string())?;
         fetch(wanted).await
     };
     tokio::pin!(work);

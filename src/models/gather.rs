@@ -135,6 +135,7 @@ async fn one_file(
             }
         }
         if holders.is_empty() && sources::designated(&snapshot, &model, &file.hash) {
+            progress.set_source(&file.path, &hub.config.endpoint);
             hub::download::fetch_file(hub, id, commit, file, progress)
                 .await
                 .map_err(|e| e.to_string())?;

@@ -153,15 +153,25 @@ async fn answer(
     let mut file = tokio::fs::File::open(&path).await?;
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
     file.seek(std::io::SeekFrom::Start(ask.offset)).await?;
+    tracing::info!(
+        peer = %control::short(peer), hash = %ask.hash, offset = ask.offset, size,
+        "sending a file copy"
+    );
     let mut buf = vec![0u8; CHUNK];
+    let mut sent = 0u64;
     loop {
         let n = file.read(&mut buf).await?;
         if n == 0 {
             break;
         }
         send.write_all(&buf[..n]).await?;
+        sent += n as u64;
     }
     send.finish()?;
+    tracing::info!(
+        peer = %control::short(peer), hash = %ask.hash, offset = ask.offset, sent,
+        "sent a file copy"
+    );
     // Keep the stream until the client has read everything.
     let _ = recv.read_to_end(0).await;
     Ok(())
@@ -175,6 +185,7 @@ fn valid_hash(h: &str) -> bool {
 /// Copies `file` of `id` from the member at the other end of `connection` into `cache`
 /// (resuming from what `.incomplete` holds), checks it against its hash and links it from
 /// snapshot `commit`. `Err` says why this source did not finish it (the bytes so far stay).
+/// `progress` names the source (the member's node id) while it copies.
 pub async fn copy(
     connection: &Connection,
     cache: &HfCache,
@@ -202,6 +213,7 @@ pub async fn copy(
         hub::download::hash_existing(&part, held, &mut hash).map_err(|e| e.to_string())?;
     }
     progress.set_done(&file.path, held);
+    progress.set_source(&file.path, &connection.remote_id().to_string());
     let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
     let ask = Ask {
         model: id.to_string(),

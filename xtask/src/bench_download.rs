@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const REPO: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+pub const REPO: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 
-fn fixture() -> Result<PathBuf, String> {
+pub fn fixture() -> Result<PathBuf, String> {
     let dir = kit::dirs::cache_dir()
         .join("hf-fixture")
         .join("SmolLM2-135M-Instruct-bf16-3");
@@ -29,7 +29,7 @@ fn fixture() -> Result<PathBuf, String> {
     }
 }
 
-fn build(release: bool) -> Result<(PathBuf, PathBuf), String> {
+pub fn build(release: bool) -> Result<(PathBuf, PathBuf), String> {
     let shoal = crate::testbed::build_shoal(release)?;
     let mut hub = crate::cargo();
     hub.args([

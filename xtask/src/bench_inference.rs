@@ -14,10 +14,11 @@
 //! `llama-bench`: its version would not be the pinned one). The versions measured are printed
 //! with the table.
 
+use crate::llama_cpp;
 use crate::paths::{cache_dir, default_model, target_dir};
-use crate::reference::{sdist, LLAMA_CPP_IN_SDIST, LLAMA_CPP_PYTHON_VERSION};
+use crate::reference::LLAMA_CPP_PYTHON_VERSION;
 use crate::setup::MLX_VERSION;
-use crate::util::{run, run_quiet, Step};
+use crate::util::{run, Step};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -174,82 +175,24 @@ fn mlx_lm_venv(bench: &Path) -> Result<(PathBuf, (String, String)), String> {
     }
 }
 
-/// Where `--with-llama-cpp` builds llama.cpp, and its `llama-bench`.
-fn llama_cpp_dir() -> PathBuf {
-    cache_dir().join(format!("llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"))
-}
-
-fn cached_llama_bench() -> PathBuf {
-    llama_cpp_dir().join("build/bin/llama-bench")
-}
-
-/// Builds llama.cpp's `llama-bench` (Release, CPU only, static, tuned for this CPU like a
-/// local llama.cpp build) from the sources in the pinned sdist; a second call finds it built.
+/// Builds llama.cpp's `llama-bench` from the sources in the pinned sdist (see
+/// [`crate::llama_cpp`]); a second call finds it built.
 fn build_llama_bench() -> Result<PathBuf, String> {
     let step = Step::new(
         1,
         1,
         "llama.cpp llama-bench (from the llama-cpp-python sdist)",
     );
-    let bin = cached_llama_bench();
-    let root = llama_cpp_dir();
-    let stamp = root.join(".shoal-ok");
-    if bin.exists() && stamp.exists() {
+    if llama_cpp::is_built("llama-bench") {
+        let bin = llama_cpp::tool_path("llama-bench");
         step.cached(&bin.display().to_string());
         return Ok(bin);
     }
-    let archive = sdist(&step)?;
-    let src = root.join("src");
-    let build = root.join("build");
-    if !src.join("CMakeLists.txt").exists() {
-        step.progress("extracting llama.cpp's sources");
-        let _ = std::fs::remove_dir_all(&src);
-        std::fs::create_dir_all(&src).map_err(|e| e.to_string())?;
-        let depth = LLAMA_CPP_IN_SDIST.split('/').count();
-        run(Command::new("tar")
-            .arg("xzf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(&src)
-            .arg(format!("--strip-components={depth}"))
-            .arg(LLAMA_CPP_IN_SDIST))?;
-    }
-    step.progress("configuring (cmake, CPU only)");
-    run_quiet(
-        Command::new("cmake")
-            .arg("-S")
-            .arg(&src)
-            .arg("-B")
-            .arg(&build)
-            .args([
-                "-DCMAKE_BUILD_TYPE=Release",
-                "-DBUILD_SHARED_LIBS=OFF",
-                "-DGGML_NATIVE=ON",
-                "-DLLAMA_BUILD_TESTS=OFF",
-                "-DLLAMA_BUILD_EXAMPLES=OFF",
-                "-DLLAMA_BUILD_SERVER=OFF",
-                "-DLLAMA_BUILD_APP=OFF",
-                "-DLLAMA_OPENSSL=OFF",
-                "--log-level=WARNING",
-            ]),
+    let bin = llama_cpp::build_tool(
+        &step,
+        "llama-bench",
+        "about 8 CPU-minutes: 5 on 2 idle cores",
     )?;
-    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
-    step.progress(&format!(
-        "compiling llama-bench with {jobs} jobs (about 8 CPU-minutes: 5 on 2 idle cores)"
-    ));
-    run_quiet(
-        Command::new("cmake")
-            .arg("--build")
-            .arg(&build)
-            .args(["--target", "llama-bench"])
-            .arg(format!("-j{jobs}")),
-    )?;
-    if !bin.exists() {
-        return Err(format!("the llama.cpp build left no {}", bin.display()));
-    }
-    std::fs::write(&stamp, "").map_err(|e| e.to_string())?;
-    // The binary is static: the 176 MB of sources are not needed any more.
-    let _ = std::fs::remove_dir_all(&src);
     step.done(&bin.display().to_string());
     Ok(bin)
 }
@@ -260,11 +203,7 @@ fn find_llama_bench(build: bool) -> Result<Option<PathBuf>, String> {
     if build {
         return build_llama_bench().map(Some);
     }
-    Ok(llama_bench_is_built().then(cached_llama_bench))
-}
-
-fn llama_bench_is_built() -> bool {
-    cached_llama_bench().exists() && llama_cpp_dir().join(".shoal-ok").exists()
+    Ok(llama_cpp::is_built("llama-bench").then(|| llama_cpp::tool_path("llama-bench")))
 }
 
 /// The 1-minute load average (`/proc/loadavg`), or `?`.

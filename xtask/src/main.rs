@@ -4,8 +4,11 @@ mod bench_cluster;
 mod bench_download;
 mod bench_forward;
 mod bench_inference;
+mod bench_peer_copy;
 mod cluster;
 mod e2e;
+mod kquants;
+mod llama_cpp;
 mod mlx_build;
 mod paths;
 mod pyenv;
@@ -50,6 +53,9 @@ Commands:
   bench download [--repeat 3] [--release]
                    `shoal download` vs huggingface_hub's snapshot_download from the
                    test hub, in namespaces, alternating
+  bench peer-copy [--repeat 3] [--release]
+                   a peer copy of the model between two nodes vs plain TCP of the same
+                   bytes over the same link, in namespaces, alternating
   bench cluster [--nodes 1,2,3] [--pp 128] [--tg 64] [--repeat 3]
                    `shoal bench` on 1, 2 and 3 nodes in namespaces, with the
                    per-token overhead of each extra rank
@@ -171,9 +177,10 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("forward") => bench_forward::bench_forward(&args[1..]),
         Some("cluster") => bench_cluster::bench_cluster(&args[1..]),
         Some("download") => bench_download::bench_download(&args[1..]),
+        Some("peer-copy") => bench_peer_copy::bench_peer_copy(&args[1..]),
         _ => Err(
             "bench: say what to measure: `cargo xtask bench mesh`, `inference`, \
-                  `forward`, `cluster` or `download`"
+                  `forward`, `cluster`, `download` or `peer-copy`"
                 .into(),
         ),
     }

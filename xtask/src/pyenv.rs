@@ -1,6 +1,7 @@
 //! `cargo xtask pyenv`: a Python virtual environment with the official `openai`, `anthropic` and
 //! `ollama` clients, for the tests that drive the gateway the way users do, jinja2, for the
-//! chat-template tests, and Selenium, for the dashboard's browser tests.
+//! chat-template tests, Selenium, for the dashboard's browser tests, and gguf-py, for the
+//! K-quant tests.
 //!
 //! The venv lives at `<cache>/venv` (see `kit::dirs`), outside the clone. Every package
 //! is pinned (the client and what it pulled from PyPI when it was pinned), so every machine
@@ -63,6 +64,12 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     "urllib3==2.8.0",
     "websocket-client==1.9.2",
     "wsproto==1.3.2",
+    // gguf-py, llama.cpp's Python GGUF library: its `gguf.quants.dequantize` is the reference
+    // the K-quant tests compare shoal's dequantization with; and what it pulls beyond the above.
+    "gguf==0.19.0",
+    "numpy==2.4.6",
+    "requests==2.34.2",
+    "charset-normalizer==3.4.7",
 ];
 
 /// Creates or updates the venv; returns its interpreter.

@@ -70,26 +70,26 @@ pub fn setup() -> Result<(), String> {
     }
 
     let flavor = crate::mlx_build::choose_here()?;
-    debian_packages(Step::new(1, 8, "Debian packages"))?;
+    debian_packages(Step::new(1, 9, "Debian packages"))?;
     let mlx_root = mlx_wheel(
         Step::new(
             2,
-            8,
+            9,
             &format!("MLX {MLX_VERSION} (PyPI {})", flavor.wheels()[0].spec),
         ),
         &native,
         flavor,
     )?;
-    let mlx_sys_src = mlx_sys_sources(Step::new(3, 8, "mlx-sys 0.7.0 sources + patch"), &native)?;
+    let mlx_sys_src = mlx_sys_sources(Step::new(3, 9, "mlx-sys 0.7.0 sources + patch"), &native)?;
     let mlx_c_prefix = mlx_c_build(
-        Step::new(4, 8, "mlx-c (Release, against MLX)"),
+        Step::new(4, 9, "mlx-c (Release, against MLX)"),
         &native,
         &mlx_sys_src,
         &mlx_root,
     )?;
-    model_fixture(Step::new(5, 8, "SmolLM2-135M-Instruct fixture"), &cache)?;
+    model_fixture(Step::new(5, 9, "SmolLM2-135M-Instruct fixture"), &cache)?;
 
-    let step = Step::new(6, 8, "native/READY");
+    let step = Step::new(6, 9, "native/READY");
     let stamp = format!(
         "mlx_version={MLX_VERSION}\nmlx_backend={}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
         flavor.name(),
@@ -105,8 +105,9 @@ pub fn setup() -> Result<(), String> {
         fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write stamp: {e}"))?;
         step.done("written");
     }
-    crate::pyenv::pyenv(Step::new(7, 8, "Python venv (openai client, jinja2)"))?;
-    crate::reference::reference_data(Step::new(8, 8, "reference templates and tokenizer vectors"))?;
+    crate::pyenv::pyenv(Step::new(7, 9, "Python venv (openai client, jinja2)"))?;
+    crate::reference::reference_data(Step::new(8, 9, "reference templates and tokenizer vectors"))?;
+    crate::kquants::kquant_fixtures(Step::new(9, 9, "K-quant fixtures (llama-quantize)"))?;
     Ok(())
 }
 

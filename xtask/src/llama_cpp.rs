@@ -1,0 +1,98 @@
+//! llama.cpp tools built from the sources that the pinned `llama-cpp-python` sdist vendors
+//! (see `reference.rs`): `llama-bench` for `cargo xtask bench inference --with-llama-cpp`,
+//! `llama-quantize` for the K-quant fixtures (`kquants.rs`). One build directory,
+//! `<cache>/llama.cpp-<version>/build`, serves both, so the second tool reuses the first's
+//! objects (ggml and libllama are most of the work).
+
+use crate::paths::cache_dir;
+use crate::reference::{sdist, LLAMA_CPP_IN_SDIST, LLAMA_CPP_PYTHON_VERSION};
+use crate::util::{run, run_quiet, Step};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Where the tools are built: `<cache>/llama.cpp-<version>/`.
+pub fn dir() -> PathBuf {
+    cache_dir().join(format!("llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"))
+}
+
+/// The binary of `target` once built.
+pub fn tool_path(target: &str) -> PathBuf {
+    dir().join("build/bin").join(target)
+}
+
+/// The stamp that says `target` was built completely (llama-bench keeps the name it had).
+fn stamp(target: &str) -> PathBuf {
+    if target == "llama-bench" {
+        dir().join(".shoal-ok")
+    } else {
+        dir().join(format!(".shoal-ok-{target}"))
+    }
+}
+
+/// Whether `target` is built (binary and stamp).
+pub fn is_built(target: &str) -> bool {
+    tool_path(target).exists() && stamp(target).exists()
+}
+
+/// Builds llama.cpp's `target` (Release, CPU only, static, tuned for this CPU like a local
+/// llama.cpp build) from the sources in the pinned sdist; a second call finds it built.
+/// `estimate` is said in the progress line (how long the compile takes).
+pub fn build_tool(step: &Step, target: &str, estimate: &str) -> Result<PathBuf, String> {
+    let bin = tool_path(target);
+    if is_built(target) {
+        return Ok(bin);
+    }
+    let archive = sdist(step)?;
+    let root = dir();
+    let src = root.join("src");
+    let build = root.join("build");
+    if !src.join("CMakeLists.txt").exists() {
+        step.progress("extracting llama.cpp's sources");
+        let _ = std::fs::remove_dir_all(&src);
+        std::fs::create_dir_all(&src).map_err(|e| e.to_string())?;
+        let depth = LLAMA_CPP_IN_SDIST.split('/').count();
+        run(Command::new("tar")
+            .arg("xzf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("--strip-components={depth}"))
+            .arg(LLAMA_CPP_IN_SDIST))?;
+    }
+    step.progress("configuring (cmake, CPU only)");
+    run_quiet(
+        Command::new("cmake")
+            .arg("-S")
+            .arg(&src)
+            .arg("-B")
+            .arg(&build)
+            .args([
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DBUILD_SHARED_LIBS=OFF",
+                "-DGGML_NATIVE=ON",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_BUILD_SERVER=OFF",
+                "-DLLAMA_BUILD_APP=OFF",
+                "-DLLAMA_OPENSSL=OFF",
+                "--log-level=WARNING",
+            ]),
+    )?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    step.progress(&format!("compiling {target} with {jobs} jobs ({estimate})"));
+    run_quiet(
+        Command::new("cmake")
+            .arg("--build")
+            .arg(&build)
+            .args(["--target", target])
+            .arg(format!("-j{jobs}")),
+    )?;
+    if !bin.exists() {
+        return Err(format!("the llama.cpp build left no {}", bin.display()));
+    }
+    std::fs::write(stamp(target), "").map_err(|e| e.to_string())?;
+    // The binaries are static: the 176 MB of sources are not needed any more (another tool
+    // extracts them again; their old timestamps leave the objects built here valid).
+    let _ = std::fs::remove_dir_all(&src);
+    Ok(bin)
+}
