@@ -51,7 +51,7 @@ pub struct Request {
 }
 
 /// What the server sends back: `accepted` (or `refused` and the end), then the gateway's
-/// own [`ChatEvent`]s (`token`s and one `done`) or `failed`.
+/// own [`ChatEvent`]s (`token`s, perhaps one `cached`, and one `done`) or `failed`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
@@ -173,6 +173,7 @@ where
                     })
                 }
                 Some(Ok(Some(Reply::Event(done @ ChatEvent::Done { .. })))) => Ok(done),
+                Some(Ok(Some(Reply::Event(cached @ ChatEvent::Cached { .. })))) => Ok(cached),
                 Some(Ok(Some(Reply::Failed { error }))) => Err(error),
                 Some(Ok(Some(other))) => Err(lost(format!(
                     "the instance's node sent {other:?} mid-stream"
@@ -183,7 +184,7 @@ where
                 ))),
                 None => Err(lost("the instance's node died".into())),
             };
-            let last = !matches!(item, Ok(ChatEvent::Token { .. }));
+            let last = !matches!(item, Ok(ChatEvent::Token { .. } | ChatEvent::Cached { .. }));
             if tx.send(item).await.is_err() || last {
                 return;
             }
@@ -453,6 +454,13 @@ mod tests {
             })),
             r#"{"v":1,"msg":{"type":"done","finish_reason":"stop","completion_tokens":3}}"#
         );
+        let cached = Reply::Event(ChatEvent::Cached { tokens: 412 });
+        assert_eq!(
+            body(&cached),
+            r#"{"v":1,"msg":{"type":"cached","tokens":412}}"#
+        );
+        let back: Reply = serde_json::from_str(r#"{"type":"cached","tokens":412}"#).unwrap();
+        assert_eq!(back, cached);
         assert_eq!(
             body(&Reply::Accepted { prompt_tokens: 12 }),
             r#"{"v":1,"msg":{"type":"accepted","prompt_tokens":12}}"#

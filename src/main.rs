@@ -110,6 +110,12 @@ pub struct NodeArgs {
 
     #[command(flatten)]
     pub access: access::AccessArgs,
+
+    /// Positions of earlier requests' KV state one instance keeps to reuse for prompts that
+    /// start the same way (the next turn of a chat, a shared system prompt); 0 disables it
+    /// (default: half the KV budget, within it).
+    #[arg(long, env = "SHOAL_PROMPT_CACHE_TOKENS")]
+    pub prompt_cache_tokens: Option<usize>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The runner command for this node's settings: this binary's `runner` subcommand, with the
 /// fast-synchronisation choice and the batch limits (`--max-sequences`, `--kv-budget-mb`,
-/// `--max-queue`) passed in its environment.
+/// `--max-queue`, `--prompt-cache-tokens`) passed in its environment.
 pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
     let mut command =
         RunnerCommand::current_exe().context("cannot find this executable to start runners")?;
@@ -31,6 +31,12 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
     ];
     if let Some(mb) = args.kv_budget_mb {
         limits.push((inference::batch::KV_BUDGET_ENV.to_string(), mb.to_string()));
+    }
+    if let Some(tokens) = args.prompt_cache_tokens {
+        limits.push((
+            inference::batch::PROMPT_CACHE_ENV.to_string(),
+            tokens.to_string(),
+        ));
     }
     command.env.extend(limits);
     Ok(command)

@@ -4,8 +4,9 @@
 //! namespace, drives it: the gateway's model-agnostic checks (gateway/tests/openai_client.py,
 //! the `anthropic` client's gateway/tests/anthropic_client.py and the `ollama` client's
 //! gateway/tests/ollama_client.py, and the Responses API's gateway/tests/responses_client.py),
-//! a greedy "Paris", 32 concurrent streams (time to first token printed), and the loss of the
-//! runner mid-stream (an error, never a hang).
+//! a greedy "Paris", the prompt cache (a repeated long prompt reports `cached_tokens` in each
+//! API and answers the same), 32 concurrent streams (time to first token printed), and the
+//! loss of the runner mid-stream (an error, never a hang).
 //!
 //! Needs root (for `ip netns`), the model fixture and the Python venv, all of which
 //! `cargo xtask setup` provides; without root it fails, or with `SHOAL_ALLOW_SKIP=1` is
@@ -249,6 +250,8 @@ fn one_node_serves_smollm2_in_a_namespace() {
         eprintln!("{model}: {}", json_line(&out, "answer"));
     }
 
+    prompt_cache_reports_cached_tokens(&node);
+
     // The gateway's model-agnostic checks with the official client.
     node.python(
         &repo_file("gateway/tests/openai_client.py"),
@@ -313,9 +316,91 @@ fn one_node_serves_smollm2_in_a_namespace() {
     assert_eq!(runner["state"], "failed", "{state}");
 }
 
+/// POSTs `body` to `path`, expecting a 2xx JSON answer.
+fn post(node: &Node, path: &str, body: &Value) -> Value {
+    node.api
+        .run(Duration::from_secs(120), |api| {
+            api.json(kit::client::Method::POST, path, Some(body))
+        })
+        .unwrap_or_else(|e| panic!("POST {path}: {}\nnode log:\n{}", e.message, node.log_tail()))
+}
+
+/// The prompt cache end to end: a request repeating a long system prompt reuses the first
+/// one's state, says so in each API's usage, and answers as the first did.
+fn prompt_cache_reports_cached_tokens(node: &Node) {
+    let system = "You are a careful assistant for a museum of maritime history. ".repeat(30);
+    let question = "What is the capital of France? Answer in one word.";
+    let chat = serde_json::json!({
+        "model": "default",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question},
+        ],
+        "max_tokens": 8,
+        "temperature": 0,
+    });
+    let first = post(node, "/v1/chat/completions", &chat);
+    let second = post(node, "/v1/chat/completions", &chat);
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let content = |v: &Value| v["choices"][0]["message"]["content"].clone();
+    assert!(prompt > 300, "{first}");
+    assert_eq!(
+        cached(&second),
+        Some(prompt - 1),
+        "the repeated prompt came from the cache, all but its last token: {second}"
+    );
+    assert_eq!(
+        content(&second),
+        content(&first),
+        "same answer with the cache"
+    );
+    eprintln!(
+        "prompt cache: {} of {prompt} prompt tokens cached, answer {} both times",
+        prompt - 1,
+        content(&second)
+    );
+    // Anthropic and the Responses API report it in their own words (another question, the
+    // same long system prompt: at least that is cached).
+    let other = "Name one colour.";
+    let message = post(
+        node,
+        "/v1/messages",
+        &serde_json::json!({
+            "model": "default", "system": system, "max_tokens": 4,
+            "messages": [{"role": "user", "content": other}],
+        }),
+    );
+    let read = message["usage"]["cache_read_input_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(read > 300 && read < prompt, "{message}");
+    let response = post(
+        node,
+        "/v1/responses",
+        &serde_json::json!({
+            "model": "default", "instructions": system, "input": other,
+            "max_output_tokens": 4,
+        }),
+    );
+    let details = response["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(details > 300, "{response}");
+}
+
+/// `VmHWM` (peak resident set) of process `pid`, in bytes.
+fn peak_rss_bytes(pid: u64) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// Limits that say what they do: a node batching at most 4 requests with 8 more waiting
 /// takes 64 concurrent streams; each completes or is refused with 429 and `Retry-After` in
-/// OpenAI's error shape, none hangs, and the runner is ready again afterwards.
+/// OpenAI's error shape, none hangs, the runner's peak memory stays within what placement
+/// counts for the instance, and the runner is ready again afterwards.
 #[test]
 fn sixty_four_streams_against_small_limits_complete_or_get_429() {
     let Some(mut node) = Node::start("limits", &["--max-sequences", "4", "--max-queue", "8"])
@@ -342,6 +427,29 @@ fn sixty_four_streams_against_small_limits_complete_or_get_429() {
         "at least the batch and its queue are served: {counts}"
     );
     assert!(refused >= 1, "64 at once exceed 4 + 8: {counts}");
+    // Memory that placement counts is memory the runner holds: its peak resident set after
+    // 64 streams is within the instance's count (weights as they run, KV budget, overhead).
+    let state = node.get_json("/state").expect("GET /state");
+    let instance = state["instances"]
+        .as_object()
+        .and_then(|m| m.values().next())
+        .expect("one instance");
+    let pid = instance["runner_pid"].as_u64().expect("runner pid");
+    let peak = peak_rss_bytes(pid).expect("the runner's VmHWM");
+    let opened =
+        inference::loader::open_model(&kit::dirs::default_model_path()).expect("open the fixture");
+    let counted = inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk)
+        .total()
+        .max(opened.bytes_on_disk);
+    eprintln!(
+        "runner peak RSS {} MiB, placement counts {} MiB",
+        peak >> 20,
+        counted >> 20
+    );
+    assert!(
+        peak <= counted,
+        "the runner's peak RSS ({peak} bytes) exceeds what placement counts ({counted})"
+    );
     // Nothing is left over: the instance takes requests again.
     node.python(
         &checks,

@@ -254,7 +254,8 @@ pub struct TokenLogprob {
 ///
 /// Its serde form is what a forwarded chat's events look like between nodes:
 /// `{"type": "token", "text": "Paris", "logprob": -0.25}` (`logprob` null when not asked
-/// for; `top`, a list of `[token, logprob]`, only when there are alternatives) and
+/// for; `top`, a list of `[token, logprob]`, only when there are alternatives),
+/// `{"type": "cached", "tokens": 412}` and
 /// `{"type": "done", "finish_reason": "stop", "completion_tokens": 16}`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChatEvent {
@@ -265,6 +266,9 @@ pub enum ChatEvent {
         text: String,
         logprob: Option<TokenLogprob>,
     },
+    /// Leading prompt tokens the engine did not compute again (its prompt cache held their
+    /// state): at most once, before the first token (`usage`'s `cached_tokens` in each API).
+    Cached { tokens: u32 },
     /// Generation ended. `completion_tokens` counts the tokens generated.
     Done {
         finish_reason: FinishReason,
@@ -284,6 +288,10 @@ impl Serialize for ChatEvent {
                 if let Some(l) = logprob.as_ref().filter(|l| !l.top.is_empty()) {
                     map.serialize_entry("top", &l.top)?;
                 }
+            }
+            ChatEvent::Cached { tokens } => {
+                map.serialize_entry("type", "cached")?;
+                map.serialize_entry("tokens", tokens)?;
             }
             ChatEvent::Done {
                 finish_reason,
@@ -309,6 +317,7 @@ struct EventFields {
     top: Vec<(String, f32)>,
     finish_reason: Option<String>,
     completion_tokens: Option<u32>,
+    tokens: Option<u32>,
 }
 
 impl<'de> Deserialize<'de> for ChatEvent {
@@ -327,6 +336,9 @@ impl<'de> Deserialize<'de> for ChatEvent {
                     text,
                 })
             }
+            "cached" => Ok(ChatEvent::Cached {
+                tokens: f.tokens.ok_or_else(|| D::Error::missing_field("tokens"))?,
+            }),
             "done" => Ok(ChatEvent::Done {
                 // Anything but "length" ended as a stop (an end token or a stop string).
                 finish_reason: match f.finish_reason.as_deref() {
@@ -338,7 +350,10 @@ impl<'de> Deserialize<'de> for ChatEvent {
                     .completion_tokens
                     .ok_or_else(|| D::Error::missing_field("completion_tokens"))?,
             }),
-            other => Err(D::Error::unknown_variant(other, &["token", "done"])),
+            other => Err(D::Error::unknown_variant(
+                other,
+                &["token", "cached", "done"],
+            )),
         }
     }
 }

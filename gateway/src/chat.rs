@@ -39,6 +39,7 @@ pub async fn chat_completions(
     let usage = Usage {
         prompt_tokens: answer.ending.prompt_tokens,
         completion_tokens: answer.ending.completion_tokens,
+        cached_tokens: answer.ending.cached_tokens,
     };
     let lp = want_logprobs.then_some(answer.logprobs.as_slice());
     let value = completion_json(
@@ -113,6 +114,7 @@ impl Encoder for ChunkEncoder {
             let usage = Usage {
                 prompt_tokens: ending.prompt_tokens,
                 completion_tokens: ending.completion_tokens,
+                cached_tokens: ending.cached_tokens,
             };
             frames.push(sse_data(&usage_chunk_json(&self.meta, usage)));
         }

@@ -30,6 +30,9 @@ pub struct Ending {
     pub stop_sequence: Option<String>,
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
+    /// Prompt tokens the engine took from its prompt cache (each API's `cached_tokens`; 0
+    /// when none or when the engine has no cache).
+    pub cached_tokens: u32,
     /// How many tool calls the answer made (each API then ends it as a tool call:
     /// `tool_calls`, `tool_use`, ...).
     pub tool_calls: usize,
@@ -214,12 +217,14 @@ impl Accepted {
                     finish_reason,
                     stop_sequence,
                     completion_tokens,
+                    cached_tokens,
                 } => {
                     keep(splitter.push(&t));
                     keep(splitter.finish());
                     logprobs.extend(logprob);
                     let (ending, timings) = close(
                         (finish_reason, stop_sequence, completion_tokens),
+                        cached_tokens,
                         self.stream.prompt_tokens,
                         (self.received, self.accepted, first_token),
                     );
@@ -353,6 +358,7 @@ impl Run {
                     finish_reason,
                     stop_sequence,
                     completion_tokens,
+                    cached_tokens,
                 } => {
                     self.cancel.cancel();
                     let mut parts = self.splitter.push(&text);
@@ -365,6 +371,7 @@ impl Run {
                     ));
                     let (mut ending, timings) = close(
                         (finish_reason, stop_sequence, completion_tokens),
+                        cached_tokens,
                         self.stream.prompt_tokens,
                         (self.received, self.accepted, first_token),
                     );
@@ -420,9 +427,11 @@ fn encode<E: Encoder>(
 }
 
 /// The ending and timings of a finished generation: `(finish_reason, stop_sequence,
-/// completion_tokens)` from its last step, `(received, accepted, first_token)` as recorded.
+/// completion_tokens)` and the cached prompt tokens from its last step, `(received,
+/// accepted, first_token)` as recorded.
 fn close(
     (finish_reason, stop_sequence, completion_tokens): (FinishReason, Option<String>, u32),
+    cached_tokens: u32,
     prompt_tokens: u32,
     (received, accepted, first_token): (Instant, Instant, Option<Instant>),
 ) -> (Ending, Timings) {
@@ -431,6 +440,7 @@ fn close(
         stop_sequence,
         prompt_tokens,
         completion_tokens,
+        cached_tokens,
         tool_calls: 0,
     };
     let timings = Timings {

@@ -22,6 +22,8 @@ pub(crate) enum Step {
         finish_reason: FinishReason,
         stop_sequence: Option<String>,
         completion_tokens: u32,
+        /// Prompt tokens the engine took from its prompt cache.
+        cached_tokens: u32,
     },
     /// The instance failed; the error says why.
     Failed(ApiError),
@@ -35,6 +37,7 @@ pub(crate) struct Generation {
     max_tokens: Option<u32>,
     tokens: u32,
     want_logprobs: bool,
+    cached_tokens: u32,
 }
 
 impl Generation {
@@ -44,6 +47,7 @@ impl Generation {
             max_tokens,
             tokens: 0,
             want_logprobs,
+            cached_tokens: 0,
         }
     }
 
@@ -68,6 +72,7 @@ impl Generation {
                         finish_reason: FinishReason::Stop,
                         stop_sequence: scan.matched,
                         completion_tokens: self.tokens,
+                        cached_tokens: self.cached_tokens,
                     };
                 }
                 if self.max_tokens.is_some_and(|max| self.tokens >= max) {
@@ -79,11 +84,19 @@ impl Generation {
                         finish_reason: FinishReason::Length,
                         stop_sequence: None,
                         completion_tokens: self.tokens,
+                        cached_tokens: self.cached_tokens,
                     };
                 }
                 Step::Delta {
                     text: scan.emit,
                     logprob,
+                }
+            }
+            Some(Ok(ChatEvent::Cached { tokens })) => {
+                self.cached_tokens = tokens;
+                Step::Delta {
+                    text: String::new(),
+                    logprob: None,
                 }
             }
             Some(Ok(ChatEvent::Done {
@@ -95,6 +108,7 @@ impl Generation {
                 finish_reason,
                 stop_sequence: None,
                 completion_tokens: completion_tokens.max(self.tokens),
+                cached_tokens: self.cached_tokens,
             },
             Some(Err(e)) => Step::Failed(e),
             None => Step::Failed(ApiError::instance_lost(
@@ -157,6 +171,35 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn cached_tokens_reach_the_end_even_when_the_gateway_ends_first() {
+        let mut g = Generation::new(&[], Some(1), false);
+        assert_eq!(
+            g.step(Some(Ok(ChatEvent::Cached { tokens: 40 }))),
+            Step::Delta {
+                text: String::new(),
+                logprob: None
+            }
+        );
+        match g.step(token("a")) {
+            Step::Finished { cached_tokens, .. } => assert_eq!(cached_tokens, 40),
+            other => panic!("{other:?}"),
+        }
+        // Without the event, none.
+        let mut g = Generation::new(&[], None, false);
+        let done = Some(Ok(ChatEvent::Done {
+            finish_reason: FinishReason::Stop,
+            completion_tokens: 0,
+        }));
+        assert!(matches!(
+            g.step(done),
+            Step::Finished {
+                cached_tokens: 0,
+                ..
+            }
+        ));
     }
 
     #[test]

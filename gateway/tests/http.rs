@@ -54,7 +54,8 @@ async fn non_streaming_completion_has_openai_shape() {
     // "echo: hello there" is 3 words + 3 for the message; "hello there" is 4 tokens of 3 chars.
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10})
+        json!({"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
     assert_no_nulls(&v);
 }

@@ -61,6 +61,13 @@ impl LayerCache {
         Ok(out)
     }
 
+    /// Forgets every position from `len` on (a prompt cache's entry reused for a shorter
+    /// prefix): later appends overwrite them. The buffers stay; they may be shared with the
+    /// entry, and MLX copies a shared buffer rather than write into it.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// The cached arrays (to evaluate them together with a step's output).
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.keys.iter().chain(self.values.iter())
@@ -90,5 +97,12 @@ impl KvCache {
     /// True before the first token.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Keeps only the first `len` positions of every layer (see [`LayerCache::truncate`]).
+    pub fn truncate(&mut self, len: usize) {
+        for layer in &mut self.layers {
+            layer.truncate(len);
+        }
     }
 }

@@ -88,6 +88,9 @@ pub struct Completion {
     pub finish_reason: FinishReason,
     /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Leading prompt tokens whose state came from the prompt cache (not computed again).
+    #[serde(default)]
+    pub cached_tokens: usize,
     /// Seconds to process the prompt (time to the first token's logits).
     pub prompt_seconds: f64,
     /// Seconds of decoding after the first token.

@@ -34,6 +34,7 @@ impl SequenceOutput {
                 logprobs: vec![],
                 finish_reason: FinishReason::Length,
                 prompt_tokens,
+                cached_tokens: 0,
                 prompt_seconds: 0.0,
                 generation_seconds: 0.0,
             },

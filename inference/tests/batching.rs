@@ -1,9 +1,12 @@
 //! Continuous batching on the real SmolLM2 fixture (f32, one process): prompts of different
 //! lengths joining at different steps give the same greedy tokens batched as alone; a
 //! cancelled sequence leaves the others intact; a seeded sampled request gives the same
-//! tokens in a batch; a KV budget smaller than the batch preempts and still answers right.
+//! tokens in a batch; a KV budget smaller than the batch preempts and still answers right; a
+//! second turn of a long chat starts from the first turn's state in the prompt cache and
+//! answers as it would without it.
 
-use inference::batch::{BatchEvent, BatchLimits, Batcher, LocalBatch};
+use inference::batch::{BatchEvent, BatchLimits, Batcher, LocalBatch, PromptCache};
+use inference::kv_cache::KvCache;
 use inference::{ChatMessage, Engine, FinishReason, GenerateRequest, Prompt, WeightFormat};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -77,6 +80,7 @@ fn run_batch(
                     done.insert(id, (t, text, c));
                 }
                 BatchEvent::Failed { message, .. } => panic!("request {id} failed: {message}"),
+                BatchEvent::Cached { .. } => panic!("no prompt cache here"),
             }
         }
         step += 1;
@@ -169,4 +173,109 @@ fn a_small_kv_budget_preempts_and_still_answers_the_same() {
     for (i, (tokens, _)) in solo.iter().enumerate() {
         assert_eq!(&batched[&(i as u64)].2.tokens, tokens, "request {i}");
     }
+}
+
+/// One request through a fresh batcher over `cache` (as the runner makes one per batch):
+/// its completion and the `Cached` event's count, if one came.
+fn run_cached(
+    e: &Engine,
+    cache: &mut PromptCache<KvCache>,
+    request: &GenerateRequest,
+) -> (inference::Completion, Option<usize>) {
+    let forward = LocalBatch::new(&e.model, 4).unwrap();
+    let mut b = Batcher::new(Box::new(forward), &e.tokenizer, ROOMY).with_prompt_cache(cache);
+    b.submit(1, request).unwrap();
+    let mut cached = None;
+    for _ in 0..10_000 {
+        for (_, ev) in b.step().unwrap() {
+            match ev {
+                BatchEvent::Cached { tokens } => {
+                    assert!(cached.is_none(), "one Cached event at most");
+                    cached = Some(tokens);
+                }
+                BatchEvent::Done(c) => return (c, cached),
+                BatchEvent::Failed { message, .. } => panic!("failed: {message}"),
+                BatchEvent::Token { .. } => {}
+            }
+        }
+    }
+    panic!("the request never finished");
+}
+
+#[test]
+fn a_second_turn_reuses_the_first_turns_kv_and_answers_the_same() {
+    let e = engine();
+    let long = "Here are my notes about lighthouses. ".repeat(8)
+        + &QUESTIONS[2].repeat(7)
+        + " Summarise them in one sentence.";
+    let first = vec![ChatMessage::new("user", &long)];
+    let turn1 = GenerateRequest::new(Prompt::Chat(first.clone()), 20);
+    let mut cache: PromptCache<KvCache> = PromptCache::new(4096);
+    let (c1, none) = run_cached(&e, &mut cache, &turn1);
+    assert_eq!(none, None, "nothing was cached before the first turn");
+    assert!(
+        c1.prompt_tokens >= 300,
+        "{} prompt tokens",
+        c1.prompt_tokens
+    );
+    assert_eq!(cache.len(), 1);
+    assert_eq!(cache.tokens(), c1.prompt_tokens + c1.tokens.len() - 1);
+
+    let mut second = first;
+    second.push(ChatMessage::new("assistant", &c1.text));
+    second.push(ChatMessage::new(
+        "user",
+        "And what is the capital of France?",
+    ));
+    let turn2 = GenerateRequest::new(Prompt::Chat(second), 16);
+    let (cached, reused) = run_cached(&e, &mut cache, &turn2);
+    let reused = reused.expect("the second turn reused the first one's state");
+    assert!(
+        reused >= c1.prompt_tokens,
+        "{reused} of {}",
+        c1.prompt_tokens
+    );
+    assert!(reused < cached.prompt_tokens);
+    assert_eq!(cached.cached_tokens, reused);
+
+    let (tokens, fresh) = alone(&e, &turn2);
+    assert_eq!(fresh.cached_tokens, 0);
+    assert_eq!(cached.tokens, tokens);
+    assert_eq!(cached.text, fresh.text);
+    for (a, b) in cached.logprobs.iter().zip(&fresh.logprobs) {
+        assert!(
+            (a - b).abs() < 1e-3,
+            "logprob {a} with the cache vs {b} without"
+        );
+    }
+    // The second turn's state replaced the first (it extends it).
+    assert_eq!(cache.len(), 1);
+
+    // Another second turn: it shares only the first turn with the entry, which is cut to
+    // that prefix (and was not changed by the turn that used it before).
+    let mut other = match &turn2.prompt {
+        Prompt::Chat(m) => m[..2].to_vec(),
+        _ => unreachable!(),
+    };
+    other.push(ChatMessage::new("user", "Name three colours."));
+    let turn3 = GenerateRequest::new(Prompt::Chat(other), 16);
+    let (c3, reused3) = run_cached(&e, &mut cache, &turn3);
+    let reused3 = reused3.expect("the first turn is still cached");
+    assert!(reused3 >= c1.prompt_tokens && reused3 < c3.prompt_tokens);
+    let (tokens3, fresh3) = alone(&e, &turn3);
+    assert_eq!(c3.tokens, tokens3);
+    for (a, b) in c3.logprobs.iter().zip(&fresh3.logprobs) {
+        assert!(
+            (a - b).abs() < 1e-3,
+            "logprob {a} with the cache vs {b} without"
+        );
+    }
+    assert_eq!(cache.len(), 2, "two turns that part after the first");
+
+    // A disabled cache reuses and keeps nothing.
+    let mut off: PromptCache<KvCache> = PromptCache::new(0);
+    let (c, none) = run_cached(&e, &mut off, &turn2);
+    assert_eq!((none, c.cached_tokens), (None, 0));
+    assert_eq!(c.tokens, tokens);
+    assert!(off.is_empty());
 }

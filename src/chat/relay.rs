@@ -21,6 +21,9 @@ pub async fn relay(
                 });
                 Ok(ChatEvent::Token { text, logprob })
             }
+            Event::Cached { tokens, .. } => Ok(ChatEvent::Cached {
+                tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+            }),
             Event::Done { completion, .. } => Ok(ChatEvent::Done {
                 finish_reason: match completion.finish_reason {
                     inference::FinishReason::Length => FinishReason::Length,
@@ -37,7 +40,7 @@ pub async fn relay(
             // The scheduler sends a request no other state.
             Event::State(_) => continue,
         };
-        let last = !matches!(item, Ok(ChatEvent::Token { .. }));
+        let last = !matches!(item, Ok(ChatEvent::Token { .. } | ChatEvent::Cached { .. }));
         if tx.send(item).await.is_err() || last {
             // Gateway gone (dropping `events` cancels the request) or stream complete.
             return;

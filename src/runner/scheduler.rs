@@ -167,7 +167,7 @@ impl Scheduler {
                     let _ = self.state.send(state);
                 }
             }
-            Event::Token { id, .. } => {
+            Event::Token { id, .. } | Event::Cached { id, .. } => {
                 if let Some(running) = self.running.get(&id) {
                     let _ = running.events.send(event);
                 }
@@ -354,6 +354,7 @@ mod tests {
             logprobs: vec![-0.5],
             finish_reason: FinishReason::Length,
             prompt_tokens: 3,
+            cached_tokens: 0,
             prompt_seconds: 0.0,
             generation_seconds: 0.0,
         }

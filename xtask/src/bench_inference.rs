@@ -24,7 +24,7 @@ use std::process::Command;
 
 /// mlx-lm's release the benchmark measures (it asks for `mlx>=0.32.2`; the venv gets exactly
 /// setup's [`MLX_VERSION`]).
-const MLX_LM_VERSION: &str = "0.32.2";
+pub(crate) const MLX_LM_VERSION: &str = "0.32.2";
 
 /// What the benchmark's venv installs: pinned MLX (the CPU build) and mlx-lm.
 fn mlx_lm_requirements() -> [String; 2] {
@@ -121,7 +121,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn openblas_library() -> Option<PathBuf> {
+pub(crate) fn openblas_library() -> Option<PathBuf> {
     [
         "/lib/x86_64-linux-gnu/libopenblas.so.0",
         "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
@@ -151,7 +151,7 @@ fn installed_mlx_lm(python: &Path) -> Option<(String, String)> {
 
 /// The venv with the pinned mlx-lm (made, or brought to the pinned versions, on first use);
 /// its Python and the versions it holds.
-fn mlx_lm_venv(bench: &Path) -> Result<(PathBuf, (String, String)), String> {
+pub(crate) fn mlx_lm_venv(bench: &Path) -> Result<(PathBuf, (String, String)), String> {
     let venv = bench.join("mlx-lm-venv");
     let python = venv.join("bin").join("python");
     let pinned = (MLX_VERSION.to_owned(), MLX_LM_VERSION.to_owned());
@@ -173,6 +173,20 @@ fn mlx_lm_venv(bench: &Path) -> Result<(PathBuf, (String, String)), String> {
             "the venv holds mlx/mlx-lm {other:?}, not the pinned {pinned:?}"
         )),
     }
+}
+
+/// The fixture as an f32 Hugging Face folder under `bench` (what mlx-lm reads), exported
+/// with the release build's `export_hf` example on first use.
+pub(crate) fn f32_folder(bench: &Path, release: &Path) -> Result<PathBuf, String> {
+    let folder = bench.join("smollm2-f32");
+    if !folder.join("model.safetensors").exists() {
+        eprintln!("bench: exporting the fixture as a Hugging Face folder for mlx-lm ...");
+        run(Command::new(release.join("examples").join("export_hf"))
+            .arg(default_model())
+            .arg(&folder)
+            .arg("f32"))?;
+    }
+    Ok(folder)
 }
 
 /// Builds llama.cpp's `llama-bench` from the sources in the pinned sdist (see
@@ -324,14 +338,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     let shoal = release.join("shoal");
     let bench = cache_dir().join("bench");
     std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
-    let folder = bench.join("smollm2-f32");
-    if !folder.join("model.safetensors").exists() {
-        eprintln!("bench: exporting the fixture as a Hugging Face folder for mlx-lm ...");
-        run(Command::new(release.join("examples").join("export_hf"))
-            .arg(&model)
-            .arg(&folder)
-            .arg("f32"))?;
-    }
+    let folder = f32_folder(&bench, &release)?;
     // Fixed, spread-out token ids (as mlx-lm's own benchmark uses arbitrary ids).
     let ids: Vec<String> = (0..PROMPT_TOKENS)
         .map(|i| ((i * 7919) % 48000 + 100).to_string())

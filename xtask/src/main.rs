@@ -1,10 +1,12 @@
 //! `cargo xtask <command>`: the developer entry points of shoal. Run `cargo xtask help`.
 
 mod bench_cluster;
+mod bench_concurrency;
 mod bench_download;
 mod bench_forward;
 mod bench_inference;
 mod bench_peer_copy;
+mod bench_prompt_cache;
 mod cluster;
 mod e2e;
 mod kquants;
@@ -59,6 +61,12 @@ Commands:
   bench cluster [--nodes 1,2,3] [--pp 128] [--tg 64] [--repeat 3]
                    `shoal bench` on 1, 2 and 3 nodes in namespaces, with the
                    per-token overhead of each extra rank
+  bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--no-mlx-lm]
+                   many streams at once: shoal vs mlx_lm.server (its batching on), one
+                   node in a namespace, alternating; aggregate tok/s, TTFT p50/p99
+  bench prompt-cache [--words 700] [--rounds 3]
+                   second turn of a ~1,000-token chat: time to first token with the
+                   prompt cache and without (--prompt-cache-tokens 0)
   help             this text
 
 Environment:
@@ -178,9 +186,11 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("cluster") => bench_cluster::bench_cluster(&args[1..]),
         Some("download") => bench_download::bench_download(&args[1..]),
         Some("peer-copy") => bench_peer_copy::bench_peer_copy(&args[1..]),
+        Some("concurrency") => bench_concurrency::bench_concurrency(&args[1..]),
+        Some("prompt-cache") => bench_prompt_cache::bench_prompt_cache(&args[1..]),
         _ => Err(
             "bench: say what to measure: `cargo xtask bench mesh`, `inference`, \
-                  `forward`, `cluster`, `download` or `peer-copy`"
+                  `forward`, `cluster`, `download`, `peer-copy`, `concurrency` or `prompt-cache`"
                 .into(),
         ),
     }

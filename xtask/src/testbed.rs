@@ -346,6 +346,24 @@ impl Testbed {
     /// Runs the venv's Python on `xtask/e2e_client.py` inside node `from`'s namespace; the
     /// output on success (it printed "all passed"), else an error with the script's output.
     pub fn client(&self, from: usize, args: &[String], limit: Duration) -> Result<String, String> {
+        self.script(from, "e2e_client.py", args, limit)
+    }
+
+    /// A command running `program` inside node `i`'s namespace (a peer server the benchmarks
+    /// start beside a node).
+    pub fn command_in(&self, i: usize, program: &Path) -> Command {
+        self.ns(i).command(&program.display().to_string())
+    }
+
+    /// Runs the venv's Python on `xtask/<script>` inside node `from`'s namespace, as
+    /// [`Testbed::client`] does.
+    pub fn script(
+        &self,
+        from: usize,
+        script: &str,
+        args: &[String],
+        limit: Duration,
+    ) -> Result<String, String> {
         let python = venv_python();
         if !python.exists() {
             return Err(format!(
@@ -353,7 +371,7 @@ impl Testbed {
                 python.display()
             ));
         }
-        let script = workspace_root().join("xtask").join("e2e_client.py");
+        let script = workspace_root().join("xtask").join(script);
         let mut cmd = self.ns(from).command(&python.display().to_string());
         cmd.arg(&script).args(args);
         let out = run_bounded(cmd, limit)?;

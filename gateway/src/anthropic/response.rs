@@ -58,7 +58,20 @@ pub fn message_json(
         "content": content,
         "stop_reason": stop_reason(ending),
         "stop_sequence": ending.stop_sequence,
-        "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
+        "usage": usage_json(ending),
+    })
+}
+
+/// The `usage` of a finished message. `input_tokens` counts the whole prompt (as
+/// `count_tokens` does); `cache_read_input_tokens`, the part of it the engine's prompt cache
+/// held (the cache needs no `cache_control` and is never written on request, so
+/// `cache_creation_input_tokens` is 0).
+fn usage_json(ending: &Ending) -> Value {
+    json!({
+        "input_tokens": ending.prompt_tokens,
+        "output_tokens": ending.completion_tokens,
+        "cache_read_input_tokens": ending.cached_tokens,
+        "cache_creation_input_tokens": 0,
     })
 }
 
@@ -219,7 +232,7 @@ impl Encoder for MessagesEncoder {
             &json!({
                 "type": "message_delta",
                 "delta": {"stop_reason": stop_reason(ending), "stop_sequence": ending.stop_sequence},
-                "usage": {"input_tokens": ending.prompt_tokens, "output_tokens": ending.completion_tokens},
+                "usage": usage_json(ending),
             }),
         ));
         frames.push(sse_named("message_stop", &json!({"type": "message_stop"})));
@@ -249,6 +262,7 @@ mod tests {
             stop_sequence: stop.map(str::to_string),
             prompt_tokens: 3,
             completion_tokens: 2,
+            cached_tokens: 2,
             tool_calls: 0,
         }
     }
@@ -272,6 +286,8 @@ mod tests {
         assert_eq!(m["stop_reason"], "stop_sequence");
         assert_eq!(m["stop_sequence"], "X");
         assert_eq!(m["usage"]["input_tokens"], 3);
+        assert_eq!(m["usage"]["cache_read_input_tokens"], 2);
+        assert_eq!(m["usage"]["cache_creation_input_tokens"], 0);
     }
 
     #[test]

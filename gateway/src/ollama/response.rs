@@ -85,6 +85,7 @@ pub fn answer_json(
         out.insert("done_reason".into(), json!(reason));
         out.insert("total_duration".into(), json!(ns(t.received, t.ended)));
         out.insert("load_duration".into(), json!(ns(t.received, t.accepted)));
+        // Ollama has no field for prompt tokens a cache held: the count is the whole prompt.
         out.insert("prompt_eval_count".into(), json!(ending.prompt_tokens));
         out.insert("prompt_eval_duration".into(), json!(ns(t.accepted, first)));
         out.insert("eval_count".into(), json!(ending.completion_tokens));
@@ -303,6 +304,7 @@ mod tests {
             stop_sequence: None,
             prompt_tokens: 4,
             completion_tokens: 2,
+            cached_tokens: 0,
             tool_calls: 0,
         };
         let v = answer_json(Shape::Chat, "m", ("", ""), &[], Some((&ending, &t)));

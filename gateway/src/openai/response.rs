@@ -33,6 +33,8 @@ impl CompletionMeta {
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
+    /// Of `prompt_tokens`, those the engine's prompt cache held.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
@@ -42,6 +44,7 @@ impl Usage {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens.saturating_add(self.completion_tokens),
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         })
     }
 }
@@ -266,9 +269,11 @@ mod tests {
             Usage {
                 prompt_tokens: 3,
                 completion_tokens: 2,
+                cached_tokens: 1,
             },
         );
         assert_eq!(c["usage"]["total_tokens"], 5);
+        assert_eq!(c["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
         assert_eq!(c["choices"][0]["finish_reason"], "length");
         assert_eq!(c["choices"][0]["message"]["content"], "hi");
     }

@@ -78,7 +78,7 @@ pub fn response_json(meta: &ResponseMeta, output: &[Value], ending: Option<&Endi
     let usage = ending.map_or(Value::Null, |e| {
         json!({
             "input_tokens": e.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": e.cached_tokens},
             "output_tokens": e.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": e.prompt_tokens.saturating_add(e.completion_tokens),
@@ -268,6 +268,7 @@ const COMPLETE: Ending = Ending {
     stop_sequence: None,
     prompt_tokens: 0,
     completion_tokens: 0,
+    cached_tokens: 0,
     tool_calls: 0,
 };
 
@@ -392,6 +393,7 @@ mod tests {
             stop_sequence: None,
             prompt_tokens: 5,
             completion_tokens: 3,
+            cached_tokens: 4,
             tool_calls: 0,
         };
         let output = output_items(&meta, ("abc", ""), &[], &ending);
@@ -400,6 +402,7 @@ mod tests {
         assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(r["output"][0]["content"][0]["text"], "abc");
         assert_eq!(r["usage"]["total_tokens"], 8);
+        assert_eq!(r["usage"]["input_tokens_details"]["cached_tokens"], 4);
     }
 
     #[test]
@@ -419,6 +422,7 @@ mod tests {
             stop_sequence: None,
             prompt_tokens: 3,
             completion_tokens: 1,
+            cached_tokens: 0,
             tool_calls: 0,
         };
         frames.extend(e.finish(&ending, &t));

@@ -14,10 +14,19 @@
 //! would outgrow the budget the most recently admitted sequence is preempted: its cache is
 //! dropped and it waits at the head of the queue, to be prefilled again (prompt and the tokens
 //! it generated) when room returns, continuing exactly where it stopped.
+//!
+//! With a prompt cache ([`Batcher::with_prompt_cache`], over a forward that
+//! [`BatchForward::keeps_caches`]), a request joining starts from the cached state of the
+//! longest prefix it shares with an earlier one ([`BatchEvent::Cached`] says how many of its
+//! prompt tokens), and a request that ends leaves its state there. The cache lives in the
+//! room the running sequences leave within `kv_tokens`: it is cut before any sequence waits
+//! or is preempted for lack of room.
 
 use super::forward::{BatchForward, Part, Slot};
+use super::prompt_cache::PromptCache;
 use crate::error::{InferenceError, Result};
 use crate::generate::check_request;
+use crate::kv_cache::KvCache;
 use crate::request::{Completion, GenerateRequest, TokenEvent};
 use crate::sampling::Sampler;
 use crate::sequence::SequenceOutput;
@@ -39,6 +48,12 @@ pub struct BatchLimits {
 /// What happened to one request in a step.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BatchEvent {
+    /// Leading tokens of the request's prompt whose state came from the prompt cache
+    /// (before its first token, and only when there were some).
+    Cached {
+        /// How many.
+        tokens: usize,
+    },
     /// A generated token.
     Token {
         /// Token id.
@@ -72,6 +87,8 @@ struct Sequence {
     cancelled: bool,
     admitted: Option<Instant>,
     first_token: Option<Instant>,
+    /// Tokens in the prompt (`context` grows past it).
+    prompt_len: usize,
 }
 
 impl Sequence {
@@ -90,6 +107,8 @@ pub struct Batcher<'a> {
     active: Vec<Sequence>,
     /// Events of requests that ended outside a step (nothing to generate, cancelled).
     ended: Vec<(u64, BatchEvent)>,
+    /// Ended requests' states, for the next ones (see the module docs).
+    cache: Option<&'a mut PromptCache<KvCache>>,
 }
 
 impl<'a> Batcher<'a> {
@@ -110,7 +129,17 @@ impl<'a> Batcher<'a> {
             waiting: VecDeque::new(),
             active: Vec::new(),
             ended: Vec::new(),
+            cache: None,
         }
+    }
+
+    /// Reuses and fills `cache` (see the module docs); ignored when the forward cannot take
+    /// caches out, or when the cache is disabled.
+    pub fn with_prompt_cache(mut self, cache: &'a mut PromptCache<KvCache>) -> Batcher<'a> {
+        if self.forward.keeps_caches() && cache.enabled() {
+            self.cache = Some(cache);
+        }
+        self
     }
 
     /// Takes request `id`: checked now (a bad request is refused here), run from the next
@@ -128,6 +157,7 @@ impl<'a> Batcher<'a> {
         self.waiting.push_back(Sequence {
             id,
             slot: None,
+            prompt_len: prompt.len(),
             context: prompt,
             fed: 0,
             sampler: Sampler::new(request.sampling.clone()),
@@ -182,8 +212,12 @@ impl<'a> Batcher<'a> {
     pub fn step(&mut self) -> Result<Vec<(u64, BatchEvent)>> {
         let mut events = std::mem::take(&mut self.ended);
         self.drop_cancelled(&mut events)?;
-        self.admit();
+        self.admit(&mut events);
         self.preempt();
+        let room = self.limits.kv_tokens.saturating_sub(self.kv_in_use());
+        if let Some(cache) = self.cache.as_deref_mut() {
+            cache.shrink_to(room);
+        }
         // Decoding sequences take one token each; prompts share what is left.
         let mut budget = self.forward.step_tokens().max(1);
         let mut plan: Vec<(usize, usize)> = Vec::new();
@@ -295,8 +329,9 @@ impl<'a> Batcher<'a> {
         Ok(())
     }
 
-    /// Admits waiting requests while there is room (see the module docs).
-    fn admit(&mut self) {
+    /// Admits waiting requests while there is room (see the module docs), each from the
+    /// longest cached prefix of its context when there is one.
+    fn admit(&mut self, events: &mut Vec<(u64, BatchEvent)>) {
         while self.active.len() < self.limits.max_sequences {
             let Some(next) = self.waiting.front() else {
                 return;
@@ -306,7 +341,23 @@ impl<'a> Batcher<'a> {
                 return;
             }
             let mut s = self.waiting.pop_front().expect("checked above");
-            match self.forward.open() {
+            // At least the last token runs, for the logits of the next one.
+            let hit = self
+                .cache
+                .as_deref_mut()
+                .and_then(|c| c.lookup(&s.context, s.context.len() - 1));
+            let opened = match hit {
+                Some(mut hit) => {
+                    hit.value.truncate(hit.tokens);
+                    let opened = self.forward.open_from(hit.value);
+                    if opened.is_ok() {
+                        s.fed = hit.tokens;
+                    }
+                    opened.or_else(|_| self.forward.open())
+                }
+                None => self.forward.open(),
+            };
+            match opened {
                 Ok(slot) => s.slot = Some(slot),
                 Err(e) => {
                     // Cannot happen within `max_sequences`; the request waits rather than fail.
@@ -317,6 +368,11 @@ impl<'a> Batcher<'a> {
             }
             if s.admitted.is_none() {
                 s.admitted = Some(Instant::now());
+                let cached = s.fed.min(s.prompt_len);
+                s.output.completion_mut().cached_tokens = cached;
+                if cached > 0 {
+                    events.push((s.id, BatchEvent::Cached { tokens: cached }));
+                }
             }
             self.active.push(s);
         }
@@ -325,6 +381,10 @@ impl<'a> Batcher<'a> {
     /// Preempts the most recently admitted sequences while the running ones would outgrow
     /// the KV budget (one sequence alone is never preempted).
     fn preempt(&mut self) {
+        let room = self.limits.kv_tokens.saturating_sub(self.kv_in_use() + 1);
+        if let Some(cache) = self.cache.as_deref_mut() {
+            cache.shrink_to(room);
+        }
         while self.active.len() > 1 && self.kv_in_use() + 1 > self.limits.kv_tokens {
             let mut s = self.active.pop().expect("more than one");
             if let Some(slot) = s.slot.take() {
@@ -338,7 +398,23 @@ impl<'a> Batcher<'a> {
 
     fn end(&mut self, mut s: Sequence, events: &mut Vec<(u64, BatchEvent)>) -> Result<()> {
         if let Some(slot) = s.slot.take() {
-            self.forward.close(slot);
+            match self.cache.as_deref_mut() {
+                Some(cache) => {
+                    // `s` has left `active`: the room is what the others leave.
+                    let room = self
+                        .limits
+                        .kv_tokens
+                        .saturating_sub(self.active.iter().map(|a| a.context.len()).sum());
+                    match self.forward.take(slot) {
+                        Some(kv) if kv.len() == s.fed && s.fed > 0 => {
+                            s.context.truncate(s.fed);
+                            cache.insert(std::mem::take(&mut s.context), kv, room);
+                        }
+                        _ => cache.shrink_to(room),
+                    }
+                }
+                None => self.forward.close(slot),
+            }
         }
         if let Some(first) = s.first_token {
             s.output.completion_mut().generation_seconds = first.elapsed().as_secs_f64();

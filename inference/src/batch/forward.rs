@@ -36,6 +36,25 @@ pub trait BatchForward {
     fn open(&mut self) -> Result<Slot>;
     /// Frees a slot and its cache.
     fn close(&mut self, slot: Slot);
+    /// Whether slots' caches can be taken out ([`BatchForward::take`]) and given back
+    /// ([`BatchForward::open_from`]): what a prompt cache needs. The whole model in this
+    /// process can; a distributed stage's cache lives across ranks and cannot.
+    fn keeps_caches(&self) -> bool {
+        false
+    }
+    /// A slot continuing `cache` (a prompt cache's entry, already cut to the reused prefix).
+    fn open_from(&mut self, cache: KvCache) -> Result<Slot> {
+        drop(cache);
+        Err(InferenceError::InvalidRequest(
+            "this forward cannot take a cached prefix".into(),
+        ))
+    }
+    /// Frees a slot, handing back its cache (`None` where [`BatchForward::keeps_caches`] is
+    /// false).
+    fn take(&mut self, slot: Slot) -> Option<KvCache> {
+        self.close(slot);
+        None
+    }
     /// Runs one step; returns the logits (`vocab` floats) of each part that wants them, in
     /// order. An error leaves every slot in an unknown state.
     fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>>;
@@ -94,6 +113,28 @@ impl BatchForward for LocalBatch<'_> {
 
     fn close(&mut self, slot: Slot) {
         self.caches.remove(&slot);
+    }
+
+    fn keeps_caches(&self) -> bool {
+        true
+    }
+
+    fn open_from(&mut self, cache: KvCache) -> Result<Slot> {
+        let layers = self.model.new_cache().layers.len();
+        if cache.layers.len() != layers {
+            return Err(InferenceError::InvalidRequest(format!(
+                "a cached prefix of {} layers for a shard of {layers}",
+                cache.layers.len()
+            )));
+        }
+        let slot = self.next;
+        self.next += 1;
+        self.caches.insert(slot, cache);
+        Ok(slot)
+    }
+
+    fn take(&mut self, slot: Slot) -> Option<KvCache> {
+        self.caches.remove(&slot)
     }
 
     fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>> {

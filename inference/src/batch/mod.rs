@@ -8,6 +8,9 @@
 //! RoPE, the KV cache and attention run per sequence at its own offset against its own
 //! cache (per-sequence caches; see [`crate::models::base::Attention::forward_segments`]).
 //! No mask is needed and each sequence attends to exactly what it would alone.
+//!
+//! **Prompt cache** ([`PromptCache`]): the states of ended requests, so that the next turn
+//! of a chat or another request with the same system prompt skips that prefill.
 
 mod batcher;
 mod forward;
@@ -17,3 +20,6 @@ pub use forward::{BatchForward, LocalBatch, OneAtATime, Part, Slot, LOCAL_STEP_T
 
 mod limits;
 pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};
+
+mod prompt_cache;
+pub use prompt_cache::{prompt_cache_tokens, Hit, PromptCache, PROMPT_CACHE_ENV};

@@ -87,6 +87,13 @@ pub enum Input {
         /// Its log-probability.
         logprob: f32,
     },
+    /// Part of a request's prompt came from the prompt cache.
+    Cached {
+        /// The request.
+        id: u64,
+        /// Prompt tokens reused.
+        tokens: usize,
+    },
     /// The outcome of [`Action::Generate`].
     Generated {
         /// The request.
@@ -295,6 +302,11 @@ impl RunnerCore {
                         text,
                         logprob,
                     }));
+                }
+            }
+            Input::Cached { id, tokens } => {
+                if self.running.contains(&id) {
+                    out.push(Output::Event(Event::Cached { id, tokens }));
                 }
             }
             Input::Generated { id, result } => self.generated(id, result, out),

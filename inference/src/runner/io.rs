@@ -13,11 +13,13 @@ use super::protocol::{
     read_frame, write_frame, Command, Event, FrameError, RunnerStatus, Sharding,
 };
 use crate::batch::{
-    batch_limits_of, BatchEvent, BatchForward, BatchLimits, Batcher, LocalBatch, OneAtATime,
+    batch_limits_of, prompt_cache_tokens, BatchEvent, BatchForward, BatchLimits, Batcher,
+    LocalBatch, OneAtATime, PromptCache,
 };
 use crate::engine::Engine;
 use crate::error::InferenceError;
 use crate::forward::Forward;
+use crate::kv_cache::KvCache;
 use crate::loader::{base_load_timeout, load, Split, Watchdog};
 use crate::pipeline::PipelineStage;
 use crate::request::{GenerateRequest, Prompt};
@@ -146,6 +148,7 @@ pub fn serve(
         tx,
         ring: None,
         held: Held::Nothing,
+        prompt_cache: None,
     };
     loop {
         while let Some(action) = pending.pop_front() {
@@ -196,6 +199,9 @@ struct Io {
     tx: mpsc::Sender<Input>,
     ring: Option<Ring>,
     held: Held,
+    /// Ended requests' KV states, kept across batches (made with the first batch, sized by
+    /// [`prompt_cache_tokens`]).
+    prompt_cache: Option<PromptCache<KvCache>>,
 }
 
 impl Io {
@@ -349,7 +355,8 @@ impl Io {
     /// Runs request `id` and every request that joins while it runs, batched (see
     /// [`crate::batch`]), until none is left: between two steps the commands that came are fed
     /// to the core, which adds requests to the batch or cancels them; events go out as each
-    /// step produces them. A multi-rank instance's rank 0 runs one sequence at a time.
+    /// step produces them. A multi-rank instance's rank 0 runs one sequence at a time. A
+    /// whole model keeps ended requests' states in the prompt cache across batches.
     fn batch(&mut self, id: u64, request: GenerateRequest) -> Vec<Action> {
         let (shared, rx) = (self.shared.clone(), &self.rx);
         let (forward, tokenizer): (Box<dyn BatchForward + '_>, &Tokenizer) = match &mut self.held {
@@ -369,7 +376,12 @@ impl Io {
             }
         };
         let limits = batch_limits_of(forward.config());
-        let mut batcher = Batcher::new(forward, tokenizer, limits);
+        let cache = self.prompt_cache.get_or_insert_with(|| {
+            let tokens = prompt_cache_tokens(limits.kv_tokens);
+            tracing::info!(tokens, "prompt cache");
+            PromptCache::new(tokens)
+        });
+        let mut batcher = Batcher::new(forward, tokenizer, limits).with_prompt_cache(cache);
         let mut later = Vec::new();
         let mut todo: VecDeque<Action> = VecDeque::from([Action::Generate { id, request }]);
         loop {
@@ -402,6 +414,7 @@ impl Io {
             };
             for (id, event) in events {
                 let input = match event {
+                    BatchEvent::Cached { tokens } => Input::Cached { id, tokens },
                     BatchEvent::Token {
                         token,
                         text,

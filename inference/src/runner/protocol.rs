@@ -103,6 +103,14 @@ pub enum Event {
         /// Log-probability of the token.
         logprob: f32,
     },
+    /// Leading tokens of a request's prompt whose state came from the prompt cache: sent
+    /// before its first token, only when there were some (the APIs' `cached_tokens`).
+    Cached {
+        /// The request.
+        id: u64,
+        /// How many prompt tokens were not computed again.
+        tokens: usize,
+    },
     /// A generation finished.
     Done {
         /// The request.

@@ -51,6 +51,7 @@ fn completion() -> Completion {
         logprobs: vec![-0.5],
         finish_reason: FinishReason::Length,
         prompt_tokens: 2,
+        cached_tokens: 0,
         prompt_seconds: 0.0,
         generation_seconds: 0.0,
     }

@@ -1,0 +1,367 @@
+//! `cargo xtask bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--no-mlx-lm]`:
+//! many users at once. One shoal node serving the fixture (in a network namespace, with
+//! `--max-sequences` as large as the most streams) and mlx-lm's server (`mlx_lm.server`,
+//! the pinned mlx-lm in its own venv, the same fixture as f32 with the system OpenBLAS, its
+//! batching on: `--decode-concurrency` and `--prompt-concurrency`) in the same namespace.
+//! For each number of streams, alternating shoal then mlx-lm, that many streaming greedy
+//! chats of exactly `--tokens` tokens start together (distinct prompts; shoal ignores its end
+//! tokens, mlx-lm is biased against them), and the table gives, per server, the aggregate
+//! generated tokens per second (all tokens over the wall time), the time to first token p50
+//! and p99, and the ratio shoal/mlx-lm. `cargo xtask bench prompt-cache` is in
+//! [`crate::bench_prompt_cache`]. Not part of CI (minutes on two cores).
+
+use crate::bench_inference::{f32_folder, mlx_lm_venv, openblas_library};
+use crate::e2e::json_line;
+use crate::paths::{cache_dir, target_dir};
+use crate::testbed::{self, Poll, Testbed, API_PORT};
+use crate::util::run;
+use kit::instances::instances_in_state;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Where mlx-lm's server listens, in the node's namespace.
+pub(crate) const MLX_PORT: u16 = 8080;
+/// The name mlx-lm's server gives the model of its `--model` flag.
+pub(crate) const MLX_MODEL: &str = "default_model";
+
+struct Options {
+    streams: Vec<usize>,
+    tokens: usize,
+    mlx_lm: bool,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        streams: vec![1, 4, 8, 16, 32],
+        tokens: 128,
+        mlx_lm: true,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--streams" => {
+                let list = it.next().ok_or("--streams needs a list, e.g. 1,4,8")?;
+                o.streams = list
+                    .split(',')
+                    .map(|n| n.trim().parse().ok().filter(|n| (1..=64).contains(n)))
+                    .collect::<Option<Vec<usize>>>()
+                    .ok_or(format!(
+                        "--streams {list}: numbers from 1 to 64, comma-separated"
+                    ))?;
+            }
+            "--tokens" => {
+                let n = it.next().ok_or("--tokens needs a number")?;
+                o.tokens = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or(format!("--tokens {n}: give a number from 1 to 1024"))?;
+            }
+            "--no-mlx-lm" => o.mlx_lm = false,
+            other => return Err(format!("bench concurrency: unknown argument `{other}`")),
+        }
+    }
+    Ok(o)
+}
+
+/// A peer server started in a namespace; killed (by its pid) when dropped.
+pub(crate) struct Peer(pub(crate) Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The release `shoal` and the exporter, built; the release directory.
+pub(crate) fn build_release() -> Result<PathBuf, String> {
+    eprintln!("bench: building shoal and the exporter (release) ...");
+    run(crate::cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "shoal",
+        "--bin",
+        "shoal",
+        "--package",
+        "inference",
+        "--example",
+        "export_hf",
+    ]))?;
+    Ok(target_dir().join("release"))
+}
+
+/// Starts `mlx_lm.server` on the f32 fixture in node 0's namespace, batching up to
+/// `concurrency` sequences; waits until it answers.
+pub(crate) fn start_mlx_lm(
+    tb: &Testbed,
+    release: &std::path::Path,
+    concurrency: usize,
+) -> Result<(Peer, String), String> {
+    let bench = cache_dir().join("bench");
+    std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
+    let folder = f32_folder(&bench, release)?;
+    let (python, (mlx, lm)) = mlx_lm_venv(&bench)?;
+    let log = tb.log_dir().join("mlx-lm-server.log");
+    let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let mut cmd = tb.command_in(0, &python);
+    cmd.args(["-m", "mlx_lm.server", "--model"])
+        .arg(&folder)
+        .args(["--host", "0.0.0.0", "--port", &MLX_PORT.to_string()])
+        .args(["--decode-concurrency", &concurrency.to_string()])
+        .args(["--prompt-concurrency", &concurrency.clamp(1, 8).to_string()])
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().map_err(|e| e.to_string())?)
+        .stderr(file);
+    if let Some(lib) = openblas_library() {
+        cmd.env("LD_PRELOAD", lib);
+    }
+    let peer = Peer(
+        cmd.spawn()
+            .map_err(|e| format!("cannot start mlx_lm.server: {e}"))?,
+    );
+    let url = format!("http://127.0.0.1:{MLX_PORT}/v1");
+    tb.script(
+        0,
+        "bench_load.py",
+        &["wait".into(), url.clone(), "240".into()],
+        Duration::from_secs(250),
+    )
+    .map_err(|e| {
+        let tail = std::fs::read_to_string(&log).unwrap_or_default();
+        format!("{e}\nmlx_lm.server's log:\n{tail}")
+    })?;
+    eprintln!("bench: mlx_lm.server ready (mlx {mlx}, mlx-lm {lm})");
+    Ok((peer, url))
+}
+
+/// Starts one node serving the default model with `extra` flags; waits until it is ready.
+pub(crate) fn start_shoal(tag: &str, extra: Vec<String>) -> Result<(Testbed, String), String> {
+    testbed::catch_ctrl_c()?;
+    let binary = target_dir().join("release").join("shoal");
+    let mut tb = Testbed::start(tag, 1, &binary, move |_| {
+        let mut args = vec!["--model".to_string(), "default".to_string()];
+        args.extend(extra.iter().cloned());
+        args
+    })?;
+    tb.wait_for(
+        "the default model ready",
+        Duration::from_secs(240),
+        Duration::from_millis(500),
+        |tb| {
+            tb.check_alive(0)?;
+            let state = match tb.get(0, "/state") {
+                Ok(state) => state,
+                Err(e) => return Ok(Poll::Waiting(e)),
+            };
+            Ok(if instances_in_state(&state).iter().any(|i| i.ready) {
+                Poll::Ready(())
+            } else {
+                Poll::Waiting("no ready instance yet".into())
+            })
+        },
+    )?;
+    Ok((tb, format!("http://127.0.0.1:{API_PORT}/v1")))
+}
+
+/// The end-token ids of the exported fixture (from its `config.json`), for mlx-lm's
+/// `logit_bias`: with them out of reach it generates exactly the tokens asked for, as shoal
+/// does with `ignore_eos`.
+fn end_tokens(folder: &std::path::Path) -> Vec<u64> {
+    let config: Value = std::fs::read_to_string(folder.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let mut ids: Vec<u64> = match &config["eos_token_id"] {
+        Value::Number(n) => n.as_u64().into_iter().collect(),
+        Value::Array(a) => a.iter().filter_map(Value::as_u64).collect(),
+        _ => Vec::new(),
+    };
+    // SmolLM2's chat end (`<|im_end|>`) and text end (`<|endoftext|>`).
+    for id in [0, 2] {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// One run's figures.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    tps: f64,
+    p50: f64,
+    p99: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn figures(line: &Value) -> Result<Figures, String> {
+    let wall = line["wall"].as_f64().ok_or("no wall time")?;
+    let generated = line["generated"].as_f64().ok_or("no token count")?;
+    let mut ttft: Vec<f64> = line["ttft"]
+        .as_array()
+        .ok_or("no ttft list")?
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    ttft.sort_by(f64::total_cmp);
+    Ok(Figures {
+        tps: generated / wall.max(1e-9),
+        p50: percentile(&ttft, 0.5),
+        p99: percentile(&ttft, 0.99),
+    })
+}
+
+/// `n` streams of `tokens` against `model` at `url` with `extra` in each body.
+fn load(
+    tb: &Testbed,
+    (url, model): (&str, &str),
+    n: usize,
+    tokens: usize,
+    extra: &Value,
+) -> Result<Figures, String> {
+    let out = tb.script(
+        0,
+        "bench_load.py",
+        &[
+            "streams".into(),
+            url.into(),
+            model.into(),
+            n.to_string(),
+            tokens.to_string(),
+            extra.to_string(),
+        ],
+        Duration::from_secs(900),
+    )?;
+    figures(&json_line(&out, "ttft").ok_or("the load client printed no figures")?)
+}
+
+/// Runs the benchmark and prints the table.
+pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    crate::setup::setup()?;
+    let release = build_release()?;
+    let most = o.streams.iter().copied().max().unwrap_or(1);
+    let (tb, shoal_url) = start_shoal(
+        "conc",
+        vec![
+            "--max-sequences".into(),
+            most.to_string(),
+            "--max-queue".into(),
+            (2 * most).to_string(),
+        ],
+    )?;
+    let result = (|| {
+        let mlx = if o.mlx_lm {
+            Some(start_mlx_lm(&tb, &release, most)?)
+        } else {
+            None
+        };
+        let folder = cache_dir().join("bench").join("smollm2-f32");
+        let bias: serde_json::Map<String, Value> = end_tokens(&folder)
+            .into_iter()
+            .map(|id| (id.to_string(), json!(-100)))
+            .collect();
+        let shoal_extra = json!({"ignore_eos": true});
+        let mlx_extra = json!({ "logit_bias": bias });
+        let mut rows = Vec::new();
+        for &n in &o.streams {
+            testbed::check_interrupt()?;
+            eprintln!("bench: {n} streams on shoal ...");
+            let s = load(&tb, (&shoal_url, "default"), n, o.tokens, &shoal_extra)?;
+            let m = match &mlx {
+                Some((_, url)) => {
+                    eprintln!("bench: {n} streams on mlx-lm ...");
+                    Some(load(&tb, (url, MLX_MODEL), n, o.tokens, &mlx_extra)?)
+                }
+                None => None,
+            };
+            rows.push((n, s, m));
+        }
+        print_table(&o, &rows);
+        Ok(())
+    })();
+    if result.is_err() {
+        eprintln!("node log:\n{}", tb.all_logs(30));
+    }
+    result
+}
+
+fn print_table(o: &Options, rows: &[(usize, Figures, Option<Figures>)]) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!();
+    println!(
+        "SmolLM2-135M-Instruct as f32, {} greedy tokens per stream, streams started together; \
+         {cores} cores",
+        o.tokens
+    );
+    println!(
+        "{:>7} | {:>11} {:>9} {:>9} | {:>11} {:>9} {:>9} | {:>11}",
+        "streams",
+        "shoal tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "mlx-lm tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "shoal/mlx-lm"
+    );
+    let single = rows.iter().find(|r| r.0 == 1).map(|r| r.1.tps);
+    for (n, s, m) in rows {
+        let (mt, m50, m99, ratio) = match m {
+            Some(m) => (
+                format!("{:.1}", m.tps),
+                format!("{:.2} s", m.p50),
+                format!("{:.2} s", m.p99),
+                format!("{:.2}x", s.tps / m.tps),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "{n:>7} | {:>11.1} {:>9} {:>9} | {mt:>12} {m50:>9} {m99:>9} | {ratio:>11}",
+            s.tps,
+            format!("{:.2} s", s.p50),
+            format!("{:.2} s", s.p99),
+        );
+    }
+    if let Some(one) = single {
+        for (n, s, _) in rows.iter().filter(|r| r.0 > 1) {
+            println!(
+                "shoal at {n} streams: {:.2}x its single-stream rate",
+                s.tps / one
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_and_figures() {
+        let o = parse(&[
+            "--streams".into(),
+            "1,8".into(),
+            "--tokens".into(),
+            "16".into(),
+        ])
+        .unwrap();
+        assert_eq!((o.streams, o.tokens, o.mlx_lm), (vec![1, 8], 16, true));
+        assert!(parse(&["--streams".into(), "0".into()]).is_err());
+        assert!(parse(&["--bogus".into()]).is_err());
+        let f = figures(&json!({"wall": 2.0, "generated": 256, "ttft": [0.5, 0.1, 0.3]})).unwrap();
+        assert_eq!((f.tps, f.p50, f.p99), (128.0, 0.3, 0.5));
+        assert!(figures(&json!({"wall": 1.0})).is_err());
+    }
+}
