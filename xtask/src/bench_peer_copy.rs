@@ -17,7 +17,7 @@ use kit::client::{Api, Method};
 use kit::netns::{Netns, Node, Spec};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const API_PORT: u16 = 52415;
