@@ -510,6 +510,7 @@ mod tests {
                 total: 30,
             }),
             queued_requests: Some(0),
+            download: None,
         };
         assert_eq!(
             to_value(&rank).unwrap(),
