@@ -18,7 +18,7 @@ use crate::util::run;
 use kit::instances::instances_in_state;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 /// Where mlx-lm's server listens, in the node's namespace.
