@@ -309,8 +309,12 @@ fn the_member_serving_a_copy_dies_mid_file_and_another_finishes_it() {
     let record = download_record(&nodes[2], c).expect("C's download record");
     assert_eq!(record["state"], "complete", "{record}");
     assert_eq!(record["done"], record["total"], "{record}");
-    assert_eq!(
-        record["fetched"], record["total"],
+    // `fetched` counts bytes that came over the network for this download: never more than
+    // the model (a resumed copy does not fetch the held part again); files the node already
+    // held (the config the placing node read) count as done, not fetched.
+    let (fetched, total) = (record["fetched"].as_u64(), record["total"].as_u64());
+    assert!(
+        fetched.is_some() && fetched <= total,
         "bytes held before the cut were fetched again: {record}"
     );
     let snapshot_dir = std::fs::read_dir(
