@@ -272,7 +272,7 @@ mod tests {
             for (tokens, store, room) in ops {
                 if store {
                     c.insert(tokens.clone(), tokens, room);
-                    prop_assert!(c.tokens() <= capacity.min(room).max(0));
+                    prop_assert!(c.tokens() <= capacity.min(room));
                 } else {
                     let limit = tokens.len().saturating_sub(1);
                     if let Some(hit) = c.lookup(&tokens, limit) {
