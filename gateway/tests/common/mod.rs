@@ -110,16 +110,7 @@ pub async fn call(
     path: &str,
     body: &str,
 ) -> (StatusCode, HeaderMap, Bytes) {
-    let fut = async {
-        let response = send(addr, build(method, addr, path, body)).await;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        (status, headers, bytes)
-    };
-    tokio::time::timeout(Duration::from_secs(10), fut)
-        .await
-        .expect("request did not finish within 10 s")
+    call_with(addr, method, path, body, &[]).await
 }
 
 /// A request whose answer is JSON.
