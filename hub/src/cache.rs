@@ -214,7 +214,11 @@ pub fn free_space(path: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+    // The field types differ by platform (u64 on Linux; u32 and c_ulong on macOS), so the
+    // conversions are needed somewhere even where they are no-ops.
+    #[allow(clippy::useless_conversion)]
+    let bytes = u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize));
+    Some(bytes)
 }
 
 /// Whether `s` is a 40-hex-digit git commit.

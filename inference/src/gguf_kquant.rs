@@ -279,10 +279,7 @@ mod tests {
     #[test]
     fn q5_0_and_q5_1_take_the_fifth_bit_from_qh() {
         // Element i has value i (0..32): low nibble i & 15, fifth bit i >> 4.
-        let mut qs = [0u8; 16];
-        for j in 0..16 {
-            qs[j] = (j as u8) | ((j as u8) << 4);
-        }
+        let qs: [u8; 16] = std::array::from_fn(|j| (j as u8) | ((j as u8) << 4));
         let qh: u32 = 0xffff_0000; // elements 16..32 have the fifth bit
         let mut b = f16_bytes(0.5).to_vec();
         b.extend(qh.to_le_bytes());
@@ -344,9 +341,7 @@ mod tests {
             scales[j] = 2;
             scales[j + 4] = 1;
         }
-        for j in 8..12 {
-            scales[j] = 2 | (1 << 4);
-        }
+        scales[8..12].fill(2 | (1 << 4));
         b.extend(scales);
         b.extend((0..128).map(|i| (i % 16) as u8 | ((15 - i % 16) as u8) << 4));
         let mut w = Vec::new();
@@ -385,12 +380,8 @@ mod tests {
     fn q2_k_and_q3_k_decode_their_bit_planes() {
         // Q2_K: every value 3 in the lowest plane, 0 elsewhere; scales 1, mins 0, d 1.
         let mut b = vec![0u8; Q2_K_BYTES];
-        for i in 0..16 {
-            b[i] = 0x01;
-        }
-        for i in 16..80 {
-            b[i] = 0x03;
-        }
+        b[..16].fill(0x01);
+        b[16..80].fill(0x03);
         b[80..82].copy_from_slice(&f16_bytes(1.0));
         let mut w = Vec::new();
         dequantize_q2_k(&b, &mut w);

@@ -8,7 +8,7 @@ use inference::tokenizer::Tokenizer;
 use inference::ChatMessage;
 
 fn tokenizer() -> Tokenizer {
-    let file = GgufFile::open(&common::smollm2()).unwrap();
+    let file = GgufFile::open(common::smollm2()).unwrap();
     Tokenizer::from_gguf(&file).unwrap()
 }
 
