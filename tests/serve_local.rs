@@ -49,6 +49,9 @@ fn namespace(tag: &str) -> Option<Netns> {
 struct Node {
     child: Child,
     log: PathBuf,
+    /// The node's own data directory (identity, state), so tests running at once never share
+    /// one; removed on drop.
+    data_dir: PathBuf,
     api: Blocking,
     ns: Netns,
 }
@@ -60,6 +63,8 @@ impl Node {
         let inside = &ns.nodes[0];
         let log = std::env::temp_dir().join(format!("{}.log", inside.netns));
         let log_file = std::fs::File::create(&log).expect("create log file");
+        let data_dir = std::env::temp_dir().join(format!("{}.data", inside.netns));
+        let _ = std::fs::remove_dir_all(&data_dir);
         let api = Blocking::new(
             Api::at(std::net::SocketAddr::from((inside.ip(), API_PORT))).in_netns(&inside.netns),
         );
@@ -67,6 +72,7 @@ impl Node {
             .command(env!("CARGO_BIN_EXE_shoal"))
             .args(["--model", "default", "--api-port", &API_PORT.to_string()])
             .args(extra)
+            .env("SHOAL_DATA_DIR", &data_dir)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("clone log file"))
@@ -76,6 +82,7 @@ impl Node {
         Some(Node {
             child,
             log,
+            data_dir,
             api,
             ns,
         })
@@ -159,14 +166,14 @@ impl Drop for Node {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).output();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 

@@ -26,20 +26,42 @@ pub fn load_or_create_key(dir: &Path) -> anyhow::Result<SecretKey> {
             };
             Ok(SecretKey::from_bytes(&bytes))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = SecretKey::generate();
-            let mut options = std::fs::OpenOptions::new();
-            options.write(true).create_new(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-            let mut file = options
-                .open(&path)
-                .with_context(|| format!("cannot create {}", path.display()))?;
-            file.write_all(&key.to_bytes())?;
-            file.sync_all()?;
-            Ok(key)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_key(dir, &path),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Writes a new key to a private temporary file and links it into place, so two nodes
+/// started at once on one data directory agree on one key: the link either succeeds or finds
+/// the other's complete file, never a half-written one.
+fn create_key(dir: &Path, path: &Path) -> anyhow::Result<SecretKey> {
+    let key = SecretKey::generate();
+    static ATTEMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let attempt = ATTEMPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temporary = dir.join(format!("{KEY_FILE}.new-{}-{attempt}", std::process::id()));
+    let _ = std::fs::remove_file(&temporary);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let written = options
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(&key.to_bytes())?;
+            file.sync_all()
+        })
+        .with_context(|| format!("cannot create {}", temporary.display()));
+    let linked = written.and_then(|()| match std::fs::hard_link(&temporary, path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("cannot create {}", path.display())),
+    });
+    let _ = std::fs::remove_file(&temporary);
+    if linked? {
+        Ok(key)
+    } else {
+        // Another process made the key first; its file is complete (it was linked whole).
+        load_or_create_key(dir)
     }
 }
 
@@ -78,6 +100,25 @@ mod tests {
         std::fs::write(dir.join(KEY_FILE), b"short").unwrap();
         let err = load_or_create_key(&dir).unwrap_err().to_string();
         assert!(err.contains("32-byte"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn nodes_starting_together_agree_on_one_key() {
+        let dir = std::env::temp_dir().join(format!("shoal-identity-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let keys: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| load_or_create_key(&dir).unwrap().public()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(KEY_FILE)]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
