@@ -14,6 +14,7 @@ mod models;
 mod node;
 mod reconcile;
 mod runner;
+mod secret;
 mod serve;
 mod status;
 mod view;
@@ -33,6 +34,7 @@ Logs go to stderr; RUST_LOG (e.g. RUST_LOG=mesh=debug) overrides -v/-vv.
 Examples:
   shoal --model default                 run a node that serves SmolLM2 on :52415
   shoal --peer ID@10.0.0.2:4455         also dial a known peer (when multicast is blocked)
+  shoal secret                          make a cluster secret; prints how to start the others
   shoal place --input cluster.json      compute a placement offline";
 
 /// One binary per machine: a node of a leaderless cluster that splits language models
@@ -111,6 +113,13 @@ pub struct NodeArgs {
     #[command(flatten)]
     pub access: access::AccessArgs,
 
+    /// Cluster secret: only nodes started with the same one see each other or talk to this
+    /// node (proven both ways on every connection, never sent). Default: the data
+    /// directory's cluster.secret file if `shoal secret` made one, else none (open to the
+    /// namespace).
+    #[arg(long, env = "SHOAL_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+
     /// Positions of earlier requests' KV state one instance keeps to reuse for prompts that
     /// start the same way (the next turn of a chat, a shared system prompt); 0 disables it
     /// (default: half the KV budget, within it).
@@ -128,6 +137,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Download a Hugging Face model into the Hugging Face cache, with a progress bar.
     Download(download::DownloadArgs),
+    /// Make this node's cluster secret (or show it) and print how to start the other machines.
+    Secret(secret::SecretArgs),
     /// Measure prompt and generation speed of a model on every placement (like exo_bench).
     Bench(bench::BenchArgs),
     /// Run one model instance, driven over stdin/stdout by its node (internal).
@@ -186,6 +197,13 @@ fn main() -> ExitCode {
         Some(Command::Status(args)) => status::run(&args),
         Some(Command::Bench(args)) => bench::run(&args),
         Some(Command::Download(args)) => match download::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Command::Secret(args)) => match secret::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");

@@ -56,21 +56,24 @@ fn parse_peers(peers: &[String]) -> anyhow::Result<Vec<StaticPeer>> {
 
 async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode> {
     let peers = parse_peers(&args.peers)?;
+    let cluster_secret = crate::secret::resolve(args.cluster_secret.as_deref(), &data_dir)?;
+    let mut options = MeshOptions {
+        data_dir,
+        namespace: args.namespace.clone(),
+        peers,
+        port: args.mesh_port,
+        config: Config::default(),
+        extra_protocols: Vec::new(),
+        cluster_secret,
+    };
+    // The binary's protocols are scoped like the mesh's own: by namespace and secret.
+    let scoped = options.scoped_namespace();
     let (chats, chat_connections) = tokio::sync::mpsc::channel(64);
-    let chat_alpn = crate::forward::chat_alpn(&args.namespace);
+    let chat_alpn = crate::forward::chat_alpn(&scoped);
     let (files, file_connections) = tokio::sync::mpsc::channel(64);
-    let files_alpn = crate::models::peer::files_alpn(&args.namespace);
-    let mesh = Arc::new(
-        Mesh::start(MeshOptions {
-            data_dir,
-            namespace: args.namespace.clone(),
-            peers,
-            port: args.mesh_port,
-            config: Config::default(),
-            extra_protocols: vec![(chat_alpn.clone(), chats), (files_alpn.clone(), files)],
-        })
-        .await?,
-    );
+    let files_alpn = crate::models::peer::files_alpn(&scoped);
+    options.extra_protocols = vec![(chat_alpn.clone(), chats), (files_alpn.clone(), files)];
+    let mesh = Arc::new(Mesh::start(options).await?);
     let mut events = mesh.subscribe();
     mesh.set(
         PROFILE_KEY,

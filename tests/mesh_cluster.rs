@@ -8,30 +8,7 @@ mod support;
 use serde_json::Value;
 use std::time::Duration;
 use support::netns::Spec;
-use support::{logs, wait_for, ShoalNode, TestNet};
-
-/// The states of `nodes` if they are identical (same digest), each lists exactly `expected`
-/// nodes, and each considers all of them alive.
-fn agreed(nodes: &[&ShoalNode], expected: usize) -> Option<Vec<Value>> {
-    let states: Vec<Value> = nodes.iter().map(|n| n.state()).collect::<Option<_>>()?;
-    let digest = states[0]["digest"].as_str()?.to_string();
-    for state in &states {
-        if state["digest"].as_str()? != digest {
-            return None;
-        }
-        let listed = state["nodes"].as_object()?;
-        if listed.len() != expected {
-            return None;
-        }
-        if listed
-            .keys()
-            .any(|id| state["liveness"][id]["alive"].as_bool() != Some(true))
-        {
-            return None;
-        }
-    }
-    Some(states)
-}
+use support::{agreed, logs, wait_for, ShoalNode, TestNet};
 
 fn node_id(state: &Value) -> String {
     state["node_id"].as_str().unwrap_or_default().to_string()

@@ -128,6 +128,29 @@ impl Drop for ShoalNode {
     }
 }
 
+/// The states of `nodes` if they are identical (same digest), each lists exactly `expected`
+/// nodes, and each considers all of them alive.
+pub fn agreed(nodes: &[&ShoalNode], expected: usize) -> Option<Vec<Value>> {
+    let states: Vec<Value> = nodes.iter().map(|n| n.state()).collect::<Option<_>>()?;
+    let digest = states[0]["digest"].as_str()?.to_string();
+    for state in &states {
+        if state["digest"].as_str()? != digest {
+            return None;
+        }
+        let listed = state["nodes"].as_object()?;
+        if listed.len() != expected {
+            return None;
+        }
+        if listed
+            .keys()
+            .any(|id| state["liveness"][id]["alive"].as_bool() != Some(true))
+        {
+            return None;
+        }
+    }
+    Some(states)
+}
+
 /// Polls `check` every 100 ms until it returns `Some` or `limit` passes.
 pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
     let start = Instant::now();

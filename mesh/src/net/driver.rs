@@ -25,6 +25,7 @@ pub(crate) struct Inner {
     pub(crate) connections: tokio::sync::Mutex<BTreeMap<NodeId, Connection>>,
     pub(crate) events: broadcast::Sender<Event>,
     pub(crate) alpn: Vec<u8>,
+    pub(crate) admission: std::sync::Arc<super::admission::Admission>,
 }
 
 impl Inner {
@@ -60,6 +61,7 @@ impl Inner {
             }
         }
         let key = PublicKey::from_bytes(peer.as_bytes()).context("peer id is not a key")?;
+        self.admission.ensure(&self.endpoint, key).await?;
         let connection = self
             .endpoint
             .connect(EndpointAddr::new(key), &self.alpn)

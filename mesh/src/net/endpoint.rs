@@ -54,3 +54,30 @@ impl iroh::protocol::ProtocolHandler for ChannelHandler {
         Ok(())
     }
 }
+
+/// The mesh's protocol handlers as one type, so the admission gate wraps each the same way.
+#[derive(Debug, Clone)]
+pub(crate) enum Handler {
+    /// iroh-gossip's.
+    Gossip(iroh_gossip::Gossip),
+    /// Anti-entropy.
+    Sync(super::sync::SyncHandler),
+    /// One of the binary's protocols.
+    Channel(ChannelHandler),
+}
+
+impl iroh::protocol::ProtocolHandler for Handler {
+    async fn accept(&self, connection: Connection) -> Result<(), iroh::protocol::AcceptError> {
+        match self {
+            Handler::Gossip(gossip) => gossip.accept(connection).await,
+            Handler::Sync(sync) => sync.accept(connection).await,
+            Handler::Channel(channel) => channel.accept(connection).await,
+        }
+    }
+
+    async fn shutdown(&self) {
+        if let Handler::Gossip(gossip) = self {
+            iroh::protocol::ProtocolHandler::shutdown(gossip).await;
+        }
+    }
+}

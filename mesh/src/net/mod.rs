@@ -4,6 +4,7 @@
 //! [`Replica`] that holds the state. All protocol decisions are the replica's (`proto`); this
 //! folder only moves bytes and keeps time.
 
+pub mod admission;
 mod authority;
 pub mod discovery;
 mod driver;
@@ -23,10 +24,11 @@ pub use sync::{sync_alpn, SYNC_ALPN};
 use crate::proto::id::NodeId;
 use crate::proto::replica::{Event, Replica};
 use crate::proto::view::state_view;
+use admission::{Admission, AuthHandler, Gated};
 use anyhow::Context;
 use authority::IrohAuthority;
 use driver::Inner;
-use endpoint::ChannelHandler;
+use endpoint::{ChannelHandler, Handler};
 use iroh::address_lookup::MemoryLookup;
 use iroh::endpoint::Connection;
 use iroh::protocol::Router;
@@ -57,6 +59,8 @@ impl Mesh {
     /// Loads the identity, binds the endpoint and starts discovery, gossip and anti-entropy.
     pub async fn start(options: MeshOptions) -> anyhow::Result<Mesh> {
         let key = identity::load_or_create_key(&options.data_dir)?;
+        let scoped = options.scoped_namespace();
+        let admission = Admission::new(options.cluster_secret.clone(), &options.namespace);
         let generation = identity::next_generation(&options.data_dir)?;
         let id = NodeId::from_bytes(*key.public().as_bytes());
         let lookup = MemoryLookup::new();
@@ -66,7 +70,7 @@ impl Mesh {
             .max_message_size(GOSSIP_MAX_MESSAGE)
             .spawn(endpoint.clone());
         let topic = gossip
-            .subscribe(topic_of(&options.namespace), Vec::new())
+            .subscribe(topic_of(&scoped), Vec::new())
             .await
             .context("cannot join the gossip topic")?;
         let (sender, receiver) = topic.split();
@@ -88,28 +92,51 @@ impl Mesh {
             gossip: sender,
             connections: tokio::sync::Mutex::new(BTreeMap::new()),
             events,
-            alpn: sync_alpn(&options.namespace),
+            alpn: sync_alpn(&scoped),
+            admission: admission.clone(),
         });
+        let gate = |handler| Gated {
+            handler,
+            admission: admission.clone(),
+            endpoint: endpoint.clone(),
+        };
         let mut router = Router::builder(endpoint.clone())
-            .accept(iroh_gossip::ALPN, gossip.clone())
             .accept(
-                sync_alpn(&options.namespace),
-                sync::SyncHandler {
-                    inner: inner.clone(),
+                admission.alpn(),
+                AuthHandler {
+                    admission: admission.clone(),
                 },
+            )
+            .accept(iroh_gossip::ALPN, gate(Handler::Gossip(gossip.clone())))
+            .accept(
+                sync_alpn(&scoped),
+                gate(Handler::Sync(sync::SyncHandler {
+                    inner: inner.clone(),
+                })),
             );
         for (alpn, connections) in &options.extra_protocols {
             router = router.accept(
                 alpn,
-                ChannelHandler {
+                gate(Handler::Channel(ChannelHandler {
                     connections: connections.clone(),
-                },
+                })),
             );
         }
         let router = router.spawn();
         tracing::info!(node_id = %id, generation, port, namespace = %options.namespace, "mesh endpoint bound (relays off, LAN only)");
+        match &options.cluster_secret {
+            Some(secret) => tracing::info!(
+                tag = %secret.tag(),
+                "cluster secret set: only nodes started with the same secret are seen or served"
+            ),
+            None => tracing::warn!(
+                "no cluster secret: any node on this LAN that uses namespace {:?} can join \
+                 this cluster (`shoal secret` makes one; see the README)",
+                options.namespace
+            ),
+        }
 
-        let (discovery, found) = match discovery::start(&options.namespace, id, port) {
+        let (discovery, found) = match discovery::start(&scoped, id, port) {
             Ok(started) => (Some(started.0), started.1),
             Err(e) => {
                 tracing::warn!(
@@ -146,6 +173,10 @@ impl Mesh {
     /// addresses discovery or `--peer` gave for it.
     pub async fn connect(&self, peer: NodeId, alpn: &[u8]) -> anyhow::Result<Connection> {
         let key = PublicKey::from_bytes(peer.as_bytes()).context("peer id is not a key")?;
+        self.inner
+            .admission
+            .ensure(&self.inner.endpoint, key)
+            .await?;
         self.inner
             .endpoint
             .connect(EndpointAddr::new(key), alpn)

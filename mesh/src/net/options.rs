@@ -54,6 +54,17 @@ pub struct MeshOptions {
     /// The binary's own protocols on this endpoint: each incoming connection on one of these
     /// ALPNs (see [`super::namespaced_alpn`]) is handed to its channel, which holds it open.
     pub extra_protocols: Vec<(Vec<u8>, tokio::sync::mpsc::Sender<Connection>)>,
+    /// The cluster secret every other node must prove before any state passes (`None`: the
+    /// cluster is open to its namespace). See [`super::admission`].
+    pub cluster_secret: Option<super::admission::ClusterSecret>,
+}
+
+impl MeshOptions {
+    /// The namespace as topic, ALPNs and mDNS use it (with the secret's tag, if any); the
+    /// binary scopes its own protocols' ALPNs by it too.
+    pub fn scoped_namespace(&self) -> String {
+        super::admission::scoped_namespace(&self.namespace, self.cluster_secret.as_ref())
+    }
 }
 
 #[cfg(test)]

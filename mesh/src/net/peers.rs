@@ -44,7 +44,16 @@ pub(crate) async fn join(
                 joined.insert(peer, Instant::now());
                 if let Ok(key) = PublicKey::from_bytes(peer.as_bytes()) {
                     tracing::debug!(peer = %peer.short(), ?addrs, "joining peer");
-                    let _ = inner.gossip.join_peers(vec![key]).await;
+                    // The handshake may take a while (or fail): never hold up the others.
+                    let inner = inner.clone();
+                    tokio::spawn(async move {
+                        match inner.admission.ensure(&inner.endpoint, key).await {
+                            Ok(()) => {
+                                let _ = inner.gossip.join_peers(vec![key]).await;
+                            }
+                            Err(e) => tracing::warn!(peer = %peer.short(), "not joined: {e:#}"),
+                        }
+                    });
                 }
             }
         }

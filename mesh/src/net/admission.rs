@@ -1,0 +1,401 @@
+//! The cluster secret and the admission gate in front of every mesh protocol.
+//!
+//! With no secret a cluster is open to its namespace, as it always was (zero configuration).
+//! With one, two nodes prove to each other that they hold it before any state passes: on the
+//! [`auth_alpn`] each side sends a keyed hash (BLAKE3, keyed by the secret) of keying material
+//! exported from this very QUIC connection's TLS session and of its role, so the proof is bound
+//! to the connection, cannot be replayed on another or reflected back, and the secret itself
+//! never travels. A node proven that way is *admitted*: gossip, anti-entropy and the binary's
+//! own protocols (chat forwarding, model copies) accept connections only from admitted nodes,
+//! and a node dials those protocols only to nodes it has admitted. A connection from a node
+//! not yet admitted (gossip dials the peers its neighbours name) is answered by proving the
+//! secret back to it first, so the gate needs no extra round trip in the common case and
+//! refuses everyone who does not know the secret.
+//!
+//! The secret also scopes the namespace ([`scoped_namespace`]): the gossip topic, every ALPN
+//! and the mDNS service name carry a hash of it, so nodes with different secrets do not even
+//! find each other, and what mDNS announces is only that hash.
+
+use iroh::endpoint::Connection;
+use iroh::protocol::{AcceptError, ProtocolHandler};
+use iroh::{Endpoint, EndpointAddr, PublicKey};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// ALPN prefix of the admission handshake; [`auth_alpn`] appends the namespace (not scoped by
+/// the secret, so a node with another secret reaches the handshake and is told why it fails).
+pub const AUTH_ALPN: &[u8] = b"shoal/cluster-auth/1/";
+/// File in the data directory that holds the secret when no flag or variable gives one.
+pub const SECRET_FILE: &str = "cluster.secret";
+/// How long one admission handshake may take.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Fewest characters a secret may have: shorter text is guessable offline from the mDNS tag.
+pub const MIN_SECRET_CHARS: usize = 16;
+/// Admitted nodes kept; past it the set is cleared and nodes prove themselves again.
+const MAX_ADMITTED: usize = 4096;
+const EXPORT_LABEL: &[u8] = b"shoal cluster admission v1";
+const REFUSED: u32 = 0x5301;
+
+/// A cluster secret: the key derived from the text users type (`shoal secret` makes one).
+#[derive(Clone)]
+pub struct ClusterSecret {
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClusterSecret(tag {})", self.tag())
+    }
+}
+
+impl ClusterSecret {
+    /// The secret of `text` (surrounding white space ignored). Refuses text shorter than
+    /// [`MIN_SECRET_CHARS`], since the mDNS tag would let anyone on the LAN guess it offline.
+    pub fn from_text(text: &str) -> Result<ClusterSecret, String> {
+        let text = text.trim();
+        if text.chars().count() < MIN_SECRET_CHARS {
+            return Err(format!(
+                "a cluster secret needs at least {MIN_SECRET_CHARS} characters (it has {}); \
+                 `shoal secret` makes a strong one",
+                text.chars().count()
+            ));
+        }
+        Ok(ClusterSecret {
+            key: blake3::derive_key("shoal cluster secret v1", text.as_bytes()),
+        })
+    }
+
+    /// A new random secret's text: 32 random bytes as 64 hex digits.
+    pub fn generate_text() -> String {
+        let bytes = iroh::SecretKey::generate().to_bytes();
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A short public hash of the secret (16 hex digits), which scopes the namespace. It says
+    /// which secret a node uses without revealing it.
+    pub fn tag(&self) -> String {
+        let tag = blake3::derive_key("shoal cluster tag v1", &self.key);
+        tag[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The proof for `role` on a connection whose exported keying material is `material`.
+    fn proof(&self, role: &[u8], material: &[u8; 32]) -> blake3::Hash {
+        let mut input = Vec::with_capacity(role.len() + material.len());
+        input.extend_from_slice(role);
+        input.extend_from_slice(material);
+        blake3::keyed_hash(&self.key, &input)
+    }
+}
+
+/// The namespace as the mesh uses it: the user's namespace, and with a secret its tag, so
+/// topic, ALPNs and mDNS name differ between clusters that differ in either.
+pub fn scoped_namespace(namespace: &str, secret: Option<&ClusterSecret>) -> String {
+    match secret {
+        None => namespace.to_string(),
+        Some(secret) => format!("{namespace}#{}", secret.tag()),
+    }
+}
+
+/// The admission ALPN of a namespace.
+pub fn auth_alpn(namespace: &str) -> Vec<u8> {
+    super::namespace::namespaced_alpn(AUTH_ALPN, namespace)
+}
+
+/// Who may use this node's mesh protocols.
+#[derive(Debug)]
+pub struct Admission {
+    secret: Option<ClusterSecret>,
+    alpn: Vec<u8>,
+    admitted: Mutex<BTreeSet<PublicKey>>,
+}
+
+impl Admission {
+    /// The gate of a node with `secret` (`None`: open) in `namespace`.
+    pub fn new(secret: Option<ClusterSecret>, namespace: &str) -> Arc<Admission> {
+        Arc::new(Admission {
+            secret,
+            alpn: auth_alpn(namespace),
+            admitted: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    /// Whether a secret guards this node.
+    pub fn is_closed(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    /// The ALPN of the handshake.
+    pub fn alpn(&self) -> &[u8] {
+        &self.alpn
+    }
+
+    /// Whether `peer` may talk to this node now (always, without a secret).
+    pub fn allows(&self, peer: &PublicKey) -> bool {
+        self.secret.is_none() || self.lock().contains(peer)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<PublicKey>> {
+        self.admitted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn admit(&self, peer: PublicKey) {
+        let mut admitted = self.lock();
+        if admitted.len() >= MAX_ADMITTED {
+            admitted.clear();
+        }
+        admitted.insert(peer);
+    }
+
+    /// Makes sure `peer` is admitted, proving the secret to it both ways over a connection on
+    /// the admission ALPN if it is not yet. Errors say why (wrong secret, unreachable).
+    pub async fn ensure(&self, endpoint: &Endpoint, peer: PublicKey) -> anyhow::Result<()> {
+        if self.allows(&peer) {
+            return Ok(());
+        }
+        let secret = self.secret.as_ref().expect("a closed gate has a secret");
+        let attempt = async {
+            let connection = endpoint
+                .connect(EndpointAddr::new(peer), &self.alpn)
+                .await?;
+            let material = exported(&connection)?;
+            let (mut send, mut recv) = connection.open_bi().await?;
+            send.write_all(secret.proof(b"initiator", &material).as_bytes())
+                .await?;
+            let mut answer = [0u8; 32];
+            let read = recv.read_exact(&mut answer).await;
+            if read.is_err()
+                || blake3::Hash::from_bytes(answer) != secret.proof(b"responder", &material)
+            {
+                connection.close(REFUSED.into(), b"wrong cluster secret");
+                anyhow::bail!(
+                    "node {} does not share this node's cluster secret (or refused ours); \
+                     start every node with the same --cluster-secret",
+                    peer.fmt_short()
+                );
+            }
+            let _ = send.finish();
+            self.admit(peer);
+            connection.close(0u32.into(), b"admitted");
+            anyhow::Ok(())
+        };
+        match tokio::time::timeout(AUTH_TIMEOUT, attempt).await {
+            Ok(result) => result,
+            Err(_) => anyhow::bail!(
+                "node {} did not finish the cluster-secret handshake within {AUTH_TIMEOUT:?}",
+                peer.fmt_short()
+            ),
+        }
+    }
+}
+
+fn exported(connection: &Connection) -> anyhow::Result<[u8; 32]> {
+    let mut material = [0u8; 32];
+    connection
+        .export_keying_material(&mut material, EXPORT_LABEL, b"")
+        .map_err(|e| anyhow::anyhow!("cannot export the connection's keying material: {e:?}"))?;
+    Ok(material)
+}
+
+/// Answers admission handshakes: admits a node whose proof is right and proves the secret
+/// back; refuses (and logs) one whose proof is wrong.
+#[derive(Debug, Clone)]
+pub(crate) struct AuthHandler {
+    pub(crate) admission: Arc<Admission>,
+}
+
+impl ProtocolHandler for AuthHandler {
+    async fn accept(&self, connection: Connection) -> Result<(), AcceptError> {
+        let Some(secret) = self.admission.secret.clone() else {
+            connection.close(REFUSED.into(), b"this node has no cluster secret");
+            return Ok(());
+        };
+        let peer = connection.remote_id();
+        let answer = async {
+            let material = exported(&connection)?;
+            let (mut send, mut recv) = connection.accept_bi().await?;
+            let mut proof = [0u8; 32];
+            recv.read_exact(&mut proof).await?;
+            if blake3::Hash::from_bytes(proof) != secret.proof(b"initiator", &material) {
+                anyhow::bail!("wrong proof");
+            }
+            self.admission.admit(peer);
+            send.write_all(secret.proof(b"responder", &material).as_bytes())
+                .await?;
+            send.finish()?;
+            connection.closed().await;
+            anyhow::Ok(())
+        };
+        match tokio::time::timeout(AUTH_TIMEOUT, answer).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    peer = %peer.fmt_short(),
+                    "refused a node that does not know this cluster's secret ({e:#}); \
+                     if it is yours, start it with the same --cluster-secret"
+                );
+                connection.close(REFUSED.into(), b"wrong cluster secret");
+            }
+            Err(_) => connection.close(REFUSED.into(), b"cluster-secret handshake timed out"),
+        }
+        Ok(())
+    }
+}
+
+/// A protocol handler behind the admission gate: connections from nodes that are not admitted
+/// are first asked to prove the secret (by proving ours to them), and closed if they cannot.
+#[derive(Debug)]
+pub(crate) struct Gated<H> {
+    pub(crate) handler: H,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) endpoint: Endpoint,
+}
+
+impl<H: ProtocolHandler> ProtocolHandler for Gated<H> {
+    async fn accept(&self, connection: Connection) -> Result<(), AcceptError> {
+        let peer = connection.remote_id();
+        if let Err(e) = self.admission.ensure(&self.endpoint, peer).await {
+            tracing::warn!(peer = %peer.fmt_short(), "refused a connection: {e:#}");
+            connection.close(REFUSED.into(), b"not admitted: wrong cluster secret");
+            return Ok(());
+        }
+        self.handler.accept(connection).await
+    }
+
+    async fn shutdown(&self) {
+        self.handler.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_scope_the_namespace_and_short_ones_are_refused() {
+        let a = ClusterSecret::from_text("correct horse battery staple").unwrap();
+        let same = ClusterSecret::from_text("  correct horse battery staple\n").unwrap();
+        let b = ClusterSecret::from_text("another secret of some length").unwrap();
+        assert_eq!(a.tag(), same.tag());
+        assert_ne!(a.tag(), b.tag());
+        assert_eq!(a.tag().len(), 16);
+        assert_eq!(scoped_namespace("lab", None), "lab");
+        assert_eq!(
+            scoped_namespace("lab", Some(&a)),
+            format!("lab#{}", a.tag())
+        );
+        let err = ClusterSecret::from_text("short").unwrap_err();
+        assert!(err.contains("16 characters"), "{err}");
+        assert!(!format!("{a:?}").contains("horse"));
+        let generated = ClusterSecret::generate_text();
+        assert_eq!(generated.len(), 64);
+        assert_ne!(generated, ClusterSecret::generate_text());
+    }
+
+    const ALPN: &[u8] = b"shoal/test-gated/1";
+
+    /// An endpoint on loopback only (no discovery: nothing is announced), with the admission
+    /// handshake and one gated protocol whose accepted connections arrive on the channel.
+    async fn node(
+        secret: Option<&str>,
+        lookup: &iroh::address_lookup::MemoryLookup,
+    ) -> (
+        Endpoint,
+        iroh::protocol::Router,
+        Arc<Admission>,
+        tokio::sync::mpsc::Receiver<Connection>,
+    ) {
+        let endpoint = Endpoint::builder(iroh::endpoint::presets::Minimal)
+            .relay_mode(iroh::RelayMode::Disabled)
+            .clear_address_lookup()
+            .address_lookup(lookup.clone())
+            .clear_ip_transports()
+            .bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap()
+            .bind()
+            .await
+            .unwrap();
+        lookup.add_endpoint_info(addr_of(&endpoint));
+        let secret = secret.map(|t| ClusterSecret::from_text(t).unwrap());
+        let admission = Admission::new(secret, "lab");
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        let router = iroh::protocol::Router::builder(endpoint.clone())
+            .accept(
+                admission.alpn(),
+                AuthHandler {
+                    admission: admission.clone(),
+                },
+            )
+            .accept(
+                ALPN,
+                Gated {
+                    handler: super::super::endpoint::ChannelHandler {
+                        connections: sender,
+                    },
+                    admission: admission.clone(),
+                    endpoint: endpoint.clone(),
+                },
+            )
+            .spawn();
+        (endpoint, router, admission, receiver)
+    }
+
+    fn addr_of(endpoint: &Endpoint) -> EndpointAddr {
+        let mut addr = EndpointAddr::new(endpoint.id());
+        for socket in endpoint.bound_sockets() {
+            addr = addr.with_ip_addr(socket);
+        }
+        addr
+    }
+
+    /// Connects `from` to `to`'s gated protocol and says whether `to` handed it on.
+    async fn gated_connection_served(
+        from: &Endpoint,
+        to: &Endpoint,
+        served: &mut tokio::sync::mpsc::Receiver<Connection>,
+    ) -> bool {
+        let Ok(connection) = from.connect(to.id(), ALPN).await else {
+            return false;
+        };
+        let handed = tokio::time::timeout(Duration::from_secs(8), served.recv()).await;
+        drop(connection);
+        matches!(handed, Ok(Some(_)))
+    }
+
+    #[tokio::test]
+    async fn only_nodes_that_prove_the_secret_get_through_the_gate() {
+        let secret = "correct horse battery staple";
+        let lookup = iroh::address_lookup::MemoryLookup::new();
+        let (a, _router_a, admission_a, mut served_a) = node(Some(secret), &lookup).await;
+        let (b, _router_b, admission_b, _served_b) = node(Some(secret), &lookup).await;
+        let (wrong, _router_w, admission_w, _served_w) =
+            node(Some("another secret of some length"), &lookup).await;
+        let (open, _router_o, _, _served_o) = node(None, &lookup).await;
+
+        // A member dialing the gated protocol without a handshake first is proven by a
+        // handshake the gate runs back to it, then served.
+        assert!(gated_connection_served(&b, &a, &mut served_a).await);
+        assert!(admission_a.allows(&b.id()));
+        assert!(admission_b.allows(&a.id()), "the proof goes both ways");
+
+        // A node with another secret, or none, is refused, and nothing reaches the protocol.
+        assert!(!gated_connection_served(&wrong, &a, &mut served_a).await);
+        assert!(!gated_connection_served(&open, &a, &mut served_a).await);
+        assert!(!admission_a.allows(&wrong.id()));
+        assert!(!admission_a.allows(&open.id()));
+        let err = admission_w.ensure(&wrong, a.id()).await.unwrap_err();
+        assert!(err.to_string().contains("cluster secret"), "{err:#}");
+        assert!(!admission_w.allows(&a.id()));
+    }
+
+    #[test]
+    fn proofs_depend_on_role_material_and_secret() {
+        let a = ClusterSecret::from_text("correct horse battery staple").unwrap();
+        let b = ClusterSecret::from_text("another secret of some length").unwrap();
+        let m1 = [1u8; 32];
+        let m2 = [2u8; 32];
+        assert_ne!(a.proof(b"initiator", &m1), a.proof(b"responder", &m1));
+        assert_ne!(a.proof(b"initiator", &m1), a.proof(b"initiator", &m2));
+        assert_ne!(a.proof(b"initiator", &m1), b.proof(b"initiator", &m1));
+    }
+}
