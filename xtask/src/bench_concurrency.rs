@@ -282,7 +282,9 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
             let m = match &mlx {
                 Some((_, url)) => {
                     eprintln!("bench: {n} streams on mlx-lm ...");
-                    Some(load(&tb, (url, MLX_MODEL), n, o.tokens, &mlx_extra)?)
+                    // The peer failing a row is a figure too (mlx_lm.server resets some of 32
+                    // connections here); the table still prints.
+                    Some(load(&tb, (url, MLX_MODEL), n, o.tokens, &mlx_extra))
                 }
                 None => None,
             };
@@ -297,7 +299,10 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
     result
 }
 
-fn print_table(o: &Options, rows: &[(usize, Figures, Option<Figures>)]) {
+/// One row: the number of streams, shoal's figures, and mlx-lm's (or why it failed).
+type Row = (usize, Figures, Option<Result<Figures, String>>);
+
+fn print_table(o: &Options, rows: &[Row]) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
     println!(
@@ -319,7 +324,8 @@ fn print_table(o: &Options, rows: &[(usize, Figures, Option<Figures>)]) {
     let single = rows.iter().find(|r| r.0 == 1).map(|r| r.1.tps);
     for (n, s, m) in rows {
         let (mt, m50, m99, ratio) = match m {
-            Some(m) => (
+            Some(Err(_)) => ("failed".into(), "-".into(), "-".into(), "-".into()),
+            Some(Ok(m)) => (
                 format!("{:.1}", m.tps),
                 format!("{:.2} s", m.p50),
                 format!("{:.2} s", m.p99),
@@ -340,6 +346,11 @@ fn print_table(o: &Options, rows: &[(usize, Figures, Option<Figures>)]) {
                 "shoal at {n} streams: {:.2}x its single-stream rate",
                 s.tps / one
             );
+        }
+    }
+    for (n, _, m) in rows {
+        if let Some(Err(e)) = m {
+            println!("mlx-lm at {n} streams failed: {e}");
         }
     }
 }
