@@ -122,6 +122,14 @@ fn only_nodes_with_the_same_secret_see_each_other() {
         wrong_log.contains("does not share this node's cluster secret"),
         "the node with a wrong secret does not say why it is alone:\n{wrong_log}"
     );
+    let warnings = wrong_log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("does not share this node's cluster secret"))
+        .count();
+    assert_eq!(
+        warnings, 1,
+        "the refusal is warned about once, later retries only at debug:\n{wrong_log}"
+    );
     let first_log = full_log(0);
     assert!(
         first_log.contains("refused a node that does not know this cluster's secret"),

@@ -7,7 +7,7 @@ use super::driver::Inner;
 use super::options::StaticPeer;
 use crate::proto::id::NodeId;
 use iroh::PublicKey;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +21,9 @@ pub(crate) async fn join(
     mut found: UnboundedReceiver<Found>,
 ) {
     let mut joined: BTreeMap<NodeId, Instant> = BTreeMap::new();
+    // Peers whose refusal was already logged as a warning (later retries log at debug), so a
+    // `--peer` with the wrong secret says why once instead of every 5 s.
+    let warned: Arc<std::sync::Mutex<BTreeSet<NodeId>>> = Arc::default();
     let mut retry = tokio::time::interval(Duration::from_secs(5));
     loop {
         let batch: Vec<(NodeId, Vec<SocketAddr>)> = tokio::select! {
@@ -46,12 +49,27 @@ pub(crate) async fn join(
                     tracing::debug!(peer = %peer.short(), ?addrs, "joining peer");
                     // The handshake may take a while (or fail): never hold up the others.
                     let inner = inner.clone();
+                    let warned = warned.clone();
                     tokio::spawn(async move {
                         match inner.admission.ensure(&inner.endpoint, key).await {
                             Ok(()) => {
+                                warned
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .remove(&peer);
                                 let _ = inner.gossip.join_peers(vec![key]).await;
                             }
-                            Err(e) => tracing::warn!(peer = %peer.short(), "not joined: {e:#}"),
+                            Err(e) => {
+                                let first = warned
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .insert(peer);
+                                if first {
+                                    tracing::warn!(peer = %peer.short(), "not joined: {e:#}");
+                                } else {
+                                    tracing::debug!(peer = %peer.short(), "not joined: {e:#}");
+                                }
+                            }
                         }
                     });
                 }
