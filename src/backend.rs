@@ -279,6 +279,19 @@ impl Backend for NodeBackend {
         })
     }
 
+    fn delete_model(&self, model: String) -> BoxFuture<'_, Result<Value, ApiError>> {
+        Box::pin(async move {
+            crate::models::delete::delete_model(
+                self.context.as_ref(),
+                &self.models,
+                &self.downloads,
+                &self.placements,
+                &model,
+            )
+            .await
+        })
+    }
+
     fn chat(
         &self,
         request: ChatRequest,

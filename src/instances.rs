@@ -54,6 +54,22 @@ fn rank_download(
         .and_then(|(_, v)| serde_json::from_str(v).ok())
 }
 
+/// Sets each node's download progress of `model` to the share of its `bytes_on_disk` the node
+/// holds (`held`, by node), which placement prefers among rings of one size.
+fn prefer_holders(
+    nodes: &mut [placement::NodeProfile],
+    model: &str,
+    held: &BTreeMap<String, u64>,
+    bytes_on_disk: u64,
+) {
+    for node in nodes {
+        if let Some(&bytes) = held.get(&node.id) {
+            let share = bytes as f64 / bytes_on_disk.max(1) as f64;
+            node.download.insert(model.to_string(), share.min(1.0));
+        }
+    }
+}
+
 /// `instance_not_found`, pointing at `GET /state`.
 pub fn instance_not_found(id: &str) -> ApiError {
     ApiError::new(
@@ -132,10 +148,15 @@ impl Instances<'_> {
         };
         let held = control::commitments::committed_memory(instances.values(), loaded);
         control::commitments::without_committed(&mut nodes, &held);
+        let model = facts.card(&spec.id);
+        if let Ok(id) = hub::ModelId::parse(&spec.reference) {
+            let held = crate::models::sources::held_weight_bytes(&snapshot, &id);
+            prefer_holders(&mut nodes, &model.id, &held, facts.bytes_on_disk);
+        }
         Ok(Input {
             nodes,
             edges,
-            model: facts.card(&spec.id),
+            model,
             request,
         })
     }

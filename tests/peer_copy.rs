@@ -81,7 +81,7 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
     };
     let fixture = hf::fixture_repo().unwrap();
     let hub_node = nodes.remove(0);
-    let (server, _caches) = hf::serve_fixture(
+    let (server, caches) = hf::serve_fixture(
         &hub_node.node.netns,
         hub_node.node.ip(),
         &net.dir,
@@ -121,6 +121,32 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
     .unwrap_or_else(|| panic!("A's endpoint does not answer\n{}", logs(&nodes)));
     assert!(answer.contains("not a member"), "{answer}");
 
+    // Placement prefers the node that holds the files: a one-node pipeline goes to A, never
+    // to B (which would have to copy the whole model first), whichever id is smaller.
+    let (b_id, _) = wait_for(Duration::from_secs(30), || node_id(&nodes[1]))
+        .unwrap_or_else(|| panic!("node B does not answer\n{}", logs(&nodes)));
+    let one_node = wait_for(Duration::from_secs(60), || {
+        let (status, previews) = call(
+            &nodes[0],
+            "GET",
+            &format!("/instance/previews?model_id={}", hf::REPO),
+            None,
+        );
+        if status != 200 || previews["nodes"].as_array().map_or(0, Vec::len) < 2 {
+            return None;
+        }
+        previews["previews"].as_array()?.iter().find_map(|p| {
+            (p["node_count"] == 1 && p["sharding"] == "Pipeline" && p["error"].is_null())
+                .then(|| p.to_string())
+        })
+    })
+    .map(|(p, _)| p)
+    .unwrap_or_else(|| panic!("no one-node preview\n{}", logs(&nodes)));
+    assert!(
+        one_node.contains(&a_id) && !one_node.contains(&b_id),
+        "a one-node placement should go to the holder {a_id}, not {b_id}: {one_node}"
+    );
+
     let placed = wait_for(Duration::from_secs(90), || {
         let (status, created) = call(
             &nodes[0],
@@ -154,6 +180,42 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
             .unwrap_or_default();
         assert!(text.contains("Paris"), "{text}");
     }
+
+    // Deleting the model: refused while an instance has a rank here, then it frees the
+    // cache folder and the holding record, and a second delete finds nothing.
+    let path = format!("/models/{}", hf::REPO);
+    let (status, refused) = call(&nodes[0], "DELETE", &path, None);
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "model_in_use", "{refused}");
+    let (status, _) = call(&nodes[0], "DELETE", &format!("/instance/{id}"), None);
+    assert_eq!(status, 200);
+    let repo_dir = caches[0].join(format!("models--{}", hf::REPO.replace('/', "--")));
+    assert!(repo_dir.is_dir(), "{}", repo_dir.display());
+    let (deleted, _) = wait_for(Duration::from_secs(30), || {
+        let (status, deleted) = call(&nodes[0], "DELETE", &path, None);
+        (status == 200).then_some(deleted)
+    })
+    .unwrap_or_else(|| panic!("the model was never deleted\n{}", logs(&nodes)));
+    let weights: u64 = (1..=3)
+        .map(|i| {
+            std::fs::metadata(fixture.join(format!("model-0000{i}-of-00003.safetensors")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    assert!(
+        deleted["freed_bytes"].as_u64().unwrap_or(0) >= weights,
+        "{deleted} (weights are {weights} bytes)"
+    );
+    assert!(!repo_dir.exists(), "{}", repo_dir.display());
+    let (_, state) = call(&nodes[0], "GET", "/state", None);
+    let held = format!("files/{}", hf::REPO);
+    assert!(
+        state["nodes"][&a_id]["records"].get(&held).is_none(),
+        "{held} still announced"
+    );
+    let (status, _) = call(&nodes[0], "DELETE", &path, None);
+    assert_eq!(status, 404);
     nodes.insert(0, hub_node);
     net.teardown(nodes);
 }

@@ -82,6 +82,11 @@ pub trait Backend: Send + Sync + 'static {
     /// deleted, `NotFound` if absent.
     fn delete_instance(&self, id: String) -> BoxFuture<'_, Result<Value, ApiError>>;
 
+    /// `DELETE /models/{model_id}`: frees this node's downloaded copy of a Hugging Face model
+    /// (its whole folder of the cache) and stops announcing it to the cluster. `Conflict` while
+    /// an instance with a rank here, or a download here, uses it; `NotFound` if nothing is held.
+    fn delete_model(&self, model: String) -> BoxFuture<'_, Result<Value, ApiError>>;
+
     /// Starts a chat completion. Resolve as soon as the request is accepted or refused:
     /// refusals are errors here, with their kind deciding the status (unknown model →
     /// [`ApiError::model_not_found`], no instance → [`ApiError::no_instance`]); waiting for a

@@ -339,6 +339,23 @@ impl Backend for FakeBackend {
         })
     }
 
+    fn delete_model(&self, model: String) -> BoxFuture<'_, Result<Value, ApiError>> {
+        Box::pin(async move {
+            // The fake holds its idle model; the served one is in use by its instance.
+            match model.as_str() {
+                FAKE_IDLE_MODEL => Ok(json!({ "deleted": model, "freed_bytes": 0 })),
+                FAKE_MODEL => Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("instance fake-instance uses `{model}`; delete it first"),
+                )),
+                _ => Err(ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("this node holds no copy of `{model}`"),
+                )),
+            }
+        })
+    }
+
     fn chat(
         &self,
         request: ChatRequest,

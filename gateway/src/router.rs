@@ -79,6 +79,8 @@ enum Route {
     CreateInstance,
     InstancePreviews,
     Instance,
+    /// `DELETE /models/{model_id}`: this node's downloaded copy of a model.
+    Model,
     /// The dashboard's page and files (`/`, `/dashboard/{file}`).
     Dashboard,
     /// The dashboard's state stream.
@@ -123,6 +125,11 @@ impl Route {
                         return Some((Route::Cancel, id));
                     }
                 }
+                if let Some(id) = path.strip_prefix("/models/") {
+                    if !id.is_empty() {
+                        return Some((Route::Model, id));
+                    }
+                }
                 if let Some(rest) = path.strip_prefix("/state/") {
                     return Some((Route::StatePath, rest));
                 }
@@ -159,6 +166,7 @@ impl Route {
             | Route::CreateInstance
             | Route::InstancePreviews
             | Route::Instance
+            | Route::Model
             | Route::Events => Scope::Admin,
         }
     }
@@ -176,6 +184,7 @@ impl Route {
             | Route::PlaceInstance
             | Route::CreateInstance => "POST, OPTIONS",
             Route::Instance => "GET, HEAD, DELETE, OPTIONS",
+            Route::Model => "DELETE, OPTIONS",
             _ => "GET, HEAD, OPTIONS",
         }
     }
@@ -452,6 +461,16 @@ impl Router {
                 } else {
                     backend.delete_instance(id).await?
                 };
+                Ok(json_response(StatusCode::OK, &answer))
+            }
+            (Route::Model, &Method::DELETE) => {
+                let model = cluster::percent_decode(rest).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorKind::InvalidRequest,
+                        "bad percent-encoding in the model id",
+                    )
+                })?;
+                let answer = backend.delete_model(model).await?;
                 Ok(json_response(StatusCode::OK, &answer))
             }
             (Route::Dashboard, &Method::GET) => match crate::dashboard::find(rest) {

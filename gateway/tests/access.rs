@@ -157,6 +157,13 @@ fn protected_routes() -> Vec<(&'static str, String, String, Shape, bool)> {
             Shape::OpenAi,
             true,
         ),
+        (
+            "DELETE",
+            format!("/models/{FAKE_IDLE_MODEL}"),
+            String::new(),
+            Shape::OpenAi,
+            true,
+        ),
     ]
 }
 

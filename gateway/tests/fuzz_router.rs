@@ -38,6 +38,8 @@ fn arb_target() -> impl Strategy<Value = (&'static str, String)> {
         ("GET", "/instance/previews?model_id=%zz"),
         ("GET", "/instance/instance-1"),
         ("DELETE", "/instance/instance-1"),
+        ("DELETE", "/models/fake/idle-model"),
+        ("DELETE", "/models/%zz"),
         ("GET", "/instance/%ff%fe"),
         ("POST", "/v1/messages"),
         ("POST", "/v1/messages"),

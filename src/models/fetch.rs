@@ -30,6 +30,11 @@ const FAILURE_KEPT: Duration = Duration::from_secs(30);
 /// the same file agree on which of them asks the hub.
 const SETTLE: Duration = Duration::from_millis(1500);
 
+/// Whether the model reference `reference` names repository `repo` (at any revision).
+fn of_repo(reference: &str, repo: &str) -> bool {
+    ModelId::parse(reference).is_ok_and(|id| id.repo() == repo)
+}
+
 /// One (model, part) download.
 #[derive(Debug, Clone)]
 struct Job {
@@ -72,6 +77,20 @@ impl Downloads {
     pub fn forget_failures(&self, model: &str) {
         self.jobs()
             .retain(|(m, _), j| m != model || !matches!(j.state, FetchState::Failed(_)));
+    }
+
+    /// Whether a download of any part of repository `repo` (any revision) is running here.
+    pub fn is_running(&self, repo: &str) -> bool {
+        self.jobs()
+            .iter()
+            .any(|((m, _), j)| of_repo(m, repo) && j.state == FetchState::Running)
+    }
+
+    /// Forgets every ended download of repository `repo` (its files were deleted: the next
+    /// rank that needs a part downloads it again).
+    pub fn forget(&self, repo: &str) {
+        self.jobs()
+            .retain(|(m, _), j| !of_repo(m, repo) || j.state == FetchState::Running);
     }
 
     fn set(&self, model: &str, part: Part, state: FetchState) {

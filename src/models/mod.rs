@@ -11,6 +11,7 @@
 //!
 //! The registry of this node's models and the model list are in [`registry`].
 
+pub mod delete;
 pub mod fetch;
 pub mod gather;
 pub mod locate;

@@ -45,6 +45,11 @@ impl ModelRegistry {
         &self.default_model
     }
 
+    /// This node's Hugging Face cache.
+    pub fn hf_cache(&self) -> &hub::HfCache {
+        &self.dirs.hf
+    }
+
     /// The model a user's name refers to on this node.
     pub fn resolve(&self, name: &str) -> Option<ModelSpec> {
         ModelSpec::resolve(name, &self.default_model, &self.dirs)

@@ -115,6 +115,33 @@ pub fn peer_listing(snapshot: &Snapshot, id: &ModelId) -> Option<(String, Vec<Re
     Some((commit, files.into_values().collect()))
 }
 
+/// The weight bytes of `id` (its revision, and its quantization for a GGUF repo) each live
+/// node holds, this node included, by node id: what placement weighs as download progress, so
+/// that an instance goes to the nodes that already have its files (as exo prefers them), and
+/// nothing is copied that need not be.
+pub fn held_weight_bytes(snapshot: &Snapshot, id: &ModelId) -> BTreeMap<String, u64> {
+    let key = format!("{FILES_PREFIX}{}", id.repo());
+    snapshot
+        .authors
+        .iter()
+        .filter(|(node, a)| a.alive || **node == snapshot.me)
+        .filter_map(|(node, a)| {
+            let holding: Holding = serde_json::from_str(a.records.get(&key)?).ok()?;
+            if holding.revision != id.revision() {
+                return None;
+            }
+            let files: Vec<RepoFile> = holding.files.iter().map(HeldFile::repo_file).collect();
+            let weights = hub::select::for_model(&files, id.quant.as_deref()).ok()?;
+            let bytes = weights
+                .iter()
+                .filter(|f| !hub::select::is_support_file(&f.path))
+                .map(|f| f.size)
+                .sum::<u64>();
+            (bytes > 0).then(|| (node.clone(), bytes))
+        })
+        .collect()
+}
+
 /// Whether this node is the one to fetch `hash` of `model` from the hub: the smallest id
 /// among live nodes (this one included) whose running download of the model wants it.
 pub fn designated(snapshot: &Snapshot, model: &str, hash: &str) -> bool {
@@ -196,6 +223,11 @@ mod tests {
         assert_eq!(commit, c);
         assert_eq!(files.len(), 2);
         assert!(files[1].lfs && !files[0].lfs);
+        // Held weight bytes count weights only (not config), of live nodes only.
+        let held = held_weight_bytes(&snapshot, &id);
+        assert_eq!(held, BTreeMap::from([("a".to_string(), 1)]));
+        let other_revision = ModelId::parse("org/name@v2").unwrap();
+        assert!(held_weight_bytes(&snapshot, &other_revision).is_empty());
         // b and c want 22: b (the smaller live id) fetches it; only c wants 33; nobody 44.
         assert!(designated(&snapshot, m, "22"));
         assert!(!designated(&snapshot, m, "33"));
