@@ -6,7 +6,7 @@ use crate::proto::digest::Digest;
 use serde::{Deserialize, Serialize};
 
 /// Version of the wire format; a node refuses messages of another version.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 
 /// Largest message accepted from the sync stream (the gossip topic has its own, lower limit).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
@@ -115,8 +115,13 @@ mod tests {
             delta: Delta {
                 nodes: vec![NodeDelta {
                     node: NodeId::from_index(2),
-                    generation: 9,
-                    heartbeat: 4,
+                    beat: crate::proto::beat::Beat {
+                        generation: 9,
+                        heartbeat: 4,
+                        max_version: 2,
+                        records_hash: [3; 32],
+                        signature: vec![8; 64],
+                    },
                     reset: false,
                     from_version: 1,
                     to_version: 2,
@@ -152,10 +157,10 @@ mod tests {
             decode(&bytes, MAX_MESSAGE_BYTES),
             Err(CodecError::Malformed(_))
         ));
-        bytes[0] = 2;
+        bytes[0] = 1;
         assert_eq!(
             decode(&bytes, MAX_MESSAGE_BYTES),
-            Err(CodecError::Version(2))
+            Err(CodecError::Version(1))
         );
     }
 
@@ -165,6 +170,17 @@ mod tests {
             unreachable!()
         };
         delta.nodes[0].from_version = 5;
+        let bytes = encode(&Message::SynAck {
+            digest: digest.clone(),
+            delta: delta.clone(),
+        });
+        assert!(matches!(
+            decode(&bytes, MAX_MESSAGE_BYTES),
+            Err(CodecError::Malformed(_))
+        ));
+        // A range beyond the version the author's beat signs.
+        delta.nodes[0].from_version = 1;
+        delta.nodes[0].to_version = 3;
         let bytes = encode(&Message::SynAck { digest, delta });
         assert!(matches!(
             decode(&bytes, MAX_MESSAGE_BYTES),

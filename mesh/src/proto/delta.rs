@@ -1,26 +1,26 @@
 //! Deltas: the records (and heartbeats) one replica sends another, per author, with the version
 //! range they cover, cut to a byte budget so a delta always fits its channel.
 
+use crate::proto::beat::{Beat, BEAT_WIRE_SIZE};
 use crate::proto::id::NodeId;
 use crate::proto::record::{Record, MAX_KEY_LEN, MAX_SIGNATURE_LEN, MAX_VALUE_LEN};
 use serde::{Deserialize, Serialize};
 
 /// Encoded-size allowance for the fixed fields of one [`NodeDelta`].
-pub const NODE_DELTA_OVERHEAD: usize = 32 + 5 * 10 + 8;
+pub const NODE_DELTA_OVERHEAD: usize = 32 + 3 * 10 + 8 + BEAT_WIRE_SIZE;
 
 /// What one author's state changed by, as far as the receiver is concerned.
 ///
 /// `records` holds every record of `node` with a version in `(from_version, to_version]`
 /// (records overwritten since then are simply absent), so a receiver that already knows all
-/// versions up to `from_version` knows all up to `to_version` after applying it.
+/// versions up to `from_version` knows all up to `to_version` after applying it. The author's
+/// generation and heartbeat come in its signed [`Beat`], which also bounds `to_version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDelta {
     /// The author.
     pub node: NodeId,
-    /// The author's generation these records belong to.
-    pub generation: u64,
-    /// The newest heartbeat the sender knows of the author.
-    pub heartbeat: u64,
+    /// The newest beat the sender knows of the author (its generation and heartbeat).
+    pub beat: Beat,
     /// The receiver must drop what it holds of this author first (a full copy follows).
     pub reset: bool,
     /// Lower bound (excluded) of the version range covered.
@@ -42,6 +42,16 @@ impl NodeDelta {
                 .sum::<usize>()
     }
 
+    /// The author's generation these records belong to.
+    pub fn generation(&self) -> u64 {
+        self.beat.generation
+    }
+
+    /// The author's heartbeat the sender knows.
+    pub fn heartbeat(&self) -> u64 {
+        self.beat.heartbeat
+    }
+
     /// Checks the shape a well-behaved sender produces; a delta that fails is dropped whole.
     pub fn validate(&self) -> Result<(), String> {
         if self.from_version > self.to_version {
@@ -49,6 +59,15 @@ impl NodeDelta {
                 "version range ({}, {}] is empty",
                 self.from_version, self.to_version
             ));
+        }
+        if self.to_version > self.beat.max_version {
+            return Err(format!(
+                "version range ends at {}, beyond the {} the author's beat signs",
+                self.to_version, self.beat.max_version
+            ));
+        }
+        if self.beat.signature.len() > MAX_SIGNATURE_LEN {
+            return Err("the beat's signature is too long".into());
         }
         for (key, record) in &self.records {
             if key.len() > MAX_KEY_LEN {
@@ -124,8 +143,7 @@ impl NodeDelta {
     fn piece(&self, from: u64, to: u64, records: Vec<(String, Record)>) -> NodeDelta {
         NodeDelta {
             node: self.node,
-            generation: self.generation,
-            heartbeat: self.heartbeat,
+            beat: self.beat.clone(),
             reset: self.reset && from == self.from_version,
             from_version: from,
             to_version: to,
@@ -152,6 +170,16 @@ impl Delta {
 mod tests {
     use super::*;
 
+    fn beat(max_version: u64) -> Beat {
+        Beat {
+            generation: 1,
+            heartbeat: 5,
+            max_version,
+            records_hash: [0; 32],
+            signature: vec![0; 64],
+        }
+    }
+
     fn record(version: u64, len: usize) -> Record {
         Record {
             version,
@@ -164,8 +192,7 @@ mod tests {
     fn split_keeps_ranges_contiguous_and_sizes_bounded() {
         let delta = NodeDelta {
             node: NodeId::from_index(1),
-            generation: 1,
-            heartbeat: 5,
+            beat: beat(40),
             reset: false,
             from_version: 3,
             to_version: 40,
@@ -197,8 +224,7 @@ mod tests {
     fn split_refuses_records_that_never_fit() {
         let delta = NodeDelta {
             node: NodeId::from_index(1),
-            generation: 1,
-            heartbeat: 5,
+            beat: beat(2),
             reset: false,
             from_version: 0,
             to_version: 2,

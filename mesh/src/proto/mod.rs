@@ -7,6 +7,7 @@
 //! is what lets the simulator and a table of cases drive the same code the node runs. This
 //! folder never imports `net` (iroh, tokio) or `host` (the machine).
 
+pub mod beat;
 pub mod codec;
 pub mod delta;
 pub mod digest;

@@ -33,6 +33,16 @@ impl Record {
     pub fn wire_size(&self, key: &str) -> usize {
         key.len() + self.value.as_ref().map_or(0, String::len) + self.signature.len() + 16
     }
+
+    /// An unsigned record, for unit tests of what is done with records once verified.
+    #[cfg(test)]
+    pub(crate) fn unsigned(version: u64, value: Option<&str>) -> Record {
+        Record {
+            version,
+            value: value.map(str::to_string),
+            signature: Vec::new(),
+        }
+    }
 }
 
 /// The bytes an author signs for one record: everything that identifies the write, so a

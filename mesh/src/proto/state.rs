@@ -1,6 +1,7 @@
 //! The replicated state: for every author, its generation, heartbeat, records and versions, and
 //! the merge rules (per author, per key, by version) that make every replica converge.
 
+use crate::proto::beat::{live_hash, Beat};
 use crate::proto::delta::{Delta, NodeDelta, NODE_DELTA_OVERHEAD};
 use crate::proto::digest::{Digest, DigestEntry};
 use crate::proto::id::NodeId;
@@ -13,8 +14,10 @@ use std::collections::BTreeMap;
 pub struct NodeState {
     /// The author's generation (a restart starts a new one and replaces the old records).
     pub generation: u64,
-    /// Newest heartbeat known.
+    /// Newest heartbeat known (the heartbeat of `beat`).
     pub heartbeat: u64,
+    /// The author's newest signed beat known here, relayed with every part of it.
+    pub beat: Beat,
     /// All records with versions up to this one are known here.
     pub max_version: u64,
     /// Highest version of a tombstone this replica has garbage-collected; a peer that knows
@@ -31,8 +34,17 @@ impl NodeState {
     pub fn new(generation: u64) -> NodeState {
         NodeState {
             generation,
+            beat: Beat {
+                generation,
+                ..Beat::default()
+            },
             ..NodeState::default()
         }
+    }
+
+    /// [`live_hash`] of the records held up to `max_version`.
+    pub fn live_hash(&self) -> Option<[u8; 32]> {
+        live_hash(&self.records, self.max_version)
     }
 
     /// Live (non-deleted) values by key.
@@ -86,8 +98,7 @@ impl NodeState {
     pub fn delta_for(&self, node: NodeId, theirs: Option<&DigestEntry>) -> Option<NodeDelta> {
         let full = NodeDelta {
             node,
-            generation: self.generation,
-            heartbeat: self.heartbeat,
+            beat: self.beat.clone(),
             reset: true,
             from_version: 0,
             to_version: self.max_version,
@@ -102,7 +113,11 @@ impl NodeState {
         if theirs.generation > self.generation {
             return None;
         }
-        if theirs.max_version < self.gc_floor && self.max_version > theirs.max_version {
+        // Behind the garbage-collection floor (a deletion it may have missed), or asking for
+        // everything again (its copy failed the beat's check): a full copy.
+        if (theirs.max_version < self.gc_floor || theirs.max_version == 0)
+            && self.max_version > theirs.max_version
+        {
             return Some(full);
         }
         if self.max_version > theirs.max_version {
@@ -148,6 +163,9 @@ pub struct Applied {
     pub records: usize,
     /// The delta was for an older generation than the one held, and was ignored.
     pub stale: bool,
+    /// The records held up to the beat's version do not hash to what the beat signed (a
+    /// sender left some out): the claim was dropped, and a full copy will be asked for.
+    pub inconsistent: bool,
 }
 
 /// Every author's state, by node id.
@@ -158,24 +176,27 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
-    /// Merges one author's delta (already checked for signatures). Never touches other
-    /// authors.
-    pub fn apply(&mut self, delta: &NodeDelta, now_ms: u64) -> Applied {
+    /// Merges one author's delta (its beat and records already checked for signatures).
+    /// `reset` says whether the delta's reset was verified against its beat (an unverified one
+    /// merges as ordinary records). Never touches other authors.
+    pub fn apply(&mut self, delta: &NodeDelta, reset: bool, now_ms: u64) -> Applied {
         let mut applied = Applied::default();
+        let generation = delta.generation();
         let state = self.nodes.entry(delta.node).or_insert_with(|| {
             applied.new_generation = true;
-            NodeState::new(delta.generation)
+            NodeState::new(generation)
         });
-        if state.generation > delta.generation {
+        if state.generation > generation {
             applied.stale = true;
             return applied;
         }
-        if state.generation < delta.generation {
-            *state = NodeState::new(delta.generation);
+        if state.generation < generation {
+            *state = NodeState::new(generation);
             applied.new_generation = true;
         }
+        let before = (state.max_version, state.beat.max_version);
         let contiguous = delta.from_version <= state.max_version;
-        if delta.reset && delta.to_version > state.max_version {
+        if reset && delta.to_version > state.max_version {
             // The sender holds every record up to `to_version`: whatever we hold up to there
             // and it does not send was superseded (a deletion it already collected).
             let cut = delta.to_version;
@@ -188,12 +209,24 @@ impl ClusterState {
                 applied.records += 1;
             }
         }
-        if contiguous || delta.reset {
+        if contiguous || reset {
             state.max_version = state.max_version.max(delta.to_version);
         }
-        if delta.heartbeat > state.heartbeat {
-            state.heartbeat = delta.heartbeat;
+        if delta.beat.is_newer_than(&state.beat) {
+            state.beat = delta.beat.clone();
+        }
+        if state.beat.heartbeat > state.heartbeat {
+            state.heartbeat = state.beat.heartbeat;
             applied.heartbeat_advanced = true;
+        }
+        let changed = applied.records > 0 || before != (state.max_version, state.beat.max_version);
+        if changed && state.max_version > 0 && state.max_version == state.beat.max_version {
+            if let Some(hash) = state.live_hash() {
+                if hash != state.beat.records_hash {
+                    state.max_version = 0;
+                    applied.inconsistent = true;
+                }
+            }
         }
         applied
     }
@@ -215,6 +248,7 @@ impl ClusterState {
                     )
                 })
                 .collect(),
+            own_beat: None,
         }
     }
 
@@ -294,11 +328,7 @@ mod tests {
     use super::*;
 
     fn rec(version: u64, value: Option<&str>) -> Record {
-        Record {
-            version,
-            value: value.map(str::to_string),
-            signature: Vec::new(),
-        }
+        Record::unsigned(version, value)
     }
 
     fn author_with(records: &[(&str, u64, Option<&str>)]) -> NodeState {
@@ -308,7 +338,24 @@ mod tests {
             s.max_version = s.max_version.max(*v);
         }
         s.heartbeat = 3;
+        seal(&mut s);
         s
+    }
+
+    /// What the author does after a change: a beat of its state as it is (unsigned here: the
+    /// state does not check signatures, the replica does).
+    fn seal(s: &mut NodeState) {
+        s.beat = Beat {
+            generation: s.generation,
+            heartbeat: s.heartbeat,
+            max_version: s.max_version,
+            records_hash: s.live_hash().unwrap(),
+            signature: Vec::new(),
+        };
+    }
+
+    fn apply(state: &mut ClusterState, delta: &NodeDelta, now_ms: u64) -> Applied {
+        state.apply(delta, delta.reset, now_ms)
     }
 
     #[test]
@@ -320,11 +367,11 @@ mod tests {
         assert!(pieces.len() >= 2);
         let mut forward = ClusterState::default();
         for p in &pieces {
-            forward.apply(p, 0);
+            apply(&mut forward, p, 0);
         }
         let mut backward = ClusterState::default();
         for p in pieces.iter().rev() {
-            backward.apply(p, 0);
+            apply(&mut backward, p, 0);
         }
         // Out of order, the replica holds the records but cannot claim all versions...
         assert_eq!(forward.nodes[&a].records, backward.nodes[&a].records);
@@ -332,7 +379,7 @@ mod tests {
         // ...and a sync from the digest repairs the claim.
         let repair = source.delta_for(a, backward.digest().nodes.get(&a));
         if let Some(repair) = repair {
-            backward.apply(&repair, 0);
+            apply(&mut backward, &repair, 0);
         }
         assert_eq!(backward.nodes[&a].max_version, 3);
         assert_eq!(forward.to_json(), backward.to_json());
@@ -343,15 +390,16 @@ mod tests {
         let a = NodeId::from_index(1);
         let mut state = ClusterState::default();
         let old = author_with(&[("x", 1, Some("1"))]);
-        state.apply(&old.delta_for(a, None).unwrap(), 0);
+        apply(&mut state, &old.delta_for(a, None).unwrap(), 0);
         let mut new = NodeState::new(8);
         new.put("y", rec(1, Some("2")), 0);
         new.max_version = 1;
-        let applied = state.apply(&new.delta_for(a, None).unwrap(), 0);
+        seal(&mut new);
+        let applied = apply(&mut state, &new.delta_for(a, None).unwrap(), 0);
         assert!(applied.new_generation);
         assert!(state.nodes[&a].records.contains_key("y"));
         assert!(!state.nodes[&a].records.contains_key("x"));
-        let applied = state.apply(&old.delta_for(a, None).unwrap(), 0);
+        let applied = apply(&mut state, &old.delta_for(a, None).unwrap(), 0);
         assert!(applied.stale);
         assert_eq!(state.nodes[&a].generation, 8);
     }
@@ -361,17 +409,41 @@ mod tests {
         let a = NodeId::from_index(1);
         let mut source = author_with(&[("x", 1, Some("1")), ("y", 2, Some("2"))]);
         let mut laggard = ClusterState::default();
-        laggard.apply(&source.delta_for(a, None).unwrap(), 0);
+        apply(&mut laggard, &source.delta_for(a, None).unwrap(), 0);
         source.put("x", rec(3, None), 10);
         source.max_version = 3;
+        seal(&mut source);
         assert_eq!(source.collect_tombstones(20, 100), 0);
         assert_eq!(source.collect_tombstones(110, 100), 1);
         assert_eq!(source.gc_floor, 3);
         let delta = source.delta_for(a, laggard.digest().nodes.get(&a)).unwrap();
         assert!(delta.reset, "a peer behind the GC floor needs a full copy");
-        laggard.apply(&delta, 200);
+        apply(&mut laggard, &delta, 200);
         assert!(!laggard.nodes[&a].records.contains_key("x"));
         assert_eq!(laggard.nodes[&a].max_version, 3);
+    }
+
+    #[test]
+    fn a_range_with_records_left_out_is_caught_and_a_full_copy_repairs_it() {
+        let a = NodeId::from_index(1);
+        let source = author_with(&[("x", 1, Some("1")), ("y", 2, Some("2"))]);
+        let mut receiver = ClusterState::default();
+        let mut short = source.delta_for(a, None).unwrap();
+        short.reset = false;
+        short.records.retain(|(k, _)| k != "y");
+        let applied = apply(&mut receiver, &short, 0);
+        assert!(applied.inconsistent);
+        assert_eq!(receiver.nodes[&a].max_version, 0, "the claim is dropped");
+        let repair = source
+            .delta_for(a, receiver.digest().nodes.get(&a))
+            .unwrap();
+        assert!(
+            repair.reset,
+            "a replica asking for everything gets a full copy"
+        );
+        assert!(!apply(&mut receiver, &repair, 0).inconsistent);
+        assert_eq!(receiver.nodes[&a].max_version, 2);
+        assert_eq!(receiver.nodes[&a].records, source.records);
     }
 
     #[test]
@@ -379,7 +451,11 @@ mod tests {
         let mut state = ClusterState::default();
         for i in 0..10 {
             let s = author_with(&[("k", 1, Some(&"v".repeat(200)))]);
-            state.apply(&s.delta_for(NodeId::from_index(i), None).unwrap(), 0);
+            apply(
+                &mut state,
+                &s.delta_for(NodeId::from_index(i), None).unwrap(),
+                0,
+            );
         }
         let empty = Digest::default();
         let d0 = state.delta_for(&empty, 700, 0);

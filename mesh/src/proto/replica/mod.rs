@@ -2,6 +2,7 @@
 //! in as milliseconds, messages come in as bytes, and what must be sent goes out through a
 //! [`Transport`]. The iroh driver and the simulator drive the same code.
 
+use crate::proto::beat::Beat;
 use crate::proto::codec::{self, Message};
 use crate::proto::delta::{Delta, NodeDelta};
 use crate::proto::failure_detector::{FailureDetector, FailureDetectorConfig, Liveness};
@@ -88,6 +89,15 @@ pub enum Event {
 pub struct Stats {
     /// Records dropped because their signature is not their author's.
     pub forged_records: u64,
+    /// Parts dropped because their beat (generation, heartbeat, versions) is not signed by
+    /// their author.
+    pub forged_beats: u64,
+    /// Resets not honoured because the records sent are not the set the author's beat signs
+    /// (merged as ordinary records instead).
+    pub unverified_resets: u64,
+    /// Authors whose records held here did not hash to their beat: a sender left some out,
+    /// and a full copy was asked for.
+    pub inconsistent_authors: u64,
     /// Messages that failed to decode.
     pub malformed_messages: u64,
     /// Own records too big for a gossip broadcast (sent by anti-entropy only).
@@ -133,7 +143,8 @@ pub struct Replica {
     broadcast_up_to: u64,
     departed: BTreeMap<NodeId, Departed>,
     self_sightings: BTreeMap<u64, (u64, u64)>,
-    claims: BTreeMap<NodeId, BTreeMap<u64, (u64, u64)>>,
+    /// Signed beats peers showed of themselves, by peer and generation, with when.
+    claims: BTreeMap<NodeId, BTreeMap<u64, (Beat, u64)>>,
     duplicate_reported: bool,
     events: Vec<Event>,
     stats: Stats,
@@ -161,7 +172,7 @@ impl Replica {
     ) -> Replica {
         let mut state = ClusterState::default();
         state.nodes.insert(id, NodeState::new(generation));
-        Replica {
+        let mut replica = Replica {
             id,
             config,
             authority,
@@ -177,7 +188,30 @@ impl Replica {
             events: Vec::new(),
             stats: Stats::default(),
             rotation: 0,
-        }
+        };
+        replica.sign_beat();
+        replica
+    }
+
+    /// Signs this node's beat of its state as it is now (after a heartbeat or a write), so
+    /// that what it sends is always covered by its own signature.
+    fn sign_beat(&mut self) {
+        let own = self.own();
+        let records_hash = own.live_hash().unwrap_or_default();
+        let beat = Beat::sign(
+            &self.id,
+            self.authority.as_ref(),
+            own.generation,
+            own.heartbeat,
+            own.max_version,
+            records_hash,
+        );
+        self.own_mut().beat = beat;
+    }
+
+    /// This node's current signed beat.
+    pub fn own_beat(&self) -> &Beat {
+        &self.own().beat
     }
 
     /// This node's id.
@@ -315,6 +349,7 @@ impl Replica {
             now_ms,
         );
         own.max_version = version;
+        self.sign_beat();
         let id = self.id;
         self.events.push(Event::Changed(id));
     }
@@ -323,6 +358,7 @@ impl Replica {
     /// and anti-entropy with `sync_fanout` random peers.
     pub fn tick(&mut self, now_ms: u64, transport: &mut dyn Transport) {
         self.own_mut().heartbeat += 1;
+        self.sign_beat();
         self.flush_broadcast(transport);
         self.update_liveness(now_ms);
         let grace = self.config.tombstone_grace_ms;
@@ -350,8 +386,7 @@ impl Replica {
         records.sort_by_key(|(_, r)| r.version);
         let delta = NodeDelta {
             node: self.id,
-            generation: own.generation,
-            heartbeat: own.heartbeat,
+            beat: own.beat.clone(),
             reset: false,
             from_version: from,
             to_version: own.max_version,

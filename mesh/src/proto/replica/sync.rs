@@ -3,6 +3,7 @@
 //! process that runs with this node's id.
 
 use super::{Event, Replica};
+use crate::proto::beat::live_hash_of_part;
 use crate::proto::codec::{self, CodecError, Message, MAX_MESSAGE_BYTES};
 use crate::proto::delta::{Delta, NodeDelta};
 use crate::proto::failure_detector::Liveness;
@@ -14,7 +15,14 @@ impl Replica {
     /// The first message of an anti-entropy exchange (also sent at once when a neighbour
     /// comes up).
     pub fn syn(&self) -> Vec<u8> {
-        codec::encode(&Message::Syn(self.state.digest()))
+        codec::encode(&Message::Syn(self.digest()))
+    }
+
+    /// The digest this replica sends: what it knows, plus its own signed beat.
+    fn digest(&self) -> crate::proto::digest::Digest {
+        let mut digest = self.state.digest();
+        digest.own_beat = Some(self.own_beat().clone());
+        digest
     }
 
     /// Responder side of a sync: answers a `Syn` from `from` with a `SynAck`.
@@ -35,7 +43,7 @@ impl Replica {
                 .delta_for(&theirs, self.config.max_sync_delta_bytes, self.rotation);
         self.add_conflict_notices(from, &theirs, &mut delta, now_ms);
         Ok(codec::encode(&Message::SynAck {
-            digest: self.state.digest(),
+            digest: self.digest(),
             delta,
         }))
     }
@@ -102,13 +110,26 @@ impl Replica {
     }
 
     pub(super) fn merge_node(&mut self, part: &NodeDelta, now_ms: u64) {
+        // The beat vouches for the generation, the heartbeat and the version range: a part
+        // whose beat its author did not sign is dropped whole (one already checked is not
+        // checked again).
+        let known = self
+            .state
+            .nodes
+            .get(&part.node)
+            .is_some_and(|s| s.beat == part.beat);
+        if !known && !part.beat.verify(&part.node, self.authority.as_ref()) {
+            self.stats.forged_beats += 1;
+            return;
+        }
         if part.node == self.id {
             self.check_duplicate(part, now_ms);
             return;
         }
+        let (generation, heartbeat) = (part.generation(), part.heartbeat());
         if let Some(gone) = self.departed.get(&part.node) {
-            let back = part.generation > gone.generation
-                || (part.generation == gone.generation && part.heartbeat > gone.heartbeat);
+            let back = generation > gone.generation
+                || (generation == gone.generation && heartbeat > gone.heartbeat);
             if !back {
                 return;
             }
@@ -118,13 +139,8 @@ impl Replica {
             .records
             .iter()
             .filter(|(key, r)| {
-                let message = signed_bytes(
-                    &part.node,
-                    part.generation,
-                    key,
-                    r.version,
-                    r.value.as_deref(),
-                );
+                let message =
+                    signed_bytes(&part.node, generation, key, r.version, r.value.as_deref());
                 !self.authority.verify(&part.node, &message, &r.signature)
             })
             .count();
@@ -133,9 +149,19 @@ impl Replica {
             self.stats.forged_records += forged as u64;
             return;
         }
-        let applied = self.state.apply(part, now_ms);
+        // A reset drops records, so it must carry exactly the live set the author signed.
+        let reset = part.reset
+            && part.to_version == part.beat.max_version
+            && live_hash_of_part(&part.records, part.to_version) == Some(part.beat.records_hash);
+        if part.reset && !reset {
+            self.stats.unverified_resets += 1;
+        }
+        let applied = self.state.apply(part, reset, now_ms);
         if applied.stale {
             return;
+        }
+        if applied.inconsistent {
+            self.stats.inconsistent_authors += 1;
         }
         if applied.new_generation {
             self.detector.forget(&part.node);
@@ -152,26 +178,30 @@ impl Replica {
         }
     }
 
-    /// Remembers which generation an authenticated peer says it runs: two generations of one
-    /// id heartbeating at once means two processes share an identity.
+    /// Remembers which generation an authenticated peer says it runs, with its signed beat:
+    /// two generations of one id heartbeating at once means two processes share an identity.
     pub(super) fn note_claim(
         &mut self,
         from: NodeId,
         digest: &crate::proto::digest::Digest,
         now_ms: u64,
     ) {
-        let Some(entry) = digest.nodes.get(&from) else {
+        let Some(beat) = &digest.own_beat else {
             return;
         };
+        if !beat.verify(&from, self.authority.as_ref()) {
+            self.stats.forged_beats += 1;
+            return;
+        }
         let window = 2 * self.config.duplicate_confirm_ms;
         let claims = self.claims.entry(from).or_default();
-        claims.insert(entry.generation, (entry.heartbeat, now_ms));
+        claims.insert(beat.generation, (beat.clone(), now_ms));
         claims.retain(|_, (_, at)| now_ms.saturating_sub(*at) < window);
         self.claims.retain(|_, c| !c.is_empty());
     }
 
     /// Tells `from` about other generations of its own id that recently synced with us (an
-    /// empty part with that generation's heartbeat): it decides whether it is a duplicate.
+    /// empty part with that generation's signed beat): it decides whether it is a duplicate.
     pub(super) fn add_conflict_notices(
         &self,
         from: NodeId,
@@ -179,16 +209,15 @@ impl Replica {
         delta: &mut Delta,
         now_ms: u64,
     ) {
-        let (Some(claims), Some(entry)) = (self.claims.get(&from), digest.nodes.get(&from)) else {
+        let (Some(claims), Some(current)) = (self.claims.get(&from), &digest.own_beat) else {
             return;
         };
         let window = 2 * self.config.duplicate_confirm_ms;
-        for (generation, (heartbeat, at)) in claims {
-            if *generation != entry.generation && now_ms.saturating_sub(*at) < window {
+        for (generation, (beat, at)) in claims {
+            if *generation != current.generation && now_ms.saturating_sub(*at) < window {
                 delta.nodes.push(NodeDelta {
                     node: from,
-                    generation: *generation,
-                    heartbeat: *heartbeat,
+                    beat: beat.clone(),
                     reset: false,
                     from_version: 0,
                     to_version: 0,
@@ -202,20 +231,21 @@ impl Replica {
     /// advancing over `duplicate_confirm_ms` (a dead former self stops advancing).
     pub(super) fn check_duplicate(&mut self, part: &NodeDelta, now_ms: u64) {
         let ours = self.generation();
-        if part.generation == ours || self.duplicate_reported {
+        let (generation, heartbeat) = (part.generation(), part.heartbeat());
+        if generation == ours || self.duplicate_reported {
             return;
         }
         let (first_heartbeat, first_ms) = *self
             .self_sightings
-            .entry(part.generation)
-            .or_insert((part.heartbeat, now_ms));
-        if part.heartbeat > first_heartbeat
+            .entry(generation)
+            .or_insert((heartbeat, now_ms));
+        if heartbeat > first_heartbeat
             && now_ms.saturating_sub(first_ms) >= self.config.duplicate_confirm_ms
         {
             self.duplicate_reported = true;
             self.events.push(Event::DuplicateId {
                 ours,
-                other: part.generation,
+                other: generation,
             });
         }
     }
