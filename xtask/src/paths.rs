@@ -6,8 +6,15 @@ use std::path::PathBuf;
 pub use kit::dirs::{cache_dir, target_dir};
 
 /// The workspace root (the parent of `xtask/`).
+///
+/// `cargo run` gives the running xtask its manifest directory, and that is read first: the
+/// compile-time value is the clone that built the binary, and cargo does not rebuild the
+/// xtask when the same shared target directory serves another clone (a run from `/work/main`
+/// once changed into a deleted clone's directory and every command failed with ENOENT).
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
         .parent()
         .expect("xtask lives inside the workspace")
         .to_path_buf()
