@@ -201,6 +201,34 @@ impl HfCache {
             _ => Ok(()),
         }
     }
+
+    /// Removes `id`'s folder (every revision, as `huggingface-cli delete-cache` removes a
+    /// repository): the bytes of the regular files it held, or `None` if there was none.
+    /// Symbolic links are removed, never followed, so nothing outside the folder is touched.
+    pub fn delete_repo(&self, id: &ModelId) -> std::io::Result<Option<u64>> {
+        let dir = self.repo_dir(id);
+        if std::fs::symlink_metadata(&dir).is_err() {
+            return Ok(None);
+        }
+        let bytes = file_bytes_under(&dir);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(Some(bytes))
+    }
+}
+
+/// Bytes of the regular files under `dir`, links not followed.
+fn file_bytes_under(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => file_bytes_under(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Bytes available to this user on the filesystem of `path` (or of its nearest existing
@@ -238,6 +266,30 @@ pub fn safe_relative(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deleting_a_repo_counts_file_bytes_and_never_follows_links() {
+        let root = std::env::temp_dir().join(format!("shoal-delete-{}", std::process::id()));
+        let cache = HfCache::at(root.join("hub"));
+        let id = ModelId::parse("org/name").unwrap();
+        let repo = cache.repo_dir(&id);
+        let outside = root.join("outside");
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots/c")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(repo.join("blobs/aa"), vec![0u8; 1000]).unwrap();
+        std::fs::write(outside.join("keep"), b"keep").unwrap();
+        std::os::unix::fs::symlink("../../blobs/aa", repo.join("snapshots/c/model.bin")).unwrap();
+        std::os::unix::fs::symlink(&outside, repo.join("snapshots/c/elsewhere")).unwrap();
+        assert_eq!(cache.delete_repo(&id).unwrap(), Some(1000));
+        assert!(!repo.exists());
+        assert!(
+            outside.join("keep").is_file(),
+            "a link's target is not deleted"
+        );
+        assert_eq!(cache.delete_repo(&id).unwrap(), None);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn cache_root_follows_huggingface_hub() {

@@ -49,15 +49,18 @@ pub async fn delete_model(
             .with_code("model_in_use"));
         }
     }
-    if downloads.is_running(&repo) {
+    let Some(_deleting) = downloads.begin_delete(&repo) else {
         return Err(ApiError::new(
             ErrorKind::Conflict,
-            format!("a download of `{repo}` is running on this node; try again once it ends"),
+            format!(
+                "a download of `{repo}` is running on this node (or it is being deleted); try \
+                 again once that ends"
+            ),
         )
         .with_code("model_in_use"));
-    }
-    let dir = models.hf_cache().repo_dir(&id);
-    let removed = tokio::task::spawn_blocking(move || remove_counting(&dir))
+    };
+    let cache = models.hf_cache().clone();
+    let removed = tokio::task::spawn_blocking(move || cache.delete_repo(&id))
         .await
         .map_err(|e| ApiError::internal(format!("deleting the model: {e}")))?
         .map_err(|e| {
@@ -89,56 +92,4 @@ pub async fn delete_model(
     };
     tracing::info!(model = %repo, freed, "model deleted from this node's cache");
     Ok(json!({ "deleted": repo, "node": snapshot.me, "freed_bytes": freed }))
-}
-
-/// Removes `dir` and everything under it; the bytes of the regular files removed, or `None`
-/// if it did not exist. Symbolic links are removed, never followed.
-fn remove_counting(dir: &std::path::Path) -> std::io::Result<Option<u64>> {
-    if std::fs::symlink_metadata(dir).is_err() {
-        return Ok(None);
-    }
-    let bytes = bytes_under(dir);
-    std::fs::remove_dir_all(dir)?;
-    Ok(Some(bytes))
-}
-
-fn bytes_under(dir: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => bytes_under(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn removing_counts_file_bytes_and_never_follows_links() {
-        let root = std::env::temp_dir().join(format!("shoal-delete-{}", std::process::id()));
-        let outside = root.join("outside");
-        let repo = root.join("models--org--name");
-        std::fs::create_dir_all(repo.join("blobs")).unwrap();
-        std::fs::create_dir_all(repo.join("snapshots/c")).unwrap();
-        std::fs::create_dir_all(&outside).unwrap();
-        std::fs::write(repo.join("blobs/aa"), vec![0u8; 1000]).unwrap();
-        std::fs::write(outside.join("keep"), b"keep").unwrap();
-        std::os::unix::fs::symlink("../../blobs/aa", repo.join("snapshots/c/model.bin")).unwrap();
-        std::os::unix::fs::symlink(&outside, repo.join("snapshots/c/elsewhere")).unwrap();
-        assert_eq!(remove_counting(&repo).unwrap(), Some(1000));
-        assert!(!repo.exists());
-        assert!(
-            outside.join("keep").is_file(),
-            "a link's target is not deleted"
-        );
-        assert_eq!(remove_counting(&repo).unwrap(), None);
-        let _ = std::fs::remove_dir_all(&root);
-    }
 }

@@ -42,20 +42,74 @@ struct Job {
     since: Instant,
 }
 
-/// This node's downloads by (model reference, part).
+/// What [`Downloads`] guards with one lock, so that "is a download of this repository
+/// writing?" and "this repository is being deleted" are decided together.
+#[derive(Debug, Default)]
+struct Table {
+    /// Part downloads by (model reference, part).
+    jobs: BTreeMap<(String, Part), Job>,
+    /// Support-file fetches running, by repository.
+    support: BTreeMap<String, usize>,
+    /// Repositories whose cache folder is being removed: no download of them starts.
+    deleting: std::collections::BTreeSet<String>,
+}
+
+impl Table {
+    fn writing(&self, repo: &str) -> bool {
+        self.support.get(repo).is_some_and(|n| *n > 0)
+            || self
+                .jobs
+                .iter()
+                .any(|((m, _), j)| of_repo(m, repo) && j.state == FetchState::Running)
+    }
+}
+
+/// This node's downloads by (model reference, part), and the repositories being deleted.
 #[derive(Debug, Default)]
 pub struct Downloads {
-    jobs: Mutex<BTreeMap<(String, Part), Job>>,
+    table: Mutex<Table>,
+}
+
+/// Held while a repository's cache folder is removed (see [`Downloads::begin_delete`]);
+/// downloads of it may start again once it is dropped.
+pub struct DeleteGuard<'a> {
+    downloads: &'a Downloads,
+    repo: String,
+}
+
+impl Drop for DeleteGuard<'_> {
+    fn drop(&mut self) {
+        self.downloads.table().deleting.remove(&self.repo);
+    }
+}
+
+/// Counts one support-file fetch of a repository while it runs.
+struct SupportFetch<'a> {
+    downloads: &'a Downloads,
+    repo: String,
+}
+
+impl Drop for SupportFetch<'_> {
+    fn drop(&mut self) {
+        let mut table = self.downloads.table();
+        if let Some(n) = table.support.get_mut(&self.repo) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                table.support.remove(&self.repo);
+            }
+        }
+    }
 }
 
 impl Downloads {
-    fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, Part), Job>> {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Where each part of `model` stands on this node (recent failures included).
     pub fn parts_of(&self, model: &str) -> BTreeMap<Part, FetchState> {
-        let mut jobs = self.jobs();
+        let mut table = self.table();
+        let jobs = &mut table.jobs;
         jobs.retain(|_, j| {
             !matches!(j.state, FetchState::Failed(_)) || j.since.elapsed() < FAILURE_KEPT
         });
@@ -68,33 +122,44 @@ impl Downloads {
     /// Whether `part` of `model` is complete here (downloaded by this node, or found whole in
     /// its cache by a download that then had nothing to do).
     pub fn is_done(&self, model: &str, part: &Part) -> bool {
-        self.jobs()
+        self.table()
+            .jobs
             .get(&(model.to_string(), *part))
             .is_some_and(|j| j.state == FetchState::Done)
     }
 
     /// Forgets `model`'s failed downloads, so that the next rank that needs one tries again.
     pub fn forget_failures(&self, model: &str) {
-        self.jobs()
+        self.table()
+            .jobs
             .retain(|(m, _), j| m != model || !matches!(j.state, FetchState::Failed(_)));
     }
 
-    /// Whether a download of any part of repository `repo` (any revision) is running here.
-    pub fn is_running(&self, repo: &str) -> bool {
-        self.jobs()
-            .iter()
-            .any(|((m, _), j)| of_repo(m, repo) && j.state == FetchState::Running)
+    /// Marks repository `repo` as being deleted, unless a download of it (any part, any
+    /// revision, or its support files) is writing here: then `None`. While the guard lives no
+    /// download of it starts (the reconciler's next pass starts it again after), so the folder
+    /// is never removed under a download that writes into it.
+    pub fn begin_delete(&self, repo: &str) -> Option<DeleteGuard<'_>> {
+        let mut table = self.table();
+        if table.writing(repo) || !table.deleting.insert(repo.to_string()) {
+            return None;
+        }
+        Some(DeleteGuard {
+            downloads: self,
+            repo: repo.to_string(),
+        })
     }
 
     /// Forgets every ended download of repository `repo` (its files were deleted: the next
     /// rank that needs a part downloads it again).
     pub fn forget(&self, repo: &str) {
-        self.jobs()
+        self.table()
+            .jobs
             .retain(|(m, _), j| !of_repo(m, repo) || j.state == FetchState::Running);
     }
 
     fn set(&self, model: &str, part: Part, state: FetchState) {
-        self.jobs().insert(
+        self.table().jobs.insert(
             (model.to_string(), part),
             Job {
                 state,
@@ -113,12 +178,13 @@ impl Downloads {
         wake: Arc<tokio::sync::Notify>,
     ) {
         {
-            let mut jobs = self.jobs();
+            let mut table = self.table();
             let key = (model.to_string(), part);
-            if jobs.contains_key(&key) {
+            let deleting = ModelId::parse(model).is_ok_and(|id| table.deleting.contains(&id.repo()));
+            if deleting || table.jobs.contains_key(&key) {
                 return;
             }
-            jobs.insert(
+            table.jobs.insert(
                 key,
                 Job {
                     state: FetchState::Running,
@@ -151,6 +217,20 @@ impl Downloads {
         context: Arc<dyn NodeContext>,
     ) -> Result<(), String> {
         self.forget_failures(model);
+        let repo = ModelId::parse(model).map_err(|e| e.to_string())?.repo();
+        let _running = {
+            let mut table = self.table();
+            if table.deleting.contains(&repo) {
+                return Err(format!(
+                    "`{repo}` is being deleted from this node; place it again once that ends"
+                ));
+            }
+            *table.support.entry(repo.clone()).or_default() += 1;
+            SupportFetch {
+                downloads: self,
+                repo,
+            }
+        };
         fetch_part(model, None, context).await
     }
 }
@@ -342,4 +422,35 @@ async fn fetch_part(
     }
     let _ = context.write(&key, &value);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repository_is_deleted_only_while_nothing_writes_it_and_one_delete_at_a_time() {
+        let downloads = Downloads::default();
+        let model = "org/name@main";
+        downloads.set(model, Part::Tensor, FetchState::Running);
+        assert!(
+            downloads.begin_delete("org/name").is_none(),
+            "a running download blocks the delete"
+        );
+        assert!(downloads.begin_delete("org/other").is_some());
+        downloads.set(model, Part::Tensor, FetchState::Done);
+        let guard = downloads.begin_delete("org/name").expect("nothing writes now");
+        assert!(
+            downloads.begin_delete("org/name").is_none(),
+            "a second delete waits for the first"
+        );
+        assert!(downloads.table().deleting.contains("org/name"));
+        drop(guard);
+        assert!(downloads.table().deleting.is_empty());
+        *downloads.table().support.entry("org/name".into()).or_default() += 1;
+        assert!(
+            downloads.begin_delete("org/name").is_none(),
+            "a support-file fetch blocks the delete"
+        );
+    }
 }
