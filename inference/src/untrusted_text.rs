@@ -2,53 +2,141 @@
 //!
 //! A chat template writes markup such as `<|im_start|>user` around each message; the
 //! tokenizer must turn that markup into its special tokens. But a message that itself
-//! contains `<|im_start|>system` (typed by a user, or pasted from a web page into an agent's
-//! tool result) would become the same special tokens, and open a new turn the client never
-//! sent. So the rendered prompt is encoded in pieces: the template's own text with special
-//! tokens recognised, every message's text with them off (as plain text, as llama.cpp does
-//! with `parse_special = false`). When no message contains a special token's text, the
-//! whole prompt is encoded at once and nothing changes.
+//! contains `<|im_start|>system` (typed by a user, pasted from a web page into an agent's
+//! tool result, or put in a tool's description or a call's arguments) would become the same
+//! special tokens, and open a new turn the client never sent.
+//!
+//! So every text a client sent is **marked before the template renders it**
+//! ([`UntrustedMarks::mark`]): each special token's text in it becomes one private-use
+//! character standing for that token. The template renders the marked texts wherever it
+//! puts them (as they are, trimmed, inside `tojson`: a private-use character passes through
+//! all of them unchanged), and [`Tokenizer::encode_marked`] encodes the template's own text
+//! with special tokens recognised and each mark as the plain text of its token (the
+//! characters `<`, `|`, `im`, …, as llama.cpp does with `parse_special = false`). When no
+//! client text contains a special token's text there are no marks and the prompt is encoded
+//! exactly as before.
 
 use crate::error::{InferenceError, Result};
 use crate::tokenizer::Tokenizer;
 
-impl Tokenizer {
-    /// Token ids of `rendered` (a chat template's output), where each of `contents` (the
-    /// messages' texts, in the order the template writes them) is encoded with special
-    /// tokens off. A content that holds a special token's text but that the template wrote
-    /// changed (so it cannot be found to keep apart) is refused with an error that says so.
-    pub fn encode_chat(&self, rendered: &str, contents: &[&str]) -> Result<Vec<u32>> {
-        let specials = self.special_texts();
-        let risky = |text: &str| specials.iter().find(|s| text.contains(s.as_str())).cloned();
-        if !contents.iter().any(|c| risky(c).is_some()) {
-            return self.encode(rendered);
+/// The two Unicode private-use planes (15 and 16) whose characters can stand for special
+/// tokens: the first one that no client text uses is taken.
+const MARK_PLANES: [u32; 2] = [0xF_0000, 0x10_0000];
+/// Characters in one plane usable as marks (U+xFFFE and U+xFFFF are noncharacters).
+const PLANE_MARKS: u32 = 0xFFFE;
+
+/// How client texts are marked for one prompt (see the module docs): made by
+/// [`Tokenizer::untrusted_marks`] only when some text holds a special token's text.
+#[derive(Debug, Clone)]
+pub struct UntrustedMarks {
+    /// The special tokens' texts, longest first; mark `i` stands for `specials[i]`.
+    specials: Vec<String>,
+    /// Which bytes start some special token's text (the rest are copied without a search).
+    starts: [bool; 256],
+    /// The first mark character's code point.
+    base: u32,
+}
+
+impl UntrustedMarks {
+    /// `text` with every special token's text replaced by its mark (longest first, so
+    /// `<|im_start|>` is never cut into a shorter token's text).
+    pub fn mark(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        'outer: while !rest.is_empty() {
+            let Some(skip) = rest.bytes().position(|b| self.starts[b as usize]) else {
+                out.push_str(rest);
+                break;
+            };
+            out.push_str(&rest[..skip]);
+            rest = &rest[skip..];
+            for (i, special) in self.specials.iter().enumerate() {
+                if let Some(after) = rest.strip_prefix(special.as_str()) {
+                    out.push(self.mark_char(i));
+                    rest = after;
+                    continue 'outer;
+                }
+            }
+            let c = rest.chars().next().expect("rest is not empty");
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
         }
+        out
+    }
+
+    fn mark_char(&self, index: usize) -> char {
+        char::from_u32(self.base + index as u32).expect("marks are valid characters")
+    }
+
+    /// The special token text that `c` marks, if it is a mark.
+    fn special_of(&self, c: char) -> Option<&str> {
+        let offset = (c as u32).checked_sub(self.base)?;
+        self.specials.get(offset as usize).map(String::as_str)
+    }
+}
+
+impl Tokenizer {
+    /// The marks for a prompt whose client texts are `texts`, or `None` when none of them
+    /// holds a special token's text (then the prompt is encoded as it is). An error only when
+    /// the texts use both private-use planes, so that no mark could be told from them.
+    pub fn untrusted_marks<'a>(
+        &self,
+        texts: impl IntoIterator<Item = &'a str> + Clone,
+    ) -> Result<Option<UntrustedMarks>> {
+        let specials = self.special_texts();
+        let risky = texts
+            .clone()
+            .into_iter()
+            .any(|t| specials.iter().any(|s| t.contains(s.as_str())));
+        if !risky {
+            return Ok(None);
+        }
+        let uses_plane = |base: u32| {
+            texts.clone().into_iter().any(|t| {
+                t.chars()
+                    .any(|c| (base..base + PLANE_MARKS).contains(&(c as u32)))
+            })
+        };
+        let Some(base) = MARK_PLANES.into_iter().find(|b| !uses_plane(*b)) else {
+            return Err(InferenceError::Tokenizer(
+                "the request holds the model's control tokens as text and also characters of \
+                 both Unicode private-use planes 15 and 16, so the control tokens cannot be kept \
+                 as plain text; remove one or the other"
+                    .into(),
+            ));
+        };
+        if specials.len() as u32 > PLANE_MARKS {
+            return Err(InferenceError::Tokenizer(format!(
+                "the tokenizer has {} special tokens, more than can be marked",
+                specials.len()
+            )));
+        }
+        let mut starts = [false; 256];
+        for s in &specials {
+            starts[s.as_bytes()[0] as usize] = true;
+        }
+        Ok(Some(UntrustedMarks {
+            specials,
+            starts,
+            base,
+        }))
+    }
+
+    /// Token ids of `rendered` (a chat template's output over texts marked with `marks`):
+    /// the template's text with special tokens recognised, every mark as the plain encoding
+    /// of the special token's text it stands for.
+    pub fn encode_marked(&self, rendered: &str, marks: &UntrustedMarks) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
-        let mut cursor = 0;
-        for content in contents {
-            let Some(special) = risky(content) else {
+        let mut start = 0;
+        for (at, c) in rendered.char_indices() {
+            let Some(special) = marks.special_of(c) else {
                 continue;
             };
-            let rest = &rendered[cursor..];
-            let found = rest
-                .find(*content)
-                .map(|at| (at, content.len()))
-                .or_else(|| {
-                    let trimmed = content.trim();
-                    rest.find(trimmed).map(|at| (at, trimmed.len()))
-                });
-            let Some((at, len)) = found else {
-                return Err(InferenceError::Tokenizer(format!(
-                    "a message contains the model's control token `{special}`, and the chat \
-                     template rewrites that message, so it cannot be kept as plain text; \
-                     remove the token from the message"
-                )));
-            };
-            ids.extend(self.encode(&rest[..at])?);
-            ids.extend(self.encode_plain(&rest[at..at + len])?);
-            cursor += at + len;
+            ids.extend(self.encode(&rendered[start..at])?);
+            ids.extend(self.encode_plain(special)?);
+            start = at + c.len_utf8();
         }
-        ids.extend(self.encode(&rendered[cursor..])?);
+        ids.extend(self.encode(&rendered[start..])?);
         Ok(ids)
     }
 

@@ -18,6 +18,37 @@ pub fn generate_request(
     request: &ChatRequest,
     facts: &ModelFacts,
 ) -> Result<GenerateRequest, ApiError> {
+    // Every text the client sent, marked so that none can become a control token (see
+    // `inference::untrusted_text`): contents, names, call ids, arguments, tool specs.
+    let offered = request.tool_choice.offered(&request.tools);
+    let client_texts = request
+        .messages
+        .iter()
+        .flat_map(|m| {
+            let calls = m
+                .tool_calls
+                .iter()
+                .flat_map(|c| [c.id.as_str(), c.name.as_str(), c.arguments.as_str()]);
+            [m.content.as_str()]
+                .into_iter()
+                .chain(m.tool_call_id.as_deref())
+                .chain(m.name.as_deref())
+                .chain(calls)
+        })
+        .chain(offered.iter().flat_map(|t| {
+            [t.name.as_str()]
+                .into_iter()
+                .chain(t.description.as_deref())
+                .chain(t.parameters.as_deref())
+        }));
+    let marks = facts
+        .tokenizer
+        .untrusted_marks(client_texts)
+        .map_err(|e| ApiError::invalid_field("messages", e.to_string()))?;
+    let mark = |text: &str| match &marks {
+        Some(marks) => marks.mark(text),
+        None => text.to_string(),
+    };
     let messages: Vec<inference::ChatMessage> = request
         .messages
         .iter()
@@ -33,26 +64,24 @@ pub fn generate_request(
                     .tool_calls
                     .iter()
                     .map(|c| inference::ToolCall {
-                        id: c.id.clone(),
-                        name: c.name.clone(),
-                        arguments: c.arguments.clone(),
+                        id: mark(&c.id),
+                        name: mark(&c.name),
+                        arguments: mark(&c.arguments),
                     })
                     .collect(),
-                tool_call_id: m.tool_call_id.clone(),
-                name: m.name.clone(),
-                ..inference::ChatMessage::new(role, m.content.clone())
+                tool_call_id: m.tool_call_id.as_deref().map(mark),
+                name: m.name.as_deref().map(mark),
+                ..inference::ChatMessage::new(role, mark(&m.content))
             }
         })
         .collect();
     // The tools the choice keeps (none for `tool_choice: "none"`), as the template lists them.
-    let tools: Vec<inference::ToolSpec> = request
-        .tool_choice
-        .offered(&request.tools)
-        .into_iter()
+    let tools: Vec<inference::ToolSpec> = offered
+        .iter()
         .map(|t| inference::ToolSpec {
-            name: t.name.clone(),
-            description: t.description.clone(),
-            parameters: t.parameters.clone(),
+            name: mark(&t.name),
+            description: t.description.as_deref().map(mark),
+            parameters: t.parameters.as_deref().map(mark),
         })
         .collect();
     let input = inference::TemplateInput {
@@ -65,17 +94,12 @@ pub fn generate_request(
     let text = facts.tokenizer.render_chat(&input).map_err(|e| {
         ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
     })?;
-    // Only the template's markup may become control tokens, never a message's text.
-    let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-    let ids = facts
-        .tokenizer
-        .encode_chat(&text, &contents)
-        .map_err(|e| match e {
-            inference::InferenceError::Tokenizer(reason) if reason.contains("control token") => {
-                ApiError::invalid_field("messages", reason)
-            }
-            e => ApiError::internal(format!("tokenizing the prompt failed: {e}")),
-        })?;
+    // Only the template's markup may become control tokens, never a client's text.
+    let ids = match &marks {
+        Some(marks) => facts.tokenizer.encode_marked(&text, marks),
+        None => facts.tokenizer.encode(&text),
+    }
+    .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?;
     if ids.len() >= facts.context_length {
         return Err(ApiError::invalid_field(
             "messages",

@@ -180,7 +180,8 @@ impl Downloads {
         {
             let mut table = self.table();
             let key = (model.to_string(), part);
-            let deleting = ModelId::parse(model).is_ok_and(|id| table.deleting.contains(&id.repo()));
+            let deleting =
+                ModelId::parse(model).is_ok_and(|id| table.deleting.contains(&id.repo()));
             if deleting || table.jobs.contains_key(&key) {
                 return;
             }
@@ -439,7 +440,9 @@ mod tests {
         );
         assert!(downloads.begin_delete("org/other").is_some());
         downloads.set(model, Part::Tensor, FetchState::Done);
-        let guard = downloads.begin_delete("org/name").expect("nothing writes now");
+        let guard = downloads
+            .begin_delete("org/name")
+            .expect("nothing writes now");
         assert!(
             downloads.begin_delete("org/name").is_none(),
             "a second delete waits for the first"
@@ -447,7 +450,11 @@ mod tests {
         assert!(downloads.table().deleting.contains("org/name"));
         drop(guard);
         assert!(downloads.table().deleting.is_empty());
-        *downloads.table().support.entry("org/name".into()).or_default() += 1;
+        *downloads
+            .table()
+            .support
+            .entry("org/name".into())
+            .or_default() += 1;
         assert!(
             downloads.begin_delete("org/name").is_none(),
             "a support-file fetch blocks the delete"

@@ -12,6 +12,13 @@
 //! secret back to it first, so the gate needs no extra round trip in the common case and
 //! refuses everyone who does not know the secret.
 //!
+//! **What a stranger can make the gate do.** Each handshake back costs this node a dial and up
+//! to [`AUTH_TIMEOUT`], so they are bounded: a node whose proof failed is refused at once,
+//! without a new handshake back, for [`REFUSAL_HOLD`] (it can still prove itself by opening
+//! the handshake itself, which every member does before it dials a gated protocol), and at
+//! most [`MAX_DIAL_BACKS`] handshakes back run at once: past that, new unknown nodes are
+//! refused at once (fresh keys cost a stranger nothing, so only a global cap bounds them).
+//!
 //! The secret also scopes the namespace ([`scoped_namespace`]): the gossip topic, every ALPN
 //! and the mDNS service name carry a hash of it, so nodes with different secrets do not even
 //! find each other, and what mDNS announces is only that hash.
@@ -19,9 +26,10 @@
 use iroh::endpoint::Connection;
 use iroh::protocol::{AcceptError, ProtocolHandler};
 use iroh::{Endpoint, EndpointAddr, PublicKey};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// ALPN prefix of the admission handshake; [`auth_alpn`] appends the namespace (not scoped by
 /// the secret, so a node with another secret reaches the handshake and is told why it fails).
@@ -34,6 +42,12 @@ pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MIN_SECRET_CHARS: usize = 16;
 /// Admitted nodes kept; past it the set is cleared and nodes prove themselves again.
 const MAX_ADMITTED: usize = 4096;
+/// How long a node whose proof failed is refused at the gate without a handshake back.
+pub const REFUSAL_HOLD: Duration = Duration::from_secs(30);
+/// Handshakes back to unknown nodes that may run at once; past it, they are refused at once.
+pub const MAX_DIAL_BACKS: usize = 8;
+/// Refused nodes remembered at most (then the memory is cleared and starts again).
+const MAX_REFUSED: usize = 4096;
 const EXPORT_LABEL: &[u8] = b"shoal cluster admission v1";
 const REFUSED: u32 = 0x5301;
 
@@ -108,6 +122,23 @@ pub struct Admission {
     secret: Option<ClusterSecret>,
     alpn: Vec<u8>,
     admitted: Mutex<BTreeSet<PublicKey>>,
+    /// Nodes whose handshake back failed, and when.
+    refused: Mutex<BTreeMap<PublicKey, Instant>>,
+    /// Permits for handshakes back ([`MAX_DIAL_BACKS`]).
+    dial_backs: tokio::sync::Semaphore,
+    /// Handshakes back started so far.
+    dial_backs_started: AtomicU64,
+}
+
+/// Why the gate turned a connection away.
+#[derive(Debug)]
+pub(crate) enum GateRefusal {
+    /// Its handshake back failed less than [`REFUSAL_HOLD`] ago.
+    RecentlyRefused,
+    /// [`MAX_DIAL_BACKS`] handshakes back are running.
+    Busy,
+    /// The handshake back failed now (the reason).
+    Failed(anyhow::Error),
 }
 
 impl Admission {
@@ -117,7 +148,56 @@ impl Admission {
             secret,
             alpn: auth_alpn(namespace),
             admitted: Mutex::new(BTreeSet::new()),
+            refused: Mutex::new(BTreeMap::new()),
+            dial_backs: tokio::sync::Semaphore::new(MAX_DIAL_BACKS),
+            dial_backs_started: AtomicU64::new(0),
         })
+    }
+
+    /// Handshakes back the gate has started (each a dial out to an unknown node).
+    pub fn dial_backs_started(&self) -> u64 {
+        self.dial_backs_started.load(Ordering::Relaxed)
+    }
+
+    fn refused(&self) -> std::sync::MutexGuard<'_, BTreeMap<PublicKey, Instant>> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets a connection from `peer` through the gate: at once if it is admitted, else after a
+    /// handshake back to it, within the bounds in the module docs.
+    pub(crate) async fn admit_incoming(
+        &self,
+        endpoint: &Endpoint,
+        peer: PublicKey,
+    ) -> Result<(), GateRefusal> {
+        if self.allows(&peer) {
+            return Ok(());
+        }
+        let recently = self
+            .refused()
+            .get(&peer)
+            .is_some_and(|at| at.elapsed() < REFUSAL_HOLD);
+        if recently {
+            return Err(GateRefusal::RecentlyRefused);
+        }
+        let Ok(_permit) = self.dial_backs.try_acquire() else {
+            return Err(GateRefusal::Busy);
+        };
+        self.dial_backs_started.fetch_add(1, Ordering::Relaxed);
+        match self.ensure(endpoint, peer).await {
+            Ok(()) => {
+                self.refused().remove(&peer);
+                Ok(())
+            }
+            Err(e) => {
+                let mut refused = self.refused();
+                if refused.len() >= MAX_REFUSED {
+                    refused.clear();
+                }
+                refused.insert(peer, Instant::now());
+                Err(GateRefusal::Failed(e))
+            }
+        }
     }
 
     /// Whether a secret guards this node.
@@ -254,12 +334,21 @@ pub(crate) struct Gated<H> {
 impl<H: ProtocolHandler> ProtocolHandler for Gated<H> {
     async fn accept(&self, connection: Connection) -> Result<(), AcceptError> {
         let peer = connection.remote_id();
-        if let Err(e) = self.admission.ensure(&self.endpoint, peer).await {
-            tracing::warn!(peer = %peer.fmt_short(), "refused a connection: {e:#}");
-            connection.close(REFUSED.into(), b"not admitted: wrong cluster secret");
-            return Ok(());
+        match self.admission.admit_incoming(&self.endpoint, peer).await {
+            Ok(()) => self.handler.accept(connection).await,
+            Err(refusal) => {
+                match refusal {
+                    GateRefusal::Failed(e) => {
+                        tracing::warn!(peer = %peer.fmt_short(), "refused a connection: {e:#}")
+                    }
+                    other => {
+                        tracing::debug!(peer = %peer.fmt_short(), "refused a connection at once: {other:?}")
+                    }
+                }
+                connection.close(REFUSED.into(), b"not admitted: wrong cluster secret");
+                Ok(())
+            }
         }
-        self.handler.accept(connection).await
     }
 
     async fn shutdown(&self) {
@@ -357,9 +446,16 @@ mod tests {
         let Ok(connection) = from.connect(to.id(), ALPN).await else {
             return false;
         };
-        let handed = tokio::time::timeout(Duration::from_secs(8), served.recv()).await;
+        // Served, or closed by the gate (a refusal), whichever comes first.
+        let handed = tokio::time::timeout(Duration::from_secs(8), async {
+            tokio::select! {
+                handed = served.recv() => handed.is_some(),
+                _ = connection.closed() => false,
+            }
+        })
+        .await;
         drop(connection);
-        matches!(handed, Ok(Some(_)))
+        matches!(handed, Ok(true))
     }
 
     #[tokio::test]
@@ -386,6 +482,36 @@ mod tests {
         let err = admission_w.ensure(&wrong, a.id()).await.unwrap_err();
         assert!(err.to_string().contains("cluster secret"), "{err:#}");
         assert!(!admission_w.allows(&a.id()));
+    }
+
+    #[tokio::test]
+    async fn the_gate_dials_a_refused_node_back_once_and_never_more_than_its_limit() {
+        let secret = "correct horse battery staple";
+        let lookup = iroh::address_lookup::MemoryLookup::new();
+        let (a, _router_a, admission_a, mut served_a) = node(Some(secret), &lookup).await;
+        let (b, _router_b, _, _served_b) = node(Some(secret), &lookup).await;
+        let (wrong, _router_w, _, _served_w) =
+            node(Some("another secret of some length"), &lookup).await;
+        let (open, _router_o, _, _served_o) = node(None, &lookup).await;
+
+        // A stranger dialling the gated protocol in a loop costs one handshake back.
+        for _ in 0..5 {
+            assert!(!gated_connection_served(&wrong, &a, &mut served_a).await);
+        }
+        assert_eq!(admission_a.dial_backs_started(), 1);
+
+        // With every permit taken, an unknown node is refused without a dial at all...
+        let held = admission_a
+            .dial_backs
+            .try_acquire_many(MAX_DIAL_BACKS as u32)
+            .unwrap();
+        assert!(!gated_connection_served(&open, &a, &mut served_a).await);
+        assert!(!gated_connection_served(&b, &a, &mut served_a).await);
+        assert_eq!(admission_a.dial_backs_started(), 1);
+        drop(held);
+        // ...and once one is free, a member is proven and served as before.
+        assert!(gated_connection_served(&b, &a, &mut served_a).await);
+        assert_eq!(admission_a.dial_backs_started(), 2);
     }
 
     #[test]
