@@ -110,6 +110,12 @@ pub struct NodeArgs {
     #[arg(long, env = "SHOAL_MAX_QUEUE", default_value_t = runner::DEFAULT_MAX_QUEUE)]
     pub max_queue: usize,
 
+    /// Seconds a runner may go without finishing a step (a token or a prompt chunk) while
+    /// it has requests before it is taken for hung (a rank of its ring frozen or cut off):
+    /// it is then ended, its requests get an error, and the instance is placed again.
+    #[arg(long, env = "SHOAL_STEP_TIMEOUT", default_value_t = runner::DEFAULT_STEP_TIMEOUT_S)]
+    pub step_timeout: usize,
+
     #[command(flatten)]
     pub access: access::AccessArgs,
 

@@ -110,14 +110,19 @@ impl NodeBackend {
             }
             Effect::Replace { next, dead } => {
                 let dead: Vec<&str> = dead.iter().map(|d| short(d)).collect();
+                let why = if dead.is_empty() {
+                    "a rank of the ring hung"
+                } else {
+                    "a node holding a rank died"
+                };
                 match &self.placements.place(&next) {
                     Ok(p) => tracing::warn!(
                         instance = %next.id(), epoch = next.epoch, ?dead, ranks = p.ranks.len(),
-                        "a node holding a rank died: placing the instance again on the nodes that remain"
+                        "{why}: placing the instance again on the nodes that remain"
                     ),
                     Err(e) => tracing::warn!(
                         instance = %next.id(), epoch = next.epoch, ?dead,
-                        "a node holding a rank died and the nodes that remain cannot hold the instance: {e}"
+                        "{why} and the nodes that remain cannot hold the instance: {e}"
                     ),
                 }
                 match serde_json::to_value(&next) {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// The runner command for this node's settings: this binary's `runner` subcommand, with the
-/// fast-synchronisation choice and the batch limits (`--max-sequences`, `--kv-budget-mb`,
-/// `--max-queue`, `--prompt-cache-tokens`) passed in its environment.
+/// fast-synchronisation choice, the batch limits (`--max-sequences`, `--kv-budget-mb`,
+/// `--max-queue`, `--prompt-cache-tokens`) and `--step-timeout` passed in its environment.
 pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
     let mut command =
         RunnerCommand::current_exe().context("cannot find this executable to start runners")?;
@@ -27,6 +27,10 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
         (
             crate::runner::MAX_QUEUE_ENV.to_string(),
             args.max_queue.to_string(),
+        ),
+        (
+            crate::runner::STEP_TIMEOUT_ENV.to_string(),
+            args.step_timeout.max(1).to_string(),
         ),
     ];
     if let Some(mb) = args.kv_budget_mb {

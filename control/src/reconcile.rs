@@ -4,7 +4,8 @@
 //! to plain data.
 //!
 //! One pass of [`reconcile`], in this order:
-//! 1. **re-place** every instance with a rank on a dead node ([`Effect::Replace`], the next
+//! 1. **re-place** every instance with a rank on a dead node, or a rank whose runner hung
+//!    (failed with [`HUNG_PREFIX`]: the step deadline passed) ([`Effect::Replace`], the next
 //!    epoch, see [`crate::intent`]); keep this node's own copy of every instance it holds a
 //!    rank of, so that the instance outlives its creator;
 //! 2. **clean up** this node's own records: its copy of a deleted instance, and its deletion
@@ -23,9 +24,30 @@ use crate::cache::PlacementCache;
 use crate::fetch::{Fetch, FetchState, Part};
 use crate::intent::{InstanceRecord, RunnerRecord, DELETED_PREFIX, INSTANCE_PREFIX, RUNNER_PREFIX};
 use crate::snapshot::Snapshot;
-use crate::view::short;
+use crate::view::{short, InstanceView};
 use placement::{next_action, Action, Placement, RunnerStatus, Sharding, ShutdownReason};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// How the reason of a runner that failed by its step deadline starts (a rank of its ring
+/// hung): such an instance is placed again, as one with a dead node is, since fresh runner
+/// processes on the same nodes can serve it.
+pub const HUNG_PREFIX: &str = "hung: ";
+
+/// Whether a rank's runner of `view`'s epoch failed by its step deadline; `mine` is this
+/// node's own runner of the instance, if it has one.
+fn has_hung_rank(view: &InstanceView, snapshot: &Snapshot, mine: Option<&RunnerFacts>) -> bool {
+    let mine = mine
+        .filter(|r| r.epoch == view.record.epoch)
+        .map(|r| &r.status);
+    view.rank_statuses(snapshot, mine)
+        .iter()
+        .any(|(_, record)| {
+            matches!(
+                record.as_ref().map(|r| &r.status),
+                Some(RunnerStatus::Failed { reason }) if reason.starts_with(HUNG_PREFIX)
+            )
+        })
+}
 
 /// A lifecycle command sent to a runner; each is sent at most once per runner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -210,11 +232,11 @@ pub fn reconcile(
     let instances = snapshot.instances(placements);
     let mut effects = Vec::new();
 
-    // 1. Re-place instances that lost a rank's node; keep a copy of every instance this node
-    //    holds a rank of.
-    for view in instances.values() {
+    // 1. Re-place instances that lost a rank's node or whose ring hung; keep a copy of every
+    //    instance this node holds a rank of.
+    for (id, view) in &instances {
         let dead = view.dead_ranks(snapshot);
-        if dead.is_empty() {
+        if dead.is_empty() && !has_hung_rank(view, snapshot, local.runners.get(id)) {
             if view.rank_of(me).is_some() {
                 let key = view.record.key();
                 let own = snapshot
@@ -522,5 +544,54 @@ mod tests {
             matches!(done.as_slice(), [Effect::Connect { .. }]),
             "{done:?}"
         );
+    }
+
+    #[test]
+    fn an_instance_whose_runner_hung_is_placed_again_and_other_failures_are_not() {
+        let r = record(1, 4_000_000_000, 1);
+        let snapshot = Snapshot {
+            me: "a".into(),
+            authors: [(
+                "a".to_string(),
+                crate::fixture::author(true, &[(r.key(), crate::fixture::json(&r))]),
+            )]
+            .into(),
+        };
+        let failed = |reason: &str, epoch: u32| LocalRunners {
+            runners: [(
+                r.id().to_string(),
+                RunnerFacts {
+                    epoch,
+                    rank: 0,
+                    status: RunnerStatus::Failed {
+                        reason: reason.into(),
+                    },
+                    process: false,
+                    sent: BTreeSet::new(),
+                    queued: 0,
+                    model_ready: true,
+                },
+            )]
+            .into(),
+            models: BTreeMap::new(),
+        };
+        let cache = PlacementCache::new();
+        let replaced = |local: &LocalRunners| {
+            reconcile(&snapshot, local, &cache)
+                .into_iter()
+                .filter_map(|e| match e {
+                    Effect::Replace { next, dead } => Some((next.epoch, dead)),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let hung = format!("{HUNG_PREFIX}no step finished in 60 s");
+        assert_eq!(replaced(&failed(&hung, 0)), vec![(1, vec![])]);
+        assert_eq!(
+            replaced(&failed("model loading timed out after 60 s", 0)),
+            vec![]
+        );
+        // A hung runner of an earlier epoch does not count.
+        assert_eq!(replaced(&failed(&hung, 7)), vec![]);
     }
 }

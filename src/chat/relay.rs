@@ -38,7 +38,7 @@ pub async fn relay(
                 "the model could not generate: {message}"
             ))),
             // The scheduler sends a request no other state.
-            Event::State(_) => continue,
+            Event::State(_) | Event::Stepped => continue,
         };
         let last = !matches!(item, Ok(ChatEvent::Token { .. } | ChatEvent::Cached { .. }));
         if tx.send(item).await.is_err() || last {

@@ -17,4 +17,7 @@ pub mod supervisor;
 pub mod table;
 
 pub use process::{run, RunnerArgs};
-pub use supervisor::{RunnerCommand, Supervisor, DEFAULT_MAX_QUEUE, MAX_QUEUE_ENV};
+pub use supervisor::{
+    RunnerCommand, Supervisor, DEFAULT_MAX_QUEUE, DEFAULT_STEP_TIMEOUT_S, MAX_QUEUE_ENV,
+    STEP_TIMEOUT_ENV,
+};

@@ -12,6 +12,15 @@
 //! silently dropped; a request cancelled while queued never reaches the runner; when the
 //! runner dies every waiting request ends with `State(Failed)` and the status becomes
 //! `Failed`.
+//!
+//! **The step deadline.** While requests run, the runner sends an event at least once per
+//! batch step (a token, or [`Event::Stepped`] for a step that only computed a prompt chunk).
+//! When none comes for the step timeout, the runner — or a rank of its ring, which it waits
+//! on inside MLX, where nothing times out — has hung (a process frozen without closing its
+//! sockets): the scheduler kills it, ends every request with `State(Failed)` naming the
+//! timeout, and the status becomes `Failed` with a reason that starts with
+//! [`control::reconcile::HUNG_PREFIX`], which makes the control plane place the instance
+//! again.
 
 use inference::runner::protocol::{Command, Event};
 use inference::GenerateRequest;
@@ -21,6 +30,7 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// Where one request's events go (see the module docs for what it receives).
 pub type RequestEvents = mpsc::UnboundedSender<Event>;
@@ -70,6 +80,10 @@ pub(super) struct Scheduler {
     failure: Option<String>,
     child: Arc<Mutex<Child>>,
     load: Arc<std::sync::atomic::AtomicUsize>,
+    /// Longest wait for the runner's next event while requests run (see the module docs).
+    step_timeout: Duration,
+    /// When the runner last showed progress (or its first request went in).
+    last_progress: Instant,
 }
 
 /// The event that ends a request when the runner is gone: the instance is lost.
@@ -82,14 +96,16 @@ pub fn instance_lost(reason: impl Into<String>) -> Event {
 impl Scheduler {
     /// A scheduler for a runner started just now (status `idle`): it sends commands on
     /// `commands`, publishes the status on `state`, counts queued and running requests in
-    /// `load`, asks `child` for its exit status once the runner's output ends, and keeps up
-    /// to `max_running` requests in the runner at once.
+    /// `load`, asks `child` for its exit status once the runner's output ends, keeps up
+    /// to `max_running` requests in the runner at once, and ends the runner when no event
+    /// comes for `step_timeout` while requests run.
     pub(super) fn new(
         commands: std::sync::mpsc::Sender<Command>,
         state: watch::Sender<RunnerStatus>,
         child: Arc<Mutex<Child>>,
         load: Arc<std::sync::atomic::AtomicUsize>,
         max_running: usize,
+        step_timeout: Duration,
     ) -> Scheduler {
         Scheduler {
             commands,
@@ -101,12 +117,29 @@ impl Scheduler {
             failure: None,
             child,
             load,
+            step_timeout,
+            last_progress: Instant::now(),
         }
     }
 
     /// Runs until every input sender is gone.
     pub(super) async fn run(mut self, mut inputs: mpsc::UnboundedReceiver<Input>) {
-        while let Some(input) = inputs.recv().await {
+        loop {
+            let waiting = !self.running.is_empty() && self.failure.is_none();
+            let deadline = self.last_progress + self.step_timeout;
+            let input = tokio::select! {
+                input = inputs.recv() => input,
+                () = tokio::time::sleep_until(deadline), if waiting => {
+                    self.hung();
+                    continue;
+                }
+            };
+            let Some(input) = input else {
+                return;
+            };
+            if matches!(input, Input::Runner(_)) {
+                self.last_progress = Instant::now();
+            }
             match input {
                 Input::Submit {
                     id,
@@ -145,6 +178,28 @@ impl Scheduler {
         }
     }
 
+    /// The step deadline passed with requests running (see the module docs).
+    fn hung(&mut self) {
+        let reason = format!(
+            "{}no step finished in {} s: a rank of the ring stopped answering (frozen, or its \
+             link is down); the instance is placed again",
+            control::reconcile::HUNG_PREFIX,
+            self.step_timeout.as_secs_f64()
+        );
+        tracing::error!(%reason, "runner hung: ending it");
+        {
+            let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+            }
+        }
+        self.fail_all(&reason);
+        let _ = self.state.send(RunnerStatus::Failed {
+            reason: reason.clone(),
+        });
+        self.failure = Some(reason);
+    }
+
     fn cancel(&mut self, id: u64) {
         if let Some(pos) = self.queue.iter().position(|p| p.id == id) {
             // Never reached the runner: drop it here. The requester stopped listening.
@@ -180,6 +235,7 @@ impl Scheduler {
             Event::Error { id: None, message } => {
                 tracing::warn!(%message, "runner reported an error");
             }
+            Event::Stepped => {}
         }
     }
 
@@ -254,6 +310,9 @@ impl Scheduler {
                 id: next.id,
                 request: (*next.request).clone(),
             };
+            if self.running.is_empty() {
+                self.last_progress = Instant::now();
+            }
             if self.commands.send(command).is_err() {
                 let _ = next
                     .events
@@ -267,287 +326,5 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use inference::{Completion, FinishReason, Prompt};
-
-    /// A scheduler driven by hand: events go in as if from the runner, commands come out as
-    /// they would go to it. The "runner" process is a `sleep` that the test kills.
-    struct Harness {
-        inputs: mpsc::UnboundedSender<Input>,
-        commands: std::sync::mpsc::Receiver<Command>,
-        state: watch::Receiver<RunnerStatus>,
-        load: Arc<std::sync::atomic::AtomicUsize>,
-        child: Arc<Mutex<Child>>,
-    }
-
-    impl Harness {
-        fn new() -> Harness {
-            Harness::with_limit(1)
-        }
-
-        /// A scheduler that keeps up to `max_running` requests in the runner.
-        fn with_limit(max_running: usize) -> Harness {
-            let child = std::process::Command::new("sleep")
-                .arg("60")
-                .spawn()
-                .expect("sleep starts");
-            let child = Arc::new(Mutex::new(child));
-            let (commands_tx, commands) = std::sync::mpsc::channel();
-            let (state_tx, state) = watch::channel(RunnerStatus::Idle);
-            let (inputs, inputs_rx) = mpsc::unbounded_channel();
-            let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let scheduler = Scheduler::new(
-                commands_tx,
-                state_tx,
-                child.clone(),
-                load.clone(),
-                max_running,
-            );
-            tokio::spawn(scheduler.run(inputs_rx));
-            Harness {
-                inputs,
-                commands,
-                state,
-                load,
-                child,
-            }
-        }
-
-        fn submit(&self, id: u64) -> mpsc::UnboundedReceiver<Event> {
-            let (events, rx) = mpsc::unbounded_channel();
-            let request = GenerateRequest::new(Prompt::Tokens(vec![1, 2, 3]), 4);
-            self.inputs
-                .send(Input::Submit {
-                    id,
-                    request: Box::new(request),
-                    events,
-                })
-                .unwrap();
-            rx
-        }
-
-        fn runner(&self, event: Event) {
-            self.inputs.send(Input::Runner(event)).unwrap();
-        }
-
-        /// The next command sent to the runner, if one comes within a second.
-        async fn next_command(&self) -> Option<Command> {
-            for _ in 0..100 {
-                if let Ok(c) = self.commands.try_recv() {
-                    return Some(c);
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            None
-        }
-
-        async fn settle(&self) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn completion() -> Completion {
-        Completion {
-            text: "hi".into(),
-            tokens: vec![7],
-            logprobs: vec![-0.5],
-            finish_reason: FinishReason::Length,
-            prompt_tokens: 3,
-            cached_tokens: 0,
-            prompt_seconds: 0.0,
-            generation_seconds: 0.0,
-        }
-    }
-
-    fn generate_id(command: Option<Command>) -> u64 {
-        match command {
-            Some(Command::Generate { id, .. }) => id,
-            other => panic!("expected a Generate, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn requests_run_one_at_a_time_in_order_and_queued_cancels_never_reach_the_runner() {
-        let h = Harness::new();
-        let mut first = h.submit(1);
-        let second = h.submit(2);
-        let mut third = h.submit(3);
-        h.settle().await;
-        assert!(
-            h.next_command().await.is_none(),
-            "nothing is sent before the runner is ready"
-        );
-        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 3);
-
-        h.runner(Event::State(RunnerStatus::Ready));
-        assert_eq!(generate_id(h.next_command().await), 1);
-        h.inputs.send(Input::Cancel(2)).unwrap();
-        drop(second);
-        h.runner(Event::State(RunnerStatus::Running));
-        h.runner(Event::Token {
-            id: 1,
-            token: 7,
-            text: "hi".into(),
-            logprob: -0.5,
-        });
-        h.settle().await;
-        assert!(h.next_command().await.is_none(), "one request at a time");
-        h.runner(Event::Done {
-            id: 1,
-            completion: completion(),
-        });
-        h.runner(Event::State(RunnerStatus::Ready));
-        assert_eq!(
-            first.recv().await,
-            Some(Event::Token {
-                id: 1,
-                token: 7,
-                text: "hi".into(),
-                logprob: -0.5
-            })
-        );
-        assert_eq!(
-            first.recv().await,
-            Some(Event::Done {
-                id: 1,
-                completion: completion()
-            })
-        );
-        // Request 2 was cancelled while queued: the next one sent is 3.
-        assert_eq!(generate_id(h.next_command().await), 3);
-        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 1);
-
-        // Cancelling the running request forwards a Cancel to the runner, once.
-        h.inputs.send(Input::Cancel(3)).unwrap();
-        h.inputs.send(Input::Cancel(3)).unwrap();
-        assert_eq!(h.next_command().await, Some(Command::Cancel { id: 3 }));
-        assert!(h.next_command().await.is_none());
-        h.runner(Event::Error {
-            id: Some(3),
-            message: "stopped".into(),
-        });
-        assert_eq!(
-            third.recv().await,
-            Some(Event::Error {
-                id: Some(3),
-                message: "stopped".into()
-            })
-        );
-        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 0);
-        let _ = h.child.lock().unwrap().kill();
-    }
-
-    #[tokio::test]
-    async fn up_to_the_limit_run_at_once_and_the_next_starts_when_one_ends() {
-        let h = Harness::with_limit(2);
-        h.runner(Event::State(RunnerStatus::Ready));
-        let mut first = h.submit(1);
-        let mut second = h.submit(2);
-        let _third = h.submit(3);
-        assert_eq!(generate_id(h.next_command().await), 1);
-        // The runner is `running` now: the second still goes in, the third waits.
-        h.runner(Event::State(RunnerStatus::Running));
-        assert_eq!(generate_id(h.next_command().await), 2);
-        assert!(h.next_command().await.is_none(), "two at once at most");
-        // Tokens of the two interleave, each to its own requester.
-        for id in [2, 1, 2] {
-            h.runner(Event::Token {
-                id,
-                token: id as u32,
-                text: "x".into(),
-                logprob: 0.0,
-            });
-        }
-        // Cancelling one running request reaches the runner; the other keeps going.
-        h.inputs.send(Input::Cancel(1)).unwrap();
-        assert_eq!(h.next_command().await, Some(Command::Cancel { id: 1 }));
-        h.runner(Event::Done {
-            id: 1,
-            completion: completion(),
-        });
-        assert_eq!(generate_id(h.next_command().await), 3);
-        let tokens = |rx: &mut mpsc::UnboundedReceiver<Event>| {
-            let mut v = Vec::new();
-            while let Ok(Event::Token { token, .. }) = rx.try_recv() {
-                v.push(token);
-            }
-            v
-        };
-        h.settle().await;
-        assert_eq!(tokens(&mut first), vec![1]);
-        assert_eq!(tokens(&mut second), vec![2, 2]);
-        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 2);
-        let _ = h.child.lock().unwrap().kill();
-    }
-
-    #[tokio::test]
-    async fn runner_death_fails_running_and_queued_requests_and_later_ones() {
-        let mut h = Harness::new();
-        h.runner(Event::State(RunnerStatus::Ready));
-        let mut running = h.submit(1);
-        let mut queued = h.submit(2);
-        assert_eq!(generate_id(h.next_command().await), 1);
-        h.child.lock().unwrap().kill().unwrap();
-        h.inputs
-            .send(Input::RunnerGone("the runner process exited".into()))
-            .unwrap();
-        for rx in [&mut running, &mut queued] {
-            match rx.recv().await {
-                Some(Event::State(RunnerStatus::Failed { reason })) => {
-                    assert!(reason.contains("exited"), "{reason}")
-                }
-                other => panic!("expected instance lost, got {other:?}"),
-            }
-        }
-        let state = h
-            .state
-            .wait_for(|s| matches!(s, RunnerStatus::Failed { .. }))
-            .await
-            .unwrap()
-            .clone();
-        assert!(matches!(state, RunnerStatus::Failed { .. }));
-        let mut late = h.submit(3);
-        assert!(matches!(
-            late.recv().await,
-            Some(Event::State(RunnerStatus::Failed { .. }))
-        ));
-        assert_eq!(h.load.load(std::sync::atomic::Ordering::SeqCst), 0);
-    }
-
-    #[tokio::test]
-    async fn lifecycle_commands_pass_through_until_the_runner_fails() {
-        let h = Harness::new();
-        let connect = Command::Connect {
-            rank: 0,
-            hosts: vec![vec!["0.0.0.0:50000".into()]],
-            timeout_ms: 1000,
-        };
-        h.inputs.send(Input::Lifecycle(connect.clone())).unwrap();
-        assert_eq!(h.next_command().await, Some(connect));
-        h.runner(Event::State(RunnerStatus::Failed {
-            reason: "neighbour 10.0.0.2 never came".into(),
-        }));
-        h.settle().await;
-        h.inputs.send(Input::Lifecycle(Command::WarmUp)).unwrap();
-        assert!(
-            h.next_command().await.is_none(),
-            "a failed runner gets no more commands"
-        );
-        let _ = h.child.lock().unwrap().kill();
-    }
-
-    #[tokio::test]
-    async fn a_runner_that_reports_failure_fails_its_requests_with_the_reason() {
-        let h = Harness::new();
-        let mut waiting = h.submit(1);
-        h.runner(Event::State(RunnerStatus::Failed {
-            reason: "model loading timed out after 60 s".into(),
-        }));
-        assert_eq!(
-            waiting.recv().await,
-            Some(instance_lost("model loading timed out after 60 s"))
-        );
-        let _ = h.child.lock().unwrap().kill();
-    }
-}
+#[path = "scheduler_tests.rs"]
+mod tests;

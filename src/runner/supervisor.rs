@@ -30,6 +30,13 @@ use tokio_util::sync::CancellationToken;
 pub const MAX_QUEUE_ENV: &str = "SHOAL_MAX_QUEUE";
 /// The default of [`MAX_QUEUE_ENV`].
 pub const DEFAULT_MAX_QUEUE: usize = 64;
+/// The environment variable (in [`RunnerCommand::env`], from the node's `--step-timeout`)
+/// with the seconds a runner may go without an event while requests run before it is taken
+/// for hung (see [`super::scheduler`]).
+pub const STEP_TIMEOUT_ENV: &str = "SHOAL_STEP_TIMEOUT";
+/// The default of [`STEP_TIMEOUT_ENV`]: far above one decode step or prompt chunk of any
+/// model this runs, so only a real hang ends a runner.
+pub const DEFAULT_STEP_TIMEOUT_S: usize = 60;
 
 /// How to start a runner process.
 #[derive(Debug, Clone)]
@@ -126,8 +133,16 @@ impl Supervisor {
         )
         .max(1);
         let capacity = max_running + setting(MAX_QUEUE_ENV, DEFAULT_MAX_QUEUE);
-        let scheduler =
-            Scheduler::new(commands, state_tx, child.clone(), load.clone(), max_running);
+        let step_timeout =
+            Duration::from_secs(setting(STEP_TIMEOUT_ENV, DEFAULT_STEP_TIMEOUT_S).max(1) as u64);
+        let scheduler = Scheduler::new(
+            commands,
+            state_tx,
+            child.clone(),
+            load.clone(),
+            max_running,
+            step_timeout,
+        );
         tokio::spawn(scheduler.run(inputs_rx));
         tracing::info!(pid, "runner started");
         Ok(Supervisor {

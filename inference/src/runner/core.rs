@@ -103,6 +103,8 @@ pub enum Input {
     },
     /// A serving rank's loop ended: rank 0 said stop (`Ok(steps)`) or the ring broke.
     Served(Result<usize, String>),
+    /// A batch step ended without a token (see [`Event::Stepped`]).
+    Stepped,
 }
 
 /// Work the core asks of its IO loop.
@@ -310,6 +312,11 @@ impl RunnerCore {
                 }
             }
             Input::Generated { id, result } => self.generated(id, result, out),
+            Input::Stepped => {
+                if !self.running.is_empty() {
+                    out.push(Output::Event(Event::Stepped));
+                }
+            }
             Input::Served(Ok(_steps)) => self.exit(out, 0),
             Input::Served(Err(e)) => {
                 let whom = self.seat.as_ref().map_or(String::new(), |s| {

@@ -412,6 +412,9 @@ impl Io {
                 Ok(events) => events,
                 Err(e) => batcher.fail_all(&e.to_string(), matches!(e, InferenceError::Ring(_))),
             };
+            if events.is_empty() {
+                todo.extend(shared.feed(Input::Stepped));
+            }
             for (id, event) in events {
                 let input = match event {
                     BatchEvent::Cached { tokens } => Input::Cached { id, tokens },

@@ -118,6 +118,10 @@ pub enum Event {
         /// The result.
         completion: Completion,
     },
+    /// A batch step ended without a token for anyone (a prompt chunk was computed): sent so
+    /// that the node's step deadline, which ends a runner that stops making progress (a hung
+    /// rank of its ring), never fires on a long prompt.
+    Stepped,
     /// A request failed (the runner stays ready).
     Error {
         /// The request, if the error belongs to one.

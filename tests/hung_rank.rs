@@ -1,0 +1,225 @@
+//! A rank that hangs without closing its sockets: three real `shoal` nodes in Linux network
+//! namespaces run the SmolLM2 fixture as a 3-rank pipeline under a few streaming chats, and
+//! the middle rank's runner is frozen (SIGSTOP). MLX's ring waits forever on a peer that
+//! keeps its connection open, so only the per-step deadline (`SHOAL_STEP_TIMEOUT`, 5 s here)
+//! can end it: every stream must end with an error event and `[DONE]` within the deadline
+//! plus 20 s, the instance must be placed again (epoch 1) and answer "Paris", and the frozen
+//! runner must be gone (killed by its node when the ring it belonged to was replaced).
+//!
+//! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
+//! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
+
+mod support;
+
+use kit::blocking::{BlockingStream, Next};
+use kit::sse::SseEvent;
+use serde_json::json;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::netns::Spec;
+use support::{call, logs, wait_for, ShoalNode, TestNet};
+
+/// The step deadline the nodes run with.
+const STEP_TIMEOUT_S: u64 = 5;
+
+/// Streams that run when the rank freezes.
+const STREAMS: usize = 3;
+
+fn default_ready(node: &ShoalNode) -> bool {
+    let (200, models) = call(node, "GET", "/v1/models", None) else {
+        return false;
+    };
+    models["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["id"] == "default" && m["ready"] == true)
+}
+
+fn paris(node: &ShoalNode) -> String {
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 16,
+    });
+    let (status, answer) = call(node, "POST", "/v1/chat/completions", Some(&request));
+    assert_eq!(status, 200, "{answer}\n{}", node.log_tail());
+    answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A long streaming chat, read until its first chunk.
+fn started<'a>(node: &'a ShoalNode, n: usize, all: &[ShoalNode]) -> BlockingStream<'a> {
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": format!("Count from {n} to 1000, separated by commas.")}],
+        "temperature": 0,
+        "max_tokens": 2000,
+        "stream": true,
+    });
+    let mut stream = node
+        .api
+        .chat_stream(&request, Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("stream {n} did not start: {e}\n{}", logs(all)));
+    let begun = Instant::now();
+    loop {
+        match stream.next(Duration::from_secs(60).saturating_sub(begun.elapsed())) {
+            Next::Event(SseEvent::Data(data)) if data.contains("chat.completion.chunk") => {
+                return stream
+            }
+            Next::Event(SseEvent::Data(_)) => {}
+            other => panic!("stream {n}: no chunk came ({other:?})\n{}", logs(all)),
+        }
+    }
+}
+
+/// Reads `stream` to its end: whether an error event came, and whether `[DONE]` did.
+fn read_to_end(stream: &mut BlockingStream<'_>, until: Instant) -> (bool, bool, String) {
+    let mut error = false;
+    let mut last = String::new();
+    loop {
+        match stream.next(until.saturating_duration_since(Instant::now())) {
+            Next::Event(SseEvent::Done) => return (error, true, last),
+            Next::Event(SseEvent::Data(data)) => {
+                error |= data.contains("\"error\"");
+                last = data;
+            }
+            other => return (error, false, format!("{last} / then {other:?}")),
+        }
+    }
+}
+
+fn signal(pid: u64, name: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{name} {pid}");
+}
+
+/// Whether process `pid` has ended (gone, or a zombie its parent has not reaped yet).
+fn ended(pid: u64) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+#[test]
+fn a_frozen_rank_ends_every_stream_and_the_instance_is_placed_again() {
+    let spec = Spec {
+        nodes: 3,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let Some((test_net, mut nodes)) = TestNet::create("shoalh", &spec) else {
+        return;
+    };
+    for node in &mut nodes {
+        node.env
+            .push(("SHOAL_STEP_TIMEOUT".into(), STEP_TIMEOUT_S.to_string()));
+        node.start();
+    }
+    // Placement needs the verified edges between the nodes: retry until it succeeds.
+    let placed = wait_for(Duration::from_secs(90), || {
+        let (status, created) = call(
+            &nodes[0],
+            "POST",
+            "/place_instance",
+            Some(&json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 3})),
+        );
+        (status == 200).then_some(created)
+    });
+    let Some((created, took)) = placed else {
+        panic!("no three-node placement\n{}", logs(&nodes));
+    };
+    let instance = created["instance_id"].as_str().expect("id").to_string();
+    let ranks: Vec<String> = created["placement"]["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| r["node"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(ranks.len(), 3, "{created}");
+    eprintln!("placed on three nodes after {took:?}");
+    let ready = wait_for(Duration::from_secs(300), || {
+        nodes.iter().all(default_ready).then_some(())
+    });
+    let Some((_, took)) = ready else {
+        let (_, view) = call(&nodes[0], "GET", &format!("/instance/{instance}"), None);
+        panic!(
+            "the pipeline did not become ready: {view}\n{}",
+            logs(&nodes)
+        );
+    };
+    eprintln!("three-rank pipeline ready in {took:?}");
+    let before = paris(&nodes[0]);
+    assert!(before.contains("Paris"), "{before}");
+
+    // The node that runs rank 1, and its runner's pid.
+    let middle = nodes
+        .iter()
+        .position(|n| {
+            n.state()
+                .is_some_and(|s| s["node_id"].as_str() == Some(ranks[1].as_str()))
+        })
+        .expect("rank 1's node is one of ours");
+    let (_, view) = call(
+        &nodes[middle],
+        "GET",
+        &format!("/instance/{instance}"),
+        None,
+    );
+    let frozen = view["runner_pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("rank 1's node runs a runner: {view}"));
+    // The streams go through a node other than the frozen rank's.
+    let client = &nodes[(middle + 1) % nodes.len()];
+    let mut streams: Vec<BlockingStream<'_>> =
+        (1..=STREAMS).map(|n| started(client, n, &nodes)).collect();
+    signal(frozen, "STOP");
+    let stopped_at = Instant::now();
+    let until = stopped_at + Duration::from_secs(STEP_TIMEOUT_S + 20);
+    for (n, stream) in streams.iter_mut().enumerate() {
+        let (error, done, last) = read_to_end(stream, until);
+        assert!(
+            error && done,
+            "stream {} did not end with an error and [DONE] within {:?} of the freeze \
+             (error {error}, done {done}): {last}\n{}",
+            n + 1,
+            until - stopped_at,
+            logs(&nodes)
+        );
+    }
+    let all_ended = stopped_at.elapsed();
+    drop(streams);
+    eprintln!("rank 1 frozen: all {STREAMS} streams ended with an error after {all_ended:?}");
+
+    // The instance is placed again and answers as before; the frozen runner is gone.
+    let replaced = wait_for(Duration::from_secs(240), || {
+        let (_, view) = call(client, "GET", &format!("/instance/{instance}"), None);
+        (view["epoch"].as_u64() >= Some(1) && view["status"] == "ready").then_some(view)
+    });
+    let Some((view, took)) = replaced else {
+        let (_, view) = call(client, "GET", &format!("/instance/{instance}"), None);
+        panic!("not placed again: {view}\n{}", logs(&nodes));
+    };
+    eprintln!(
+        "placed again (epoch {}, {} ranks) {took:?} after the streams ended",
+        view["epoch"],
+        view["placement"]["ranks"].as_array().map_or(0, Vec::len)
+    );
+    let after = paris(client);
+    assert_eq!(after, before, "the replaced instance answers as before");
+    let gone = wait_for(Duration::from_secs(30), || ended(frozen).then_some(()));
+    if gone.is_none() {
+        // Let it go before failing, so nothing stopped is left behind.
+        signal(frozen, "KILL");
+        panic!(
+            "the frozen runner {frozen} was left running\n{}",
+            logs(&nodes)
+        );
+    }
+    test_net.teardown(nodes);
+}
