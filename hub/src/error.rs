@@ -83,6 +83,15 @@ pub enum HubError {
         /// Bytes free.
         free: u64,
     },
+    /// The disk filled up while a file was written (after the up-front check passed: another
+    /// writer took the space). What was written stays, so the next try resumes from it.
+    #[error("the disk holding the Hugging Face cache is full: writing {path} stopped after {held} bytes, which are kept (the next download resumes from them); free some space, or set HF_HUB_CACHE to a larger disk, and download again")]
+    DiskFull {
+        /// The file being written.
+        path: String,
+        /// Bytes of it on disk.
+        held: u64,
+    },
     /// Local files could not be written.
     #[error("cannot write the cache at {path}: {source} (check free disk space and permissions, or set HF_HUB_CACHE)")]
     Io {
@@ -96,6 +105,12 @@ pub enum HubError {
 impl HubError {
     /// An I/O error at `path`.
     pub fn io(path: &std::path::Path, source: std::io::Error) -> HubError {
+        if source.kind() == std::io::ErrorKind::StorageFull {
+            return HubError::DiskFull {
+                path: path.display().to_string(),
+                held: std::fs::metadata(path).map_or(0, |m| m.len()),
+            };
+        }
         HubError::Io {
             path: path.display().to_string(),
             source,

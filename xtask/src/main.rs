@@ -17,6 +17,8 @@ mod pyenv;
 mod pypi;
 mod reference;
 mod setup;
+mod soak;
+mod state_view;
 mod testbed;
 mod util;
 
@@ -67,6 +69,10 @@ Commands:
   bench prompt-cache [--words 700] [--rounds 3]
                    second turn of a ~1,000-token chat: time to first token with the
                    prompt cache and without (--prompt-cache-tokens 0)
+  soak [--minutes 10] [--nodes 3] [--clients 3] [--seed 1] [--release]
+                   a bounded soak (not in CI): chats to random nodes while random nodes
+                   are killed and restarted; prints sent/completed/errored/lost and each
+                   node's memory at start and end; fails if any request is lost
   help             this text
 
 Environment:
@@ -92,6 +98,7 @@ fn main() -> ExitCode {
         "cluster" => cluster::cluster(rest),
         "e2e" => e2e::e2e(rest),
         "bench" => bench(rest),
+        "soak" => soak::soak(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())

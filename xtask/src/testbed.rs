@@ -6,6 +6,7 @@
 
 use crate::paths::{target_dir, workspace_root};
 use crate::pyenv::venv_python;
+use crate::state_view::{alive_nodes, verified_edges};
 use kit::blocking::Blocking;
 use kit::client::{Api, ApiFailure, Method};
 use kit::netns::{Netns, Node, Spec};
@@ -89,6 +90,9 @@ const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 /// N nodes in namespaces.
 pub struct Testbed {
     nodes: Vec<NodeProcess>,
+    /// The `shoal` binary and each node's extra arguments, to start a node again.
+    binary: PathBuf,
+    args: Vec<Vec<String>>,
     /// Declared after `nodes` so that the processes are stopped before the namespaces go.
     netns: Netns,
     data_root: PathBuf,
@@ -117,38 +121,69 @@ impl Testbed {
             .map_err(|e| format!("cannot create {}: {e}", data_root.display()))?;
         let mut testbed = Testbed {
             nodes: Vec::new(),
+            binary: binary.to_path_buf(),
+            args: (0..count).map(&args).collect(),
             netns,
             data_root,
         };
         for i in 0..count {
-            let log = testbed.data_root.join(format!("n{}.log", i + 1));
-            let file = std::fs::File::create(&log)
-                .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-            let err = file.try_clone().map_err(|e| e.to_string())?;
-            let child = testbed.netns.nodes[i]
-                .command(&binary.display().to_string())
-                .args(["--api-port", &API_PORT.to_string(), "--data-dir"])
-                .arg(testbed.data_root.join(format!("n{}", i + 1)))
-                .args(args(i))
-                .env(
-                    "RUST_LOG",
-                    std::env::var("RUST_LOG").unwrap_or("info".into()),
-                )
-                .env("NO_COLOR", "1")
-                .stdin(Stdio::null())
-                .stdout(file)
-                .stderr(err)
-                .spawn()
-                .map_err(|e| format!("cannot start node {}: {e}", i + 1))?;
+            let child = testbed.spawn(i, false)?;
             let node = &testbed.netns.nodes[i];
             let api = Api::at(std::net::SocketAddr::from((node.ip(), API_PORT)));
             testbed.nodes.push(NodeProcess {
                 child: Some(child),
-                log,
+                log: testbed.data_root.join(format!("n{}.log", i + 1)),
                 api: Blocking::new(api.in_netns(&node.netns)),
             });
         }
         Ok(testbed)
+    }
+
+    /// Starts node `i`'s process (its log appended to when `append`, else started anew).
+    fn spawn(&self, i: usize, append: bool) -> Result<Child, String> {
+        let log = self.data_root.join(format!("n{}.log", i + 1));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let err = file.try_clone().map_err(|e| e.to_string())?;
+        self.netns.nodes[i]
+            .command(&self.binary.display().to_string())
+            .args(["--api-port", &API_PORT.to_string(), "--data-dir"])
+            .arg(self.data_root.join(format!("n{}", i + 1)))
+            .args(&self.args[i])
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("info".into()),
+            )
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("cannot start node {}: {e}", i + 1))
+    }
+
+    /// Starts node `i` again after [`Testbed::forget`] (same data directory: same identity).
+    pub fn restart(&mut self, i: usize) -> Result<(), String> {
+        self.forget(i);
+        let child = self.spawn(i, true)?;
+        self.nodes[i].child = Some(child);
+        Ok(())
+    }
+
+    /// Node `i`'s API as a new client, for a thread of its own.
+    pub fn api(&self, i: usize) -> Api {
+        let node = &self.netns.nodes[i];
+        Api::at(std::net::SocketAddr::from((node.ip(), API_PORT))).in_netns(&node.netns)
+    }
+
+    /// The pid of node `i`'s `shoal` process while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
     }
 
     /// Number of nodes.
@@ -460,43 +495,6 @@ fn remove_stale(tag: &str) {
             stale.len()
         );
     }
-}
-
-/// The ids `/state` shows alive: `liveness.<id>.alive`, else every key of `nodes`.
-pub fn alive_nodes(state: &Value) -> Vec<String> {
-    let nodes: Vec<String> = match &state["nodes"] {
-        Value::Object(map) => map.keys().cloned().collect(),
-        Value::Array(list) => list
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
-    };
-    match state["liveness"].as_object() {
-        Some(live) => nodes
-            .into_iter()
-            .filter(|id| live.get(id).is_none_or(|l| l["alive"] != false))
-            .collect(),
-        None => nodes,
-    }
-}
-
-/// The verified links in a `/state` document: (from, to) for every `edge/<to>/<ip>` record
-/// that node `from` wrote.
-pub fn verified_edges(state: &Value) -> std::collections::BTreeSet<(String, String)> {
-    let mut out = std::collections::BTreeSet::new();
-    if let Some(nodes) = state["nodes"].as_object() {
-        for (from, node) in nodes {
-            if let Some(records) = node["records"].as_object() {
-                for key in records.keys() {
-                    if let Some(to) = key.strip_prefix("edge/").and_then(|r| r.split('/').next()) {
-                        out.insert((from.clone(), to.to_string()));
-                    }
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Runs a command with captured output, killing it after `limit` (and on Ctrl-C).
