@@ -16,7 +16,7 @@ use kit::sse::SseEvent;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use support::netns::Spec;
-use support::{wait_for, ShoalNode, TestNet};
+use support::{default_ready, process_ended, wait_for, ShoalNode, TestNet};
 
 /// Longest wait for one answer.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -37,18 +37,6 @@ fn json_of(node: &ShoalNode, method: &str, path: &str, body: Option<&Value>) -> 
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
-}
-
-fn default_ready(node: &ShoalNode) -> bool {
-    let (200, text) = call(node, "GET", "/v1/models", None) else {
-        return false;
-    };
-    let models: Value = serde_json::from_str(&text).unwrap_or_default();
-    models["data"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|m| m["id"] == "default" && m["ready"] == true)
 }
 
 fn greedy(node: &ShoalNode) -> String {
@@ -331,9 +319,7 @@ fn chat_through_either_node_and_delete_from_the_other() {
     let gone = wait_for(Duration::from_secs(30), || {
         let sa = a.state()?;
         let none = sa["instances"].as_object().is_some_and(|i| i.is_empty());
-        let exited = !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z "));
+        let exited = process_ended(pid);
         (none && exited).then_some(())
     });
     let Some((_, took)) = gone else {
@@ -513,12 +499,7 @@ fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
     let pid = view["runner_pid"].as_u64().expect("A runs the new rank");
     let (status, _) = json_of(a, "DELETE", &format!("/instance/{instance}"), None);
     assert_eq!(status, 200);
-    let gone = wait_for(Duration::from_secs(30), || {
-        (!std::path::Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z ")))
-        .then_some(())
-    });
+    let gone = wait_for(Duration::from_secs(30), || process_ended(pid).then_some(()));
     assert!(
         gone.is_some(),
         "A's runner left after the deletion\n{}",

@@ -17,24 +17,13 @@ use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::netns::Spec;
-use support::{call, logs, wait_for, ShoalNode, TestNet};
+use support::{call, default_ready, logs, process_ended, wait_for, ShoalNode, TestNet};
 
 /// The step deadline the nodes run with.
 const STEP_TIMEOUT_S: u64 = 5;
 
 /// Streams that run when the rank freezes.
 const STREAMS: usize = 3;
-
-fn default_ready(node: &ShoalNode) -> bool {
-    let (200, models) = call(node, "GET", "/v1/models", None) else {
-        return false;
-    };
-    models["data"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|m| m["id"] == "default" && m["ready"] == true)
-}
 
 fn paris(node: &ShoalNode) -> String {
     let request = json!({
@@ -98,12 +87,6 @@ fn signal(pid: u64, name: &str) {
         .status()
         .is_ok_and(|s| s.success());
     assert!(ok, "kill -{name} {pid}");
-}
-
-/// Whether process `pid` has ended (gone, or a zombie its parent has not reaped yet).
-fn ended(pid: u64) -> bool {
-    !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
 }
 
 #[test]
@@ -212,7 +195,9 @@ fn a_frozen_rank_ends_every_stream_and_the_instance_is_placed_again() {
     );
     let after = paris(client);
     assert_eq!(after, before, "the replaced instance answers as before");
-    let gone = wait_for(Duration::from_secs(30), || ended(frozen).then_some(()));
+    let gone = wait_for(Duration::from_secs(30), || {
+        process_ended(frozen).then_some(())
+    });
     if gone.is_none() {
         // Let it go before failing, so nothing stopped is left behind.
         signal(frozen, "KILL");

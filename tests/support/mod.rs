@@ -238,3 +238,21 @@ pub fn call(
         Err(e) => (0, serde_json::Value::String(e.to_string())),
     }
 }
+
+/// Whether `node` lists the model `default` (the fixture) as ready in `GET /v1/models`.
+pub fn default_ready(node: &ShoalNode) -> bool {
+    let (200, models) = call(node, "GET", "/v1/models", None) else {
+        return false;
+    };
+    models["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["id"] == "default" && m["ready"] == true)
+}
+
+/// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
+pub fn process_ended(pid: u64) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
