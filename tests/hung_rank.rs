@@ -16,8 +16,7 @@ use kit::sse::SseEvent;
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::netns::Spec;
-use support::{call, default_ready, logs, process_ended, wait_for, ShoalNode, TestNet};
+use support::{call, logs, process_ended, three_rank_pipeline, wait_for, ShoalNode};
 
 /// The step deadline the nodes run with.
 const STEP_TIMEOUT_S: u64 = 5;
@@ -91,31 +90,11 @@ fn signal(pid: u64, name: &str) {
 
 #[test]
 fn a_frozen_rank_ends_every_stream_and_the_instance_is_placed_again() {
-    let spec = Spec {
-        nodes: 3,
-        off_bridge: Vec::new(),
-        links: Vec::new(),
-    };
-    let Some((test_net, mut nodes)) = TestNet::create("shoalh", &spec) else {
+    let timeout = STEP_TIMEOUT_S.to_string();
+    let Some((test_net, nodes, created)) =
+        three_rank_pipeline("shoalh", &[("SHOAL_STEP_TIMEOUT", &timeout)])
+    else {
         return;
-    };
-    for node in &mut nodes {
-        node.env
-            .push(("SHOAL_STEP_TIMEOUT".into(), STEP_TIMEOUT_S.to_string()));
-        node.start();
-    }
-    // Placement needs the verified edges between the nodes: retry until it succeeds.
-    let placed = wait_for(Duration::from_secs(90), || {
-        let (status, created) = call(
-            &nodes[0],
-            "POST",
-            "/place_instance",
-            Some(&json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 3})),
-        );
-        (status == 200).then_some(created)
-    });
-    let Some((created, took)) = placed else {
-        panic!("no three-node placement\n{}", logs(&nodes));
     };
     let instance = created["instance_id"].as_str().expect("id").to_string();
     let ranks: Vec<String> = created["placement"]["ranks"]
@@ -124,19 +103,6 @@ fn a_frozen_rank_ends_every_stream_and_the_instance_is_placed_again() {
         .iter()
         .map(|r| r["node"].as_str().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(ranks.len(), 3, "{created}");
-    eprintln!("placed on three nodes after {took:?}");
-    let ready = wait_for(Duration::from_secs(300), || {
-        nodes.iter().all(default_ready).then_some(())
-    });
-    let Some((_, took)) = ready else {
-        let (_, view) = call(&nodes[0], "GET", &format!("/instance/{instance}"), None);
-        panic!(
-            "the pipeline did not become ready: {view}\n{}",
-            logs(&nodes)
-        );
-    };
-    eprintln!("three-rank pipeline ready in {took:?}");
     let before = paris(&nodes[0]);
     assert!(before.contains("Paris"), "{before}");
 

@@ -150,15 +150,27 @@ impl InstanceRecord {
         }
     }
 
-    /// The order in which copies supersede each other: higher epoch, then more exclusions,
+    /// The order in which copies supersede each other: higher epoch, then *fewer* exclusions,
     /// then the exclusions' ids. A total order, so every node picks the same copy.
-    fn rank_key(&self) -> (u32, usize, &[String]) {
-        (self.epoch, self.excluded.len(), &self.excluded)
+    ///
+    /// Two copies of one epoch come from nodes that saw different nodes die: sides of a
+    /// partition, each excluding the other. When the partition heals, the copy that kept the
+    /// most nodes stands (the larger side's ring keeps serving and the smaller side's runners
+    /// stop): the larger side is the one a model too big for one machine can still fit on.
+    /// Where two observers of one failure saw different parts of it (one saw `b` die, the
+    /// other `b` and `c`), the smaller exclusion wins this epoch and the next re-placement
+    /// excludes the rest, one epoch later.
+    fn rank_key(&self) -> (u32, std::cmp::Reverse<usize>, &[String]) {
+        (
+            self.epoch,
+            std::cmp::Reverse(self.excluded.len()),
+            &self.excluded,
+        )
     }
 }
 
 /// The authoritative copy among every author's `instance/<id>` records for one id: the
-/// highest by (epoch, number of exclusions, exclusions). `None` for no copies.
+/// highest by (epoch, fewest exclusions, exclusions). `None` for no copies.
 pub fn effective<'a>(
     copies: impl IntoIterator<Item = &'a InstanceRecord>,
 ) -> Option<&'a InstanceRecord> {
@@ -246,11 +258,18 @@ mod tests {
         let r1b = r0.replaced(&["b".to_string(), "c".to_string()].into());
         let r1c = r0.replaced(&["c".to_string()].into());
         let copies = [r0.clone(), r1a.clone(), r1b.clone(), r1c.clone()];
-        assert_eq!(effective(&copies), Some(&r1b));
+        // One epoch: fewest exclusions, then the exclusions' ids.
+        assert_eq!(effective(&copies), Some(&r1c));
         let mut reversed = copies.clone();
         reversed.reverse();
-        assert_eq!(effective(&reversed), Some(&r1b));
-        assert_eq!(effective(&[r1a.clone(), r1c.clone()]), Some(&r1c));
+        assert_eq!(effective(&reversed), Some(&r1c));
+        assert_eq!(effective(&[r1a.clone(), r1b.clone()]), Some(&r1a));
+        // A higher epoch wins whatever it excludes.
+        let r2 = r1b.replaced(&["d".to_string()].into());
+        assert_eq!(
+            effective(&[r1a.clone(), r2.clone(), r1c.clone()]),
+            Some(&r2)
+        );
         assert_eq!(effective(&Vec::<InstanceRecord>::new()), None);
     }
 

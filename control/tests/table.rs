@@ -405,8 +405,8 @@ fn concurrent_intents_resolve_the_same_on_every_node() {
     );
 
     // Two concurrent re-placements of one instance at the same epoch: b saw c die, d saw b
-    // and c die. Every node takes the same copy (more exclusions wins, then the exclusions'
-    // ids), whichever author wrote which.
+    // and c die (or: the two sides of a partition). Every node takes the same copy (fewer
+    // exclusions wins, then the exclusions' ids), whichever author wrote which.
     let r = intent(ID, "a");
     let by_b = r.replaced(&["c".to_string()].into());
     let by_d = r.replaced(&["b".to_string(), "c".to_string()].into());
@@ -424,10 +424,10 @@ fn concurrent_intents_resolve_the_same_on_every_node() {
                 .unwrap();
             winners.insert(json(&view.record));
         }
-        assert_eq!(winners, [json(&by_d)].into(), "one winner on every node");
+        assert_eq!(winners, [json(&by_b)].into(), "one winner on every node");
     }
-    let winner = by_d.place().unwrap();
-    assert_eq!(nodes(&winner), ["a", "d"]);
+    let winner = by_b.place().unwrap();
+    assert_eq!(nodes(&winner), ["a", "b"]);
     let mut world = World::new();
     world.write("b", &key(ID), json(&by_b));
     world.write("d", &key(ID), json(&by_d));
@@ -435,8 +435,8 @@ fn concurrent_intents_resolve_the_same_on_every_node() {
         "two concurrent copies",
         &world,
         &[
-            ("a", vec![copy(&by_d), create(&by_d, 0, 2)]),
-            ("d", vec![create(&by_d, 1, 2)]),
+            ("a", vec![copy(&by_b), create(&by_b, 0, 2)]),
+            ("b", vec![create(&by_b, 1, 2)]),
         ]
         .into(),
     );

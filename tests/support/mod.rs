@@ -256,3 +256,68 @@ pub fn process_ended(pid: u64) -> bool {
     !std::path::Path::new(&format!("/proc/{pid}")).exists()
         || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
 }
+
+/// The pids of the runner processes (`shoal runner ...`) inside namespace `netns`.
+pub fn runner_pids(netns: &str) -> Vec<u64> {
+    let Ok(out) = std::process::Command::new("ip")
+        .args(["netns", "pids", netns])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u64>().ok())
+        .filter(|pid| !process_ended(*pid))
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmdline.split(|b| *b == 0).nth(1) == Some(b"runner".as_slice())
+        })
+        .collect()
+}
+
+/// Three nodes in fresh namespaces (`tag` as in [`TestNet::create`]) started with `env`
+/// added, running the fixture as a 3-rank pipeline, ready on every node: the
+/// `/place_instance` answer. Placement needs the verified edges between the nodes, so it is
+/// retried until it succeeds (90 s); loading may take 300 s. `None`: skipped.
+pub fn three_rank_pipeline(
+    tag: &str,
+    env: &[(&str, &str)],
+) -> Option<(TestNet, Vec<ShoalNode>, Value)> {
+    let spec = netns::Spec {
+        nodes: 3,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let (test_net, mut nodes) = TestNet::create(tag, &spec)?;
+    for node in &mut nodes {
+        node.env
+            .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        node.start();
+    }
+    let request =
+        serde_json::json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 3});
+    let placed = wait_for(Duration::from_secs(90), || {
+        let (status, created) = call(&nodes[0], "POST", "/place_instance", Some(&request));
+        (status == 200).then_some(created)
+    });
+    let Some((created, took)) = placed else {
+        panic!("no three-node placement\n{}", logs(&nodes));
+    };
+    let ranks = kit::instances::ranks(&created).map_or(0, Vec::len);
+    assert_eq!(ranks, 3, "{created}");
+    eprintln!("placed on three nodes after {took:?}");
+    let ready = wait_for(Duration::from_secs(300), || {
+        nodes.iter().all(default_ready).then_some(())
+    });
+    let Some((_, took)) = ready else {
+        let id = created["instance_id"].as_str().unwrap_or_default();
+        let (_, view) = call(&nodes[0], "GET", &format!("/instance/{id}"), None);
+        panic!(
+            "the pipeline did not become ready: {view}\n{}",
+            logs(&nodes)
+        );
+    };
+    eprintln!("three-rank pipeline ready in {took:?}");
+    Some((test_net, nodes, created))
+}

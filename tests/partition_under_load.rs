@@ -1,0 +1,336 @@
+//! A partition under chat load: three real `shoal` nodes in Linux network namespaces run the
+//! SmolLM2 fixture as a 3-rank pipeline while one client per node sends short streaming
+//! chats, one after another. Node 3's link is then cut (nftables drops everything on it) until
+//! both sides have placed the instance again on their own, and healed.
+//!
+//! What must hold:
+//! - every request ends — completes, or ends with an error event and `[DONE]`, or is refused
+//!   with an HTTP error — within [`REQUEST_LIMIT`] of being sent: none hangs;
+//! - the majority side (nodes 1 and 2) keeps serving during the partition;
+//! - after the heal all three nodes agree on one placement of the instance (same epoch, same
+//!   ranks): the larger side's (see `control::intent`'s order of copies). It serves, and the
+//!   runner processes that exist are exactly its ranks' (one on each node that holds a rank,
+//!   none elsewhere): the smaller side's ring is gone;
+//! - every client completes chats again after the heal.
+//!
+//! Needs root (namespaces), `nft` and the model fixture (`cargo xtask setup`): fails
+//! otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
+
+#[path = "support/link_faults.rs"]
+mod link_faults;
+mod support;
+
+use kit::blocking::{Blocking, Next};
+use kit::client::Api;
+use kit::sse::SseEvent;
+use link_faults::drop_on_link;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use support::{call, logs, runner_pids, three_rank_pipeline, wait_for, ShoalNode, API_PORT};
+
+/// The step deadline the nodes run with: a ring cut in the middle of a step ends by it.
+const STEP_TIMEOUT_S: u64 = 5;
+
+/// The time within which every request must end, from when it was sent.
+const REQUEST_LIMIT: Duration = Duration::from_secs(45);
+
+/// How one request ended.
+#[derive(Debug, Clone)]
+enum Outcome {
+    /// Its answer came whole.
+    Completed,
+    /// It ended with an error event or an HTTP error: the reason.
+    Errored(String),
+    /// It did not end within [`REQUEST_LIMIT`]: what was seen last.
+    Hung(String),
+}
+
+/// One request's record: which client, when it was sent (since the load began), how it ended.
+#[derive(Debug, Clone)]
+struct Sent {
+    client: usize,
+    at: Duration,
+    took: Duration,
+    outcome: Outcome,
+}
+
+/// One short streaming chat through `api`, read to its end or to [`REQUEST_LIMIT`].
+fn one_chat(api: &Blocking, n: usize) -> Outcome {
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": format!("Count from {n} to 100, separated by commas.")}],
+        "temperature": 0,
+        "max_tokens": 12,
+        "stream": true,
+    });
+    let sent = Instant::now();
+    let mut stream = match api.chat_stream(&request, REQUEST_LIMIT) {
+        Ok(stream) => stream,
+        Err(e) if sent.elapsed() < REQUEST_LIMIT => return Outcome::Errored(e.to_string()),
+        Err(e) => return Outcome::Hung(format!("no answer: {e}")),
+    };
+    let mut error = None;
+    let mut last = String::new();
+    loop {
+        match stream.next(REQUEST_LIMIT.saturating_sub(sent.elapsed())) {
+            Next::Event(SseEvent::Done) => {
+                return error.map_or(Outcome::Completed, Outcome::Errored);
+            }
+            Next::Event(SseEvent::Data(data)) => {
+                if data.contains("\"error\"") {
+                    error = Some(data.clone());
+                }
+                last = data;
+            }
+            Next::Silent => return Outcome::Hung(last),
+            other => return Outcome::Errored(format!("{other:?} after {last}")),
+        }
+    }
+}
+
+/// `GET /instance/{id}` on `node` (`Null` when it does not answer).
+fn instance(node: &ShoalNode, id: &str) -> Value {
+    let (status, view) = call(node, "GET", &format!("/instance/{id}"), None);
+    if status == 200 {
+        view
+    } else {
+        Value::Null
+    }
+}
+
+/// The nodes of an instance view's ranks, in rank order.
+fn rank_nodes(view: &Value) -> Vec<String> {
+    kit::instances::ranks(view)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["node"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// `node`'s view of the instance if it is ready at an epoch of at least `epoch`.
+fn ready_at(node: &ShoalNode, id: &str, epoch: u64) -> Option<Value> {
+    let view = instance(node, id);
+    (view["status"] == "ready" && view["epoch"].as_u64() >= Some(epoch)).then_some(view)
+}
+
+fn node_id(node: &ShoalNode) -> String {
+    let (_, answer) = call(node, "GET", "/node_id", None);
+    answer
+        .as_str()
+        .or_else(|| answer["node_id"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
+    let timeout = STEP_TIMEOUT_S.to_string();
+    let Some((test_net, nodes, created)) =
+        three_rank_pipeline("shoalp", &[("SHOAL_STEP_TIMEOUT", &timeout)])
+    else {
+        return;
+    };
+    let id = created["instance_id"].as_str().expect("id").to_string();
+    let ids: Vec<String> = nodes.iter().map(node_id).collect();
+    assert_eq!(
+        rank_nodes(&instance(&nodes[0], &id))
+            .into_iter()
+            .collect::<BTreeSet<_>>(),
+        ids.iter().cloned().collect::<BTreeSet<_>>(),
+        "one rank on each node"
+    );
+
+    let stop = AtomicBool::new(false);
+    let sent: Mutex<Vec<Sent>> = Mutex::new(Vec::new());
+    let load_began = Instant::now();
+    let addresses: Vec<(std::net::SocketAddr, String)> = nodes
+        .iter()
+        .map(|n| ((n.node.ip(), API_PORT).into(), n.node.netns.clone()))
+        .collect();
+    std::thread::scope(|scope| {
+        for (client, (addr, netns)) in addresses.iter().enumerate() {
+            let (stop, sent) = (&stop, &sent);
+            scope.spawn(move || {
+                let api = Blocking::new(Api::at(*addr).in_netns(netns));
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let at = load_began.elapsed();
+                    let outcome = one_chat(&api, n);
+                    let took = load_began.elapsed() - at;
+                    sent.lock().unwrap().push(Sent {
+                        client,
+                        at,
+                        took,
+                        outcome,
+                    });
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            });
+        }
+        let completed_by = |client: usize, after: Duration| {
+            sent.lock()
+                .unwrap()
+                .iter()
+                .filter(|s| s.client == client && s.at >= after)
+                .filter(|s| matches!(s.outcome, Outcome::Completed))
+                .count()
+        };
+        let warm = wait_for(Duration::from_secs(60), || {
+            (0..3)
+                .all(|c| completed_by(c, Duration::ZERO) > 0)
+                .then_some(())
+        });
+        let finish = |why: String| -> ! {
+            stop.store(true, Ordering::Relaxed);
+            drop_on_link(&nodes[2].node.netns, 0);
+            panic!("{why}\n{}", logs(&nodes));
+        };
+        if warm.is_none() {
+            finish(format!(
+                "not every client completed a chat before the partition: {:?}",
+                sent.lock().unwrap()
+            ));
+        }
+
+        // The partition: node 3 cut off until both sides have placed the instance again.
+        drop_on_link(&nodes[2].node.netns, 100);
+        let cut_at = load_began.elapsed();
+        let both_sides = wait_for(Duration::from_secs(120), || {
+            let majority = ready_at(&nodes[0], &id, 1)?;
+            ready_at(&nodes[1], &id, 1)?;
+            let minority = ready_at(&nodes[2], &id, 1)?;
+            Some((majority, minority))
+        });
+        let Some(((majority, minority), took)) = both_sides else {
+            finish(format!(
+                "the sides did not both place the instance again: node 1 {}, node 3 {}",
+                instance(&nodes[0], &id),
+                instance(&nodes[2], &id)
+            ));
+        };
+        eprintln!(
+            "partitioned: both sides placed again in {took:?} (nodes 1-2: epoch {} on {:?}; \
+             node 3: epoch {} on {:?})",
+            majority["epoch"],
+            rank_nodes(&majority),
+            minority["epoch"],
+            rank_nodes(&minority)
+        );
+        let serving = wait_for(Duration::from_secs(60), || {
+            (completed_by(0, cut_at + took) > 0 && completed_by(1, cut_at + took) > 0).then_some(())
+        });
+        if serving.is_none() {
+            finish("the majority side did not serve during the partition".into());
+        }
+
+        // The heal: one placement everywhere, and only its runners.
+        drop_on_link(&nodes[2].node.netns, 0);
+        let healed_at = load_began.elapsed();
+        let agreed = wait_for(Duration::from_secs(120), || {
+            let views: Vec<Value> = nodes
+                .iter()
+                .map(|n| ready_at(n, &id, 1))
+                .collect::<Option<_>>()?;
+            let epochs: BTreeSet<u64> = views.iter().filter_map(|v| v["epoch"].as_u64()).collect();
+            let placements: BTreeSet<Vec<String>> = views.iter().map(rank_nodes).collect();
+            if epochs.len() != 1 || placements.len() != 1 {
+                return None;
+            }
+            let ranks = placements.into_iter().next()?;
+            let runners: Vec<usize> = nodes
+                .iter()
+                .map(|n| runner_pids(&n.node.netns).len())
+                .collect();
+            let expected: Vec<usize> = ids.iter().map(|i| usize::from(ranks.contains(i))).collect();
+            (runners == expected).then_some((views[0].clone(), ranks))
+        });
+        let Some(((view, ranks), took)) = agreed else {
+            let runners: Vec<Vec<u64>> = nodes.iter().map(|n| runner_pids(&n.node.netns)).collect();
+            finish(format!(
+                "no single placement after the heal: {:?}; runners per node {runners:?}",
+                nodes.iter().map(|n| instance(n, &id)).collect::<Vec<_>>()
+            ));
+        };
+        if ranks != rank_nodes(&majority) {
+            finish(format!(
+                "after the heal the instance runs on {ranks:?}, not on the larger side's \
+                 placement {:?}",
+                rank_nodes(&majority)
+            ));
+        }
+        let holders: Vec<usize> = ranks
+            .iter()
+            .filter_map(|r| ids.iter().position(|i| i == r).map(|i| i + 1))
+            .collect();
+        eprintln!(
+            "healed: one placement (epoch {}, ranks on nodes {holders:?}) and only its runners \
+             after {took:?}",
+            view["epoch"]
+        );
+        let after_agreement = load_began.elapsed();
+        let again = wait_for(Duration::from_secs(90), || {
+            (0..3)
+                .all(|c| completed_by(c, after_agreement) > 0)
+                .then_some(())
+        });
+        stop.store(true, Ordering::Relaxed);
+        if again.is_none() {
+            finish(format!(
+                "not every client completed a chat after the heal ({:?} after it)",
+                healed_at
+            ));
+        }
+    });
+
+    let sent = sent.into_inner().unwrap();
+    let hung: Vec<String> = sent
+        .iter()
+        .filter_map(|s| match &s.outcome {
+            Outcome::Hung(last) => Some(format!("client {} at {:.1?}: {last}", s.client + 1, s.at)),
+            _ if s.took > REQUEST_LIMIT => Some(format!(
+                "client {} at {:.1?}: {:?}",
+                s.client + 1,
+                s.at,
+                s.took
+            )),
+            _ => None,
+        })
+        .collect();
+    // Errors by reason (its first words), with when the first and last of each came.
+    let mut errors: std::collections::BTreeMap<String, (usize, Duration, Duration)> =
+        Default::default();
+    for s in &sent {
+        if let Outcome::Errored(reason) = &s.outcome {
+            let entry = errors
+                .entry(reason.chars().take(110).collect())
+                .or_insert((0, s.at, s.at));
+            entry.0 += 1;
+            entry.1 = entry.1.min(s.at);
+            entry.2 = entry.2.max(s.at);
+        }
+    }
+    let completed = sent
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::Completed))
+        .count();
+    let slowest = sent.iter().map(|s| s.took).max().unwrap_or_default();
+    eprintln!(
+        "{} requests: {completed} completed, {} errored, {} hung; slowest {slowest:.1?}",
+        sent.len(),
+        errors.values().map(|e| e.0).sum::<usize>(),
+        hung.len()
+    );
+    for (reason, (count, first, last)) in &errors {
+        eprintln!("  {count} x (sent {first:.1?}..{last:.1?}): {reason}");
+    }
+    assert!(
+        hung.is_empty(),
+        "requests that did not end within {REQUEST_LIMIT:?}: {hung:?}\n{}",
+        logs(&nodes)
+    );
+    test_net.teardown(nodes);
+}
