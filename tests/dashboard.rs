@@ -7,6 +7,10 @@
 //! again, a failed placement's reason, deletion, a phone-sized screen, no console errors.
 //! The node is killed here, when the script asks (`KILL <id>` on its stdout).
 //!
+//! The page's node requires an admin API key (`SHOAL_API_KEY`, the other two stay open): the
+//! script first checks that the page asks for it and refuses a wrong one, then runs every
+//! check above with the right one, so the whole dashboard is proven to work behind a key.
+//!
 //! One cluster serves every check, so the whole run stays short. Screenshots are kept in
 //! `<target>/tmp/dashboard/`.
 //!
@@ -21,6 +25,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use support::netns::Spec;
 use support::{wait_for, ShoalNode, TestNet};
+
+/// The admin API key the page's node (node 1) requires.
+const API_KEY: &str = "dashboard-test-key-0123456789";
 
 /// Chromium and its driver, as Debian installs them.
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -95,6 +102,7 @@ fn the_dashboard_shows_the_cluster_places_chats_and_follows_a_death() {
     let Some((test_net, mut nodes)) = TestNet::create("shoalw", &spec) else {
         return;
     };
+    nodes[0].env.push(("SHOAL_API_KEY".into(), API_KEY.into()));
     for node in &mut nodes {
         node.start();
     }
@@ -123,7 +131,7 @@ fn the_dashboard_shows_the_cluster_places_chats_and_follows_a_death() {
         .node
         .command(&kit::dirs::venv_python().to_string_lossy())
         .arg(script)
-        .args(["--url", &url, "--out"])
+        .args(["--url", &url, "--key", API_KEY, "--out"])
         .arg(&out)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -7,6 +7,10 @@ cannot be, deletes the instance, and looks at the page on a phone-sized screen. 
 to --out. The browser's console must stay free of errors, except the one refusal the failed
 placement is meant to get.
 
+With --key the node requires that admin API key: the page must first ask for it, say a wrong
+one is not accepted, and then work in full with the right one (every check above runs behind
+the key; the refusals before it are the only other console errors allowed).
+
 Run by tests/dashboard.rs inside the first node's namespace; each check prints one line.
 """
 
@@ -75,6 +79,8 @@ def api(method, path, body=None):
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(ARGS.url.rstrip("/") + path, data=data, method=method)
     request.add_header("content-type", "application/json")
+    if ARGS.key:
+        request.add_header("authorization", f"Bearer {ARGS.key}")
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, json.load(answer)
@@ -135,6 +141,58 @@ def click(element):
     sticky header never covers it."""
     DRIVER.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
     element.click()
+
+
+def form_asks(words):
+    """The key form, once it is shown with a message containing `words`."""
+    form = DRIVER.find_element(By.ID, "key-form")
+    message = DRIVER.find_element(By.ID, "key-message").text
+    return form if form.is_displayed() and words in message else None
+
+
+def give_key(key):
+    field = DRIVER.find_element(By.ID, "key-input")
+    field.clear()
+    field.send_keys(key)
+    click(DRIVER.find_element(By.ID, "key-save"))
+
+
+def key_prompt():
+    """A node with an API key: the page asks for it, refuses a wrong one, takes the right
+    one. Returns how many refusals the console logged meanwhile (all must be 401s)."""
+    _, took = wait("the page asks for the API key", lambda: form_asks("needs an API key"), 20)
+    if api_without_key("GET", "/state") != 401:
+        fail("the node answers /state without the key")
+    shot("00-key-asked")
+    log(f"key: the page asked for it after {took:.1f} s")
+    give_key("not-the-key-" + ARGS.key)
+    _, took = wait("a wrong key is refused", lambda: form_asks("not accepted"), 20)
+    log(f"key: a wrong key was refused after {took:.1f} s")
+    give_key(ARGS.key)
+    wait("the page works with the key", lambda: not form_asks("") and css("#topology-graph g.node"), 30)
+    if css("#key-form") and DRIVER.find_element(By.ID, "key-form").is_displayed():
+        fail("the key form is still shown with the right key")
+    refusals = 0
+    for entry in DRIVER.get_log("browser"):
+        if entry["level"] != "SEVERE":
+            continue
+        if entry["source"] == "network" and "401" in entry["message"]:
+            refusals += 1
+            continue
+        fail(f"console error before the key was given: {entry}")
+    if refusals == 0:
+        fail("no 401 was logged before the key was given")
+    log(f"key: the right key was taken ({refusals} refusals logged before it)")
+    return refusals
+
+
+def api_without_key(method, path):
+    request = urllib.request.Request(ARGS.url.rstrip("/") + path, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def preview(sharding, meta, count):
@@ -355,6 +413,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--key", default="", help="the node's admin API key, if it has one")
     ARGS = parser.parse_args()
     os.makedirs(ARGS.out, exist_ok=True)
     options = webdriver.ChromeOptions()
@@ -376,6 +435,8 @@ def main():
     DRIVER = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     try:
         DRIVER.get(ARGS.url)
+        if ARGS.key:
+            key_prompt()
         me, _ = topology()
         instance, rank_nodes = place()
         chat()

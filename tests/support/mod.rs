@@ -97,13 +97,16 @@ impl ShoalNode {
         }
     }
 
-    /// GET /state through `shoal status --json`, run inside the node's namespace.
+    /// GET /state through `shoal status --json`, run inside the node's namespace with the
+    /// node's environment.
     pub fn state(&self) -> Option<Value> {
         let out = self
             .node
             .command(shoal_bin())
             .args(["status", "--json", "--api"])
             .arg(format!("{}:{API_PORT}", self.node.ip()))
+            // The node's own environment: its API key (`SHOAL_API_KEY`), if it has one.
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stderr(Stdio::null())
             .output()
