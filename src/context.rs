@@ -87,6 +87,7 @@ impl NodeContext for LocalOnly {
             },
         );
         Snapshot {
+            settling: false,
             me: self.node_id.clone(),
             authors,
         }

@@ -192,8 +192,7 @@ impl NodeContext for MeshContext {
     }
 
     fn snapshot(&self) -> Snapshot {
-        self.mesh
-            .read(|replica, _| crate::view::snapshot_of(replica))
+        self.mesh.read(crate::view::snapshot_of)
     }
 
     /// The replicated state (identical on every node, see its `digest`) and this node's view

@@ -8,8 +8,8 @@ use mesh::profile::{HostProfile, PROFILE_KEY};
 use placement::Edge;
 use std::collections::BTreeSet;
 
-/// Reads a snapshot out of a mesh replica.
-pub fn snapshot_of(replica: &mesh::Replica) -> Snapshot {
+/// Reads a snapshot out of a mesh replica at `now_ms` (its clock).
+pub fn snapshot_of(replica: &mesh::Replica, now_ms: u64) -> Snapshot {
     let authors = replica
         .state()
         .nodes
@@ -32,6 +32,9 @@ pub fn snapshot_of(replica: &mesh::Replica) -> Snapshot {
     Snapshot {
         me: replica.id().to_string(),
         authors,
+        settling: replica
+            .last_return_ms()
+            .is_some_and(|at| now_ms.saturating_sub(at) < control::SETTLE_AFTER_RETURN_MS),
     }
 }
 
@@ -114,6 +117,7 @@ mod tests {
             local_kind: Some(InterfaceKind::Ethernet),
         };
         let snap = Snapshot {
+            settling: false,
             me: "a".into(),
             authors: [
                 (

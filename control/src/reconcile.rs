@@ -6,8 +6,9 @@
 //! One pass of [`reconcile`], in this order:
 //! 1. **re-place** every instance with a rank on a dead node, or a rank whose runner hung
 //!    (failed with [`HUNG_PREFIX`]: the step deadline passed) ([`Effect::Replace`], the next
-//!    epoch, see [`crate::intent`]); keep this node's own copy of every instance it holds a
-//!    rank of, so that the instance outlives its creator;
+//!    epoch, see [`crate::intent`]), except on a node the instance excluded while it is
+//!    [`Snapshot::settling`]; keep this node's own copy of every instance it holds a rank
+//!    of, so that the instance outlives its creator;
 //! 2. **clean up** this node's own records: its copy of a deleted instance, and its deletion
 //!    record once no copy of the instance is left;
 //! 3. **drop** this node's runners of instances that are gone, whose epoch moved on, or where
@@ -252,8 +253,17 @@ pub fn reconcile(
             }
             continue;
         }
+        if snapshot.settling && view.record.excluded.iter().any(|n| n == me) {
+            // This node was left out of the instance: it is the side of a partition that was
+            // cut off, or it restarted. Right after it hears from the others again, it still
+            // takes the ones whose news has not arrived yet for dead, and would re-place the
+            // instance on whatever it has heard from. The nodes that hold the ranks decide.
+            continue;
+        }
+        let mut left_out = view.dead_inputs(snapshot);
+        left_out.extend(dead.iter().cloned());
         effects.push(Effect::Replace {
-            next: Box::new(view.record.replaced(&dead)),
+            next: Box::new(view.record.replaced(&left_out)),
             dead: dead.into_iter().collect(),
         });
     }
@@ -478,6 +488,7 @@ mod tests {
         let mut r = record(1, 4_000_000_000, 1);
         r.intent.model = "org/name".into();
         let snapshot = Snapshot {
+            settling: false,
             me: "a".into(),
             authors: [(
                 "a".to_string(),
@@ -550,6 +561,7 @@ mod tests {
     fn an_instance_whose_runner_hung_is_placed_again_and_other_failures_are_not() {
         let r = record(1, 4_000_000_000, 1);
         let snapshot = Snapshot {
+            settling: false,
             me: "a".into(),
             authors: [(
                 "a".to_string(),

@@ -8,6 +8,11 @@ use crate::intent::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 
+/// How long after a peer comes back a node's beliefs about deaths count as stale
+/// ([`Snapshot::settling`]): a few gossip rounds (one is 250 ms), time for the returning side
+/// to pass on its news of the others.
+pub const SETTLE_AFTER_RETURN_MS: u64 = 3_000;
+
 /// One author's part of the state, as this node sees it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Author {
@@ -26,6 +31,10 @@ pub struct Snapshot {
     pub me: String,
     /// Every author by node id.
     pub authors: BTreeMap<String, Author>,
+    /// A peer came back (joined, or revived after a partition) a moment ago, so the deaths
+    /// this node believes in may be stale: the news that the others live arrives a gossip
+    /// round after the first of them. See [`crate::reconcile`]'s rule for excluded nodes.
+    pub settling: bool,
 }
 
 impl Snapshot {
@@ -97,6 +106,7 @@ mod tests {
     fn a_copy_keyed_under_another_id_is_ignored() {
         let r = record(1, 700_000_000, 1);
         let snap = Snapshot {
+            settling: false,
             me: "a".into(),
             authors: [(
                 "a".to_string(),

@@ -57,6 +57,22 @@ impl InstanceView {
             .collect()
     }
 
+    /// The nodes of the intent's input that are dead and not yet excluded, ranks or not: a
+    /// re-placement leaves them all out. Left out only as ranks die, a cut-off side would go
+    /// through one epoch per node it places on and cannot reach, and the higher epoch would
+    /// win when the partition heals; left out at once, both sides write one epoch and the
+    /// side that kept more nodes wins (see `intent`'s order of copies).
+    pub fn dead_inputs(&self, snapshot: &Snapshot) -> BTreeSet<String> {
+        self.record
+            .intent
+            .input
+            .nodes
+            .iter()
+            .filter(|n| snapshot.is_dead(&n.id) && !self.record.excluded.contains(&n.id))
+            .map(|n| n.id.clone())
+            .collect()
+    }
+
     /// Every rank's runner status as the state shows it: a dead node's runner is failed, a
     /// record of another epoch does not count. `mine` is this node's own runner, which it
     /// knows better than its published record.
@@ -189,6 +205,7 @@ mod tests {
         let placement = r.place().unwrap();
         let names: Vec<String> = placement.ranks.iter().map(|r| r.node.clone()).collect();
         let mut snap = Snapshot {
+            settling: false,
             me: names[2].clone(),
             authors: [
                 (
@@ -251,6 +268,7 @@ mod tests {
         let r = record(2, 700_000_000, 1);
         let key = format!("{INSTANCE_PREFIX}{}", r.id());
         let mut snap = Snapshot {
+            settling: false,
             me: "b".into(),
             authors: [
                 ("a".to_string(), author(true, &[(key.clone(), json(&r))])),

@@ -9,6 +9,7 @@ fn a_second_view_of_the_same_instance_does_not_place_again() {
     let cache = PlacementCache::new();
     let r = record(3, 400_000_000, 3);
     let snap = Snapshot {
+        settling: false,
         me: "a".into(),
         authors: [(
             "a".to_string(),

@@ -44,6 +44,10 @@ fn snapshot(sim: &Sim, i: usize) -> Snapshot {
         })
         .collect();
     Snapshot {
+        // As the node computes it (`snapshot_of`).
+        settling: replica
+            .last_return_ms()
+            .is_some_and(|at| sim.now_ms().saturating_sub(at) < control::SETTLE_AFTER_RETURN_MS),
         me: replica.id().to_string(),
         authors,
     }

@@ -46,6 +46,7 @@ impl World {
     /// The state as node `me` sees it: every author, the dead ones marked.
     fn snapshot(&self, me: &str) -> Snapshot {
         Snapshot {
+            settling: false,
             me: me.into(),
             authors: self
                 .records
@@ -440,4 +441,43 @@ fn concurrent_intents_resolve_the_same_on_every_node() {
         ]
         .into(),
     );
+}
+
+#[test]
+fn a_node_left_out_waits_while_it_settles_after_the_others_come_back() {
+    // Epoch 1 left c out (the others saw it cut off) and is placed on a, b and d. c hears
+    // from b and d again before a's heartbeat reaches it: a still looks dead to c.
+    let r = three_ranks();
+    let next = r.replaced(&["c".to_string()].into());
+    let mut world = World::new();
+    for (rank, node) in ["a", "b", "d"].into_iter().enumerate() {
+        world.write(node, &key(ID), json(&next));
+        world.ready_runner(node, &next, rank);
+    }
+    world.write("c", &key(ID), json(&r));
+    world.dead.insert("a".into());
+    let mut snapshot = world.snapshot("c");
+
+    // Right after the others came back, c does not re-place what it was left out of.
+    snapshot.settling = true;
+    let effects = reconcile(&snapshot, &world.local("c"), &PlacementCache::new());
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::Replace { .. })),
+        "c re-placed while settling: {effects:?}"
+    );
+
+    // Once settled, a dead a is a dead rank: c writes the next epoch without a (and keeps c
+    // out), as every node would.
+    snapshot.settling = false;
+    let effects = reconcile(&snapshot, &world.local("c"), &PlacementCache::new());
+    let replaced: Vec<&InstanceRecord> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Replace { next, .. } => Some(next.as_ref()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replaced.len(), 1, "{effects:?}");
+    assert_eq!(replaced[0].epoch, 2);
+    assert_eq!(replaced[0].excluded, ["a", "c"]);
 }

@@ -186,6 +186,7 @@ mod tests {
         let h1 = "a".repeat(64);
         let want = |hashes: &[&str]| json!({"state": "downloading", "wants": hashes}).to_string();
         let snapshot = Snapshot {
+            settling: false,
             me: "b".into(),
             authors: [
                 (

@@ -147,6 +147,8 @@ pub struct Replica {
     claims: BTreeMap<NodeId, BTreeMap<u64, (Beat, u64)>>,
     duplicate_reported: bool,
     events: Vec<Event>,
+    /// When a peer last joined or came back from the dead, on the `now_ms` clock.
+    last_return_ms: Option<u64>,
     stats: Stats,
     rotation: usize,
 }
@@ -186,6 +188,7 @@ impl Replica {
             claims: BTreeMap::new(),
             duplicate_reported: false,
             events: Vec::new(),
+            last_return_ms: None,
             stats: Stats::default(),
             rotation: 0,
         };
@@ -253,6 +256,13 @@ impl Replica {
     /// Takes the events that happened since the last call.
     pub fn drain_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
+    }
+
+    /// When a peer last joined or came back from the dead (`now_ms` clock), if ever. Right
+    /// after a partition heals, the first peers heard from bring news of the others only a
+    /// gossip round later: until then this node still takes those others for dead.
+    pub fn last_return_ms(&self) -> Option<u64> {
+        self.last_return_ms
     }
 
     /// True if `node` is this node, or heartbeats and is not considered dead.

@@ -166,10 +166,12 @@ impl Replica {
         if applied.new_generation {
             self.detector.forget(&part.node);
             self.events.push(Event::Joined(part.node));
+            self.last_return_ms = Some(now_ms);
             self.detector.heartbeat(part.node, now_ms);
         } else if applied.heartbeat_advanced {
             if let Some(Liveness::Revived(id)) = self.detector.heartbeat(part.node, now_ms) {
                 self.events.push(Event::Revived(id));
+                self.last_return_ms = Some(now_ms);
             }
         }
         if applied.records > 0 {
