@@ -8,19 +8,27 @@
 //! 3. the last rank applies the final norm and head and sends the last position's logits to
 //!    its right neighbour, which is rank 0 (the ring closes), where sampling happens.
 //!
+//! A **batched step** ([`Stage::step_batch`], [`crate::batch::RingBatch`]) is the same trip
+//! with a `Batch` header: its [`StepPlan`] and tokens follow the header (an int32 message every
+//! rank forwards before its activations), the activations are every sequence's new positions
+//! one after another, each rank runs its layers with each sequence's own cache
+//! ([`SlotCaches`]), and the last rank sends back the logits of the parts that want them
+//! (`[k, vocab]`, or a one-float acknowledgement when none does).
+//!
 //! Only ring neighbours exchange data, as MLX's ring backend requires, and every send has a
 //! matching receive of the same shape (the ring has no framing). Each rank's KV cache lives with
 //! its layers; a `Reset` header clears them between requests, `Stop` ends the serving loop.
 //! Returning logits costs `vocab × 4` bytes per step over the last link (196 KB for SmolLM2):
 //! it keeps every sampling option on rank 0, where the request lives.
 
+use crate::batch::{SlotCaches, StepPlan, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
-use crate::models::shard::ModelShard;
+use crate::models::shard::{wanted_rows, ModelShard};
 use crate::ring::RingGroup;
-use crate::stage::{midway, require_rank0, Stage};
+use crate::stage::{check_step, logit_rows, midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 
@@ -30,6 +38,7 @@ enum Kind {
     Forward = 0,
     Reset = 1,
     Stop = 2,
+    Batch = 3,
 }
 
 impl Kind {
@@ -38,6 +47,7 @@ impl Kind {
             0 => Ok(Kind::Forward),
             1 => Ok(Kind::Reset),
             2 => Ok(Kind::Stop),
+            3 => Ok(Kind::Batch),
             other => Err(InferenceError::InvalidRequest(format!(
                 "pipeline header with unknown kind {other}"
             ))),
@@ -49,7 +59,21 @@ impl Kind {
 pub struct PipelineStage {
     shard: ModelShard,
     cache: KvCache,
+    /// The caches of batched steps' sequences, by slot.
+    slots: SlotCaches,
     group: Arc<RingGroup>,
+}
+
+/// The longest plan message a rank accepts (see [`StepPlan::decode`]'s limits).
+const MAX_PLAN_MESSAGE: usize = 3 + 4 * MAX_PLAN_SEQUENCES + MAX_PLAN_TOKENS;
+
+/// What the last rank sends back for a batched step that wants `rows` logits.
+fn returned_shape(rows: usize, vocab: usize) -> Vec<i32> {
+    if rows == 0 {
+        vec![1]
+    } else {
+        vec![rows as i32, vocab as i32]
+    }
 }
 
 impl PipelineStage {
@@ -68,6 +92,7 @@ impl PipelineStage {
         Ok(PipelineStage {
             shard,
             cache,
+            slots: SlotCaches::default(),
             group,
         })
     }
@@ -128,6 +153,50 @@ impl PipelineStage {
     }
 }
 
+impl PipelineStage {
+    /// This rank's layers over a batched step's activations, each sequence with its own cache.
+    fn run_planned(&mut self, plan: &StepPlan, h: Array) -> Result<Array> {
+        let (slots, shard) = (&mut self.slots, &self.shard);
+        slots.with_plan(plan, shard, |segments| {
+            shard.forward_layers_batch(h, segments)
+        })
+    }
+
+    /// A follower's share of a batched step whose plan message is `len` ints long.
+    fn serve_batch(&mut self, len: usize, last: bool) -> Result<()> {
+        if !(3..=MAX_PLAN_MESSAGE).contains(&len) {
+            return Err(InferenceError::Ring(format!(
+                "a batched step's plan of {len} values (at most {MAX_PLAN_MESSAGE})"
+            )));
+        }
+        let (left, right) = (self.left(), self.right());
+        let message = self.group.recv(&[len as i32], Dtype::Int32, left)?;
+        message.eval()?;
+        if !last {
+            self.group.send(&message, right)?.eval()?;
+        }
+        let (plan, _) = StepPlan::decode(message.as_slice::<i32>())?;
+        let hidden = self.shard.config.hidden_size as i32;
+        let h = self
+            .group
+            .recv(&[1, plan.tokens() as i32, hidden], Dtype::Float32, left)?;
+        let h = self.run_planned(&plan, h.as_dtype(self.shard.dtype)?)?;
+        let out = if !last {
+            h.as_dtype(Dtype::Float32)?
+        } else {
+            let rows = wanted_rows(plan.shares());
+            if rows.is_empty() {
+                h.eval()?;
+                Array::from_slice(&[0f32], &[1])
+            } else {
+                self.shard.logits_of_rows(&h, &rows)?
+            }
+        };
+        self.group.send(&out, right)?.eval()?;
+        Ok(())
+    }
+}
+
 impl Stage for PipelineStage {
     fn rank(&self) -> usize {
         self.group.rank()
@@ -145,6 +214,58 @@ impl Stage for PipelineStage {
                 .map_err(|e| midway("pipeline stop", e))?;
         }
         Ok(())
+    }
+
+    fn step_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        require_rank0(&self.group, "a batched step")?;
+        let vocab = self.shard.config.vocab_size;
+        check_step(plan, tokens, vocab)?;
+        if plan.parts.is_empty() {
+            return Err(InferenceError::InvalidRequest(
+                "a batched step needs at least one sequence".into(),
+            ));
+        }
+        let rows = wanted_rows(plan.shares());
+        let h = self.shard.embed(tokens)?;
+        if self.group.size() == 1 {
+            let h = self.run_planned(plan, h)?;
+            if rows.is_empty() {
+                h.eval()?;
+                return Ok(Vec::new());
+            }
+            let logits = self.shard.logits_of_rows(&h, &rows)?;
+            logits.eval()?;
+            return Ok(logit_rows(&logits, vocab));
+        }
+        let (left, right) = (self.left(), self.right());
+        let run = |stage: &mut PipelineStage| -> Result<Vec<Vec<f32>>> {
+            let message = plan.encode(tokens);
+            stage.send_header(Kind::Batch, message.len())?;
+            let message = Array::from_slice(&message, &[message.len() as i32]);
+            stage.group.send(&message, right)?.eval()?;
+            let h = stage.run_planned(plan, h)?.as_dtype(Dtype::Float32)?;
+            stage.group.send(&h, right)?.eval()?;
+            // Sleep, not spin, while the other ranks compute.
+            stage.group.wait_for_peer()?;
+            let back =
+                stage
+                    .group
+                    .recv(&returned_shape(rows.len(), vocab), Dtype::Float32, left)?;
+            back.eval()?;
+            Ok(if rows.is_empty() {
+                Vec::new()
+            } else {
+                logit_rows(&back, vocab)
+            })
+        };
+        run(self).map_err(|e| {
+            midway(
+                &format!(
+                    "batched pipeline step (rank 0 sends to rank {right}, hears back from rank {left})"
+                ),
+                e,
+            )
+        })
     }
 
     /// Ranks above 0: serve steps until rank 0 says stop. Returns the number of forward
@@ -175,6 +296,11 @@ impl Stage for PipelineStage {
                     Kind::Stop => return Ok(false),
                     Kind::Reset => {
                         stage.cache = stage.shard.new_cache();
+                        return Ok(true);
+                    }
+                    Kind::Batch => {
+                        stage.serve_batch(seq_len, last)?;
+                        steps += 1;
                         return Ok(true);
                     }
                     Kind::Forward => {}

@@ -7,6 +7,7 @@
 //! runs over it as over a local model); the other ranks [`Stage::serve`] until rank 0 says
 //! [`Stage::stop`].
 
+use crate::batch::StepPlan;
 use crate::error::{InferenceError, Result};
 use crate::forward::Forward;
 use crate::models::shard::ModelShard;
@@ -26,6 +27,12 @@ pub trait Stage: Forward + Send {
 
     /// Rank 0: ends the serving loop of every other rank.
     fn stop(&mut self) -> Result<()>;
+
+    /// Rank 0: one batched step through every rank: `plan` says which sequences (slots) run
+    /// and which ended, `tokens` are their new tokens in the plan's order. Returns the logits
+    /// (`vocab` floats) of each part that wants them, in order. The plan travels with the
+    /// step, so every rank runs exactly the same batch (see [`crate::batch::RingBatch`]).
+    fn step_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
 }
 
 /// Refuses `what` on ranks other than 0, which alone drive a distributed instance.
@@ -37,6 +44,33 @@ pub(crate) fn require_rank0(group: &RingGroup, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Checks, before any rank hears of a step, that `tokens` are within the vocabulary and match
+/// the plan.
+pub(crate) fn check_step(plan: &StepPlan, tokens: &[u32], vocab: usize) -> Result<()> {
+    if plan.tokens() != tokens.len() {
+        return Err(InferenceError::InvalidRequest(format!(
+            "a plan of {} tokens with {} tokens",
+            plan.tokens(),
+            tokens.len()
+        )));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(InferenceError::InvalidRequest(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    Ok(())
+}
+
+/// `[k, vocab]` float32 logits (evaluated) as `k` host vectors.
+pub(crate) fn logit_rows(logits: &mlx_rs::Array, vocab: usize) -> Vec<Vec<f32>> {
+    logits
+        .as_slice::<f32>()
+        .chunks(vocab.max(1))
+        .map(<[f32]>::to_vec)
+        .collect()
 }
 
 /// Any failure in the middle of a step leaves the ranks out of step (the ring has no framing),

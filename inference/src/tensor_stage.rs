@@ -12,14 +12,20 @@
 //!    every rank runs the same operations in the same order); rank 0 keeps the logits, the
 //!    others only evaluate the hidden states (the head is whole on every rank, the logits are
 //!    the same everywhere, so they need not be computed twice).
+//!
+//! A **batched step** ([`Stage::step_batch`], [`crate::batch::RingBatch`]) has a `Batch`
+//! header whose payload is the step's [`StepPlan`] and tokens, all-summed the same way; every
+//! rank then runs all the plan's sequences in one pass, each with its own cache
+//! ([`SlotCaches`]), and rank 0 keeps the logits of the parts that want them.
 
+use crate::batch::{SlotCaches, StepPlan, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
-use crate::models::shard::ModelShard;
+use crate::models::shard::{wanted_rows, ModelShard};
 use crate::ring::RingGroup;
-use crate::stage::{midway, require_rank0, Stage};
+use crate::stage::{check_step, logit_rows, midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 
@@ -30,7 +36,12 @@ enum Kind {
     Forward = 1,
     Reset = 2,
     Stop = 3,
+    Batch = 4,
 }
+
+/// The longest payload a header announces that a rank accepts: a batched step's plan and
+/// tokens at their limits (see [`StepPlan::decode`]).
+const MAX_PAYLOAD: usize = 3 + 4 * MAX_PLAN_SEQUENCES + MAX_PLAN_TOKENS;
 
 impl Kind {
     fn from_code(code: i32) -> Result<Kind> {
@@ -38,6 +49,7 @@ impl Kind {
             1 => Ok(Kind::Forward),
             2 => Ok(Kind::Reset),
             3 => Ok(Kind::Stop),
+            4 => Ok(Kind::Batch),
             other => Err(InferenceError::Ring(format!(
                 "tensor-parallel header with unknown kind {other}"
             ))),
@@ -49,6 +61,8 @@ impl Kind {
 pub struct TensorStage {
     shard: ModelShard,
     cache: KvCache,
+    /// The caches of batched steps' sequences, by slot.
+    slots: SlotCaches,
     group: Arc<RingGroup>,
 }
 
@@ -65,6 +79,7 @@ impl TensorStage {
         Ok(TensorStage {
             shard,
             cache,
+            slots: SlotCaches::default(),
             group,
         })
     }
@@ -80,13 +95,15 @@ impl TensorStage {
         Ok(sum.as_slice::<f32>().iter().map(|&v| v as i32).collect())
     }
 
-    /// Rank 0 says, and every rank learns, what the next step is.
-    fn header(&self, kind: Kind, tokens: &[u32]) -> Result<(Kind, Vec<u32>)> {
+    /// Rank 0 says, and every rank learns, what the next step is and its payload (a forward
+    /// step's tokens, a batched step's plan message). A payload of one value rides in the
+    /// header; a longer one is all-summed after it.
+    fn header(&self, kind: Kind, payload: &[i32]) -> Result<(Kind, Vec<i32>)> {
         let mine = if self.group.rank() == 0 {
             [
                 kind as i32,
-                tokens.len() as i32,
-                tokens.first().map_or(0, |&t| t as i32),
+                payload.len() as i32,
+                payload.first().copied().unwrap_or(0),
             ]
         } else {
             [0; 3]
@@ -94,22 +111,42 @@ impl TensorStage {
         let header = self.broadcast(&mine)?;
         let kind = Kind::from_code(header[0])?;
         let count = header[1].max(0) as usize;
-        let ids = match (kind, count) {
-            (Kind::Forward, 1) => vec![header[2] as u32],
-            (Kind::Forward, n) => {
+        if count > MAX_PAYLOAD {
+            return Err(InferenceError::Ring(format!(
+                "a step header announces {count} values (at most {MAX_PAYLOAD})"
+            )));
+        }
+        let payload = match (kind, count) {
+            (Kind::Forward | Kind::Batch, 1) => vec![header[2]],
+            (Kind::Forward | Kind::Batch, n) => {
                 let mine: Vec<i32> = if self.group.rank() == 0 {
-                    tokens.iter().map(|&t| t as i32).collect()
+                    payload.to_vec()
                 } else {
                     vec![0; n]
                 };
                 self.broadcast(&mine)?
-                    .into_iter()
-                    .map(|t| t.max(0) as u32)
-                    .collect()
             }
             _ => Vec::new(),
         };
-        Ok((kind, ids))
+        Ok((kind, payload))
+    }
+
+    /// A batched step on this rank's slice: every sequence of `plan` in one pass; rank 0
+    /// gets the wanted logits as host rows.
+    fn run_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let h = self.shard.embed(tokens)?;
+        let (slots, shard) = (&mut self.slots, &self.shard);
+        let h = slots.with_plan(plan, shard, |segments| {
+            shard.forward_layers_batch(h, segments)
+        })?;
+        let rows = wanted_rows(plan.shares());
+        if self.group.rank() != 0 || rows.is_empty() {
+            h.eval()?;
+            return Ok(Vec::new());
+        }
+        let logits = self.shard.logits_of_rows(&h, &rows)?;
+        logits.eval()?;
+        Ok(logit_rows(&logits, self.shard.config.vocab_size))
     }
 
     /// Runs the model over `tokens` on this rank's slice; rank 0 gets the last logits.
@@ -151,6 +188,23 @@ impl Stage for TensorStage {
         Ok(())
     }
 
+    fn step_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        require_rank0(&self.group, "a batched step")?;
+        check_step(plan, tokens, self.shard.config.vocab_size)?;
+        if plan.parts.is_empty() {
+            return Err(InferenceError::InvalidRequest(
+                "a batched step needs at least one sequence".into(),
+            ));
+        }
+        let step = |stage: &mut TensorStage| -> Result<Vec<Vec<f32>>> {
+            if stage.group.size() > 1 {
+                stage.header(Kind::Batch, &plan.encode(tokens))?;
+            }
+            stage.run_batch(plan, tokens)
+        };
+        step(self).map_err(|e| midway("batched tensor-parallel step", e))
+    }
+
     /// Ranks above 0: run every step rank 0 runs until it says stop. Returns the number of
     /// forward steps served. An error means the ring broke (usually: a rank died).
     fn serve(&mut self) -> Result<usize> {
@@ -166,15 +220,25 @@ impl Stage for TensorStage {
             self.group
                 .wait_for_peer()
                 .map_err(|e| midway(&format!("rank {rank} waiting for the next step"), e.into()))?;
-            let (kind, tokens) = self
+            let (kind, payload) = self
                 .header(Kind::Stop, &[])
                 .map_err(|e| midway(&format!("rank {rank} waiting for the next step"), e))?;
             match kind {
                 Kind::Stop => return Ok(steps),
                 Kind::Reset => self.cache = self.shard.new_cache(),
                 Kind::Forward => {
+                    let tokens: Vec<u32> = payload.iter().map(|&t| t.max(0) as u32).collect();
                     self.run(&tokens)
                         .map_err(|e| midway(&format!("rank {rank} running a step"), e))?;
+                    steps += 1;
+                }
+                Kind::Batch => {
+                    let step = |stage: &mut TensorStage| -> Result<()> {
+                        let (plan, tokens) = StepPlan::decode(&payload)?;
+                        stage.run_batch(&plan, &tokens).map(|_| ())
+                    };
+                    step(self)
+                        .map_err(|e| midway(&format!("rank {rank} running a batched step"), e))?;
                     steps += 1;
                 }
             }
@@ -204,7 +268,8 @@ impl Forward for TensorStage {
         }
         let step = |stage: &mut TensorStage| -> Result<Vec<f32>> {
             if stage.group.size() > 1 {
-                stage.header(Kind::Forward, tokens)?;
+                let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+                stage.header(Kind::Forward, &ids)?;
             }
             match stage.run(tokens)? {
                 Some(logits) => Ok(logits.as_slice::<f32>().to_vec()),

@@ -31,7 +31,7 @@ fn pipeline_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    // model|rank|hosts (JSON)|ranges "0-2,2-4"|prompt "1,2,3"
+    // model|rank|hosts (JSON)|ranges "0-2,2-4"|prompt "1,2,3"|single or batched
     let parts: Vec<&str> = spec.split('|').collect();
     let model = PathBuf::from(parts[0]);
     let rank: usize = parts[1].parse().unwrap();
@@ -67,6 +67,10 @@ fn pipeline_child() {
     }
 
     let (whole, _) = load_shard(&model, &LoadOptions::default(), &mut |_, _| {}).unwrap();
+    if parts[5] == "batched" {
+        common::batched::drive(&mut stage, &whole, &prompt, DECODE_STEPS, TOLERANCE);
+        return;
+    }
     let mut cache = whole.new_cache();
     let mut worst = 0.0f32;
     let mut tokens = prompt.clone();
@@ -102,57 +106,94 @@ fn pipeline_child() {
     println!("RANK 0 OK max_diff={worst:e} tokens={generated:?}");
 }
 
-fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16) -> String {
+/// Runs the ranks of `ranges` (`single`: rank 0 checks one sequence step by step;
+/// `batched`: the batched scenario) and checks what every rank reports.
+fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16, mode: &str) {
     let base = 42000 + (std::process::id() % 400) as u16 * 50 + slot * 8;
     let size = ranges.split(',').count();
     let net = RankNet::new(&format!("pp{slot}"), size, base);
     let specs: Vec<String> = (0..size)
         .map(|rank| {
             let hosts = hosts_field(&net.hosts(rank));
-            format!("{}|{rank}|{hosts}|{ranges}|{prompt}", model.display())
+            format!(
+                "{}|{rank}|{hosts}|{ranges}|{prompt}|{mode}",
+                model.display()
+            )
         })
         .collect();
-    // Rank 0 drives and checks; the others serve the prefill, the decode steps and the
-    // request after the reset.
     let outputs = run_ranks(&net, "pipeline_child", CHILD_ENV, &specs, "");
-    for (rank, stdout) in outputs.iter().enumerate().skip(1) {
-        let served = format!("RANK {rank} SERVED {}", DECODE_STEPS + 2);
-        assert!(stdout.contains(&served), "rank {rank}: {stdout}");
-    }
-    let report = outputs[0]
-        .lines()
-        .find(|l| l.contains("RANK 0 OK"))
-        .unwrap_or_else(|| panic!("rank 0 did not finish: {}", outputs[0]))
-        .to_string();
+    let report = if mode == "batched" {
+        common::batched::check_served(&outputs)
+    } else {
+        // The others served the prefill, the decode steps and the request after the reset.
+        for (rank, stdout) in outputs.iter().enumerate().skip(1) {
+            let served = format!("RANK {rank} SERVED {}", DECODE_STEPS + 2);
+            assert!(stdout.contains(&served), "rank {rank}: {stdout}");
+        }
+        outputs[0]
+            .lines()
+            .find(|l| l.contains("RANK 0 OK"))
+            .unwrap_or_else(|| panic!("rank 0 did not finish: {}", outputs[0]))
+            .to_string()
+    };
     let place = if net.in_namespaces() {
         "namespaces"
     } else {
         "loopback"
     };
     eprintln!("{ranges} ({place}): {report}");
-    report
 }
 
 #[test]
 fn tiny_llama_two_ranks_match_one_node() {
     let dir = temp_dir("pipeline-llama");
     write_tiny_model(&dir, "llama", 7, 64);
-    run_pipeline(&dir, "0-2,2-4", "3,17,42,5,88", 0);
+    run_pipeline(&dir, "0-2,2-4", "3,17,42,5,88", 0, "single");
 }
 
 #[test]
 fn tiny_qwen3_three_ranks_match_one_node() {
     let dir = temp_dir("pipeline-qwen3");
     write_tiny_model(&dir, "qwen3", 8, 64);
-    run_pipeline(&dir, "0-1,1-2,2-4", "3,17,42,5,88", 1);
+    run_pipeline(&dir, "0-1,1-2,2-4", "3,17,42,5,88", 1, "single");
 }
 
 #[test]
 fn smollm2_two_ranks_match_one_node() {
-    run_pipeline(&smollm2(), "0-15,15-30", common::SMOLLM2_PROMPT, 2);
+    run_pipeline(
+        &smollm2(),
+        "0-15,15-30",
+        common::SMOLLM2_PROMPT,
+        2,
+        "single",
+    );
 }
 
 #[test]
 fn smollm2_three_ranks_match_one_node() {
-    run_pipeline(&smollm2(), "0-10,10-20,20-30", common::SMOLLM2_PROMPT, 3);
+    run_pipeline(
+        &smollm2(),
+        "0-10,10-20,20-30",
+        common::SMOLLM2_PROMPT,
+        3,
+        "single",
+    );
+}
+
+#[test]
+fn tiny_qwen3_three_ranks_batch_like_one_node_alone() {
+    let dir = temp_dir("pipeline-batch-qwen3");
+    write_tiny_model(&dir, "qwen3", 9, 64);
+    run_pipeline(&dir, "0-1,1-2,2-4", "3,17,42,5,88,7", 4, "batched");
+}
+
+#[test]
+fn smollm2_two_ranks_batch_like_one_node_alone() {
+    run_pipeline(
+        &smollm2(),
+        "0-15,15-30",
+        common::SMOLLM2_PROMPT,
+        5,
+        "batched",
+    );
 }

@@ -4,7 +4,9 @@
 //!
 //! Each test re-runs this binary as one child process per rank (`tensor_parallel_child` works
 //! when `SHOAL_TP_CHILD` is set). Every rank compares its (all-summed) logits with the whole
-//! model's over a prefill and greedy decode steps.
+//! model's over a prefill and greedy decode steps. The batched tests run several sequences at
+//! once through `TensorStage` and `RingBatch` (each step's plan travels with it) and compare
+//! each with the whole model running it alone (the same child, its spec saying `batched`).
 
 mod common;
 
@@ -14,6 +16,8 @@ use common::{
 };
 use inference::loader::{load_shard, LoadOptions};
 use inference::ring::{RingConfig, RingGroup};
+use inference::stage::Stage;
+use inference::tensor_stage::TensorStage;
 use inference::ShardInput;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,7 +33,7 @@ fn tensor_parallel_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    // model|rank|hosts (JSON)|prompt "1,2,3"
+    // model|rank|hosts (JSON)|prompt "1,2,3"|single or batched
     let parts: Vec<&str> = spec.split('|').collect();
     let model = PathBuf::from(parts[0]);
     let rank: usize = parts[1].parse().unwrap();
@@ -41,7 +45,18 @@ fn tensor_parallel_child() {
     let config = RingConfig { rank, hosts };
     let dir = std::env::temp_dir().join(format!("shoal-tp-{}", std::process::id()));
     let group = Arc::new(RingGroup::join(&config, &dir, Duration::from_secs(60)).unwrap());
-    let sliced = mine.into_tensor_parallel(group).unwrap();
+    let sliced = mine.into_tensor_parallel(group.clone()).unwrap();
+    if parts[4] == "batched" {
+        // Rank 0 drives the batched scenario through `RingBatch`; the others serve.
+        let mut stage = TensorStage::new(sliced, group).unwrap();
+        if rank > 0 {
+            let steps = stage.serve().unwrap();
+            println!("RANK {rank} SERVED {steps}");
+            return;
+        }
+        common::batched::drive(&mut stage, &whole, &prompt, DECODE_STEPS, TOLERANCE);
+        return;
+    }
 
     let (mut whole_cache, mut cache) = (whole.new_cache(), sliced.new_cache());
     let mut tokens = prompt;
@@ -76,13 +91,15 @@ fn tensor_parallel_child() {
     println!("RANK {rank} OK max_diff={worst:e} tokens={generated:?}");
 }
 
-fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot: u16) {
+/// Runs `size` ranks (`single`: every rank checks one sequence; `batched`: rank 0 runs the
+/// batched scenario) and checks what they report.
+fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot: u16, mode: &str) {
     let base = 46000 + (std::process::id() % 300) as u16 * 40 + slot * 8;
     let net = RankNet::new(&format!("tp{slot}"), size, base);
     let specs: Vec<String> = (0..size)
         .map(|rank| {
             let hosts = hosts_field(&net.hosts(rank));
-            format!("{}|{rank}|{hosts}|{prompt}", model.display())
+            format!("{}|{rank}|{hosts}|{prompt}|{mode}", model.display())
         })
         .collect();
     let place = if net.in_namespaces() {
@@ -90,6 +107,12 @@ fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot:
     } else {
         "loopback"
     };
+    if mode == "batched" {
+        let outputs = run_ranks(&net, "tensor_parallel_child", CHILD_ENV, &specs, "");
+        let report = common::batched::check_served(&outputs);
+        eprintln!("{size} ranks ({place}): {report}");
+        return;
+    }
     for stdout in run_ranks(&net, "tensor_parallel_child", CHILD_ENV, &specs, "OK") {
         if let Some(line) = stdout.lines().find(|l| l.contains("OK max_diff")) {
             eprintln!("{size} ranks ({place}): {line}");
@@ -101,18 +124,30 @@ fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot:
 fn tiny_llama_two_ranks_match_one_node() {
     let dir = temp_dir("tp-llama");
     write_tiny_model(&dir, "llama", 11, 64);
-    run_tensor_parallel(&dir, 2, "3,17,42,5,88", 0);
+    run_tensor_parallel(&dir, 2, "3,17,42,5,88", 0, "single");
 }
 
 #[test]
 fn tiny_qwen3_two_ranks_match_one_node() {
     let dir = temp_dir("tp-qwen3");
     write_tiny_model(&dir, "qwen3", 12, 64);
-    run_tensor_parallel(&dir, 2, "3,17,42,5,88", 1);
+    run_tensor_parallel(&dir, 2, "3,17,42,5,88", 1, "single");
 }
 
 /// SmolLM2 has 9 query and 3 key/value heads: 3 ranks divide both (2 would not).
 #[test]
 fn smollm2_three_ranks_match_one_node() {
-    run_tensor_parallel(&smollm2(), 3, common::SMOLLM2_PROMPT, 2);
+    run_tensor_parallel(&smollm2(), 3, common::SMOLLM2_PROMPT, 2, "single");
+}
+
+#[test]
+fn tiny_llama_two_ranks_batch_like_one_node_alone() {
+    let dir = temp_dir("tp-batch-llama");
+    write_tiny_model(&dir, "llama", 13, 64);
+    run_tensor_parallel(&dir, 2, "3,17,42,5,88,7", 3, "batched");
+}
+
+#[test]
+fn smollm2_three_ranks_batch_like_one_node_alone() {
+    run_tensor_parallel(&smollm2(), 3, common::SMOLLM2_PROMPT, 4, "batched");
 }

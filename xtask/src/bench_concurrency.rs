@@ -1,4 +1,5 @@
-//! `cargo xtask bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--no-mlx-lm]`:
+//! `cargo xtask bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--no-mlx-lm]
+//! [--pipeline]`:
 //! many users at once. One shoal node serving the fixture (in a network namespace, with
 //! `--max-sequences` as large as the most streams) and mlx-lm's server (`mlx_lm.server`,
 //! the pinned mlx-lm in its own venv, the same fixture as f32 with the system OpenBLAS, its
@@ -7,7 +8,10 @@
 //! chats of exactly `--tokens` tokens start together (distinct prompts; shoal ignores its end
 //! tokens, mlx-lm is biased against them), and the table gives, per server, the aggregate
 //! generated tokens per second (all tokens over the wall time), the time to first token p50
-//! and p99, and the ratio shoal/mlx-lm. `cargo xtask bench prompt-cache` is in
+//! and p99, and the ratio shoal/mlx-lm. With `--pipeline`, two nodes in two namespaces serve
+//! the fixture as a 2-rank pipeline (placed with `min_nodes: 2`) and only shoal runs (mlx-lm
+//! has no pipeline across machines): the rows show batching across ranks, each number of
+//! streams against the single stream. `cargo xtask bench prompt-cache` is in
 //! [`crate::bench_prompt_cache`]. Not part of CI (minutes on two cores).
 
 use crate::bench_inference::{f32_folder, mlx_lm_venv, openblas_library};
@@ -30,6 +34,7 @@ struct Options {
     streams: Vec<usize>,
     tokens: usize,
     mlx_lm: bool,
+    pipeline: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -37,6 +42,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         streams: vec![1, 4, 8, 16, 32],
         tokens: 128,
         mlx_lm: true,
+        pipeline: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -60,6 +66,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .ok_or(format!("--tokens {n}: give a number from 1 to 1024"))?;
             }
             "--no-mlx-lm" => o.mlx_lm = false,
+            "--pipeline" => o.pipeline = true,
             other => return Err(format!("bench concurrency: unknown argument `{other}`")),
         }
     }
@@ -167,6 +174,23 @@ pub(crate) fn start_shoal(tag: &str, extra: Vec<String>) -> Result<(Testbed, Str
     Ok((tb, format!("http://127.0.0.1:{API_PORT}/v1")))
 }
 
+/// Starts two nodes and places the default model on both as a 2-rank pipeline; waits until
+/// it is ready. Node 0 is where the load goes.
+fn start_pipeline(extra: Vec<String>) -> Result<(Testbed, String), String> {
+    testbed::catch_ctrl_c()?;
+    let binary = target_dir().join("release").join("shoal");
+    let mut tb = Testbed::start("concpp", 2, &binary, move |_| extra.clone())?;
+    let ids = tb.node_ids(Duration::from_secs(60))?;
+    tb.wait_mesh(&ids, Duration::from_secs(90))?;
+    let ranks = tb.place_pipeline(2)?;
+    if ranks != 2 {
+        return Err(format!("the pipeline was placed on {ranks} ranks, not 2"));
+    }
+    eprintln!("bench: a 2-rank pipeline placed; waiting for it to be ready ...");
+    crate::soak::wait_ready(&mut tb, Duration::from_secs(300))?;
+    Ok((tb, format!("http://127.0.0.1:{API_PORT}/v1")))
+}
+
 /// The end-token ids of the exported fixture (from its `config.json`), for mlx-lm's
 /// `logit_bias`: with them out of reach it generates exactly the tokens asked for, as shoal
 /// does with `ignore_eos`.
@@ -252,17 +276,19 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
     crate::setup::setup()?;
     let release = build_release()?;
     let most = o.streams.iter().copied().max().unwrap_or(1);
-    let (tb, shoal_url) = start_shoal(
-        "conc",
-        vec![
-            "--max-sequences".into(),
-            most.to_string(),
-            "--max-queue".into(),
-            (2 * most).to_string(),
-        ],
-    )?;
+    let limits = vec![
+        "--max-sequences".into(),
+        most.to_string(),
+        "--max-queue".into(),
+        (2 * most).to_string(),
+    ];
+    let (tb, shoal_url) = if o.pipeline {
+        start_pipeline(limits)?
+    } else {
+        start_shoal("conc", limits)?
+    };
     let result = (|| {
-        let mlx = if o.mlx_lm {
+        let mlx = if o.mlx_lm && !o.pipeline {
             Some(start_mlx_lm(&tb, &release, most)?)
         } else {
             None
@@ -305,9 +331,14 @@ type Row = (usize, Figures, Option<Result<Figures, String>>);
 fn print_table(o: &Options, rows: &[Row]) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!();
+    let layout = if o.pipeline {
+        "a 2-rank pipeline over two namespaced nodes"
+    } else {
+        "one node"
+    };
     println!(
-        "SmolLM2-135M-Instruct as f32, {} greedy tokens per stream, streams started together; \
-         {cores} cores",
+        "SmolLM2-135M-Instruct as f32 on {layout}, {} greedy tokens per stream, streams \
+         started together; {cores} cores",
         o.tokens
     );
     println!(
@@ -368,7 +399,11 @@ mod tests {
             "16".into(),
         ])
         .unwrap();
-        assert_eq!((o.streams, o.tokens, o.mlx_lm), (vec![1, 8], 16, true));
+        assert_eq!(
+            (o.streams, o.tokens, o.mlx_lm, o.pipeline),
+            (vec![1, 8], 16, true, false)
+        );
+        assert!(parse(&["--pipeline".into()]).unwrap().pipeline);
         assert!(parse(&["--streams".into(), "0".into()]).is_err());
         assert!(parse(&["--bogus".into()]).is_err());
         let f = figures(&json!({"wall": 2.0, "generated": 256, "ttft": [0.5, 0.1, 0.3]})).unwrap();

@@ -123,7 +123,7 @@ fn memory(testbed: &Testbed, i: usize) -> (Option<f64>, f64, usize) {
 }
 
 /// Waits until node 0 lists the instance ready (a re-placement after the last kill settles).
-fn wait_ready(testbed: &mut Testbed, limit: Duration) -> Result<(), String> {
+pub(crate) fn wait_ready(testbed: &mut Testbed, limit: Duration) -> Result<(), String> {
     testbed.wait_for(
         "the instance is ready",
         limit,
@@ -213,14 +213,8 @@ pub fn soak(args: &[String]) -> Result<(), String> {
     let mut testbed = Testbed::start("soak", o.nodes, &binary, |_| Vec::new())?;
     let ids = testbed.node_ids(Duration::from_secs(60))?;
     testbed.wait_mesh(&ids, Duration::from_secs(90))?;
-    let body = json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 2});
-    let placed = testbed.request(0, "POST /place_instance", |api| {
-        api.json(kit::client::Method::POST, "/place_instance", Some(&body))
-    })?;
-    eprintln!(
-        "placed: {} ranks; waiting for it to be ready",
-        placed["placement"]["ranks"].as_array().map_or(0, Vec::len)
-    );
+    let ranks = testbed.place_pipeline(2)?;
+    eprintln!("placed: {ranks} ranks; waiting for it to be ready");
     wait_ready(&mut testbed, Duration::from_secs(300))?;
     let start_memory: Vec<(Option<f64>, f64, usize)> =
         (0..o.nodes).map(|i| memory(&testbed, i)).collect();

@@ -257,6 +257,20 @@ impl Testbed {
             .map_err(|e| format!("{what} on node {}: {e}", i + 1))
     }
 
+    /// Places the default model as a pipeline over at least `min_nodes` nodes, through node
+    /// 0's API; returns the number of ranks it got.
+    pub fn place_pipeline(&self, min_nodes: usize) -> Result<usize, String> {
+        let body = serde_json::json!({
+            "model_id": "default",
+            "sharding": "Pipeline",
+            "min_nodes": min_nodes,
+        });
+        let placed = self.request(0, "POST /place_instance", |api| {
+            api.json(kit::client::Method::POST, "/place_instance", Some(&body))
+        })?;
+        Ok(placed["placement"]["ranks"].as_array().map_or(0, Vec::len))
+    }
+
     /// GET on node `i` from its own namespace, as JSON.
     pub fn get(&self, i: usize, path: &str) -> Result<Value, String> {
         self.request(i, &format!("GET {path}"), |api| {

@@ -1,10 +1,9 @@
 //! What the batcher runs a step on: [`BatchForward`], with the whole model in this process
-//! ([`LocalBatch`], any number of sequences in one pass) and any one-sequence [`Forward`]
-//! ([`OneAtATime`]: the distributed stages, which batch one sequence for now).
+//! ([`LocalBatch`], any number of sequences in one pass); rank 0 of a distributed instance
+//! implements it too ([`super::RingBatch`]).
 
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
 use crate::models::shard::{BatchPart, ModelShard};
 use mlx_rs::Array;
@@ -175,73 +174,4 @@ fn rows_to_host(logits: &Array) -> Result<Vec<Vec<f32>>> {
         .chunks(vocab.max(1))
         .map(<[f32]>::to_vec)
         .collect())
-}
-
-/// Any one-sequence [`Forward`] as a batch of one (the pipeline and tensor-parallel stages:
-/// rank 0 runs one sequence at a time through the ring, the others follow as today).
-pub struct OneAtATime<'a> {
-    forward: &'a mut dyn Forward,
-    slot: Option<Slot>,
-    next: Slot,
-}
-
-impl<'a> OneAtATime<'a> {
-    /// One sequence at a time over `forward`.
-    pub fn new(forward: &'a mut dyn Forward) -> OneAtATime<'a> {
-        OneAtATime {
-            forward,
-            slot: None,
-            next: 0,
-        }
-    }
-}
-
-impl BatchForward for OneAtATime<'_> {
-    fn config(&self) -> &ModelConfig {
-        self.forward.config()
-    }
-
-    fn max_sequences(&self) -> usize {
-        1
-    }
-
-    fn step_tokens(&self) -> usize {
-        self.forward.max_chunk().clamp(1, DISTRIBUTED_PREFILL_CHUNK)
-    }
-
-    fn open(&mut self) -> Result<Slot> {
-        if self.slot.is_some() {
-            return Err(InferenceError::InvalidRequest(
-                "this forward runs one sequence at a time".into(),
-            ));
-        }
-        self.forward.reset()?;
-        let slot = self.next;
-        self.next += 1;
-        self.slot = Some(slot);
-        Ok(slot)
-    }
-
-    fn close(&mut self, slot: Slot) {
-        if self.slot == Some(slot) {
-            self.slot = None;
-        }
-    }
-
-    fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>> {
-        match parts {
-            [] => Ok(Vec::new()),
-            [p] if Some(p.slot) == self.slot => {
-                let logits = self.forward.forward(p.tokens)?;
-                Ok(if p.wants_logits {
-                    vec![logits]
-                } else {
-                    Vec::new()
-                })
-            }
-            _ => Err(InferenceError::InvalidRequest(
-                "this forward runs one sequence at a time".into(),
-            )),
-        }
-    }
 }

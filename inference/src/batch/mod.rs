@@ -1,6 +1,7 @@
 //! Many requests at once: continuous batching ([`Batcher`]) over whatever runs the model
 //! ([`BatchForward`]: the whole model in this process batches any number of sequences in one
-//! pass; a distributed stage runs one sequence at a time for now).
+//! pass; rank 0 of a distributed instance batches across its ranks, [`RingBatch`], each step's
+//! [`StepPlan`] travelling with it).
 //!
 //! **Layout of a batched step.** Sequences of different lengths are not padded: their new
 //! positions are laid one after another in a single `[1, total, hidden]` activation, the
@@ -16,10 +17,15 @@ mod batcher;
 mod forward;
 
 pub use batcher::{BatchEvent, BatchLimits, Batcher};
-pub use forward::{BatchForward, LocalBatch, OneAtATime, Part, Slot, LOCAL_STEP_TOKENS};
+pub use forward::{BatchForward, LocalBatch, Part, Slot, LOCAL_STEP_TOKENS};
 
 mod limits;
 pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};
+
+mod ring_plan;
+pub use ring_plan::{
+    PlannedPart, RingBatch, SlotCaches, StepPlan, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS,
+};
 
 mod prompt_cache;
 pub use prompt_cache::{prompt_cache_tokens, Hit, PromptCache, PROMPT_CACHE_ENV};

@@ -204,25 +204,13 @@ impl ModelShard {
             .iter()
             .flat_map(|p| p.tokens.iter().copied())
             .collect();
-        let mut h = self.embed(&tokens)?;
-        for (j, layer) in self.layers.iter().enumerate() {
-            let mut segments: Vec<(usize, &mut crate::kv_cache::LayerCache)> = Vec::new();
-            for p in parts.iter_mut() {
-                let cache = p.cache.layers.get_mut(j).ok_or_else(|| {
-                    InferenceError::InvalidRequest("the cache belongs to a different shard".into())
-                })?;
-                segments.push((p.tokens.len(), cache));
-            }
-            h = layer.forward_segments(&h, &mut segments)?;
-        }
-        let mut rows = Vec::new();
-        let mut end = 0i32;
-        for p in parts.iter() {
-            end += p.tokens.len() as i32;
-            if p.wants_logits {
-                rows.push(end - 1);
-            }
-        }
+        let h = self.embed(&tokens)?;
+        let mut segments: Vec<(usize, &mut KvCache)> = parts
+            .iter_mut()
+            .map(|p| (p.tokens.len(), &mut *p.cache))
+            .collect();
+        let h = self.forward_layers_batch(h, &mut segments)?;
+        let rows = wanted_rows(parts.iter().map(|p| (p.tokens.len(), p.wants_logits)));
         if rows.is_empty() {
             // Nothing to read, but the caches must still be computed.
             let mut arrays: Vec<&Array> = vec![&h];
@@ -234,16 +222,50 @@ impl ModelShard {
             mlx_rs::transforms::eval(arrays)?;
             return Ok(None);
         }
+        self.logits_of_rows(&h, &rows).map(Some)
+    }
+
+    /// This shard's layers over several sequences' positions at once: `h` is `[1, total,
+    /// hidden]`, the new positions of each sequence one after another, and `segments` says,
+    /// in the same order, how many each has and which cache they continue (see
+    /// [`crate::models::base::Attention::forward_segments`]). A pipeline stage runs its
+    /// layer range this way for every sequence of a batched step.
+    pub fn forward_layers_batch(
+        &self,
+        mut h: Array,
+        segments: &mut [(usize, &mut KvCache)],
+    ) -> Result<Array> {
+        if segments
+            .iter()
+            .any(|(_, c)| c.layers.len() != self.layers.len())
+        {
+            return Err(InferenceError::InvalidRequest(
+                "the cache belongs to a different shard".into(),
+            ));
+        }
+        for (j, layer) in self.layers.iter().enumerate() {
+            let mut per_layer: Vec<(usize, &mut crate::kv_cache::LayerCache)> = segments
+                .iter_mut()
+                .map(|(len, cache)| (*len, &mut cache.layers[j]))
+                .collect();
+            h = layer.forward_segments(&h, &mut per_layer)?;
+        }
+        Ok(h)
+    }
+
+    /// Float32 logits `[rows.len(), vocab]` of positions `rows` of `h` (`[1, total,
+    /// hidden]`): the last shard's head over the positions whose logits are wanted.
+    pub fn logits_of_rows(&self, h: &Array, rows: &[i32]) -> Result<Array> {
         let n = rows.len() as i32;
-        let h = h.take_axis(Array::from_slice(&rows, &[n]), 1)?;
+        let h = h.take_axis(Array::from_slice(rows, &[n]), 1)?;
         let logits = self.logits(&h, false)?;
         let vocab = *logits.shape().last().unwrap_or(&0);
         let logits = logits.reshape(&[n, vocab])?;
-        Ok(Some(if logits.dtype() == Dtype::Float32 {
+        Ok(if logits.dtype() == Dtype::Float32 {
             logits
         } else {
             logits.as_dtype(Dtype::Float32)?
-        }))
+        })
     }
 
     /// Final norm and head: logits `[1, seq, vocab]` (of the last position only if `last_only`).
@@ -285,4 +307,18 @@ impl ModelShard {
             Ok(h)
         }
     }
+}
+
+/// The positions, in a step's concatenated `[1, total, hidden]`, of the last new token of each
+/// part (`(new tokens, wants logits)`) that wants logits.
+pub fn wanted_rows(parts: impl IntoIterator<Item = (usize, bool)>) -> Vec<i32> {
+    let mut rows = Vec::new();
+    let mut end = 0i32;
+    for (len, wants) in parts {
+        end += len as i32;
+        if wants {
+            rows.push(end - 1);
+        }
+    }
+    rows
 }

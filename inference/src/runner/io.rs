@@ -14,7 +14,7 @@ use super::protocol::{
 };
 use crate::batch::{
     batch_limits_of, prompt_cache_tokens, BatchEvent, BatchForward, BatchLimits, Batcher,
-    LocalBatch, OneAtATime, PromptCache,
+    LocalBatch, PromptCache, RingBatch,
 };
 use crate::engine::Engine;
 use crate::error::InferenceError;
@@ -355,8 +355,8 @@ impl Io {
     /// Runs request `id` and every request that joins while it runs, batched (see
     /// [`crate::batch`]), until none is left: between two steps the commands that came are fed
     /// to the core, which adds requests to the batch or cancels them; events go out as each
-    /// step produces them. A multi-rank instance's rank 0 runs one sequence at a time. A
-    /// whole model keeps ended requests' states in the prompt cache across batches.
+    /// step produces them. A multi-rank instance's rank 0 batches across its ranks
+    /// ([`RingBatch`]). A whole model keeps ended requests' states in the prompt cache across batches.
     fn batch(&mut self, id: u64, request: GenerateRequest) -> Vec<Action> {
         let (shared, rx) = (self.shared.clone(), &self.rx);
         let (forward, tokenizer): (Box<dyn BatchForward + '_>, &Tokenizer) = match &mut self.held {
@@ -368,7 +368,11 @@ impl Io {
                 }
             }
             Held::Stage { stage, tokenizer } => {
-                (Box::new(OneAtATime::new(stage.as_mut())), tokenizer)
+                let limits = batch_limits_of(stage.config());
+                (
+                    Box::new(RingBatch::new(stage.as_mut(), limits.max_sequences)),
+                    tokenizer,
+                )
             }
             _ => {
                 let e = InferenceError::InvalidRequest("no model is loaded yet".into());

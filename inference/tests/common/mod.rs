@@ -3,6 +3,8 @@
 //! network namespace when the tests run as root (else on loopback).
 #![allow(dead_code)]
 
+pub mod batched;
+
 pub use kit::netns;
 
 use inference::sampling::Rng;

@@ -1,0 +1,379 @@
+//! Batching across ranks: what a batched step is, as rank 0 decides it and every other rank
+//! learns it ([`StepPlan`], carried with the step itself), the per-slot caches each rank keeps
+//! ([`SlotCaches`]), and [`RingBatch`], the [`BatchForward`] over rank 0's [`Stage`].
+//!
+//! Which sequences are in a step, and which ended, travels in the step's own message, so the
+//! ranks can never disagree on a batch: a rank runs exactly what the plan in front of the
+//! activations says (exo deadlocked where ranks decided batches each on their own). Slots are
+//! small numbers rank 0 reuses (the lowest free one), so a plan stays a few integers per
+//! sequence, exact in the f32 a tensor-parallel broadcast carries.
+
+use super::forward::{BatchForward, Part, Slot};
+use crate::config::ModelConfig;
+use crate::error::{InferenceError, Result};
+use crate::forward::DISTRIBUTED_PREFILL_CHUNK;
+use crate::kv_cache::KvCache;
+use crate::models::shard::ModelShard;
+use crate::stage::Stage;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The most sequences one plan may name: a follower refuses a plan past it (a corrupt or
+/// hostile message never makes it allocate without bound).
+pub const MAX_PLAN_SEQUENCES: usize = 1024;
+
+/// The most tokens one plan may carry, all sequences together.
+pub const MAX_PLAN_TOKENS: usize = 16 * 1024;
+
+/// Values in a plan stay below this: a tensor-parallel broadcast carries them as f32, exact
+/// up to 2^24.
+const MAX_PLAN_VALUE: i64 = 1 << 24;
+
+/// One sequence's share of a planned step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedPart {
+    /// Its slot (its KV cache on every rank).
+    pub slot: u32,
+    /// How many new tokens it has in this step (at least one).
+    pub len: u32,
+    /// Whether rank 0 needs the logits of its last new position.
+    pub wants_logits: bool,
+}
+
+/// What one batched step runs, as rank 0 decided it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StepPlan {
+    /// Forget every slot first (the first step of a new batcher: slots of an earlier one are
+    /// stale).
+    pub reset: bool,
+    /// Slots that ended since the last step: their caches are freed before this step runs.
+    pub closed: Vec<u32>,
+    /// The sequences of this step, in the order of their tokens.
+    pub parts: Vec<PlannedPart>,
+}
+
+impl StepPlan {
+    /// Total new tokens of the step.
+    pub fn tokens(&self) -> usize {
+        self.parts.iter().map(|p| p.len as usize).sum()
+    }
+
+    /// `(new tokens, wants logits)` of each part, in order.
+    pub fn shares(&self) -> impl Iterator<Item = (usize, bool)> + '_ {
+        self.parts.iter().map(|p| (p.len as usize, p.wants_logits))
+    }
+
+    /// How many parts want logits (the rows the last rank hands back).
+    pub fn wanted(&self) -> usize {
+        self.parts.iter().filter(|p| p.wants_logits).count()
+    }
+
+    /// The plan and the step's tokens as one message: `[reset, closed count, closed...,
+    /// part count, (slot, len, wants)..., tokens...]`.
+    pub fn encode(&self, tokens: &[u32]) -> Vec<i32> {
+        let mut out =
+            Vec::with_capacity(3 + self.closed.len() + 3 * self.parts.len() + tokens.len());
+        out.push(self.reset as i32);
+        out.push(self.closed.len() as i32);
+        out.extend(self.closed.iter().map(|&s| s as i32));
+        out.push(self.parts.len() as i32);
+        for p in &self.parts {
+            out.extend([p.slot as i32, p.len as i32, p.wants_logits as i32]);
+        }
+        out.extend(tokens.iter().map(|&t| t as i32));
+        out
+    }
+
+    /// Reads a message of [`StepPlan::encode`]: the plan and the step's tokens. Anything
+    /// inconsistent (counts that do not add up, a slot twice, an empty part, values out of
+    /// range, more than [`MAX_PLAN_SEQUENCES`] or [`MAX_PLAN_TOKENS`]) is an error, never a
+    /// panic or a large allocation.
+    pub fn decode(message: &[i32]) -> Result<(StepPlan, Vec<u32>)> {
+        let bad = |what: &str| InferenceError::Ring(format!("batched step plan: {what}"));
+        let mut at = 0usize;
+        let mut next = |what: &str| -> Result<i64> {
+            let v = *message
+                .get(at)
+                .ok_or_else(|| bad(&format!("ends before {what}")))?;
+            at += 1;
+            let v = i64::from(v);
+            if !(0..MAX_PLAN_VALUE).contains(&v) {
+                return Err(bad(&format!("{what} {v} is out of range")));
+            }
+            Ok(v)
+        };
+        let reset = match next("the reset flag")? {
+            0 => false,
+            1 => true,
+            other => return Err(bad(&format!("reset flag {other}"))),
+        };
+        let closed_count = next("the closed count")? as usize;
+        if closed_count > MAX_PLAN_SEQUENCES {
+            return Err(bad(&format!("{closed_count} closed slots")));
+        }
+        let mut closed = Vec::with_capacity(closed_count);
+        for _ in 0..closed_count {
+            closed.push(next("a closed slot")? as u32);
+        }
+        let part_count = next("the part count")? as usize;
+        if part_count > MAX_PLAN_SEQUENCES {
+            return Err(bad(&format!("{part_count} sequences")));
+        }
+        let mut parts = Vec::with_capacity(part_count);
+        let mut seen = BTreeSet::new();
+        for _ in 0..part_count {
+            let slot = next("a slot")? as u32;
+            let len = next("a part's length")? as u32;
+            let wants_logits = match next("a part's logits flag")? {
+                0 => false,
+                1 => true,
+                other => return Err(bad(&format!("logits flag {other}"))),
+            };
+            if len == 0 {
+                return Err(bad(&format!("slot {slot} has no tokens")));
+            }
+            if !seen.insert(slot) {
+                return Err(bad(&format!("slot {slot} appears twice")));
+            }
+            parts.push(PlannedPart {
+                slot,
+                len,
+                wants_logits,
+            });
+        }
+        let plan = StepPlan {
+            reset,
+            closed,
+            parts,
+        };
+        let total = plan.tokens();
+        if total > MAX_PLAN_TOKENS {
+            return Err(bad(&format!("{total} tokens")));
+        }
+        let rest = &message[at.min(message.len())..];
+        if rest.len() != total {
+            return Err(bad(&format!(
+                "the parts have {total} tokens but {} follow",
+                rest.len()
+            )));
+        }
+        if let Some(bad_token) = rest
+            .iter()
+            .find(|&&t| i64::from(t) < 0 || i64::from(t) >= MAX_PLAN_VALUE)
+        {
+            return Err(bad(&format!("token {bad_token} is out of range")));
+        }
+        let tokens = rest.iter().map(|&t| t as u32).collect();
+        Ok((plan, tokens))
+    }
+}
+
+/// One rank's KV caches of a batched instance, by slot.
+#[derive(Debug, Default)]
+pub struct SlotCaches {
+    caches: BTreeMap<u32, KvCache>,
+}
+
+impl SlotCaches {
+    /// Runs `run` over the caches of `plan`'s parts, in order, after applying its reset and
+    /// closed slots; a slot seen for the first time starts with a fresh cache of `shard`.
+    /// The caches go back into place whatever `run` returns.
+    pub fn with_plan<T>(
+        &mut self,
+        plan: &StepPlan,
+        shard: &ModelShard,
+        run: impl FnOnce(&mut [(usize, &mut KvCache)]) -> Result<T>,
+    ) -> Result<T> {
+        if plan.reset {
+            self.caches.clear();
+        }
+        for slot in &plan.closed {
+            self.caches.remove(slot);
+        }
+        let mut taken: Vec<(u32, KvCache)> = plan
+            .parts
+            .iter()
+            .map(|p| {
+                let cache = self
+                    .caches
+                    .remove(&p.slot)
+                    .unwrap_or_else(|| shard.new_cache());
+                (p.slot, cache)
+            })
+            .collect();
+        let result = {
+            let mut segments: Vec<(usize, &mut KvCache)> = plan
+                .parts
+                .iter()
+                .zip(taken.iter_mut())
+                .map(|(p, (_, cache))| (p.len as usize, cache))
+                .collect();
+            run(&mut segments)
+        };
+        self.caches.extend(taken);
+        result
+    }
+
+    /// How many slots hold a cache.
+    pub fn len(&self) -> usize {
+        self.caches.len()
+    }
+
+    /// True when no slot holds a cache.
+    pub fn is_empty(&self) -> bool {
+        self.caches.is_empty()
+    }
+}
+
+/// Rank 0 of a multi-rank instance as a [`BatchForward`]: every step runs all its sequences
+/// through every rank at once, its plan travelling with it (see the module docs).
+pub struct RingBatch<'a> {
+    stage: &'a mut dyn Stage,
+    open: BTreeSet<u32>,
+    closed: Vec<u32>,
+    reset: bool,
+    max_sequences: usize,
+}
+
+impl<'a> RingBatch<'a> {
+    /// Batches of up to `max_sequences` (at most [`MAX_PLAN_SEQUENCES`]) over rank 0's
+    /// `stage`. Its first step tells every rank to forget slots of an earlier batcher.
+    pub fn new(stage: &'a mut dyn Stage, max_sequences: usize) -> RingBatch<'a> {
+        RingBatch {
+            stage,
+            open: BTreeSet::new(),
+            closed: Vec::new(),
+            reset: true,
+            max_sequences: max_sequences.clamp(1, MAX_PLAN_SEQUENCES),
+        }
+    }
+}
+
+impl BatchForward for RingBatch<'_> {
+    fn config(&self) -> &ModelConfig {
+        self.stage.config()
+    }
+
+    fn max_sequences(&self) -> usize {
+        self.max_sequences
+    }
+
+    fn step_tokens(&self) -> usize {
+        self.stage.max_chunk().clamp(1, DISTRIBUTED_PREFILL_CHUNK)
+    }
+
+    fn open(&mut self) -> Result<Slot> {
+        let slot = (0u32..)
+            .find(|s| !self.open.contains(s))
+            .unwrap_or_default();
+        if self.open.len() >= self.max_sequences {
+            return Err(InferenceError::InvalidRequest(format!(
+                "this instance runs at most {} sequences at once",
+                self.max_sequences
+            )));
+        }
+        self.open.insert(slot);
+        Ok(Slot::from(slot))
+    }
+
+    fn close(&mut self, slot: Slot) {
+        if let Ok(slot) = u32::try_from(slot) {
+            if self.open.remove(&slot) {
+                self.closed.push(slot);
+            }
+        }
+    }
+
+    fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>> {
+        if parts.is_empty() {
+            // Closed slots wait for the next step that runs something.
+            return Ok(Vec::new());
+        }
+        let mut planned = Vec::with_capacity(parts.len());
+        let mut tokens = Vec::new();
+        for p in parts {
+            let slot = u32::try_from(p.slot)
+                .ok()
+                .filter(|s| self.open.contains(s))
+                .ok_or_else(|| {
+                    InferenceError::InvalidRequest(format!("no sequence in slot {}", p.slot))
+                })?;
+            if p.tokens.is_empty() {
+                return Err(InferenceError::InvalidRequest(format!(
+                    "slot {slot} has no tokens in this step"
+                )));
+            }
+            planned.push(PlannedPart {
+                slot,
+                len: p.tokens.len() as u32,
+                wants_logits: p.wants_logits,
+            });
+            tokens.extend_from_slice(p.tokens);
+        }
+        let plan = StepPlan {
+            reset: self.reset,
+            closed: std::mem::take(&mut self.closed),
+            parts: planned,
+        };
+        self.reset = false;
+        self.stage.step_batch(&plan, &tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_plan_reads_back_as_written() {
+        let plan = StepPlan {
+            reset: true,
+            closed: vec![3, 1],
+            parts: vec![
+                PlannedPart {
+                    slot: 0,
+                    len: 5,
+                    wants_logits: true,
+                },
+                PlannedPart {
+                    slot: 2,
+                    len: 1,
+                    wants_logits: false,
+                },
+            ],
+        };
+        let tokens = [10, 11, 12, 13, 14, 99];
+        let message = plan.encode(&tokens);
+        assert_eq!(message[..3], [1, 2, 3]);
+        assert_eq!(StepPlan::decode(&message).unwrap(), (plan, tokens.to_vec()));
+    }
+
+    #[test]
+    fn inconsistent_plans_are_refused_with_what_is_wrong() {
+        let cases: [(&[i32], &str); 6] = [
+            (&[], "ends before the reset flag"),
+            (&[0, 0, 1, 4, 2, 1], "the parts have 2 tokens but 0 follow"),
+            (&[0, 0, 2, 4, 1, 1, 4, 1, 1, 7, 7], "slot 4 appears twice"),
+            (&[0, 0, 1, 4, 0, 1], "slot 4 has no tokens"),
+            (&[0, 0, 5000, 0], "5000 sequences"),
+            (&[0, -3], "the closed count -3 is out of range"),
+        ];
+        for (message, want) in cases {
+            let e = StepPlan::decode(message).unwrap_err().to_string();
+            assert!(e.contains(want), "{message:?}: {e}");
+        }
+    }
+
+    proptest! {
+        /// Any message decodes to a plan or an error, never a panic; a plan it accepts is
+        /// bounded and re-encodes to the same message.
+        #[test]
+        fn any_message_decodes_or_is_refused(message in prop::collection::vec(-2i32..40, 0..64)) {
+            if let Ok((plan, tokens)) = StepPlan::decode(&message) {
+                prop_assert!(plan.parts.len() <= MAX_PLAN_SEQUENCES);
+                prop_assert_eq!(plan.tokens(), tokens.len());
+                prop_assert_eq!(plan.encode(&tokens), message);
+            }
+        }
+    }
+}
