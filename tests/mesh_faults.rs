@@ -1,23 +1,32 @@
 //! The mesh on a bad network: real `shoal` processes in Linux network namespaces, with faults
 //! made by nftables rules inside one node's namespace (random loss with `numgen`, a partition as
-//! dropping everything) and by signals (a node frozen with SIGSTOP and resumed). The state
+//! dropping everything), by a queue that holds every packet for a while (delay), and by signals (a node frozen with SIGSTOP and resumed). The state
 //! converges under loss with no node wrongly declared dead, a partition is seen from both
 //! sides and heals, and a frozen node is declared dead and taken back when it resumes.
 //!
-//! Delay is not tested: this machine's kernel has no netem (`CONFIG_NET_SCH_NETEM` is not
-//! set), and nothing else in the kernel delays packets. Needs root and `nft` (setup installs
+//! Delay: this machine's kernel has no netem (`CONFIG_NET_SCH_NETEM` is not set), so packets
+//! are delayed through iptables' NFQUEUE target by a thread of the test that holds each one
+//! (`support/link_delay.rs`); the delay is measured, not assumed. Needs root and `nft` (setup installs
 //! Debian's nftables): fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted.
 
+#[path = "support/link_delay.rs"]
+mod link_delay;
 #[path = "support/link_faults.rs"]
 mod link_faults;
 mod support;
 
+use kit::blocking::Blocking;
+use kit::client::Api;
+use link_delay::LinkDelay;
 use link_faults::{drop_on_link, dropped};
 use serde_json::Value;
 use std::process::Command;
 use std::time::Duration;
 use support::netns::Spec;
 use support::{agreed, logs, wait_for, ShoalNode, TestNet};
+
+/// The delay on node 3's link in phase 1b, each way.
+const DELAY: Duration = Duration::from_millis(100);
 
 fn signal(node: &ShoalNode, name: &str) {
     let pid = node.pid().expect("the node runs").to_string();
@@ -35,6 +44,24 @@ fn node_id(state: &Value) -> String {
 /// Whether `observer` considers `subject` alive (`None`: no answer or not listed).
 fn alive(observer: &ShoalNode, subject: &str) -> Option<bool> {
     observer.state()?["liveness"][subject]["alive"].as_bool()
+}
+
+/// Every (observer, subject) pair, 1-based, seen with the subject dead while watching for
+/// `span` (every half second).
+fn false_deaths_during(nodes: &[ShoalNode], ids: &[String], span: Duration) -> Vec<(usize, usize)> {
+    let mut false_deaths = Vec::new();
+    let until = std::time::Instant::now() + span;
+    while std::time::Instant::now() < until {
+        for (i, observer) in nodes.iter().enumerate() {
+            for (j, id) in ids.iter().enumerate() {
+                if i != j && alive(observer, id) == Some(false) {
+                    false_deaths.push((i + 1, j + 1));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    false_deaths
 }
 
 #[test]
@@ -60,18 +87,7 @@ fn loss_a_partition_and_a_frozen_node() {
     // 1. 25% loss each way on node 3's link for 20 s: nobody is declared dead, and the
     //    state still converges (profiles are rewritten every few seconds meanwhile).
     drop_on_link(&netns3, 25);
-    let mut false_deaths = Vec::new();
-    let lossy_until = std::time::Instant::now() + Duration::from_secs(20);
-    while std::time::Instant::now() < lossy_until {
-        for (i, observer) in nodes.iter().enumerate() {
-            for (j, id) in ids.iter().enumerate() {
-                if i != j && alive(observer, id) == Some(false) {
-                    false_deaths.push((i + 1, j + 1));
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let false_deaths = false_deaths_during(&nodes, &ids, Duration::from_secs(20));
     let converged = wait_for(Duration::from_secs(20), || agreed(&all, 3));
     let lost = dropped(&netns3);
     eprintln!(
@@ -88,6 +104,51 @@ fn loss_a_partition_and_a_frozen_node() {
     assert!(
         converged.is_some(),
         "no convergence under 25% loss\n{}",
+        logs(&nodes)
+    );
+
+    // 1b. 100 ms each way on node 3's link for 15 s: the delay is there (a request from node
+    //     1 to node 3's API takes at least one more round trip of it), nobody is declared
+    //     dead, and the state converges.
+    let to_node3 = Blocking::new(
+        Api::at((nodes[2].node.ip(), support::API_PORT).into()).in_netns(&nodes[0].node.netns),
+    );
+    let round_trip = || {
+        let started = std::time::Instant::now();
+        let answer = to_node3.call(
+            "GET".parse().unwrap(),
+            "/node_id",
+            None,
+            Duration::from_secs(30),
+        );
+        assert!(answer.is_ok(), "node 3's API from node 1: {answer:?}");
+        started.elapsed()
+    };
+    // The fastest of three: the first call may also pay for a connection.
+    let before = (0..3).map(|_| round_trip()).min().unwrap();
+    let delay = LinkDelay::start(&netns3, DELAY);
+    let during = (0..3).map(|_| round_trip()).min().unwrap();
+    let false_deaths = false_deaths_during(&nodes, &ids, Duration::from_secs(15));
+    let converged = wait_for(Duration::from_secs(20), || agreed(&all, 3));
+    let held = delay.held();
+    delay.stop();
+    eprintln!(
+        "{DELAY:?} each way: node 1 -> node 3 /node_id took {before:?} before, {during:?} \
+         during; {held} packets held; converged in {:?}; false deaths {false_deaths:?}",
+        converged.as_ref().map(|c| c.1)
+    );
+    assert!(
+        during >= before + 2 * DELAY,
+        "the delay is not there: {before:?} before, {during:?} during"
+    );
+    assert!(
+        false_deaths.is_empty(),
+        "nodes declared dead under {DELAY:?} of delay (observer, subject): {false_deaths:?}\n{}",
+        logs(&nodes)
+    );
+    assert!(
+        converged.is_some(),
+        "no convergence under delay\n{}",
         logs(&nodes)
     );
 

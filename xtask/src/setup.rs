@@ -38,7 +38,8 @@ const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea3
 
 /// Debian packages: cmake and g++ build mlx-c; libclang-dev feeds bindgen; OpenBLAS and
 /// LAPACKE replace the wheel's slow reference BLAS; iproute2 makes the test namespaces and
-/// nftables the faults on their links (loss, partitions);
+/// nftables the faults on their links (loss, partitions), iptables the queue that delays
+/// packets (its NFQUEUE target; this kernel has no netem);
 /// python3-venv holds the openai client's venv; curl is what `cargo xtask run` and the README
 /// suggest for a first request (the tests and the xtask use the kit's cluster-API client);
 /// Chromium and its chromedriver run the dashboard's browser tests (headless, driven by
@@ -51,6 +52,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "liblapacke-dev",
     "iproute2",
     "nftables",
+    "iptables",
     "python3-venv",
     "curl",
     "chromium",
