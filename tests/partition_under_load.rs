@@ -1,16 +1,17 @@
 //! A partition under chat load: three real `shoal` nodes in Linux network namespaces run the
 //! SmolLM2 fixture as a 3-rank pipeline while one client per node sends short streaming
-//! chats, one after another. First 15% of node 3's packets are dropped each way for 15 s
-//! (nftables rules in its namespace), then each is held 100 ms each way for 20 s (an NFQUEUE,
-//! `support/link_delay.rs`: this kernel has no netem); then its link is cut (everything
-//! dropped) until both sides have placed the instance again on their own, and healed.
+//! chats, one after another. First each of node 3's packets is held 100 ms each way for 20 s
+//! (an NFQUEUE, `support/link_delay.rs`: this kernel has no netem), then 15% of them are
+//! dropped each way for 15 s (nftables rules in its namespace); then its link is cut
+//! (everything dropped) until both sides have placed the instance again on their own, and
+//! healed.
 //!
 //! What must hold:
 //! - every request ends — completes, or ends with an error event and `[DONE]`, or is refused
 //!   with an HTTP error — within [`REQUEST_LIMIT`] of being sent: none hangs;
-//! - under loss no request hangs (the ring's TCP may stall past the step deadline, and then
-//!   the instance is placed again: reported); under delay every client keeps completing chats
-//!   and the instance stays where it is;
+//! - under delay every client keeps completing chats and the instance stays where it is;
+//!   under loss no request hangs (the ring's TCP may stall past the step deadline, and then
+//!   the instance is placed again: reported);
 //! - the majority side (nodes 1 and 2) keeps serving during the partition;
 //! - after the heal all three nodes agree on one placement of the instance (same epoch, same
 //!   ranks): the larger side's (see `control::intent`'s order of copies). It serves, and the
@@ -42,11 +43,11 @@ use support::{call, logs, runner_pids, three_rank_pipeline, wait_for, ShoalNode,
 /// The step deadline the nodes run with: a ring cut in the middle of a step ends by it.
 const STEP_TIMEOUT_S: u64 = 5;
 
-/// The loss on node 3's link in the first phase, and for how long.
+/// The loss on node 3's link in the second phase, and for how long.
 const LOSS_PERCENT: u32 = 15;
 const LOSS_FOR: Duration = Duration::from_secs(15);
 
-/// The delay on node 3's link in the second phase (each way), and for how long.
+/// The delay on node 3's link in the first phase (each way), and for how long.
 const DELAY: Duration = Duration::from_millis(100);
 const DELAY_FOR: Duration = Duration::from_secs(20);
 
@@ -212,9 +213,40 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
             ));
         }
 
+        // Delay first (a stall left by the loss phase's retransmissions would blur it): DELAY
+        // each way on node 3's link for DELAY_FOR. Every step of the ring now crosses it
+        // twice, so chats are slower, but every client keeps completing them and the
+        // instance stays where it is (epoch 0 everywhere).
+        let delay = LinkDelay::start(&nodes[2].node.netns, DELAY);
+        let delayed_from = load_began.elapsed();
+        std::thread::sleep(DELAY_FOR);
+        let held = delay.held();
+        delay.stop();
+        let served: Vec<usize> = (0..3).map(|c| completed_by(c, delayed_from)).collect();
+        let epochs: Vec<Value> = nodes
+            .iter()
+            .map(|n| instance(n, &id)["epoch"].clone())
+            .collect();
+        eprintln!(
+            "{DELAY:?} each way on node 3's link for {DELAY_FOR:?}: {held} packets held; \
+             chats completed per client meanwhile {served:?}; epochs {epochs:?}"
+        );
+        if held == 0 {
+            finish("the delay queue held no packet".into());
+        }
+        if served.contains(&0) {
+            finish(format!(
+                "a client completed no chat under delay: {served:?}"
+            ));
+        }
+        if epochs.iter().any(|e| e != &json!(0)) {
+            finish(format!(
+                "the instance was placed again under delay: epochs {epochs:?}"
+            ));
+        }
+
         // Loss: LOSS_PERCENT % of node 3's packets dropped each way for LOSS_FOR. QUIC and the
-        // ring's TCP retransmit: every client keeps completing chats, and nobody is declared
-        // dead, so the instance is not placed again (still epoch 0 everywhere).
+        // ring's TCP retransmit; no request may hang.
         drop_on_link(&nodes[2].node.netns, LOSS_PERCENT);
         let lossy_from = load_began.elapsed();
         std::thread::sleep(LOSS_FOR);
@@ -246,37 +278,6 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
         let Some((base_epoch, _)) = settled else {
             finish("the instance did not settle after the loss".into());
         };
-
-        // Delay: DELAY each way on node 3's link for DELAY_FOR. Every step of the ring now
-        // crosses it twice, so chats are slower, but every client keeps completing them and
-        // the instance stays where it is.
-        let delay = LinkDelay::start(&nodes[2].node.netns, DELAY);
-        let delayed_from = load_began.elapsed();
-        std::thread::sleep(DELAY_FOR);
-        let held = delay.held();
-        delay.stop();
-        let served: Vec<usize> = (0..3).map(|c| completed_by(c, delayed_from)).collect();
-        let epochs: Vec<Value> = nodes
-            .iter()
-            .map(|n| instance(n, &id)["epoch"].clone())
-            .collect();
-        eprintln!(
-            "{DELAY:?} each way on node 3's link for {DELAY_FOR:?}: {held} packets held; \
-             chats completed per client meanwhile {served:?}; epochs {epochs:?}"
-        );
-        if held == 0 {
-            finish("the delay queue held no packet".into());
-        }
-        if served.contains(&0) {
-            finish(format!(
-                "a client completed no chat under delay: {served:?}"
-            ));
-        }
-        if epochs.iter().any(|e| e != &json!(base_epoch)) {
-            finish(format!(
-                "the instance was placed again under delay: epochs {epochs:?}, was {base_epoch}"
-            ));
-        }
 
         // The partition: node 3 cut off until both sides have placed the instance again.
         drop_on_link(&nodes[2].node.netns, 100);
