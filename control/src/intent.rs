@@ -150,32 +150,45 @@ impl InstanceRecord {
         }
     }
 
-    /// The order in which copies supersede each other: higher epoch, then *fewer* exclusions,
-    /// then the exclusions' ids. A total order, so every node picks the same copy.
+    /// Whether this copy descends from `other`: a later epoch that leaves out at least every
+    /// node `other` left out (a re-placement only ever adds exclusions). A copy another one
+    /// descends from is history, whoever still holds it.
+    pub fn supersedes(&self, other: &InstanceRecord) -> bool {
+        self.epoch > other.epoch && other.excluded.iter().all(|n| self.excluded.contains(n))
+    }
+
+    /// The order among copies none of which descends from another: *fewer* exclusions, then
+    /// the higher epoch, then the exclusions' ids. A total order, so every node picks the
+    /// same copy.
     ///
-    /// Two copies of one epoch come from nodes that saw different nodes die: sides of a
-    /// partition, each excluding the other. When the partition heals, the copy that kept the
-    /// most nodes stands (the larger side's ring keeps serving and the smaller side's runners
-    /// stop): the larger side is the one a model too big for one machine can still fit on.
-    /// Where two observers of one failure saw different parts of it (one saw `b` die, the
-    /// other `b` and `c`), the smaller exclusion wins this epoch and the next re-placement
-    /// excludes the rest, one epoch later.
-    fn rank_key(&self) -> (u32, std::cmp::Reverse<usize>, &[String]) {
+    /// Such copies come from nodes that saw different nodes die: sides of a partition, each
+    /// excluding the other. When the partition heals, the copy that kept the most nodes
+    /// stands (the larger side's ring keeps serving and the smaller side's runners stop): the
+    /// larger side is the one a model too big for one machine can still fit on. However many
+    /// epochs either side went through (a side that sees its peers die one at a time writes
+    /// one epoch per death), only what it kept counts. Where two observers of one failure saw
+    /// different parts of it (one saw `b` die, the other `b` and `c`), the smaller exclusion
+    /// wins this epoch and the next re-placement excludes the rest, one epoch later.
+    fn rank_key(&self) -> (std::cmp::Reverse<usize>, u32, &[String]) {
         (
-            self.epoch,
             std::cmp::Reverse(self.excluded.len()),
+            self.epoch,
             &self.excluded,
         )
     }
 }
 
-/// The authoritative copy among every author's `instance/<id>` records for one id: the
-/// highest by (epoch, fewest exclusions, exclusions). `None` for no copies.
+/// The authoritative copy among every author's `instance/<id>` records for one id: of the
+/// copies no other copy supersedes ([`InstanceRecord::supersedes`]), the highest by (fewest
+/// exclusions, epoch, exclusions). `None` for no copies.
 pub fn effective<'a>(
     copies: impl IntoIterator<Item = &'a InstanceRecord>,
 ) -> Option<&'a InstanceRecord> {
+    let copies: Vec<&InstanceRecord> = copies.into_iter().collect();
     copies
-        .into_iter()
+        .iter()
+        .copied()
+        .filter(|c| !copies.iter().any(|d| d.supersedes(c)))
         .max_by(|a, b| a.rank_key().cmp(&b.rank_key()))
 }
 

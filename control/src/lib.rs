@@ -30,7 +30,8 @@
 //! depend on the mesh (the mesh simulator is only a dev-dependency, for the simulation test).
 //!
 //! Concurrent writes are ordered without clocks: two copies of one instance are ordered by
-//! (epoch, number of exclusions, exclusions) ([`intent::effective`]); different instances
+//! descent first (a later copy that leaves out at least as much supersedes), then (fewest
+//! exclusions, epoch, exclusions) ([`intent::effective`]); different instances
 //! are independent and listed by id. Every node picks the same winner whatever order the
 //! records arrived in.
 

@@ -8,7 +8,8 @@
 //!    (failed with [`HUNG_PREFIX`]: the step deadline passed) ([`Effect::Replace`], the next
 //!    epoch, see [`crate::intent`]), except on a node the instance excluded while it is
 //!    [`Snapshot::settling`]; keep this node's own copy of every instance it holds a rank
-//!    of, so that the instance outlives its creator;
+//!    of, so that the instance outlives its creator, and bring any copy it holds up to
+//!    the effective one;
 //! 2. **clean up** this node's own records: its copy of a deleted instance, and its deletion
 //!    record once no copy of the instance is left;
 //! 3. **drop** this node's runners of instances that are gone, whose epoch moved on, or where
@@ -238,13 +239,13 @@ pub fn reconcile(
     for (id, view) in &instances {
         let dead = view.dead_ranks(snapshot);
         if dead.is_empty() && !has_hung_rank(view, snapshot, local.runners.get(id)) {
-            if view.rank_of(me).is_some() {
-                let key = view.record.key();
-                let own = snapshot
-                    .authors
-                    .get(me)
-                    .and_then(|a| a.records.get(&key))
-                    .and_then(|t| serde_json::from_str::<InstanceRecord>(t).ok());
+            let key = view.record.key();
+            let own_text = snapshot.authors.get(me).and_then(|a| a.records.get(&key));
+            // A rank's node keeps a copy; a node that holds an outdated copy (the side of a
+            // healed partition, a creator left out) replaces it, so no stale copy lingers to
+            // compete with a later epoch.
+            if view.rank_of(me).is_some() || own_text.is_some() {
+                let own = own_text.and_then(|t| serde_json::from_str::<InstanceRecord>(t).ok());
                 if own.as_ref() != Some(&view.record) {
                     if let Ok(value) = serde_json::to_string(&view.record) {
                         effects.push(Effect::WriteRecord { key, value });

@@ -346,8 +346,8 @@ fn the_control_plane_by_table() {
     );
 
     // 5. Epoch bump seen from elsewhere: b wrote epoch 1 without c (c is not seen dead here):
-    //    a's epoch-0 runner is stale and stopped, a new one is created at epoch 1, and the new
-    //    ranks keep copies of epoch 1.
+    //    a's epoch-0 runner is stale and stopped, a new one is created at epoch 1, the new
+    //    ranks keep copies of epoch 1, and c, left out, brings its epoch-0 copy up to it.
     let (mut bumped, _) = steady();
     bumped.write("b", &key(ID), json(&next));
     check(
@@ -356,7 +356,7 @@ fn the_control_plane_by_table() {
         &[
             ("a", vec![copy(&next), drop_runner(ID), create(&next, 0, 3)]),
             ("b", vec![drop_runner(ID), create(&next, 1, 3)]),
-            ("c", vec![drop_runner(ID)]),
+            ("c", vec![copy(&next), drop_runner(ID)]),
             ("d", vec![copy(&next), create(&next, 2, 3)]),
         ]
         .into(),
@@ -438,6 +438,8 @@ fn concurrent_intents_resolve_the_same_on_every_node() {
         &[
             ("a", vec![copy(&by_b), create(&by_b, 0, 2)]),
             ("b", vec![create(&by_b, 1, 2)]),
+            // d's copy lost: d brings it up to the effective one (no stale copy lingers).
+            ("d", vec![copy(&by_b)]),
         ]
         .into(),
     );
@@ -480,4 +482,50 @@ fn a_node_left_out_waits_while_it_settles_after_the_others_come_back() {
     assert_eq!(replaced.len(), 1, "{effects:?}");
     assert_eq!(replaced[0].epoch, 2);
     assert_eq!(replaced[0].excluded, ["a", "c"]);
+}
+
+#[test]
+fn after_a_heal_the_side_that_kept_more_nodes_wins_however_many_epochs_the_other_went_through() {
+    // A partition cut d off from a, b and c, which wrote epoch 1 without d. Alone, d saw a
+    // die first (epoch 1 without a), then b (epoch 2), then c (epoch 3). d's epoch 3
+    // descends from its own line, not from the majority's: the copy that kept more nodes
+    // stands on every node, and d brings its copy up to it.
+    let names: Vec<String> = NODES.iter().map(|n| n.to_string()).collect();
+    let r = InstanceRecord::new(Intent {
+        instance_id: ID.into(),
+        model: "default".into(),
+        model_id: "default".into(),
+        created_by: "a".into(),
+        input: named_cluster_input(&names, 2_000_000_000, 1, ID),
+    });
+    let one = |id: &str| -> BTreeSet<String> { [id.to_string()].into() };
+    let majority = r.replaced(&one("d"));
+    let first = r.replaced(&one("a"));
+    let third = first.replaced(&one("b")).replaced(&one("c"));
+    assert!(third.supersedes(&first) && !third.supersedes(&majority));
+    assert_eq!((majority.epoch, third.epoch), (1, 3));
+    let mut world = World::new();
+    for me in ["a", "b", "c"] {
+        world.write(me, &key(ID), json(&majority));
+    }
+    world.write("d", &key(ID), json(&third));
+    for me in NODES {
+        let view = world
+            .snapshot(me)
+            .instances(&PlacementCache::new())
+            .remove(ID)
+            .unwrap();
+        assert_eq!(view.record, majority, "node {me}");
+    }
+    let effects = reconcile(
+        &world.snapshot("d"),
+        &world.local("d"),
+        &PlacementCache::new(),
+    );
+    assert!(effects.contains(&copy(&majority)), "{effects:?}");
+    // A stale copy of d's line does not change that either.
+    assert_eq!(
+        control::effective([&first, &majority, &third]),
+        Some(&majority)
+    );
 }
