@@ -32,9 +32,7 @@ pub fn snapshot_of(replica: &mesh::Replica, now_ms: u64) -> Snapshot {
     Snapshot {
         me: replica.id().to_string(),
         authors,
-        settling: replica
-            .last_return_ms()
-            .is_some_and(|at| now_ms.saturating_sub(at) < control::SETTLE_AFTER_RETURN_MS),
+        settling: control::settling(replica.last_return_ms(), now_ms),
     }
 }
 

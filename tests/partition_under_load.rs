@@ -188,6 +188,13 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
                 }
             });
         }
+        // The instance's epoch as each node sees it.
+        let epochs_now = || -> Vec<Value> {
+            nodes
+                .iter()
+                .map(|n| instance(n, &id)["epoch"].clone())
+                .collect()
+        };
         // Chats of `client` that ended, completed, after `after` (sent before or after it).
         let finished_after = |client: usize, after: Duration| {
             sent.lock()
@@ -232,10 +239,7 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
         let held = delay.held();
         delay.stop();
         let served: Vec<usize> = (0..3).map(|c| finished_after(c, delayed_from)).collect();
-        let epochs: Vec<Value> = nodes
-            .iter()
-            .map(|n| instance(n, &id)["epoch"].clone())
-            .collect();
+        let epochs = epochs_now();
         eprintln!(
             "{DELAY:?} each way on node 3's link for {DELAY_FOR:?}: {held} packets held; \
              chats completed per client meanwhile {served:?}; epochs {epochs:?}"
@@ -263,10 +267,7 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
         let lost = dropped(&nodes[2].node.netns);
         drop_on_link(&nodes[2].node.netns, 0);
         let served: Vec<usize> = (0..3).map(|c| finished_after(c, lossy_from)).collect();
-        let epochs: Vec<Value> = nodes
-            .iter()
-            .map(|n| instance(n, &id)["epoch"].clone())
-            .collect();
+        let epochs = epochs_now();
         eprintln!(
             "{LOSS_PERCENT}% loss on node 3's link for {LOSS_FOR:?}: {lost} packets dropped; \
              chats completed per client meanwhile {served:?}; epochs {epochs:?}"

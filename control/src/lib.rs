@@ -53,5 +53,5 @@ pub use intent::{
 pub use reconcile::{
     publish, reconcile, ring_hosts, Command, Effect, LocalRunners, ModelFile, RunnerFacts,
 };
-pub use snapshot::{Author, Snapshot, SETTLE_AFTER_RETURN_MS};
+pub use snapshot::{settling, Author, Snapshot, SETTLE_AFTER_RETURN_MS};
 pub use view::{short, InstanceView};

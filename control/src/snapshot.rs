@@ -13,6 +13,12 @@ use std::collections::{BTreeMap, BTreeSet};
 /// to pass on its news of the others.
 pub const SETTLE_AFTER_RETURN_MS: u64 = 3_000;
 
+/// [`Snapshot::settling`] at `now_ms` for a node whose last peer came back at `last_return_ms`
+/// (both on the mesh's clock): within [`SETTLE_AFTER_RETURN_MS`] of it.
+pub fn settling(last_return_ms: Option<u64>, now_ms: u64) -> bool {
+    last_return_ms.is_some_and(|at| now_ms.saturating_sub(at) < SETTLE_AFTER_RETURN_MS)
+}
+
 /// One author's part of the state, as this node sees it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Author {

@@ -45,9 +45,7 @@ fn snapshot(sim: &Sim, i: usize) -> Snapshot {
         .collect();
     Snapshot {
         // As the node computes it (`snapshot_of`).
-        settling: replica
-            .last_return_ms()
-            .is_some_and(|at| sim.now_ms().saturating_sub(at) < control::SETTLE_AFTER_RETURN_MS),
+        settling: control::settling(replica.last_return_ms(), sim.now_ms()),
         me: replica.id().to_string(),
         authors,
     }
@@ -343,6 +341,10 @@ fn run(seed: u64) {
             r.excluded
         );
     }
+    assert!(
+        checked > 0,
+        "seed {seed}: no instance had ranks on both sides"
+    );
     eprintln!(
         "seed {seed}: converged; {checked} instance(s) spanned both sides; epochs {:?}",
         after

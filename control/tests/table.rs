@@ -113,6 +113,16 @@ impl World {
     }
 }
 
+/// The effective record of instance `ID` as node `me` computes it.
+fn effective_on(world: &World, me: &str) -> InstanceRecord {
+    world
+        .snapshot(me)
+        .instances(&PlacementCache::new())
+        .remove(ID)
+        .unwrap()
+        .record
+}
+
 fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap()
 }
@@ -418,12 +428,7 @@ fn concurrent_intents_resolve_the_same_on_every_node() {
         world.write("d", &key(ID), json(second));
         let mut winners = BTreeSet::new();
         for me in NODES {
-            let view = world
-                .snapshot(me)
-                .instances(&PlacementCache::new())
-                .remove(ID)
-                .unwrap();
-            winners.insert(json(&view.record));
+            winners.insert(json(&effective_on(&world, me)));
         }
         assert_eq!(winners, [json(&by_b)].into(), "one winner on every node");
     }
@@ -510,12 +515,7 @@ fn after_a_heal_the_side_that_kept_more_nodes_wins_however_many_epochs_the_other
     }
     world.write("d", &key(ID), json(&third));
     for me in NODES {
-        let view = world
-            .snapshot(me)
-            .instances(&PlacementCache::new())
-            .remove(ID)
-            .unwrap();
-        assert_eq!(view.record, majority, "node {me}");
+        assert_eq!(effective_on(&world, me), majority, "node {me}");
     }
     let effects = reconcile(
         &world.snapshot("d"),

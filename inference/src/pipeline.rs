@@ -21,14 +21,14 @@
 //! Returning logits costs `vocab × 4` bytes per step over the last link (196 KB for SmolLM2):
 //! it keeps every sampling option on rank 0, where the request lives.
 
-use crate::batch::{SlotCaches, StepPlan, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS};
+use crate::batch::{rows_to_host, SlotCaches, StepPlan, MAX_PLAN_MESSAGE};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
 use crate::models::shard::{wanted_rows, ModelShard};
 use crate::ring::RingGroup;
-use crate::stage::{check_step, logit_rows, midway, require_rank0, Stage};
+use crate::stage::{check_step, midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 
@@ -63,9 +63,6 @@ pub struct PipelineStage {
     slots: SlotCaches,
     group: Arc<RingGroup>,
 }
-
-/// The longest plan message a rank accepts (see [`StepPlan::decode`]'s limits).
-const MAX_PLAN_MESSAGE: usize = 3 + 4 * MAX_PLAN_SEQUENCES + MAX_PLAN_TOKENS;
 
 /// What the last rank sends back for a batched step that wants `rows` logits.
 fn returned_shape(rows: usize, vocab: usize) -> Vec<i32> {
@@ -233,9 +230,7 @@ impl Stage for PipelineStage {
                 h.eval()?;
                 return Ok(Vec::new());
             }
-            let logits = self.shard.logits_of_rows(&h, &rows)?;
-            logits.eval()?;
-            return Ok(logit_rows(&logits, vocab));
+            return rows_to_host(&self.shard.logits_of_rows(&h, &rows)?);
         }
         let (left, right) = (self.left(), self.right());
         let run = |stage: &mut PipelineStage| -> Result<Vec<Vec<f32>>> {
@@ -251,12 +246,11 @@ impl Stage for PipelineStage {
                 stage
                     .group
                     .recv(&returned_shape(rows.len(), vocab), Dtype::Float32, left)?;
-            back.eval()?;
-            Ok(if rows.is_empty() {
-                Vec::new()
-            } else {
-                logit_rows(&back, vocab)
-            })
+            if rows.is_empty() {
+                back.eval()?;
+                return Ok(Vec::new());
+            }
+            rows_to_host(&back)
         };
         run(self).map_err(|e| {
             midway(

@@ -64,15 +64,6 @@ pub(crate) fn check_step(plan: &StepPlan, tokens: &[u32], vocab: usize) -> Resul
     Ok(())
 }
 
-/// `[k, vocab]` float32 logits (evaluated) as `k` host vectors.
-pub(crate) fn logit_rows(logits: &mlx_rs::Array, vocab: usize) -> Vec<Vec<f32>> {
-    logits
-        .as_slice::<f32>()
-        .chunks(vocab.max(1))
-        .map(<[f32]>::to_vec)
-        .collect()
-}
-
 /// Any failure in the middle of a step leaves the ranks out of step (the ring has no framing),
 /// so it is a ring failure: the instance cannot go on.
 pub(crate) fn midway(what: &str, e: InferenceError) -> InferenceError {

@@ -18,14 +18,14 @@
 //! rank then runs all the plan's sequences in one pass, each with its own cache
 //! ([`SlotCaches`]), and rank 0 keeps the logits of the parts that want them.
 
-use crate::batch::{SlotCaches, StepPlan, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS};
+use crate::batch::{rows_to_host, SlotCaches, StepPlan, MAX_PLAN_MESSAGE};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
 use crate::kv_cache::KvCache;
 use crate::models::shard::{wanted_rows, ModelShard};
 use crate::ring::RingGroup;
-use crate::stage::{check_step, logit_rows, midway, require_rank0, Stage};
+use crate::stage::{check_step, midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 
@@ -38,10 +38,6 @@ enum Kind {
     Stop = 3,
     Batch = 4,
 }
-
-/// The longest payload a header announces that a rank accepts: a batched step's plan and
-/// tokens at their limits (see [`StepPlan::decode`]).
-const MAX_PAYLOAD: usize = 3 + 4 * MAX_PLAN_SEQUENCES + MAX_PLAN_TOKENS;
 
 impl Kind {
     fn from_code(code: i32) -> Result<Kind> {
@@ -111,9 +107,9 @@ impl TensorStage {
         let header = self.broadcast(&mine)?;
         let kind = Kind::from_code(header[0])?;
         let count = header[1].max(0) as usize;
-        if count > MAX_PAYLOAD {
+        if count > MAX_PLAN_MESSAGE {
             return Err(InferenceError::Ring(format!(
-                "a step header announces {count} values (at most {MAX_PAYLOAD})"
+                "a step header announces {count} values (at most {MAX_PLAN_MESSAGE})"
             )));
         }
         let payload = match (kind, count) {
@@ -144,9 +140,7 @@ impl TensorStage {
             h.eval()?;
             return Ok(Vec::new());
         }
-        let logits = self.shard.logits_of_rows(&h, &rows)?;
-        logits.eval()?;
-        Ok(logit_rows(&logits, self.shard.config.vocab_size))
+        rows_to_host(&self.shard.logits_of_rows(&h, &rows)?)
     }
 
     /// Runs the model over `tokens` on this rank's slice; rank 0 gets the last logits.

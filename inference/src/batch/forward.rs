@@ -165,8 +165,8 @@ impl BatchForward for LocalBatch<'_> {
     }
 }
 
-/// `[k, vocab]` float32 logits as `k` host vectors.
-fn rows_to_host(logits: &Array) -> Result<Vec<Vec<f32>>> {
+/// `[k, vocab]` float32 logits as `k` host vectors (evaluated first).
+pub(crate) fn rows_to_host(logits: &Array) -> Result<Vec<Vec<f32>>> {
     logits.eval()?;
     let vocab = *logits.shape().last().unwrap_or(&1) as usize;
     Ok(logits

@@ -17,6 +17,7 @@ mod batcher;
 mod forward;
 
 pub use batcher::{BatchEvent, BatchLimits, Batcher};
+pub(crate) use forward::rows_to_host;
 pub use forward::{BatchForward, LocalBatch, Part, Slot, LOCAL_STEP_TOKENS};
 
 mod limits;
@@ -24,7 +25,8 @@ pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQU
 
 mod ring_plan;
 pub use ring_plan::{
-    PlannedPart, RingBatch, SlotCaches, StepPlan, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS,
+    PlannedPart, RingBatch, SlotCaches, StepPlan, MAX_PLAN_MESSAGE, MAX_PLAN_SEQUENCES,
+    MAX_PLAN_TOKENS,
 };
 
 mod prompt_cache;

@@ -24,6 +24,11 @@ pub const MAX_PLAN_SEQUENCES: usize = 1024;
 /// The most tokens one plan may carry, all sequences together.
 pub const MAX_PLAN_TOKENS: usize = 16 * 1024;
 
+/// The longest encoded plan a rank accepts ([`StepPlan::encode`] at the limits above: three
+/// counts, every slot closed, every part's three values, every token): a header announcing
+/// more is refused before anything is allocated for it.
+pub const MAX_PLAN_MESSAGE: usize = 3 + 4 * MAX_PLAN_SEQUENCES + MAX_PLAN_TOKENS;
+
 /// Values in a plan stay below this: a tensor-parallel broadcast carries them as f32, exact
 /// up to 2^24.
 const MAX_PLAN_VALUE: i64 = 1 << 24;
@@ -211,16 +216,6 @@ impl SlotCaches {
         };
         self.caches.extend(taken);
         result
-    }
-
-    /// How many slots hold a cache.
-    pub fn len(&self) -> usize {
-        self.caches.len()
-    }
-
-    /// True when no slot holds a cache.
-    pub fn is_empty(&self) -> bool {
-        self.caches.is_empty()
     }
 }
 
