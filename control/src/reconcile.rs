@@ -244,7 +244,10 @@ pub fn reconcile(
             // A rank's node keeps a copy; a node that holds an outdated copy (the side of a
             // healed partition, a creator left out) replaces it, so no stale copy lingers to
             // compete with a later epoch.
-            if view.rank_of(me).is_some() || own_text.is_some() {
+            // Not while settling: right after a peer returns, the effective copy may be a
+            // passing one (a cut-off side's first epoch, before its later ones arrive), and
+            // copying it would make it everyone's.
+            if !snapshot.settling && (view.rank_of(me).is_some() || own_text.is_some()) {
                 let own = own_text.and_then(|t| serde_json::from_str::<InstanceRecord>(t).ok());
                 if own.as_ref() != Some(&view.record) {
                     if let Ok(value) = serde_json::to_string(&view.record) {
