@@ -68,6 +68,21 @@ impl LayerCache {
         self.len = self.len.min(len);
     }
 
+    /// A cache of `len` positions over buffers `[1, kv_heads, capacity, head_dim]` whose first
+    /// `len` columns hold them (a sequence leaving the decode rows, [`crate::kv_rows`]).
+    pub fn from_buffers(keys: Array, values: Array, len: usize) -> LayerCache {
+        LayerCache {
+            keys: Some(keys),
+            values: Some(values),
+            len,
+        }
+    }
+
+    /// The key and value buffers (their first [`LayerCache::len`] columns are in use), if any.
+    pub fn buffers(&self) -> Option<(&Array, &Array)> {
+        self.keys.as_ref().zip(self.values.as_ref())
+    }
+
     /// The cached arrays (to evaluate them together with a step's output).
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.keys.iter().chain(self.values.iter())

@@ -28,6 +28,7 @@ pub mod generate;
 pub mod gguf;
 pub mod gguf_kquant;
 pub mod kv_cache;
+pub mod kv_rows;
 pub mod linear;
 pub mod loader;
 pub mod memory;

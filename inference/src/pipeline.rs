@@ -154,7 +154,7 @@ impl PipelineStage {
     /// This rank's layers over a batched step's activations, each sequence with its own cache.
     fn run_planned(&mut self, plan: &StepPlan, h: Array) -> Result<Array> {
         let (slots, shard) = (&mut self.slots, &self.shard);
-        slots.with_plan(plan, shard, |segments| {
+        slots.with_plan(plan, shard, h, |h, segments| {
             shard.forward_layers_batch(h, segments)
         })
     }

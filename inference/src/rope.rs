@@ -94,4 +94,18 @@ impl Rope {
             self.periods.as_ref(),
         )?)
     }
+
+    /// Rotates `x` of shape `[rows, heads, 1, head_dim]`, row `r`'s position being
+    /// `positions[r]` (`[rows]`, int32): one op for every decoding sequence of a step.
+    pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        Ok(fast::rope_dynamic(
+            x,
+            self.dims,
+            false,
+            self.base,
+            self.scale,
+            positions,
+            self.periods.as_ref(),
+        )?)
+    }
 }

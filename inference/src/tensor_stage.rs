@@ -132,7 +132,7 @@ impl TensorStage {
     fn run_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         let h = self.shard.embed(tokens)?;
         let (slots, shard) = (&mut self.slots, &self.shard);
-        let h = slots.with_plan(plan, shard, |segments| {
+        let h = slots.with_plan(plan, shard, h, |h, segments| {
             shard.forward_layers_batch(h, segments)
         })?;
         let rows = wanted_rows(plan.shares());

@@ -2,12 +2,12 @@
 //! ([`LocalBatch`], any number of sequences in one pass); rank 0 of a distributed instance
 //! implements it too ([`super::RingBatch`]).
 
+use super::slot_kv::SlotKv;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
-use crate::models::shard::{BatchPart, ModelShard};
+use crate::models::shard::{wanted_rows, ModelShard};
 use mlx_rs::Array;
-use std::collections::BTreeMap;
 
 /// A sequence's slot in a [`BatchForward`] (its KV cache).
 pub type Slot = u64;
@@ -64,11 +64,10 @@ pub trait BatchForward {
 pub const LOCAL_STEP_TOKENS: usize = 512;
 
 /// The whole model in this process: every sequence of a step goes through one forward pass,
-/// each with its own KV cache (per-sequence caches, no padding; see
-/// [`crate::models::base::Attention::forward_segments`]).
+/// decoding ones in the shared rows, others with their own caches ([`SlotKv`]).
 pub struct LocalBatch<'a> {
     model: &'a ModelShard,
-    caches: BTreeMap<Slot, KvCache>,
+    slots: SlotKv,
     next: Slot,
     max_sequences: usize,
 }
@@ -83,7 +82,7 @@ impl<'a> LocalBatch<'a> {
         }
         Ok(LocalBatch {
             model,
-            caches: BTreeMap::new(),
+            slots: SlotKv::new(model.new_cache().layers.len()),
             next: 0,
             max_sequences: max_sequences.max(1),
         })
@@ -106,12 +105,16 @@ impl BatchForward for LocalBatch<'_> {
     fn open(&mut self) -> Result<Slot> {
         let slot = self.next;
         self.next += 1;
-        self.caches.insert(slot, self.model.new_cache());
+        self.slots.insert(slot, self.model.new_cache())?;
         Ok(slot)
     }
 
     fn close(&mut self, slot: Slot) {
-        self.caches.remove(&slot);
+        if let Err(e) = self.slots.close(slot) {
+            // The rows are rebuilt without it; failing that, every slot is lost.
+            tracing::warn!(%e, "closing a slot failed; dropping every slot");
+            self.slots.clear();
+        }
     }
 
     fn keeps_caches(&self) -> bool {
@@ -128,40 +131,45 @@ impl BatchForward for LocalBatch<'_> {
         }
         let slot = self.next;
         self.next += 1;
-        self.caches.insert(slot, cache);
+        self.slots.insert(slot, cache)?;
         Ok(slot)
     }
 
     fn take(&mut self, slot: Slot) -> Option<KvCache> {
-        self.caches.remove(&slot)
+        match self.slots.take(slot) {
+            Ok(cache) => cache,
+            Err(e) => {
+                tracing::warn!(%e, "taking a slot's cache failed; dropping every slot");
+                self.slots.clear();
+                None
+            }
+        }
     }
 
     fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>> {
-        // Take each part's cache out of the map, in the parts' order.
-        let mut caches: Vec<(Slot, KvCache)> = Vec::with_capacity(parts.len());
-        for p in parts {
-            let cache = self.caches.remove(&p.slot).ok_or_else(|| {
-                InferenceError::InvalidRequest(format!("no sequence in slot {}", p.slot))
-            })?;
-            caches.push((p.slot, cache));
+        if let Some(p) = parts.iter().find(|p| !self.slots.contains(p.slot)) {
+            return Err(InferenceError::InvalidRequest(format!(
+                "no sequence in slot {}",
+                p.slot
+            )));
         }
-        let result = {
-            let mut batch: Vec<BatchPart<'_>> = parts
-                .iter()
-                .zip(caches.iter_mut())
-                .map(|(p, (_, cache))| BatchPart {
-                    tokens: p.tokens,
-                    cache,
-                    wants_logits: p.wants_logits,
-                })
-                .collect();
-            self.model.forward_batch(&mut batch)
-        };
-        self.caches.extend(caches);
-        match result? {
-            None => Ok(Vec::new()),
-            Some(logits) => rows_to_host(&logits),
+        let layout: Vec<(Slot, usize)> = parts.iter().map(|p| (p.slot, p.tokens.len())).collect();
+        let tokens: Vec<u32> = parts
+            .iter()
+            .flat_map(|p| p.tokens.iter().copied())
+            .collect();
+        let model = self.model;
+        let h = model.embed(&tokens)?;
+        let h = self.slots.forward(&layout, h, |h, segments| {
+            model.forward_layers_batch(h, segments)
+        })?;
+        let rows = wanted_rows(parts.iter().map(|p| (p.tokens.len(), p.wants_logits)));
+        if rows.is_empty() {
+            // Nothing to read, but the caches must still be computed (they depend on `h`).
+            h.eval()?;
+            return Ok(Vec::new());
         }
+        rows_to_host(&model.logits_of_rows(&h, &rows)?)
     }
 }
 

@@ -4,11 +4,13 @@
 //! [`StepPlan`] travelling with it).
 //!
 //! **Layout of a batched step.** Sequences of different lengths are not padded: their new
-//! positions are laid one after another in a single `[1, total, hidden]` activation, the
-//! weight matrices (the memory-bound part of decoding) are applied once to all of them, and
-//! RoPE, the KV cache and attention run per sequence at its own offset against its own
-//! cache (per-sequence caches; see [`crate::models::base::Attention::forward_segments`]).
-//! No mask is needed and each sequence attends to exactly what it would alone.
+//! positions are laid one after another in a single `[1, total, hidden]` activation, and the
+//! weight matrices (the memory-bound part of decoding) are applied once to all of them.
+//! Decoding sequences keep their caches as rows of shared buffers ([`crate::kv_rows`]), so
+//! RoPE, the cache write and attention run once per layer for all of them, each row at its own
+//! position and masked to its own columns; a sequence in prefill runs them against its own
+//! cache ([`SlotKv`] decides which is where). Each sequence attends to exactly what it would
+//! alone.
 //!
 //! **Prompt cache** ([`PromptCache`]): the states of ended requests, so that the next turn
 //! of a chat or another request with the same system prompt skips that prefill.
@@ -28,6 +30,9 @@ pub use ring_plan::{
     PlannedPart, RingBatch, SlotCaches, StepPlan, MAX_PLAN_MESSAGE, MAX_PLAN_SEQUENCES,
     MAX_PLAN_TOKENS,
 };
+
+mod slot_kv;
+pub use slot_kv::SlotKv;
 
 mod prompt_cache;
 pub use prompt_cache::{prompt_cache_tokens, Hit, PromptCache, PROMPT_CACHE_ENV};

@@ -9,13 +9,15 @@
 //! sequence, exact in the f32 a tensor-parallel broadcast carries.
 
 use super::forward::{BatchForward, Part, Slot};
+use super::slot_kv::SlotKv;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::forward::DISTRIBUTED_PREFILL_CHUNK;
-use crate::kv_cache::KvCache;
+use crate::kv_rows::StepKv;
 use crate::models::shard::ModelShard;
 use crate::stage::Stage;
-use std::collections::{BTreeMap, BTreeSet};
+use mlx_rs::Array;
+use std::collections::BTreeSet;
 
 /// The most sequences one plan may name: a follower refuses a plan past it (a corrupt or
 /// hostile message never makes it allocate without bound).
@@ -173,49 +175,39 @@ impl StepPlan {
 }
 
 /// One rank's KV caches of a batched instance, by slot.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct SlotCaches {
-    caches: BTreeMap<u32, KvCache>,
+    /// Built for the shard at the first step.
+    slots: Option<SlotKv>,
 }
 
 impl SlotCaches {
-    /// Runs `run` over the caches of `plan`'s parts, in order, after applying its reset and
-    /// closed slots; a slot seen for the first time starts with a fresh cache of `shard`.
-    /// The caches go back into place whatever `run` returns.
-    pub fn with_plan<T>(
+    /// Runs `run` (the shard's layers) over `h`, the activations of `plan`'s parts in order,
+    /// after applying its reset and closed slots; a slot seen for the first time starts with a
+    /// fresh cache of `shard`. Decoding sequences share the rows ([`SlotKv`]), laid out the same
+    /// way on every rank, since every rank follows the same plans.
+    pub fn with_plan(
         &mut self,
         plan: &StepPlan,
         shard: &ModelShard,
-        run: impl FnOnce(&mut [(usize, &mut KvCache)]) -> Result<T>,
-    ) -> Result<T> {
+        h: Array,
+        run: impl FnOnce(Array, &mut [StepKv<'_>]) -> Result<Array>,
+    ) -> Result<Array> {
+        let slots = self
+            .slots
+            .get_or_insert_with(|| SlotKv::new(shard.new_cache().layers.len()));
         if plan.reset {
-            self.caches.clear();
+            slots.clear();
         }
-        for slot in &plan.closed {
-            self.caches.remove(slot);
+        for &slot in &plan.closed {
+            slots.close(Slot::from(slot))?;
         }
-        let mut taken: Vec<(u32, KvCache)> = plan
+        let parts: Vec<(Slot, usize)> = plan
             .parts
             .iter()
-            .map(|p| {
-                let cache = self
-                    .caches
-                    .remove(&p.slot)
-                    .unwrap_or_else(|| shard.new_cache());
-                (p.slot, cache)
-            })
+            .map(|p| (Slot::from(p.slot), p.len as usize))
             .collect();
-        let result = {
-            let mut segments: Vec<(usize, &mut KvCache)> = plan
-                .parts
-                .iter()
-                .zip(taken.iter_mut())
-                .map(|(p, (_, cache))| (p.len as usize, cache))
-                .collect();
-            run(&mut segments)
-        };
-        self.caches.extend(taken);
-        result
+        slots.forward(&parts, h, run)
     }
 }
 

@@ -7,6 +7,7 @@
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;
+use crate::kv_rows::{LayerKv, RowLayer, RowStep};
 use crate::linear::{Linear, Matrix};
 use crate::ring::RingGroup;
 use crate::rope::Rope;
@@ -149,20 +150,17 @@ impl Attention {
     /// `x`: `[batch, seq, hidden]`, one sequence (per batch row) continuing `cache`.
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let l = x.shape()[1] as usize;
-        self.forward_segments(x, &mut [(l, cache)])
+        self.forward_segments(x, &mut [LayerKv::Own(l, cache)])
     }
 
     /// Several sequences in one pass (continuous batching): `x` is `[1, total, hidden]`, the
     /// new positions of each sequence one after another, and `segments` says, in the same
     /// order, how many positions each has and which cache it continues. The projections run
-    /// once over all positions (one read of the weights for every sequence); RoPE, the cache
-    /// and attention run per sequence at its own offset, so no padding or mask is needed and
-    /// each sequence sees exactly what it would see alone.
-    pub fn forward_segments(
-        &self,
-        x: &Array,
-        segments: &mut [(usize, &mut LayerCache)],
-    ) -> Result<Array> {
+    /// once over all positions (one read of the weights for every sequence). A sequence with
+    /// its own cache gets RoPE, its cache write and attention at its own offset; the decoding
+    /// rows ([`crate::kv_rows`]) get them once for all rows, each at its own position and
+    /// masked to its own columns. Either way each sequence sees exactly what it would alone.
+    pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
             let t = t.reshape(&[b, l, n, self.head_dim])?;
@@ -180,18 +178,31 @@ impl Attention {
             norms.map(|n| &n.k),
         )?;
         let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
-        let o = if let [(_, cache)] = segments {
+        let o = if let [LayerKv::Own(_, cache)] = segments {
             self.attend(q, k, v, cache)?
         } else {
             let mut outs = Vec::with_capacity(segments.len());
             let mut at = 0i32;
-            for (len, cache) in segments.iter_mut() {
-                let end = at + *len as i32;
+            for segment in segments.iter_mut() {
+                let len = match segment {
+                    LayerKv::Own(len, _) => *len as i32,
+                    LayerKv::Rows(_, step) => step.rows() as i32,
+                };
+                let end = at + len;
                 let part = |t: &Array| t.index((.., .., at..end, ..));
-                outs.push(self.attend(part(&q), part(&k), part(&v), cache)?);
+                outs.push(match segment {
+                    LayerKv::Own(_, cache) => self.attend(part(&q), part(&k), part(&v), cache)?,
+                    LayerKv::Rows(layer, step) => {
+                        self.attend_rows(part(&q), part(&k), part(&v), layer, step)?
+                    }
+                });
                 at = end;
             }
-            ops::concatenate(&outs, 2)?
+            if outs.len() == 1 {
+                outs.pop().expect("one output")
+            } else {
+                ops::concatenate(&outs, 2)?
+            }
         };
         let o =
             o.transpose_axes(&[0, 2, 1, 3])?
@@ -215,6 +226,33 @@ impl Attention {
         Ok(fast::scaled_dot_product_attention(
             &q, &k, &v, scale, mask, None,
         )?)
+    }
+
+    /// Attention of the decoding rows' new positions (`[1, heads, rows, head_dim]`, one per
+    /// row, in row order) over their shared buffers.
+    fn attend_rows(
+        &self,
+        q: Array,
+        k: Array,
+        v: Array,
+        layer: &mut RowLayer,
+        step: &RowStep,
+    ) -> Result<Array> {
+        // [1, heads, rows, d] -> [rows, heads, 1, d]: each row a batch entry.
+        let by_row = |t: Array| t.transpose_axes(&[2, 1, 0, 3]);
+        let q = self.rope.apply_at(&by_row(q)?, &step.positions)?;
+        let k = self.rope.apply_at(&by_row(k)?, &step.positions)?;
+        let (k, v) = layer.write(&k, &by_row(v)?, step)?;
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let o = fast::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            scale,
+            Some(ScaledDotProductAttentionMask::Array(&step.mask)),
+            None,
+        )?;
+        Ok(by_row(o)?)
     }
 
     fn arrays(&self) -> Vec<&Array> {
@@ -314,16 +352,12 @@ impl DecoderLayer {
     /// `h = x + attn(norm(x)); h + mlp(norm(h))`.
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let l = x.shape()[1] as usize;
-        self.forward_segments(x, &mut [(l, cache)])
+        self.forward_segments(x, &mut [LayerKv::Own(l, cache)])
     }
 
     /// The block over several sequences' positions at once (see
     /// [`Attention::forward_segments`]).
-    pub fn forward_segments(
-        &self,
-        x: &Array,
-        segments: &mut [(usize, &mut LayerCache)],
-    ) -> Result<Array> {
+    pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
         let a = self.attention.forward_segments(
             &fast::rms_norm(x, Some(&self.input_norm), self.eps)?,
             segments,

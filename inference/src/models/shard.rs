@@ -9,6 +9,7 @@ use super::base::{check_shape, DecoderLayer};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
+use crate::kv_rows::{LayerKv, StepKv};
 use crate::linear::Matrix;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::{fast, Array, Dtype};
@@ -205,9 +206,9 @@ impl ModelShard {
             .flat_map(|p| p.tokens.iter().copied())
             .collect();
         let h = self.embed(&tokens)?;
-        let mut segments: Vec<(usize, &mut KvCache)> = parts
+        let mut segments: Vec<StepKv<'_>> = parts
             .iter_mut()
-            .map(|p| (p.tokens.len(), &mut *p.cache))
+            .map(|p| StepKv::Own(p.tokens.len(), &mut *p.cache))
             .collect();
         let h = self.forward_layers_batch(h, &mut segments)?;
         let rows = wanted_rows(parts.iter().map(|p| (p.tokens.len(), p.wants_logits)));
@@ -230,24 +231,14 @@ impl ModelShard {
     /// in the same order, how many each has and which cache they continue (see
     /// [`crate::models::base::Attention::forward_segments`]). A pipeline stage runs its
     /// layer range this way for every sequence of a batched step.
-    pub fn forward_layers_batch(
-        &self,
-        mut h: Array,
-        segments: &mut [(usize, &mut KvCache)],
-    ) -> Result<Array> {
-        if segments
-            .iter()
-            .any(|(_, c)| c.layers.len() != self.layers.len())
-        {
+    pub fn forward_layers_batch(&self, mut h: Array, segments: &mut [StepKv<'_>]) -> Result<Array> {
+        if segments.iter().any(|s| s.layers() != self.layers.len()) {
             return Err(InferenceError::InvalidRequest(
                 "the cache belongs to a different shard".into(),
             ));
         }
         for (j, layer) in self.layers.iter().enumerate() {
-            let mut per_layer: Vec<(usize, &mut crate::kv_cache::LayerCache)> = segments
-                .iter_mut()
-                .map(|(len, cache)| (*len, &mut cache.layers[j]))
-                .collect();
+            let mut per_layer: Vec<LayerKv<'_>> = segments.iter_mut().map(|s| s.layer(j)).collect();
             h = layer.forward_segments(&h, &mut per_layer)?;
         }
         Ok(h)
