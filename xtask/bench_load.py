@@ -26,14 +26,36 @@ TOPICS = ["a lighthouse keeper", "a baker in Lyon", "a lost robot", "a mountain 
           "a jazz musician", "a sea turtle", "an old clockmaker", "a desert caravan"]
 
 
+# A connection the server resets or refuses before it answers is tried again, up to this many
+# times, as the official clients do (the openai client retries connection errors twice):
+# mlx_lm.server listens with Python's default backlog of 5 and resets some of 16 or 32
+# connections opened at once. The time to first token still counts from the first try.
+CONNECT_TRIES = 6
+RETRIED = [0]
+
+
+def open_stream(url, body, timeout):
+    """POSTs a chat and returns (connection, response), retrying a refused connection."""
+    u = urlparse(url)
+    for attempt in range(CONNECT_TRIES):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+        try:
+            conn.request("POST", u.path.rstrip("/") + "/chat/completions", json.dumps(body),
+                         {"Content-Type": "application/json"})
+            return conn, conn.getresponse()
+        except (ConnectionResetError, ConnectionRefusedError, BrokenPipeError,
+                http.client.RemoteDisconnected):
+            conn.close()
+            if attempt + 1 == CONNECT_TRIES:
+                raise
+            RETRIED[0] += 1
+            time.sleep(0.1 * 2 ** attempt)
+
+
 def stream_chat(url, body, timeout=900):
     """One streaming chat: (seconds to first text, content chunks, usage or None, seconds)."""
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     started = time.monotonic()
-    conn.request("POST", u.path.rstrip("/") + "/chat/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
-    r = conn.getresponse()
+    conn, r = open_stream(url, body, timeout)
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
     first, chunks, usage = None, 0, None
@@ -90,8 +112,8 @@ def streams(url, model, n, tokens, extra):
     for first, chunks, usage, _ in results:
         generated += (usage or {}).get("completion_tokens") or chunks
     ttft = sorted(r[0] if r[0] is not None else r[3] for r in results)
-    print(json.dumps({"streams": n, "wall": wall, "generated": generated, "ttft": ttft}),
-          flush=True)
+    print(json.dumps({"streams": n, "wall": wall, "generated": generated, "ttft": ttft,
+                      "retried": RETRIED[0]}), flush=True)
 
 
 def turns(url, model, words, tokens, salt):

@@ -10,14 +10,17 @@
 //! attention covers every row.
 //!
 //! Row `r` holds its sequence's positions in columns `starts[r]..end`; the columns before (left
-//! padding) are masked out. Padding is bounded ([`KvRows::fits`]): the buffer never holds more
-//! than twice the real positions plus one growth step per row, and leaving rows trims the
-//! padding every row shares.
+//! padding) are masked out. Padding is bounded ([`KvRows::fits`]): it never exceeds half the
+//! real positions plus a few per row (a sequence that would pad more keeps its own cache), and
+//! leaving rows trims the padding every row shares.
 
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::{KvCache, LayerCache, STEP};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{ops, Array};
+
+/// Left padding every row may have whatever the others hold (see [`KvRows::fits`]).
+pub const PADDING_SLACK: usize = 16;
 
 /// A sequence's KV state in one step of a shard's layers.
 pub enum StepKv<'a> {
@@ -65,8 +68,9 @@ impl StepKv<'_> {
 pub struct RowStep {
     /// Per row, the position of its new token (`[rows]`, int32): RoPE's offsets.
     pub(crate) positions: Array,
-    /// `[rows, 1, 1, column + 1]` booleans: the columns each row attends to.
-    pub(crate) mask: Array,
+    /// `[rows, 1, 1, column + 1]` booleans: the columns each row attends to; `None` when no
+    /// row has padding (every row attends to every column, as one sequence alone does).
+    pub(crate) mask: Option<Array>,
     /// The column this step writes.
     column: i32,
     rows: i32,
@@ -146,14 +150,17 @@ impl KvRows {
         self.end - self.starts[row]
     }
 
-    /// Whether sequences of `lens` positions may join without the buffers holding more than
-    /// twice the real positions plus one growth step per row.
+    /// Whether sequences of `lens` positions may join while the left padding stays within
+    /// half the real positions (plus [`PADDING_SLACK`] per row, so sequences of about the same
+    /// length always share): the KV budget counts real positions, and the rows may exceed
+    /// them by that much, besides the growth room every cache has.
     pub fn fits(&self, lens: &[usize]) -> bool {
         let rows = self.rows() + lens.len();
         let end = lens.iter().copied().fold(self.end, usize::max);
         let real: usize =
             (0..self.rows()).map(|r| self.len_of(r)).sum::<usize>() + lens.iter().sum::<usize>();
-        rows * end <= 2 * real + STEP as usize * rows
+        let padding = rows * end - real;
+        2 * padding <= real + 2 * PADDING_SLACK * rows
     }
 
     /// Appends `caches` (each with at least one position, of this shard's layers) as new rows,
@@ -272,13 +279,18 @@ impl KvRows {
         let rows = self.rows();
         let positions: Vec<i32> = self.starts.iter().map(|&s| (column - s) as i32).collect();
         let width = column + 1;
-        let mut mask = vec![true; rows * width];
-        for (r, &s) in self.starts.iter().enumerate() {
-            mask[r * width..r * width + s].fill(false);
-        }
+        let mask = if self.starts.iter().all(|&s| s == 0) {
+            None
+        } else {
+            let mut mask = vec![true; rows * width];
+            for (r, &s) in self.starts.iter().enumerate() {
+                mask[r * width..r * width + s].fill(false);
+            }
+            Some(Array::from_slice(&mask, &[rows as i32, 1, 1, width as i32]))
+        };
         Ok(RowStep {
             positions: Array::from_slice(&positions, &[rows as i32]),
-            mask: Array::from_slice(&mask, &[rows as i32, 1, 1, width as i32]),
+            mask,
             column: column as i32,
             rows: rows as i32,
         })
@@ -301,3 +313,6 @@ impl RowStep {
         self.rows as usize
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,10 @@
 //! and p99, and the ratio shoal/mlx-lm. With `--pipeline`, two nodes in two namespaces serve
 //! the fixture as a 2-rank pipeline (placed with `min_nodes: 2`) and only shoal runs (mlx-lm
 //! has no pipeline across machines): the rows show batching across ranks, each number of
-//! streams against the single stream. `cargo xtask bench prompt-cache` is in
+//! streams against the single stream. With `--rounds N` the whole alternation runs N times
+//! and each row gives the median round (by tok/s) of each server: this machine's speed drifts
+//! by 20% within minutes. A connection the server resets before answering is retried by the
+//! load client (as the official clients do) and counted. `cargo xtask bench prompt-cache` is in
 //! [`crate::bench_prompt_cache`]. Not part of CI (minutes on two cores).
 
 use crate::bench_inference::{f32_folder, mlx_lm_venv, openblas_library};
@@ -35,6 +38,7 @@ struct Options {
     tokens: usize,
     mlx_lm: bool,
     pipeline: bool,
+    rounds: usize,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -43,6 +47,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         tokens: 128,
         mlx_lm: true,
         pipeline: false,
+        rounds: 1,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -64,6 +69,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .ok()
                     .filter(|n| (1..=1024).contains(n))
                     .ok_or(format!("--tokens {n}: give a number from 1 to 1024"))?;
+            }
+            "--rounds" => {
+                let n = it.next().ok_or("--rounds needs a number")?;
+                o.rounds = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=9).contains(n))
+                    .ok_or(format!("--rounds {n}: give a number from 1 to 9"))?;
             }
             "--no-mlx-lm" => o.mlx_lm = false,
             "--pipeline" => o.pipeline = true,
@@ -219,6 +232,8 @@ struct Figures {
     tps: f64,
     p50: f64,
     p99: f64,
+    /// Connections the server reset or refused before answering, tried again.
+    retried: u64,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -243,7 +258,15 @@ fn figures(line: &Value) -> Result<Figures, String> {
         tps: generated / wall.max(1e-9),
         p50: percentile(&ttft, 0.5),
         p99: percentile(&ttft, 0.99),
+        retried: line["retried"].as_u64().unwrap_or(0),
     })
+}
+
+/// The round with the median rate of `runs` (the lower middle of an even count).
+fn median_round(runs: &[Figures]) -> Option<Figures> {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(|a, b| a.tps.total_cmp(&b.tps));
+    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
 /// `n` streams of `tokens` against `model` at `url` with `extra` in each body.
@@ -300,22 +323,46 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
             .collect();
         let shoal_extra = json!({"ignore_eos": true});
         let mlx_extra = json!({ "logit_bias": bias });
-        let mut rows = Vec::new();
-        for &n in &o.streams {
-            testbed::check_interrupt()?;
-            eprintln!("bench: {n} streams on shoal ...");
-            let s = load(&tb, (&shoal_url, "default"), n, o.tokens, &shoal_extra)?;
-            let m = match &mlx {
-                Some((_, url)) => {
-                    eprintln!("bench: {n} streams on mlx-lm ...");
-                    // The peer failing a row is a figure too (mlx_lm.server resets some of 32
-                    // connections here); the table still prints.
-                    Some(load(&tb, (url, MLX_MODEL), n, o.tokens, &mlx_extra))
+        let mut shoal_runs: Vec<Vec<Figures>> = vec![Vec::new(); o.streams.len()];
+        let mut mlx_runs: Vec<Vec<Result<Figures, String>>> = vec![Vec::new(); o.streams.len()];
+        for round in 1..=o.rounds {
+            for (i, &n) in o.streams.iter().enumerate() {
+                testbed::check_interrupt()?;
+                eprintln!(
+                    "bench: round {round}/{}: {n} streams on shoal ...",
+                    o.rounds
+                );
+                let s = load(&tb, (&shoal_url, "default"), n, o.tokens, &shoal_extra)?;
+                shoal_runs[i].push(s);
+                if let Some((_, url)) = &mlx {
+                    eprintln!(
+                        "bench: round {round}/{}: {n} streams on mlx-lm ...",
+                        o.rounds
+                    );
+                    // The peer failing a row is a figure too; the table still prints.
+                    mlx_runs[i].push(load(&tb, (url, MLX_MODEL), n, o.tokens, &mlx_extra));
                 }
-                None => None,
-            };
-            rows.push((n, s, m));
+            }
         }
+        let rows: Vec<Row> = o
+            .streams
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let s = median_round(&shoal_runs[i]).unwrap_or_default();
+                let m = mlx.as_ref().map(|_| {
+                    let ok: Vec<Figures> =
+                        mlx_runs[i].iter().filter_map(|r| r.clone().ok()).collect();
+                    median_round(&ok).ok_or_else(|| {
+                        mlx_runs[i]
+                            .iter()
+                            .find_map(|r| r.clone().err())
+                            .unwrap_or_default()
+                    })
+                });
+                (n, s, m)
+            })
+            .collect();
         print_table(&o, &rows);
         Ok(())
     })();
@@ -338,8 +385,8 @@ fn print_table(o: &Options, rows: &[Row]) {
     };
     println!(
         "SmolLM2-135M-Instruct as f32 on {layout}, {} greedy tokens per stream, streams \
-         started together; {cores} cores",
-        o.tokens
+         started together; {cores} cores; median of {} round(s)",
+        o.tokens, o.rounds
     );
     println!(
         "{:>7} | {:>11} {:>9} {:>9} | {:>11} {:>9} {:>9} | {:>11}",
@@ -379,9 +426,20 @@ fn print_table(o: &Options, rows: &[Row]) {
             );
         }
     }
-    for (n, _, m) in rows {
+    for (n, s, m) in rows {
         if let Some(Err(e)) = m {
             println!("mlx-lm at {n} streams failed: {e}");
+        }
+        let peer = match m {
+            Some(Ok(m)) => m.retried,
+            _ => 0,
+        };
+        if s.retried + peer > 0 {
+            println!(
+                "{n} streams: connections reset before an answer and tried again: shoal {}, \
+                 mlx-lm {peer}",
+                s.retried
+            );
         }
     }
 }
@@ -408,6 +466,15 @@ mod tests {
         assert!(parse(&["--bogus".into()]).is_err());
         let f = figures(&json!({"wall": 2.0, "generated": 256, "ttft": [0.5, 0.1, 0.3]})).unwrap();
         assert_eq!((f.tps, f.p50, f.p99), (128.0, 0.3, 0.5));
+        let rate = |tps| Figures {
+            tps,
+            ..Figures::default()
+        };
+        let median = median_round(&[rate(3.0), rate(1.0), rate(2.0)]).unwrap();
+        assert_eq!(median.tps, 2.0);
+        assert!(median_round(&[]).is_none());
+        assert_eq!(parse(&["--rounds".into(), "3".into()]).unwrap().rounds, 3);
+        assert!(parse(&["--rounds".into(), "0".into()]).is_err());
         assert!(figures(&json!({"wall": 1.0})).is_err());
     }
 }

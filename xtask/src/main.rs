@@ -63,9 +63,11 @@ Commands:
   bench cluster [--nodes 1,2,3] [--pp 128] [--tg 64] [--repeat 3]
                    `shoal bench` on 1, 2 and 3 nodes in namespaces, with the
                    per-token overhead of each extra rank
-  bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--no-mlx-lm] [--pipeline]
+  bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--rounds 1] [--no-mlx-lm]
+                   [--pipeline]
                    many streams at once: shoal vs mlx_lm.server (its batching on), one
                    node in a namespace, alternating; aggregate tok/s, TTFT p50/p99;
+                   --rounds N: the median of N alternating rounds;
                    --pipeline: shoal alone on a 2-rank pipeline over two namespaced nodes
   bench prompt-cache [--words 700] [--rounds 3]
                    second turn of a ~1,000-token chat: time to first token with the

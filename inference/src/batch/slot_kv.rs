@@ -3,7 +3,7 @@
 //!
 //! A sequence that decodes (one new position per step, with something cached) joins the
 //! shared decode rows ([`KvRows`]), so its attention costs nothing per sequence; a sequence in
-//! prefill, or one whose joining would pad the rows too much ([`KvRows::fits`]), keeps its own
+//! prefill, or one whose joining would pad the rows past half their real positions ([`KvRows::fits`]), keeps its own
 //! cache. Inside the layers the rows come first, in row order, then the other sequences in the
 //! step's order: [`SlotKv::forward`] permutes the activations into that layout and back, so
 //! callers see the step's order only.
@@ -25,8 +25,9 @@ pub struct SlotKv {
     layers: usize,
     own: BTreeMap<Slot, KvCache>,
     rows: KvRows,
-    /// The slot of each row, in row order.
-    row_slots: Vec<Slot>,
+    /// The slot of each row, in row order; `None` for a row whose sequence left since the
+    /// last step (rows are removed together at the next step, one rebuild for all).
+    row_slots: Vec<Option<Slot>>,
 }
 
 impl SlotKv {
@@ -42,12 +43,12 @@ impl SlotKv {
 
     /// Whether `slot` holds a sequence.
     pub fn contains(&self, slot: Slot) -> bool {
-        self.own.contains_key(&slot) || self.row_slots.contains(&slot)
+        self.own.contains_key(&slot) || self.row_of(slot).is_some()
     }
 
     /// Slots held.
     pub fn len(&self) -> usize {
-        self.own.len() + self.row_slots.len()
+        self.own.len() + self.rows()
     }
 
     /// True with no slots.
@@ -57,7 +58,11 @@ impl SlotKv {
 
     /// Sequences decoding in the shared rows now.
     pub fn rows(&self) -> usize {
-        self.row_slots.len()
+        self.row_slots.iter().flatten().count()
+    }
+
+    fn row_of(&self, slot: Slot) -> Option<usize> {
+        self.row_slots.iter().position(|&s| s == Some(slot))
     }
 
     /// Puts `cache` in `slot` (replacing whatever was there).
@@ -70,9 +75,8 @@ impl SlotKv {
     /// Frees `slot`.
     pub fn close(&mut self, slot: Slot) -> Result<()> {
         self.own.remove(&slot);
-        if let Some(row) = self.row_slots.iter().position(|&s| s == slot) {
-            self.rows.remove(&[row])?;
-            self.row_slots.remove(row);
+        if let Some(row) = self.row_of(slot) {
+            self.row_slots[row] = None;
         }
         Ok(())
     }
@@ -82,12 +86,11 @@ impl SlotKv {
         if let Some(cache) = self.own.remove(&slot) {
             return Ok(Some(cache));
         }
-        let Some(row) = self.row_slots.iter().position(|&s| s == slot) else {
+        let Some(row) = self.row_of(slot) else {
             return Ok(None);
         };
         let cache = self.rows.extract(row)?;
-        self.rows.remove(&[row])?;
-        self.row_slots.remove(row);
+        self.row_slots[row] = None;
         Ok(Some(cache))
     }
 
@@ -120,7 +123,7 @@ impl SlotKv {
             .row_slots
             .iter()
             .enumerate()
-            .map(|(r, &s)| (s, r))
+            .filter_map(|(r, s)| s.map(|s| (s, r)))
             .collect();
         let mut order: Vec<usize> = vec![usize::MAX; self.row_slots.len()];
         let mut others = Vec::new();
@@ -170,21 +173,22 @@ impl SlotKv {
         permute(out, parts, &order, true)
     }
 
-    /// Moves slots between own caches and the rows for a step of `parts`: rows with no
-    /// one-position part leave them; sequences with a one-position part and something cached
-    /// join them while the padding allows, in the step's order.
+    /// Moves slots between own caches and the rows for a step of `parts`: rows that left
+    /// and rows with no one-position part leave them (the latter keep their cache as their
+    /// own); sequences with a one-position part and something cached join them while the
+    /// padding allows, in the step's order.
     fn arrange(&mut self, parts: &[(Slot, usize)]) -> Result<()> {
         let decoding: BTreeMap<Slot, bool> = parts.iter().map(|&(s, len)| (s, len == 1)).collect();
-        let leaving: Vec<usize> = self
-            .row_slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| decoding.get(s) != Some(&true))
-            .map(|(r, _)| r)
-            .collect();
-        for &r in &leaving {
-            let cache = self.rows.extract(r)?;
-            self.own.insert(self.row_slots[r], cache);
+        let mut leaving = Vec::new();
+        for (r, slot) in self.row_slots.iter().enumerate() {
+            match slot {
+                None => leaving.push(r),
+                Some(s) if decoding.get(s) != Some(&true) => {
+                    self.own.insert(*s, self.rows.extract(r)?);
+                    leaving.push(r);
+                }
+                Some(_) => {}
+            }
         }
         if !leaving.is_empty() {
             self.rows.remove(&leaving)?;
@@ -213,7 +217,7 @@ impl SlotKv {
         if !joining.is_empty() {
             let caches: Vec<KvCache> = joining.iter().filter_map(|s| self.own.remove(s)).collect();
             self.rows.join(caches)?;
-            self.row_slots.extend(joining);
+            self.row_slots.extend(joining.into_iter().map(Some));
         }
         Ok(())
     }
@@ -248,3 +252,6 @@ fn permute(h: Array, parts: &[(Slot, usize)], order: &[usize], back: bool) -> Re
     let n = index.len() as i32;
     Ok(h.take_axis(Array::from_slice(&index, &[n]), 1)?)
 }
+
+#[cfg(test)]
+mod tests;

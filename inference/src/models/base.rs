@@ -249,7 +249,7 @@ impl Attention {
             &k,
             &v,
             scale,
-            Some(ScaledDotProductAttentionMask::Array(&step.mask)),
+            step.mask.as_ref().map(ScaledDotProductAttentionMask::Array),
             None,
         )?;
         Ok(by_row(o)?)
