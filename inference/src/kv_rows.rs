@@ -315,4 +315,4 @@ impl RowStep {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

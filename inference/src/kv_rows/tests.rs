@@ -12,9 +12,11 @@ fn own(values: &[f32]) -> KvCache {
     cache
 }
 
-/// The positions a cache holds, as written.
-fn held(cache: &KvCache) -> Vec<f32> {
-    let (keys, _) = cache.layers[0].buffers().unwrap();
+/// The positions a cache holds, as written (empty for a cache nothing was written to).
+pub(crate) fn held(cache: &KvCache) -> Vec<f32> {
+    let Some((keys, _)) = cache.layers[0].buffers() else {
+        return Vec::new();
+    };
     let n = cache.len() as i32;
     let k = keys
         .index((0..1, .., 0..n, ..))

@@ -3,6 +3,7 @@
 //! a step's output comes back in the step's order.
 
 use super::*;
+use crate::kv_rows::tests::held;
 use crate::kv_rows::LayerKv;
 use mlx_rs::ops::indexing::IndexOp;
 use proptest::prelude::*;
@@ -29,19 +30,6 @@ fn act() -> impl Strategy<Value = Act> {
 
 fn value(slot: Slot, position: usize) -> f32 {
     (slot * 1000) as f32 + position as f32
-}
-
-fn held(cache: &KvCache) -> Vec<f32> {
-    let Some((keys, _)) = cache.layers[0].buffers() else {
-        return Vec::new();
-    };
-    let n = cache.len() as i32;
-    let k = keys
-        .index((0..1, .., 0..n, ..))
-        .flatten(None, None)
-        .unwrap();
-    k.eval().unwrap();
-    k.as_slice::<f32>().to_vec()
 }
 
 /// Writes each position's value (carried in `h`) as its key and value.
