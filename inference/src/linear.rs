@@ -3,6 +3,7 @@
 use crate::error::Result;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A weight matrix `[out, in]`, dense or in MLX's affine quantized layout.
 #[derive(Debug, Clone)]
@@ -39,11 +40,59 @@ const MATRIX_VECTOR_MAX_ROWS: i32 = 16384;
 
 /// How one row of f32 activations is multiplied by a dense f32 matrix `W` `[out, in]`.
 enum RowProduct {
-    /// `W @ x^T`, a plain matrix-vector product, which BLAS runs faster than the transposed
-    /// `x @ W^T` for the layers' matrices (measured through MLX + OpenBLAS).
+    /// `W @ x^T`, a plain matrix-vector product, where BLAS runs it faster than the
+    /// transposed `x @ W^T` for the layers' matrices (see [`calibrate_row_product`]).
     MatrixVector,
     /// `x @ W^T` over slices of [`HEAD_SLICE_ROWS`] rows, for the output head.
     Sliced,
+}
+
+/// Whether one-row products of the layers' matrices run as `W @ x^T`: unmeasured (0), yes
+/// (1), no (2).
+static MATRIX_VECTOR: AtomicU8 = AtomicU8::new(0);
+
+/// Times a one-row product with `w` (a layer's dense f32 matrix) both ways, `x @ W^T` and
+/// `W @ x^T`, and keeps the faster for every later one-row product of this process. Which is
+/// faster depends on the CPU and the kernels OpenBLAS picks for it: `W @ x^T` decoded the
+/// fixture at 17.6 tok/s against 14.9 on one machine, and `x @ W^T` was 25% faster on another
+/// (68-74 against 92-104 ms per token). Measured once, at the first load; a few tens of
+/// milliseconds.
+pub fn calibrate_row_product(w: &Array) -> Result<()> {
+    if MATRIX_VECTOR.load(Ordering::Relaxed) != 0
+        || w.dtype() != mlx_rs::Dtype::Float32
+        || w.ndim() != 2
+    {
+        return Ok(());
+    }
+    let in_dim = w.shape()[1];
+    let x = ops::ones::<f32>(&[1, 1, in_dim])?;
+    let transposed = || -> Result<Array> { Ok(ops::matmul(&x, w.t())?) };
+    let vector = || -> Result<Array> { Ok(ops::matmul(w, x.reshape(&[in_dim, 1])?)?) };
+    let time = |f: &dyn Fn() -> Result<Array>| -> Result<std::time::Duration> {
+        let started = std::time::Instant::now();
+        for _ in 0..4 {
+            f()?.eval()?;
+        }
+        Ok(started.elapsed())
+    };
+    time(&transposed)?;
+    time(&vector)?;
+    let (mut t, mut v) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        t.push(time(&transposed)?);
+        v.push(time(&vector)?);
+    }
+    t.sort();
+    v.sort();
+    let use_vector = v[2] < t[2];
+    MATRIX_VECTOR.store(if use_vector { 1 } else { 2 }, Ordering::Relaxed);
+    tracing::info!(
+        transposed_us = t[2].as_micros() as u64 / 4,
+        matrix_vector_us = v[2].as_micros() as u64 / 4,
+        use_vector,
+        "one-row products timed"
+    );
+    Ok(())
 }
 
 fn row_product(x: &Array, w: &Array) -> Option<RowProduct> {
@@ -52,8 +101,10 @@ fn row_product(x: &Array, w: &Array) -> Option<RowProduct> {
         None
     } else if w.shape()[0] > MATRIX_VECTOR_MAX_ROWS {
         Some(RowProduct::Sliced)
-    } else {
+    } else if MATRIX_VECTOR.load(Ordering::Relaxed) == 1 {
         Some(RowProduct::MatrixVector)
+    } else {
+        None
     }
 }
 

@@ -84,6 +84,9 @@ impl ModelShard {
         for (done, i) in range.clone().enumerate() {
             let layer = family.block(config, source, i, format)?;
             mlx_rs::transforms::eval(layer.arrays())?;
+            if let Matrix::Dense(w) = &layer.mlp.gate_proj.weight {
+                crate::linear::calibrate_row_product(w)?;
+            }
             layers.push(layer);
             progress(done + 2, total);
         }
