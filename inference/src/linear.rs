@@ -108,28 +108,34 @@ fn row_product(x: &Array, w: &Array) -> Option<RowProduct> {
     }
 }
 
+/// `x @ W^T` for one row `x` as the matrix-vector product `W @ x^T`.
+fn matrix_vector(w: &Array, x: &Array) -> Result<Array> {
+    let (out_dim, in_dim) = (w.shape()[0], w.shape()[1]);
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().unwrap_or(&mut 0) = out_dim;
+    Ok(ops::matmul(w, x.reshape(&[in_dim, 1])?)?.reshape(&shape)?)
+}
+
+/// `x @ W^T` over slices of [`HEAD_SLICE_ROWS`] rows of `W`.
+fn sliced(w: &Array, x: &Array) -> Result<Array> {
+    let rows = w.shape()[0];
+    let parts = (0..rows)
+        .step_by(HEAD_SLICE_ROWS as usize)
+        .map(|start| {
+            let slice = w.index(start..(start + HEAD_SLICE_ROWS).min(rows));
+            ops::matmul(x, slice.t())
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(ops::concatenate(&parts, -1)?)
+}
+
 impl Matrix {
     /// `x @ W^T`.
     pub fn apply(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Matrix::Dense(w) => match row_product(x, w) {
-                Some(RowProduct::MatrixVector) => {
-                    let (out_dim, in_dim) = (w.shape()[0], w.shape()[1]);
-                    let mut shape = x.shape().to_vec();
-                    *shape.last_mut().unwrap_or(&mut 0) = out_dim;
-                    ops::matmul(w, x.reshape(&[in_dim, 1])?)?.reshape(&shape)?
-                }
-                Some(RowProduct::Sliced) => {
-                    let rows = w.shape()[0];
-                    let parts = (0..rows)
-                        .step_by(HEAD_SLICE_ROWS as usize)
-                        .map(|start| {
-                            let slice = w.index(start..(start + HEAD_SLICE_ROWS).min(rows));
-                            ops::matmul(x, slice.t())
-                        })
-                        .collect::<std::result::Result<Vec<_>, _>>()?;
-                    ops::concatenate(&parts, -1)?
-                }
+                Some(RowProduct::MatrixVector) => matrix_vector(w, x)?,
+                Some(RowProduct::Sliced) => sliced(w, x)?,
                 None => ops::matmul(x, w.t())?,
             },
             Matrix::Quantized {
@@ -212,15 +218,26 @@ mod tests {
         a.as_slice::<f32>().to_vec()
     }
 
-    /// The matrix-vector and sliced forms compute the same product as the plain one.
+    /// The matrix-vector and sliced forms compute the same product as the plain one, and
+    /// whatever the timing chose, `apply` does too.
     #[test]
     fn row_products_agree_with_the_plain_product() {
         mlx_rs::random::seed(7).unwrap();
-        for rows in [300, MATRIX_VECTOR_MAX_ROWS + 3 * HEAD_SLICE_ROWS + 5] {
-            let w = mlx_rs::random::normal::<f32>(&[rows, 64], None, None, None).unwrap();
-            let x = mlx_rs::random::normal::<f32>(&[1, 1, 64], None, None, None).unwrap();
-            assert!(row_product(&x, &w).is_some());
-            let got = Matrix::Dense(w.clone()).apply(&x).unwrap();
+        let rows = MATRIX_VECTOR_MAX_ROWS + 3 * HEAD_SLICE_ROWS + 5;
+        let head = mlx_rs::random::normal::<f32>(&[rows, 64], None, None, None).unwrap();
+        let layer = mlx_rs::random::normal::<f32>(&[300, 64], None, None, None).unwrap();
+        let x = mlx_rs::random::normal::<f32>(&[1, 1, 64], None, None, None).unwrap();
+        calibrate_row_product(&layer).unwrap();
+        assert_ne!(MATRIX_VECTOR.load(Ordering::Relaxed), 0);
+        assert!(matches!(row_product(&x, &head), Some(RowProduct::Sliced)));
+        let forms: [(&Array, Array); 4] = [
+            (&layer, matrix_vector(&layer, &x).unwrap()),
+            (&layer, Matrix::Dense(layer.clone()).apply(&x).unwrap()),
+            (&head, sliced(&head, &x).unwrap()),
+            (&head, Matrix::Dense(head.clone()).apply(&x).unwrap()),
+        ];
+        for (w, got) in forms {
+            let rows = w.shape()[0];
             assert_eq!(got.shape(), &[1, 1, rows]);
             let want = host(&ops::matmul(&x, w.t()).unwrap());
             let got = host(&got);
