@@ -105,16 +105,12 @@ impl BatchForward for LocalBatch<'_> {
     fn open(&mut self) -> Result<Slot> {
         let slot = self.next;
         self.next += 1;
-        self.slots.insert(slot, self.model.new_cache())?;
+        self.slots.insert(slot, self.model.new_cache());
         Ok(slot)
     }
 
     fn close(&mut self, slot: Slot) {
-        if let Err(e) = self.slots.close(slot) {
-            // The rows are rebuilt without it; failing that, every slot is lost.
-            tracing::warn!(%e, "closing a slot failed; dropping every slot");
-            self.slots.clear();
-        }
+        self.slots.close(slot);
     }
 
     fn keeps_caches(&self) -> bool {
@@ -131,7 +127,7 @@ impl BatchForward for LocalBatch<'_> {
         }
         let slot = self.next;
         self.next += 1;
-        self.slots.insert(slot, cache)?;
+        self.slots.insert(slot, cache);
         Ok(slot)
     }
 

@@ -200,7 +200,7 @@ impl SlotCaches {
             slots.clear();
         }
         for &slot in &plan.closed {
-            slots.close(Slot::from(slot))?;
+            slots.close(Slot::from(slot));
         }
         let parts: Vec<(Slot, usize)> = plan
             .parts

@@ -3,8 +3,8 @@
 //!
 //! A sequence that decodes (one new position per step, with something cached) joins the
 //! shared decode rows ([`KvRows`]), so its attention costs nothing per sequence; a sequence in
-//! prefill, or one whose joining would pad the rows past half their real positions ([`KvRows::fits`]), keeps its own
-//! cache. Inside the layers the rows come first, in row order, then the other sequences in the
+//! prefill, or one whose joining would pad the rows past half their real positions
+//! ([`KvRows::fits`]), keeps its own cache. Inside the layers the rows come first, in row order, then the other sequences in the
 //! step's order: [`SlotKv::forward`] permutes the activations into that layout and back, so
 //! callers see the step's order only.
 //!
@@ -66,19 +66,17 @@ impl SlotKv {
     }
 
     /// Puts `cache` in `slot` (replacing whatever was there).
-    pub fn insert(&mut self, slot: Slot, cache: KvCache) -> Result<()> {
-        self.close(slot)?;
+    pub fn insert(&mut self, slot: Slot, cache: KvCache) {
+        self.close(slot);
         self.own.insert(slot, cache);
-        Ok(())
     }
 
-    /// Frees `slot`.
-    pub fn close(&mut self, slot: Slot) -> Result<()> {
+    /// Frees `slot` (a row is only marked; see `row_slots`).
+    pub fn close(&mut self, slot: Slot) {
         self.own.remove(&slot);
         if let Some(row) = self.row_of(slot) {
             self.row_slots[row] = None;
         }
-        Ok(())
     }
 
     /// Frees `slot`, handing back its cache.

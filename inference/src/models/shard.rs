@@ -23,16 +23,6 @@ pub enum ShardInput<'a> {
     Hidden(Array),
 }
 
-/// One sequence's share of a [`ModelShard::forward_batch`].
-pub struct BatchPart<'a> {
-    /// Its new tokens (at least one).
-    pub tokens: &'a [u32],
-    /// Its cache, which the tokens continue.
-    pub cache: &'a mut KvCache,
-    /// Whether the caller needs the logits of its last new position.
-    pub wants_logits: bool,
-}
-
 /// Layers `[start, end)` of a decoder, with embeddings on the first and the head on the last.
 #[derive(Debug, Clone)]
 pub struct ModelShard {
@@ -197,36 +187,6 @@ impl ModelShard {
             h = layer.forward(&h, c)?;
         }
         Ok(h)
-    }
-
-    /// Several sequences in one pass (continuous batching): `parts` are, in order, each
-    /// sequence's new tokens with its cache. Returns float32 logits `[k, vocab]` of the last
-    /// new position of each part whose `wants_logits` is set, in order (`None` when none is).
-    /// Needs the whole model (embedding and head).
-    pub fn forward_batch(&self, parts: &mut [BatchPart<'_>]) -> Result<Option<Array>> {
-        let tokens: Vec<u32> = parts
-            .iter()
-            .flat_map(|p| p.tokens.iter().copied())
-            .collect();
-        let h = self.embed(&tokens)?;
-        let mut segments: Vec<StepKv<'_>> = parts
-            .iter_mut()
-            .map(|p| StepKv::Own(p.tokens.len(), &mut *p.cache))
-            .collect();
-        let h = self.forward_layers_batch(h, &mut segments)?;
-        let rows = wanted_rows(parts.iter().map(|p| (p.tokens.len(), p.wants_logits)));
-        if rows.is_empty() {
-            // Nothing to read, but the caches must still be computed.
-            let mut arrays: Vec<&Array> = vec![&h];
-            arrays.extend(
-                parts
-                    .iter()
-                    .flat_map(|p| p.cache.layers.iter().flat_map(|l| l.arrays())),
-            );
-            mlx_rs::transforms::eval(arrays)?;
-            return Ok(None);
-        }
-        self.logits_of_rows(&h, &rows).map(Some)
     }
 
     /// This shard's layers over several sequences' positions at once: `h` is `[1, total,
