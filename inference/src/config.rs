@@ -3,7 +3,9 @@
 
 use crate::error::{InferenceError, Result};
 use crate::gguf::{GgufFile, GgufValue};
+use crate::quantized::{QuantMode, QuantSpec};
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// The decoder families this crate runs; each has its file in [`crate::models`], holding its
 /// block and its tensor names.
@@ -16,6 +18,10 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: RMS norms on each head's queries and keys.
     Qwen3,
+    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B, Qwen3-Coder-480B): Qwen3's attention with a
+    /// softmax-routed Mixture-of-Experts feed-forward.
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -25,7 +31,18 @@ impl Architecture {
             "llama" | "mistral" => Ok(Architecture::Llama),
             "qwen2" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
+            "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
             other => Err(InferenceError::UnsupportedArchitecture(other.to_owned())),
+        }
+    }
+
+    /// The `model_type` and the class name (`architectures`) of a Hugging Face config.json.
+    pub fn hf_names(self) -> (&'static str, &'static str) {
+        match self {
+            Architecture::Llama => ("llama", "LlamaForCausalLM"),
+            Architecture::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+            Architecture::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
+            Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
         }
     }
 }
@@ -55,13 +72,126 @@ pub enum RopeScaling {
     FreqFactors(Vec<f32>),
 }
 
-/// Quantization of an MLX-community checkpoint (`quantization` in config.json).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Quantization of an MLX-community checkpoint (`quantization` in config.json): the default
+/// for every quantized tensor, and the per-path entries `mlx_lm.convert` writes for tensors
+/// quantized otherwise (routers kept at 8 bits, say). Whether a tensor is quantized at all is
+/// told by its `.scales` being in the files, as mlx-lm decides it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuantizationConfig {
     /// Weights per scale/bias group.
     pub group_size: i32,
     /// Bits per weight.
     pub bits: i32,
+    /// The encoding of the default.
+    #[serde(default = "affine")]
+    pub mode: QuantMode,
+    /// Per-path exceptions (`model.layers.0.mlp.gate` → 8-bit), by module path.
+    #[serde(default)]
+    pub overrides: BTreeMap<String, QuantSpec>,
+}
+
+fn affine() -> QuantMode {
+    QuantMode::Affine
+}
+
+impl QuantizationConfig {
+    /// Reads a `quantization` object. An entry without `mode` means affine, also under a
+    /// micro-scaled default: mlx-lm builds per-path layers from the entry alone.
+    pub fn from_json(q: &Value) -> Result<QuantizationConfig> {
+        let spec = |v: &Value, default_mode: QuantMode| -> Result<QuantSpec> {
+            Ok(QuantSpec {
+                group_size: v.get("group_size").and_then(Value::as_i64).unwrap_or(64) as i32,
+                bits: v.get("bits").and_then(Value::as_i64).unwrap_or(4) as i32,
+                mode: match v.get("mode").and_then(Value::as_str) {
+                    Some(m) => QuantMode::parse(m)?,
+                    None => default_mode,
+                },
+            })
+        };
+        let default = spec(q, QuantMode::Affine)?;
+        let mut overrides = BTreeMap::new();
+        if let Some(map) = q.as_object() {
+            for (path, entry) in map {
+                if entry.is_object() {
+                    overrides.insert(path.clone(), spec(entry, QuantMode::Affine)?);
+                }
+            }
+        }
+        for s in std::iter::once(&default).chain(overrides.values()) {
+            if !matches!(s.bits, 2 | 3 | 4 | 5 | 6 | 8)
+                || !matches!(s.group_size, 16 | 32 | 64 | 128)
+            {
+                return Err(InferenceError::BadConfig(format!(
+                    "quantization {s:?} is not one MLX has (2, 3, 4, 5, 6 or 8 bits; groups of 16 to 128)"
+                )));
+            }
+        }
+        Ok(QuantizationConfig {
+            group_size: default.group_size,
+            bits: default.bits,
+            mode: default.mode,
+            overrides,
+        })
+    }
+
+    /// How the tensor at module path `prefix` (`model.layers.3.mlp.gate`) is quantized.
+    pub fn spec_for(&self, prefix: &str) -> QuantSpec {
+        self.overrides.get(prefix).copied().unwrap_or(QuantSpec {
+            group_size: self.group_size,
+            bits: self.bits,
+            mode: self.mode,
+        })
+    }
+}
+
+/// How a Mixture-of-Experts layer picks its experts for a token.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum RouterKind {
+    /// Softmax over every expert, then the top k (Qwen3-MoE); with `normalize`, the k
+    /// weights are divided by their sum (`norm_topk_prob`).
+    SoftmaxTopK {
+        /// `norm_topk_prob`.
+        normalize: bool,
+    },
+}
+
+/// The Mixture-of-Experts part of a configuration.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MoeConfig {
+    /// Routed experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts each token runs through (top k).
+    pub experts_per_token: usize,
+    /// Hidden width of one expert's SwiGLU (`moe_intermediate_size`).
+    pub expert_width: usize,
+    /// How experts are chosen.
+    pub router: RouterKind,
+    /// Layers that keep a dense MLP (`mlp_only_layers`).
+    pub dense_layers: Vec<usize>,
+    /// Every `sparse_step`-th layer is MoE (`decoder_sparse_step`; 1: all).
+    pub sparse_step: usize,
+    /// The first layers that stay dense (`first_k_dense_replace`).
+    pub first_dense: usize,
+}
+
+impl MoeConfig {
+    /// Whether layer `layer` has experts (else a dense MLP of `intermediate_size`).
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.num_experts > 0
+            && layer >= self.first_dense
+            && !self.dense_layers.contains(&layer)
+            && (layer + 1).is_multiple_of(self.sparse_step.max(1))
+    }
+
+    /// Parameters of one MoE feed-forward (router and every expert).
+    pub fn parameters(&self, hidden: usize) -> usize {
+        hidden * self.num_experts + 3 * hidden * self.expert_width * self.num_experts
+    }
+
+    /// Parameters one token runs through in one MoE feed-forward.
+    pub fn active_parameters(&self, hidden: usize) -> usize {
+        hidden * self.num_experts + 3 * hidden * self.expert_width * self.experts_per_token
+    }
 }
 
 /// Everything needed to build a decoder.
@@ -97,6 +227,9 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// Quantization of the stored weights (MLX-community checkpoints).
     pub quantization: Option<QuantizationConfig>,
+    /// The Mixture-of-Experts feed-forward, for MoE families.
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
 }
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
@@ -158,13 +291,40 @@ impl ModelConfig {
             }
             _ => RopeScaling::None,
         };
-        let quantization =
-            v.get("quantization")
-                .filter(|q| q.is_object())
-                .map(|q| QuantizationConfig {
-                    group_size: q.get("group_size").and_then(Value::as_i64).unwrap_or(64) as i32,
-                    bits: q.get("bits").and_then(Value::as_i64).unwrap_or(4) as i32,
-                });
+        let quantization = v
+            .get("quantization")
+            .filter(|q| q.is_object())
+            .map(QuantizationConfig::from_json)
+            .transpose()?;
+        let moe = match architecture {
+            Architecture::Qwen3Moe => Some(MoeConfig {
+                num_experts: req_usize(v, "num_experts")?,
+                experts_per_token: req_usize(v, "num_experts_per_tok")?,
+                expert_width: req_usize(v, "moe_intermediate_size")?,
+                router: RouterKind::SoftmaxTopK {
+                    normalize: v
+                        .get("norm_topk_prob")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
+                },
+                dense_layers: v
+                    .get("mlp_only_layers")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_u64)
+                            .map(|x| x as usize)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                sparse_step: v
+                    .get("decoder_sparse_step")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(1) as usize,
+                first_dense: 0,
+            }),
+            _ => None,
+        };
         let config = ModelConfig {
             architecture,
             hidden_size,
@@ -193,6 +353,7 @@ impl ModelConfig {
                     .unwrap_or(false),
             },
             quantization,
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -270,6 +431,7 @@ impl ModelConfig {
             tie_word_embeddings: !file.tensors.contains_key("output.weight"),
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
             quantization: None,
+            moe: None,
         };
         config.validate()?;
         Ok(config)
@@ -305,13 +467,57 @@ impl ModelConfig {
         {
             return bad("implausibly large dimensions".into());
         }
+        if let Some(moe) = &self.moe {
+            if moe.num_experts == 0
+                || moe.experts_per_token == 0
+                || moe.experts_per_token > moe.num_experts
+                || moe.expert_width == 0
+                || moe.num_experts > 1 << 12
+                || moe.expert_width > 1 << 16
+            {
+                return bad(format!(
+                    "a Mixture-of-Experts layer of {} experts, {} per token, {} wide cannot be built",
+                    moe.num_experts, moe.experts_per_token, moe.expert_width
+                ));
+            }
+        }
         Ok(())
     }
 
-    /// Bytes of weights per layer in f32, for memory and watchdog estimates.
-    pub fn layer_parameters(&self) -> usize {
+    /// Parameters of layer `layer` (every expert counted), for memory and watchdog estimates
+    /// and for splitting layers by their bytes.
+    pub fn parameters_of_layer(&self, layer: usize) -> usize {
         let attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads);
-        let mlp = 3 * self.hidden_size * self.intermediate_size;
-        attn + mlp + 2 * self.hidden_size
+        let ffn = match &self.moe {
+            Some(moe) if moe.is_moe_layer(layer) => moe.parameters(self.hidden_size),
+            _ => 3 * self.hidden_size * self.intermediate_size,
+        };
+        attn + ffn + 2 * self.hidden_size
+    }
+
+    /// Parameters of every layer, summed.
+    pub fn all_layer_parameters(&self) -> usize {
+        (0..self.num_layers)
+            .map(|l| self.parameters_of_layer(l))
+            .sum()
+    }
+
+    /// Parameters of layers `range`, summed.
+    pub fn range_parameters(&self, range: &std::ops::Range<usize>) -> usize {
+        range.clone().map(|l| self.parameters_of_layer(l)).sum()
+    }
+
+    /// Parameters one token runs through in every layer (all of them for a dense model; the
+    /// router and the top-k experts of an MoE layer).
+    pub fn active_layer_parameters(&self) -> usize {
+        (0..self.num_layers)
+            .map(|l| match &self.moe {
+                Some(moe) if moe.is_moe_layer(l) => {
+                    self.parameters_of_layer(l) - moe.parameters(self.hidden_size)
+                        + moe.active_parameters(self.hidden_size)
+                }
+                _ => self.parameters_of_layer(l),
+            })
+            .sum()
     }
 }

@@ -4,7 +4,7 @@
 //! (affine `bits`-bit weights with per-group scales and biases, as `mlx_lm.convert -q` writes
 //! it and Apple GPUs run it), which is how the tests check the quantized path's numbers.
 
-use crate::config::{Architecture, RopeScaling};
+use crate::config::RopeScaling;
 use crate::error::{InferenceError, Result};
 use crate::loader::open_model;
 use mlx_rs::{Array, Dtype};
@@ -66,11 +66,7 @@ pub fn export_hf_folder_as(model: &Path, out: &Path, weights: ExportWeights) -> 
         out.join("model.safetensors"),
     )
     .map_err(|e| InferenceError::Mlx(e.to_string()))?;
-    let model_type = match config.architecture {
-        Architecture::Llama => "llama",
-        Architecture::Qwen2 => "qwen2",
-        Architecture::Qwen3 => "qwen3",
-    };
+    let (model_type, class) = config.architecture.hf_names();
     let rope_scaling = match &config.rope_scaling {
         RopeScaling::None | RopeScaling::FreqFactors(_) => serde_json::Value::Null,
         RopeScaling::Linear { factor } => serde_json::json!({"type": "linear", "factor": factor}),
@@ -86,7 +82,7 @@ pub fn export_hf_folder_as(model: &Path, out: &Path, weights: ExportWeights) -> 
     };
     let t = &opened.tokenizer;
     let cfg = serde_json::json!({
-        "architectures": [match config.architecture { Architecture::Llama => "LlamaForCausalLM", Architecture::Qwen2 => "Qwen2ForCausalLM", Architecture::Qwen3 => "Qwen3ForCausalLM" }],
+        "architectures": [class],
         "model_type": model_type,
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_layers,

@@ -36,6 +36,7 @@ pub mod models;
 pub mod pipeline;
 pub mod platform;
 pub mod quant;
+pub mod quantized;
 pub mod request;
 pub mod ring;
 pub mod rope;

@@ -1,28 +1,18 @@
 //! Linear layers and embeddings over dense or MLX-quantized weights.
 
 use crate::error::Result;
+use crate::quantized::{slice_axis, QuantizedMatrix};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// A weight matrix `[out, in]`, dense or in MLX's affine quantized layout.
+/// A weight matrix `[out, in]`, dense or quantized as MLX stores it.
 #[derive(Debug, Clone)]
 pub enum Matrix {
     /// Plain floats.
     Dense(Array),
-    /// Packed integers with per-group scales and biases.
-    Quantized {
-        /// Packed `u32` words, `[out, in * bits / 32]`.
-        packed: Array,
-        /// `[out, in / group_size]`.
-        scales: Array,
-        /// `[out, in / group_size]`.
-        biases: Array,
-        /// Weights per group.
-        group_size: i32,
-        /// Bits per weight.
-        bits: i32,
-    },
+    /// Packed weights with per-group scales (see [`QuantizedMatrix`]).
+    Quantized(QuantizedMatrix),
 }
 
 /// Rows per product when one row of activations meets a tall f32 matrix (the output head).
@@ -138,13 +128,7 @@ impl Matrix {
                 Some(RowProduct::Sliced) => sliced(w, x)?,
                 None => ops::matmul(x, w.t())?,
             },
-            Matrix::Quantized {
-                packed,
-                scales,
-                biases,
-                group_size,
-                bits,
-            } => ops::quantized_matmul(x, packed, scales, biases, true, *group_size, *bits)?,
+            Matrix::Quantized(q) => q.matmul(x)?,
         })
     }
 
@@ -152,19 +136,7 @@ impl Matrix {
     pub fn rows(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             Matrix::Dense(w) => w.take_axis(ids, 0)?,
-            Matrix::Quantized {
-                packed,
-                scales,
-                biases,
-                group_size,
-                bits,
-            } => ops::dequantize(
-                packed.take_axis(ids, 0)?,
-                scales.take_axis(ids, 0)?,
-                &biases.take_axis(ids, 0)?,
-                *group_size,
-                *bits,
-            )?,
+            Matrix::Quantized(q) => q.rows(ids)?,
         })
     }
 
@@ -172,13 +144,32 @@ impl Matrix {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Matrix::Dense(w) => vec![w],
-            Matrix::Quantized {
-                packed,
-                scales,
-                biases,
-                ..
-            } => vec![packed, scales, biases],
+            Matrix::Quantized(q) => q.arrays(),
         }
+    }
+
+    /// Output rows.
+    pub fn out_rows(&self) -> usize {
+        match self {
+            Matrix::Dense(w) => w.shape()[0] as usize,
+            Matrix::Quantized(q) => q.out_rows(),
+        }
+    }
+
+    /// Output rows `[start, end)` (a column-parallel slice).
+    pub fn slice_rows(&self, start: usize, end: usize) -> Result<Matrix> {
+        Ok(match self {
+            Matrix::Dense(w) => Matrix::Dense(slice_axis(w, 0, start, end)?),
+            Matrix::Quantized(q) => Matrix::Quantized(q.slice_rows(start, end)?),
+        })
+    }
+
+    /// Input columns `[start, end)` (a row-parallel slice; quantized, at group boundaries).
+    pub fn slice_columns(&self, start: usize, end: usize, what: &str) -> Result<Matrix> {
+        Ok(match self {
+            Matrix::Dense(w) => Matrix::Dense(slice_axis(w, 1, start, end)?),
+            Matrix::Quantized(q) => Matrix::Quantized(q.slice_columns(start, end, what)?),
+        })
     }
 }
 
@@ -198,6 +189,37 @@ impl Linear {
         Ok(match &self.bias {
             Some(b) => ops::add(&y, b)?,
             None => y,
+        })
+    }
+
+    /// Output rows `[start, end)` with their bias (a column-parallel slice).
+    pub fn slice_rows(&self, start: usize, end: usize) -> Result<Linear> {
+        Ok(Linear {
+            weight: self.weight.slice_rows(start, end)?,
+            bias: self
+                .bias
+                .as_ref()
+                .map(|b| slice_axis(b, 0, start, end))
+                .transpose()?,
+        })
+    }
+
+    /// Input columns `[start, end)` of one of `ranks` row-parallel slices. The ranks' partial
+    /// outputs are summed, so each keeps `bias / ranks` and the sum adds it once.
+    pub fn slice_columns(
+        &self,
+        start: usize,
+        end: usize,
+        ranks: usize,
+        what: &str,
+    ) -> Result<Linear> {
+        Ok(Linear {
+            weight: self.weight.slice_columns(start, end, what)?,
+            bias: self
+                .bias
+                .as_ref()
+                .map(|b| ops::divide(b, Array::from_f32(ranks as f32)))
+                .transpose()?,
         })
     }
 

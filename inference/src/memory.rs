@@ -36,9 +36,7 @@ fn element_bytes(format: WeightFormat) -> u64 {
 pub fn parameters(config: &ModelConfig) -> u64 {
     let embed = (config.vocab_size * config.hidden_size) as u64;
     let heads = if config.tie_word_embeddings { 1 } else { 2 };
-    config.layer_parameters() as u64 * config.num_layers as u64
-        + heads * embed
-        + config.hidden_size as u64
+    config.all_layer_parameters() as u64 + heads * embed + config.hidden_size as u64
 }
 
 /// Bytes the weights take as `format` (a quantized runner keeps about the file's size).

@@ -9,7 +9,8 @@ use crate::error::{InferenceError, Result};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::linear::{Linear, Matrix};
 use crate::quant;
-use mlx_rs::{ops, Array, Dtype};
+use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
+use mlx_rs::{Array, Dtype};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -78,9 +79,8 @@ impl WeightFormat {
             return preferred;
         }
         let embed = (config.vocab_size * config.hidden_size) as u64;
-        let f32_bytes = 4 * (config.layer_parameters() as u64 * range.len() as u64 + 2 * embed);
-        let whole_f32 =
-            4 * (config.layer_parameters() as u64 * config.num_layers as u64 + 2 * embed);
+        let f32_bytes = 4 * (config.range_parameters(range) as u64 + 2 * embed);
+        let whole_f32 = 4 * (config.all_layer_parameters() as u64 + 2 * embed);
         match available_memory_bytes() {
             Some(avail) if f32_bytes > avail / 10 * 6 => {
                 let stored_quantized = bytes_on_disk < whole_f32 / 3;
@@ -130,6 +130,14 @@ pub trait TensorSource {
     /// A weight matrix `prefix.weight` in the requested form.
     fn matrix(&mut self, prefix: &str, format: WeightFormat) -> Result<Matrix>;
 
+    /// Experts' weights stacked as `[experts, out, in]` under `prefix.weight` (MLX-community
+    /// layout, `switch_mlp.*`), in the requested form; `None` when the source does not hold
+    /// them stacked (Hugging Face checkpoints store one matrix per expert).
+    fn stacked(&mut self, prefix: &str, format: WeightFormat) -> Result<Option<Stacked>> {
+        let _ = (prefix, format);
+        Ok(None)
+    }
+
     /// A linear layer: `prefix.weight` and, when present, `prefix.bias`.
     fn linear(&mut self, prefix: &str, format: WeightFormat) -> Result<Linear> {
         let weight = self.matrix(prefix, format)?;
@@ -141,6 +149,15 @@ pub trait TensorSource {
         };
         Ok(Linear { weight, bias })
     }
+}
+
+/// Experts' weights stacked along a first axis, `[experts, out, in]`.
+#[derive(Debug, Clone)]
+pub enum Stacked {
+    /// Floats.
+    Dense(Array),
+    /// Quantized (each expert's rows grouped as in a 2-D quantized matrix).
+    Quantized(QuantizedMatrix),
 }
 
 fn to_i32_shape(shape: &[usize]) -> Vec<i32> {
@@ -275,13 +292,16 @@ impl TensorSource for GgufSource {
         let groups = (cols / q.group_size as usize) as i32;
         let dtype = format.compute_dtype();
         let words = (cols * q.bits as usize / 32) as i32;
-        Ok(Matrix::Quantized {
+        Ok(Matrix::Quantized(QuantizedMatrix {
             packed: Array::from_slice(&q.packed, &[rows as i32, words]),
             scales: Array::from_slice(&q.scales, &[rows as i32, groups]).as_dtype(dtype)?,
-            biases: Array::from_slice(&q.biases, &[rows as i32, groups]).as_dtype(dtype)?,
-            group_size: q.group_size,
-            bits: q.bits,
-        })
+            biases: Some(Array::from_slice(&q.biases, &[rows as i32, groups]).as_dtype(dtype)?),
+            spec: QuantSpec {
+                group_size: q.group_size,
+                bits: q.bits,
+                mode: QuantMode::Affine,
+            },
+        }))
     }
 }
 
@@ -313,7 +333,7 @@ impl SafetensorsSource {
         }
         Ok(SafetensorsSource {
             tensors,
-            quantization: config.quantization,
+            quantization: config.quantization.clone(),
             absent,
         })
     }
@@ -411,42 +431,83 @@ impl TensorSource for SafetensorsSource {
 
     fn matrix(&mut self, prefix: &str, format: WeightFormat) -> Result<Matrix> {
         let name = format!("{prefix}.weight");
-        let w = self.get(&name)?.clone();
-        let scales_name = format!("{prefix}.scales");
-        let dtype = format.compute_dtype();
-        match (self.quantization, self.tensors.contains_key(&scales_name)) {
-            (Some(q), true) => {
-                let scales = self.get(&scales_name)?.as_dtype(dtype)?;
-                let biases = self.get(&format!("{prefix}.biases"))?.as_dtype(dtype)?;
-                if format == WeightFormat::Quantized {
-                    Ok(Matrix::Quantized {
-                        packed: w,
-                        scales,
-                        biases,
-                        group_size: q.group_size,
-                        bits: q.bits,
-                    })
-                } else {
-                    Ok(Matrix::Dense(
-                        ops::dequantize(&w, &scales, &biases, q.group_size, q.bits)?
-                            .as_dtype(dtype)?,
-                    ))
-                }
-            }
-            _ => {
+        match self.stored_quantized(prefix, format.compute_dtype())? {
+            Some(q) if format == WeightFormat::Quantized => Ok(Matrix::Quantized(q)),
+            Some(q) => Ok(Matrix::Dense(q.dequantize(format.compute_dtype())?)),
+            None => {
+                let w = self.get(&name)?.clone();
                 if w.ndim() != 2 {
                     return Err(InferenceError::BadTensor {
                         name,
                         reason: format!("expected a matrix, found shape {:?}", w.shape()),
                     });
                 }
-                Ok(Matrix::Dense(if w.dtype() == dtype {
-                    w
-                } else {
-                    w.as_dtype(dtype)?
-                }))
+                Ok(Matrix::Dense(to_dtype(w, format.compute_dtype())?))
             }
         }
+    }
+
+    fn stacked(&mut self, prefix: &str, format: WeightFormat) -> Result<Option<Stacked>> {
+        let dtype = format.compute_dtype();
+        Ok(match self.stored_quantized(prefix, dtype)? {
+            Some(q) if format == WeightFormat::Quantized => Some(Stacked::Quantized(q)),
+            Some(q) => Some(Stacked::Dense(q.dequantize(dtype)?)),
+            None => match self.tensors.get(&format!("{prefix}.weight")) {
+                Some(w) => Some(Stacked::Dense(to_dtype(w.clone(), dtype)?)),
+                None => None,
+            },
+        })
+    }
+}
+
+fn to_dtype(a: Array, dtype: Dtype) -> Result<Array> {
+    Ok(if a.dtype() == dtype {
+        a
+    } else {
+        a.as_dtype(dtype)?
+    })
+}
+
+impl SafetensorsSource {
+    /// The quantized weight `prefix` as stored (`.weight`, `.scales`, affine `.biases`), with
+    /// its group size, bits and mode from the configuration's entry for that path; `None`
+    /// when the tensor is stored as floats.
+    fn stored_quantized(&self, prefix: &str, dtype: Dtype) -> Result<Option<QuantizedMatrix>> {
+        let scales_name = format!("{prefix}.scales");
+        let (Some(q), true) = (&self.quantization, self.tensors.contains_key(&scales_name)) else {
+            return Ok(None);
+        };
+        let spec = q.spec_for(prefix);
+        let packed = self.get(&format!("{prefix}.weight"))?.clone();
+        let scales = self.get(&scales_name)?;
+        let (scales, biases) = if spec.mode.has_biases() {
+            (
+                scales.as_dtype(dtype)?,
+                Some(self.get(&format!("{prefix}.biases"))?.as_dtype(dtype)?),
+            )
+        } else {
+            (scales.clone(), None)
+        };
+        let matrix = QuantizedMatrix {
+            packed,
+            scales,
+            biases,
+            spec,
+        };
+        let groups = *matrix.scales.shape().last().unwrap_or(&0) as usize;
+        if matrix.in_columns() != groups * spec.group_size as usize {
+            return Err(InferenceError::BadTensor {
+                name: format!("{prefix}.weight"),
+                reason: format!(
+                    "packed as {} columns at {} bits but its scales have {groups} groups of {}: \
+                     the checkpoint's `quantization` entry does not match the tensor",
+                    matrix.in_columns(),
+                    spec.bits,
+                    spec.group_size
+                ),
+            });
+        }
+        Ok(Some(matrix))
     }
 }
 
@@ -472,6 +533,7 @@ mod tests {
             tie_word_embeddings: false,
             attention_bias: false,
             quantization: None,
+            moe: None,
         }
     }
 

@@ -4,6 +4,7 @@
 //! [`super::qwen2`], [`super::qwen3`]) decides which of them its block uses and under which
 //! tensor names; nothing here asks which family it serves.
 
+use super::moe::MoeBlock;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;
@@ -255,6 +256,46 @@ impl Attention {
         Ok(by_row(o)?)
     }
 
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance: query heads
+    /// `[r·h/n, (r+1)·h/n)` with exactly the key/value heads they use, so grouped-query
+    /// attention needs no communication; the output projection's partial sums are added over
+    /// `group`.
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<Attention> {
+        let (heads, kv_heads) = (self.num_heads as usize, self.num_kv_heads as usize);
+        for (kind, count) in [("attention heads", heads), ("key/value heads", kv_heads)] {
+            if !count.is_multiple_of(size) {
+                return Err(InferenceError::BadSplit(format!(
+                    "{count} {kind} cannot be split over {size} ranks; choose a ring size \
+                     that divides it"
+                )));
+            }
+        }
+        let d = self.head_dim as usize;
+        let (heads, kv_heads) = (heads / size, kv_heads / size);
+        let (q0, q1) = (rank * heads * d, (rank + 1) * heads * d);
+        let (k0, k1) = (rank * kv_heads * d, (rank + 1) * kv_heads * d);
+        let name = |n: &str| format!("{what} {n}");
+        Ok(Attention {
+            q_proj: self.q_proj.slice_rows(q0, q1)?,
+            k_proj: self.k_proj.slice_rows(k0, k1)?,
+            v_proj: self.v_proj.slice_rows(k0, k1)?,
+            o_proj: self.o_proj.slice_columns(q0, q1, size, &name("o_proj"))?,
+            head_norms: self.head_norms.clone(),
+            num_heads: heads as i32,
+            num_kv_heads: kv_heads as i32,
+            head_dim: self.head_dim,
+            eps: self.eps,
+            rope: self.rope.clone(),
+            reduce: Some(group.clone()),
+        })
+    }
+
     fn arrays(&self) -> Vec<&Array> {
         let mut v: Vec<&Array> = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
             .into_iter()
@@ -316,6 +357,83 @@ impl Mlp {
             .flat_map(Linear::arrays)
             .collect()
     }
+
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance: its share of the hidden
+    /// units (gate and up by rows, down by columns).
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<Mlp> {
+        let width = self.gate_proj.weight.out_rows();
+        if !width.is_multiple_of(size) {
+            return Err(InferenceError::BadSplit(format!(
+                "{what}: an MLP of {width} units cannot be split over {size} ranks"
+            )));
+        }
+        let (f0, f1) = (rank * width / size, (rank + 1) * width / size);
+        Ok(Mlp {
+            gate_proj: self.gate_proj.slice_rows(f0, f1)?,
+            up_proj: self.up_proj.slice_rows(f0, f1)?,
+            down_proj: self.down_proj.slice_columns(f0, f1, size, what)?,
+            reduce: Some(group.clone()),
+        })
+    }
+}
+
+/// A block's feed-forward: a dense SwiGLU MLP or a Mixture of Experts (the family decides,
+/// layer by layer).
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    /// One SwiGLU MLP.
+    Dense(Mlp),
+    /// Routed experts.
+    Experts(MoeBlock),
+}
+
+impl FeedForward {
+    /// Applies it.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Experts(m) => m.forward(x),
+        }
+    }
+
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance.
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<FeedForward> {
+        Ok(match self {
+            FeedForward::Dense(m) => FeedForward::Dense(m.cut(rank, size, group, what)?),
+            FeedForward::Experts(m) => FeedForward::Experts(m.cut(rank, size, group, what)?),
+        })
+    }
+
+    /// A dense f32 matrix of the block to time one-row products with (see
+    /// [`crate::linear::calibrate_row_product`]).
+    pub(crate) fn calibration_matrix(&self) -> Option<&Array> {
+        match self {
+            FeedForward::Dense(m) => match &m.gate_proj.weight {
+                Matrix::Dense(w) => Some(w),
+                Matrix::Quantized(_) => None,
+            },
+            FeedForward::Experts(_) => None,
+        }
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            FeedForward::Dense(m) => m.arrays(),
+            FeedForward::Experts(m) => m.arrays(),
+        }
+    }
 }
 
 /// One pre-norm transformer block.
@@ -324,12 +442,12 @@ pub struct DecoderLayer {
     pub(crate) input_norm: Array,
     pub(crate) attention: Attention,
     pub(crate) post_attention_norm: Array,
-    pub(crate) mlp: Mlp,
+    pub(crate) ffn: FeedForward,
     pub(crate) eps: f32,
 }
 
 impl DecoderLayer {
-    /// The block of layer `layer` around `attention`: its MLP and its two norms.
+    /// The block of layer `layer` around `attention` with a dense MLP, and its two norms.
     pub(crate) fn load(
         config: &ModelConfig,
         source: &mut dyn TensorSource,
@@ -337,15 +455,45 @@ impl DecoderLayer {
         format: WeightFormat,
         attention: Attention,
     ) -> Result<DecoderLayer> {
+        let mlp = FeedForward::Dense(Mlp::load(config, source, layer, format)?);
+        DecoderLayer::assemble(config, source, layer, format, attention, mlp)
+    }
+
+    /// The block of layer `layer` from its attention and feed-forward, with its two norms.
+    pub(crate) fn assemble(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        attention: Attention,
+        ffn: FeedForward,
+    ) -> Result<DecoderLayer> {
         let dtype = format.compute_dtype();
         let p = |part: &str| layer_tensor(layer, part);
-        let mlp = Mlp::load(config, source, layer, format)?;
         Ok(DecoderLayer {
             input_norm: source.dense(&p("input_layernorm.weight"), dtype)?,
             attention,
             post_attention_norm: source.dense(&p("post_attention_layernorm.weight"), dtype)?,
-            mlp,
+            ffn,
             eps: config.rms_norm_eps,
+        })
+    }
+
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance over `group`: its heads
+    /// and its share of the feed-forward; the norms stay whole.
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<DecoderLayer> {
+        Ok(DecoderLayer {
+            input_norm: self.input_norm.clone(),
+            attention: self.attention.cut(rank, size, group, what)?,
+            post_attention_norm: self.post_attention_norm.clone(),
+            ffn: self.ffn.cut(rank, size, group, what)?,
+            eps: self.eps,
         })
     }
 
@@ -363,7 +511,7 @@ impl DecoderLayer {
             segments,
         )?;
         let h = ops::add(x, &a)?;
-        let m = self.mlp.forward(&fast::rms_norm(
+        let m = self.ffn.forward(&fast::rms_norm(
             &h,
             Some(&self.post_attention_norm),
             self.eps,
@@ -375,18 +523,15 @@ impl DecoderLayer {
     pub(crate) fn arrays(&self) -> Vec<&Array> {
         let mut v = vec![&self.input_norm, &self.post_attention_norm];
         v.extend(self.attention.arrays());
-        v.extend(self.mlp.arrays());
+        v.extend(self.ffn.arrays());
         v
     }
 }
 
 /// Fails unless `m` has `rows` output rows.
 pub(crate) fn check_shape(m: &Matrix, name: &str, rows: usize) -> Result<()> {
-    let got = match m {
-        Matrix::Dense(w) => w.shape()[0],
-        Matrix::Quantized { packed, .. } => packed.shape()[0],
-    };
-    if got as usize != rows {
+    let got = m.out_rows();
+    if got != rows {
         return Err(InferenceError::BadTensor {
             name: name.to_owned(),
             reason: format!("expected {rows} rows, found {got}"),

@@ -1,6 +1,7 @@
 //! The decoders, laid out as mlx-lm lays out its models: a small shared base ([`base`]:
 //! attention, MLP, the pre-norm block), one file per family, each with its own block and tensor
-//! names ([`llama`], [`qwen2`], [`qwen3`]), and the shard that runs a layer range of any of
+//! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`]), the Mixture-of-Experts feed-forward
+//! the MoE families share ([`moe`]), and the shard that runs a layer range of any of
 //! them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
 //!
 //! A family ([`base::Family`]) is chosen once, from the configuration's [`Architecture`],
@@ -8,8 +9,10 @@
 
 pub mod base;
 pub mod llama;
+pub mod moe;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
 pub mod shard;
 mod tensor_parallel;
 
@@ -22,6 +25,7 @@ pub fn family(architecture: Architecture) -> &'static dyn Family {
         Architecture::Llama => &llama::Llama,
         Architecture::Qwen2 => &qwen2::Qwen2,
         Architecture::Qwen3 => &qwen3::Qwen3,
+        Architecture::Qwen3Moe => &qwen3_moe::Qwen3Moe,
     }
 }
 

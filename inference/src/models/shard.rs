@@ -74,7 +74,7 @@ impl ModelShard {
         for (done, i) in range.clone().enumerate() {
             let layer = family.block(config, source, i, format)?;
             mlx_rs::transforms::eval(layer.arrays())?;
-            if let Matrix::Dense(w) = &layer.mlp.gate_proj.weight {
+            if let Some(w) = layer.ffn.calibration_matrix() {
                 crate::linear::calibrate_row_product(w)?;
             }
             layers.push(layer);

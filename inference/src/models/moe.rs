@@ -1,0 +1,303 @@
+//! The Mixture-of-Experts feed-forward (mlx-lm's `SwitchGLU` with its routers): a router picks
+//! `k` of `E` experts per token, each picked expert runs its own SwiGLU, and the outputs are
+//! summed with the router's weights.
+//!
+//! Experts are stacked per projection, `[experts, out, in]`, and run with `gather_mm` (floats)
+//! or `gather_qmm` (quantized): every token's `k` rows in one product per projection. Past 64
+//! (token, expert) pairs, as in a prefill, the pairs are sorted by expert first so each
+//! expert's weights are read once.
+//!
+//! Tensor parallel: every rank keeps every expert at `1/N` of its width (gate and up by output
+//! rows, down by input columns) and the whole router, so the ranks route alike and one
+//! `all_sum` adds the partial outputs.
+
+use super::base::layer_tensor;
+use crate::config::{ModelConfig, MoeConfig, RouterKind};
+use crate::error::{InferenceError, Result};
+use crate::linear::{Linear, Matrix};
+use crate::quantized::slice_axis;
+use crate::ring::RingGroup;
+use crate::weights::{Stacked, TensorSource, WeightFormat};
+use mlx_rs::ops::argpartition_axis;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{nn, ops, Array};
+use std::sync::Arc;
+
+/// (token, expert) pairs from which the pairs are sorted by expert before the products, as
+/// mlx-lm does (a prefill; a decode step of a few sequences runs unsorted).
+const SORT_FROM_PAIRS: usize = 64;
+
+impl Stacked {
+    /// `x @ W[e]^T` for the expert `e` of each entry of `experts`.
+    fn gather(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
+        match self {
+            Stacked::Dense(w) => Ok(ops::gather_mm(
+                x,
+                w.swap_axes(-1, -2)?,
+                None,
+                experts,
+                sorted,
+            )?),
+            Stacked::Quantized(q) => q.gather_matmul(x, experts, sorted),
+        }
+    }
+
+    /// `[experts, out, in]`'s `out`.
+    fn out_rows(&self) -> usize {
+        match self {
+            Stacked::Dense(w) => w.shape()[1] as usize,
+            Stacked::Quantized(q) => q.out_rows(),
+        }
+    }
+
+    fn experts(&self) -> usize {
+        match self {
+            Stacked::Dense(w) => w.shape()[0] as usize,
+            Stacked::Quantized(q) => q.packed.shape()[0] as usize,
+        }
+    }
+
+    fn slice_rows(&self, start: usize, end: usize) -> Result<Stacked> {
+        Ok(match self {
+            Stacked::Dense(w) => Stacked::Dense(slice_axis(w, 1, start, end)?),
+            Stacked::Quantized(q) => Stacked::Quantized(q.slice_rows(start, end)?),
+        })
+    }
+
+    fn slice_columns(&self, start: usize, end: usize, what: &str) -> Result<Stacked> {
+        Ok(match self {
+            Stacked::Dense(w) => Stacked::Dense(slice_axis(w, 2, start, end)?),
+            Stacked::Quantized(q) => Stacked::Quantized(q.slice_columns(start, end, what)?),
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Stacked::Dense(w) => vec![w],
+            Stacked::Quantized(q) => q.arrays(),
+        }
+    }
+}
+
+/// Reads one projection of every expert: stacked (`<moe>.switch_mlp.<proj>`, as mlx-lm saves
+/// it) or one matrix per expert (`<moe>.experts.<e>.<proj>`, as Hugging Face checkpoints
+/// store it), stacked here.
+fn load_projection(
+    source: &mut dyn TensorSource,
+    moe_prefix: &str,
+    proj: &str,
+    experts: usize,
+    format: WeightFormat,
+) -> Result<Stacked> {
+    if let Some(stacked) = source.stacked(&format!("{moe_prefix}.switch_mlp.{proj}"), format)? {
+        return Ok(stacked);
+    }
+    let mut parts = Vec::with_capacity(experts);
+    for e in 0..experts {
+        match source.matrix(&format!("{moe_prefix}.experts.{e}.{proj}"), format)? {
+            Matrix::Dense(w) => parts.push(w),
+            Matrix::Quantized(q) => parts.push(q.dequantize(format.compute_dtype())?),
+        }
+    }
+    Ok(Stacked::Dense(ops::stack(&parts, 0)?))
+}
+
+/// Every expert's SwiGLU, stacked per projection.
+#[derive(Debug, Clone)]
+pub struct Experts {
+    gate_proj: Stacked,
+    up_proj: Stacked,
+    down_proj: Stacked,
+}
+
+impl Experts {
+    /// The experts of the MoE block at `moe_prefix` (`model.layers.3.mlp`), checked against
+    /// the configuration.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        moe: &MoeConfig,
+        source: &mut dyn TensorSource,
+        moe_prefix: &str,
+        format: WeightFormat,
+    ) -> Result<Experts> {
+        let mut load =
+            |proj: &str| load_projection(source, moe_prefix, proj, moe.num_experts, format);
+        let experts = Experts {
+            gate_proj: load("gate_proj")?,
+            up_proj: load("up_proj")?,
+            down_proj: load("down_proj")?,
+        };
+        for (what, m, rows) in [
+            ("gate_proj", &experts.gate_proj, moe.expert_width),
+            ("up_proj", &experts.up_proj, moe.expert_width),
+            ("down_proj", &experts.down_proj, config.hidden_size),
+        ] {
+            if m.experts() != moe.num_experts || m.out_rows() != rows {
+                return Err(InferenceError::BadTensor {
+                    name: format!("{moe_prefix}.switch_mlp.{what}"),
+                    reason: format!(
+                        "expected {} experts of {rows} rows, found {} of {}",
+                        moe.num_experts,
+                        m.experts(),
+                        m.out_rows()
+                    ),
+                });
+            }
+        }
+        Ok(experts)
+    }
+
+    /// `x` `[..., hidden]` through the experts `picked` `[..., k]`: `[..., k, hidden]`.
+    pub fn forward(&self, x: &Array, picked: &Array) -> Result<Array> {
+        let k = *picked.shape().last().unwrap_or(&1);
+        let hidden = *x.shape().last().unwrap_or(&0);
+        let pairs = picked.size();
+        if pairs < SORT_FROM_PAIRS {
+            // [..., 1, 1, hidden] against [..., k]: [..., k, 1, out].
+            let x = x.expand_dims_axes(&[-2, -3])?;
+            let y = self.swiglu(&x, picked, false)?;
+            return Ok(y.squeeze_axes(&[-2])?);
+        }
+        // Sorted by expert: row i of the products is pair order[i], token order[i] / k.
+        let flat = picked.flatten(None, None)?;
+        let order = ops::argsort_axis(&flat, 0)?;
+        let back = ops::argsort_axis(&order, 0)?;
+        let tokens = x.reshape(&[-1, 1, hidden])?;
+        let rows = tokens.take_axis(ops::floor_divide(&order, Array::from_int(k))?, 0)?;
+        let y = self.swiglu(&rows, &flat.take_axis(&order, 0)?, true)?;
+        let mut shape = picked.shape().to_vec();
+        shape.push(hidden);
+        Ok(y.take_axis(&back, 0)?.reshape(&shape)?)
+    }
+
+    fn swiglu(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
+        let up = self.up_proj.gather(x, experts, sorted)?;
+        let gate = self.gate_proj.gather(x, experts, sorted)?;
+        let h = ops::multiply(&nn::silu(gate)?, &up)?;
+        self.down_proj.gather(&h, experts, sorted)
+    }
+
+    /// This rank's slice of every expert: `[start, end)` of each expert's hidden units.
+    fn cut(&self, start: usize, end: usize, what: &str) -> Result<Experts> {
+        Ok(Experts {
+            gate_proj: self.gate_proj.slice_rows(start, end)?,
+            up_proj: self.up_proj.slice_rows(start, end)?,
+            down_proj: self.down_proj.slice_columns(start, end, what)?,
+        })
+    }
+
+    fn width(&self) -> usize {
+        self.gate_proj.out_rows()
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+            .into_iter()
+            .flat_map(Stacked::arrays)
+            .collect()
+    }
+}
+
+/// A Mixture-of-Experts feed-forward: its router and its experts.
+#[derive(Debug, Clone)]
+pub struct MoeBlock {
+    router: Linear,
+    kind: RouterKind,
+    experts_per_token: i32,
+    experts: Experts,
+    /// Tensor parallel: the ring whose ranks each hold a slice of every expert.
+    reduce: Option<Arc<RingGroup>>,
+}
+
+impl MoeBlock {
+    /// The MoE block of layer `layer` under `mlp` (the router at `mlp.gate`, the experts
+    /// beside it), as Qwen3-MoE names them.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        moe: &MoeConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+    ) -> Result<MoeBlock> {
+        let prefix = layer_tensor(layer, "mlp");
+        let router = source.linear(&format!("{prefix}.gate"), format)?;
+        if router.weight.out_rows() != moe.num_experts {
+            return Err(InferenceError::BadTensor {
+                name: format!("{prefix}.gate.weight"),
+                reason: format!(
+                    "a router of {} rows for {} experts",
+                    router.weight.out_rows(),
+                    moe.num_experts
+                ),
+            });
+        }
+        Ok(MoeBlock {
+            router,
+            kind: moe.router,
+            experts_per_token: moe.experts_per_token as i32,
+            experts: Experts::load(config, moe, source, &prefix, format)?,
+            reduce: None,
+        })
+    }
+
+    /// The experts each token picks, `[..., k]`, and their weights, `[..., k]`.
+    fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let logits = self.router.forward(x)?;
+        let k = self.experts_per_token;
+        match self.kind {
+            RouterKind::SoftmaxTopK { normalize } => {
+                let probs = ops::softmax_axis(&logits, -1, true)?;
+                let experts = *probs.shape().last().unwrap_or(&0);
+                let picked =
+                    argpartition_axis(&probs, experts - k, -1)?.index((.., .., (experts - k)..));
+                let mut weights = probs.take_along_axis(&picked, -1)?;
+                if normalize {
+                    weights = ops::divide(&weights, &weights.sum_axis(-1, true)?)?;
+                }
+                Ok((picked, weights))
+            }
+        }
+    }
+
+    /// Applies the block to `x` `[batch, seq, hidden]`.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let (picked, weights) = self.route(x)?;
+        let y = self.experts.forward(x, &picked)?;
+        let y = ops::multiply(&y, &weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        match &self.reduce {
+            Some(group) => Ok(group.all_sum(&y)?),
+            None => Ok(y),
+        }
+    }
+
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance over `group`.
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<MoeBlock> {
+        let width = self.experts.width();
+        if !width.is_multiple_of(size) {
+            return Err(InferenceError::BadSplit(format!(
+                "{what}: experts {width} wide cannot be split over {size} ranks"
+            )));
+        }
+        let (start, end) = (rank * width / size, (rank + 1) * width / size);
+        Ok(MoeBlock {
+            router: self.router.clone(),
+            kind: self.kind,
+            experts_per_token: self.experts_per_token,
+            experts: self.experts.cut(start, end, what)?,
+            reduce: Some(group.clone()),
+        })
+    }
+
+    /// Every array of the block.
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        let mut v = self.router.arrays();
+        v.extend(self.experts.arrays());
+        v
+    }
+}

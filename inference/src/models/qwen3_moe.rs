@@ -1,0 +1,96 @@
+//! Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-480B-A35B): Qwen3's attention (an RMS
+//! norm on each head's queries and keys, no biases) with a Mixture-of-Experts feed-forward on
+//! every `decoder_sparse_step`-th layer not in `mlp_only_layers` (the others keep a dense
+//! MLP). The router (`mlp.gate`) takes a softmax over every expert, keeps the top k and, with
+//! `norm_topk_prob`, renormalizes their weights, as mlx-lm's `qwen3_moe.py`.
+
+use super::base::{
+    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, HeadNorms, Mlp,
+    LAYER_TENSORS,
+};
+use super::moe::MoeBlock;
+use crate::config::ModelConfig;
+use crate::error::{InferenceError, Result};
+use crate::weights::{GgufNames, TensorSource, WeightFormat};
+
+/// Qwen3's per-head norms, with their GGUF names.
+const HEAD_NORMS: &[(&str, &str)] = &[
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+];
+
+/// The attention and norm tensors every layer has (the dense MLP's are in [`LAYER_TENSORS`]
+/// too, and only dense layers have them).
+const ATTENTION_AND_NORMS: &[&str] = &[
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+];
+
+/// The Qwen3-MoE family.
+pub struct Qwen3Moe;
+
+impl Family for Qwen3Moe {
+    fn block(
+        &self,
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+    ) -> Result<DecoderLayer> {
+        let moe = config.moe.as_ref().ok_or_else(|| {
+            InferenceError::BadConfig("a qwen3_moe configuration without its experts".into())
+        })?;
+        let dtype = format.compute_dtype();
+        let mut norm =
+            |part: &str| source.dense(&layer_tensor(layer, &format!("{part}.weight")), dtype);
+        let head_norms = HeadNorms {
+            q: norm(HEAD_NORMS[0].0)?,
+            k: norm(HEAD_NORMS[1].0)?,
+        };
+        let attention = Attention::load(config, source, layer, format, Some(head_norms))?;
+        let ffn = if moe.is_moe_layer(layer) {
+            FeedForward::Experts(MoeBlock::load(config, moe, source, layer, format)?)
+        } else {
+            FeedForward::Dense(Mlp::load(config, source, layer, format)?)
+        };
+        DecoderLayer::assemble(config, source, layer, format, attention, ffn)
+    }
+
+    fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
+        let mut names: Vec<String> = ATTENTION_AND_NORMS
+            .iter()
+            .map(|part| layer_tensor(layer, &format!("{part}.weight")))
+            .collect();
+        match config.moe.as_ref().filter(|m| m.is_moe_layer(layer)) {
+            Some(moe) => {
+                names.push(layer_tensor(layer, "mlp.gate.weight"));
+                for e in 0..moe.num_experts {
+                    for proj in ["gate_proj", "up_proj", "down_proj"] {
+                        names.push(layer_tensor(
+                            layer,
+                            &format!("mlp.experts.{e}.{proj}.weight"),
+                        ));
+                    }
+                }
+            }
+            None => {
+                for proj in ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
+                    names.push(layer_tensor(layer, &format!("{proj}.weight")));
+                }
+            }
+        }
+        names
+    }
+}
+
+impl GgufNames for Qwen3Moe {
+    fn gguf_part(&self, hf_part: &str) -> Option<&'static str> {
+        gguf_part_in(LAYER_TENSORS.iter().chain(HEAD_NORMS), hf_part)
+    }
+}

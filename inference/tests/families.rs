@@ -1,0 +1,188 @@
+//! Every model family against mlx-lm itself: `cargo xtask setup` makes a random-weight model
+//! of each family with mlx-lm's own classes, in the Hugging Face layout (`hf`, f32, one matrix
+//! per expert) and converted by `mlx_lm.convert` (`q4`, `q8`: affine, routers at 8 bits by
+//! per-path entries; `mxfp4`), with mlx-lm's logits of each folder (`reference.safetensors`:
+//! every prompt position, then greedy decode steps through its KV cache).
+//!
+//! shoal must give the same logits from the same folder: as one shard, as a 2- and 3-stage
+//! layer split, and inside a batch with other sequences joining and leaving. Floats within
+//! 1e-4; quantized weights run on MLX's own quantized kernels (as mlx-lm's do), within 1e-3.
+
+mod common;
+
+use common::{argmax, host, max_abs_diff};
+use inference::batch::LocalBatch;
+use inference::loader::{load_shard, LoadOptions};
+use inference::{ModelShard, ShardInput, WeightFormat};
+use mlx_rs::Array;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// mlx-lm's logits of one fixture folder.
+struct Reference {
+    prompt: Vec<u32>,
+    /// `[prompt, vocab]`.
+    prefill: Vec<Vec<f32>>,
+    decode_tokens: Vec<u32>,
+    /// `[decode, vocab]`: the logits after each decode token.
+    decode: Vec<Vec<f32>>,
+}
+
+fn rows_of(a: &Array) -> Vec<Vec<f32>> {
+    let vocab = *a.shape().last().unwrap() as usize;
+    host(a).chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+fn ids_of(a: &Array) -> Vec<u32> {
+    let a = a.as_dtype(mlx_rs::Dtype::Int32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<i32>().iter().map(|&t| t as u32).collect()
+}
+
+impl Reference {
+    fn read(dir: &Path) -> Reference {
+        let path = dir.join("reference.safetensors");
+        let arrays: HashMap<String, Array> =
+            Array::load_safetensors(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let get = |k: &str| {
+            arrays
+                .get(k)
+                .unwrap_or_else(|| panic!("{} has no `{k}`", path.display()))
+        };
+        Reference {
+            prompt: ids_of(get("prompt")),
+            prefill: rows_of(get("prefill_logits")),
+            decode_tokens: ids_of(get("decode_tokens")),
+            decode: rows_of(get("decode_logits")),
+        }
+    }
+}
+
+/// The fixture folder of `family` in `layout`; setup must have made it.
+fn fixture(family: &str, layout: &str) -> PathBuf {
+    let dir = kit::dirs::cache_dir()
+        .join("fixtures/families")
+        .join(family)
+        .join(layout);
+    assert!(
+        dir.join("reference.safetensors").exists(),
+        "{} is missing: run `cargo xtask setup`",
+        dir.display()
+    );
+    dir
+}
+
+fn load(dir: &Path, layers: Option<Range<usize>>, format: WeightFormat) -> ModelShard {
+    let options = LoadOptions {
+        layers,
+        format: Some(format),
+    };
+    load_shard(dir, &options, &mut |_, _| {})
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .0
+}
+
+fn worst(want: &[Vec<f32>], got: &[Vec<f32>]) -> f32 {
+    assert_eq!(want.len(), got.len());
+    want.iter()
+        .zip(got)
+        .map(|(w, g)| max_abs_diff(w, g))
+        .fold(0.0, f32::max)
+}
+
+/// Runs the reference's prompt and decode tokens through `stages` (a layer split of the
+/// model, in order) and returns (prefill logits, decode logits).
+fn run_stages(stages: &[ModelShard], reference: &Reference) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let mut caches: Vec<_> = stages.iter().map(ModelShard::new_cache).collect();
+    let mut pass = |tokens: &[u32]| -> Vec<Vec<f32>> {
+        let mut input = ShardInput::Tokens(tokens);
+        for (stage, cache) in stages.iter().zip(caches.iter_mut()) {
+            let out = stage.forward(input, cache, false).unwrap();
+            input = ShardInput::Hidden(out);
+        }
+        match input {
+            ShardInput::Hidden(logits) => rows_of(&logits),
+            ShardInput::Tokens(_) => unreachable!("at least one stage"),
+        }
+    };
+    let prefill = pass(&reference.prompt);
+    let decode = reference
+        .decode_tokens
+        .iter()
+        .map(|&t| pass(&[t]).remove(0))
+        .collect();
+    (prefill, decode)
+}
+
+/// Checks one folder: one shard, 2- and 3-stage splits, and a batch.
+fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
+    let dir = fixture(family, layout);
+    let reference = Reference::read(&dir);
+    let whole = load(&dir, None, format);
+    let layers = whole.config.num_layers;
+    // The reference is not degenerate: logits spread, greedy tokens vary.
+    let spread = reference.prefill[0].iter().fold(f32::MIN, |m, &x| m.max(x))
+        - reference.prefill[0].iter().fold(f32::MAX, |m, &x| m.min(x));
+    assert!(
+        spread > 0.1,
+        "{family}/{layout}: reference logits spread {spread}"
+    );
+    assert_eq!(
+        reference.decode_tokens[0],
+        argmax(reference.prefill.last().unwrap()),
+        "{family}/{layout}: the reference's first decode token is its greedy choice"
+    );
+
+    let (prefill, decode) = run_stages(std::slice::from_ref(&whole), &reference);
+    let (p, d) = (
+        worst(&reference.prefill, &prefill),
+        worst(&reference.decode, &decode),
+    );
+    println!("{family}/{layout} one shard: prefill {p:.2e}, cached decode {d:.2e}");
+    assert!(
+        p < tolerance,
+        "{family}/{layout}: prefill logits differ from mlx-lm's by {p}"
+    );
+    assert!(
+        d < tolerance,
+        "{family}/{layout}: decode logits differ from mlx-lm's by {d}"
+    );
+
+    for cuts in [vec![0, 1, layers], vec![0, 1, 2, layers]] {
+        if cuts.windows(2).any(|w| w[0] >= w[1]) {
+            continue;
+        }
+        let stages: Vec<ModelShard> = cuts
+            .windows(2)
+            .map(|w| load(&dir, Some(w[0]..w[1]), format))
+            .collect();
+        let (prefill, decode) = run_stages(&stages, &reference);
+        let worst = worst(&reference.prefill, &prefill).max(worst(&reference.decode, &decode));
+        println!("{family}/{layout} stages {cuts:?}: {worst:.2e}");
+        assert!(
+            worst < tolerance,
+            "{family}/{layout}: a pipeline split at {cuts:?} differs from mlx-lm by {worst}"
+        );
+    }
+
+    let mut batch = LocalBatch::new(&whole, 4).unwrap();
+    let (steps, worst) =
+        common::batched::check_batched(&mut batch, &whole, &reference.prompt, 4, tolerance);
+    println!("{family}/{layout} batched: {steps} steps, worst {worst:.2e}");
+}
+
+#[test]
+fn qwen3_moe_hf_f32() {
+    check("qwen3_moe", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn qwen3_moe_4bit() {
+    check("qwen3_moe", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn qwen3_moe_8bit() {
+    check("qwen3_moe", "q8", WeightFormat::Quantized, 1e-3);
+}
