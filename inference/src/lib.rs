@@ -45,6 +45,7 @@ pub mod sampling;
 pub mod sequence;
 pub mod stage;
 pub mod template_json;
+pub mod tensor_split;
 pub mod tensor_stage;
 pub mod tokenizer;
 pub mod untrusted_text;

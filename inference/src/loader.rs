@@ -226,21 +226,12 @@ pub fn load(
             (opened, range, format, None)
         }
         Split::Tensor { group, layers } => {
-            if format == Some(WeightFormat::Quantized) {
-                return Err(InferenceError::BadSplit(
-                    "tensor parallelism needs dense weights; load with f32, f16 or bf16".into(),
-                ));
-            }
             let opened = open_model(path)?;
             check_tensor_split(&opened.config, layers, group.size())?;
             progress(0, 1);
             let range = 0..opened.config.num_layers;
             let format = format.unwrap_or_else(|| {
-                dense_for_tensor_parallel(WeightFormat::choose(
-                    &opened.config,
-                    &range,
-                    opened.bytes_on_disk,
-                ))
+                WeightFormat::choose(&opened.config, &range, opened.bytes_on_disk)
             });
             (opened, range, format, Some(group))
         }
@@ -280,29 +271,13 @@ fn check_tensor_split(
             )));
         }
     }
-    for (what, count) in [
-        ("attention heads", config.num_heads),
-        ("key/value heads", config.num_kv_heads),
-        ("MLP units", config.intermediate_size),
-    ] {
-        if count % size != 0 {
-            return Err(InferenceError::BadSplit(format!(
-                "tensor parallelism over {size} ranks: the model's {count} {what} cannot be \
-                 split evenly; place it on a number of nodes that divides {count}, or use \
-                 pipeline parallelism"
-            )));
-        }
+    if let Some(refusal) = crate::tensor_split::tensor_refusal(config, size) {
+        return Err(InferenceError::BadSplit(format!(
+            "tensor parallelism over {size} ranks: {refusal}; place it on a number of nodes \
+             that divides it, or use pipeline parallelism"
+        )));
     }
     Ok(())
-}
-
-/// The backend's choice of format, made dense (tensor parallelism slices dense matrices).
-fn dense_for_tensor_parallel(chosen: WeightFormat) -> WeightFormat {
-    match chosen {
-        WeightFormat::Quantized if cfg!(target_vendor = "apple") => WeightFormat::F16,
-        WeightFormat::Quantized => WeightFormat::Bf16,
-        dense => dense,
-    }
 }
 
 #[cfg(test)]

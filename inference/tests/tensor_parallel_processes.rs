@@ -33,15 +33,19 @@ fn tensor_parallel_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    // model|rank|hosts (JSON)|prompt "1,2,3"|single or batched
+    // model|rank|hosts (JSON)|prompt "1,2,3"|single or batched|weight format
     let parts: Vec<&str> = spec.split('|').collect();
     let model = PathBuf::from(parts[0]);
     let rank: usize = parts[1].parse().unwrap();
     let hosts = parse_hosts_field(parts[2]);
     let prompt: Vec<u32> = parts[3].split(',').map(|t| t.parse().unwrap()).collect();
+    let options = LoadOptions {
+        layers: None,
+        format: Some(parts[5].parse().unwrap()),
+    };
 
-    let (whole, _) = load_shard(&model, &LoadOptions::default(), &mut |_, _| {}).unwrap();
-    let (mine, _) = load_shard(&model, &LoadOptions::default(), &mut |_, _| {}).unwrap();
+    let (whole, _) = load_shard(&model, &options, &mut |_, _| {}).unwrap();
+    let (mine, _) = load_shard(&model, &options, &mut |_, _| {}).unwrap();
     let config = RingConfig { rank, hosts };
     let dir = std::env::temp_dir().join(format!("shoal-tp-{}", std::process::id()));
     let group = Arc::new(RingGroup::join(&config, &dir, Duration::from_secs(60)).unwrap());
@@ -94,12 +98,27 @@ fn tensor_parallel_child() {
 /// Runs `size` ranks (`single`: every rank checks one sequence; `batched`: rank 0 runs the
 /// batched scenario) and checks what they report.
 fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot: u16, mode: &str) {
+    run_tensor_parallel_as(model, size, prompt, slot, mode, "f32");
+}
+
+/// [`run_tensor_parallel`] with the weights in `format` (`f32`, `quantized`).
+fn run_tensor_parallel_as(
+    model: &std::path::Path,
+    size: usize,
+    prompt: &str,
+    slot: u16,
+    mode: &str,
+    format: &str,
+) {
     let base = 46000 + (std::process::id() % 300) as u16 * 40 + slot * 8;
     let net = RankNet::new(&format!("tp{slot}"), size, base);
     let specs: Vec<String> = (0..size)
         .map(|rank| {
             let hosts = hosts_field(&net.hosts(rank));
-            format!("{}|{rank}|{hosts}|{prompt}|{mode}", model.display())
+            format!(
+                "{}|{rank}|{hosts}|{prompt}|{mode}|{format}",
+                model.display()
+            )
         })
         .collect();
     let place = if net.in_namespaces() {
@@ -150,4 +169,47 @@ fn tiny_llama_two_ranks_batch_like_one_node_alone() {
 #[test]
 fn smollm2_three_ranks_batch_like_one_node_alone() {
     run_tensor_parallel(&smollm2(), 3, common::SMOLLM2_PROMPT, 4, "batched");
+}
+
+/// The qwen3_moe fixture (made by mlx-lm, see `tests/families.rs`) as `mlx_lm.convert` wrote
+/// it at 4 bits (routers at 8): every rank keeps every expert at half its width, still packed,
+/// sliced at the quantization groups; the router stays whole.
+fn qwen3_moe_4bit() -> PathBuf {
+    let dir = kit::dirs::cache_dir().join("fixtures/families/qwen3_moe/q4");
+    assert!(
+        dir.join("config.json").exists(),
+        "{} is missing: run `cargo xtask setup`",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn quantized_moe_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &qwen3_moe_4bit(),
+        2,
+        "3,17,42,5,88",
+        5,
+        "single",
+        "quantized",
+    );
+}
+
+#[test]
+fn quantized_moe_two_ranks_batch_like_one_node_alone() {
+    run_tensor_parallel_as(
+        &qwen3_moe_4bit(),
+        2,
+        "3,17,42,5,88,7",
+        6,
+        "batched",
+        "quantized",
+    );
+}
+
+#[test]
+fn moe_f32_two_ranks_match_one_node() {
+    let dir = kit::dirs::cache_dir().join("fixtures/families/qwen3_moe/hf");
+    run_tensor_parallel_as(&dir, 2, "3,17,42,5,88", 7, "single", "f32");
 }

@@ -38,6 +38,12 @@ pub trait Family: GgufNames {
     /// Hugging Face names of layer `layer`'s tensors (`model.layers.N.…`), as an export writes
     /// them.
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String>;
+
+    /// The counts a tensor-parallel ring size must divide (heads, widths, their quantization
+    /// groups): what placement checks before it places, and the cut checks again.
+    fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_split::TensorDivisor> {
+        crate::tensor_split::standard_divisors(config)
+    }
 }
 
 /// Hugging Face names of the weight matrices and norms every family's layer has, with the GGUF
