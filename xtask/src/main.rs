@@ -12,6 +12,7 @@ mod e2e;
 mod kquants;
 mod llama_cpp;
 mod mlx_build;
+mod mlx_lm_venv;
 mod paths;
 mod pyenv;
 mod pypi;
