@@ -9,6 +9,7 @@ mod bench_peer_copy;
 mod bench_prompt_cache;
 mod cluster;
 mod e2e;
+mod family_fixtures;
 mod kquants;
 mod llama_cpp;
 mod mlx_build;
