@@ -132,7 +132,7 @@ FAMILIES = {
             "moe_intermediate_size": 128, "n_routed_experts": 8, "num_experts_per_tok": 2,
             "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
             "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
-            "num_nextn_predict_layers": 0, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+            "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
             "rope_scaling": None, "max_position_embeddings": 131072,
             "tie_word_embeddings": False,
         },
@@ -279,7 +279,22 @@ def hf_gpt_oss(weights, cfg):
 
 
 def hf_glm4_moe(weights, cfg):
-    return unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+    """Per-expert tensors, plus what the released GLM-4.5/4.6 files carry and mlx-lm drops: a
+    multi-token-prediction layer at index `num_hidden_layers` (a whole decoder layer plus
+    `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`), random too."""
+    weights = unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+    n, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    last, mtp = f"model.layers.{n - 1}.", f"model.layers.{n}."
+    extra = {mtp + k[len(last):]: v.shape for k, v in weights.items() if k.startswith(last)}
+    extra.update({
+        mtp + "eh_proj.weight": (hidden, 2 * hidden),
+        mtp + "enorm.weight": (hidden,),
+        mtp + "hnorm.weight": (hidden,),
+        mtp + "shared_head.norm.weight": (hidden,),
+    })
+    for name, shape in extra.items():
+        weights[name] = 0.05 * mx.random.normal(shape, key=key_for("glm4_moe", name))
+    return weights
 
 
 def hf_minimax(weights, cfg):
