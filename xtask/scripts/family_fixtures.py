@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
@@ -263,6 +264,33 @@ def mxfp4_blocks(packed):
     return packed.view(mx.uint8).reshape(e, rows, -1, 16)
 
 
+# OpenAI's FP4 (e2m1) values by 4-bit code, as gpt-oss's reference decodes its blocks.
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def decode_blocks(blocks, scales):
+    """gpt-oss's own reading of `*_blocks`/`*_scales` (numpy, independent of MLX): each byte
+    holds two FP4 codes, low nibble first; each group of 32 is scaled by 2^(scale - 127)."""
+    blocks, scales = np.array(blocks), np.array(scales).astype(np.int32) - 127
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    values = np.empty((*blocks.shape[:-1], 32), dtype=np.float32)
+    values[..., 0::2], values[..., 1::2] = lut[blocks & 0x0F], lut[blocks >> 4]
+    values = np.ldexp(values, scales[..., None])
+    return values.reshape(*blocks.shape[:-2], -1)
+
+
+def dequantize_mxfp4(packed, scales):
+    # MLX gives bfloat16 here; every FP4 value times a power of two is exact in it.
+    return mx.dequantize(packed, scales, group_size=32, bits=4, mode="mxfp4").astype(mx.float32)
+
+
+def check_decodes(decoded, packed, scales, name):
+    """The blocks decode, by OpenAI's recipe, to the very experts mlx-lm runs."""
+    if not np.array_equal(np.array(dequantize_mxfp4(packed, scales)), decoded):
+        raise SystemExit(f"gpt_oss: {name} does not decode as OpenAI's blocks")
+
+
 def hf_gpt_oss(weights, cfg):
     for key in [k for k in weights if k.endswith("mlp.experts.gate_proj.weight")]:
         p = key[: -len("gate_proj.weight")]
@@ -272,9 +300,16 @@ def hf_gpt_oss(weights, cfg):
         weights[p + "gate_up_proj_blocks"] = mxfp4_blocks(interleave_rows(gate_w, up_w))
         weights[p + "gate_up_proj_scales"] = interleave_rows(gate_s, up_s)
         weights[p + "gate_up_proj_bias"] = interleave_rows(gate_b, up_b)
-        weights[p + "down_proj_blocks"] = mxfp4_blocks(weights.pop(p + "down_proj.weight"))
-        weights[p + "down_proj_scales"] = weights.pop(p + "down_proj.scales")
+        down_w, down_s = weights.pop(p + "down_proj.weight"), weights.pop(p + "down_proj.scales")
+        weights[p + "down_proj_blocks"] = mxfp4_blocks(down_w)
+        weights[p + "down_proj_scales"] = down_s
         weights[p + "down_proj_bias"] = weights.pop(p + "down_proj.bias")
+        down = decode_blocks(weights[p + "down_proj_blocks"], down_s)
+        check_decodes(down, down_w, down_s, p + "down_proj")
+        gate_up = decode_blocks(weights[p + "gate_up_proj_blocks"],
+                                weights[p + "gate_up_proj_scales"])
+        check_decodes(gate_up[:, 0::2], gate_w, gate_s, p + "gate_up_proj (gate rows)")
+        check_decodes(gate_up[:, 1::2], up_w, up_s, p + "gate_up_proj (up rows)")
     return weights
 
 
