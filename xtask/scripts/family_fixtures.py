@@ -79,7 +79,7 @@ FAMILIES = {
             "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
             "tie_word_embeddings": False, "rope_scaling": None, "attention_bias": False,
         },
-        "layouts": ["q4", "q8", "mxfp4"],
+        "layouts": ["q4", "q8", "mxfp4", "mxfp8"],
     },
     "deepseek_v3": {
         "config": {
@@ -156,7 +156,7 @@ FAMILIES = {
         "config": {
             "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
             "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-            "num_key_value_heads": 1, "head_dim": 64, "query_pre_attn_scalar": 64,
+            "num_key_value_heads": 2, "head_dim": 64, "query_pre_attn_scalar": 64,
             "intermediate_size": 256, "hidden_activation": "gelu_pytorch_tanh",
             "sliding_window": 8, "sliding_window_pattern": 2,
             "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
@@ -414,7 +414,7 @@ def unquantized_layers(model):
 
 def quantized_folder(hf, out, layout, tokenizer):
     bits, group, mode = {"q4": (4, 64, "affine"), "q8": (8, 64, "affine"),
-                         "mxfp4": (4, 32, "mxfp4")}[layout]
+                         "mxfp4": (4, 32, "mxfp4"), "mxfp8": (8, 32, "mxfp8")}[layout]
     # What mlx_lm.convert does (load lazily, quantize_model with the model's own
     # quant_predicate, save_model + save_config), without re-saving the tokenizer through
     # transformers: the tokenizer files are copied byte for byte instead.

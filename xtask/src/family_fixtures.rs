@@ -16,10 +16,10 @@
 //! ```
 //!
 //! `hf` is the Hugging Face layout (per-expert tensors, `kv_b_proj`, gpt-oss's `*_blocks`),
-//! `q4`/`q8` affine 4/8-bit with group 64, `mxfp4` group 32 where it matters. The tokenizer
-//! comes from the SmolLM2 fixture, exported by the inference crate's `export_hf` example (the
-//! one exporter). A stamp (the script's hash, the versions, the tokenizer's hash) makes a second
-//! run free.
+//! `q4`/`q8` affine 4/8-bit with group 64, `mxfp4` (group 32) for qwen3_moe and gpt_oss,
+//! `mxfp8` (group 32) for qwen3_moe. The tokenizer comes from the SmolLM2 fixture, exported by
+//! the inference crate's `export_hf` example (the one exporter). A stamp (the script's hash, the
+//! versions, the tokenizer's hash) makes a second run free.
 
 use crate::mlx_lm_venv::mlx_lm_venv;
 use crate::paths::{cache_dir, default_model, target_dir};
