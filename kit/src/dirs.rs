@@ -43,6 +43,22 @@ pub fn kquant_fixture_path(quant: &str) -> PathBuf {
         .join(format!("SmolLM2-135M-Instruct.{quant}.gguf"))
 }
 
+/// One reference fixture of a model family, made by `cargo xtask setup` with mlx-lm itself:
+/// `<cache>/fixtures/families/<family>/<layout>/`. `family` is mlx-lm's `model_type`
+/// (`qwen3_moe`, `deepseek_v3`, `gpt_oss`, `glm4_moe`, `minimax`, `gemma3_text`); `layout` is
+/// `hf` (the Hugging Face layout: per-expert tensors, `kv_b_proj`, gpt-oss's mxfp4 blocks),
+/// `q4` / `q8` (`mlx_lm.convert`'s affine 4/8-bit, group 64), `mxfp4` or `mxfp8` (group 32;
+/// not every family has them: `manifest.json` beside the families lists what exists). Each folder holds a
+/// model shoal can load and serve (SmolLM2's tokenizer) and `reference.safetensors`: mlx-lm's
+/// logits on that very folder, which the family tests compare against.
+pub fn family_fixture_dir(family: &str, layout: &str) -> PathBuf {
+    cache_dir()
+        .join("fixtures")
+        .join("families")
+        .join(family)
+        .join(layout)
+}
+
 /// The Python venv with the pinned `openai` client and jinja2: `<cache>/venv`.
 pub fn venv_dir() -> PathBuf {
     cache_dir().join("venv")

@@ -17,8 +17,9 @@
 //! load client (as the official clients do) and counted. `cargo xtask bench prompt-cache` is in
 //! [`crate::bench_prompt_cache`]. Not part of CI (minutes on two cores).
 
-use crate::bench_inference::{f32_folder, mlx_lm_venv, openblas_library};
+use crate::bench_inference::{f32_folder, openblas_library};
 use crate::e2e::json_line;
+use crate::mlx_lm_venv::mlx_lm_venv;
 use crate::paths::{cache_dir, target_dir};
 use crate::testbed::{self, Poll, Testbed, API_PORT};
 use crate::util::run;
@@ -124,7 +125,7 @@ pub(crate) fn start_mlx_lm(
     let bench = cache_dir().join("bench");
     std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
     let folder = f32_folder(&bench, release)?;
-    let (python, (mlx, lm)) = mlx_lm_venv(&bench)?;
+    let (python, (mlx, lm)) = mlx_lm_venv()?;
     let log = tb.log_dir().join("mlx-lm-server.log");
     let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
     let mut cmd = tb.command_in(0, &python);

@@ -2,10 +2,10 @@
 //!
 //! Same weights (the fixture dequantized to f32, exported as a Hugging Face folder for
 //! mlx-lm), same 128 prompt token ids, 128 generated tokens, greedy, end-of-text ignored,
-//! same threads. mlx-lm runs from a venv this command makes, with pinned versions
-//! (`pip install 'mlx[cpu]==<setup's MLX>' mlx-lm==<MLX_LM_VERSION>`: the MLX that shoal links,
-//! so both sides run the same kernels), with the system OpenBLAS preloaded, in its fastest
-//! configuration (f32) and its default one (bf16, the dtype of the published checkpoint). Medians of `SHOAL_BENCH_RUNS` rounds
+//! same threads. mlx-lm runs from the pinned venv (see `mlx_lm_venv.rs`: the MLX that shoal
+//! links, so both sides run the same kernels), with the system OpenBLAS preloaded, in its
+//! fastest configuration (f32) and its default one (bf16, the dtype of the published
+//! checkpoint). Medians of `SHOAL_BENCH_RUNS` rounds
 //! (default 3); each round runs every contender once, interleaved, so background load hits
 //! them alike. llama.cpp's `llama-bench` (its 4-bit weights as stored, CPU) joins the rounds
 //! when available: `--with-llama-cpp` builds it on first use from the llama.cpp sources that the
@@ -15,24 +15,13 @@
 //! with the table.
 
 use crate::llama_cpp;
+use crate::mlx_lm_venv::{mlx_lm_venv, requirements as mlx_lm_requirements, MLX_LM_VERSION};
 use crate::paths::{cache_dir, default_model, target_dir};
 use crate::reference::LLAMA_CPP_PYTHON_VERSION;
 use crate::setup::MLX_VERSION;
 use crate::util::{run, Step};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// mlx-lm's release the benchmark measures (it asks for `mlx>=0.32.2`; the venv gets exactly
-/// setup's [`MLX_VERSION`]).
-pub(crate) const MLX_LM_VERSION: &str = "0.32.2";
-
-/// What the benchmark's venv installs: pinned MLX (the CPU build) and mlx-lm.
-fn mlx_lm_requirements() -> [String; 2] {
-    [
-        format!("mlx[cpu]=={MLX_VERSION}"),
-        format!("mlx-lm=={MLX_LM_VERSION}"),
-    ]
-}
 
 const PROMPT_TOKENS: usize = 128;
 const GENERATED_TOKENS: usize = 128;
@@ -131,48 +120,6 @@ pub(crate) fn openblas_library() -> Option<PathBuf> {
     .iter()
     .map(PathBuf::from)
     .find(|p| p.exists())
-}
-
-/// The `mlx` and `mlx-lm` versions installed for `python`, if both import.
-fn installed_mlx_lm(python: &Path) -> Option<(String, String)> {
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import importlib.metadata as m, mlx.core, mlx_lm; \
-             print(m.version('mlx'), m.version('mlx-lm'))",
-        ])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut words = text.split_whitespace();
-    Some((words.next()?.to_owned(), words.next()?.to_owned()))
-}
-
-/// The venv with the pinned mlx-lm (made, or brought to the pinned versions, on first use);
-/// its Python and the versions it holds.
-pub(crate) fn mlx_lm_venv(bench: &Path) -> Result<(PathBuf, (String, String)), String> {
-    let venv = bench.join("mlx-lm-venv");
-    let python = venv.join("bin").join("python");
-    let pinned = (MLX_VERSION.to_owned(), MLX_LM_VERSION.to_owned());
-    if installed_mlx_lm(&python).as_ref() != Some(&pinned) {
-        eprintln!(
-            "bench: installing mlx {MLX_VERSION} and mlx-lm {MLX_LM_VERSION} in {} ...",
-            venv.display()
-        );
-        if !python.exists() {
-            run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-        }
-        run(Command::new(venv.join("bin").join("pip"))
-            .args(["install", "--quiet"])
-            .args(mlx_lm_requirements()))?;
-    }
-    match installed_mlx_lm(&python) {
-        Some(versions) if versions == pinned => Ok((python, versions)),
-        other => Err(format!(
-            "the venv holds mlx/mlx-lm {other:?}, not the pinned {pinned:?}"
-        )),
-    }
 }
 
 /// The fixture as an f32 Hugging Face folder under `bench` (what mlx-lm reads), exported
@@ -347,7 +294,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     std::fs::write(&ids_file, format!("[{}]", ids.join(","))).map_err(|e| e.to_string())?;
     let script = bench.join("bench_mlx_lm.py");
     std::fs::write(&script, MLX_LM_SCRIPT).map_err(|e| e.to_string())?;
-    let (mlx_python, mlx_versions) = match mlx_lm_venv(&bench) {
+    let (mlx_python, mlx_versions) = match mlx_lm_venv() {
         Ok((python, versions)) => (Some(python), Some(versions)),
         Err(e) => {
             eprintln!("bench: mlx-lm is unavailable ({e}); measuring shoal alone");

@@ -1,0 +1,516 @@
+"""Reference fixtures of every model family shoal runs, made by mlx-lm itself.
+
+`cargo xtask setup` runs this with the pinned mlx / mlx-lm venv (see xtask/src/family_fixtures.rs):
+
+    python family_fixtures.py OUT_ROOT [--tokenizer DIR] [--families a,b]
+
+For each family it builds a tiny model with mlx-lm's own classes, randomizes every parameter
+(seeded), writes it in the Hugging Face layout (each model's `sanitize` inverted) to
+OUT_ROOT/<family>/hf/, checks that mlx-lm loads that folder back to the same logits, quantizes it
+the way `mlx_lm.convert` does (q4, q8, and mxfp4 where it matters) into sibling folders, and
+writes in every folder `reference.safetensors` (mlx-lm's logits on that folder) and
+`reference.json`. Every file is a pure function of this script, the seed and the versions.
+"""
+
+import argparse
+import contextlib
+import hashlib
+import importlib.metadata
+import io
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import _get_classes, load_model, quantize_model, save_config, save_model
+
+# mlx-lm 0.32.2 passes `global_scale=` to every `mx.gather_qmm` (QuantizedSwitchLinear), an
+# argument mlx 0.32.2 does not have yet (it came with 0.32.4, for nvfp4 experts). Every quantized
+# MoE would fail with "gather_qmm() got an unexpected keyword argument 'global_scale'". None of
+# these fixtures uses a global scale, so a None one is dropped; any other value is refused.
+_gather_qmm = mx.gather_qmm
+
+
+def _gather_qmm_without_global_scale(*args, global_scale=None, **kwargs):
+    if global_scale is not None:
+        raise ValueError("mlx 0.32.2 has no gather_qmm global_scale (nvfp4 experts)")
+    return _gather_qmm(*args, **kwargs)
+
+
+mx.gather_qmm = _gather_qmm_without_global_scale
+
+SEED = 20261204
+VOCAB = 49152  # SmolLM2's tokenizer, copied into every folder
+# Fixed, spread-out prompt ids (the same recipe as `cargo xtask bench inference`).
+PROMPT = [(i * 7919) % 48000 + 100 for i in range(12)]
+DECODE_STEPS = 6
+# SmolLM2's special tokens, as the project's export of it writes them: <|im_start|> = 1 (bos);
+# <|endoftext|> = 0 and <|im_end|> = 2 (the chat's end of turn) both end a generation.
+TOKENS = {"bos_token_id": 1, "eos_token_id": [0, 2], "pad_token_id": 2}
+# The router layers' names (the last component of their path).
+ROUTERS = {"gate", "router"}
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]
+
+YARN_DEEPSEEK = {
+    "type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+    "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8,
+}
+YARN_GPT_OSS = {
+    "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+}
+
+# Each family: its config.json (before the common keys), the quantized layouts made from its hf
+# folder, and the base value of its norm weights (Gemma's norms compute x * (1 + w)).
+FAMILIES = {
+    "qwen3_moe": {
+        "config": {
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
+            "moe_intermediate_size": 128, "num_experts": 8, "num_experts_per_tok": 2,
+            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+            "tie_word_embeddings": False, "rope_scaling": None, "attention_bias": False,
+        },
+        "layouts": ["q4", "q8", "mxfp4", "mxfp8"],
+    },
+    "deepseek_v3": {
+        "config": {
+            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "intermediate_size": 256, "moe_intermediate_size": 128,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+            "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+            "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+            "first_k_dense_replace": 1, "moe_layer_freq": 1,
+            "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+            "qk_nope_head_dim": 64, "v_head_dim": 32, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "rope_scaling": YARN_DEEPSEEK,
+            "max_position_embeddings": 163840, "attention_bias": False,
+            "tie_word_embeddings": False,
+        },
+        "layouts": ["q4", "q8"],
+    },
+    "gpt_oss": {
+        # The released layout: experts in mxfp4 (`*_blocks`, `*_scales`, gate/up interleaved),
+        # everything else dense; mlx-lm reads it through `quantization_config`.
+        "config": {
+            "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
+            "num_local_experts": 8, "num_experts_per_tok": 2, "experts_per_token": 2,
+            "sliding_window": 8, "swiglu_limit": 7.0, "attention_bias": True,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rms_norm_eps": 1e-5, "rope_theta": 150000, "rope_scaling": YARN_GPT_OSS,
+            "initial_context_length": 4096, "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+            "quantization_config": {
+                "quant_method": "mxfp4",
+                "modules_to_not_convert": [
+                    "model.layers.*.self_attn", "model.layers.*.mlp.router",
+                    "model.embed_tokens", "lm_head",
+                ],
+            },
+        },
+        "layouts": ["q4", "q8", "mxfp4"],
+        # Gate/up wide enough that the clamped SwiGLU (limit 7) clips some values.
+        "std": [("experts.gate_proj.weight", 0.4), ("experts.up_proj.weight", 0.4)],
+        "experts_mxfp4": True,
+    },
+    "glm4_moe": {
+        "config": {
+            "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "partial_rotary_factor": 0.5,
+            "use_qk_norm": True, "attention_bias": True, "intermediate_size": 256,
+            "moe_intermediate_size": 128, "n_routed_experts": 8, "num_experts_per_tok": 2,
+            "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+            "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
+            "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+            "rope_scaling": None, "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+        },
+        "layouts": ["q4", "q8"],
+    },
+    "minimax": {
+        "config": {
+            "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "rotary_dim": 32, "use_qk_norm": True,
+            "qk_norm_type": "per_layer", "intermediate_size": 128,
+            "shared_intermediate_size": 0, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "scoring_func": "sigmoid", "use_routing_bias": True, "rms_norm_eps": 1e-6,
+            "rope_theta": 5000000.0, "max_position_embeddings": 196608,
+            "tie_word_embeddings": False,
+        },
+        "layouts": ["q4", "q8"],
+    },
+    "gemma3_text": {
+        "config": {
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "query_pre_attn_scalar": 64,
+            "intermediate_size": 256, "hidden_activation": "gelu_pytorch_tanh",
+            "sliding_window": 8, "sliding_window_pattern": 2,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+            "final_logit_softcapping": None, "attn_logit_softcapping": None,
+            "tie_word_embeddings": True,
+        },
+        "layouts": ["q4", "q8"],
+        "norm_base": 0.0,  # Gemma's norms scale by (1 + w)
+        "std": [("embed_tokens", 0.1)],  # x sqrt(hidden) in; tied: larger echoes the input token
+        "tied": True,
+    },
+}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def key_for(family, name):
+    """A PRNG key per (family, parameter): independent of the order parameters are visited."""
+    digest = hashlib.sha256(f"{SEED}/{family}/{name}".encode()).digest()
+    return mx.random.key(int.from_bytes(digest[:4], "little"))
+
+
+def randomize(model, family, norm_base=1.0, std_overrides=()):
+    """Replaces every parameter: mlx-lm initializes routers, e_score_correction_bias and sinks
+    to zero (every routing score would tie) and norms to exactly one."""
+    new = []
+    for name, p in tree_flatten(model.parameters()):
+        key = key_for(family, name)
+        noise = mx.random.normal(p.shape, dtype=mx.float32, key=key)
+        leaf = name.rsplit(".", 1)[-1]
+        std = None
+        for pattern, override in std_overrides:
+            if pattern in name:
+                std = override
+        if "norm" in name and p.ndim == 1:
+            value = norm_base + 0.1 * noise
+        elif leaf == "e_score_correction_bias":
+            value = 0.1 * noise
+        elif leaf == "sinks":
+            value = noise
+        elif leaf == "bias":
+            value = 0.05 * noise
+        elif "embed_tokens" in name:
+            # As large as what the layers add, so the residual keeps each token's identity
+            # and routing differs per token.
+            value = (std or 1.0) * noise
+        elif leaf == "weight" and name.split(".")[-2] in ROUTERS:
+            value = (std or 0.3) * noise  # decisive routing, scores far from ties
+        elif name.startswith("lm_head"):
+            value = (std or 0.3) * noise  # logits std ~2: clear greedy choices
+        else:
+            fan_in = p.shape[-1]
+            value = (std or min(0.1, max(0.02, fan_in**-0.5))) * noise
+        new.append((name, value.astype(mx.float32)))
+    model.update(tree_unflatten(new))
+    mx.eval(model.parameters())
+
+
+# ---- Hugging Face layouts: each model's `sanitize` inverted -------------------------------
+
+
+def unstack_experts(weights, stacked, per_expert, names=None):
+    """`<stacked>.<proj>.weight` [E, out, in] -> `<per_expert>.<e>.<name>.weight`."""
+    names = names or {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
+    for key in [k for k in weights if f".{stacked}." in k]:
+        prefix, rest = key.split(f".{stacked}.")
+        proj, leaf = rest.split(".")
+        w = weights.pop(key)
+        for e in range(w.shape[0]):
+            weights[f"{prefix}.{per_expert}.{e}.{names[proj]}.{leaf}"] = w[e]
+    return weights
+
+
+def hf_qwen3_moe(weights, cfg):
+    return unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+
+
+def hf_deepseek_v3(weights, cfg):
+    weights = unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+    heads, nope = cfg["num_attention_heads"], cfg["qk_nope_head_dim"]
+    for key in [k for k in weights if k.endswith("self_attn.embed_q.weight")]:
+        prefix = key[: -len("embed_q.weight")]
+        wk = weights.pop(key)  # [heads, kv_lora, nope]
+        wv = weights.pop(prefix + "unembed_out.weight")  # [heads, v_head, kv_lora]
+        kv_b = mx.concatenate([wk.swapaxes(-1, -2), wv], axis=1)
+        assert kv_b.shape[1] == nope + cfg["v_head_dim"], kv_b.shape
+        weights[prefix + "kv_b_proj.weight"] = kv_b.reshape(heads * kv_b.shape[1], -1)
+    return weights
+
+
+def interleave_rows(a, b):
+    """Rows of a and b alternating (a first) along axis 1: gpt-oss's fused gate_up layout."""
+    return mx.stack([a, b], axis=2).reshape(a.shape[0], 2 * a.shape[1], *a.shape[2:])
+
+
+def mxfp4_blocks(packed):
+    """MLX's mxfp4 weight (uint32 [E, rows, in/8]) as OpenAI's blocks (uint8 [E, rows, in/32,
+    16]): the same bytes, low nibble first, as mlx-lm's sanitize reads them back."""
+    e, rows, _ = packed.shape
+    return packed.view(mx.uint8).reshape(e, rows, -1, 16)
+
+
+# OpenAI's FP4 (e2m1) values by 4-bit code, as gpt-oss's reference decodes its blocks.
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def decode_blocks(blocks, scales):
+    """gpt-oss's own reading of `*_blocks`/`*_scales` (numpy, independent of MLX): each byte
+    holds two FP4 codes, low nibble first; each group of 32 is scaled by 2^(scale - 127)."""
+    blocks, scales = np.array(blocks), np.array(scales).astype(np.int32) - 127
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    values = np.empty((*blocks.shape[:-1], 32), dtype=np.float32)
+    values[..., 0::2], values[..., 1::2] = lut[blocks & 0x0F], lut[blocks >> 4]
+    values = np.ldexp(values, scales[..., None])
+    return values.reshape(*blocks.shape[:-2], -1)
+
+
+def dequantize_mxfp4(packed, scales):
+    # MLX gives bfloat16 here; every FP4 value times a power of two is exact in it.
+    return mx.dequantize(packed, scales, group_size=32, bits=4, mode="mxfp4").astype(mx.float32)
+
+
+def check_decodes(decoded, packed, scales, name):
+    """The blocks decode, by OpenAI's recipe, to the very experts mlx-lm runs."""
+    if not np.array_equal(np.array(dequantize_mxfp4(packed, scales)), decoded):
+        raise SystemExit(f"gpt_oss: {name} does not decode as OpenAI's blocks")
+
+
+def hf_gpt_oss(weights, cfg):
+    for key in [k for k in weights if k.endswith("mlp.experts.gate_proj.weight")]:
+        p = key[: -len("gate_proj.weight")]
+        gate_w, up_w = weights.pop(p + "gate_proj.weight"), weights.pop(p + "up_proj.weight")
+        gate_s, up_s = weights.pop(p + "gate_proj.scales"), weights.pop(p + "up_proj.scales")
+        gate_b, up_b = weights.pop(p + "gate_proj.bias"), weights.pop(p + "up_proj.bias")
+        weights[p + "gate_up_proj_blocks"] = mxfp4_blocks(interleave_rows(gate_w, up_w))
+        weights[p + "gate_up_proj_scales"] = interleave_rows(gate_s, up_s)
+        weights[p + "gate_up_proj_bias"] = interleave_rows(gate_b, up_b)
+        down_w, down_s = weights.pop(p + "down_proj.weight"), weights.pop(p + "down_proj.scales")
+        weights[p + "down_proj_blocks"] = mxfp4_blocks(down_w)
+        weights[p + "down_proj_scales"] = down_s
+        weights[p + "down_proj_bias"] = weights.pop(p + "down_proj.bias")
+        down = decode_blocks(weights[p + "down_proj_blocks"], down_s)
+        check_decodes(down, down_w, down_s, p + "down_proj")
+        gate_up = decode_blocks(weights[p + "gate_up_proj_blocks"],
+                                weights[p + "gate_up_proj_scales"])
+        check_decodes(gate_up[:, 0::2], gate_w, gate_s, p + "gate_up_proj (gate rows)")
+        check_decodes(gate_up[:, 1::2], up_w, up_s, p + "gate_up_proj (up rows)")
+    return weights
+
+
+def hf_glm4_moe(weights, cfg):
+    """Per-expert tensors, plus what the released GLM-4.5/4.6 files carry and mlx-lm drops: a
+    multi-token-prediction layer at index `num_hidden_layers` (a whole decoder layer plus
+    `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`), random too."""
+    weights = unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+    n, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    last, mtp = f"model.layers.{n - 1}.", f"model.layers.{n}."
+    extra = {mtp + k[len(last):]: v.shape for k, v in weights.items() if k.startswith(last)}
+    extra.update({
+        mtp + "eh_proj.weight": (hidden, 2 * hidden),
+        mtp + "enorm.weight": (hidden,),
+        mtp + "hnorm.weight": (hidden,),
+        mtp + "shared_head.norm.weight": (hidden,),
+    })
+    for name, shape in extra.items():
+        weights[name] = 0.05 * mx.random.normal(shape, key=key_for("glm4_moe", name))
+    return weights
+
+
+def hf_minimax(weights, cfg):
+    names = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+    return unstack_experts(weights, "block_sparse_moe.switch_mlp", "block_sparse_moe.experts",
+                           names)
+
+
+HF_LAYOUT = {
+    "qwen3_moe": hf_qwen3_moe,
+    "deepseek_v3": hf_deepseek_v3,
+    "gpt_oss": hf_gpt_oss,
+    "glm4_moe": hf_glm4_moe,
+    "minimax": hf_minimax,
+    "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
+}
+
+
+# ---- references ---------------------------------------------------------------------------
+
+
+def forward_reference(model):
+    """mlx-lm's logits: one uncached forward over the prompt, then greedy cached decode."""
+    prompt = mx.array(PROMPT, dtype=mx.int32)
+    prefill = model(prompt[None]).astype(mx.float32)[0]
+    cache = make_prompt_cache(model)
+    cached_prefill = model(prompt[None], cache=cache).astype(mx.float32)[0]
+    token = mx.argmax(prefill[-1]).astype(mx.int32)
+    tokens, logits = [], []
+    for _ in range(DECODE_STEPS):
+        tokens.append(token)
+        out = model(token.reshape(1, 1), cache=cache).astype(mx.float32)[0, -1]
+        logits.append(out)
+        token = mx.argmax(out).astype(mx.int32)
+    ref = {
+        "prompt": prompt,
+        "prefill_logits": prefill,
+        "decode_tokens": mx.stack(tokens),
+        "decode_logits": mx.stack(logits),
+    }
+    # The same positions in one uncached forward over prompt + decode tokens: how far mlx-lm's
+    # own cached decode (DeepSeek's absorbed MLA, rotating sliding-window caches) is from it.
+    full = model(mx.concatenate([prompt, ref["decode_tokens"]])[None]).astype(mx.float32)[0]
+    diffs = {
+        "cached_prefill_max_abs_diff": mx.abs(cached_prefill - prefill).max(),
+        "decode_vs_uncached_max_abs_diff": mx.abs(full[len(PROMPT):] - ref["decode_logits"]).max(),
+    }
+    mx.eval(ref, diffs)
+    return ref, {k: float(f"{float(v):.3e}") for k, v in diffs.items()}
+
+
+def write_reference(folder, family, layout, config, extra=None):
+    model, _ = load_model(folder)
+    ref, diffs = forward_reference(model)
+    mx.save_safetensors(str(folder / "reference.safetensors"), ref)
+    summary = {
+        k: v for k, v in sorted(config.items())
+        if k not in ("architectures", "quantization_config")
+    }
+    meta = {
+        "family": family,
+        "layout": layout,
+        "seed": SEED,
+        "mlx": importlib.metadata.version("mlx"),
+        "mlx_lm": importlib.metadata.version("mlx-lm"),
+        "prompt": PROMPT,
+        "decode_tokens": ref["decode_tokens"].tolist(),
+        "config": summary,
+    }
+    meta.update(diffs)
+    meta.update(extra or {})
+    (folder / "reference.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return ref
+
+
+def copy_tokenizer(tokenizer, folder):
+    if tokenizer is None:
+        return
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer / name, folder / name)
+
+
+def unquantized_layers(model):
+    """Paths of layers that could be quantized but are not (what convert leaves behind when a
+    width is not a multiple of the group size)."""
+    return [p for p, m in model.named_modules() if hasattr(m, "to_quantized")]
+
+
+def quantized_folder(hf, out, layout, tokenizer):
+    bits, group, mode = {"q4": (4, 64, "affine"), "q8": (8, 64, "affine"),
+                         "mxfp4": (4, 32, "mxfp4"), "mxfp8": (8, 32, "mxfp8")}[layout]
+    # What mlx_lm.convert does (load lazily, quantize_model with the model's own
+    # quant_predicate, save_model + save_config), without re-saving the tokenizer through
+    # transformers: the tokenizer files are copied byte for byte instead.
+    model, config = load_model(hf, lazy=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # its "[INFO] Quantized ..." line
+        model, config = quantize_model(model, config, group, bits, mode=mode)
+    left = unquantized_layers(model)
+    if left:
+        raise SystemExit(f"{out}: layers left unquantized: {left}")
+    out.mkdir(parents=True)
+    save_model(out, model, donate_model=True)
+    save_config(config, config_path=out / "config.json")
+    copy_tokenizer(tokenizer, out)
+    return config
+
+
+def build_family(family, root, tokenizer):
+    spec = FAMILIES[family]
+    started = time.perf_counter()
+    config = dict(spec["config"], vocab_size=VOCAB, torch_dtype="float32", **TOKENS)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    randomize(model, family, spec.get("norm_base", 1.0), spec.get("std", ()))
+    if spec.get("tied"):
+        # As mlx-lm's sanitize does when the files have no lm_head.
+        model.tie_word_embeddings = True
+        model.pop("lm_head")
+    if spec.get("experts_mxfp4"):
+        # gpt-oss ships its experts in mxfp4: the reference is the quantized experts.
+        nn.quantize(model, 32, 4, mode="mxfp4",
+                    class_predicate=lambda p, m: ".experts." in p and hasattr(m, "to_quantized"))
+    prompt = mx.array(PROMPT, dtype=mx.int32)
+    in_memory = model(prompt[None]).astype(mx.float32)
+    mx.eval(in_memory)
+
+    out = root / f"{family}.partial"
+    shutil.rmtree(out, ignore_errors=True)
+    hf = out / "hf"
+    hf.mkdir(parents=True)
+    weights = dict(tree_flatten(model.parameters()))
+    weights = HF_LAYOUT[family](weights, config)
+    weights = dict(sorted(weights.items()))
+    mx.save_safetensors(str(hf / "model.safetensors"), weights, metadata={"format": "pt"})
+    (hf / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    copy_tokenizer(tokenizer, hf)
+
+    loaded, _ = load_model(hf)
+    again = loaded(prompt[None]).astype(mx.float32)
+    roundtrip = float(mx.abs(again - in_memory).max())
+    if roundtrip > 1e-5:
+        raise SystemExit(f"{family}: mlx-lm reads {hf} back to other logits (max diff {roundtrip})")
+    del loaded
+    write_reference(hf, family, "hf", config,
+                    {"in_memory_max_abs_diff": float(f"{roundtrip:.3e}")})
+    done = ["hf"]
+    for layout in spec["layouts"]:
+        qconfig = quantized_folder(hf, out / layout, layout, tokenizer)
+        write_reference(out / layout, family, layout, qconfig)
+        done.append(layout)
+    final = root / family
+    shutil.rmtree(final, ignore_errors=True)
+    out.rename(final)
+    size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
+    log(f"family fixtures: {family}: {', '.join(done)} in {time.perf_counter() - started:.1f}s "
+        f"({size / 1e6:.1f} MB, hf round trip max diff {roundtrip:.1e})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--tokenizer", type=Path, help="folder with SmolLM2's tokenizer files")
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--list", action="store_true", help="print the families and layouts")
+    args = parser.parse_args()
+    if args.list:
+        for name, spec in FAMILIES.items():
+            print(name, " ".join(["hf"] + spec["layouts"]))
+        return
+    mx.set_default_device(mx.cpu)
+    args.root.mkdir(parents=True, exist_ok=True)
+    families = args.families.split(",")
+    for family in families:
+        if family not in FAMILIES:
+            raise SystemExit(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    for family in families:
+        build_family(family, args.root, args.tokenizer)
+    # What exists, for the xtask's stamp check and for tests that walk every folder.
+    manifest = {f: ["hf"] + FAMILIES[f]["layouts"] for f in FAMILIES if (args.root / f).is_dir()}
+    (args.root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
