@@ -61,10 +61,7 @@ impl Reference {
 
 /// The fixture folder of `family` in `layout`; setup must have made it.
 fn fixture(family: &str, layout: &str) -> PathBuf {
-    let dir = kit::dirs::cache_dir()
-        .join("fixtures/families")
-        .join(family)
-        .join(layout);
+    let dir = kit::dirs::family_fixture_dir(family, layout);
     assert!(
         dir.join("reference.safetensors").exists(),
         "{} is missing: run `cargo xtask setup`",

@@ -175,7 +175,7 @@ fn smollm2_three_ranks_batch_like_one_node_alone() {
 /// it at 4 bits (routers at 8): every rank keeps every expert at half its width, still packed,
 /// sliced at the quantization groups; the router stays whole.
 fn qwen3_moe_4bit() -> PathBuf {
-    let dir = kit::dirs::cache_dir().join("fixtures/families/qwen3_moe/q4");
+    let dir = kit::dirs::family_fixture_dir("qwen3_moe", "q4");
     assert!(
         dir.join("config.json").exists(),
         "{} is missing: run `cargo xtask setup`",
@@ -210,6 +210,6 @@ fn quantized_moe_two_ranks_batch_like_one_node_alone() {
 
 #[test]
 fn moe_f32_two_ranks_match_one_node() {
-    let dir = kit::dirs::cache_dir().join("fixtures/families/qwen3_moe/hf");
+    let dir = kit::dirs::family_fixture_dir("qwen3_moe", "hf");
     run_tensor_parallel_as(&dir, 2, "3,17,42,5,88", 7, "single", "f32");
 }
