@@ -22,6 +22,10 @@ pub enum Architecture {
     /// softmax-routed Mixture-of-Experts feed-forward.
     #[serde(rename = "qwen3_moe")]
     Qwen3Moe,
+    /// GLM-4.5/4.6/4.7 (`glm4_moe`): partial rotary, Q/K norms and biases, a sigmoid-routed
+    /// Mixture of Experts with a shared expert.
+    #[serde(rename = "glm4_moe")]
+    Glm4Moe,
 }
 
 impl Architecture {
@@ -32,6 +36,7 @@ impl Architecture {
             "qwen2" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
+            "glm4_moe" => Ok(Architecture::Glm4Moe),
             other => Err(InferenceError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -43,6 +48,7 @@ impl Architecture {
             Architecture::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
             Architecture::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
             Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            Architecture::Glm4Moe => ("glm4_moe", "Glm4MoeForCausalLM"),
         }
     }
 }
@@ -153,6 +159,22 @@ pub enum RouterKind {
         /// `norm_topk_prob`.
         normalize: bool,
     },
+    /// Sigmoid scores; the experts are chosen by score plus a learned per-expert correction
+    /// (`e_score_correction_bias`, which balances the load without weighting the output),
+    /// first among the `top_groups` best of `groups` groups of experts (a group ranks by its
+    /// two best scores), then the top k. The chosen experts' plain sigmoid scores, optionally
+    /// divided by their sum, times `scale` weigh their outputs (DeepSeek V3, GLM-4.5,
+    /// MiniMax M2).
+    SigmoidGroupedTopK {
+        /// `n_group` (1: no grouping).
+        groups: usize,
+        /// `topk_group`: groups whose experts may be chosen.
+        top_groups: usize,
+        /// Divide the k weights by their sum (`norm_topk_prob`).
+        normalize: bool,
+        /// `routed_scaling_factor`.
+        scale: f32,
+    },
 }
 
 /// The Mixture-of-Experts part of a configuration.
@@ -172,6 +194,10 @@ pub struct MoeConfig {
     pub sparse_step: usize,
     /// The first layers that stay dense (`first_k_dense_replace`).
     pub first_dense: usize,
+    /// Width of the shared expert every token also runs through, beside the routed ones
+    /// (`n_shared_experts × moe_intermediate_size`; 0: none).
+    #[serde(default)]
+    pub shared_width: usize,
 }
 
 impl MoeConfig {
@@ -183,14 +209,16 @@ impl MoeConfig {
             && (layer + 1).is_multiple_of(self.sparse_step.max(1))
     }
 
-    /// Parameters of one MoE feed-forward (router and every expert).
+    /// Parameters of one MoE feed-forward (router, every expert and the shared expert).
     pub fn parameters(&self, hidden: usize) -> usize {
-        hidden * self.num_experts + 3 * hidden * self.expert_width * self.num_experts
+        hidden * self.num_experts
+            + 3 * hidden * (self.expert_width * self.num_experts + self.shared_width)
     }
 
     /// Parameters one token runs through in one MoE feed-forward.
     pub fn active_parameters(&self, hidden: usize) -> usize {
-        hidden * self.num_experts + 3 * hidden * self.expert_width * self.experts_per_token
+        hidden * self.num_experts
+            + 3 * hidden * (self.expert_width * self.experts_per_token + self.shared_width)
     }
 }
 
@@ -230,6 +258,21 @@ pub struct ModelConfig {
     /// The Mixture-of-Experts feed-forward, for MoE families.
     #[serde(default)]
     pub moe: Option<MoeConfig>,
+    /// The attention's shape beyond plain heads (partial rotary, Q/K norms), as the family
+    /// reads it ([`crate::models::base::Family::read_config`]).
+    #[serde(default)]
+    pub attention: AttentionConfig,
+}
+
+/// What a family's attention has beyond grouped-query heads of `head_dim`, filled in by the
+/// family's own file from config.json (the shared reader knows none of it).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AttentionConfig {
+    /// Width of each head RoPE rotates, when less than `head_dim` (GLM's
+    /// `partial_rotary_factor`, MiniMax's `rotary_dim`).
+    pub rotary_dim: Option<usize>,
+    /// RMS norms on queries and keys (`use_qk_norm`).
+    pub qk_norm: bool,
 }
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
@@ -322,10 +365,11 @@ impl ModelConfig {
                     .and_then(Value::as_u64)
                     .unwrap_or(1) as usize,
                 first_dense: 0,
+                shared_width: 0,
             }),
             _ => None,
         };
-        let config = ModelConfig {
+        let mut config = ModelConfig {
             architecture,
             hidden_size,
             num_layers: req_usize(v, "num_hidden_layers")?,
@@ -354,7 +398,9 @@ impl ModelConfig {
             },
             quantization,
             moe,
+            attention: AttentionConfig::default(),
         };
+        crate::models::family(architecture).read_config(v, &mut config)?;
         config.validate()?;
         Ok(config)
     }
@@ -432,6 +478,7 @@ impl ModelConfig {
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
             quantization: None,
             moe: None,
+            attention: AttentionConfig::default(),
         };
         config.validate()?;
         Ok(config)
@@ -467,6 +514,15 @@ impl ModelConfig {
         {
             return bad("implausibly large dimensions".into());
         }
+        if let Some(r) = self.attention.rotary_dim {
+            if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
+                return bad(format!(
+                    "a rotary width of {r} in heads of {}: it must be even, positive and at \
+                     most head_dim",
+                    self.head_dim
+                ));
+            }
+        }
         if let Some(moe) = &self.moe {
             if moe.num_experts == 0
                 || moe.experts_per_token == 0
@@ -479,6 +535,26 @@ impl ModelConfig {
                     "a Mixture-of-Experts layer of {} experts, {} per token, {} wide cannot be built",
                     moe.num_experts, moe.experts_per_token, moe.expert_width
                 ));
+            }
+            if let RouterKind::SigmoidGroupedTopK {
+                groups, top_groups, ..
+            } = moe.router
+            {
+                let per_group = moe.num_experts.checked_div(groups).unwrap_or(0);
+                if groups == 0
+                    || !moe.num_experts.is_multiple_of(groups)
+                    || top_groups == 0
+                    || top_groups > groups
+                    || top_groups * per_group < moe.experts_per_token
+                    || (groups > 1 && per_group < 2)
+                {
+                    return bad(format!(
+                        "{} experts in n_group {groups} with topk_group {top_groups} cannot \
+                         route {} experts per token: n_group must divide the experts into \
+                         groups of at least 2, and the kept groups must hold k experts",
+                        moe.num_experts, moe.experts_per_token
+                    ));
+                }
             }
         }
         Ok(())
