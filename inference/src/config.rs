@@ -26,6 +26,14 @@ pub enum Architecture {
     /// Mixture of Experts with a shared expert.
     #[serde(rename = "glm4_moe")]
     Glm4Moe,
+    /// MiniMax M2 (`minimax_m2`): one Q and one K norm over all heads, partial rotary, a
+    /// sigmoid-routed Mixture of Experts on every layer.
+    #[serde(rename = "minimax_m2")]
+    MiniMax,
+    /// DeepSeek V3 / R1 / V3.1 and Kimi K2 (`deepseek_v3`): multi-head latent attention with
+    /// YaRN, a sigmoid-routed, group-limited Mixture of Experts with a shared expert.
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
 }
 
 impl Architecture {
@@ -37,6 +45,8 @@ impl Architecture {
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
             "glm4_moe" => Ok(Architecture::Glm4Moe),
+            "minimax_m2" => Ok(Architecture::MiniMax),
+            "deepseek_v3" | "kimi_k2" => Ok(Architecture::DeepseekV3),
             other => Err(InferenceError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -49,6 +59,8 @@ impl Architecture {
             Architecture::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
             Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
             Architecture::Glm4Moe => ("glm4_moe", "Glm4MoeForCausalLM"),
+            Architecture::MiniMax => ("minimax_m2", "MiniMaxM2ForCausalLM"),
+            Architecture::DeepseekV3 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
         }
     }
 }
@@ -76,6 +88,23 @@ pub enum RopeScaling {
     },
     /// Per-frequency divisors given explicitly (GGUF's `rope_freqs.weight`).
     FreqFactors(Vec<f32>),
+    /// YaRN (DeepSeek V3): high frequencies kept, low ones stretched by `factor`, a linear
+    /// ramp between the `beta_fast` and `beta_slow` rotation counts, and queries and keys
+    /// scaled by `mscale`'s ratio.
+    Yarn {
+        /// The context stretch.
+        factor: f32,
+        /// The context length the model was trained with.
+        original_max_position: f32,
+        /// Rotations over the original context above which a frequency is kept.
+        beta_fast: f32,
+        /// Rotations below which a frequency is stretched fully.
+        beta_slow: f32,
+        /// `mscale` (1 when absent).
+        mscale: f32,
+        /// `mscale_all_dim` (0 when absent).
+        mscale_all_dim: f32,
+    },
 }
 
 /// Quantization of an MLX-community checkpoint (`quantization` in config.json): the default
@@ -259,7 +288,7 @@ pub struct ModelConfig {
     #[serde(default)]
     pub moe: Option<MoeConfig>,
     /// The attention's shape beyond plain heads (partial rotary, Q/K norms), as the family
-    /// reads it ([`crate::models::base::Family::read_config`]).
+    /// reads it ([`crate::models::base::Family::configure`]).
     #[serde(default)]
     pub attention: AttentionConfig,
 }
@@ -273,6 +302,44 @@ pub struct AttentionConfig {
     pub rotary_dim: Option<usize>,
     /// RMS norms on queries and keys (`use_qk_norm`).
     pub qk_norm: bool,
+    /// Multi-head latent attention (DeepSeek V3): its ranks and head widths.
+    pub latent: Option<LatentConfig>,
+}
+
+/// The shape of multi-head latent attention ([`crate::models::mla`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LatentConfig {
+    /// Width of the queries' bottleneck (`q_lora_rank`); `None`: one query projection.
+    pub q_lora_rank: Option<usize>,
+    /// Width of the cached latent (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Per-head query/key width without position (`qk_nope_head_dim`).
+    pub qk_nope_head_dim: usize,
+    /// Per-head rotated width, one key for all heads (`qk_rope_head_dim`).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value width (`v_head_dim`).
+    pub v_head_dim: usize,
+}
+
+impl LatentConfig {
+    /// Parameters of one layer's attention with `heads` heads over `hidden`.
+    pub fn parameters(&self, hidden: usize, heads: usize) -> usize {
+        let q_width = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim);
+        let query = match self.q_lora_rank {
+            Some(r) => hidden * r + r + r * q_width,
+            None => hidden * q_width,
+        };
+        query
+            + hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.kv_lora_rank
+            + heads * self.kv_lora_rank * (self.qk_nope_head_dim + self.v_head_dim)
+            + heads * self.v_head_dim * hidden
+    }
+
+    /// Numbers one position keeps in one layer's cache: the latent and the rotated key.
+    pub fn cached_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
 }
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
@@ -324,6 +391,14 @@ impl ModelConfig {
                         low_freq_factor: g("low_freq_factor", 1.0),
                         high_freq_factor: g("high_freq_factor", 4.0),
                         original_max_position: g("original_max_position_embeddings", 8192.0),
+                    },
+                    "yarn" | "deepseek_yarn" => RopeScaling::Yarn {
+                        factor: g("factor", 1.0),
+                        original_max_position: g("original_max_position_embeddings", 4096.0),
+                        beta_fast: g("beta_fast", 32.0),
+                        beta_slow: g("beta_slow", 1.0),
+                        mscale: g("mscale", 1.0),
+                        mscale_all_dim: g("mscale_all_dim", 0.0),
                     },
                     other => {
                         return Err(InferenceError::BadConfig(format!(
@@ -400,7 +475,7 @@ impl ModelConfig {
             moe,
             attention: AttentionConfig::default(),
         };
-        crate::models::family(architecture).read_config(v, &mut config)?;
+        crate::models::family(architecture).configure(v, &mut config)?;
         config.validate()?;
         Ok(config)
     }
@@ -514,6 +589,13 @@ impl ModelConfig {
         {
             return bad("implausibly large dimensions".into());
         }
+        if matches!(self.rope_scaling, RopeScaling::Yarn { .. }) && self.attention.latent.is_none()
+        {
+            return bad(format!(
+                "YaRN rope_scaling is supported for deepseek_v3 only in this build, not {:?}",
+                self.architecture
+            ));
+        }
         if let Some(r) = self.attention.rotary_dim {
             if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
                 return bad(format!(
@@ -563,7 +645,10 @@ impl ModelConfig {
     /// Parameters of layer `layer` (every expert counted), for memory and watchdog estimates
     /// and for splitting layers by their bytes.
     pub fn parameters_of_layer(&self, layer: usize) -> usize {
-        let attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads);
+        let attn = match &self.attention.latent {
+            Some(latent) => latent.parameters(self.hidden_size, self.num_heads),
+            None => self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads),
+        };
         let ffn = match &self.moe {
             Some(moe) if moe.is_moe_layer(layer) => moe.parameters(self.hidden_size),
             _ => 3 * self.hidden_size * self.intermediate_size,

@@ -210,3 +210,33 @@ fn glm4_moe_4bit() {
 fn glm4_moe_8bit() {
     check("glm4_moe", "q8", WeightFormat::Quantized, 1e-3);
 }
+
+#[test]
+fn minimax_hf_f32() {
+    check("minimax", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn minimax_4bit() {
+    check("minimax", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn minimax_8bit() {
+    check("minimax", "q8", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn deepseek_v3_hf_f32() {
+    check("deepseek_v3", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn deepseek_v3_4bit() {
+    check("deepseek_v3", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn deepseek_v3_8bit() {
+    check("deepseek_v3", "q8", WeightFormat::Quantized, 1e-3);
+}

@@ -233,3 +233,45 @@ fn glm4_moe_4bit_two_ranks_match_one_node() {
         "quantized",
     );
 }
+
+/// MiniMax M2's shape at 4 bits: each rank holds half the heads, so the one Q norm and the
+/// one K norm over all heads add their sums of squares over the ring before dividing.
+#[test]
+fn minimax_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("minimax"),
+        2,
+        "3,17,42,5,88",
+        9,
+        "single",
+        "quantized",
+    );
+}
+
+/// DeepSeek V3's latent attention at 4 bits: each rank keeps its query heads and their
+/// `embed_q` / `unembed_out` slices, the latent projection and latent cache whole; the
+/// grouped sigmoid router whole, routed and shared experts at half width.
+#[test]
+fn deepseek_v3_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v3"),
+        2,
+        "3,17,42,5,88",
+        10,
+        "single",
+        "quantized",
+    );
+}
+
+/// The same through the batched path (decoding rows over shared latent buffers).
+#[test]
+fn deepseek_v3_4bit_two_ranks_batch_like_one_node_alone() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v3"),
+        2,
+        "3,17,42,5,88,7",
+        11,
+        "batched",
+        "quantized",
+    );
+}

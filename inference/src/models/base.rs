@@ -45,10 +45,9 @@ pub trait Family: GgufNames {
         crate::tensor_split::standard_divisors(config)
     }
 
-    /// Reads the configuration numbers only this family has (its experts, its attention's
-    /// shape) from `config.json` into `config`, after the shared reader; the default reads
-    /// nothing more.
-    fn read_config(&self, json: &serde_json::Value, config: &mut ModelConfig) -> Result<()> {
+    /// Reads what only this family's `config.json` holds (its experts, its attention's
+    /// shape) into `config`, after the shared numbers are read. The default reads nothing.
+    fn configure(&self, json: &serde_json::Value, config: &mut ModelConfig) -> Result<()> {
         let _ = (json, config);
         Ok(())
     }
@@ -92,7 +91,7 @@ pub(crate) fn layer_tensor(layer: usize, part: &str) -> String {
 }
 
 /// Adds up a row-parallel projection's partial results over the tensor-parallel ring.
-fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
+pub(crate) fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
     match reduce {
         Some(group) => Ok(group.all_sum(&partial)?),
         None => Ok(partial),
@@ -543,11 +542,56 @@ impl FeedForward {
     }
 }
 
+/// A block's attention: heads with their own keys and values, or latent attention (the
+/// family decides).
+#[derive(Debug, Clone)]
+pub enum SelfAttention {
+    /// Grouped-query heads.
+    Heads(Attention),
+    /// Multi-head latent attention (DeepSeek V3).
+    Latent(super::mla::LatentAttention),
+}
+
+impl From<Attention> for SelfAttention {
+    fn from(a: Attention) -> SelfAttention {
+        SelfAttention::Heads(a)
+    }
+}
+
+impl SelfAttention {
+    fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        match self {
+            SelfAttention::Heads(a) => a.forward_segments(x, segments),
+            SelfAttention::Latent(a) => a.forward_segments(x, segments),
+        }
+    }
+
+    fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<SelfAttention> {
+        Ok(match self {
+            SelfAttention::Heads(a) => SelfAttention::Heads(a.cut(rank, size, group, what)?),
+            SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            SelfAttention::Heads(a) => a.arrays(),
+            SelfAttention::Latent(a) => a.arrays(),
+        }
+    }
+}
+
 /// One pre-norm transformer block.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub(crate) input_norm: Array,
-    pub(crate) attention: Attention,
+    pub(crate) attention: SelfAttention,
     pub(crate) post_attention_norm: Array,
     pub(crate) ffn: FeedForward,
     pub(crate) eps: f32,
@@ -572,14 +616,14 @@ impl DecoderLayer {
         source: &mut dyn TensorSource,
         layer: usize,
         format: WeightFormat,
-        attention: Attention,
+        attention: impl Into<SelfAttention>,
         ffn: FeedForward,
     ) -> Result<DecoderLayer> {
         let dtype = format.compute_dtype();
         let p = |part: &str| layer_tensor(layer, part);
         Ok(DecoderLayer {
             input_norm: source.dense(&p("input_layernorm.weight"), dtype)?,
-            attention,
+            attention: attention.into(),
             post_attention_norm: source.dense(&p("post_attention_layernorm.weight"), dtype)?,
             ffn,
             eps: config.rms_norm_eps,

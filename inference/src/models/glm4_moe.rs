@@ -148,7 +148,7 @@ pub(crate) fn sigmoid_moe_tensor_names(moe: &MoeConfig, layer: usize) -> Vec<Str
 }
 
 impl Family for Glm4Moe {
-    fn read_config(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {
+    fn configure(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {
         config.moe = Some(sigmoid_moe_config(v)?);
         let factor = v
             .get("partial_rotary_factor")

@@ -222,8 +222,8 @@ pub struct MoeBlock {
     experts_per_token: i32,
     experts: Experts,
     /// The shared expert, added to the routed sum (it never reduces itself: the block adds
-    /// both up over the ring at once).
-    shared: Option<Mlp>,
+    /// both up over the ring at once). Boxed: most blocks have none.
+    shared: Option<Box<Mlp>>,
     /// Tensor parallel: the ring whose ranks each hold a slice of every expert.
     reduce: Option<Arc<RingGroup>>,
 }
@@ -299,7 +299,7 @@ impl MoeBlock {
             correction,
             experts_per_token: moe.experts_per_token as i32,
             experts,
-            shared,
+            shared: shared.map(Box::new),
             reduce: None,
         })
     }
@@ -379,7 +379,7 @@ impl MoeBlock {
             Some(m) => {
                 let mut m = m.cut(rank, size, group, &format!("{what} shared expert"))?;
                 m.reduce = None;
-                Some(m)
+                Some(Box::new(m))
             }
             None => None,
         };
@@ -399,7 +399,7 @@ impl MoeBlock {
         let mut v = self.router.arrays();
         v.extend(&self.correction);
         v.extend(self.experts.arrays());
-        v.extend(self.shared.iter().flat_map(Mlp::arrays));
+        v.extend(self.shared.iter().flat_map(|m| m.arrays()));
         v
     }
 }
