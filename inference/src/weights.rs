@@ -534,6 +534,7 @@ mod tests {
             attention_bias: false,
             quantization: None,
             moe: None,
+            attention: Default::default(),
         }
     }
 

@@ -175,7 +175,12 @@ fn smollm2_three_ranks_batch_like_one_node_alone() {
 /// it at 4 bits (routers at 8): every rank keeps every expert at half its width, still packed,
 /// sliced at the quantization groups; the router stays whole.
 fn qwen3_moe_4bit() -> PathBuf {
-    let dir = kit::dirs::family_fixture_dir("qwen3_moe", "q4");
+    family_4bit("qwen3_moe")
+}
+
+/// The 4-bit fixture of `family`; setup must have made it.
+fn family_4bit(family: &str) -> PathBuf {
+    let dir = kit::dirs::family_fixture_dir(family, "q4");
     assert!(
         dir.join("config.json").exists(),
         "{} is missing: run `cargo xtask setup`",
@@ -212,4 +217,61 @@ fn quantized_moe_two_ranks_batch_like_one_node_alone() {
 fn moe_f32_two_ranks_match_one_node() {
     let dir = kit::dirs::family_fixture_dir("qwen3_moe", "hf");
     run_tensor_parallel_as(&dir, 2, "3,17,42,5,88", 7, "single", "f32");
+}
+
+/// GLM-4.5's shape at 4 bits: biased Q/K/V heads with per-head norms and partial rotary split
+/// by heads; the sigmoid router (with its f32 score correction) whole on each rank; every
+/// routed expert and the shared expert at half their width, one all-sum for both.
+#[test]
+fn glm4_moe_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("glm4_moe"),
+        2,
+        "3,17,42,5,88",
+        8,
+        "single",
+        "quantized",
+    );
+}
+
+/// MiniMax M2's shape at 4 bits: each rank holds half the heads, so the one Q norm and the
+/// one K norm over all heads add their sums of squares over the ring before dividing.
+#[test]
+fn minimax_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("minimax"),
+        2,
+        "3,17,42,5,88",
+        9,
+        "single",
+        "quantized",
+    );
+}
+
+/// DeepSeek V3's latent attention at 4 bits: each rank keeps its query heads and their
+/// `embed_q` / `unembed_out` slices, the latent projection and latent cache whole; the
+/// grouped sigmoid router whole, routed and shared experts at half width.
+#[test]
+fn deepseek_v3_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v3"),
+        2,
+        "3,17,42,5,88",
+        10,
+        "single",
+        "quantized",
+    );
+}
+
+/// The same through the batched path (decoding rows over shared latent buffers).
+#[test]
+fn deepseek_v3_4bit_two_ranks_batch_like_one_node_alone() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v3"),
+        2,
+        "3,17,42,5,88,7",
+        11,
+        "batched",
+        "quantized",
+    );
 }

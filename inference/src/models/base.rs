@@ -44,6 +44,13 @@ pub trait Family: GgufNames {
     fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_split::TensorDivisor> {
         crate::tensor_split::standard_divisors(config)
     }
+
+    /// Reads what only this family's `config.json` holds (its experts, its attention's
+    /// shape) into `config`, after the shared numbers are read. The default reads nothing.
+    fn configure(&self, json: &serde_json::Value, config: &mut ModelConfig) -> Result<()> {
+        let _ = (json, config);
+        Ok(())
+    }
 }
 
 /// Hugging Face names of the weight matrices and norms every family's layer has, with the GGUF
@@ -84,20 +91,90 @@ pub(crate) fn layer_tensor(layer: usize, part: &str) -> String {
 }
 
 /// Adds up a row-parallel projection's partial results over the tensor-parallel ring.
-fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
+pub(crate) fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
     match reduce {
         Some(group) => Ok(group.all_sum(&partial)?),
         None => Ok(partial),
     }
 }
 
-/// RMS norms applied to each head's queries and keys before RoPE (Qwen3's block).
+/// RMS norms applied to the queries and keys before RoPE: over each head (Qwen3, GLM) or
+/// over all heads together (MiniMax).
 #[derive(Debug, Clone)]
 pub struct HeadNorms {
-    /// `[head_dim]`.
+    /// `[head_dim]`, or `[heads·head_dim]` over all heads.
     pub(crate) q: Array,
-    /// `[head_dim]`.
+    /// `[head_dim]`, or `[kv_heads·head_dim]` over all heads.
     pub(crate) k: Array,
+    /// What one norm spans.
+    pub(crate) span: NormSpan,
+}
+
+/// What one query/key RMS norm spans.
+#[derive(Debug, Clone)]
+pub enum NormSpan {
+    /// Each head alone.
+    EachHead,
+    /// Every head of the layer together. Under tensor parallelism a rank holds some heads:
+    /// their sum of squares is added over `reduce` before dividing, so the norm is the whole
+    /// layer's.
+    AllHeads {
+        /// The tensor-parallel ring, once cut.
+        reduce: Option<Arc<RingGroup>>,
+    },
+}
+
+impl HeadNorms {
+    /// Norms over each head, weights `[head_dim]`.
+    pub(crate) fn each_head(q: Array, k: Array) -> HeadNorms {
+        HeadNorms {
+            q,
+            k,
+            span: NormSpan::EachHead,
+        }
+    }
+
+    /// Norms over all heads together, weights `[heads·head_dim]` and `[kv_heads·head_dim]`.
+    pub(crate) fn all_heads(q: Array, k: Array) -> HeadNorms {
+        HeadNorms {
+            q,
+            k,
+            span: NormSpan::AllHeads { reduce: None },
+        }
+    }
+
+    /// `t` `[b, l, width]` normalized with `w`: `t / rms(t) · w`, the mean of squares taken
+    /// over `width` (all heads), or over every rank's heads when cut.
+    fn across_heads(
+        t: &Array,
+        w: &Array,
+        eps: f32,
+        reduce: &Option<Arc<RingGroup>>,
+    ) -> Result<Array> {
+        let Some(group) = reduce else {
+            return Ok(fast::rms_norm(t, Some(w), eps)?);
+        };
+        let width = *t.shape().last().unwrap_or(&1) * group.size() as i32;
+        let squares = group.all_sum(&t.square()?.sum_axis(-1, true)?)?;
+        let mean = ops::divide(&squares, Array::from_f32(width as f32))?;
+        let inv = ops::rsqrt(ops::add(&mean, Array::from_f32(eps))?)?;
+        Ok(ops::multiply(&ops::multiply(t, &inv)?, w)?)
+    }
+
+    /// This rank's slice: per-head weights stay whole, all-head weights keep the rank's heads
+    /// (`[q0, q1)` and `[k0, k1)` of the widths) and add their squares over `group`.
+    fn cut(&self, q: (usize, usize), k: (usize, usize), group: &Arc<RingGroup>) -> Result<Self> {
+        Ok(match self.span {
+            NormSpan::EachHead => self.clone(),
+            NormSpan::AllHeads { .. } => HeadNorms {
+                q: crate::quantized::slice_axis(&self.q, 0, q.0, q.1)?,
+                k: crate::quantized::slice_axis(&self.k, 0, k.0, k.1)?,
+                span: NormSpan::AllHeads {
+                    reduce: Some(group.clone()),
+                },
+            },
+        })
+    }
 }
 
 /// Multi-head attention with grouped keys/values, RoPE and, where the family has them, per-head
@@ -149,7 +226,11 @@ impl Attention {
             num_kv_heads: config.num_kv_heads as i32,
             head_dim: config.head_dim as i32,
             eps: config.rms_norm_eps,
-            rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
+            rope: Rope::new(
+                config.attention.rotary_dim.unwrap_or(config.head_dim),
+                config.rope_theta,
+                &config.rope_scaling,
+            ),
             reduce: None,
         })
     }
@@ -170,10 +251,20 @@ impl Attention {
     pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
-            let t = t.reshape(&[b, l, n, self.head_dim])?;
-            let t = match norm {
-                Some(w) => fast::rms_norm(&t, Some(w), self.eps)?,
-                None => t,
+            let span = self.head_norms.as_ref().map(|h| &h.span);
+            let t = match (norm, span) {
+                (Some(w), Some(NormSpan::AllHeads { reduce })) => {
+                    HeadNorms::across_heads(&t, w, self.eps, reduce)?.reshape(&[
+                        b,
+                        l,
+                        n,
+                        self.head_dim,
+                    ])?
+                }
+                (Some(w), _) => {
+                    fast::rms_norm(&t.reshape(&[b, l, n, self.head_dim])?, Some(w), self.eps)?
+                }
+                (None, _) => t.reshape(&[b, l, n, self.head_dim])?,
             };
             Ok(t.transpose_axes(&[0, 2, 1, 3])?)
         };
@@ -292,7 +383,11 @@ impl Attention {
             k_proj: self.k_proj.slice_rows(k0, k1)?,
             v_proj: self.v_proj.slice_rows(k0, k1)?,
             o_proj: self.o_proj.slice_columns(q0, q1, size, &name("o_proj"))?,
-            head_norms: self.head_norms.clone(),
+            head_norms: self
+                .head_norms
+                .as_ref()
+                .map(|n| n.cut((q0, q1), (k0, k1), group))
+                .transpose()?,
             num_heads: heads as i32,
             num_kv_heads: kv_heads as i32,
             head_dim: self.head_dim,
@@ -330,23 +425,28 @@ impl Mlp {
         layer: usize,
         format: WeightFormat,
     ) -> Result<Mlp> {
-        let p = |part: &str| layer_tensor(layer, part);
+        let prefix = layer_tensor(layer, "mlp");
+        Mlp::load_at(config, source, &prefix, config.intermediate_size, format)
+    }
+
+    /// The MLP `width` units wide under `prefix` (`model.layers.3.mlp.shared_experts`).
+    pub(crate) fn load_at(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        prefix: &str,
+        width: usize,
+        format: WeightFormat,
+    ) -> Result<Mlp> {
+        let p = |part: &str| format!("{prefix}.{part}");
         let mlp = Mlp {
-            gate_proj: source.linear(&p("mlp.gate_proj"), format)?,
-            up_proj: source.linear(&p("mlp.up_proj"), format)?,
-            down_proj: source.linear(&p("mlp.down_proj"), format)?,
+            gate_proj: source.linear(&p("gate_proj"), format)?,
+            up_proj: source.linear(&p("up_proj"), format)?,
+            down_proj: source.linear(&p("down_proj"), format)?,
             reduce: None,
         };
-        check_shape(
-            &mlp.gate_proj.weight,
-            &p("mlp.gate_proj"),
-            config.intermediate_size,
-        )?;
-        check_shape(
-            &mlp.down_proj.weight,
-            &p("mlp.down_proj"),
-            config.hidden_size,
-        )?;
+        check_shape(&mlp.gate_proj.weight, &p("gate_proj"), width)?;
+        check_shape(&mlp.up_proj.weight, &p("up_proj"), width)?;
+        check_shape(&mlp.down_proj.weight, &p("down_proj"), config.hidden_size)?;
         Ok(mlp)
     }
 
@@ -357,7 +457,7 @@ impl Mlp {
         all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }
 
-    fn arrays(&self) -> Vec<&Array> {
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
         [&self.gate_proj, &self.up_proj, &self.down_proj]
             .into_iter()
             .flat_map(Linear::arrays)
@@ -442,11 +542,56 @@ impl FeedForward {
     }
 }
 
+/// A block's attention: heads with their own keys and values, or latent attention (the
+/// family decides).
+#[derive(Debug, Clone)]
+pub enum SelfAttention {
+    /// Grouped-query heads.
+    Heads(Attention),
+    /// Multi-head latent attention (DeepSeek V3).
+    Latent(super::mla::LatentAttention),
+}
+
+impl From<Attention> for SelfAttention {
+    fn from(a: Attention) -> SelfAttention {
+        SelfAttention::Heads(a)
+    }
+}
+
+impl SelfAttention {
+    fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        match self {
+            SelfAttention::Heads(a) => a.forward_segments(x, segments),
+            SelfAttention::Latent(a) => a.forward_segments(x, segments),
+        }
+    }
+
+    fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<SelfAttention> {
+        Ok(match self {
+            SelfAttention::Heads(a) => SelfAttention::Heads(a.cut(rank, size, group, what)?),
+            SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            SelfAttention::Heads(a) => a.arrays(),
+            SelfAttention::Latent(a) => a.arrays(),
+        }
+    }
+}
+
 /// One pre-norm transformer block.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub(crate) input_norm: Array,
-    pub(crate) attention: Attention,
+    pub(crate) attention: SelfAttention,
     pub(crate) post_attention_norm: Array,
     pub(crate) ffn: FeedForward,
     pub(crate) eps: f32,
@@ -471,14 +616,14 @@ impl DecoderLayer {
         source: &mut dyn TensorSource,
         layer: usize,
         format: WeightFormat,
-        attention: Attention,
+        attention: impl Into<SelfAttention>,
         ffn: FeedForward,
     ) -> Result<DecoderLayer> {
         let dtype = format.compute_dtype();
         let p = |part: &str| layer_tensor(layer, part);
         Ok(DecoderLayer {
             input_norm: source.dense(&p("input_layernorm.weight"), dtype)?,
-            attention,
+            attention: attention.into(),
             post_attention_norm: source.dense(&p("post_attention_layernorm.weight"), dtype)?,
             ffn,
             eps: config.rms_norm_eps,
