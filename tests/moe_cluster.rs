@@ -112,7 +112,12 @@ fn ready(node: &ShoalNode) -> bool {
 
 /// Places [`REPO`] (`sharding`, at least `min_nodes`) from `nodes[0]` and waits until `serving`
 /// all report it ready; the `/place_instance` answer.
-fn place_and_wait(nodes: &[ShoalNode], serving: &[usize], sharding: &str, min_nodes: usize) -> Value {
+fn place_and_wait(
+    nodes: &[ShoalNode],
+    serving: &[usize],
+    sharding: &str,
+    min_nodes: usize,
+) -> Value {
     let request = json!({"model_id": REPO, "sharding": sharding, "min_nodes": min_nodes});
     let placed = wait_for(Duration::from_secs(90), || {
         let (status, created) = call(&nodes[0], "POST", "/place_instance", Some(&request));
@@ -127,7 +132,12 @@ fn place_and_wait(nodes: &[ShoalNode], serving: &[usize], sharding: &str, min_no
         assert_ne!(instance["status"], "failed", "{instance}\n{}", logs(nodes));
         serving.iter().all(|&i| ready(&nodes[i])).then_some(())
     })
-    .unwrap_or_else(|| panic!("the {sharding} instance did not become ready\n{}", logs(nodes)));
+    .unwrap_or_else(|| {
+        panic!(
+            "the {sharding} instance did not become ready\n{}",
+            logs(nodes)
+        )
+    });
     created
 }
 
@@ -139,7 +149,12 @@ fn delete(nodes: &[ShoalNode], created: &Value) {
     wait_for(Duration::from_secs(60), || {
         nodes.iter().all(|n| !ready(n)).then_some(())
     })
-    .unwrap_or_else(|| panic!("instance {id} still serves after its deletion\n{}", logs(nodes)));
+    .unwrap_or_else(|| {
+        panic!(
+            "instance {id} still serves after its deletion\n{}",
+            logs(nodes)
+        )
+    });
 }
 
 /// The node ids of `created`'s ranks with their layer ranges.
@@ -216,7 +231,10 @@ fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
     for node in &nodes {
         let answer =
             answers_as_mlx_lm(node, &reference).unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
-        eprintln!("pipeline: {}", answer.lines().rev().nth(1).unwrap_or_default());
+        eprintln!(
+            "pipeline: {}",
+            answer.lines().rev().nth(1).unwrap_or_default()
+        );
     }
     let index = std::fs::read(repo.join(INDEX)).unwrap();
     for (node, cache) in nodes.iter().zip(&caches) {
@@ -233,24 +251,34 @@ fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
         )
         .unwrap();
         assert!(expected.len() < 3, "layers {start}..{end} need every file");
-        assert_eq!(weight_files_held(cache), expected, "node {me}, layers {start}..{end}");
+        assert_eq!(
+            weight_files_held(cache),
+            expected,
+            "node {me}, layers {start}..{end}"
+        );
     }
     delete(&nodes, &created);
 
     // A 2-rank tensor ring over the 4-bit weights.
     let created = place_and_wait(&nodes, &[0], "Tensor", 2);
     assert_eq!(ranks(&created).len(), 2, "{created}");
-    let answer =
-        answers_as_mlx_lm(&nodes[0], &reference).unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
-    eprintln!("tensor: {}", answer.lines().rev().nth(1).unwrap_or_default());
+    let answer = answers_as_mlx_lm(&nodes[0], &reference)
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    eprintln!(
+        "tensor: {}",
+        answer.lines().rev().nth(1).unwrap_or_default()
+    );
     delete(&nodes, &created);
 
     // One node.
     let created = place_and_wait(&nodes, &[0], "Pipeline", 1);
     assert_eq!(ranks(&created).len(), 1, "{created}");
-    let answer =
-        answers_as_mlx_lm(&nodes[0], &reference).unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
-    eprintln!("one node: {}", answer.lines().rev().nth(1).unwrap_or_default());
+    let answer = answers_as_mlx_lm(&nodes[0], &reference)
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    eprintln!(
+        "one node: {}",
+        answer.lines().rev().nth(1).unwrap_or_default()
+    );
 
     drop(server);
     nodes.insert(0, hub_node);

@@ -467,8 +467,18 @@ fn tensor_divisors_of_the_model_card() {
         "{err}"
     );
     let roomy = nodes_mb(&[1000; 8]);
-    let p = place(&input(roomy.clone(), full_mesh(&roomy), moe.clone(), request.clone())).unwrap();
-    assert_eq!(p.ranks.len(), 4, "four ranks: three divide nothing, eight cut a group");
+    let p = place(&input(
+        roomy.clone(),
+        full_mesh(&roomy),
+        moe.clone(),
+        request.clone(),
+    ))
+    .unwrap();
+    assert_eq!(
+        p.ranks.len(),
+        4,
+        "four ranks: three divide nothing, eight cut a group"
+    );
     // Without the divisor, eight 500 MB nodes hold it.
     moe.tensor_divisors.clear();
     let p = place(&input(eight.clone(), full_mesh(&eight), moe, request)).unwrap();

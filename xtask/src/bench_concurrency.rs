@@ -407,7 +407,8 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
         if let Some(folder) = &moe_folder {
             let files = crate::bench_moe::weight_bytes(folder) as f64 / 1e6;
             let (shoal, peer) = memory;
-            let mb = |b: Option<u64>| b.map_or("?".to_string(), |b| format!("{:.0} MB", b as f64 / 1e6));
+            let mb =
+                |b: Option<u64>| b.map_or("?".to_string(), |b| format!("{:.0} MB", b as f64 / 1e6));
             println!(
                 "resident after loading: shoal's runner {} ({}), mlx_lm.server {}; weight files {files:.0} MB",
                 mb(shoal),

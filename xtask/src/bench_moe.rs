@@ -39,7 +39,9 @@ pub(crate) fn moe_bench_model() -> Result<PathBuf, String> {
         .and_then(Path::parent)
         .map(|root| root.join(".tokenizer"))
         .filter(|t| t.join("tokenizer.json").exists())
-        .ok_or("the SmolLM2 tokenizer of the family fixtures is missing: run `cargo xtask setup`")?;
+        .ok_or(
+            "the SmolLM2 tokenizer of the family fixtures is missing: run `cargo xtask setup`",
+        )?;
     let (python, _) = mlx_lm_venv()?;
     std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
     let script = bench.join("moe_bench_model.py");
@@ -84,9 +86,6 @@ pub(crate) fn resident_bytes(pid: u32) -> Option<u64> {
 /// Whether process `pid` is a shoal runner (`shoal runner ...`).
 pub(crate) fn is_runner(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| {
-            c.split(|&b| b == 0)
-                .any(|arg| arg == b"runner")
-        })
+        .map(|c| c.split(|&b| b == 0).any(|arg| arg == b"runner"))
         .unwrap_or(false)
 }
