@@ -4,8 +4,38 @@
 //! the gateway's own guarantees through this, so all APIs split answers the same way.
 
 use crate::reasoning::{Piece, ThinkSplitter};
+use crate::tools::dialect::Dialect;
 use crate::tools::parse::{ToolCallParser, ToolPiece};
 use crate::tools::{Tool, ToolCall};
+use serde::{Deserialize, Serialize};
+
+/// How the model's output is to be read, as the node that rendered the prompt knows it (its
+/// template); it travels with the accepted stream to the gateway that parses the answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerForm {
+    /// The prompt ended inside an open thought (`<think>`): the output starts in reasoning
+    /// ([`crate::reasoning::prompt_opens_thought`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub opens_in_thought: bool,
+    /// How the model writes tool calls.
+    #[serde(default, skip_serializing_if = "Dialect::is_common")]
+    pub dialect: Dialect,
+}
+
+impl AnswerForm {
+    /// The form of an answer to `prompt`, rendered by `template`.
+    pub fn of_prompt(template: Option<&str>, prompt: &str) -> AnswerForm {
+        AnswerForm {
+            opens_in_thought: crate::reasoning::prompt_opens_thought(prompt),
+            dialect: template.map_or(Dialect::Common, Dialect::of_template),
+        }
+    }
+
+    /// Whether this is the default (a plain answer in the common dialect).
+    pub fn is_plain(&self) -> bool {
+        *self == AnswerForm::default()
+    }
+}
 
 /// One part of an answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,10 +54,15 @@ pub struct AnswerSplitter {
 }
 
 impl AnswerSplitter {
-    /// A splitter that parses calls of `tools` (none: no call parsing).
-    pub fn new(tools: &[Tool]) -> AnswerSplitter {
+    /// A splitter that parses calls of `tools` (none: no call parsing) from an answer of
+    /// this `form`.
+    pub fn new(tools: &[Tool], form: AnswerForm) -> AnswerSplitter {
         AnswerSplitter {
-            think: ThinkSplitter::default(),
+            think: if form.opens_in_thought {
+                ThinkSplitter::in_thought()
+            } else {
+                ThinkSplitter::default()
+            },
             tools: (!tools.is_empty()).then(|| ToolCallParser::new(tools)),
         }
     }
@@ -80,14 +115,14 @@ mod tests {
             description: None,
             parameters: None,
         }];
-        let mut s = AnswerSplitter::new(&tools);
+        let mut s = AnswerSplitter::new(&tools, AnswerForm::default());
         let mut parts = s.push("<think>hm</think>ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>");
         parts.extend(s.finish());
         assert_eq!(parts[0], Part::Reasoning("hm".into()));
         assert_eq!(parts[1], Part::Text("ok".into()));
         assert!(matches!(&parts[2], Part::Call(c) if c.name == "f" && c.arguments == "{\"a\":1}"));
         // Without tools the same text is text.
-        let mut s = AnswerSplitter::new(&[]);
+        let mut s = AnswerSplitter::new(&[], AnswerForm::default());
         let parts = s.push("<tool_call>{\"name\": \"f\"}</tool_call>");
         assert_eq!(
             parts,

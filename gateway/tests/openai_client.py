@@ -214,6 +214,14 @@ chunks = list(chat("think: two and two | 4", stream=True))
 thought = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
 said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 check("reasoning_content streamed", (thought, said) == ("two and two", "4"), (thought, said))
+# The template opened the thought (DeepSeek-R1 distills): the output starts in reasoning.
+r = chat("opened: two and two | 4")
+check("reasoning opened by the prompt", r.choices[0].message.content == "4"
+      and r.choices[0].message.model_extra.get("reasoning_content") == "two and two", r)
+chunks = list(chat("opened: two and two | 4", stream=True))
+thought = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
+said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check("reasoning opened by the prompt, streamed", (thought, said) == ("two and two", "4"), (thought, said))
 
 # Logprobs.
 r = chat("echo: abcdef", logprobs=True, top_logprobs=2)

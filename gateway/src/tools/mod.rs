@@ -8,6 +8,7 @@
 //! Schemas and arguments travel as JSON *text* with their keys in the order the client (or
 //! the model) wrote them ([`json::Ordered`]): the model reads them in its prompt.
 
+pub mod dialect;
 pub mod json;
 pub mod parse;
 #[cfg(test)]
