@@ -4,7 +4,10 @@
 //! the gateway's own guarantees through this, so all APIs split answers the same way.
 
 use crate::reasoning::{Piece, ThinkSplitter};
+use crate::tools::block::BlockParser;
 use crate::tools::dialect::Dialect;
+use crate::tools::dialects;
+use crate::tools::harmony::HarmonyParser;
 use crate::tools::parse::{ToolCallParser, ToolPiece};
 use crate::tools::{Tool, ToolCall};
 use serde::{Deserialize, Serialize};
@@ -50,7 +53,45 @@ pub enum Part {
 pub struct AnswerSplitter {
     think: ThinkSplitter,
     /// Only when tools are offered: without them a call-like text is text.
-    tools: Option<ToolCallParser>,
+    tools: Option<Calls>,
+    /// gpt-oss: the harmony channels carry reasoning and calls both, in place of the two
+    /// above.
+    harmony: Option<HarmonyParser>,
+}
+
+/// The call parser of the answer's dialect.
+#[derive(Debug, Clone)]
+enum Calls {
+    Common(ToolCallParser),
+    Block(BlockParser),
+}
+
+impl Calls {
+    fn new(dialect: Dialect, tools: &[Tool]) -> Calls {
+        let grammar = match dialect {
+            Dialect::Common | Dialect::Harmony => return Calls::Common(ToolCallParser::new(tools)),
+            Dialect::Qwen3Coder => &dialects::qwen3_coder::GRAMMAR,
+            Dialect::Glm => &dialects::glm::GRAMMAR,
+            Dialect::MiniMax => &dialects::minimax::GRAMMAR,
+            Dialect::Kimi => &dialects::kimi::GRAMMAR,
+            Dialect::DeepSeek => &dialects::deepseek::GRAMMAR,
+        };
+        Calls::Block(BlockParser::new(grammar, tools))
+    }
+
+    fn push(&mut self, text: &str) -> Vec<ToolPiece> {
+        match self {
+            Calls::Common(p) => p.push(text),
+            Calls::Block(p) => p.push(text),
+        }
+    }
+
+    fn finish(&mut self) -> Vec<ToolPiece> {
+        match self {
+            Calls::Common(p) => p.finish(),
+            Calls::Block(p) => p.finish(),
+        }
+    }
 }
 
 impl AnswerSplitter {
@@ -63,18 +104,25 @@ impl AnswerSplitter {
             } else {
                 ThinkSplitter::default()
             },
-            tools: (!tools.is_empty()).then(|| ToolCallParser::new(tools)),
+            tools: (!tools.is_empty()).then(|| Calls::new(form.dialect, tools)),
+            harmony: (form.dialect == Dialect::Harmony).then(|| HarmonyParser::new(tools)),
         }
     }
 
     /// The next text; the parts that can be released now.
     pub fn push(&mut self, delta: &str) -> Vec<Part> {
+        if let Some(harmony) = &mut self.harmony {
+            return harmony.push(delta);
+        }
         let pieces = self.think.push(delta);
         self.route(pieces, false)
     }
 
     /// The end of the answer: everything held back.
     pub fn finish(&mut self) -> Vec<Part> {
+        if let Some(harmony) = &mut self.harmony {
+            return harmony.finish();
+        }
         let pieces = self.think.finish();
         self.route(pieces, true)
     }
@@ -129,6 +177,60 @@ mod tests {
             [Part::Text(
                 "<tool_call>{\"name\": \"f\"}</tool_call>".into()
             )]
+        );
+    }
+
+    fn collect(tools: &[Tool], form: AnswerForm, deltas: &[&str]) -> Vec<Part> {
+        let mut s = AnswerSplitter::new(tools, form);
+        let mut parts: Vec<Part> = deltas.iter().flat_map(|d| s.push(d)).collect();
+        parts.extend(s.finish());
+        parts
+    }
+
+    #[test]
+    fn each_dialect_through_the_splitter() {
+        let tools = [Tool {
+            name: "f".into(),
+            description: None,
+            parameters: Some(
+                r#"{"type": "object", "properties": {"n": {"type": "number"}}}"#.into(),
+            ),
+        }];
+        let form = |dialect| AnswerForm {
+            opens_in_thought: false,
+            dialect,
+        };
+        let is_call =
+            |p: &Part| matches!(p, Part::Call(c) if c.name == "f" && c.arguments == r#"{"n":1.5}"#);
+        let cases = [
+            (Dialect::Glm, "<think>hm</think><tool_call>f<arg_key>n</arg_key><arg_value>1.5</arg_value></tool_call>"),
+            (Dialect::Qwen3Coder, "<think>hm</think><tool_call>\n<function=f>\n<parameter=n>\n1.5\n</parameter>\n</function>\n</tool_call>"),
+            (Dialect::MiniMax, "<think>hm</think><minimax:tool_call><invoke name=\"f\"><parameter name=\"n\">1.5</parameter></invoke></minimax:tool_call>"),
+            (Dialect::Kimi, "<think>hm</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"n\": 1.5}<|tool_call_end|><|tool_calls_section_end|>"),
+            (Dialect::DeepSeek, "<think>hm</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"n\": 1.5}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+            (Dialect::Harmony, "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"n\": 1.5}"),
+        ];
+        for (dialect, text) in cases {
+            let parts = collect(&tools, form(dialect), &[text]);
+            assert_eq!(parts.len(), 2, "{dialect:?}: {parts:?}");
+            assert_eq!(parts[0], Part::Reasoning("hm".into()), "{dialect:?}");
+            assert!(is_call(&parts[1]), "{dialect:?}: {parts:?}");
+            // Without tools, the call is text (harmony still splits its channels).
+            let parts = collect(&[], form(dialect), &[text]);
+            assert!(
+                parts.iter().all(|p| !matches!(p, Part::Call(_))),
+                "{dialect:?}"
+            );
+        }
+        // The DeepSeek-R1 distill / V3.1 thinking prompt: the output starts in the thought.
+        let opened = AnswerForm {
+            opens_in_thought: true,
+            dialect: Dialect::DeepSeek,
+        };
+        let parts = collect(&tools, opened, &["hm</think>ok"]);
+        assert_eq!(
+            parts,
+            [Part::Reasoning("hm".into()), Part::Text("ok".into())]
         );
     }
 }

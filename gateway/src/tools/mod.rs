@@ -11,6 +11,9 @@
 pub mod block;
 pub mod dialect;
 pub mod dialects;
+pub mod harmony;
+#[cfg(test)]
+mod harmony_tests;
 pub mod json;
 pub mod offered;
 pub mod parse;
