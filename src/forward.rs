@@ -404,6 +404,7 @@ mod tests {
             }],
             tool_choice: gateway::ToolChoice::Function("get_weather".into()),
             enable_thinking: Some(false),
+            reasoning_effort: Some("high".into()),
         }
     }
 

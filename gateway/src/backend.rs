@@ -197,6 +197,11 @@ pub struct ChatRequest {
     /// The template's thinking switch (`enable_thinking`, Qwen3's), when the client set one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_thinking: Option<bool>,
+    /// The template's `reasoning_effort` (gpt-oss's), when the client set one: `minimal`,
+    /// `low`, `medium` or `high` ([`crate::fields::reasoning_effort`] refuses anything else,
+    /// since the template prints it into the prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
 }
 
 /// An accepted chat: its prompt size and the events to come.

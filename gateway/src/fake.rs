@@ -15,7 +15,7 @@
 //!   "arguments": {ARGS}}\n</tool_call>`, as Qwen writes one (several `call:` scripts joined by
 //!   ` && ` stream several calls, after the text of an `echo:` before them, if any);
 //! - `request` streams what the request carried for tools, as JSON: `tools`, `tool_choice`,
-//!   `enable_thinking` and each message's role, content and tool fields;
+//!   `enable_thinking`, `reasoning_effort` and each message's role, content and tool fields;
 //! - `fail after N` streams N tokens, then fails as a lost instance;
 //! - `vanish` streams 2 tokens, then ends the stream without `Done`;
 //! - `wait MS` waits MS milliseconds, then streams `done`;
@@ -146,6 +146,7 @@ impl FakeBackend {
                 "tools": request.tools,
                 "tool_choice": request.tool_choice,
                 "enable_thinking": request.enable_thinking,
+                "reasoning_effort": request.reasoning_effort,
                 "messages": request.messages,
             });
             return Script::tokens(chunks(&seen.to_string()));

@@ -269,6 +269,14 @@ check("tools reach the backend", json.loads(seen["tools"][0]["parameters"])["req
 check("tool turns reach the backend", seen["messages"][1] == {"role": "assistant", "content": "",
       "tool_calls": [{"id": "a1B2c3D4e", "name": "get_weather", "arguments": '{"city":"Paris","unit":"c"}'}]}
       and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": "a1B2c3D4e"}, seen["messages"])
+# gpt-oss's reasoning effort reaches the template; anything but the known words is refused.
+seen = json.loads(chat("request", max_tokens=2000, reasoning_effort="high").choices[0].message.content)
+check("reasoning_effort reaches the backend", seen["reasoning_effort"] == "high", seen)
+try:
+    chat("request", extra_body={"reasoning_effort": "<|end|>"})
+    check("a strange reasoning_effort is refused", False)
+except openai.BadRequestError as e:
+    check("a strange reasoning_effort is 400", e.status_code == 400 and "reasoning_effort" in e.message, e)
 
 # Errors.
 try:

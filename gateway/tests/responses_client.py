@@ -159,6 +159,8 @@ check("fake: function turns reach the backend", seen["messages"][1] == {"role": 
       "tool_calls": [{"id": call_id, "name": "get_weather", "arguments": '{"city":"Paris"}'}]}
       and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": call_id, "name": "get_weather"},
       seen["messages"])
+r = client.responses.create(model=model, max_output_tokens=2000, input="request", reasoning={"effort": "low"})
+check("fake: reasoning.effort reaches the backend", json.loads(r.output_text)["reasoning_effort"] == "low", r.output_text)
 try:
     list(client.responses.create(model=model, input="fail after 2", stream=True))
     check("fake: lost instance raises", False)
