@@ -91,6 +91,7 @@ pub fn generate_request(
         tools: (!tools.is_empty()).then_some(&tools[..]),
         add_generation_prompt: true,
         enable_thinking: request.enable_thinking,
+        reasoning_effort: request.reasoning_effort.as_deref(),
         ..inference::TemplateInput::default()
     };
     let text = facts.tokenizer.render_chat(&input).map_err(|e| {

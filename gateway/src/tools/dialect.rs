@@ -44,12 +44,17 @@ impl Dialect {
             ("<|tool_calls_section_begin|>", Dialect::Kimi),
             ("tool▁calls▁begin", Dialect::DeepSeek),
             ("<arg_key>", Dialect::Glm),
-            ("<function=", Dialect::Qwen3Coder),
         ];
-        table
-            .into_iter()
-            .find(|(marker, _)| template.contains(marker))
-            .map_or(Dialect::Common, |(_, d)| d)
+        if let Some((_, dialect)) = table.into_iter().find(|(m, _)| template.contains(m)) {
+            return dialect;
+        }
+        // Qwen3-Coder's parameters (Qwen3.5, Nemotron 3 and Step 3.5 write the same), not
+        // functionary's `<function=NAME>{json}` nor Seed-OSS's `<seed:tool_call>`.
+        let xml = template.contains("<function=") && template.contains("<parameter=");
+        if xml && !template.contains("<seed:tool_call>") {
+            return Dialect::Qwen3Coder;
+        }
+        Dialect::Common
     }
 
     /// Whether this is the default (left out of the wire form).
@@ -82,7 +87,18 @@ mod tests {
                 "<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key>",
                 Dialect::Glm,
             ),
-            ("<tool_call>\n<function={{ name }}>\n", Dialect::Qwen3Coder),
+            (
+                "<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>",
+                Dialect::Qwen3Coder,
+            ),
+            (
+                "<function={{ name }}>{{ args | tojson }}</function>",
+                Dialect::Common,
+            ),
+            (
+                "<seed:tool_call>\n<function=x>\n<parameter=y>",
+                Dialect::Common,
+            ),
             (
                 "<tool_call>\n{{ tool_call | tojson }}\n</tool_call>",
                 Dialect::Common,

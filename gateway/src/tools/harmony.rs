@@ -14,7 +14,7 @@
 //!   which counts as the other dialects' calls do (offered, fits its schema) and stays text
 //!   otherwise;
 //! - `<|call|>` and `<|return|>` end generation (they are gpt-oss's end tokens), so the last
-//!   message usually ends with the output itself.
+//!   message usually ends with the output itself; anything after them is left out.
 //!
 //! Output that does not start as a harmony message is text. Reasoning is released as it
 //! streams; the APIs put reasoning before the answer, so an `analysis` message that comes after
@@ -55,6 +55,10 @@ enum State {
     Between,
     /// Not harmony (or no longer): everything is text.
     Plain,
+    /// `<|call|>` or `<|return|>` ended the turn: whatever the model writes after it (a
+    /// tool's result it imagines, when the engine does not stop there) is no part of the
+    /// answer.
+    Done,
 }
 
 /// The incremental parser of one harmony answer.
@@ -105,6 +109,10 @@ impl HarmonyParser {
             State::Plain => {
                 let text = std::mem::take(&mut self.pending);
                 self.emit(out, Part::Text(text));
+                false
+            }
+            State::Done => {
+                self.pending.clear();
                 false
             }
         }
@@ -209,6 +217,7 @@ impl HarmonyParser {
                 self.pending.insert_str(0, START);
                 State::Header
             }
+            Some((_, "<|call|>" | "<|return|>")) => State::Done,
             Some(_) => State::Between,
             None => State::Header,
         };

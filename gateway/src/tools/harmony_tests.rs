@@ -76,6 +76,9 @@ fn calls_with_the_recipient_after_or_before_the_channel() {
     // As the template renders an earlier call (`to=` first); `<|call|>` cut as an end token.
     let text = " to=functions.get_time<|channel|>commentary json<|message|>{}";
     assert_eq!(every_split(text), [p("get_time", "{}")]);
+    // The turn ends at `<|call|>`: a tool result the model goes on to imagine is left out.
+    let text = "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|><|start|>functions.get_time to=assistant<|channel|>commentary<|message|>\"noon\"<|end|>";
+    assert_eq!(every_split(text), [p("get_time", "{}")]);
     // A preamble (commentary for the user), then the call.
     let text = "<|channel|>commentary<|message|>Looking it up.<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>";
     assert_eq!(
