@@ -115,6 +115,28 @@ pub struct ModelInfo {
     pub owned_by: String,
     /// Whether at least one instance can serve it right now.
     pub ready: bool,
+    /// Its size and, for a Mixture of Experts, its experts, once this node has read the
+    /// model's configuration (absent before).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<ModelShape>,
+}
+
+/// A model's size as `GET /v1/models` shows it (a field OpenAI's list does not have; clients
+/// ignore it): what a user choosing a model across machines weighs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelShape {
+    /// The family (`model_type`: `qwen3_moe`, `deepseek_v3`, ...).
+    pub family: String,
+    /// Parameters, every expert counted.
+    pub parameters: u64,
+    /// Parameters one token runs through (the router and its top-k experts in an MoE layer).
+    pub active_parameters: u64,
+    /// Routed experts per MoE layer (absent for a dense model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<u32>,
+    /// Experts each token runs through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_per_token: Option<u32>,
 }
 
 /// One message of the conversation, its content flattened to text, with the tool calls an

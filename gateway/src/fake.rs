@@ -269,6 +269,7 @@ impl Backend for FakeBackend {
                     created: 0,
                     owned_by: "fake".into(),
                     ready,
+                    shape: None,
                 })
                 .collect()
         })

@@ -56,8 +56,8 @@ pub mod tools;
 pub use access::{AccessPolicy, KeyError, Scope};
 pub use backend::{
     AnswerForm, Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage,
-    ChatRequest, ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob, Tool, ToolCall,
-    ToolChoice,
+    ChatRequest, ChatStream, FinishReason, ModelInfo, ModelShape, SamplingParams, TokenLogprob,
+    Tool, ToolCall, ToolChoice,
 };
 pub use config::{EventsConfig, GatewayConfig};
 pub use error::{ApiError, ErrorKind};
