@@ -362,6 +362,10 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
             .map(|id| (id.to_string(), json!(-100)))
             .collect();
         let shoal_extra = json!({"ignore_eos": true});
+        // A node started with `--model PATH` serves it under that path.
+        let shoal_model = moe_folder
+            .as_ref()
+            .map_or("default".to_string(), |f| f.display().to_string());
         let mlx_extra = json!({ "logit_bias": bias });
         let mut shoal_runs: Vec<Vec<Figures>> = vec![Vec::new(); o.streams.len()];
         let mut mlx_runs: Vec<Vec<Result<Figures, String>>> = vec![Vec::new(); o.streams.len()];
@@ -372,7 +376,7 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
                     "bench: round {round}/{}: {n} streams on shoal ...",
                     o.rounds
                 );
-                let s = load(&tb, (&shoal_url, "default"), n, o.tokens, &shoal_extra)?;
+                let s = load(&tb, (&shoal_url, &shoal_model), n, o.tokens, &shoal_extra)?;
                 shoal_runs[i].push(s);
                 if let Some((_, url)) = &mlx {
                     eprintln!(
