@@ -7,6 +7,7 @@
 //! A family ([`base::Family`]) is chosen once, from the configuration's [`Architecture`],
 //! through [`family`]; the shared code never asks which family it runs.
 
+pub mod attention;
 pub mod base;
 pub mod llama;
 pub mod moe;

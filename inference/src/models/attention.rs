@@ -1,0 +1,240 @@
+//! Grouped-query attention with RoPE (mlx-lm's attention blocks): the projections, per-head
+//! Q/K norms where a family has them, and attention of a sequence's new positions over its own
+//! cache ([`Attention::forward`]) or of every decoding row at once ([`crate::kv_rows`]). Each
+//! attention cuts itself for tensor parallelism by heads ([`Attention::cut`]).
+
+use super::base::{all_sum, check_shape, layer_tensor};
+use crate::config::ModelConfig;
+use crate::error::{InferenceError, Result};
+use crate::kv_cache::LayerCache;
+use crate::kv_rows::{LayerKv, RowLayer, RowStep};
+use crate::linear::Linear;
+use crate::ring::RingGroup;
+use crate::rope::Rope;
+use crate::weights::{TensorSource, WeightFormat};
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+use std::sync::Arc;
+
+/// RMS norms applied to each head's queries and keys before RoPE (Qwen3's block).
+#[derive(Debug, Clone)]
+pub struct HeadNorms {
+    /// `[head_dim]`.
+    pub(crate) q: Array,
+    /// `[head_dim]`.
+    pub(crate) k: Array,
+}
+
+/// Multi-head attention with grouped keys/values, RoPE and, where the family has them, per-head
+/// Q/K norms.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub(crate) q_proj: Linear,
+    pub(crate) k_proj: Linear,
+    pub(crate) v_proj: Linear,
+    pub(crate) o_proj: Linear,
+    pub(crate) head_norms: Option<HeadNorms>,
+    pub(crate) num_heads: i32,
+    pub(crate) num_kv_heads: i32,
+    pub(crate) head_dim: i32,
+    pub(crate) eps: f32,
+    pub(crate) rope: Rope,
+    /// Tensor parallel: the ring whose ranks each hold a slice of the heads; the output
+    /// projection's partial sums are added up over it.
+    pub(crate) reduce: Option<Arc<RingGroup>>,
+}
+
+impl Attention {
+    /// The projections of layer `layer` (with their biases where the weights have them) and
+    /// `head_norms`, checked against the configuration.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+    ) -> Result<Attention> {
+        let p = |part: &str| layer_tensor(layer, part);
+        let (q_rows, kv_rows) = (
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        );
+        let mut proj = |part: &str, rows: usize| -> Result<Linear> {
+            let linear = source.linear(&p(part), format)?;
+            check_shape(&linear.weight, &p(part), rows)?;
+            Ok(linear)
+        };
+        Ok(Attention {
+            q_proj: proj("self_attn.q_proj", q_rows)?,
+            k_proj: proj("self_attn.k_proj", kv_rows)?,
+            v_proj: proj("self_attn.v_proj", kv_rows)?,
+            o_proj: proj("self_attn.o_proj", config.hidden_size)?,
+            head_norms,
+            num_heads: config.num_heads as i32,
+            num_kv_heads: config.num_kv_heads as i32,
+            head_dim: config.head_dim as i32,
+            eps: config.rms_norm_eps,
+            rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
+            reduce: None,
+        })
+    }
+
+    /// `x`: `[batch, seq, hidden]`, one sequence (per batch row) continuing `cache`.
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let l = x.shape()[1] as usize;
+        self.forward_segments(x, &mut [LayerKv::Own(l, cache)])
+    }
+
+    /// Several sequences in one pass (continuous batching): `x` is `[1, total, hidden]`, the
+    /// new positions of each sequence one after another, and `segments` says, in the same
+    /// order, how many positions each has and which cache it continues. The projections run
+    /// once over all positions (one read of the weights for every sequence). A sequence with
+    /// its own cache gets RoPE, its cache write and attention at its own offset; the decoding
+    /// rows ([`crate::kv_rows`]) get them once for all rows, each at its own position and
+    /// masked to its own columns. Either way each sequence sees exactly what it would alone.
+    pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |t: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
+            let t = t.reshape(&[b, l, n, self.head_dim])?;
+            let t = match norm {
+                Some(w) => fast::rms_norm(&t, Some(w), self.eps)?,
+                None => t,
+            };
+            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let norms = self.head_norms.as_ref();
+        let q = heads(self.q_proj.forward(x)?, self.num_heads, norms.map(|n| &n.q))?;
+        let k = heads(
+            self.k_proj.forward(x)?,
+            self.num_kv_heads,
+            norms.map(|n| &n.k),
+        )?;
+        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
+        let o = if let [LayerKv::Own(_, cache)] = segments {
+            self.attend(q, k, v, cache)?
+        } else {
+            let mut outs = Vec::with_capacity(segments.len());
+            let mut at = 0i32;
+            for segment in segments.iter_mut() {
+                let len = match segment {
+                    LayerKv::Own(len, _) => *len as i32,
+                    LayerKv::Rows(_, step) => step.rows() as i32,
+                };
+                let end = at + len;
+                let part = |t: &Array| t.index((.., .., at..end, ..));
+                outs.push(match segment {
+                    LayerKv::Own(_, cache) => self.attend(part(&q), part(&k), part(&v), cache)?,
+                    LayerKv::Rows(layer, step) => {
+                        self.attend_rows(part(&q), part(&k), part(&v), layer, step)?
+                    }
+                });
+                at = end;
+            }
+            if outs.len() == 1 {
+                outs.pop().expect("one output")
+            } else {
+                ops::concatenate(&outs, 2)?
+            }
+        };
+        let o =
+            o.transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        all_sum(self.o_proj.forward(&o)?, &self.reduce)
+    }
+
+    /// Attention of one sequence's new positions (`[b, heads, new, head_dim]`) over its cache.
+    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache) -> Result<Array> {
+        let l = q.shape()[2];
+        let offset = cache.len();
+        let q = self.rope.apply(&q, offset)?;
+        let k = self.rope.apply(&k, offset)?;
+        let (k, v) = cache.append(k, v)?;
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let mask = if l > 1 {
+            Some(ScaledDotProductAttentionMask::Causal)
+        } else {
+            None
+        };
+        Ok(fast::scaled_dot_product_attention(
+            &q, &k, &v, scale, mask, None,
+        )?)
+    }
+
+    /// Attention of the decoding rows' new positions (`[1, heads, rows, head_dim]`, one per
+    /// row, in row order) over their shared buffers.
+    fn attend_rows(
+        &self,
+        q: Array,
+        k: Array,
+        v: Array,
+        layer: &mut RowLayer,
+        step: &RowStep,
+    ) -> Result<Array> {
+        // [1, heads, rows, d] -> [rows, heads, 1, d]: each row a batch entry.
+        let by_row = |t: Array| t.transpose_axes(&[2, 1, 0, 3]);
+        let q = self.rope.apply_at(&by_row(q)?, &step.positions)?;
+        let k = self.rope.apply_at(&by_row(k)?, &step.positions)?;
+        let (k, v) = layer.write(&k, &by_row(v)?, step)?;
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let o = fast::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            scale,
+            step.mask.as_ref().map(ScaledDotProductAttentionMask::Array),
+            None,
+        )?;
+        Ok(by_row(o)?)
+    }
+
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance: query heads
+    /// `[r·h/n, (r+1)·h/n)` with exactly the key/value heads they use, so grouped-query
+    /// attention needs no communication; the output projection's partial sums are added over
+    /// `group`.
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<Attention> {
+        let (heads, kv_heads) = (self.num_heads as usize, self.num_kv_heads as usize);
+        for (kind, count) in [("attention heads", heads), ("key/value heads", kv_heads)] {
+            if !count.is_multiple_of(size) {
+                return Err(InferenceError::BadSplit(format!(
+                    "{count} {kind} cannot be split over {size} ranks; choose a ring size \
+                     that divides it"
+                )));
+            }
+        }
+        let d = self.head_dim as usize;
+        let (heads, kv_heads) = (heads / size, kv_heads / size);
+        let (q0, q1) = (rank * heads * d, (rank + 1) * heads * d);
+        let (k0, k1) = (rank * kv_heads * d, (rank + 1) * kv_heads * d);
+        let name = |n: &str| format!("{what} {n}");
+        Ok(Attention {
+            q_proj: self.q_proj.slice_rows(q0, q1)?,
+            k_proj: self.k_proj.slice_rows(k0, k1)?,
+            v_proj: self.v_proj.slice_rows(k0, k1)?,
+            o_proj: self.o_proj.slice_columns(q0, q1, size, &name("o_proj"))?,
+            head_norms: self.head_norms.clone(),
+            num_heads: heads as i32,
+            num_kv_heads: kv_heads as i32,
+            head_dim: self.head_dim,
+            eps: self.eps,
+            rope: self.rope.clone(),
+            reduce: Some(group.clone()),
+        })
+    }
+
+    /// Every array of the attention (to evaluate them eagerly).
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        let mut v: Vec<&Array> = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+            .into_iter()
+            .flat_map(Linear::arrays)
+            .collect();
+        v.extend(self.head_norms.iter().flat_map(|n| [&n.q, &n.k]));
+        v
+    }
+}
