@@ -22,6 +22,10 @@ pub enum Architecture {
     /// softmax-routed Mixture-of-Experts feed-forward.
     #[serde(rename = "qwen3_moe")]
     Qwen3Moe,
+    /// gpt-oss (20b, 120b): attention sinks, alternating sliding-window and full layers, YaRN,
+    /// experts in mxfp4 routed top-k then softmax ([`crate::models::gpt_oss`]).
+    #[serde(rename = "gpt_oss")]
+    GptOss,
 }
 
 impl Architecture {
@@ -32,6 +36,7 @@ impl Architecture {
             "qwen2" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
+            "gpt_oss" | "gpt-oss" => Ok(Architecture::GptOss),
             other => Err(InferenceError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -43,6 +48,7 @@ impl Architecture {
             Architecture::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
             Architecture::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
             Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            Architecture::GptOss => ("gpt_oss", "GptOssForCausalLM"),
         }
     }
 }
@@ -70,6 +76,23 @@ pub enum RopeScaling {
     },
     /// Per-frequency divisors given explicitly (GGUF's `rope_freqs.weight`).
     FreqFactors(Vec<f32>),
+    /// YaRN (gpt-oss, DeepSeek V3): high frequencies kept, low ones stretched by `factor`, a
+    /// linear ramp between the `beta_fast` and `beta_slow` rotation counts, and queries and
+    /// keys scaled by `mscale`'s ratio.
+    Yarn {
+        /// The context stretch.
+        factor: f32,
+        /// The context length the model was trained with.
+        original_max_position: f32,
+        /// Rotations over the original context above which a frequency is kept.
+        beta_fast: f32,
+        /// Rotations below which a frequency is stretched fully.
+        beta_slow: f32,
+        /// `mscale` (1 when absent).
+        mscale: f32,
+        /// `mscale_all_dim` (0 when absent).
+        mscale_all_dim: f32,
+    },
 }
 
 /// Quantization of an MLX-community checkpoint (`quantization` in config.json): the default
@@ -153,6 +176,8 @@ pub enum RouterKind {
         /// `norm_topk_prob`.
         normalize: bool,
     },
+    /// The top k of the router's logits, then a softmax over those k (gpt-oss).
+    TopKSoftmax,
 }
 
 /// The Mixture-of-Experts part of a configuration.
@@ -230,6 +255,83 @@ pub struct ModelConfig {
     /// The Mixture-of-Experts feed-forward, for MoE families.
     #[serde(default)]
     pub moe: Option<MoeConfig>,
+    /// The layers that attend only to a recent window (gpt-oss, Gemma 3); `None`: every layer
+    /// attends to every position.
+    #[serde(default)]
+    pub sliding_window: Option<SlidingWindow>,
+    /// What only one family's config.json holds, read by that family
+    /// ([`crate::models::base::Family::configure`]).
+    #[serde(default)]
+    pub family_params: FamilyParams,
+}
+
+/// Which layers attend only to the last `size` positions (their own included): gpt-oss's
+/// `layer_types`, Gemma 3's local layers. Layer indices are global, so a pipeline stage
+/// holding layers `[start, end)` asks about its layers by their place in the whole model.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SlidingWindow {
+    /// Positions a sliding layer's query sees, itself included (`sliding_window`).
+    pub size: usize,
+    /// Per layer, whether it slides.
+    pub layers: Vec<bool>,
+}
+
+impl SlidingWindow {
+    /// Reads `sliding_window` and `layer_types` (`"sliding_attention"` / `"full_attention"`,
+    /// one per layer); where `layer_types` is absent, `default` says which layers slide.
+    pub fn from_hf_json(
+        v: &Value,
+        num_layers: usize,
+        default: impl Fn(usize) -> bool,
+    ) -> Result<Option<SlidingWindow>> {
+        let Some(size) = v.get("sliding_window").and_then(Value::as_u64) else {
+            return Ok(None);
+        };
+        let layers = match v.get("layer_types").and_then(Value::as_array) {
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    other => Err(InferenceError::BadConfig(format!(
+                        "layer_types holds {other:?}; this build knows sliding_attention and \
+                         full_attention"
+                    ))),
+                })
+                .collect::<Result<Vec<bool>>>()?,
+            None => (0..num_layers).map(default).collect(),
+        };
+        if layers.len() != num_layers || size == 0 {
+            return Err(InferenceError::BadConfig(format!(
+                "layer_types names {} layers of {num_layers}, sliding_window {size}: fix \
+                 config.json so they agree",
+                layers.len()
+            )));
+        }
+        Ok(Some(SlidingWindow {
+            size: size as usize,
+            layers,
+        }))
+    }
+
+    /// The window of layer `layer` (global index), or `None` for a full-attention layer.
+    pub fn of_layer(&self, layer: usize) -> Option<usize> {
+        self.layers
+            .get(layer)
+            .copied()
+            .unwrap_or(false)
+            .then_some(self.size)
+    }
+}
+
+/// Numbers only one family's configuration has (its own file defines and reads them).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum FamilyParams {
+    /// Nothing beyond the shared numbers.
+    #[default]
+    None,
+    /// gpt-oss's.
+    GptOss(crate::models::gpt_oss::GptOssParams),
 }
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
@@ -282,9 +384,18 @@ impl ModelConfig {
                         high_freq_factor: g("high_freq_factor", 4.0),
                         original_max_position: g("original_max_position_embeddings", 8192.0),
                     },
+                    "yarn" | "deepseek_yarn" => RopeScaling::Yarn {
+                        factor: g("factor", 1.0),
+                        original_max_position: g("original_max_position_embeddings", 4096.0),
+                        beta_fast: g("beta_fast", 32.0),
+                        beta_slow: g("beta_slow", 1.0),
+                        mscale: g("mscale", 1.0),
+                        mscale_all_dim: g("mscale_all_dim", 0.0),
+                    },
                     other => {
                         return Err(InferenceError::BadConfig(format!(
-                            "rope_scaling type `{other}` is not supported (linear and llama3 are)"
+                            "rope_scaling type `{other}` is not supported (linear, llama3 and \
+                             yarn are)"
                         )))
                     }
                 }
@@ -325,7 +436,7 @@ impl ModelConfig {
             }),
             _ => None,
         };
-        let config = ModelConfig {
+        let mut config = ModelConfig {
             architecture,
             hidden_size,
             num_layers: req_usize(v, "num_hidden_layers")?,
@@ -354,7 +465,10 @@ impl ModelConfig {
             },
             quantization,
             moe,
+            sliding_window: None,
+            family_params: FamilyParams::None,
         };
+        crate::models::family(architecture).configure(v, &mut config)?;
         config.validate()?;
         Ok(config)
     }
@@ -432,6 +546,8 @@ impl ModelConfig {
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
             quantization: None,
             moe: None,
+            sliding_window: None,
+            family_params: FamilyParams::None,
         };
         config.validate()?;
         Ok(config)

@@ -79,6 +79,19 @@ pub fn export_hf_folder_as(model: &Path, out: &Path, weights: ExportWeights) -> 
             "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
             "high_freq_factor": high_freq_factor, "original_max_position_embeddings": original_max_position,
         }),
+        RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+        } => serde_json::json!({
+            "rope_type": "yarn", "factor": factor,
+            "original_max_position_embeddings": original_max_position,
+            "beta_fast": beta_fast, "beta_slow": beta_slow, "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim,
+        }),
     };
     let t = &opened.tokenizer;
     let cfg = serde_json::json!({

@@ -2,7 +2,7 @@
 
 use crate::config::RopeScaling;
 use crate::error::Result;
-use mlx_rs::{fast, Array};
+use mlx_rs::{fast, ops, Array};
 
 /// RoPE over the full head width, in the Hugging Face ("half split") layout.
 #[derive(Debug, Clone)]
@@ -12,6 +12,17 @@ pub struct Rope {
     scale: f32,
     /// Per-frequency periods (`base^(2i/d)` adjusted by the scaling), when not plain.
     periods: Option<Array>,
+    /// Factor on queries and keys before rotating (YaRN's attention temperature; 1 otherwise).
+    mscale: f32,
+}
+
+/// YaRN's magnitude correction for a context stretched `factor` times.
+fn yarn_mscale(factor: f32, mscale: f32) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale as f64 * (factor as f64).ln() + 1.0
+    }
 }
 
 impl Rope {
@@ -29,12 +40,14 @@ impl Rope {
                 base: Some(theta),
                 scale: 1.0,
                 periods: None,
+                mscale: 1.0,
             },
             RopeScaling::Linear { factor } => Rope {
                 dims,
                 base: Some(theta),
                 scale: 1.0 / factor,
                 periods: None,
+                mscale: 1.0,
             },
             RopeScaling::Llama3 {
                 factor,
@@ -64,8 +77,26 @@ impl Rope {
                     base: None,
                     scale: 1.0,
                     periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+                    mscale: 1.0,
                 }
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            } => Rope::yarn(
+                head_dim,
+                theta,
+                *factor,
+                *original_max_position,
+                *beta_fast,
+                *beta_slow,
+                *mscale,
+                *mscale_all_dim,
+            ),
             RopeScaling::FreqFactors(factors) => {
                 let periods: Vec<f32> = plain_periods()
                     .iter()
@@ -77,15 +108,69 @@ impl Rope {
                     base: None,
                     scale: 1.0,
                     periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+                    mscale: 1.0,
                 }
             }
         }
     }
 
+    /// YaRN's periods: frequencies that turn more than `beta_fast` times over the original
+    /// context keep their period, those that turn fewer than `beta_slow` times are stretched
+    /// `factor` times, with a linear ramp between (mlx-lm's `YarnRoPE`, in f32 as it computes
+    /// them).
+    #[allow(clippy::too_many_arguments)]
+    fn yarn(
+        head_dim: usize,
+        theta: f32,
+        factor: f32,
+        original_max_position: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        mscale: f32,
+        mscale_all_dim: f32,
+    ) -> Rope {
+        let d = head_dim as f64;
+        // The dimension index whose frequency turns `rotations` times over the original context.
+        let correction_dim = |rotations: f32| {
+            d * (original_max_position as f64 / (rotations as f64 * 2.0 * std::f64::consts::PI))
+                .ln()
+                / (2.0 * (theta as f64).ln())
+        };
+        let low = correction_dim(beta_fast).floor().max(0.0) as f32;
+        let mut high = correction_dim(beta_slow).ceil().min(d - 1.0) as f32;
+        if low == high {
+            high += 0.001;
+        }
+        let periods: Vec<f32> = (0..head_dim / 2)
+            .map(|i| {
+                let extra = theta.powf(2.0 * i as f32 / head_dim as f32);
+                let inter = factor * extra;
+                let keep = 1.0 - ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                inter * extra / (inter * keep + extra * (1.0 - keep))
+            })
+            .collect();
+        Rope {
+            dims: head_dim as i32,
+            base: None,
+            scale: 1.0,
+            periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+            mscale: (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)) as f32,
+        }
+    }
+
+    /// `x` times the YaRN magnitude factor, when there is one.
+    fn scaled(&self, x: &Array) -> Result<Array> {
+        Ok(if self.mscale == 1.0 {
+            x.clone()
+        } else {
+            ops::multiply(x, Array::from_f32(self.mscale))?
+        })
+    }
+
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
         Ok(fast::rope(
-            x,
+            self.scaled(x)?,
             self.dims,
             false,
             self.base,
@@ -99,7 +184,7 @@ impl Rope {
     /// `positions[r]` (`[rows]`, int32): one op for every decoding sequence of a step.
     pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
         Ok(fast::rope_dynamic(
-            x,
+            self.scaled(x)?,
             self.dims,
             false,
             self.base,

@@ -183,3 +183,31 @@ fn qwen3_moe_4bit() {
 fn qwen3_moe_8bit() {
     check("qwen3_moe", "q8", WeightFormat::Quantized, 1e-3);
 }
+
+/// The released OpenAI layout (experts as mxfp4 `*_blocks`, gate and up interleaved),
+/// experts dequantized to f32 (mlx-lm runs them as mxfp4 with `gather_qmm`: the same values).
+#[test]
+fn gpt_oss_hf() {
+    check("gpt_oss", "hf", WeightFormat::F32, 1e-4);
+}
+
+/// The same folder with the experts kept in mxfp4, as mlx-lm runs them.
+#[test]
+fn gpt_oss_hf_mxfp4_experts() {
+    check("gpt_oss", "hf", WeightFormat::Quantized, 1e-4);
+}
+
+#[test]
+fn gpt_oss_mxfp4() {
+    check("gpt_oss", "mxfp4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn gpt_oss_4bit() {
+    check("gpt_oss", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn gpt_oss_8bit() {
+    check("gpt_oss", "q8", WeightFormat::Quantized, 1e-3);
+}

@@ -9,6 +9,7 @@ use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;
 use crate::kv_rows::{LayerKv, RowLayer, RowStep};
 use crate::linear::Linear;
+use crate::quantized::slice_axis;
 use crate::ring::RingGroup;
 use crate::rope::Rope;
 use crate::weights::{TensorSource, WeightFormat};
@@ -27,7 +28,7 @@ pub struct HeadNorms {
 }
 
 /// Multi-head attention with grouped keys/values, RoPE and, where the family has them, per-head
-/// Q/K norms.
+/// Q/K norms, attention sinks and a sliding window.
 #[derive(Debug, Clone)]
 pub struct Attention {
     pub(crate) q_proj: Linear,
@@ -40,6 +41,13 @@ pub struct Attention {
     pub(crate) head_dim: i32,
     pub(crate) eps: f32,
     pub(crate) rope: Rope,
+    /// Factor on the query-key products (`1/sqrt(head_dim)` unless the family says otherwise).
+    pub(crate) scale: f32,
+    /// Per head, a logit that joins every query's softmax without a value (gpt-oss's
+    /// `sinks`): attention may give weight to "nothing".
+    pub(crate) sinks: Option<Array>,
+    /// A sliding layer's window: a query sees the last `window` positions, itself included.
+    pub(crate) window: Option<usize>,
     /// Tensor parallel: the ring whose ranks each hold a slice of the heads; the output
     /// projection's partial sums are added up over it.
     pub(crate) reduce: Option<Arc<RingGroup>>,
@@ -47,7 +55,8 @@ pub struct Attention {
 
 impl Attention {
     /// The projections of layer `layer` (with their biases where the weights have them) and
-    /// `head_norms`, checked against the configuration.
+    /// `head_norms`, checked against the configuration; the layer's window, if the
+    /// configuration makes it a sliding layer.
     pub(crate) fn load(
         config: &ModelConfig,
         source: &mut dyn TensorSource,
@@ -76,8 +85,42 @@ impl Attention {
             head_dim: config.head_dim as i32,
             eps: config.rms_norm_eps,
             rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
+            scale: 1.0 / (config.head_dim as f32).sqrt(),
+            sinks: None,
+            window: config
+                .sliding_window
+                .as_ref()
+                .and_then(|w| w.of_layer(layer)),
             reduce: None,
         })
+    }
+
+    /// With per-head attention sinks `[heads]`.
+    pub(crate) fn with_sinks(self, sinks: Array) -> Result<Attention> {
+        if sinks.shape() != [self.num_heads] {
+            return Err(InferenceError::BadTensor {
+                name: "self_attn.sinks".into(),
+                reason: format!(
+                    "expected one sink per head ({}), found shape {:?}",
+                    self.num_heads,
+                    sinks.shape()
+                ),
+            });
+        }
+        Ok(Attention {
+            sinks: Some(sinks),
+            ..self
+        })
+    }
+
+    /// With another factor on the query-key products.
+    pub(crate) fn with_scale(self, scale: f32) -> Attention {
+        Attention { scale, ..self }
+    }
+
+    /// With another RoPE (a layer kind with its own base).
+    pub(crate) fn with_rope(self, rope: Rope) -> Attention {
+        Attention { rope, ..self }
     }
 
     /// `x`: `[batch, seq, hidden]`, one sequence (per batch row) continuing `cache`.
@@ -150,14 +193,38 @@ impl Attention {
         let q = self.rope.apply(&q, offset)?;
         let k = self.rope.apply(&k, offset)?;
         let (k, v) = cache.append(k, v)?;
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let mask = if l > 1 {
-            Some(ScaledDotProductAttentionMask::Causal)
-        } else {
-            None
-        };
+        let total = offset + l as usize;
+        match self.window.filter(|&w| total > w) {
+            Some(window) => {
+                // Keys before the first query's window are seen by no query.
+                let first = (offset + 1).saturating_sub(window);
+                let keys = |t: &Array| t.index((.., .., first as i32.., ..));
+                let mask = window_mask(offset, l as usize, first, total, window);
+                let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
+                self.sdpa(&q, &keys(&k), &keys(&v), mask)
+            }
+            None => {
+                let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+                self.sdpa(&q, &k, &v, mask)
+            }
+        }
+    }
+
+    /// Scaled dot-product attention with this attention's scale and sinks.
+    fn sdpa(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        mask: Option<ScaledDotProductAttentionMask<'_>>,
+    ) -> Result<Array> {
         Ok(fast::scaled_dot_product_attention(
-            &q, &k, &v, scale, mask, None,
+            q,
+            k,
+            v,
+            self.scale,
+            mask,
+            self.sinks.as_ref(),
         )?)
     }
 
@@ -176,14 +243,25 @@ impl Attention {
         let q = self.rope.apply_at(&by_row(q)?, &step.positions)?;
         let k = self.rope.apply_at(&by_row(k)?, &step.positions)?;
         let (k, v) = layer.write(&k, &by_row(v)?, step)?;
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let o = fast::scaled_dot_product_attention(
+        // Rows are right-aligned: every row's new position is the last column, so a window
+        // is the same last columns for every row.
+        let columns = k.shape()[2];
+        let first = match self.window {
+            Some(w) => (columns - w as i32).max(0),
+            None => 0,
+        };
+        let (k, v, mask) = if first > 0 {
+            let cut = |t: &Array| t.index((.., .., first.., ..));
+            let mask = step.mask.as_ref().map(|m| m.index((.., .., .., first..)));
+            (cut(&k), cut(&v), mask)
+        } else {
+            (k, v, step.mask.clone())
+        };
+        let o = self.sdpa(
             &q,
             &k,
             &v,
-            scale,
-            step.mask.as_ref().map(ScaledDotProductAttentionMask::Array),
-            None,
+            mask.as_ref().map(ScaledDotProductAttentionMask::Array),
         )?;
         Ok(by_row(o)?)
     }
@@ -224,6 +302,13 @@ impl Attention {
             head_dim: self.head_dim,
             eps: self.eps,
             rope: self.rope.clone(),
+            scale: self.scale,
+            sinks: self
+                .sinks
+                .as_ref()
+                .map(|s| slice_axis(s, 0, rank * heads, (rank + 1) * heads))
+                .transpose()?,
+            window: self.window,
             reduce: Some(group.clone()),
         })
     }
@@ -235,6 +320,28 @@ impl Attention {
             .flat_map(Linear::arrays)
             .collect();
         v.extend(self.head_norms.iter().flat_map(|n| [&n.q, &n.k]));
+        v.extend(self.sinks.iter());
         v
     }
+}
+
+/// Which keys `[first, total)` each of `new` queries at positions `[offset, offset + new)` sees
+/// in a sliding layer: its own position and the `window - 1` before it. `[new, total - first]`
+/// booleans; `None` when that is plain causal attention.
+fn window_mask(
+    offset: usize,
+    new: usize,
+    first: usize,
+    total: usize,
+    window: usize,
+) -> Option<Array> {
+    let keys = total - first;
+    let mut mask = Vec::with_capacity(new * keys);
+    for i in offset..offset + new {
+        mask.extend((first..total).map(|j| j <= i && i - j < window));
+    }
+    if new == 1 && mask.iter().all(|&m| m) {
+        return None;
+    }
+    Some(Array::from_slice(&mask, &[new as i32, keys as i32]))
 }

@@ -34,6 +34,14 @@ pub trait Family: GgufNames {
         DecoderLayer::load(config, source, layer, format, attention)
     }
 
+    /// Reads what only this family's `config.json` holds (its experts, which layers slide,
+    /// its own constants) into `config`, after the shared numbers are read. The default reads
+    /// nothing.
+    fn configure(&self, json: &serde_json::Value, config: &mut ModelConfig) -> Result<()> {
+        let _ = (json, config);
+        Ok(())
+    }
+
     /// Hugging Face names of layer `layer`'s tensors (`model.layers.N.…`), as an export writes
     /// them.
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String>;
