@@ -213,3 +213,33 @@ fn moe_f32_two_ranks_match_one_node() {
     let dir = kit::dirs::family_fixture_dir("qwen3_moe", "hf");
     run_tensor_parallel_as(&dir, 2, "3,17,42,5,88", 7, "single", "f32");
 }
+
+/// gpt-oss as `mlx_lm.convert` wrote it in mxfp4 (experts, attention, embeddings; routers at 8
+/// bits affine): every rank keeps its heads with their sinks and every expert at half its
+/// width with its gate/up biases, the down projection's bias halved.
+#[test]
+fn gpt_oss_mxfp4_two_ranks_match_one_node() {
+    let dir = kit::dirs::family_fixture_dir("gpt_oss", "mxfp4");
+    run_tensor_parallel_as(
+        &dir,
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        8,
+        "single",
+        "quantized",
+    );
+}
+
+/// The same over a batch (sequences joining and leaving, past the sliding window).
+#[test]
+fn gpt_oss_mxfp4_two_ranks_batch_like_one_node_alone() {
+    let dir = kit::dirs::family_fixture_dir("gpt_oss", "mxfp4");
+    run_tensor_parallel_as(
+        &dir,
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        9,
+        "batched",
+        "quantized",
+    );
+}
