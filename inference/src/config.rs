@@ -26,6 +26,10 @@ pub enum Architecture {
     /// experts in mxfp4 routed top-k then softmax ([`crate::models::gpt_oss`]).
     #[serde(rename = "gpt_oss")]
     GptOss,
+    /// Gemma 3 (text): local/global layers, `1 + w` norms around attention and MLP, scaled
+    /// embeddings ([`crate::models::gemma3`]).
+    #[serde(rename = "gemma3_text")]
+    Gemma3Text,
 }
 
 impl Architecture {
@@ -37,6 +41,7 @@ impl Architecture {
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
             "gpt_oss" | "gpt-oss" => Ok(Architecture::GptOss),
+            "gemma3_text" => Ok(Architecture::Gemma3Text),
             other => Err(InferenceError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -49,6 +54,7 @@ impl Architecture {
             Architecture::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
             Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
             Architecture::GptOss => ("gpt_oss", "GptOssForCausalLM"),
+            Architecture::Gemma3Text => ("gemma3_text", "Gemma3ForCausalLM"),
         }
     }
 }
@@ -332,6 +338,8 @@ pub enum FamilyParams {
     None,
     /// gpt-oss's.
     GptOss(crate::models::gpt_oss::GptOssParams),
+    /// Gemma 3's.
+    Gemma3(crate::models::gemma3::Gemma3Params),
 }
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {

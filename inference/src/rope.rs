@@ -163,7 +163,7 @@ impl Rope {
         Ok(if self.mscale == 1.0 {
             x.clone()
         } else {
-            ops::multiply(x, Array::from_f32(self.mscale))?
+            ops::multiply(x, Array::from_f32(self.mscale).as_dtype(x.dtype())?)?
         })
     }
 

@@ -211,3 +211,18 @@ fn gpt_oss_4bit() {
 fn gpt_oss_8bit() {
     check("gpt_oss", "q8", WeightFormat::Quantized, 1e-3);
 }
+
+#[test]
+fn gemma3_text_hf_f32() {
+    check("gemma3_text", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn gemma3_text_4bit() {
+    check("gemma3_text", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn gemma3_text_8bit() {
+    check("gemma3_text", "q8", WeightFormat::Quantized, 1e-3);
+}

@@ -42,6 +42,17 @@ pub trait Family: GgufNames {
         Ok(())
     }
 
+    /// The final norm's weight as [`fast::rms_norm`] takes it (Gemma stores `w` of `1 + w`).
+    fn final_norm(&self, source: &mut dyn TensorSource, dtype: mlx_rs::Dtype) -> Result<Array> {
+        source.dense("model.norm.weight", dtype)
+    }
+
+    /// The factor on token embeddings (Gemma: `sqrt(hidden)`), `None` for none.
+    fn embedding_scale(&self, config: &ModelConfig) -> Option<f32> {
+        let _ = config;
+        None
+    }
+
     /// Hugging Face names of layer `layer`'s tensors (`model.layers.N.…`), as an export writes
     /// them.
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String>;
@@ -98,12 +109,22 @@ pub(crate) fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result
     }
 }
 
-/// The SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+/// What a gated MLP applies to its gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateActivation {
+    /// `silu` (SwiGLU: Llama, Qwen).
+    Silu,
+    /// The tanh approximation of GELU (GeGLU: Gemma's `gelu_pytorch_tanh`).
+    GeluApprox,
+}
+
+/// The gated feed-forward: `down(act(gate(x)) * up(x))`, SwiGLU unless the family says.
 #[derive(Debug, Clone)]
 pub struct Mlp {
     pub(crate) gate_proj: Linear,
     pub(crate) up_proj: Linear,
     pub(crate) down_proj: Linear,
+    pub(crate) activation: GateActivation,
     /// Tensor parallel: see [`Attention`].
     pub(crate) reduce: Option<Arc<RingGroup>>,
 }
@@ -121,6 +142,7 @@ impl Mlp {
             gate_proj: source.linear(&p("mlp.gate_proj"), format)?,
             up_proj: source.linear(&p("mlp.up_proj"), format)?,
             down_proj: source.linear(&p("mlp.down_proj"), format)?,
+            activation: GateActivation::Silu,
             reduce: None,
         };
         check_shape(
@@ -136,9 +158,18 @@ impl Mlp {
         Ok(mlp)
     }
 
+    /// With another activation on the gate.
+    pub(crate) fn with_activation(self, activation: GateActivation) -> Mlp {
+        Mlp { activation, ..self }
+    }
+
     /// Applies the block.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = nn::silu(self.gate_proj.forward(x)?)?;
+        let gate = self.gate_proj.forward(x)?;
+        let gate = match self.activation {
+            GateActivation::Silu => nn::silu(gate)?,
+            GateActivation::GeluApprox => nn::gelu_approximate(gate)?,
+        };
         let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
         all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }
@@ -170,6 +201,7 @@ impl Mlp {
             gate_proj: self.gate_proj.slice_rows(f0, f1)?,
             up_proj: self.up_proj.slice_rows(f0, f1)?,
             down_proj: self.down_proj.slice_columns(f0, f1, size, what)?,
+            activation: self.activation,
             reduce: Some(group.clone()),
         })
     }
@@ -236,6 +268,19 @@ pub struct DecoderLayer {
     pub(crate) post_attention_norm: Array,
     pub(crate) ffn: FeedForward,
     pub(crate) eps: f32,
+    /// Norms on the attention's and the feed-forward's outputs before they join the residual
+    /// (Gemma's sandwich), when the family has them.
+    pub(crate) output_norms: Option<OutputNorms>,
+}
+
+/// Norms on a block's attention and feed-forward outputs (Gemma's `post_attention_layernorm`
+/// and `post_feedforward_layernorm`).
+#[derive(Debug, Clone)]
+pub struct OutputNorms {
+    /// On the attention's output.
+    pub(crate) attention: Array,
+    /// On the feed-forward's output.
+    pub(crate) ffn: Array,
 }
 
 impl DecoderLayer {
@@ -262,13 +307,37 @@ impl DecoderLayer {
     ) -> Result<DecoderLayer> {
         let dtype = format.compute_dtype();
         let p = |part: &str| layer_tensor(layer, part);
-        Ok(DecoderLayer {
-            input_norm: source.dense(&p("input_layernorm.weight"), dtype)?,
+        let input_norm = source.dense(&p("input_layernorm.weight"), dtype)?;
+        let ffn_norm = source.dense(&p("post_attention_layernorm.weight"), dtype)?;
+        Ok(DecoderLayer::new(
+            config, input_norm, attention, ffn_norm, ffn,
+        ))
+    }
+
+    /// The block `x + attn(norm(x))`, then `h + ffn(ffn_norm(h))`, from its parts.
+    pub(crate) fn new(
+        config: &ModelConfig,
+        input_norm: Array,
+        attention: Attention,
+        ffn_norm: Array,
+        ffn: FeedForward,
+    ) -> DecoderLayer {
+        DecoderLayer {
+            input_norm,
             attention,
-            post_attention_norm: source.dense(&p("post_attention_layernorm.weight"), dtype)?,
+            post_attention_norm: ffn_norm,
             ffn,
             eps: config.rms_norm_eps,
-        })
+            output_norms: None,
+        }
+    }
+
+    /// With norms on the attention's and the feed-forward's outputs.
+    pub(crate) fn with_output_norms(self, norms: OutputNorms) -> DecoderLayer {
+        DecoderLayer {
+            output_norms: Some(norms),
+            ..self
+        }
     }
 
     /// Rank `rank`'s slice of a `size`-way tensor-parallel instance over `group`: its heads
@@ -286,6 +355,7 @@ impl DecoderLayer {
             post_attention_norm: self.post_attention_norm.clone(),
             ffn: self.ffn.cut(rank, size, group, what)?,
             eps: self.eps,
+            output_norms: self.output_norms.clone(),
         })
     }
 
@@ -298,16 +368,21 @@ impl DecoderLayer {
     /// The block over several sequences' positions at once (see
     /// [`Attention::forward_segments`]).
     pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
-        let a = self.attention.forward_segments(
-            &fast::rms_norm(x, Some(&self.input_norm), self.eps)?,
-            segments,
-        )?;
+        let norm = |t: &Array, w: &Array| fast::rms_norm(t, Some(w), self.eps);
+        let out = self.output_norms.as_ref();
+        let a = self
+            .attention
+            .forward_segments(&norm(x, &self.input_norm)?, segments)?;
+        let a = match out {
+            Some(n) => norm(&a, &n.attention)?,
+            None => a,
+        };
         let h = ops::add(x, &a)?;
-        let m = self.ffn.forward(&fast::rms_norm(
-            &h,
-            Some(&self.post_attention_norm),
-            self.eps,
-        )?)?;
+        let m = self.ffn.forward(&norm(&h, &self.post_attention_norm)?)?;
+        let m = match out {
+            Some(n) => norm(&m, &n.ffn)?,
+            None => m,
+        };
         Ok(ops::add(&h, &m)?)
     }
 
@@ -316,6 +391,11 @@ impl DecoderLayer {
         let mut v = vec![&self.input_norm, &self.post_attention_norm];
         v.extend(self.attention.arrays());
         v.extend(self.ffn.arrays());
+        v.extend(
+            self.output_norms
+                .iter()
+                .flat_map(|n| [&n.attention, &n.ffn]),
+        );
         v
     }
 }

@@ -1,6 +1,6 @@
 //! The decoders, laid out as mlx-lm lays out its models: a small shared base ([`base`]:
 //! attention, MLP, the pre-norm block), one file per family, each with its own block and tensor
-//! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`]), the Mixture-of-Experts feed-forward
+//! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`], [`gemma3`]), the Mixture-of-Experts feed-forward
 //! the MoE families share ([`moe`]), and the shard that runs a layer range of any of
 //! them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
 //!
@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod base;
+pub mod gemma3;
 pub mod gpt_oss;
 pub mod llama;
 pub mod moe;
@@ -29,6 +30,7 @@ pub fn family(architecture: Architecture) -> &'static dyn Family {
         Architecture::Qwen3 => &qwen3::Qwen3,
         Architecture::Qwen3Moe => &qwen3_moe::Qwen3Moe,
         Architecture::GptOss => &gpt_oss::GptOss,
+        Architecture::Gemma3Text => &gemma3::Gemma3,
     }
 }
 
