@@ -345,3 +345,30 @@ fn window_mask(
     }
     Some(Array::from_slice(&mask, &[new as i32, keys as i32]))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(mask: Option<Array>) -> Option<Vec<bool>> {
+        mask.map(|m| {
+            m.eval().unwrap();
+            m.as_slice::<bool>().to_vec()
+        })
+    }
+
+    /// Queries at positions 5 and 6 with a window of 3 over keys 3..7: each sees itself and
+    /// the two before it, nothing later.
+    #[test]
+    fn a_window_sees_its_last_positions() {
+        let mask = host(window_mask(5, 2, 3, 7, 3)).unwrap();
+        #[rustfmt::skip]
+        let want = [
+            true, true, true, false, // position 5: keys 3, 4, 5
+            false, true, true, true, // position 6: keys 4, 5, 6
+        ];
+        assert_eq!(mask, want);
+        // One query whose window is exactly the keys given needs no mask.
+        assert_eq!(host(window_mask(9, 1, 7, 10, 3)), None);
+    }
+}

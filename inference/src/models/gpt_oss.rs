@@ -15,9 +15,12 @@
 
 use super::base::{gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward};
 use super::moe::{ExpertActivation, ExpertBiases, Experts, MoeBlock};
+#[cfg(test)]
+use crate::config::RopeScaling;
 use crate::config::{FamilyParams, ModelConfig, MoeConfig, RouterKind, SlidingWindow};
 use crate::error::{InferenceError, Result};
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
+use crate::tensor_split::TensorDivisor;
 use crate::weights::{GgufNames, Stacked, TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
@@ -125,6 +128,37 @@ impl Family for GptOss {
         let experts = Experts::new(config, moe, &prefix, projections, Some(biases), activation)?;
         let ffn = FeedForward::Experts(MoeBlock::new(moe, router, &router_name, experts)?);
         DecoderLayer::assemble(config, source, layer, format, attention, ffn)
+    }
+
+    /// Heads and key/value heads; each expert's width and its mxfp4 groups of 32 (the experts
+    /// are mxfp4 in both layouts); the output projection's inputs in the groups the
+    /// attention is quantized in (64 at mlx-community's 4 and 8 bits, not the default 32).
+    fn tensor_divisors(&self, config: &ModelConfig) -> Vec<TensorDivisor> {
+        let divisor = |what: String, count: usize| TensorDivisor { what, count };
+        let mut out = vec![
+            divisor("attention heads".into(), config.num_heads),
+            divisor("key/value heads".into(), config.num_kv_heads),
+        ];
+        if let Some(moe) = &config.moe {
+            let width = moe.expert_width;
+            out.push(divisor("expert width".into(), width));
+            out.push(divisor(
+                format!(
+                    "expert width ({width}) in mxfp4 groups of {}",
+                    MXFP4.group_size
+                ),
+                width / MXFP4.group_size as usize,
+            ));
+        }
+        if let Some(q) = &config.quantization {
+            let inputs = config.num_heads * config.head_dim;
+            let g = q.spec_for(&layer_tensor(0, "self_attn.o_proj")).group_size as usize;
+            out.push(divisor(
+                format!("output projection inputs ({inputs}) in quantization groups of {g}"),
+                inputs / g.max(1),
+            ));
+        }
+        out
     }
 
     fn layer_tensor_names(&self, _config: &ModelConfig, layer: usize) -> Vec<String> {
@@ -248,4 +282,88 @@ fn openai_experts(
         ],
         biases,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor_split::tensor_refusal;
+
+    /// gpt-oss-120b's shape, as mlx-community's 4-bit conversion describes it (experts stay
+    /// mxfp4; attention affine at groups of 64).
+    fn gpt_oss_120b(layer_types: bool) -> ModelConfig {
+        let mut v = serde_json::json!({
+            "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36,
+            "intermediate_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "head_dim": 64, "vocab_size": 201088, "num_local_experts": 128,
+            "num_experts_per_tok": 4, "sliding_window": 128, "swiglu_limit": 7.0,
+            "rope_theta": 150000,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "original_max_position_embeddings": 4096},
+            "quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4",
+                "model.layers.0.self_attn.o_proj": {"group_size": 64, "bits": 4,
+                    "mode": "affine"}},
+        });
+        if layer_types {
+            let types: Vec<&str> = (0..36)
+                .map(|l| {
+                    if l % 2 == 0 {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
+            v["layer_types"] = serde_json::json!(types);
+        }
+        ModelConfig::from_hf_json(&v).unwrap()
+    }
+
+    #[test]
+    fn configuration_reads_experts_windows_and_yarn() {
+        let c = gpt_oss_120b(false);
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (moe.num_experts, moe.experts_per_token, moe.expert_width),
+            (128, 4, 2880)
+        );
+        assert_eq!(moe.router, RouterKind::TopKSoftmax);
+        // Without layer_types, sliding and full layers alternate, sliding first.
+        let w = c.sliding_window.as_ref().unwrap();
+        assert_eq!(
+            (w.of_layer(0), w.of_layer(1), w.of_layer(34)),
+            (Some(128), None, Some(128))
+        );
+        assert_eq!(c.sliding_window, gpt_oss_120b(true).sliding_window);
+        assert!(matches!(c.rope_scaling, RopeScaling::Yarn { factor, .. } if factor == 32.0));
+        assert_eq!(
+            c.family_params,
+            FamilyParams::GptOss(GptOssParams { swiglu_limit: 7.0 })
+        );
+        // A layer_types entry this build does not know is refused with its name.
+        let mut bad = serde_json::to_value(vec!["sliding_attention"; 35]).unwrap();
+        bad.as_array_mut().unwrap().push("chunked_attention".into());
+        let mut v = serde_json::json!({
+            "model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 36,
+            "intermediate_size": 64, "num_attention_heads": 4, "vocab_size": 100,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+        });
+        v["layer_types"] = bad;
+        let err = ModelConfig::from_hf_json(&v).unwrap_err().to_string();
+        assert!(err.contains("chunked_attention"), "{err}");
+    }
+
+    /// Experts 2880 wide are 90 mxfp4 groups and there are 8 key/value heads: only 2 ranks
+    /// split gpt-oss-120b; 4 would cut the experts' groups (90 / 4), 3 the heads.
+    #[test]
+    fn ring_sizes_follow_the_experts_and_attention_groups() {
+        let c = gpt_oss_120b(true);
+        assert_eq!(tensor_refusal(&c, 2), None);
+        assert!(tensor_refusal(&c, 3).unwrap().contains("8 key/value heads"));
+        let four = tensor_refusal(&c, 4).unwrap();
+        assert!(
+            four.contains("90 expert width (2880) in mxfp4 groups of 32"),
+            "{four}"
+        );
+    }
 }
