@@ -243,3 +243,18 @@ fn gpt_oss_mxfp4_two_ranks_batch_like_one_node_alone() {
         "quantized",
     );
 }
+
+/// Gemma 3 at 4 bits: 2 ranks each keep 2 of the 4 heads (1 of 2 key/value heads) with the
+/// whole (1+w) head and sandwich norms, and half of the GELU MLP; local layers slide.
+#[test]
+fn gemma3_4bit_two_ranks_match_one_node() {
+    let dir = kit::dirs::family_fixture_dir("gemma3_text", "q4");
+    run_tensor_parallel_as(
+        &dir,
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        10,
+        "single",
+        "quantized",
+    );
+}
