@@ -7,6 +7,9 @@ Usage: python node_checks.py BASE_URL MODEL COMMAND
   limit N TOKENS N concurrent streaming requests against a node with small limits: each one
                  completes or is refused with 429, Retry-After and OpenAI's error shape;
                  none hangs; prints one JSON line {"completed": n, "refused": n}
+  answer REF     the greedy answer to REF's messages (a `chat_reference.json` that mlx-lm
+                 wrote for the model's folder) is REF's text, and its token count REF's, both
+                 in one answer and streamed
   lost PID       a stream whose runner (process PID) is killed mid-way ends with an error
                  (never a hang), and the model then reports no ready instance (503)
 Prints "all passed" at the end; exits non-zero on the first failure.
@@ -42,6 +45,26 @@ if command == "paris":
     )
     answer = r.choices[0].message.content
     check("greedy answer mentions Paris", "Paris" in answer, answer)
+    print(json.dumps({"answer": answer}), flush=True)
+
+elif command == "answer":
+    with open(sys.argv[4]) as f:
+        ref = json.load(f)
+    r = client.chat.completions.create(
+        model=model, messages=ref["messages"], temperature=0, max_tokens=ref["max_tokens"]
+    )
+    answer = r.choices[0].message.content
+    check("the answer is mlx-lm's", answer == ref["text"], f"{answer!r} != {ref['text']!r}")
+    check("as many tokens as mlx-lm's", r.usage.completion_tokens == len(ref["tokens"]),
+          f"{r.usage.completion_tokens} != {len(ref['tokens'])}")
+    check("the prompt as mlx-lm's template made it", r.usage.prompt_tokens == ref["prompt_tokens"],
+          f"{r.usage.prompt_tokens} != {ref['prompt_tokens']}")
+    stream = client.chat.completions.create(
+        model=model, messages=ref["messages"], temperature=0, max_tokens=ref["max_tokens"],
+        stream=True,
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    check("streamed, the same answer", streamed == ref["text"], f"{streamed!r}")
     print(json.dumps({"answer": answer}), flush=True)
 
 elif command == "load":

@@ -30,6 +30,7 @@ pub fn named_cluster_input(names: &[String], ram: u64, min_nodes: u32, id: &str)
             hidden_size: 576,
             num_key_value_heads: 3,
             supports_tensor: true,
+            tensor_divisors: vec![],
             backends: vec![ComputeBackend::MlxCpu],
         },
         request: Request {

@@ -32,6 +32,18 @@ pub enum Architecture {
     /// embeddings ([`crate::models::gemma3`]).
     #[serde(rename = "gemma3_text")]
     Gemma3Text,
+    /// GLM-4.5/4.6/4.7 (`glm4_moe`): partial rotary, Q/K norms and biases, a sigmoid-routed
+    /// Mixture of Experts with a shared expert.
+    #[serde(rename = "glm4_moe")]
+    Glm4Moe,
+    /// MiniMax M2 (`minimax_m2`): one Q and one K norm over all heads, partial rotary, a
+    /// sigmoid-routed Mixture of Experts on every layer.
+    #[serde(rename = "minimax_m2")]
+    MiniMax,
+    /// DeepSeek V3 / R1 / V3.1 and Kimi K2 (`deepseek_v3`): multi-head latent attention with
+    /// YaRN, a sigmoid-routed, group-limited Mixture of Experts with a shared expert.
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
 }
 
 impl Architecture {
@@ -44,6 +56,9 @@ impl Architecture {
             "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
             "gpt_oss" | "gpt-oss" => Ok(Architecture::GptOss),
             "gemma3_text" => Ok(Architecture::Gemma3Text),
+            "glm4_moe" => Ok(Architecture::Glm4Moe),
+            "minimax_m2" => Ok(Architecture::MiniMax),
+            "deepseek_v3" | "kimi_k2" => Ok(Architecture::DeepseekV3),
             other => Err(InferenceError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -57,6 +72,9 @@ impl Architecture {
             Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
             Architecture::GptOss => ("gpt_oss", "GptOssForCausalLM"),
             Architecture::Gemma3Text => ("gemma3_text", "Gemma3ForCausalLM"),
+            Architecture::Glm4Moe => ("glm4_moe", "Glm4MoeForCausalLM"),
+            Architecture::MiniMax => ("minimax_m2", "MiniMaxM2ForCausalLM"),
+            Architecture::DeepseekV3 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
         }
     }
 }
@@ -186,6 +204,22 @@ pub enum RouterKind {
     },
     /// The top k of the router's logits, then a softmax over those k (gpt-oss).
     TopKSoftmax,
+    /// Sigmoid scores; the experts are chosen by score plus a learned per-expert correction
+    /// (`e_score_correction_bias`, which balances the load without weighting the output),
+    /// first among the `top_groups` best of `groups` groups of experts (a group ranks by its
+    /// two best scores), then the top k. The chosen experts' plain sigmoid scores, optionally
+    /// divided by their sum, times `scale` weigh their outputs (DeepSeek V3, GLM-4.5,
+    /// MiniMax M2).
+    SigmoidGroupedTopK {
+        /// `n_group` (1: no grouping).
+        groups: usize,
+        /// `topk_group`: groups whose experts may be chosen.
+        top_groups: usize,
+        /// Divide the k weights by their sum (`norm_topk_prob`).
+        normalize: bool,
+        /// `routed_scaling_factor`.
+        scale: f32,
+    },
 }
 
 /// The Mixture-of-Experts part of a configuration.
@@ -205,6 +239,10 @@ pub struct MoeConfig {
     pub sparse_step: usize,
     /// The first layers that stay dense (`first_k_dense_replace`).
     pub first_dense: usize,
+    /// Width of the shared expert every token also runs through, beside the routed ones
+    /// (`n_shared_experts × moe_intermediate_size`; 0: none).
+    #[serde(default)]
+    pub shared_width: usize,
 }
 
 impl MoeConfig {
@@ -216,14 +254,16 @@ impl MoeConfig {
             && (layer + 1).is_multiple_of(self.sparse_step.max(1))
     }
 
-    /// Parameters of one MoE feed-forward (router and every expert).
+    /// Parameters of one MoE feed-forward (router, every expert and the shared expert).
     pub fn parameters(&self, hidden: usize) -> usize {
-        hidden * self.num_experts + 3 * hidden * self.expert_width * self.num_experts
+        hidden * self.num_experts
+            + 3 * hidden * (self.expert_width * self.num_experts + self.shared_width)
     }
 
     /// Parameters one token runs through in one MoE feed-forward.
     pub fn active_parameters(&self, hidden: usize) -> usize {
-        hidden * self.num_experts + 3 * hidden * self.expert_width * self.experts_per_token
+        hidden * self.num_experts
+            + 3 * hidden * (self.expert_width * self.experts_per_token + self.shared_width)
     }
 }
 
@@ -271,6 +311,10 @@ pub struct ModelConfig {
     /// ([`crate::models::base::Family::configure`]).
     #[serde(default)]
     pub family_params: FamilyParams,
+    /// The attention's shape beyond plain heads (partial rotary, Q/K norms), as the family
+    /// reads it ([`crate::models::base::Family::configure`]).
+    #[serde(default)]
+    pub attention: AttentionConfig,
 }
 
 /// Numbers only one family's configuration has (its own file defines and reads them).
@@ -283,6 +327,55 @@ pub enum FamilyParams {
     GptOss(crate::models::gpt_oss::GptOssParams),
     /// Gemma 3's.
     Gemma3(crate::models::gemma3::Gemma3Params),
+}
+
+/// What a family's attention has beyond grouped-query heads of `head_dim`, filled in by the
+/// family's own file from config.json (the shared reader knows none of it).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AttentionConfig {
+    /// Width of each head RoPE rotates, when less than `head_dim` (GLM's
+    /// `partial_rotary_factor`, MiniMax's `rotary_dim`).
+    pub rotary_dim: Option<usize>,
+    /// RMS norms on queries and keys (`use_qk_norm`).
+    pub qk_norm: bool,
+    /// Multi-head latent attention (DeepSeek V3): its ranks and head widths.
+    pub latent: Option<LatentConfig>,
+}
+
+/// The shape of multi-head latent attention ([`crate::models::mla`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LatentConfig {
+    /// Width of the queries' bottleneck (`q_lora_rank`); `None`: one query projection.
+    pub q_lora_rank: Option<usize>,
+    /// Width of the cached latent (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Per-head query/key width without position (`qk_nope_head_dim`).
+    pub qk_nope_head_dim: usize,
+    /// Per-head rotated width, one key for all heads (`qk_rope_head_dim`).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value width (`v_head_dim`).
+    pub v_head_dim: usize,
+}
+
+impl LatentConfig {
+    /// Parameters of one layer's attention with `heads` heads over `hidden`.
+    pub fn parameters(&self, hidden: usize, heads: usize) -> usize {
+        let q_width = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim);
+        let query = match self.q_lora_rank {
+            Some(r) => hidden * r + r + r * q_width,
+            None => hidden * q_width,
+        };
+        query
+            + hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.kv_lora_rank
+            + heads * self.kv_lora_rank * (self.qk_nope_head_dim + self.v_head_dim)
+            + heads * self.v_head_dim * hidden
+    }
+
+    /// Numbers one position keeps in one layer's cache: the latent and the rotated key.
+    pub fn cached_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
 }
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
@@ -384,6 +477,7 @@ impl ModelConfig {
                     .and_then(Value::as_u64)
                     .unwrap_or(1) as usize,
                 first_dense: 0,
+                shared_width: 0,
             }),
             _ => None,
         };
@@ -418,6 +512,7 @@ impl ModelConfig {
             moe,
             sliding_window: None,
             family_params: FamilyParams::None,
+            attention: AttentionConfig::default(),
         };
         crate::models::family(architecture).configure(v, &mut config)?;
         config.validate()?;
@@ -499,6 +594,7 @@ impl ModelConfig {
             moe: None,
             sliding_window: None,
             family_params: FamilyParams::None,
+            attention: AttentionConfig::default(),
         };
         config.validate()?;
         Ok(config)
@@ -534,6 +630,27 @@ impl ModelConfig {
         {
             return bad("implausibly large dimensions".into());
         }
+        // YaRN scales the whole head before rotating (crate::rope): with a partial rotary
+        // width only the rotated part should be, which only latent attention does here.
+        if matches!(self.rope_scaling, RopeScaling::Yarn { .. })
+            && self.attention.latent.is_none()
+            && self.attention.rotary_dim.is_some()
+        {
+            return bad(format!(
+                "YaRN rope_scaling with a partial rotary width is not supported in this build \
+                 ({:?})",
+                self.architecture
+            ));
+        }
+        if let Some(r) = self.attention.rotary_dim {
+            if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
+                return bad(format!(
+                    "a rotary width of {r} in heads of {}: it must be even, positive and at \
+                     most head_dim",
+                    self.head_dim
+                ));
+            }
+        }
         if let Some(moe) = &self.moe {
             if moe.num_experts == 0
                 || moe.experts_per_token == 0
@@ -547,6 +664,26 @@ impl ModelConfig {
                     moe.num_experts, moe.experts_per_token, moe.expert_width
                 ));
             }
+            if let RouterKind::SigmoidGroupedTopK {
+                groups, top_groups, ..
+            } = moe.router
+            {
+                let per_group = moe.num_experts.checked_div(groups).unwrap_or(0);
+                if groups == 0
+                    || !moe.num_experts.is_multiple_of(groups)
+                    || top_groups == 0
+                    || top_groups > groups
+                    || top_groups * per_group < moe.experts_per_token
+                    || (groups > 1 && per_group < 2)
+                {
+                    return bad(format!(
+                        "{} experts in n_group {groups} with topk_group {top_groups} cannot \
+                         route {} experts per token: n_group must divide the experts into \
+                         groups of at least 2, and the kept groups must hold k experts",
+                        moe.num_experts, moe.experts_per_token
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -554,7 +691,10 @@ impl ModelConfig {
     /// Parameters of layer `layer` (every expert counted), for memory and watchdog estimates
     /// and for splitting layers by their bytes.
     pub fn parameters_of_layer(&self, layer: usize) -> usize {
-        let attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads);
+        let attn = match &self.attention.latent {
+            Some(latent) => latent.parameters(self.hidden_size, self.num_heads),
+            None => self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads),
+        };
         let ffn = match &self.moe {
             Some(moe) if moe.is_moe_layer(layer) => moe.parameters(self.hidden_size),
             _ => 3 * self.hidden_size * self.intermediate_size,

@@ -87,8 +87,7 @@ pub fn export_hf_folder_as(model: &Path, out: &Path, weights: ExportWeights) -> 
             mscale,
             mscale_all_dim,
         } => serde_json::json!({
-            "rope_type": "yarn", "factor": factor,
-            "original_max_position_embeddings": original_max_position,
+            "type": "yarn", "factor": factor, "original_max_position_embeddings": original_max_position,
             "beta_fast": beta_fast, "beta_slow": beta_slow, "mscale": mscale,
             "mscale_all_dim": mscale_all_dim,
         }),

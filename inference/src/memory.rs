@@ -48,7 +48,11 @@ pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u
 }
 
 /// Bytes of KV cache one position takes over every layer (keys and values) in `format`.
+/// Latent attention caches one latent and one rotated key per layer, for all heads.
 pub fn kv_bytes_per_token(config: &ModelConfig, format: WeightFormat) -> u64 {
+    if let Some(latent) = &config.attention.latent {
+        return (config.num_layers * latent.cached_width()) as u64 * element_bytes(format);
+    }
     2 * (config.num_layers * config.num_kv_heads * config.head_dim) as u64 * element_bytes(format)
 }
 

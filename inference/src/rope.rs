@@ -16,15 +16,6 @@ pub struct Rope {
     mscale: f32,
 }
 
-/// YaRN's magnitude correction for a context stretched `factor` times.
-fn yarn_mscale(factor: f32, mscale: f32) -> f64 {
-    if factor <= 1.0 {
-        1.0
-    } else {
-        0.1 * mscale as f64 * (factor as f64).ln() + 1.0
-    }
-}
-
 impl Rope {
     /// Builds RoPE for heads of `head_dim` with base `theta`.
     pub fn new(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Rope {
@@ -114,10 +105,8 @@ impl Rope {
         }
     }
 
-    /// YaRN's periods: frequencies that turn more than `beta_fast` times over the original
-    /// context keep their period, those that turn fewer than `beta_slow` times are stretched
-    /// `factor` times, with a linear ramp between (mlx-lm's `YarnRoPE`, in f32 as it computes
-    /// them).
+    /// YaRN (mlx-lm's `YarnRoPE`): [`yarn_periods`] over the whole head, queries and keys
+    /// scaled by the ratio of the `mscale` and `mscale_all_dim` corrections.
     #[allow(clippy::too_many_arguments)]
     fn yarn(
         head_dim: usize,
@@ -129,32 +118,19 @@ impl Rope {
         mscale: f32,
         mscale_all_dim: f32,
     ) -> Rope {
-        let d = head_dim as f64;
-        // The dimension index whose frequency turns `rotations` times over the original context.
-        let correction_dim = |rotations: f32| {
-            d * (original_max_position as f64 / (rotations as f64 * 2.0 * std::f64::consts::PI))
-                .ln()
-                / (2.0 * (theta as f64).ln())
-        };
-        let low = correction_dim(beta_fast).floor().max(0.0) as f32;
-        let mut high = correction_dim(beta_slow).ceil().min(d - 1.0) as f32;
-        if low == high {
-            high += 0.001;
-        }
-        let periods: Vec<f32> = (0..head_dim / 2)
-            .map(|i| {
-                let extra = theta.powf(2.0 * i as f32 / head_dim as f32);
-                let inter = factor * extra;
-                let keep = 1.0 - ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
-                inter * extra / (inter * keep + extra * (1.0 - keep))
-            })
-            .collect();
+        let periods = yarn_periods(
+            head_dim,
+            theta,
+            factor,
+            original_max_position,
+            (beta_fast, beta_slow),
+        );
         Rope {
             dims: head_dim as i32,
             base: None,
             scale: 1.0,
             periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
-            mscale: (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)) as f32,
+            mscale: yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim),
         }
     }
 
@@ -192,5 +168,48 @@ impl Rope {
             positions,
             self.periods.as_ref(),
         )?)
+    }
+}
+
+/// YaRN's periods for `dims` rotated dimensions: frequencies that turn more than `beta_fast`
+/// times over the original context keep their period `θ^(2i/d)`, those turning fewer than
+/// `beta_slow` times are stretched `factor` times, with a linear ramp between (computed in f32
+/// as mlx-lm's `YarnRoPE` does).
+pub fn yarn_periods(
+    dims: usize,
+    theta: f32,
+    factor: f32,
+    original_max_position: f32,
+    (beta_fast, beta_slow): (f32, f32),
+) -> Vec<f32> {
+    let d = dims as f64;
+    // The dimension whose frequency turns `rotations` times over the original context.
+    let correction_dim = |rotations: f32| {
+        d * (original_max_position as f64 / (rotations as f64 * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * (theta as f64).ln())
+    };
+    let low = correction_dim(beta_fast).floor().max(0.0);
+    let mut high = correction_dim(beta_slow).ceil().min(d - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    let (low, high) = (low as f32, high as f32);
+    (0..dims / 2)
+        .map(|i| {
+            let extra = theta.powf((2 * i) as f32 / dims as f32);
+            let inter = factor * extra;
+            let keep = 1.0 - ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+            inter * extra / (inter * keep + extra * (1.0 - keep))
+        })
+        .collect()
+}
+
+/// YaRN's magnitude correction `0.1 · m · ln(factor) + 1` for a context stretched `factor`
+/// times (1 when not stretched).
+pub fn yarn_mscale(factor: f32, m: f32) -> f32 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * factor.ln() + 1.0
     }
 }

@@ -48,6 +48,9 @@ pub fn standard_divisors(config: &ModelConfig) -> Vec<TensorDivisor> {
     }
     if let Some(moe) = &config.moe {
         widths.push(("expert width", moe.expert_width));
+        if moe.shared_width > 0 {
+            widths.push(("shared expert width", moe.shared_width));
+        }
     }
     let group = config.quantization.as_ref().map(|q| q.group_size as usize);
     for (what, width) in widths {

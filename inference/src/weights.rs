@@ -536,6 +536,7 @@ mod tests {
             moe: None,
             sliding_window: None,
             family_params: Default::default(),
+            attention: Default::default(),
         }
     }
 

@@ -131,6 +131,18 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
         "{family}/{layout}: the reference's first decode token is its greedy choice"
     );
 
+    if layout == "hf" {
+        // The names the hub picks each pipeline rank's files by are the checkpoint's names.
+        let stored: HashMap<String, Array> =
+            Array::load_safetensors(dir.join("model.safetensors")).unwrap();
+        for name in inference::models::tensor_names(&whole.config) {
+            assert!(
+                stored.contains_key(&name),
+                "{family}: `{name}` is not in the checkpoint"
+            );
+        }
+    }
+
     let (prefill, decode) = run_stages(std::slice::from_ref(&whole), &reference);
     let (p, d) = (
         worst(&reference.prefill, &prefill),
@@ -182,6 +194,51 @@ fn qwen3_moe_4bit() {
 #[test]
 fn qwen3_moe_8bit() {
     check("qwen3_moe", "q8", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn glm4_moe_hf_f32() {
+    check("glm4_moe", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn glm4_moe_4bit() {
+    check("glm4_moe", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn glm4_moe_8bit() {
+    check("glm4_moe", "q8", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn minimax_hf_f32() {
+    check("minimax", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn minimax_4bit() {
+    check("minimax", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn minimax_8bit() {
+    check("minimax", "q8", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn deepseek_v3_hf_f32() {
+    check("deepseek_v3", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn deepseek_v3_4bit() {
+    check("deepseek_v3", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn deepseek_v3_8bit() {
+    check("deepseek_v3", "q8", WeightFormat::Quantized, 1e-3);
 }
 
 /// The released OpenAI layout (experts as mxfp4 `*_blocks`, gate and up interleaved),

@@ -175,7 +175,12 @@ fn smollm2_three_ranks_batch_like_one_node_alone() {
 /// it at 4 bits (routers at 8): every rank keeps every expert at half its width, still packed,
 /// sliced at the quantization groups; the router stays whole.
 fn qwen3_moe_4bit() -> PathBuf {
-    let dir = kit::dirs::family_fixture_dir("qwen3_moe", "q4");
+    family_4bit("qwen3_moe")
+}
+
+/// The 4-bit fixture of `family`; setup must have made it.
+fn family_4bit(family: &str) -> PathBuf {
+    let dir = kit::dirs::family_fixture_dir(family, "q4");
     assert!(
         dir.join("config.json").exists(),
         "{} is missing: run `cargo xtask setup`",
@@ -214,6 +219,63 @@ fn moe_f32_two_ranks_match_one_node() {
     run_tensor_parallel_as(&dir, 2, "3,17,42,5,88", 7, "single", "f32");
 }
 
+/// GLM-4.5's shape at 4 bits: biased Q/K/V heads with per-head norms and partial rotary split
+/// by heads; the sigmoid router (with its f32 score correction) whole on each rank; every
+/// routed expert and the shared expert at half their width, one all-sum for both.
+#[test]
+fn glm4_moe_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("glm4_moe"),
+        2,
+        "3,17,42,5,88",
+        8,
+        "single",
+        "quantized",
+    );
+}
+
+/// MiniMax M2's shape at 4 bits: each rank holds half the heads, so the one Q norm and the
+/// one K norm over all heads add their sums of squares over the ring before dividing.
+#[test]
+fn minimax_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("minimax"),
+        2,
+        "3,17,42,5,88",
+        9,
+        "single",
+        "quantized",
+    );
+}
+
+/// DeepSeek V3's latent attention at 4 bits: each rank keeps its query heads and their
+/// `embed_q` / `unembed_out` slices, the latent projection and latent cache whole; the
+/// grouped sigmoid router whole, routed and shared experts at half width.
+#[test]
+fn deepseek_v3_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v3"),
+        2,
+        "3,17,42,5,88",
+        10,
+        "single",
+        "quantized",
+    );
+}
+
+/// The same through the batched path (decoding rows over shared latent buffers).
+#[test]
+fn deepseek_v3_4bit_two_ranks_batch_like_one_node_alone() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v3"),
+        2,
+        "3,17,42,5,88,7",
+        11,
+        "batched",
+        "quantized",
+    );
+}
+
 /// gpt-oss as `mlx_lm.convert` wrote it in mxfp4 (experts, attention, embeddings; routers at 8
 /// bits affine): every rank keeps its heads with their sinks and every expert at half its
 /// width with its gate/up biases, the down projection's bias halved.
@@ -224,7 +286,7 @@ fn gpt_oss_mxfp4_two_ranks_match_one_node() {
         &dir,
         2,
         "3,17,42,5,88,7,9,11,13,15",
-        8,
+        12,
         "single",
         "quantized",
     );
@@ -238,7 +300,7 @@ fn gpt_oss_mxfp4_two_ranks_batch_like_one_node_alone() {
         &dir,
         2,
         "3,17,42,5,88,7,9,11,13,15",
-        9,
+        13,
         "batched",
         "quantized",
     );
@@ -253,7 +315,7 @@ fn gemma3_4bit_two_ranks_match_one_node() {
         &dir,
         2,
         "3,17,42,5,88,7,9,11,13,15",
-        10,
+        14,
         "single",
         "quantized",
     );

@@ -48,8 +48,8 @@ pub enum PlaceError {
     },
     /// No ring with enough memory has a size dividing the hidden size and the KV-head count.
     #[error(
-        "no ring with enough memory has a size that divides both hidden_size {hidden_size} \
-         and num_key_value_heads {kv_heads}; request pipeline sharding, or change min_nodes \
+        "no ring with enough memory has a size that divides each of hidden_size {hidden_size}, \
+         num_key_value_heads {kv_heads}{also}; request pipeline sharding, or change min_nodes \
          or the set of nodes"
     )]
     TensorIndivisible {
@@ -57,6 +57,8 @@ pub enum PlaceError {
         hidden_size: u32,
         /// The model's KV-head count.
         kv_heads: u32,
+        /// The model card's further divisors, each as `", COUNT WHAT"` (empty when none).
+        also: String,
     },
     /// No ring whose every node offers one of the model's compute backends.
     #[error(

@@ -151,6 +151,7 @@ pub fn model(n_layers: u32, storage_bytes: u64) -> ModelCard {
         hidden_size: 4096,
         num_key_value_heads: 8,
         supports_tensor: true,
+        tensor_divisors: vec![],
         backends: vec![
             ComputeBackend::MlxCpu,
             ComputeBackend::MlxMetal,

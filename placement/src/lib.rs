@@ -158,7 +158,7 @@ pub mod views;
 pub use edge::{Edge, Link, RdmaLink};
 pub use error::PlaceError;
 pub use input::Input;
-pub use model::ModelCard;
+pub use model::{ModelCard, TensorDivisor};
 pub use node::{ComputeBackend, Interface, InterfaceKind, NodeId, NodeProfile};
 pub use place::{place, JacclPlan, Placement, RankPlacement};
 pub use planning::{next_action, Action, PlanInput, RankView, RunnerStatus, ShutdownReason};

@@ -20,7 +20,24 @@ pub struct ModelCard {
     pub num_key_value_heads: u32,
     /// Whether the model's code can shard every layer across ranks.
     pub supports_tensor: bool,
+    /// Further counts a tensor-parallel ring's size must divide, besides the hidden size and
+    /// the key/value heads: query heads, feed-forward and expert widths, and the number of
+    /// quantization groups each cut axis holds (a group shares one scale, so it cannot be
+    /// split between ranks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_divisors: Vec<TensorDivisor>,
     /// The compute backends the model runs on; every node of a ring must offer one of them.
     /// An empty list matches no node.
     pub backends: Vec<ComputeBackend>,
+}
+
+/// A count a tensor-parallel ring's size must divide, and what it counts (named in the
+/// refusal).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TensorDivisor {
+    /// What is counted (`"expert width (768) in quantization groups of 64"`).
+    pub what: String,
+    /// The count.
+    pub count: u32,
 }

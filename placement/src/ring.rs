@@ -225,11 +225,17 @@ fn stages(
             supports: model.supports_tensor,
             hidden_size: model.hidden_size,
             kv_heads: model.num_key_value_heads,
+            divisors: model.tensor_divisors.iter().map(|d| d.count).collect(),
         });
         let error = if model.supports_tensor {
             PlaceError::TensorIndivisible {
                 hidden_size: model.hidden_size,
                 kv_heads: model.num_key_value_heads,
+                also: model
+                    .tensor_divisors
+                    .iter()
+                    .map(|d| format!(", {} {}", d.count, d.what))
+                    .collect(),
             }
         } else {
             PlaceError::TensorNotSupported {

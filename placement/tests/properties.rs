@@ -138,6 +138,7 @@ fn cluster() -> impl Strategy<Value = Input> {
                     hidden_size: hidden,
                     num_key_value_heads: kv,
                     supports_tensor: tensor,
+                    tensor_divisors: vec![],
                     backends: model_backends,
                 },
                 request: Request {

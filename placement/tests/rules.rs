@@ -440,6 +440,51 @@ fn tensor_rules() {
     assert_eq!((ids(&p), p.sharding), (vec!["a"], Sharding::Pipeline));
 }
 
+/// A quantized Mixture-of-Experts model (Qwen3-30B-A3B at 4 bits: experts 768 wide, groups
+/// of 64) refuses ring sizes that would cut a quantization group, and says so.
+#[test]
+fn tensor_divisors_of_the_model_card() {
+    let mut request = pipeline();
+    request.sharding = Sharding::Tensor;
+    let mut moe = model(16, 3000 * MB);
+    moe.tensor_divisors = vec![placement::TensorDivisor {
+        what: "expert width (768) in quantization groups of 64".into(),
+        count: 12,
+    }];
+    // Eight nodes of 500 MB: 8 divides 4096 and 8 heads, but not 12 groups; 4 do.
+    let eight = nodes_mb(&[500; 8]);
+    let r = place(&input(
+        eight.clone(),
+        full_mesh(&eight),
+        moe.clone(),
+        request.clone(),
+    ));
+    let err = r.unwrap_err();
+    assert_eq!(err.code(), "tensor_indivisible");
+    assert!(
+        err.to_string()
+            .contains("12 expert width (768) in quantization groups of 64"),
+        "{err}"
+    );
+    let roomy = nodes_mb(&[1000; 8]);
+    let p = place(&input(
+        roomy.clone(),
+        full_mesh(&roomy),
+        moe.clone(),
+        request.clone(),
+    ))
+    .unwrap();
+    assert_eq!(
+        p.ranks.len(),
+        4,
+        "four ranks: three divide nothing, eight cut a group"
+    );
+    // Without the divisor, eight 500 MB nodes hold it.
+    moe.tensor_divisors.clear();
+    let p = place(&input(eight.clone(), full_mesh(&eight), moe, request)).unwrap();
+    assert_eq!(p.ranks.len(), 8);
+}
+
 #[test]
 fn compute_backends() {
     let mut nodes = nodes_mb(&[4000, 1000, 1000]);
@@ -965,6 +1010,7 @@ fn error_json_shape() {
         PlaceError::TensorIndivisible {
             hidden_size: 1,
             kv_heads: 1,
+            also: String::new(),
         }
         .code(),
         PlaceError::RingSearchExhausted { budget: 1 }.code(),

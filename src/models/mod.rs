@@ -144,6 +144,9 @@ pub struct ModelFacts {
     pub num_kv_heads: usize,
     /// Bytes of weights on disk.
     pub bytes_on_disk: u64,
+    /// The counts a tensor-parallel ring's size must divide besides the key/value heads
+    /// (query heads, feed-forward and expert widths, quantization groups).
+    pub tensor_divisors: Vec<placement::TensorDivisor>,
     /// What an instance holds while it runs (weights as they run, KV budget, runner
     /// overhead): what placement counts.
     pub memory: inference::memory::InstanceMemory,
@@ -160,6 +163,14 @@ impl ModelFacts {
             hidden_size: opened.config.hidden_size,
             num_kv_heads: opened.config.num_kv_heads,
             bytes_on_disk: opened.bytes_on_disk,
+            tensor_divisors: inference::tensor_split::tensor_divisors(&opened.config)
+                .into_iter()
+                .filter(|d| d.what != "key/value heads")
+                .map(|d| placement::TensorDivisor {
+                    what: d.what,
+                    count: u32::try_from(d.count).unwrap_or(0),
+                })
+                .collect(),
             memory: inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk),
         })
     }
@@ -175,6 +186,7 @@ impl ModelFacts {
             hidden_size: u32::try_from(self.hidden_size).unwrap_or(u32::MAX),
             num_key_value_heads: u32::try_from(self.num_kv_heads).unwrap_or(u32::MAX),
             supports_tensor: true,
+            tensor_divisors: self.tensor_divisors.clone(),
             backends: vec![
                 ComputeBackend::MlxCpu,
                 ComputeBackend::MlxMetal,

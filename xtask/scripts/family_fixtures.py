@@ -50,6 +50,10 @@ VOCAB = 49152  # SmolLM2's tokenizer, copied into every folder
 # Fixed, spread-out prompt ids (the same recipe as `cargo xtask bench inference`).
 PROMPT = [(i * 7919) % 48000 + 100 for i in range(12)]
 DECODE_STEPS = 6
+# The chat every folder's `chat_reference.json` answers (greedy, through the folder's own chat
+# template): what a real node must answer token for token through the OpenAI API.
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+CHAT_TOKENS = 10
 # SmolLM2's special tokens, as the project's export of it writes them: <|im_start|> = 1 (bos);
 # <|endoftext|> = 0 and <|im_end|> = 2 (the chat's end of turn) both end a generation.
 TOKENS = {"bos_token_id": 1, "eos_token_id": [0, 2], "pad_token_id": 2}
@@ -381,10 +385,36 @@ def forward_reference(model):
     return ref, {k: float(f"{float(v):.3e}") for k, v in diffs.items()}
 
 
+def chat_reference(model, folder):
+    """mlx-lm's greedy answer to CHAT through the folder's tokenizer and chat template, up to
+    CHAT_TOKENS tokens or an end-of-sequence token, as `mlx_lm.generate` decodes it."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(folder)
+    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
+    tokens = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=CHAT_TOKENS):
+        token = int(token)
+        if token in tokenizer.eos_token_ids:
+            break
+        tokens.append(token)
+    return {
+        "messages": CHAT,
+        "max_tokens": CHAT_TOKENS,
+        "prompt_tokens": len(prompt),
+        "tokens": tokens,
+        "text": tokenizer.decode(tokens),
+    }
+
+
 def write_reference(folder, family, layout, config, extra=None):
     model, _ = load_model(folder)
     ref, diffs = forward_reference(model)
     mx.save_safetensors(str(folder / "reference.safetensors"), ref)
+    if (folder / "tokenizer.json").exists():
+        chat = chat_reference(model, folder)
+        (folder / "chat_reference.json").write_text(json.dumps(chat, indent=2) + "\n")
     summary = {
         k: v for k, v in sorted(config.items())
         if k not in ("architectures", "quantization_config")

@@ -1,5 +1,5 @@
 //! `cargo xtask bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--no-mlx-lm]
-//! [--pipeline]`:
+//! [--pipeline] [--moe] [--quantized]`:
 //! many users at once. One shoal node serving the fixture (in a network namespace, with
 //! `--max-sequences` as large as the most streams) and mlx-lm's server (`mlx_lm.server`,
 //! the pinned mlx-lm in its own venv, the same fixture as f32 with the system OpenBLAS, its
@@ -15,7 +15,11 @@
 //! and each row gives the median round (by tok/s) of each server: this machine's speed drifts
 //! by 20% within minutes. A connection the server resets before answering is retried by the
 //! load client (as the official clients do) and counted. `cargo xtask bench prompt-cache` is in
-//! [`crate::bench_prompt_cache`]. Not part of CI (minutes on two cores).
+//! [`crate::bench_prompt_cache`]. With `--moe` both servers run a 4-bit Mixture-of-Experts
+//! model of realistic proportions ([`crate::bench_moe`]) from the same folder, and the table
+//! adds each server's resident memory; `--quantized` makes shoal keep the weights quantized
+//! (`SHOAL_DTYPE=quantized`) instead of the CPU default's choice. Not part of CI (minutes on
+//! two cores).
 
 use crate::bench_inference::{f32_folder, openblas_library};
 use crate::e2e::json_line;
@@ -40,6 +44,8 @@ struct Options {
     mlx_lm: bool,
     pipeline: bool,
     rounds: usize,
+    moe: bool,
+    quantized: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -49,6 +55,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         mlx_lm: true,
         pipeline: false,
         rounds: 1,
+        moe: false,
+        quantized: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -81,6 +89,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             "--no-mlx-lm" => o.mlx_lm = false,
             "--pipeline" => o.pipeline = true,
+            "--moe" => o.moe = true,
+            "--quantized" => o.quantized = true,
             other => return Err(format!("bench concurrency: unknown argument `{other}`")),
         }
     }
@@ -121,10 +131,14 @@ pub(crate) fn start_mlx_lm(
     tb: &Testbed,
     release: &std::path::Path,
     concurrency: usize,
+    model: Option<&std::path::Path>,
 ) -> Result<(Peer, String), String> {
     let bench = cache_dir().join("bench");
     std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
-    let folder = f32_folder(&bench, release)?;
+    let folder = match model {
+        Some(m) => m.to_path_buf(),
+        None => f32_folder(&bench, release)?,
+    };
     let (python, (mlx, lm)) = mlx_lm_venv()?;
     let log = tb.log_dir().join("mlx-lm-server.log");
     let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
@@ -140,6 +154,7 @@ pub(crate) fn start_mlx_lm(
     if let Some(lib) = openblas_library() {
         cmd.env("LD_PRELOAD", lib);
     }
+    cmd.env("PYTHONPATH", crate::bench_moe::mlx_lm_patch_dir()?);
     let peer = Peer(
         cmd.spawn()
             .map_err(|e| format!("cannot start mlx_lm.server: {e}"))?,
@@ -164,7 +179,10 @@ pub(crate) fn start_shoal(tag: &str, extra: Vec<String>) -> Result<(Testbed, Str
     testbed::catch_ctrl_c()?;
     let binary = target_dir().join("release").join("shoal");
     let mut tb = Testbed::start(tag, 1, &binary, move |_| {
-        let mut args = vec!["--model".to_string(), "default".to_string()];
+        let mut args = Vec::new();
+        if !extra.iter().any(|a| a == "--model") {
+            args.extend(["--model".to_string(), "default".to_string()]);
+        }
         args.extend(extra.iter().cloned());
         args
     })?;
@@ -300,12 +318,30 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
     crate::setup::setup()?;
     let release = build_release()?;
     let most = o.streams.iter().copied().max().unwrap_or(1);
-    let limits = vec![
+    let mut limits = vec![
         "--max-sequences".into(),
         most.to_string(),
         "--max-queue".into(),
         (2 * most).to_string(),
     ];
+    let moe_folder = if o.moe {
+        Some(crate::bench_moe::moe_bench_model()?)
+    } else {
+        None
+    };
+    if let Some(folder) = &moe_folder {
+        let parent = folder.parent().unwrap_or(folder);
+        limits.extend([
+            "--models-dir".into(),
+            parent.display().to_string(),
+            "--model".into(),
+            folder.display().to_string(),
+        ]);
+    }
+    if o.quantized {
+        // The node's runners inherit it.
+        std::env::set_var("SHOAL_DTYPE", "quantized");
+    }
     let (tb, shoal_url) = if o.pipeline {
         start_pipeline(limits)?
     } else {
@@ -313,11 +349,14 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
     };
     let result = (|| {
         let mlx = if o.mlx_lm && !o.pipeline {
-            Some(start_mlx_lm(&tb, &release, most)?)
+            Some(start_mlx_lm(&tb, &release, most, moe_folder.as_deref())?)
         } else {
             None
         };
-        let folder = cache_dir().join("bench").join("smollm2-f32");
+        let folder = moe_folder
+            .clone()
+            .unwrap_or_else(|| cache_dir().join("bench").join("smollm2-f32"));
+        let memory = resident_memory(&tb, mlx.as_ref().map(|(peer, _)| peer.0.id()));
         let bias: serde_json::Map<String, Value> = end_tokens(&folder)
             .into_iter()
             .map(|id| (id.to_string(), json!(-100)))
@@ -365,12 +404,36 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
             })
             .collect();
         print_table(&o, &rows);
+        if let Some(folder) = &moe_folder {
+            let files = crate::bench_moe::weight_bytes(folder) as f64 / 1e6;
+            let (shoal, peer) = memory;
+            let mb =
+                |b: Option<u64>| b.map_or("?".to_string(), |b| format!("{:.0} MB", b as f64 / 1e6));
+            println!(
+                "resident after loading: shoal's runner {} ({}), mlx_lm.server {}; weight files {files:.0} MB",
+                mb(shoal),
+                if o.quantized { "weights kept quantized" } else { "the CPU default's form" },
+                mb(peer)
+            );
+        }
         Ok(())
     })();
     if result.is_err() {
         eprintln!("node log:\n{}", tb.all_logs(30));
     }
     result
+}
+
+/// Resident memory of node 0's runner and of the peer server (`peer` pid), once loaded.
+fn resident_memory(tb: &Testbed, peer: Option<u32>) -> (Option<u64>, Option<u64>) {
+    use crate::bench_moe::{is_runner, resident_bytes};
+    let runner = tb
+        .pids(0)
+        .into_iter()
+        .filter(|&p| is_runner(p))
+        .filter_map(resident_bytes)
+        .max();
+    (runner, peer.and_then(resident_bytes))
 }
 
 /// One row: the number of streams, shoal's figures, and mlx-lm's (or why it failed).
@@ -384,9 +447,14 @@ fn print_table(o: &Options, rows: &[Row]) {
     } else {
         "one node"
     };
+    let model = if o.moe {
+        "a Qwen3-MoE of 1.9 B parameters (64 experts, 8 active) at 4 bits"
+    } else {
+        "SmolLM2-135M-Instruct as f32"
+    };
     println!(
-        "SmolLM2-135M-Instruct as f32 on {layout}, {} greedy tokens per stream, streams \
-         started together; {cores} cores; median of {} round(s)",
+        "{model} on {layout}, {} greedy tokens per stream, streams started together; {cores} \
+         cores; median of {} round(s)",
         o.tokens, o.rounds
     );
     println!(

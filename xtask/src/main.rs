@@ -5,6 +5,7 @@ mod bench_concurrency;
 mod bench_download;
 mod bench_forward;
 mod bench_inference;
+mod bench_moe;
 mod bench_peer_copy;
 mod bench_prompt_cache;
 mod cluster;
@@ -66,11 +67,14 @@ Commands:
                    `shoal bench` on 1, 2 and 3 nodes in namespaces, with the
                    per-token overhead of each extra rank
   bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--rounds 1] [--no-mlx-lm]
-                   [--pipeline]
+                   [--pipeline] [--moe] [--quantized]
                    many streams at once: shoal vs mlx_lm.server (its batching on), one
                    node in a namespace, alternating; aggregate tok/s, TTFT p50/p99;
                    --rounds N: the median of N alternating rounds;
-                   --pipeline: shoal alone on a 2-rank pipeline over two namespaced nodes
+                   --pipeline: shoal alone on a 2-rank pipeline over two namespaced nodes;
+                   --moe: both on a 4-bit Qwen3-MoE of 1.9 B parameters (made once by
+                   mlx-lm), with each server's resident memory; --quantized: shoal keeps
+                   the weights quantized instead of the CPU default's choice
   bench prompt-cache [--words 700] [--rounds 3]
                    second turn of a ~1,000-token chat: time to first token with the
                    prompt cache and without (--prompt-cache-tokens 0)

@@ -18,13 +18,83 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use std::sync::Arc;
 
-/// RMS norms applied to each head's queries and keys before RoPE (Qwen3's block).
+/// RMS norms applied to the queries and keys before RoPE: over each head (Qwen3, GLM) or
+/// over all heads together (MiniMax).
 #[derive(Debug, Clone)]
 pub struct HeadNorms {
-    /// `[head_dim]`.
+    /// `[head_dim]`, or `[heads·head_dim]` over all heads.
     pub(crate) q: Array,
-    /// `[head_dim]`.
+    /// `[head_dim]`, or `[kv_heads·head_dim]` over all heads.
     pub(crate) k: Array,
+    /// What one norm spans.
+    pub(crate) span: NormSpan,
+}
+
+/// What one query/key RMS norm spans.
+#[derive(Debug, Clone)]
+pub enum NormSpan {
+    /// Each head alone.
+    EachHead,
+    /// Every head of the layer together. Under tensor parallelism a rank holds some heads:
+    /// their sum of squares is added over `reduce` before dividing, so the norm is the whole
+    /// layer's.
+    AllHeads {
+        /// The tensor-parallel ring, once cut.
+        reduce: Option<Arc<RingGroup>>,
+    },
+}
+
+impl HeadNorms {
+    /// Norms over each head, weights `[head_dim]`.
+    pub(crate) fn each_head(q: Array, k: Array) -> HeadNorms {
+        HeadNorms {
+            q,
+            k,
+            span: NormSpan::EachHead,
+        }
+    }
+
+    /// Norms over all heads together, weights `[heads·head_dim]` and `[kv_heads·head_dim]`.
+    pub(crate) fn all_heads(q: Array, k: Array) -> HeadNorms {
+        HeadNorms {
+            q,
+            k,
+            span: NormSpan::AllHeads { reduce: None },
+        }
+    }
+
+    /// `t` `[b, l, width]` normalized with `w`: `t / rms(t) · w`, the mean of squares taken
+    /// over `width` (all heads), or over every rank's heads when cut.
+    fn across_heads(
+        t: &Array,
+        w: &Array,
+        eps: f32,
+        reduce: &Option<Arc<RingGroup>>,
+    ) -> Result<Array> {
+        let Some(group) = reduce else {
+            return Ok(fast::rms_norm(t, Some(w), eps)?);
+        };
+        let width = *t.shape().last().unwrap_or(&1) * group.size() as i32;
+        let squares = group.all_sum(&t.square()?.sum_axis(-1, true)?)?;
+        let mean = ops::divide(&squares, Array::from_f32(width as f32))?;
+        let inv = ops::rsqrt(ops::add(&mean, Array::from_f32(eps))?)?;
+        Ok(ops::multiply(&ops::multiply(t, &inv)?, w)?)
+    }
+
+    /// This rank's slice: per-head weights stay whole, all-head weights keep the rank's heads
+    /// (`[q0, q1)` and `[k0, k1)` of the widths) and add their squares over `group`.
+    fn cut(&self, q: (usize, usize), k: (usize, usize), group: &Arc<RingGroup>) -> Result<Self> {
+        Ok(match self.span {
+            NormSpan::EachHead => self.clone(),
+            NormSpan::AllHeads { .. } => HeadNorms {
+                q: crate::quantized::slice_axis(&self.q, 0, q.0, q.1)?,
+                k: crate::quantized::slice_axis(&self.k, 0, k.0, k.1)?,
+                span: NormSpan::AllHeads {
+                    reduce: Some(group.clone()),
+                },
+            },
+        })
+    }
 }
 
 /// Multi-head attention with grouped keys/values, RoPE and, where the family has them, per-head
@@ -84,7 +154,11 @@ impl Attention {
             num_kv_heads: config.num_kv_heads as i32,
             head_dim: config.head_dim as i32,
             eps: config.rms_norm_eps,
-            rope: Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling),
+            rope: Rope::new(
+                config.attention.rotary_dim.unwrap_or(config.head_dim),
+                config.rope_theta,
+                &config.rope_scaling,
+            ),
             scale: 1.0 / (config.head_dim as f32).sqrt(),
             sinks: None,
             window: config
@@ -139,10 +213,20 @@ impl Attention {
     pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
-            let t = t.reshape(&[b, l, n, self.head_dim])?;
-            let t = match norm {
-                Some(w) => fast::rms_norm(&t, Some(w), self.eps)?,
-                None => t,
+            let span = self.head_norms.as_ref().map(|h| &h.span);
+            let t = match (norm, span) {
+                (Some(w), Some(NormSpan::AllHeads { reduce })) => {
+                    HeadNorms::across_heads(&t, w, self.eps, reduce)?.reshape(&[
+                        b,
+                        l,
+                        n,
+                        self.head_dim,
+                    ])?
+                }
+                (Some(w), _) => {
+                    fast::rms_norm(&t.reshape(&[b, l, n, self.head_dim])?, Some(w), self.eps)?
+                }
+                (None, _) => t.reshape(&[b, l, n, self.head_dim])?,
             };
             Ok(t.transpose_axes(&[0, 2, 1, 3])?)
         };
@@ -296,7 +380,11 @@ impl Attention {
             k_proj: self.k_proj.slice_rows(k0, k1)?,
             v_proj: self.v_proj.slice_rows(k0, k1)?,
             o_proj: self.o_proj.slice_columns(q0, q1, size, &name("o_proj"))?,
-            head_norms: self.head_norms.clone(),
+            head_norms: self
+                .head_norms
+                .as_ref()
+                .map(|n| n.cut((q0, q1), (k0, k1), group))
+                .transpose()?,
             num_heads: heads as i32,
             num_kv_heads: kv_heads as i32,
             head_dim: self.head_dim,

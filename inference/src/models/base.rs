@@ -1,10 +1,10 @@
 //! The pieces the model families share (as mlx-lm's `base.py` and the blocks its model files
-//! repeat): the SwiGLU MLP, the pre-norm decoder block around an attention
-//! ([`super::attention`]), and the helpers that read them from a [`TensorSource`]. A family ([`super::llama`],
+//! repeat): the gated MLP, the pre-norm decoder block around an attention
+//! ([`super::attention`], [`super::mla`]), and the helpers that read them from a [`TensorSource`]. A family ([`super::llama`],
 //! [`super::qwen2`], [`super::qwen3`]) decides which of them its block uses and under which
 //! tensor names; nothing here asks which family it serves.
 
-pub use super::attention::{Attention, HeadNorms};
+pub use super::attention::{Attention, HeadNorms, NormSpan};
 use super::moe::MoeBlock;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
@@ -34,8 +34,8 @@ pub trait Family: GgufNames {
         DecoderLayer::load(config, source, layer, format, attention)
     }
 
-    /// Reads what only this family's `config.json` holds (its experts, which layers slide,
-    /// its own constants) into `config`, after the shared numbers are read. The default reads
+    /// Reads what only this family's `config.json` holds (its experts, its attention's shape,
+    /// which layers slide, its own constants) into `config`, after the shared numbers are read. The default reads
     /// nothing.
     fn configure(&self, json: &serde_json::Value, config: &mut ModelConfig) -> Result<()> {
         let _ = (json, config);
@@ -137,24 +137,29 @@ impl Mlp {
         layer: usize,
         format: WeightFormat,
     ) -> Result<Mlp> {
-        let p = |part: &str| layer_tensor(layer, part);
+        let prefix = layer_tensor(layer, "mlp");
+        Mlp::load_at(config, source, &prefix, config.intermediate_size, format)
+    }
+
+    /// The MLP `width` units wide under `prefix` (`model.layers.3.mlp.shared_experts`).
+    pub(crate) fn load_at(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        prefix: &str,
+        width: usize,
+        format: WeightFormat,
+    ) -> Result<Mlp> {
+        let p = |part: &str| format!("{prefix}.{part}");
         let mlp = Mlp {
-            gate_proj: source.linear(&p("mlp.gate_proj"), format)?,
-            up_proj: source.linear(&p("mlp.up_proj"), format)?,
-            down_proj: source.linear(&p("mlp.down_proj"), format)?,
+            gate_proj: source.linear(&p("gate_proj"), format)?,
+            up_proj: source.linear(&p("up_proj"), format)?,
+            down_proj: source.linear(&p("down_proj"), format)?,
             activation: GateActivation::Silu,
             reduce: None,
         };
-        check_shape(
-            &mlp.gate_proj.weight,
-            &p("mlp.gate_proj"),
-            config.intermediate_size,
-        )?;
-        check_shape(
-            &mlp.down_proj.weight,
-            &p("mlp.down_proj"),
-            config.hidden_size,
-        )?;
+        check_shape(&mlp.gate_proj.weight, &p("gate_proj"), width)?;
+        check_shape(&mlp.up_proj.weight, &p("up_proj"), width)?;
+        check_shape(&mlp.down_proj.weight, &p("down_proj"), config.hidden_size)?;
         Ok(mlp)
     }
 
@@ -174,7 +179,7 @@ impl Mlp {
         all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }
 
-    fn arrays(&self) -> Vec<&Array> {
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
         [&self.gate_proj, &self.up_proj, &self.down_proj]
             .into_iter()
             .flat_map(Linear::arrays)
@@ -260,11 +265,56 @@ impl FeedForward {
     }
 }
 
+/// A block's attention: heads with their own keys and values, or latent attention (the
+/// family decides).
+#[derive(Debug, Clone)]
+pub enum SelfAttention {
+    /// Grouped-query heads.
+    Heads(Attention),
+    /// Multi-head latent attention (DeepSeek V3).
+    Latent(super::mla::LatentAttention),
+}
+
+impl From<Attention> for SelfAttention {
+    fn from(a: Attention) -> SelfAttention {
+        SelfAttention::Heads(a)
+    }
+}
+
+impl SelfAttention {
+    fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        match self {
+            SelfAttention::Heads(a) => a.forward_segments(x, segments),
+            SelfAttention::Latent(a) => a.forward_segments(x, segments),
+        }
+    }
+
+    fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<SelfAttention> {
+        Ok(match self {
+            SelfAttention::Heads(a) => SelfAttention::Heads(a.cut(rank, size, group, what)?),
+            SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            SelfAttention::Heads(a) => a.arrays(),
+            SelfAttention::Latent(a) => a.arrays(),
+        }
+    }
+}
+
 /// One pre-norm transformer block.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub(crate) input_norm: Array,
-    pub(crate) attention: Attention,
+    pub(crate) attention: SelfAttention,
     pub(crate) post_attention_norm: Array,
     pub(crate) ffn: FeedForward,
     pub(crate) eps: f32,
@@ -302,7 +352,7 @@ impl DecoderLayer {
         source: &mut dyn TensorSource,
         layer: usize,
         format: WeightFormat,
-        attention: Attention,
+        attention: impl Into<SelfAttention>,
         ffn: FeedForward,
     ) -> Result<DecoderLayer> {
         let dtype = format.compute_dtype();
@@ -318,13 +368,13 @@ impl DecoderLayer {
     pub(crate) fn new(
         config: &ModelConfig,
         input_norm: Array,
-        attention: Attention,
+        attention: impl Into<SelfAttention>,
         ffn_norm: Array,
         ffn: FeedForward,
     ) -> DecoderLayer {
         DecoderLayer {
             input_norm,
-            attention,
+            attention: attention.into(),
             post_attention_norm: ffn_norm,
             ffn,
             eps: config.rms_norm_eps,

@@ -104,10 +104,10 @@ impl Family for Gemma3 {
         };
         let dtype = format.compute_dtype();
         let name = |part: &str| layer_tensor(layer, &format!("{part}.weight"));
-        let head_norms = HeadNorms {
-            q: offset_norm(source, &name("self_attn.q_norm"), dtype)?,
-            k: offset_norm(source, &name("self_attn.k_norm"), dtype)?,
-        };
+        let head_norms = HeadNorms::each_head(
+            offset_norm(source, &name("self_attn.q_norm"), dtype)?,
+            offset_norm(source, &name("self_attn.k_norm"), dtype)?,
+        );
         let scale = (params.query_pre_attn_scalar as f64).powf(-0.5) as f32;
         let mut attention =
             Attention::load(config, source, layer, format, Some(head_norms))?.with_scale(scale);

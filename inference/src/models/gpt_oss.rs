@@ -77,6 +77,7 @@ impl Family for GptOss {
             dense_layers: Vec::new(),
             sparse_step: 1,
             first_dense: 0,
+            shared_width: 0,
         });
         // Without `layer_types`, mlx-lm alternates sliding and full layers, sliding first.
         config.sliding_window =
@@ -126,7 +127,14 @@ impl Family for GptOss {
             stacked_experts(source, &prefix, format)?
         };
         let experts = Experts::new(config, moe, &prefix, projections, Some(biases), activation)?;
-        let ffn = FeedForward::Experts(MoeBlock::new(moe, router, &router_name, experts)?);
+        let ffn = FeedForward::Experts(MoeBlock::from_parts(
+            moe,
+            router,
+            None,
+            experts,
+            None,
+            &router_name,
+        )?);
         DecoderLayer::assemble(config, source, layer, format, attention, ffn)
     }
 

@@ -11,7 +11,7 @@
 //! rows, down by input columns) and the whole router, so the ranks route alike and one
 //! `all_sum` adds the partial outputs.
 
-use super::base::layer_tensor;
+use super::base::{layer_tensor, Mlp};
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::linear::{Linear, Matrix};
@@ -79,13 +79,21 @@ impl Stacked {
     }
 }
 
+/// What a family calls each expert's gate, up and down projections in Hugging Face
+/// checkpoints (`<moe>.experts.<e>.<name>`); mlx-lm stacks them as `switch_mlp.gate_proj`,
+/// `up_proj`, `down_proj` whatever the family.
+pub(crate) type ExpertNames = [&'static str; 3];
+
+/// Qwen's, DeepSeek's and GLM's names.
+pub(crate) const PROJ_NAMES: ExpertNames = ["gate_proj", "up_proj", "down_proj"];
+
 /// Reads one projection of every expert: stacked (`<moe>.switch_mlp.<proj>`, as mlx-lm saves
-/// it) or one matrix per expert (`<moe>.experts.<e>.<proj>`, as Hugging Face checkpoints
+/// it) or one matrix per expert (`<moe>.experts.<e>.<hf_proj>`, as Hugging Face checkpoints
 /// store it), stacked here.
 fn load_projection(
     source: &mut dyn TensorSource,
     moe_prefix: &str,
-    proj: &str,
+    (proj, hf_proj): (&str, &str),
     experts: usize,
     format: WeightFormat,
 ) -> Result<Stacked> {
@@ -94,7 +102,7 @@ fn load_projection(
     }
     let mut parts = Vec::with_capacity(experts);
     for e in 0..experts {
-        match source.matrix(&format!("{moe_prefix}.experts.{e}.{proj}"), format)? {
+        match source.matrix(&format!("{moe_prefix}.experts.{e}.{hf_proj}"), format)? {
             Matrix::Dense(w) => parts.push(w),
             Matrix::Quantized(q) => parts.push(q.dequantize(format.compute_dtype())?),
         }
@@ -175,24 +183,28 @@ fn project(
 }
 
 impl Experts {
-    /// The experts of the MoE block at `moe_prefix` (`model.layers.3.mlp`), checked against
-    /// the configuration.
+    /// The experts of the MoE block at `moe_prefix` (`model.layers.3.mlp`), their
+    /// per-expert projections called `names` in Hugging Face checkpoints, checked against the
+    /// configuration.
     pub(crate) fn load(
         config: &ModelConfig,
         moe: &MoeConfig,
         source: &mut dyn TensorSource,
         moe_prefix: &str,
+        names: ExpertNames,
         format: WeightFormat,
     ) -> Result<Experts> {
-        let mut load =
-            |proj: &str| load_projection(source, moe_prefix, proj, moe.num_experts, format);
-        let (gate, up, down) = (load("gate_proj")?, load("up_proj")?, load("down_proj")?);
+        let mut load = |i: usize| {
+            let proj = (PROJ_NAMES[i], names[i]);
+            load_projection(source, moe_prefix, proj, moe.num_experts, format)
+        };
+        let projections = [load(0)?, load(1)?, load(2)?];
         let prefix = format!("{moe_prefix}.switch_mlp");
         Experts::new(
             config,
             moe,
             &prefix,
-            [gate, up, down],
+            projections,
             None,
             ExpertActivation::SwiGlu,
         )
@@ -319,13 +331,20 @@ impl Experts {
     }
 }
 
-/// A Mixture-of-Experts feed-forward: its router and its experts.
+/// A Mixture-of-Experts feed-forward: its router, its experts and, in some families, a shared
+/// expert every token runs through.
 #[derive(Debug, Clone)]
 pub struct MoeBlock {
     router: Linear,
     kind: RouterKind,
+    /// The per-expert correction added to the scores to choose experts, not to weigh them
+    /// (`e_score_correction_bias`, sigmoid routers).
+    correction: Option<Array>,
     experts_per_token: i32,
     experts: Experts,
+    /// The shared expert, added to the routed sum (it never reduces itself: the block adds
+    /// both up over the ring at once). Boxed: most blocks have none.
+    shared: Option<Box<Mlp>>,
     /// Tensor parallel: the ring whose ranks each hold a slice of every expert.
     reduce: Option<Arc<RingGroup>>,
 }
@@ -342,21 +361,9 @@ impl MoeBlock {
     ) -> Result<MoeBlock> {
         let prefix = layer_tensor(layer, "mlp");
         let router = source.linear(&format!("{prefix}.gate"), format)?;
-        let experts = Experts::load(config, moe, source, &prefix, format)?;
-        MoeBlock::new(moe, router, &format!("{prefix}.gate"), experts)
-    }
-
-    /// The block of `router` (stored as `router_name`) and `experts`, routed as the
-    /// configuration says.
-    pub(crate) fn new(
-        moe: &MoeConfig,
-        router: Linear,
-        router_name: &str,
-        experts: Experts,
-    ) -> Result<MoeBlock> {
         if router.weight.out_rows() != moe.num_experts {
             return Err(InferenceError::BadTensor {
-                name: format!("{router_name}.weight"),
+                name: format!("{prefix}.gate.weight"),
                 reason: format!(
                     "a router of {} rows for {} experts",
                     router.weight.out_rows(),
@@ -367,8 +374,53 @@ impl MoeBlock {
         Ok(MoeBlock {
             router,
             kind: moe.router,
+            correction: None,
+            experts_per_token: moe.experts_per_token as i32,
+            experts: Experts::load(config, moe, source, &prefix, PROJ_NAMES, format)?,
+            shared: None,
+            reduce: None,
+        })
+    }
+
+    /// A block from parts a family read under its own names: the router (`[experts, hidden]`),
+    /// its correction (`[experts]`), the experts and the shared expert.
+    pub(crate) fn from_parts(
+        moe: &MoeConfig,
+        router: Linear,
+        correction: Option<Array>,
+        experts: Experts,
+        shared: Option<Mlp>,
+        what: &str,
+    ) -> Result<MoeBlock> {
+        let bad = |reason: String| {
+            Err(InferenceError::BadTensor {
+                name: what.to_owned(),
+                reason,
+            })
+        };
+        if router.weight.out_rows() != moe.num_experts {
+            return bad(format!(
+                "a router of {} rows for {} experts",
+                router.weight.out_rows(),
+                moe.num_experts
+            ));
+        }
+        if let Some(c) = &correction {
+            if c.shape() != [moe.num_experts as i32] {
+                return bad(format!(
+                    "a score correction of shape {:?} for {} experts",
+                    c.shape(),
+                    moe.num_experts
+                ));
+            }
+        }
+        Ok(MoeBlock {
+            router,
+            kind: moe.router,
+            correction,
             experts_per_token: moe.experts_per_token as i32,
             experts,
+            shared: shared.map(Box::new),
             reduce: None,
         })
     }
@@ -396,6 +448,29 @@ impl MoeBlock {
                 let top = logits.take_along_axis(&picked, -1)?;
                 Ok((picked, ops::softmax_axis(&top, -1, true)?))
             }
+            RouterKind::SigmoidGroupedTopK {
+                groups,
+                top_groups,
+                normalize,
+                scale,
+            } => {
+                let scores = ops::sigmoid(&logits)?;
+                let mut choice = match &self.correction {
+                    Some(c) => ops::add(&scores, c)?,
+                    None => scores.clone(),
+                };
+                if groups > 1 && top_groups < groups {
+                    choice = drop_weak_groups(&choice, groups as i32, top_groups as i32)?;
+                }
+                let experts = *choice.shape().last().unwrap_or(&0);
+                let picked =
+                    argpartition_axis(&choice, experts - k, -1)?.index((.., .., (experts - k)..));
+                let mut weights = scores.take_along_axis(&picked, -1)?;
+                if normalize {
+                    weights = ops::divide(&weights, &weights.sum_axis(-1, true)?)?;
+                }
+                Ok((picked, ops::multiply(&weights, Array::from_f32(scale))?))
+            }
         }
     }
 
@@ -403,7 +478,10 @@ impl MoeBlock {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (picked, weights) = self.route(x)?;
         let y = self.experts.forward(x, &picked)?;
-        let y = ops::multiply(&y, &weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        let mut y = ops::multiply(&y, &weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        if let Some(shared) = &self.shared {
+            y = ops::add(&y, &shared.forward(x)?)?;
+        }
         match &self.reduce {
             Some(group) => Ok(group.all_sum(&y)?),
             None => Ok(y),
@@ -425,11 +503,21 @@ impl MoeBlock {
             )));
         }
         let (start, end) = (rank * width / size, (rank + 1) * width / size);
+        let shared = match &self.shared {
+            Some(m) => {
+                let mut m = m.cut(rank, size, group, &format!("{what} shared expert"))?;
+                m.reduce = None;
+                Some(Box::new(m))
+            }
+            None => None,
+        };
         Ok(MoeBlock {
             router: self.router.clone(),
             kind: self.kind,
+            correction: self.correction.clone(),
             experts_per_token: self.experts_per_token,
             experts: self.experts.cut(start, end, size, what)?,
+            shared,
             reduce: Some(group.clone()),
         })
     }
@@ -437,7 +525,24 @@ impl MoeBlock {
     /// Every array of the block.
     pub(crate) fn arrays(&self) -> Vec<&Array> {
         let mut v = self.router.arrays();
+        v.extend(&self.correction);
         v.extend(self.experts.arrays());
+        v.extend(self.shared.iter().flat_map(|m| m.arrays()));
         v
     }
+}
+
+/// `choice` `[..., experts]` with the scores of every group but the `keep` best of `groups`
+/// set to zero, a group ranking by the sum of its two best scores (DeepSeek's group-limited
+/// routing; zero, not minus infinity, as the reference does).
+fn drop_weak_groups(choice: &Array, groups: i32, keep: i32) -> Result<Array> {
+    let shape = choice.shape().to_vec();
+    let mut grouped_shape = shape[..shape.len() - 1].to_vec();
+    grouped_shape.extend([groups, -1]);
+    let grouped = choice.reshape(&grouped_shape)?;
+    let best_two = ops::indexing::topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
+    let weak =
+        argpartition_axis(&best_two, groups - keep - 1, -2)?.index((.., .., ..(groups - keep), ..));
+    let zeroed = grouped.put_along_axis(&weak, Array::from_f32(0.0), -2)?;
+    Ok(zeroed.reshape(&shape)?)
 }

@@ -28,10 +28,7 @@ impl Family for Qwen3 {
         let dtype = format.compute_dtype();
         let mut norm =
             |part: &str| source.dense(&layer_tensor(layer, &format!("{part}.weight")), dtype);
-        let head_norms = HeadNorms {
-            q: norm(HEAD_NORMS[0].0)?,
-            k: norm(HEAD_NORMS[1].0)?,
-        };
+        let head_norms = HeadNorms::each_head(norm(HEAD_NORMS[0].0)?, norm(HEAD_NORMS[1].0)?);
         let attention = Attention::load(config, source, layer, format, Some(head_norms))?;
         DecoderLayer::load(config, source, layer, format, attention)
     }

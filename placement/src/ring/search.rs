@@ -31,11 +31,13 @@ pub(super) struct NodeScores {
 }
 
 /// The tensor rule: which sizes above one may run tensor-parallel.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) struct TensorRule {
     pub(super) supports: bool,
     pub(super) hidden_size: u32,
     pub(super) kv_heads: u32,
+    /// The model card's further divisors.
+    pub(super) divisors: Vec<u32>,
 }
 
 /// What a ring must satisfy; one stage of the filters.
@@ -58,13 +60,14 @@ impl Filters {
         if k == 1 {
             return true;
         }
-        match self.tensor {
+        match &self.tensor {
             None => true,
             Some(rule) => {
                 let k = k as u64;
                 rule.supports
                     && u64::from(rule.hidden_size) % k == 0
                     && u64::from(rule.kv_heads) % k == 0
+                    && rule.divisors.iter().all(|&d| u64::from(d) % k == 0)
             }
         }
     }

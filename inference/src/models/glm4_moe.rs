@@ -1,0 +1,241 @@
+//! GLM-4.5 / 4.6 / 4.7 (`glm4_moe`), as mlx-lm's `glm4_moe.py`:
+//!
+//! - attention: grouped-query heads with Q/K/V biases, an RMS norm on each head's queries and
+//!   keys (`use_qk_norm`), and RoPE on the first `partial_rotary_factor · head_dim` dimensions
+//!   of each head only;
+//! - feed-forward: a dense SwiGLU on the first `first_k_dense_replace` layers, then a Mixture
+//!   of Experts whose router scores each expert `s_e = σ(w_e · x)`, chooses among the `topk_group`
+//!   best of `n_group` groups the top k by `s_e + b_e` (`b`: `e_score_correction_bias`, which
+//!   only balances the choice), and weighs expert e's output by `s_e / Σ s · routed_scaling_factor`;
+//!   a shared expert (`n_shared_experts × moe_intermediate_size` wide) adds its output for
+//!   every token.
+//!
+//! Hugging Face checkpoints carry a multi-token-prediction layer at index `num_hidden_layers`;
+//! only layers below it are read, so it is never loaded.
+
+use super::base::{
+    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, HeadNorms, Mlp,
+    LAYER_TENSORS,
+};
+use super::moe::{Experts, MoeBlock, PROJ_NAMES};
+use crate::config::{ModelConfig, MoeConfig, RouterKind};
+use crate::error::{InferenceError, Result};
+use crate::weights::{GgufNames, TensorSource, WeightFormat};
+use serde_json::Value;
+
+/// The per-head norms, with their GGUF names.
+const HEAD_NORMS: &[(&str, &str)] = &[
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+];
+
+/// The GLM-4 MoE family.
+pub struct Glm4Moe;
+
+/// An integer of config.json, or `default` when absent or null.
+pub(crate) fn usize_or(v: &Value, key: &str, default: usize) -> usize {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map_or(default, |x| x as usize)
+}
+
+/// A required integer of config.json.
+pub(crate) fn required(v: &Value, key: &str) -> Result<usize> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| InferenceError::BadConfig(format!("config.json has no integer `{key}`")))
+}
+
+/// The sigmoid-routed experts DeepSeek V3 and GLM-4.5 configure alike: `n_routed_experts`,
+/// `num_experts_per_tok`, `moe_intermediate_size`, `n_group` / `topk_group`,
+/// `norm_topk_prob`, `routed_scaling_factor`, `n_shared_experts`, `first_k_dense_replace`.
+/// Only the reference's `noaux_tc` selection over sigmoid scores is known.
+pub(crate) fn sigmoid_moe_config(v: &Value) -> Result<MoeConfig> {
+    for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
+        match v.get(key).and_then(Value::as_str) {
+            None => {}
+            Some(got) if got == want => {}
+            Some(got) => {
+                return Err(InferenceError::BadConfig(format!(
+                    "`{key}` is `{got}`; only `{want}` routing is supported for this family"
+                )))
+            }
+        }
+    }
+    let experts_per_token = required(v, "num_experts_per_tok")?;
+    let expert_width = required(v, "moe_intermediate_size")?;
+    Ok(MoeConfig {
+        num_experts: required(v, "n_routed_experts")?,
+        experts_per_token,
+        expert_width,
+        router: RouterKind::SigmoidGroupedTopK {
+            groups: usize_or(v, "n_group", 1),
+            top_groups: usize_or(v, "topk_group", 1),
+            // The reference divides by the sum only when more than one expert is chosen.
+            normalize: experts_per_token > 1
+                && v.get("norm_topk_prob")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            scale: v
+                .get("routed_scaling_factor")
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0) as f32,
+        },
+        dense_layers: Vec::new(),
+        sparse_step: 1,
+        first_dense: usize_or(v, "first_k_dense_replace", 0),
+        shared_width: usize_or(v, "n_shared_experts", 0) * expert_width,
+    })
+}
+
+/// Reads layer `layer`'s Mixture of Experts under `prefix` (`model.layers.N.mlp`): the router
+/// `gate` with its `gate.e_score_correction_bias`, the experts and, when configured, the
+/// shared expert `shared_experts` (DeepSeek V3 and GLM-4.5 name them alike).
+pub(crate) fn load_sigmoid_moe(
+    config: &ModelConfig,
+    moe: &MoeConfig,
+    source: &mut dyn TensorSource,
+    prefix: &str,
+    format: WeightFormat,
+) -> Result<MoeBlock> {
+    let router = source.linear(&format!("{prefix}.gate"), format)?;
+    // The correction stays f32 in every checkpoint layout: it only decides ties of choice.
+    let correction = source.dense(
+        &format!("{prefix}.gate.e_score_correction_bias"),
+        mlx_rs::Dtype::Float32,
+    )?;
+    let experts = Experts::load(config, moe, source, prefix, PROJ_NAMES, format)?;
+    let shared = if moe.shared_width > 0 {
+        let at = format!("{prefix}.shared_experts");
+        Some(Mlp::load_at(config, source, &at, moe.shared_width, format)?)
+    } else {
+        None
+    };
+    MoeBlock::from_parts(
+        moe,
+        router,
+        Some(correction),
+        experts,
+        shared,
+        &format!("{prefix}.gate.weight"),
+    )
+}
+
+/// Hugging Face names of a sigmoid-routed MoE layer's tensors under `mlp`.
+pub(crate) fn sigmoid_moe_tensor_names(moe: &MoeConfig, layer: usize) -> Vec<String> {
+    let mut names = vec![
+        layer_tensor(layer, "mlp.gate.weight"),
+        layer_tensor(layer, "mlp.gate.e_score_correction_bias"),
+    ];
+    for e in 0..moe.num_experts {
+        for proj in PROJ_NAMES {
+            names.push(layer_tensor(
+                layer,
+                &format!("mlp.experts.{e}.{proj}.weight"),
+            ));
+        }
+    }
+    if moe.shared_width > 0 {
+        for proj in PROJ_NAMES {
+            names.push(layer_tensor(
+                layer,
+                &format!("mlp.shared_experts.{proj}.weight"),
+            ));
+        }
+    }
+    names
+}
+
+impl Family for Glm4Moe {
+    fn configure(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {
+        config.moe = Some(sigmoid_moe_config(v)?);
+        let factor = v
+            .get("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0);
+        if !(factor > 0.0 && factor <= 1.0) {
+            return Err(InferenceError::BadConfig(format!(
+                "partial_rotary_factor {factor} must be in (0, 1]"
+            )));
+        }
+        // The reference truncates, as Python's `int(head_dim * factor)`.
+        let rotary = (config.head_dim as f64 * factor) as usize;
+        config.attention.rotary_dim = (rotary != config.head_dim).then_some(rotary);
+        config.attention.qk_norm = v
+            .get("use_qk_norm")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        Ok(())
+    }
+
+    fn block(
+        &self,
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+    ) -> Result<DecoderLayer> {
+        let moe = config.moe.as_ref().ok_or_else(|| {
+            InferenceError::BadConfig("a glm4_moe configuration without its experts".into())
+        })?;
+        let head_norms = if config.attention.qk_norm {
+            let dtype = format.compute_dtype();
+            let mut norm =
+                |part: &str| source.dense(&layer_tensor(layer, &format!("{part}.weight")), dtype);
+            Some(HeadNorms::each_head(
+                norm(HEAD_NORMS[0].0)?,
+                norm(HEAD_NORMS[1].0)?,
+            ))
+        } else {
+            None
+        };
+        let attention = Attention::load(config, source, layer, format, head_norms)?;
+        let ffn = if moe.is_moe_layer(layer) {
+            let prefix = layer_tensor(layer, "mlp");
+            FeedForward::Experts(load_sigmoid_moe(config, moe, source, &prefix, format)?)
+        } else {
+            FeedForward::Dense(Mlp::load(config, source, layer, format)?)
+        };
+        DecoderLayer::assemble(config, source, layer, format, attention, ffn)
+    }
+
+    fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
+        let mut names: Vec<String> = [
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+        ]
+        .iter()
+        .map(|part| layer_tensor(layer, part))
+        .collect();
+        if config.attention_bias {
+            for proj in ["q_proj", "k_proj", "v_proj"] {
+                names.push(layer_tensor(layer, &format!("self_attn.{proj}.bias")));
+            }
+        }
+        if config.attention.qk_norm {
+            for (part, _) in HEAD_NORMS {
+                names.push(layer_tensor(layer, &format!("{part}.weight")));
+            }
+        }
+        match config.moe.as_ref().filter(|m| m.is_moe_layer(layer)) {
+            Some(moe) => names.extend(sigmoid_moe_tensor_names(moe, layer)),
+            None => {
+                for proj in PROJ_NAMES {
+                    names.push(layer_tensor(layer, &format!("mlp.{proj}.weight")));
+                }
+            }
+        }
+        names
+    }
+}
+
+impl GgufNames for Glm4Moe {
+    fn gguf_part(&self, hf_part: &str) -> Option<&'static str> {
+        gguf_part_in(LAYER_TENSORS.iter().chain(HEAD_NORMS), hf_part)
+    }
+}

@@ -1,0 +1,424 @@
+//! Multi-head latent attention (DeepSeek V2/V3, Kimi K2), as mlx-lm's `deepseek_v3.py` runs
+//! it. Per token:
+//!
+//! - queries through a low-rank bottleneck: `q = W_qb · rms(W_qa · x)`, split per head into a
+//!   part without position `q_nope` and a rotated part `q_pe`;
+//! - keys and values from one shared latent: `[c_kv, k_pe] = W_kva · x`, `c = rms(c_kv)`, with
+//!   `k_pe` (one rotated key for all heads);
+//! - head h's score for position j: `scale · (q_nope,h · W_uk,h · c_j + q_pe,h · k_pe,j)` and its
+//!   output `W_uv,h · Σ_j p_j c_j`, where `W_uk` (`embed_q`) and `W_uv` (`unembed_out`) are the
+//!   two halves of the checkpoint's `kv_b_proj`.
+//!
+//! The cache keeps only `c` and `k_pe` per position (`kv_lora_rank + qk_rope_head_dim` numbers
+//! for every head together): the keys of [`LayerCache`] hold `c` as `[b, 1, len, kv_lora]`,
+//! its values `k_pe` as `[b, 1, len, rope]`. A prompt expands the latent into per-head keys
+//! and values (`k = c · W_uk`, `v = c · W_uv^T`); a decode step instead absorbs `W_uk` into the
+//! query and attends in latent space, as the reference does for one token (the two differ by
+//! rounding only).
+//!
+//! Tensor parallel: each rank keeps its heads (`q_b_proj` rows, `embed_q`/`unembed_out` heads,
+//! `o_proj` columns); the latent projection and the latent cache are whole on every rank.
+
+use super::base::all_sum;
+use crate::config::LatentConfig;
+use crate::error::{InferenceError, Result};
+use crate::kv_cache::LayerCache;
+use crate::kv_rows::{LayerKv, RowLayer, RowStep};
+use crate::linear::Linear;
+use crate::quantized::{slice_axis, QuantMode, QuantizedMatrix};
+use crate::ring::RingGroup;
+use crate::weights::Stacked;
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+use std::sync::Arc;
+
+/// The reference normalizes both bottlenecks with this epsilon, whatever `rms_norm_eps` says.
+const LATENT_NORM_EPS: f32 = 1e-6;
+
+/// How the queries are made.
+#[derive(Debug, Clone)]
+pub enum QueryProjection {
+    /// One matrix (`q_proj`; DeepSeek V2-Lite).
+    Direct(Linear),
+    /// `q_b_proj(rms(q_a_proj(x)))` (`q_lora_rank`).
+    LowRank {
+        /// `q_a_proj`.
+        down: Linear,
+        /// `q_a_layernorm`.
+        norm: Array,
+        /// `q_b_proj`.
+        up: Linear,
+    },
+}
+
+impl QueryProjection {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            QueryProjection::Direct(q) => q.forward(x),
+            QueryProjection::LowRank { down, norm, up } => up.forward(&fast::rms_norm(
+                down.forward(x)?,
+                Some(norm),
+                LATENT_NORM_EPS,
+            )?),
+        }
+    }
+
+    fn slice_rows(&self, start: usize, end: usize) -> Result<QueryProjection> {
+        Ok(match self {
+            QueryProjection::Direct(q) => QueryProjection::Direct(q.slice_rows(start, end)?),
+            QueryProjection::LowRank { down, norm, up } => QueryProjection::LowRank {
+                down: down.clone(),
+                norm: norm.clone(),
+                up: up.slice_rows(start, end)?,
+            },
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            QueryProjection::Direct(q) => q.arrays(),
+            QueryProjection::LowRank { down, norm, up } => {
+                let mut v = down.arrays();
+                v.push(norm);
+                v.extend(up.arrays());
+                v
+            }
+        }
+    }
+}
+
+/// One matrix per head, `[heads, out, in]` (mlx-lm's `MultiLinear`).
+#[derive(Debug, Clone)]
+pub struct PerHead(pub(crate) Stacked);
+
+impl PerHead {
+    /// A per-head matrix as stored; micro-scaled modes are widened to floats (only affine
+    /// `quantized_matmul` takes the transpose flag through mlx-rs).
+    pub(crate) fn new(w: Stacked) -> Result<PerHead> {
+        Ok(PerHead(match w {
+            Stacked::Quantized(q) if q.spec.mode != QuantMode::Affine => {
+                Stacked::Dense(q.dequantize(mlx_rs::Dtype::Float32)?)
+            }
+            w => w,
+        }))
+    }
+
+    /// `x @ W_h^T` (`transpose`) or `x @ W_h`, per head `h` (x's head axis broadcasts).
+    fn apply(&self, x: &Array, transpose: bool) -> Result<Array> {
+        match &self.0 {
+            Stacked::Dense(w) => Ok(if transpose {
+                ops::matmul(x, w.swap_axes(-1, -2)?)?
+            } else {
+                ops::matmul(x, w)?
+            }),
+            Stacked::Quantized(q) => {
+                let biases = q.biases.as_ref().ok_or_else(|| {
+                    InferenceError::InvalidRequest(
+                        "an affine quantized matrix has no biases".into(),
+                    )
+                })?;
+                Ok(ops::quantized_matmul(
+                    x,
+                    &q.packed,
+                    &q.scales,
+                    biases,
+                    transpose,
+                    q.spec.group_size,
+                    q.spec.bits,
+                )?)
+            }
+        }
+    }
+
+    fn heads(&self, start: usize, end: usize) -> Result<PerHead> {
+        Ok(PerHead(match &self.0 {
+            Stacked::Dense(w) => Stacked::Dense(slice_axis(w, 0, start, end)?),
+            Stacked::Quantized(q) => Stacked::Quantized(QuantizedMatrix {
+                packed: slice_axis(&q.packed, 0, start, end)?,
+                scales: slice_axis(&q.scales, 0, start, end)?,
+                biases: q
+                    .biases
+                    .as_ref()
+                    .map(|b| slice_axis(b, 0, start, end))
+                    .transpose()?,
+                spec: q.spec,
+            }),
+        }))
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match &self.0 {
+            Stacked::Dense(w) => vec![w],
+            Stacked::Quantized(q) => q.arrays(),
+        }
+    }
+}
+
+/// RoPE over the rotated part of the heads: interleaved pairs ("traditional"), with YaRN's
+/// periods and magnitude factor as the reference's `YarnRoPE` (or plain periods).
+#[derive(Debug, Clone)]
+pub struct LatentRope {
+    pub(crate) dims: i32,
+    pub(crate) periods: Array,
+    /// Factor on the rotated part before rotating (YaRN's `mscale / mscale_all_dim` ratio).
+    pub(crate) mscale: f32,
+}
+
+impl LatentRope {
+    fn scaled(&self, x: &Array) -> Result<Array> {
+        Ok(if self.mscale == 1.0 {
+            x.clone()
+        } else {
+            ops::multiply(x, Array::from_f32(self.mscale))?
+        })
+    }
+
+    fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
+        let x = self.scaled(x)?;
+        Ok(fast::rope(
+            &x,
+            self.dims,
+            true,
+            None,
+            1.0,
+            offset as i32,
+            Some(&self.periods),
+        )?)
+    }
+
+    fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        let x = self.scaled(x)?;
+        Ok(fast::rope_dynamic(
+            &x,
+            self.dims,
+            true,
+            None,
+            1.0,
+            positions,
+            Some(&self.periods),
+        )?)
+    }
+}
+
+/// Multi-head latent attention (see the module docs).
+#[derive(Debug, Clone)]
+pub struct LatentAttention {
+    pub(crate) query: QueryProjection,
+    /// `kv_a_proj_with_mqa`: `[kv_lora + rope, hidden]`.
+    pub(crate) kv_down: Linear,
+    /// `kv_a_layernorm`.
+    pub(crate) kv_norm: Array,
+    /// `W_uk`, `[heads, kv_lora, nope]`.
+    pub(crate) embed_q: PerHead,
+    /// `W_uv`, `[heads, v, kv_lora]`.
+    pub(crate) unembed_out: PerHead,
+    pub(crate) o_proj: Linear,
+    pub(crate) num_heads: i32,
+    pub(crate) shape: LatentConfig,
+    /// Softmax scale: `(nope + rope)^-1/2`, times YaRN's `mscale_all_dim` correction squared.
+    pub(crate) scale: f32,
+    pub(crate) rope: LatentRope,
+    pub(crate) reduce: Option<Arc<RingGroup>>,
+}
+
+impl LatentAttention {
+    /// Several sequences' new positions at once (see
+    /// [`super::base::Attention::forward_segments`]).
+    pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let s = &self.shape;
+        let (nope, rope, lora) = (
+            s.qk_nope_head_dim as i32,
+            s.qk_rope_head_dim as i32,
+            s.kv_lora_rank as i32,
+        );
+        let q = self
+            .query
+            .forward(x)?
+            .reshape(&[b, l, self.num_heads, nope + rope])?
+            .transpose_axes(&[0, 2, 1, 3])?;
+        let kv = self.kv_down.forward(x)?;
+        let latent = fast::rms_norm(
+            kv.index((.., .., ..lora)),
+            Some(&self.kv_norm),
+            LATENT_NORM_EPS,
+        )?
+        .expand_dims(1)?;
+        let k_pe = kv
+            .index((.., .., lora..))
+            .reshape(&[b, l, 1, rope])?
+            .transpose_axes(&[0, 2, 1, 3])?;
+        let mut outs = Vec::with_capacity(segments.len());
+        let mut at = 0i32;
+        for segment in segments.iter_mut() {
+            let len = match segment {
+                LayerKv::Own(len, _) => *len as i32,
+                LayerKv::Rows(_, step) => step.rows() as i32,
+            };
+            let end = at + len;
+            let part = |t: &Array| t.index((.., .., at..end, ..));
+            outs.push(match segment {
+                LayerKv::Own(_, cache) => {
+                    self.attend(&part(&q), part(&latent), part(&k_pe), cache)?
+                }
+                LayerKv::Rows(layer, step) => {
+                    self.attend_rows(&part(&q), part(&latent), part(&k_pe), layer, step)?
+                }
+            });
+            at = end;
+        }
+        let o = if outs.len() == 1 {
+            outs.pop().expect("one output")
+        } else {
+            ops::concatenate(&outs, 2)?
+        };
+        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[
+            b,
+            l,
+            self.num_heads * s.v_head_dim as i32,
+        ])?;
+        all_sum(self.o_proj.forward(&o)?, &self.reduce)
+    }
+
+    /// `q` `[b, heads, new, nope + rope]` split into its two parts.
+    fn split(&self, q: &Array) -> (Array, Array) {
+        let nope = self.shape.qk_nope_head_dim as i32;
+        (q.index((.., .., .., ..nope)), q.index((.., .., .., nope..)))
+    }
+
+    /// One sequence's new positions over its latent cache.
+    fn attend(
+        &self,
+        q: &Array,
+        latent: Array,
+        k_pe: Array,
+        cache: &mut LayerCache,
+    ) -> Result<Array> {
+        let (l, offset) = (q.shape()[2], cache.len());
+        let (q_nope, q_pe) = self.split(q);
+        let q_pe = self.rope.apply(&q_pe, offset)?;
+        let k_pe = self.rope.apply(&k_pe, offset)?;
+        let (latent, k_pe) = cache.append(latent, k_pe)?;
+        let mut pe_scores = self.position_scores(&q_pe, &k_pe)?;
+        if l == 1 {
+            return self.attend_latent(&q_nope, &latent, &pe_scores);
+        }
+        // Causal: new position i (at offset + i) sees columns up to offset + i.
+        let total = latent.shape()[2];
+        let rows = ops::arange::<_, i32>(offset as i32, offset as i32 + l, None)?;
+        let cols = ops::arange::<_, i32>(0, total, None)?;
+        let visible = rows.expand_dims(1)?.ge(cols.expand_dims(0)?)?;
+        pe_scores = mask_scores(&pe_scores, &visible)?;
+        let k = self.embed_q.apply(&latent, false)?;
+        let v = self.unembed_out.apply(&latent, true)?;
+        Ok(fast::scaled_dot_product_attention(
+            &q_nope,
+            &k,
+            &v,
+            self.scale,
+            ScaledDotProductAttentionMask::Array(&pe_scores),
+            None,
+        )?)
+    }
+
+    /// The rotated parts' scores, `scale · q_pe · k_pe^T`: `[b, heads, new, columns]`.
+    fn position_scores(&self, q_pe: &Array, k_pe: &Array) -> Result<Array> {
+        let q_pe = ops::multiply(q_pe, Array::from_f32(self.scale))?;
+        Ok(ops::matmul(&q_pe, k_pe.swap_axes(-1, -2)?)?)
+    }
+
+    /// Attention in latent space: the query absorbs `W_uk`, attends over the latents as keys
+    /// and values, and the result leaves through `W_uv`.
+    fn attend_latent(&self, q_nope: &Array, latent: &Array, pe_scores: &Array) -> Result<Array> {
+        let q = self.embed_q.apply(q_nope, true)?;
+        let o = fast::scaled_dot_product_attention(
+            &q,
+            latent,
+            latent,
+            self.scale,
+            ScaledDotProductAttentionMask::Array(pe_scores),
+            None,
+        )?;
+        self.unembed_out.apply(&o, true)
+    }
+
+    /// The decoding rows' new positions (one per row) over their shared latent buffers.
+    fn attend_rows(
+        &self,
+        q: &Array,
+        latent: Array,
+        k_pe: Array,
+        layer: &mut RowLayer,
+        step: &RowStep,
+    ) -> Result<Array> {
+        let by_row = |t: &Array| t.transpose_axes(&[2, 1, 0, 3]);
+        let (q_nope, q_pe) = self.split(&by_row(q)?);
+        let q_pe = self.rope.apply_at(&q_pe, &step.positions)?;
+        let k_pe = self.rope.apply_at(&by_row(&k_pe)?, &step.positions)?;
+        let (latent, k_pe) = layer.write(&by_row(&latent)?, &k_pe, step)?;
+        let mut pe_scores = self.position_scores(&q_pe, &k_pe)?;
+        if let Some(mask) = &step.mask {
+            pe_scores = mask_scores(&pe_scores, mask)?;
+        }
+        let o = self.attend_latent(&q_nope, &latent, &pe_scores)?;
+        Ok(by_row(&o)?)
+    }
+
+    /// Rank `rank`'s heads of a `size`-way tensor-parallel instance; the latent stays whole.
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<LatentAttention> {
+        let heads = self.num_heads as usize;
+        if !heads.is_multiple_of(size) {
+            return Err(InferenceError::BadSplit(format!(
+                "{heads} attention heads cannot be split over {size} ranks; choose a ring \
+                 size that divides it"
+            )));
+        }
+        let per = heads / size;
+        let (h0, h1) = (rank * per, (rank + 1) * per);
+        let q_width = self.shape.qk_nope_head_dim + self.shape.qk_rope_head_dim;
+        let v = self.shape.v_head_dim;
+        Ok(LatentAttention {
+            query: self.query.slice_rows(h0 * q_width, h1 * q_width)?,
+            kv_down: self.kv_down.clone(),
+            kv_norm: self.kv_norm.clone(),
+            embed_q: self.embed_q.heads(h0, h1)?,
+            unembed_out: self.unembed_out.heads(h0, h1)?,
+            o_proj: self
+                .o_proj
+                .slice_columns(h0 * v, h1 * v, size, &format!("{what} o_proj"))?,
+            num_heads: per as i32,
+            shape: self.shape.clone(),
+            scale: self.scale,
+            rope: self.rope.clone(),
+            reduce: Some(group.clone()),
+        })
+    }
+
+    /// Every array of the attention.
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        let mut v = self.query.arrays();
+        v.extend(self.kv_down.arrays());
+        v.push(&self.kv_norm);
+        v.extend(self.embed_q.arrays());
+        v.extend(self.unembed_out.arrays());
+        v.extend(self.o_proj.arrays());
+        v
+    }
+}
+
+/// `scores` where `visible` (booleans broadcasting against it), the lowest float elsewhere
+/// (the reference's masking of the rotated scores, which then serve as SDPA's additive mask).
+fn mask_scores(scores: &Array, visible: &Array) -> Result<Array> {
+    Ok(ops::select(
+        visible,
+        scores,
+        Array::from_f32(f32::MIN).as_dtype(scores.dtype())?,
+    )?)
+}

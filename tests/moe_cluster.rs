@@ -1,0 +1,286 @@
+//! A Mixture-of-Experts model through real nodes, as a user meets it: the Qwen3-MoE fixture
+//! that mlx-lm made and quantized to 4 bits (routers at 8 by per-path entries; see
+//! `inference/tests/families.rs`), served by the test hub as a three-file repo, placed from its
+//! id on nodes in namespaces with empty Hugging Face caches.
+//!
+//! - As a 3-rank pipeline: each node downloads only its layers' files, and every node's
+//!   gateway answers the official `openai` client with mlx-lm's own greedy answer to the same
+//!   chat, token for token (its `chat_reference.json`), in one answer and streamed.
+//! - As a 2-rank tensor ring, the 4-bit experts cut at their quantization groups: the same
+//!   answer.
+//! - On one node: the same answer.
+//!
+//! Needs root (namespaces), the family fixtures and the Python venv (`cargo xtask setup`).
+
+mod support;
+
+#[path = "support/hf.rs"]
+#[allow(dead_code)]
+mod hf;
+
+use hub::select::{Shard, INDEX};
+use hub::testhub::{split::split, Faults, ServedRepo};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use support::netns::Spec;
+use support::{call, logs, wait_for, ShoalNode, TestNet, API_PORT};
+
+/// The id the fixture is served under.
+const REPO: &str = "shoal-fixtures/Qwen3-MoE-tiny-4bit";
+/// The fixture's layers.
+const LAYERS: usize = 3;
+/// What a repo of the model holds (the fixture folder also has mlx-lm's references).
+const REPO_FILES: &[&str] = &[
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+];
+
+/// The 4-bit fixture as a three-file Hugging Face repo under `dir`, and its reference answer.
+fn moe_repo(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let fixture = kit::dirs::family_fixture_dir("qwen3_moe", "q4");
+    let answer = fixture.join("chat_reference.json");
+    if !answer.is_file() {
+        return Err(format!("{} is missing", answer.display()));
+    }
+    let stage = dir.join("moe-stage");
+    std::fs::create_dir_all(&stage).map_err(|e| e.to_string())?;
+    for f in REPO_FILES {
+        std::fs::copy(fixture.join(f), stage.join(f))
+            .map_err(|e| format!("{}: {e}", fixture.join(f).display()))?;
+    }
+    let repo = dir.join("moe-repo");
+    split(&stage, &repo, 3).map_err(|e| format!("splitting the fixture: {e}"))?;
+    Ok((repo, answer))
+}
+
+/// The safetensors files in `cache`'s snapshot of [`REPO`].
+fn weight_files_held(cache: &Path) -> BTreeSet<String> {
+    let snapshots = cache
+        .join(format!("models--{}", REPO.replace('/', "--")))
+        .join("snapshots");
+    std::fs::read_dir(snapshots)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|commit| {
+            std::fs::read_dir(commit.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|f| f.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect()
+}
+
+/// Runs `tests/node_checks.py BASE_URL REPO answer REFERENCE` inside `node`'s namespace.
+fn answers_as_mlx_lm(node: &ShoalNode, reference: &Path) -> Result<String, String> {
+    let python = kit::dirs::python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node_checks.py");
+    let url = format!("http://{}:{API_PORT}/v1", node.node.ip());
+    let out = node
+        .node
+        .command(&python.display().to_string())
+        .arg(script)
+        .args([url.as_str(), REPO, "answer"])
+        .arg(reference)
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() && stdout.contains("all passed") {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn ready(node: &ShoalNode) -> bool {
+    let (_, models) = call(node, "GET", "/v1/models", None);
+    models["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["id"] == REPO && m["ready"] == true)
+}
+
+/// Places [`REPO`] (`sharding`, at least `min_nodes`) from `nodes[0]` and waits until `serving`
+/// all report it ready; the `/place_instance` answer.
+fn place_and_wait(
+    nodes: &[ShoalNode],
+    serving: &[usize],
+    sharding: &str,
+    min_nodes: usize,
+) -> Value {
+    let request = json!({"model_id": REPO, "sharding": sharding, "min_nodes": min_nodes});
+    let placed = wait_for(Duration::from_secs(90), || {
+        let (status, created) = call(&nodes[0], "POST", "/place_instance", Some(&request));
+        (status == 200).then_some(created)
+    });
+    let Some((created, _)) = placed else {
+        panic!("no {sharding} placement on {min_nodes}\n{}", logs(nodes));
+    };
+    let id = created["instance_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(240), || {
+        let (_, instance) = call(&nodes[0], "GET", &format!("/instance/{id}"), None);
+        assert_ne!(instance["status"], "failed", "{instance}\n{}", logs(nodes));
+        serving.iter().all(|&i| ready(&nodes[i])).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the {sharding} instance did not become ready\n{}",
+            logs(nodes)
+        )
+    });
+    created
+}
+
+/// Deletes the instance `created` and waits until no node reports the model ready.
+fn delete(nodes: &[ShoalNode], created: &Value) {
+    let id = created["instance_id"].as_str().unwrap();
+    let (status, answer) = call(&nodes[0], "DELETE", &format!("/instance/{id}"), None);
+    assert!(status < 300, "DELETE /instance/{id}: {status} {answer}");
+    wait_for(Duration::from_secs(60), || {
+        nodes.iter().all(|n| !ready(n)).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "instance {id} still serves after its deletion\n{}",
+            logs(nodes)
+        )
+    });
+}
+
+/// The node ids of `created`'s ranks with their layer ranges.
+fn ranks(created: &Value) -> BTreeMap<String, (usize, usize)> {
+    created["ranks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["node"].as_str().unwrap_or_default().to_string(),
+                (
+                    r["start_layer"].as_u64().unwrap_or(0) as usize,
+                    r["end_layer"].as_u64().unwrap_or(0) as usize,
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
+    let python = kit::dirs::python();
+    let Some((net, mut nodes)) = TestNet::create(
+        "moe",
+        &Spec {
+            nodes: 4,
+            ..Spec::default()
+        },
+    ) else {
+        return;
+    };
+    let ready_to_run = moe_repo(&net.dir).and_then(|r| {
+        python
+            .exists()
+            .then_some(r)
+            .ok_or_else(|| format!("{} is missing", python.display()))
+    });
+    let (repo, reference) = match ready_to_run {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = kit::skip::can_run(Err::<(), String>(e), "run `cargo xtask setup`");
+            net.teardown(nodes);
+            return;
+        }
+    };
+    let hub_node = nodes.remove(0);
+    let repos = BTreeMap::from([(
+        REPO.to_string(),
+        ServedRepo::from_dir(&repo, false).expect("the fixture as a repo"),
+    )]);
+    let server = hf::HubInNetns::start(
+        &hub_node.node.netns,
+        hub_node.node.ip(),
+        repos,
+        None,
+        Faults::default(),
+    );
+    let mut caches = Vec::new();
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let cache = net.dir.join(format!("hf{i}"));
+        node.env
+            .push(("HF_HUB_CACHE".into(), cache.display().to_string()));
+        node.env
+            .push(("HF_ENDPOINT".into(), server.endpoint.clone()));
+        caches.push(cache);
+        node.start();
+    }
+
+    // A 3-rank pipeline: every node answers as mlx-lm, each holding only its layers' files.
+    let created = place_and_wait(&nodes, &[0, 1, 2], "Pipeline", 3);
+    let placed = ranks(&created);
+    assert_eq!(placed.len(), 3, "{created}");
+    for node in &nodes {
+        let answer =
+            answers_as_mlx_lm(node, &reference).unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+        eprintln!(
+            "pipeline: {}",
+            answer.lines().rev().nth(1).unwrap_or_default()
+        );
+    }
+    let index = std::fs::read(repo.join(INDEX)).unwrap();
+    for (node, cache) in nodes.iter().zip(&caches) {
+        let (_, me) = call(node, "GET", "/node_id", None);
+        let me = me.as_str().unwrap_or_default().to_string();
+        let (start, end) = placed[&me];
+        let expected = hub::select::weight_files(
+            &index,
+            Shard::Layers {
+                start,
+                end,
+                n_layers: LAYERS,
+            },
+        )
+        .unwrap();
+        assert!(expected.len() < 3, "layers {start}..{end} need every file");
+        assert_eq!(
+            weight_files_held(cache),
+            expected,
+            "node {me}, layers {start}..{end}"
+        );
+    }
+    delete(&nodes, &created);
+
+    // A 2-rank tensor ring over the 4-bit weights.
+    let created = place_and_wait(&nodes, &[0], "Tensor", 2);
+    assert_eq!(ranks(&created).len(), 2, "{created}");
+    let answer = answers_as_mlx_lm(&nodes[0], &reference)
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    eprintln!(
+        "tensor: {}",
+        answer.lines().rev().nth(1).unwrap_or_default()
+    );
+    delete(&nodes, &created);
+
+    // One node.
+    let created = place_and_wait(&nodes, &[0], "Pipeline", 1);
+    assert_eq!(ranks(&created).len(), 1, "{created}");
+    let answer = answers_as_mlx_lm(&nodes[0], &reference)
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    eprintln!(
+        "one node: {}",
+        answer.lines().rev().nth(1).unwrap_or_default()
+    );
+
+    drop(server);
+    nodes.insert(0, hub_node);
+    net.teardown(nodes);
+}
