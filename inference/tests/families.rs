@@ -283,3 +283,10 @@ fn gemma3_text_4bit() {
 fn gemma3_text_8bit() {
     check("gemma3_text", "q8", WeightFormat::Quantized, 1e-3);
 }
+
+/// mlx_lm.convert's mxfp4 folder dequantized to f32 (what a CPU node picks when it fits):
+/// the same values through f32 kernels.
+#[test]
+fn gpt_oss_mxfp4_as_f32() {
+    check("gpt_oss", "mxfp4", WeightFormat::F32, 1e-4);
+}
