@@ -16,7 +16,9 @@
 //! The client watches the server node's liveness while it waits, so a server node that dies
 //! mid-stream ends the request with an error within the mesh's detection time.
 
-use gateway::{ApiError, CancellationToken, ChatEvent, ChatRequest, ChatStream, ErrorKind};
+use gateway::{
+    AnswerForm, ApiError, CancellationToken, ChatEvent, ChatRequest, ChatStream, ErrorKind,
+};
 use iroh::endpoint::{Connection, RecvStream, SendStream};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -59,6 +61,10 @@ pub enum Reply {
     Accepted {
         /// Prompt tokens after the chat template.
         prompt_tokens: u32,
+        /// How to read the answer, known where the prompt was rendered (absent: plain; an
+        /// older node sends none).
+        #[serde(default, skip_serializing_if = "AnswerForm::is_plain")]
+        form: AnswerForm,
     },
     /// The request cannot run there (the last frame).
     Refused {
@@ -145,8 +151,11 @@ where
             )))
         }
     };
-    let prompt_tokens = match first {
-        Reply::Accepted { prompt_tokens } => prompt_tokens,
+    let (prompt_tokens, form) = match first {
+        Reply::Accepted {
+            prompt_tokens,
+            form,
+        } => (prompt_tokens, form),
         Reply::Refused { error } => return Err(error),
         other => {
             return Err(lost(format!(
@@ -156,6 +165,7 @@ where
     };
     let want_logprobs = request.sampling.logprobs.is_some();
     let (tx, stream) = ChatStream::channel(prompt_tokens, 64);
+    let stream = stream.with_form(form);
     tokio::spawn(async move {
         // `send` stays open until the end: closing it tells the server to cancel.
         let _send = send;
@@ -286,6 +296,7 @@ async fn serve_stream(
         &mut send,
         &Reply::Accepted {
             prompt_tokens: stream.prompt_tokens,
+            form: stream.form,
         },
     )
     .await?;
@@ -393,6 +404,7 @@ mod tests {
             }],
             tool_choice: gateway::ToolChoice::Function("get_weather".into()),
             enable_thinking: Some(false),
+            reasoning_effort: Some("high".into()),
         }
     }
 
@@ -408,7 +420,10 @@ mod tests {
         assert_eq!(back.chat, chat());
         let error = ApiError::no_instance("default");
         let replies = vec![
-            Reply::Accepted { prompt_tokens: 12 },
+            Reply::Accepted {
+                prompt_tokens: 12,
+                form: AnswerForm::default(),
+            },
             token("Paris", Some(-0.25)),
             Reply::Event(ChatEvent::Done {
                 finish_reason: FinishReason::Length,
@@ -462,9 +477,29 @@ mod tests {
         let back: Reply = serde_json::from_str(r#"{"type":"cached","tokens":412}"#).unwrap();
         assert_eq!(back, cached);
         assert_eq!(
-            body(&Reply::Accepted { prompt_tokens: 12 }),
+            body(&Reply::Accepted {
+                prompt_tokens: 12,
+                form: AnswerForm::default(),
+            }),
             r#"{"v":1,"msg":{"type":"accepted","prompt_tokens":12}}"#
         );
+        // How to read the answer travels with the acceptance, where the prompt was rendered.
+        let opened = Reply::Accepted {
+            prompt_tokens: 12,
+            form: AnswerForm {
+                opens_in_thought: true,
+                dialect: gateway::tools::dialect::Dialect::Glm,
+            },
+        };
+        assert_eq!(
+            body(&opened),
+            r#"{"v":1,"msg":{"type":"accepted","prompt_tokens":12,"form":{"opens_in_thought":true,"dialect":"glm"}}}"#
+        );
+        let back: Reply = serde_json::from_str(
+            r#"{"type":"accepted","prompt_tokens":12,"form":{"opens_in_thought":true,"dialect":"glm"}}"#,
+        )
+        .unwrap();
+        assert_eq!(back, opened);
         assert_eq!(
             body(&Reply::Failed {
                 error: ApiError::instance_lost("x").with_code("c")
@@ -519,7 +554,11 @@ mod tests {
             Err(FrameError::Malformed(_))
         ));
         // Incomplete input is "not yet", not an error.
-        let full = encode(&Reply::Accepted { prompt_tokens: 1 }).unwrap();
+        let full = encode(&Reply::Accepted {
+            prompt_tokens: 1,
+            form: AnswerForm::default(),
+        })
+        .unwrap();
         assert_eq!(decode::<Reply>(&full[..full.len() - 1]), Ok(None));
         assert_eq!(decode::<Reply>(&full[..3]), Ok(None));
     }

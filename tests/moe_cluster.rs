@@ -228,6 +228,30 @@ fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
     let created = place_and_wait(&nodes, &[0, 1, 2], "Pipeline", 3);
     let placed = ranks(&created);
     assert_eq!(placed.len(), 3, "{created}");
+    // The placing node read the model's configuration: its list shows the experts.
+    let (_, models) = call(&nodes[0], "GET", "/v1/models", None);
+    let entry = models["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["id"] == REPO)
+        .cloned()
+        .unwrap_or_default();
+    let shape = &entry["shape"];
+    assert_eq!(shape["family"], "qwen3_moe", "{entry}");
+    assert_eq!(
+        (
+            shape["experts"].as_u64(),
+            shape["experts_per_token"].as_u64()
+        ),
+        (Some(8), Some(2)),
+        "{entry}"
+    );
+    let (all, active) = (
+        shape["parameters"].as_u64().unwrap_or(0),
+        shape["active_parameters"].as_u64().unwrap_or(0),
+    );
+    assert!(active > 0 && active < all, "{entry}");
     for node in &nodes {
         let answer =
             answers_as_mlx_lm(node, &reference).unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));

@@ -4,8 +4,41 @@
 //! the gateway's own guarantees through this, so all APIs split answers the same way.
 
 use crate::reasoning::{Piece, ThinkSplitter};
+use crate::tools::block::BlockParser;
+use crate::tools::dialect::Dialect;
+use crate::tools::dialects;
+use crate::tools::harmony::HarmonyParser;
 use crate::tools::parse::{ToolCallParser, ToolPiece};
 use crate::tools::{Tool, ToolCall};
+use serde::{Deserialize, Serialize};
+
+/// How the model's output is to be read, as the node that rendered the prompt knows it (its
+/// template); it travels with the accepted stream to the gateway that parses the answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerForm {
+    /// The prompt ended inside an open thought (`<think>`): the output starts in reasoning
+    /// ([`crate::reasoning::prompt_opens_thought`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub opens_in_thought: bool,
+    /// How the model writes tool calls.
+    #[serde(default, skip_serializing_if = "Dialect::is_common")]
+    pub dialect: Dialect,
+}
+
+impl AnswerForm {
+    /// The form of an answer to `prompt`, rendered by `template`.
+    pub fn of_prompt(template: Option<&str>, prompt: &str) -> AnswerForm {
+        AnswerForm {
+            opens_in_thought: crate::reasoning::prompt_opens_thought(prompt),
+            dialect: template.map_or(Dialect::Common, Dialect::of_template),
+        }
+    }
+
+    /// Whether this is the default (a plain answer in the common dialect).
+    pub fn is_plain(&self) -> bool {
+        *self == AnswerForm::default()
+    }
+}
 
 /// One part of an answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,26 +53,76 @@ pub enum Part {
 pub struct AnswerSplitter {
     think: ThinkSplitter,
     /// Only when tools are offered: without them a call-like text is text.
-    tools: Option<ToolCallParser>,
+    tools: Option<Calls>,
+    /// gpt-oss: the harmony channels carry reasoning and calls both, in place of the two
+    /// above.
+    harmony: Option<HarmonyParser>,
+}
+
+/// The call parser of the answer's dialect.
+#[derive(Debug, Clone)]
+enum Calls {
+    Common(ToolCallParser),
+    Block(BlockParser),
+}
+
+impl Calls {
+    fn new(dialect: Dialect, tools: &[Tool]) -> Calls {
+        let grammar = match dialect {
+            Dialect::Common | Dialect::Harmony => return Calls::Common(ToolCallParser::new(tools)),
+            Dialect::Qwen3Coder => &dialects::qwen3_coder::GRAMMAR,
+            Dialect::Glm => &dialects::glm::GRAMMAR,
+            Dialect::MiniMax => &dialects::minimax::GRAMMAR,
+            Dialect::Kimi => &dialects::kimi::GRAMMAR,
+            Dialect::DeepSeek => &dialects::deepseek::GRAMMAR,
+        };
+        Calls::Block(BlockParser::new(grammar, tools))
+    }
+
+    fn push(&mut self, text: &str) -> Vec<ToolPiece> {
+        match self {
+            Calls::Common(p) => p.push(text),
+            Calls::Block(p) => p.push(text),
+        }
+    }
+
+    fn finish(&mut self) -> Vec<ToolPiece> {
+        match self {
+            Calls::Common(p) => p.finish(),
+            Calls::Block(p) => p.finish(),
+        }
+    }
 }
 
 impl AnswerSplitter {
-    /// A splitter that parses calls of `tools` (none: no call parsing).
-    pub fn new(tools: &[Tool]) -> AnswerSplitter {
+    /// A splitter that parses calls of `tools` (none: no call parsing) from an answer of
+    /// this `form`.
+    pub fn new(tools: &[Tool], form: AnswerForm) -> AnswerSplitter {
         AnswerSplitter {
-            think: ThinkSplitter::default(),
-            tools: (!tools.is_empty()).then(|| ToolCallParser::new(tools)),
+            think: if form.opens_in_thought {
+                ThinkSplitter::in_thought()
+            } else {
+                ThinkSplitter::default()
+            },
+            tools: (!tools.is_empty()).then(|| Calls::new(form.dialect, tools)),
+            harmony: (form.dialect == Dialect::Harmony).then(|| HarmonyParser::new(tools)),
         }
     }
 
     /// The next text; the parts that can be released now.
     pub fn push(&mut self, delta: &str) -> Vec<Part> {
+        if let Some(harmony) = &mut self.harmony {
+            return harmony.push(delta);
+        }
         let pieces = self.think.push(delta);
         self.route(pieces, false)
     }
 
     /// The end of the answer: everything held back.
     pub fn finish(&mut self) -> Vec<Part> {
+        if let Some(harmony) = &mut self.harmony {
+            return harmony.finish();
+        }
         let pieces = self.think.finish();
         self.route(pieces, true)
     }
@@ -80,20 +163,74 @@ mod tests {
             description: None,
             parameters: None,
         }];
-        let mut s = AnswerSplitter::new(&tools);
+        let mut s = AnswerSplitter::new(&tools, AnswerForm::default());
         let mut parts = s.push("<think>hm</think>ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>");
         parts.extend(s.finish());
         assert_eq!(parts[0], Part::Reasoning("hm".into()));
         assert_eq!(parts[1], Part::Text("ok".into()));
         assert!(matches!(&parts[2], Part::Call(c) if c.name == "f" && c.arguments == "{\"a\":1}"));
         // Without tools the same text is text.
-        let mut s = AnswerSplitter::new(&[]);
+        let mut s = AnswerSplitter::new(&[], AnswerForm::default());
         let parts = s.push("<tool_call>{\"name\": \"f\"}</tool_call>");
         assert_eq!(
             parts,
             [Part::Text(
                 "<tool_call>{\"name\": \"f\"}</tool_call>".into()
             )]
+        );
+    }
+
+    fn collect(tools: &[Tool], form: AnswerForm, deltas: &[&str]) -> Vec<Part> {
+        let mut s = AnswerSplitter::new(tools, form);
+        let mut parts: Vec<Part> = deltas.iter().flat_map(|d| s.push(d)).collect();
+        parts.extend(s.finish());
+        parts
+    }
+
+    #[test]
+    fn each_dialect_through_the_splitter() {
+        let tools = [Tool {
+            name: "f".into(),
+            description: None,
+            parameters: Some(
+                r#"{"type": "object", "properties": {"n": {"type": "number"}}}"#.into(),
+            ),
+        }];
+        let form = |dialect| AnswerForm {
+            opens_in_thought: false,
+            dialect,
+        };
+        let is_call =
+            |p: &Part| matches!(p, Part::Call(c) if c.name == "f" && c.arguments == r#"{"n":1.5}"#);
+        let cases = [
+            (Dialect::Glm, "<think>hm</think><tool_call>f<arg_key>n</arg_key><arg_value>1.5</arg_value></tool_call>"),
+            (Dialect::Qwen3Coder, "<think>hm</think><tool_call>\n<function=f>\n<parameter=n>\n1.5\n</parameter>\n</function>\n</tool_call>"),
+            (Dialect::MiniMax, "<think>hm</think><minimax:tool_call><invoke name=\"f\"><parameter name=\"n\">1.5</parameter></invoke></minimax:tool_call>"),
+            (Dialect::Kimi, "<think>hm</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"n\": 1.5}<|tool_call_end|><|tool_calls_section_end|>"),
+            (Dialect::DeepSeek, "<think>hm</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"n\": 1.5}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+            (Dialect::Harmony, "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"n\": 1.5}"),
+        ];
+        for (dialect, text) in cases {
+            let parts = collect(&tools, form(dialect), &[text]);
+            assert_eq!(parts.len(), 2, "{dialect:?}: {parts:?}");
+            assert_eq!(parts[0], Part::Reasoning("hm".into()), "{dialect:?}");
+            assert!(is_call(&parts[1]), "{dialect:?}: {parts:?}");
+            // Without tools, the call is text (harmony still splits its channels).
+            let parts = collect(&[], form(dialect), &[text]);
+            assert!(
+                parts.iter().all(|p| !matches!(p, Part::Call(_))),
+                "{dialect:?}"
+            );
+        }
+        // The DeepSeek-R1 distill / V3.1 thinking prompt: the output starts in the thought.
+        let opened = AnswerForm {
+            opens_in_thought: true,
+            dialect: Dialect::DeepSeek,
+        };
+        let parts = collect(&tools, opened, &["hm</think>ok"]);
+        assert_eq!(
+            parts,
+            [Part::Reasoning("hm".into()), Part::Text("ok".into())]
         );
     }
 }

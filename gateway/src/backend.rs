@@ -25,6 +25,7 @@
 //! [`ChatRequest`] and [`ChatEvent`] are also what travels between nodes when a chat is
 //! forwarded (their serde forms are that wire format; see [`ChatEvent`]).
 
+pub use crate::answer::AnswerForm;
 use crate::error::ApiError;
 pub use crate::exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use crate::tools::{Tool, ToolCall, ToolChoice};
@@ -114,6 +115,28 @@ pub struct ModelInfo {
     pub owned_by: String,
     /// Whether at least one instance can serve it right now.
     pub ready: bool,
+    /// Its size and, for a Mixture of Experts, its experts, once this node has read the
+    /// model's configuration (absent before).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<ModelShape>,
+}
+
+/// A model's size as `GET /v1/models` shows it (a field OpenAI's list does not have; clients
+/// ignore it): what a user choosing a model across machines weighs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelShape {
+    /// The family (`model_type`: `qwen3_moe`, `deepseek_v3`, ...).
+    pub family: String,
+    /// Parameters, every expert counted.
+    pub parameters: u64,
+    /// Parameters one token runs through (the router and its top-k experts in an MoE layer).
+    pub active_parameters: u64,
+    /// Routed experts per MoE layer (absent for a dense model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<u32>,
+    /// Experts each token runs through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_per_token: Option<u32>,
 }
 
 /// One message of the conversation, its content flattened to text, with the tool calls an
@@ -196,6 +219,11 @@ pub struct ChatRequest {
     /// The template's thinking switch (`enable_thinking`, Qwen3's), when the client set one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_thinking: Option<bool>,
+    /// The template's `reasoning_effort` (gpt-oss's), when the client set one: `minimal`,
+    /// `low`, `medium` or `high` ([`crate::fields::reasoning_effort`] refuses anything else,
+    /// since the template prints it into the prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
 }
 
 /// An accepted chat: its prompt size and the events to come.
@@ -205,6 +233,9 @@ pub struct ChatStream {
     pub prompt_tokens: u32,
     /// Tokens, then `Done`; or an error.
     pub events: mpsc::Receiver<Result<ChatEvent, ApiError>>,
+    /// How to read the output (the prompt opened a thought; the template's call dialect),
+    /// known where the prompt was rendered.
+    pub form: AnswerForm,
 }
 
 /// What a backend's generation task sends into a [`ChatStream`].
@@ -221,8 +252,15 @@ impl ChatStream {
             ChatStream {
                 prompt_tokens,
                 events,
+                form: AnswerForm::default(),
             },
         )
+    }
+
+    /// The same stream, its output read as `form` says.
+    pub fn with_form(mut self, form: AnswerForm) -> ChatStream {
+        self.form = form;
+        self
     }
 }
 

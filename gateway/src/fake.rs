@@ -6,13 +6,16 @@
 //! - `echo: TEXT` streams TEXT back in 3-character tokens;
 //! - `think: THOUGHT | ANSWER` streams `<think>\nTHOUGHT\n</think>\n\nANSWER`, as a model
 //!   that reasons does;
+//! - `opened: THOUGHT | ANSWER` streams `THOUGHT\n</think>\n\nANSWER` as the answer to a
+//!   prompt whose template opened the thought (DeepSeek-R1 distills'), and says so in the
+//!   stream's [`crate::answer::AnswerForm`];
 //! - `params` streams the received request's sampling settings as JSON (stop strings as
 //!   lists of character codes, so that they do not stop the answer);
 //! - `call: NAME {ARGS}` streams a Hermes-style tool call, `<tool_call>\n{"name": "NAME",
 //!   "arguments": {ARGS}}\n</tool_call>`, as Qwen writes one (several `call:` scripts joined by
 //!   ` && ` stream several calls, after the text of an `echo:` before them, if any);
 //! - `request` streams what the request carried for tools, as JSON: `tools`, `tool_choice`,
-//!   `enable_thinking` and each message's role, content and tool fields;
+//!   `enable_thinking`, `reasoning_effort` and each message's role, content and tool fields;
 //! - `fail after N` streams N tokens, then fails as a lost instance;
 //! - `vanish` streams 2 tokens, then ends the stream without `Done`;
 //! - `wait MS` waits MS milliseconds, then streams `done`;
@@ -124,6 +127,15 @@ impl FakeBackend {
         if let Some(text) = last.strip_prefix("echo:") {
             return Script::tokens(chunks(text.trim_start()));
         }
+        if let Some((thought, answer)) =
+            last.strip_prefix("opened:").and_then(|t| t.split_once('|'))
+        {
+            let text = format!("{}\n</think>\n\n{}", thought.trim(), answer.trim());
+            return Script {
+                opens_in_thought: true,
+                ..Script::tokens(chunks(&text))
+            };
+        }
         if let Some((thought, answer)) = last.strip_prefix("think:").and_then(|t| t.split_once('|'))
         {
             let text = format!("<think>\n{}\n</think>\n\n{}", thought.trim(), answer.trim());
@@ -134,6 +146,7 @@ impl FakeBackend {
                 "tools": request.tools,
                 "tool_choice": request.tool_choice,
                 "enable_thinking": request.enable_thinking,
+                "reasoning_effort": request.reasoning_effort,
                 "messages": request.messages,
             });
             return Script::tokens(chunks(&seen.to_string()));
@@ -159,6 +172,7 @@ impl FakeBackend {
                 tokens: vec!["tok ".to_string(); n],
                 end: ScriptEnd::Fail,
                 wait: Duration::ZERO,
+                opens_in_thought: false,
             };
         }
         if last == "vanish" {
@@ -166,6 +180,7 @@ impl FakeBackend {
                 tokens: vec!["a".into(), "b".into()],
                 end: ScriptEnd::Vanish,
                 wait: Duration::ZERO,
+                opens_in_thought: false,
             };
         }
         if let Some(ms) = last.strip_prefix("wait ").and_then(|n| n.parse().ok()) {
@@ -173,6 +188,7 @@ impl FakeBackend {
                 tokens: vec!["done".into()],
                 end: ScriptEnd::Done,
                 wait: Duration::from_millis(ms),
+                opens_in_thought: false,
             };
         }
         // Greedy decoding (temperature 0) is deterministic without a seed too.
@@ -212,6 +228,8 @@ struct Script {
     tokens: Vec<String>,
     end: ScriptEnd,
     wait: Duration,
+    /// The answer starts inside a thought the prompt opened.
+    opens_in_thought: bool,
 }
 
 impl Script {
@@ -220,6 +238,7 @@ impl Script {
             tokens,
             end: ScriptEnd::Done,
             wait: Duration::ZERO,
+            opens_in_thought: false,
         }
     }
 }
@@ -250,6 +269,7 @@ impl Backend for FakeBackend {
                     created: 0,
                     owned_by: "fake".into(),
                     ready,
+                    shape: None,
                 })
                 .collect()
         })
@@ -380,6 +400,10 @@ impl Backend for FakeBackend {
             let counters = self.counters.clone();
             counters.started.fetch_add(1, Ordering::Relaxed);
             let (tx, stream) = ChatStream::channel(prompt_tokens, 16);
+            let stream = stream.with_form(crate::answer::AnswerForm {
+                opens_in_thought: script.opens_in_thought,
+                ..Default::default()
+            });
             tokio::spawn(async move {
                 let run = async {
                     tokio::time::sleep(script.wait).await;

@@ -169,3 +169,19 @@ pub fn opt_f32_in(
         Some(_) => Err(bad()),
     }
 }
+
+/// A reasoning effort (OpenAI's `reasoning_effort`, Responses' `reasoning.effort`, Ollama's
+/// `think` level): one of the known words, since the template prints it into the prompt as
+/// it is (gpt-oss's `Reasoning: high`).
+pub fn reasoning_effort(value: Option<&Value>, name: &str) -> Result<Option<String>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if matches!(s.as_str(), "minimal" | "low" | "medium" | "high") => {
+            Ok(Some(s.clone()))
+        }
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be \"minimal\", \"low\", \"medium\" or \"high\""),
+        )),
+    }
+}

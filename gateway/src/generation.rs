@@ -132,7 +132,6 @@ pub async fn accept(
         .into_iter()
         .cloned()
         .collect();
-    let splitter = AnswerSplitter::new(&offered);
     let cancel = CancellationToken::new();
     // Cancels the generation if this is dropped (client gone before the answer).
     let guard = cancel.clone().drop_guard();
@@ -150,6 +149,8 @@ pub async fn accept(
             )
             .with_code("backend_timeout")
         })??;
+    // Where the prompt was rendered tells how to read the output.
+    let splitter = AnswerSplitter::new(&offered, stream.form);
     let registration = id.map(|id| ctx.running.register(id, cancel.clone()));
     Ok(Accepted {
         stream,

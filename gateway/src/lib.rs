@@ -55,8 +55,9 @@ pub mod tools;
 
 pub use access::{AccessPolicy, KeyError, Scope};
 pub use backend::{
-    Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage, ChatRequest,
-    ChatStream, FinishReason, ModelInfo, SamplingParams, TokenLogprob, Tool, ToolCall, ToolChoice,
+    AnswerForm, Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage,
+    ChatRequest, ChatStream, FinishReason, ModelInfo, ModelShape, SamplingParams, TokenLogprob,
+    Tool, ToolCall, ToolChoice,
 };
 pub use config::{EventsConfig, GatewayConfig};
 pub use error::{ApiError, ErrorKind};

@@ -6,6 +6,12 @@
 //! Only a `<think>` at the very start of the output (after whitespace) opens reasoning; a
 //! `<think>` later in the text is text. Text that may still be the start of a tag is held
 //! back until it is known, so no client sees half a tag.
+//!
+//! Some templates open the thought themselves: DeepSeek-R1 distills end the prompt with
+//! `<think>\n`, Qwen3's thinking models and DeepSeek V3.1 in thinking mode with `<think>`.
+//! The model's output then starts *inside* the thought and only closes it; the node that
+//! renders the prompt tells so ([`prompt_opens_thought`]), and the splitter starts in
+//! reasoning ([`ThinkSplitter::in_thought`]).
 
 /// The tags.
 const OPEN: &str = "<think>";
@@ -45,7 +51,23 @@ impl Default for ThinkSplitter {
     }
 }
 
+/// Whether a rendered prompt leaves the assistant's turn inside an open thought: it ends
+/// with `<think>` (and whitespace), so the output starts in reasoning.
+pub fn prompt_opens_thought(prompt: &str) -> bool {
+    prompt.trim_end().ends_with(OPEN)
+}
+
 impl ThinkSplitter {
+    /// A splitter for an output that starts inside the thought (the prompt opened it): all
+    /// is reasoning until `</think>`.
+    pub fn in_thought() -> ThinkSplitter {
+        ThinkSplitter {
+            state: State::Thinking,
+            pending: String::new(),
+            skip_space: true,
+        }
+    }
+
     /// Feeds the next delta; returns what can be sent now.
     pub fn push(&mut self, delta: &str) -> Vec<Piece> {
         self.pending.push_str(delta);
@@ -178,7 +200,70 @@ mod tests {
         assert_eq!(split(&["<thi"]), ("".into(), "<thi".into()));
     }
 
+    fn split_open(deltas: &[&str]) -> (String, String) {
+        let mut s = ThinkSplitter::in_thought();
+        let mut pieces: Vec<Piece> = deltas.iter().flat_map(|d| s.push(d)).collect();
+        pieces.extend(s.finish());
+        let (mut r, mut t) = (String::new(), String::new());
+        for p in pieces {
+            match p {
+                Piece::Reasoning(x) => r.push_str(&x),
+                Piece::Text(x) => t.push_str(&x),
+            }
+        }
+        (r, t)
+    }
+
+    #[test]
+    fn prompts_that_open_the_thought() {
+        // DeepSeek-R1 distills, Qwen3 thinking models, DeepSeek V3.1 in thinking mode.
+        assert!(prompt_opens_thought("<｜User｜>Hi<｜Assistant｜><think>\n"));
+        assert!(prompt_opens_thought("<|im_start|>assistant\n<think>"));
+        // Qwen3 with thinking off closes it; other templates never open it.
+        assert!(!prompt_opens_thought(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+        assert!(!prompt_opens_thought("<|im_start|>assistant\n"));
+        assert!(!prompt_opens_thought(""));
+    }
+
+    #[test]
+    fn output_that_starts_inside_the_thought() {
+        assert_eq!(
+            split_open(&["Okay, 2+2", " is 4.\n</th", "ink>\n\nIt is 4."]),
+            ("Okay, 2+2 is 4.".into(), "It is 4.".into())
+        );
+        // A `<think>` the model writes anyway is part of the thought, as written.
+        assert_eq!(
+            split_open(&["\n<think>x</think>y"]),
+            ("<think>x".into(), "y".into())
+        );
+        // Cut off before closing: all reasoning.
+        assert_eq!(
+            split_open(&["still thinking"]),
+            ("still thinking".into(), "".into())
+        );
+        assert_eq!(split_open(&["</think>\n\nHi"]), ("".into(), "Hi".into()));
+    }
+
     proptest! {
+        /// An output that starts in the thought splits the same whatever its deltas.
+        #[test]
+        fn open_split_does_not_depend_on_deltas(
+            think in "[a-z <>/\n]{0,12}", answer in "[a-z <>/]{0,12}",
+            cuts in proptest::collection::vec(0usize..40, 0..6),
+        ) {
+            let text = format!("{think}</think>{answer}");
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c <= text.len()).collect();
+            cuts.sort();
+            cuts.dedup();
+            let mut deltas = Vec::new();
+            let mut last = 0;
+            for c in cuts { deltas.push(&text[last..c]); last = c; }
+            deltas.push(&text[last..]);
+            prop_assert_eq!(split_open(&deltas), split_open(&[text.as_str()]));
+        }
+
         /// Whatever the split into deltas, the result is the same as for the whole text.
         #[test]
         fn split_does_not_depend_on_deltas(

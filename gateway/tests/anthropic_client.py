@@ -162,6 +162,12 @@ with client.messages.stream(model=model, max_tokens=100, messages=user("think: t
     final = s.get_final_message()
 check("fake: thinking streamed", said == "4" and final.content[0].thinking == "two and two"
       and [b.type for b in final.content] == ["thinking", "text"], final.content)
+# The template opened the thought (DeepSeek-R1 distills): the output starts in reasoning.
+with client.messages.stream(model=model, max_tokens=100, messages=user("opened: two and two | 4")) as s:
+    said = "".join(s.text_stream)
+    final = s.get_final_message()
+check("fake: thinking opened by the prompt", said == "4" and final.content[0].thinking == "two and two"
+      and [b.type for b in final.content] == ["thinking", "text"], final.content)
 try:
     with client.messages.stream(model=model, max_tokens=100, messages=user("fail after 2")) as s:
         "".join(s.text_stream)

@@ -154,6 +154,12 @@ check("fake: thinking", r.message.thinking == "two and two" and r.message.conten
 parts = list(client.chat(model=model, messages=think, stream=True))
 check("fake: thinking streamed", "".join(p.message.thinking or "" for p in parts) == "two and two"
       and "".join(p.message.content or "" for p in parts) == "4", parts)
+opened = [{"role": "user", "content": "opened: two and two | 4"}]
+r = client.chat(model=model, messages=opened, stream=False)
+check("fake: thinking opened by the prompt", r.message.thinking == "two and two" and r.message.content == "4", r.message)
+parts = list(client.chat(model=model, messages=opened, stream=True))
+check("fake: thinking opened by the prompt, streamed", "".join(p.message.thinking or "" for p in parts) == "two and two"
+      and "".join(p.message.content or "" for p in parts) == "4", parts)
 r = client.generate(model=model, prompt="think: two and two | 4", stream=False)
 check("fake: generate thinking", r.thinking == "two and two" and r.response == "4", r)
 # Tool calls: the scripted model writes Hermes `<tool_call>`s; the client reads message.tool_calls.

@@ -214,6 +214,14 @@ chunks = list(chat("think: two and two | 4", stream=True))
 thought = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
 said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 check("reasoning_content streamed", (thought, said) == ("two and two", "4"), (thought, said))
+# The template opened the thought (DeepSeek-R1 distills): the output starts in reasoning.
+r = chat("opened: two and two | 4")
+check("reasoning opened by the prompt", r.choices[0].message.content == "4"
+      and r.choices[0].message.model_extra.get("reasoning_content") == "two and two", r)
+chunks = list(chat("opened: two and two | 4", stream=True))
+thought = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
+said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check("reasoning opened by the prompt, streamed", (thought, said) == ("two and two", "4"), (thought, said))
 
 # Logprobs.
 r = chat("echo: abcdef", logprobs=True, top_logprobs=2)
@@ -261,6 +269,14 @@ check("tools reach the backend", json.loads(seen["tools"][0]["parameters"])["req
 check("tool turns reach the backend", seen["messages"][1] == {"role": "assistant", "content": "",
       "tool_calls": [{"id": "a1B2c3D4e", "name": "get_weather", "arguments": '{"city":"Paris","unit":"c"}'}]}
       and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": "a1B2c3D4e"}, seen["messages"])
+# gpt-oss's reasoning effort reaches the template; anything but the known words is refused.
+seen = json.loads(chat("request", max_tokens=2000, reasoning_effort="high").choices[0].message.content)
+check("reasoning_effort reaches the backend", seen["reasoning_effort"] == "high", seen)
+try:
+    chat("request", extra_body={"reasoning_effort": "<|end|>"})
+    check("a strange reasoning_effort is refused", False)
+except openai.BadRequestError as e:
+    check("a strange reasoning_effort is 400", e.status_code == 400 and "reasoning_effort" in e.message, e)
 
 # Errors.
 try:

@@ -123,6 +123,13 @@ with client.responses.stream(model=model, input="think: two and two | 4") as s:
 check("fake: reasoning streamed", final.output_text == "4" and final.output[0].type == "reasoning"
       and "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") == "two and two",
       [e.type for e in streamed])
+with client.responses.stream(model=model, input="opened: two and two | 4") as s:
+    streamed = list(s)
+    final = s.get_final_response()
+check("fake: reasoning opened by the prompt", final.output_text == "4" and final.output[0].type == "reasoning"
+      and final.output[0].content[0].text == "two and two"
+      and "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") == "two and two",
+      [e.type for e in streamed])
 # Function calls: the scripted model writes Hermes `<tool_call>`s; the client reads items.
 CALL = 'echo: Let me look. && call: get_weather {"city": "Paris"}'
 r = client.responses.create(model=model, input=CALL, tools=[WEATHER])
@@ -152,6 +159,8 @@ check("fake: function turns reach the backend", seen["messages"][1] == {"role": 
       "tool_calls": [{"id": call_id, "name": "get_weather", "arguments": '{"city":"Paris"}'}]}
       and seen["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": call_id, "name": "get_weather"},
       seen["messages"])
+r = client.responses.create(model=model, max_output_tokens=2000, input="request", reasoning={"effort": "low"})
+check("fake: reasoning.effort reaches the backend", json.loads(r.output_text)["reasoning_effort"] == "low", r.output_text)
 try:
     list(client.responses.create(model=model, input="fail after 2", stream=True))
     check("fake: lost instance raises", False)

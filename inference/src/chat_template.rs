@@ -59,6 +59,8 @@ pub struct TemplateInput<'a> {
     pub add_generation_prompt: bool,
     /// `enable_thinking` (Qwen3's switch), passed only when set.
     pub enable_thinking: Option<bool>,
+    /// `reasoning_effort` (gpt-oss's `low`, `medium`, `high`), passed only when set.
+    pub reasoning_effort: Option<&'a str>,
     /// The model's beginning-of-sequence token text.
     pub bos_token: &'a str,
     /// The model's end-of-sequence token text.
@@ -291,7 +293,7 @@ pub fn render_template(
 
 /// The variables a template is rendered with, as a JSON object (keys in order): `messages`,
 /// `tools` when tools are offered, `add_generation_prompt`, `bos_token`, `eos_token`, and
-/// `enable_thinking` when set. Reference renderers (the tests' jinja2) take exactly this text,
+/// `enable_thinking` and `reasoning_effort` when set. Reference renderers (the tests' jinja2) take exactly this text,
 /// so that both see the same input.
 ///
 /// Without tools, `tools` is left undefined, where `transformers` passes `None`: jinja2
@@ -347,6 +349,8 @@ pub fn template_variables(input: &TemplateInput) -> String {
         eos_token: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
         enable_thinking: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reasoning_effort: Option<&'a str>,
     }
     let variables = Variables {
         messages: input
@@ -388,6 +392,7 @@ pub fn template_variables(input: &TemplateInput) -> String {
         bos_token: input.bos_token,
         eos_token: input.eos_token,
         enable_thinking: input.enable_thinking,
+        reasoning_effort: input.reasoning_effort,
     };
     serde_json::to_string(&variables).unwrap_or_default()
 }

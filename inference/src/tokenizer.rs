@@ -36,10 +36,12 @@ const DEEPSEEK_CODER_SPLITS: &[&str] = &[
 /// Falcon's last split: digits in groups of three.
 const FALCON_DIGIT_GROUPS: &str = "[0-9][0-9][0-9]";
 
-/// Control tokens that spell tool calls (Hermes/Qwen, Llama 3.1, Mistral). Decoding skips
-/// special tokens, but these stay in the text, so that the gateway can parse the calls out of
-/// it (`gateway::tools::parse`); they are marked as ordinary added tokens, which changes
-/// nothing in how text is encoded.
+/// Control tokens that spell tool calls and reasoning in each family's dialect (Hermes/Qwen,
+/// Llama 3.1, Mistral, GLM, MiniMax, Kimi, DeepSeek, gpt-oss harmony). Decoding skips special
+/// tokens, but these stay in the text, so that the gateway can parse the calls out of it
+/// (`gateway::tools`); they are marked as ordinary added tokens, which changes nothing in how
+/// the template's text is encoded. Those that were special stay control tokens that a
+/// client's text cannot spell ([`Tokenizer::kept_controls`], `untrusted_text`).
 pub const TOOL_MARKUP_TOKENS: &[&str] = &[
     "<tool_call>",
     "</tool_call>",
@@ -47,6 +49,36 @@ pub const TOOL_MARKUP_TOKENS: &[&str] = &[
     "[TOOL_CALLS]",
     "[ARGS]",
     "[CALL_ID]",
+    "<think>",
+    "</think>",
+    // GLM-4.5/4.6/4.7.
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    // MiniMax M2.
+    "<minimax:tool_call>",
+    "</minimax:tool_call>",
+    // Kimi K2.
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    // DeepSeek V3/V3.1.
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    // gpt-oss harmony.
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
 ];
 
 /// A tokenizer with the model's special tokens and chat template.
@@ -66,6 +98,9 @@ pub struct Tokenizer {
     /// The date the template's `strftime_now` tells: the system clock (UTC) unless a test
     /// pins it.
     pub template_clock: TemplateClock,
+    /// Special tokens of [`TOOL_MARKUP_TOKENS`] made ordinary so that decoding keeps them:
+    /// still control tokens for a client's text, which cannot spell them.
+    pub kept_controls: Vec<String>,
 }
 
 impl ChatMessage {
@@ -121,9 +156,13 @@ impl Tokenizer {
             .unwrap_or("default");
         let mut vocab = serde_json::Map::new();
         let mut added = Vec::new();
+        let mut kept_controls = Vec::new();
         for (id, tok) in tokens.iter().enumerate() {
             vocab.insert(tok.clone(), json!(id));
             let ty = types.get(id).copied().unwrap_or(1);
+            if ty == 3 && TOOL_MARKUP_TOKENS.contains(&tok.as_str()) {
+                kept_controls.push(tok.clone());
+            }
             if ty == 3 || ty == 4 {
                 added.push(json!({
                     "id": id, "content": tok, "single_word": false, "lstrip": false,
@@ -223,8 +262,13 @@ impl Tokenizer {
             .into_iter()
             .chain(id("tokenizer.ggml.eot_token_id"))
             .collect();
-        // Chat models end a turn with their end-of-turn token even when EOS is another one.
+        // Chat models end a turn with their end-of-turn token even when EOS is another one;
+        // not harmony's `<|end|>`, which ends a message (the reasoning) and not the answer.
+        let harmony = tokens.iter().any(|t| t == "<|channel|>");
         for end in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>"] {
+            if harmony && end == "<|end|>" {
+                continue;
+            }
             if let Some(i) = tokens.iter().position(|t| t == end) {
                 if types.get(i) == Some(&3) {
                     eos_token_ids.push(i as u32);
@@ -247,6 +291,7 @@ impl Tokenizer {
                 .and_then(GgufValue::as_str)
                 .map(str::to_owned),
             template_clock: TemplateClock::default(),
+            kept_controls,
         })
     }
 
@@ -258,10 +303,14 @@ impl Tokenizer {
             .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
         let mut json: Value =
             serde_json::from_str(&text).map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
+        let mut kept_controls = Vec::new();
         if let Some(added) = json.get_mut("added_tokens").and_then(Value::as_array_mut) {
             for token in added {
                 let content = token.get("content").and_then(Value::as_str).unwrap_or("");
                 if TOOL_MARKUP_TOKENS.contains(&content) {
+                    if token.get("special") == Some(&Value::Bool(true)) {
+                        kept_controls.push(content.to_string());
+                    }
                     token["special"] = Value::Bool(false);
                 }
             }
@@ -325,6 +374,7 @@ impl Tokenizer {
                 .unwrap_or(false),
             chat_template,
             template_clock: TemplateClock::default(),
+            kept_controls,
         })
     }
 

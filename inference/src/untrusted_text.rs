@@ -144,7 +144,9 @@ impl Tokenizer {
     /// its characters.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
         let plain = self.plain.get_or_init(|| {
-            let mut plain = self.inner.clone();
+            let mut plain = self
+                .kept_controls_special()
+                .unwrap_or_else(|| self.inner.clone());
             plain.set_encode_special_tokens(true);
             plain
         });
@@ -152,6 +154,26 @@ impl Tokenizer {
             .encode(text, false)
             .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The tokenizer with the kept control tokens special again (so that the plain encoding
+    /// spells them as text); `None` when there are none, or it cannot be rebuilt.
+    fn kept_controls_special(&self) -> Option<tokenizers::Tokenizer> {
+        if self.kept_controls.is_empty() {
+            return None;
+        }
+        let mut json: serde_json::Value =
+            serde_json::from_str(&self.inner.to_string(false).ok()?).ok()?;
+        for token in json.get_mut("added_tokens")?.as_array_mut()? {
+            let kept = token
+                .get("content")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|c| self.kept_controls.iter().any(|k| k == c));
+            if kept {
+                token["special"] = serde_json::Value::Bool(true);
+            }
+        }
+        std::str::FromStr::from_str(&json.to_string()).ok()
     }
 
     /// The texts of the vocabulary's special tokens, longest first.
@@ -162,9 +184,11 @@ impl Tokenizer {
             .into_values()
             .filter(|t| t.special)
             .map(|t| t.content)
+            .chain(self.kept_controls.iter().cloned())
             .filter(|t| !t.is_empty())
             .collect();
         texts.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        texts.dedup();
         texts
     }
 }

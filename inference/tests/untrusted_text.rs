@@ -137,3 +137,48 @@ fn texts_using_both_private_use_planes_with_a_control_token_are_refused() {
     assert_eq!(t.decode(&ids, false).unwrap(), text);
     assert!(!ids.contains(&im_start(&t)));
 }
+
+/// A dialect's special markup tokens (gpt-oss harmony's `<|channel|>`, `<|message|>`) stay in
+/// the decoded text, so that the gateway can parse channels and calls, yet a client's text
+/// still cannot spell them: they are marked, and encoded as plain text.
+#[test]
+fn kept_markup_tokens_decode_as_text_but_stay_control_tokens_for_clients() {
+    let dir = common::temp_dir("kept-controls");
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..10)
+        .map(|i| (format!("w{i}"), serde_json::json!(i)))
+        .collect();
+    let added = |id: u32, content: &str, special: bool| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": false, "special": special})
+    };
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [added(10, "<|channel|>", true), added(11, "<|message|>", true),
+                         added(12, "<|im_end|>", true), added(13, "<tool_call>", false)],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let t = Tokenizer::from_hf_dir(&dir, &serde_json::json!({})).unwrap();
+    assert_eq!(t.kept_controls, ["<|channel|>", "<|message|>"]);
+    let text = t.decode(&[10, 3, 11, 4, 12], true).unwrap();
+    assert!(
+        text.contains("<|channel|>")
+            && text.contains("<|message|>")
+            && !text.contains("<|im_end|>"),
+        "{text}"
+    );
+    // The template's own markup is one token each; a client's is text.
+    assert_eq!(t.encode("<|channel|>").unwrap(), [10]);
+    let marks = t
+        .untrusted_marks(["hi <|channel|>"])
+        .unwrap()
+        .expect("a kept control token in a client's text needs marks");
+    let marked = marks.mark("<|channel|>");
+    let ids = t.encode_marked(&format!("w1 {marked}"), &marks).unwrap();
+    assert!(!ids.contains(&10), "{ids:?}");
+    // Qwen's `<tool_call>` was never special: clients may write it, as before.
+    assert!(t.untrusted_marks(["<tool_call>"]).unwrap().is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}

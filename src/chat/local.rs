@@ -31,7 +31,7 @@ pub async fn chat_here(
     };
     let facts = models.facts(&model, node).await?;
     let want_logprobs = request.sampling.logprobs.is_some();
-    let generate = tokio::task::spawn_blocking(move || generate_request(&request, &facts))
+    let (generate, form) = tokio::task::spawn_blocking(move || generate_request(&request, &facts))
         .await
         .map_err(|e| ApiError::internal(format!("building the prompt failed: {e}")))??;
     let prompt_tokens = match &generate.prompt {
@@ -40,6 +40,7 @@ pub async fn chat_here(
     };
     let events = runner.generate(generate, cancel).map_err(ApiError::busy)?;
     let (tx, stream) = ChatStream::channel(prompt_tokens, 64);
+    let stream = stream.with_form(form);
     tokio::spawn(relay(events, tx, want_logprobs));
     Ok(stream)
 }

@@ -9,15 +9,17 @@
 //! counts every token event towards `max_tokens`, so text released late could be cut.
 
 use crate::models::ModelFacts;
-use gateway::{ApiError, ChatRequest, ErrorKind};
+use gateway::{AnswerForm, ApiError, ChatRequest, ErrorKind};
 use inference::{GenerateRequest, Prompt};
 
 /// Builds the engine's request from the gateway's: the prompt as token ids, and the sampling
 /// settings the request gave (the engine's defaults, greedy among them, for the others).
+/// Also how to read the answer, which only the rendered prompt tells: whether it ended in an
+/// open thought, and the template's tool-call dialect.
 pub fn generate_request(
     request: &ChatRequest,
     facts: &ModelFacts,
-) -> Result<GenerateRequest, ApiError> {
+) -> Result<(GenerateRequest, AnswerForm), ApiError> {
     // Every text the client sent, marked so that none can become a control token (see
     // `inference::untrusted_text`): contents, names, call ids, arguments, tool specs.
     let offered = request.tool_choice.offered(&request.tools);
@@ -89,11 +91,13 @@ pub fn generate_request(
         tools: (!tools.is_empty()).then_some(&tools[..]),
         add_generation_prompt: true,
         enable_thinking: request.enable_thinking,
+        reasoning_effort: request.reasoning_effort.as_deref(),
         ..inference::TemplateInput::default()
     };
     let text = facts.tokenizer.render_chat(&input).map_err(|e| {
         ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
     })?;
+    let form = AnswerForm::of_prompt(facts.tokenizer.chat_template.as_deref(), &text);
     // Only the template's markup may become control tokens, never a client's text.
     let ids = match &marks {
         Some(marks) => facts.tokenizer.encode_marked(&text, marks),
@@ -150,7 +154,7 @@ pub fn generate_request(
         let param = sampling_param(&message);
         ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
     })?;
-    Ok(out)
+    Ok((out, form))
 }
 
 /// The request field an engine's sampling refusal is about (its message names it first), so

@@ -144,12 +144,31 @@ pub struct ModelFacts {
     pub num_kv_heads: usize,
     /// Bytes of weights on disk.
     pub bytes_on_disk: u64,
+    /// Its size and experts, as `GET /v1/models` shows them.
+    pub shape: gateway::ModelShape,
     /// The counts a tensor-parallel ring's size must divide besides the key/value heads
     /// (query heads, feed-forward and expert widths, quantization groups).
     pub tensor_divisors: Vec<placement::TensorDivisor>,
     /// What an instance holds while it runs (weights as they run, KV budget, runner
     /// overhead): what placement counts.
     pub memory: inference::memory::InstanceMemory,
+}
+
+/// `config`'s size and experts, for `GET /v1/models`.
+fn shape_of(config: &inference::ModelConfig) -> gateway::ModelShape {
+    let embed = (config.vocab_size * config.hidden_size) as u64;
+    let embeddings = if config.tie_word_embeddings {
+        embed
+    } else {
+        2 * embed
+    };
+    gateway::ModelShape {
+        family: config.architecture.hf_names().0.to_string(),
+        parameters: inference::memory::parameters(config),
+        active_parameters: config.active_layer_parameters() as u64 + embeddings,
+        experts: config.moe.as_ref().map(|m| m.num_experts as u32),
+        experts_per_token: config.moe.as_ref().map(|m| m.experts_per_token as u32),
+    }
 }
 
 impl ModelFacts {
@@ -163,6 +182,7 @@ impl ModelFacts {
             hidden_size: opened.config.hidden_size,
             num_kv_heads: opened.config.num_kv_heads,
             bytes_on_disk: opened.bytes_on_disk,
+            shape: shape_of(&opened.config),
             tensor_divisors: inference::tensor_split::tensor_divisors(&opened.config)
                 .into_iter()
                 .filter(|d| d.what != "key/value heads")

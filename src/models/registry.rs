@@ -60,6 +60,12 @@ impl ModelRegistry {
         ModelSpec::of_reference(reference, &self.default_model, &self.dirs)
     }
 
+    /// The facts of the model at `path` if they were read already (never reads).
+    fn known_facts(&self, path: &std::path::Path) -> Option<Arc<ModelFacts>> {
+        let cells = self.facts.lock().ok()?;
+        cells.get(path)?.get().cloned()
+    }
+
     /// The facts of the model at `spec.path`, read once per file; `node` names this node in
     /// the error. Only regular files and folders are opened, and a read that takes longer
     /// than [`FACTS_READ_LIMIT`] is answered as unreadable (a later request tries again).
@@ -117,14 +123,19 @@ impl ModelRegistry {
     ) -> Vec<ModelInfo> {
         let mut models: BTreeMap<String, ModelInfo> = BTreeMap::new();
         let mut add = |spec: &ModelSpec, ready: bool| {
+            let shape = self.known_facts(&spec.path).map(|f| f.shape.clone());
             for name in spec.names() {
                 let entry = models.entry(name.clone()).or_insert_with(|| ModelInfo {
                     id: name.clone(),
                     created: 0,
                     owned_by: spec.owned_by.clone(),
                     ready: false,
+                    shape: None,
                 });
                 entry.ready |= ready;
+                if entry.shape.is_none() {
+                    entry.shape = shape.clone();
+                }
             }
         };
         add(&ModelSpec::default_at(&self.default_model), false);

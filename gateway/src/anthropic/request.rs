@@ -82,6 +82,7 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
             tools,
             tool_choice,
             enable_thinking,
+            reasoning_effort: None,
         },
         stream,
     })

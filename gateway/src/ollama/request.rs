@@ -8,7 +8,7 @@ use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
-    required_string,
+    reasoning_effort, required_string,
 };
 use crate::tools::json::Ordered;
 use crate::tools::{parse_tool_calls, parse_tools, ToolShape};
@@ -70,6 +70,11 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
             ))
         }
     };
+    // A level is gpt-oss's reasoning effort too.
+    let reasoning_effort = match obj.get("think") {
+        Some(level @ Value::String(_)) => reasoning_effort(Some(level), "think")?,
+        _ => None,
+    };
     match obj.get("format") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) if s.is_empty() => {}
@@ -100,6 +105,7 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
             sampling,
             tools,
             enable_thinking,
+            reasoning_effort,
             ..ChatRequest::default()
         },
         stream,

@@ -8,7 +8,7 @@ use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
-    required_string,
+    reasoning_effort, required_string,
 };
 use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
@@ -44,10 +44,18 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         ToolShape::Nested,
     )?;
     let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Nested, &tools)?;
+    let mut reasoning_effort_value = obj.get("reasoning_effort");
+    let mut effort_param = "reasoning_effort";
     let enable_thinking = match obj.get("chat_template_kwargs") {
         None | Some(Value::Null) => None,
-        Some(Value::Object(kwargs)) => opt_bool(kwargs, "enable_thinking")
-            .map_err(|e| e.with_param("chat_template_kwargs.enable_thinking"))?,
+        Some(Value::Object(kwargs)) => {
+            if let Some(v) = kwargs.get("reasoning_effort") {
+                reasoning_effort_value = Some(v);
+                effort_param = "chat_template_kwargs.reasoning_effort";
+            }
+            opt_bool(kwargs, "enable_thinking")
+                .map_err(|e| e.with_param("chat_template_kwargs.enable_thinking"))?
+        }
         Some(_) => {
             return Err(ApiError::invalid_field(
                 "chat_template_kwargs",
@@ -55,6 +63,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
             ))
         }
     };
+    let reasoning_effort = reasoning_effort(reasoning_effort_value, effort_param)?;
 
     if let Some(n) = opt_u64(&obj, "n")? {
         if n != 1 {
@@ -141,6 +150,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
             tools,
             tool_choice,
             enable_thinking,
+            reasoning_effort,
         },
         stream,
         include_usage: stream && include_usage,

@@ -8,7 +8,8 @@
 use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
-    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, required_string,
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, reasoning_effort,
+    required_string,
 };
 use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_openai_tool_choice, parse_tools, ToolShape};
@@ -85,6 +86,16 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         seed: parse_seed(&obj)?,
         ..SamplingParams::default()
     };
+    let reasoning_effort = match obj.get("reasoning") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(r)) => reasoning_effort(r.get("effort"), "reasoning.effort")?,
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "reasoning",
+                "`reasoning` must be an object",
+            ))
+        }
+    };
     let user = match obj.get("user").or_else(|| obj.get("safety_identifier")) {
         Some(Value::String(s)) => Some(s.clone()),
         _ => None,
@@ -98,6 +109,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
             tools,
             tool_choice,
             enable_thinking: None,
+            reasoning_effort,
         },
         stream: opt_bool(&obj, "stream")?.unwrap_or(false),
         instructions,

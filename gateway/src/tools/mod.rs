@@ -8,7 +8,14 @@
 //! Schemas and arguments travel as JSON *text* with their keys in the order the client (or
 //! the model) wrote them ([`json::Ordered`]): the model reads them in its prompt.
 
+pub mod block;
+pub mod dialect;
+pub mod dialects;
+pub mod harmony;
+#[cfg(test)]
+mod harmony_tests;
 pub mod json;
+pub mod offered;
 pub mod parse;
 #[cfg(test)]
 mod parse_tests;

@@ -21,7 +21,8 @@
 //! text. Whitespace around calls is formatting and is dropped with them.
 
 use crate::tools::json::Ordered;
-use crate::tools::{schema, Tool, ToolCall};
+use crate::tools::offered::Offered;
+use crate::tools::{Tool, ToolCall};
 
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
@@ -55,7 +56,7 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct ToolCallParser {
     /// The request's tools, with their schemas parsed.
-    tools: Vec<(String, Option<serde_json::Value>)>,
+    offered: Offered,
     state: State,
     pending: String,
     /// Something other than whitespace came already (Llama's JSON counts only at the start).
@@ -82,16 +83,7 @@ impl ToolCallParser {
     /// A parser for calls of `tools`.
     pub fn new(tools: &[Tool]) -> ToolCallParser {
         ToolCallParser {
-            tools: tools
-                .iter()
-                .map(|t| {
-                    let schema = t
-                        .parameters
-                        .as_deref()
-                        .and_then(|p| serde_json::from_str(p).ok());
-                    (t.name.clone(), schema)
-                })
-                .collect(),
+            offered: Offered::new(tools),
             state: State::Text,
             pending: String::new(),
             started: false,
@@ -341,33 +333,9 @@ impl ToolCallParser {
     /// of the tools and its arguments fit the tool's schema.
     fn check(&self, call: &Ordered, id: Option<&str>) -> Option<ToolCall> {
         let name = call.get("name")?.as_str()?;
-        let (_, schema) = self.tools.iter().find(|(n, _)| n == name)?;
-        let arguments = match call.get("arguments").or_else(|| call.get("parameters")) {
-            None | Some(Ordered::Null) => Ordered::Object(Vec::new()),
-            // Some models write the arguments as a JSON string.
-            Some(Ordered::String(s)) => Ordered::parse(s.as_bytes())?,
-            Some(other) => other.clone(),
-        };
-        if !matches!(arguments, Ordered::Object(_)) {
-            return None;
-        }
-        let text = arguments.to_text();
-        if let Some(schema) = schema {
-            let value: serde_json::Value = serde_json::from_str(&text).ok()?;
-            if !schema::fits(&value, schema) {
-                return None;
-            }
-        }
-        let id = id
-            .map(str::to_string)
-            .or_else(|| call.get("id").and_then(Ordered::as_str).map(str::to_string))
-            .filter(|id| !id.is_empty())
-            .unwrap_or_else(call_id);
-        Some(ToolCall {
-            id,
-            name: name.to_string(),
-            arguments: text,
-        })
+        let own = call.get("id").and_then(Ordered::as_str);
+        let arguments = call.get("arguments").or_else(|| call.get("parameters"));
+        self.offered.json_call(name, arguments, id.or(own))
     }
 }
 
@@ -394,7 +362,7 @@ pub fn call_id() -> String {
         .collect()
 }
 
-fn text(out: &mut Vec<ToolPiece>, t: &str) {
+pub(crate) fn text(out: &mut Vec<ToolPiece>, t: &str) {
     if t.is_empty() {
         return;
     }
@@ -446,7 +414,7 @@ fn scan_json(s: &str, end: bool) -> Scan {
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of `marker`.
-fn held_suffix(text: &str, marker: &str) -> usize {
+pub(crate) fn held_suffix(text: &str, marker: &str) -> usize {
     text.char_indices()
         .map(|(i, _)| &text[i..])
         .find(|s| marker.starts_with(s) && s.len() < marker.len())

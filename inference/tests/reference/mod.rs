@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+pub mod tool_chat;
+
 /// The llama-cpp-python release setup extracts (`xtask/src/reference.rs` pins the same).
 const LLAMA_CPP_PYTHON_VERSION: &str = "0.3.36";
 

@@ -1,0 +1,199 @@
+//! Each family's real chat template, rendered by jinja2 (as `transformers` renders it), tells
+//! its own dialect, and the earlier call it renders — what the model was trained to write — is
+//! read back by that dialect as the call it was, typed. The answer is what the template adds
+//! to the prompt for the assistant's turn that made the call (its end-of-turn token cut, as
+//! the engine cuts it); where the prompt opens a thought, a thought and `</think>` come first,
+//! as the model writes them.
+//!
+//! Kimi-K2-Instruct's and Kimi-K2-Thinking's templates call `list.append`, which jinja2's
+//! sandbox refuses (`inference/tests/dialect_chat_templates.rs`); moonshotai-Kimi-K2's stands
+//! for the family.
+//!
+//! Needs the reference templates and jinja2 (`cargo xtask setup`): fails otherwise, or with
+//! `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
+
+use gateway::answer::{AnswerForm, AnswerSplitter, Part};
+use gateway::tools::dialect::Dialect;
+use gateway::Tool;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn templates() -> PathBuf {
+    kit::dirs::cache_dir()
+        .join("reference")
+        .join("llama.cpp-0.3.36")
+        .join("templates")
+}
+
+/// Renders `jobs` with jinja2 (the inference tests' renderer): text, or jinja2's error.
+fn jinja2(jobs: &[Value]) -> Vec<Result<String, String>> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../inference/tests/reference/jinja2_render.py");
+    let mut child = Command::new(kit::dirs::python())
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    let input = serde_json::to_vec(jobs).unwrap();
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let results: Vec<Value> = serde_json::from_slice(&output.stdout).expect("jinja2's results");
+    results
+        .into_iter()
+        .map(|r| match r.get("ok").and_then(Value::as_str) {
+            Some(text) => Ok(text.to_string()),
+            None => Err(r["error"].to_string()),
+        })
+        .collect()
+}
+
+fn weather() -> Tool {
+    Tool {
+        name: "get_weather".into(),
+        description: Some("Weather in a city".into()),
+        parameters: Some(
+            json!({"type": "object", "properties": {"city": {"type": "string"},
+                   "days": {"type": "integer"}}, "required": ["city"]})
+            .to_string(),
+        ),
+    }
+}
+
+#[test]
+fn each_family_reads_back_the_call_its_template_renders() {
+    let dir = templates();
+    let ready = kit::dirs::python().exists() && dir.is_dir();
+    let check = if ready {
+        Ok(())
+    } else {
+        Err("the reference templates or the venv's jinja2 are missing".to_string())
+    };
+    if !kit::skip::can_run(check, "run `cargo xtask setup`") {
+        return;
+    }
+    // (template, its dialect, bos, eos)
+    let families = [
+        ("GLM-4.6.jinja", Dialect::Glm, "", "<|endoftext|>"),
+        ("GLM-4.7-Flash.jinja", Dialect::Glm, "", "<|endoftext|>"),
+        ("MiniMax-M2.jinja", Dialect::MiniMax, "]~!b[", "[e~["),
+        (
+            "moonshotai-Kimi-K2.jinja",
+            Dialect::Kimi,
+            "[BOS]",
+            "<|im_end|>",
+        ),
+        (
+            "deepseek-ai-DeepSeek-V3.1.jinja",
+            Dialect::DeepSeek,
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+        ),
+        (
+            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+            Dialect::DeepSeek,
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+        ),
+        (
+            "openai-gpt-oss-120b.jinja",
+            Dialect::Harmony,
+            "<|startoftext|>",
+            "<|call|>",
+        ),
+        ("Qwen3-Coder.jinja", Dialect::Qwen3Coder, "", "<|im_end|>"),
+        ("Qwen3.5-4B.jinja", Dialect::Qwen3Coder, "", "<|im_end|>"),
+        ("Qwen-Qwen3-0.6B.jinja", Dialect::Common, "", "<|im_end|>"),
+    ];
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather in a city", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}}]);
+    let user = json!({"role": "user", "content": "Weather in Zürich for 3 days?"});
+    let call = json!({"role": "assistant", "content": "", "tool_calls": [{"id": "functions.get_weather:0",
+        "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 3}}}]});
+    let mut jobs = Vec::new();
+    let mut sources = Vec::new();
+    for (file, _, bos, eos) in &families {
+        let template = std::fs::read_to_string(dir.join(file)).unwrap();
+        let job = |messages: Value, add_generation_prompt: bool| {
+            json!({"template": template, "variables": {"messages": messages, "tools": tools,
+                   "add_generation_prompt": add_generation_prompt, "bos_token": bos,
+                   "eos_token": eos}})
+        };
+        jobs.push(job(json!([user]), true));
+        jobs.push(job(json!([user, call]), false));
+        sources.push(template);
+    }
+    let renders = jinja2(&jobs);
+    for (n, (file, dialect, _, eos)) in families.iter().enumerate() {
+        assert_eq!(Dialect::of_template(&sources[n]), *dialect, "{file}");
+        let prompt = renders[2 * n]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let whole = renders[2 * n + 1]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        // The assistant's turn: what the whole chat adds after the prompt they share (where
+        // the prompt ends otherwise, as in an opened thought, from the last tag they share).
+        let mut shared = prompt
+            .char_indices()
+            .zip(whole.chars())
+            .find(|((_, a), b)| a != b)
+            .map_or(prompt.len().min(whole.len()), |((i, _), _)| i);
+        if shared < prompt.len() {
+            while shared > 0 && !whole[..shared].ends_with(['>', '\n']) {
+                shared = whole[..shared].char_indices().last().map_or(0, |(i, _)| i);
+            }
+        }
+        // The engine stops at the end-of-turn token.
+        let turn = whole[shared..]
+            .split(eos)
+            .next()
+            .unwrap_or_default()
+            .trim_end();
+        let form = AnswerForm::of_prompt(Some(&sources[n]), prompt);
+        let answer = match (
+            form.opens_in_thought,
+            turn.trim_start().starts_with("</think>"),
+        ) {
+            (true, true) => format!("The user wants the weather.{turn}"),
+            (true, false) => format!("The user wants the weather.</think>{turn}"),
+            (false, _) => turn.to_string(),
+        };
+        let mut splitter = AnswerSplitter::new(&[weather()], form);
+        // Token-sized pieces, as the engine streams them.
+        let chars: Vec<char> = answer.chars().collect();
+        let mut parts: Vec<Part> = chars
+            .chunks(3)
+            .flat_map(|c| splitter.push(&c.iter().collect::<String>()))
+            .collect();
+        parts.extend(splitter.finish());
+        let calls: Vec<_> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Call(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 1, "{file}: {answer:?} -> {parts:?}");
+        assert_eq!(calls[0].name, "get_weather", "{file}");
+        assert_eq!(
+            calls[0].arguments, r#"{"city":"Zürich","days":3}"#,
+            "{file}: {answer:?}"
+        );
+        let text: String = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            text.trim().is_empty(),
+            "{file}: text {text:?} from {answer:?}"
+        );
+    }
+}
