@@ -7,6 +7,8 @@ use crate::quantized::{QuantMode, QuantSpec};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
+pub use crate::sliding_window::SlidingWindow;
+
 /// The decoder families this crate runs; each has its file in [`crate::models`], holding its
 /// block and its tensor names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -22,6 +24,14 @@ pub enum Architecture {
     /// softmax-routed Mixture-of-Experts feed-forward.
     #[serde(rename = "qwen3_moe")]
     Qwen3Moe,
+    /// gpt-oss (20b, 120b): attention sinks, alternating sliding-window and full layers, YaRN,
+    /// experts in mxfp4 routed top-k then softmax ([`crate::models::gpt_oss`]).
+    #[serde(rename = "gpt_oss")]
+    GptOss,
+    /// Gemma 3 (text): local/global layers, `1 + w` norms around attention and MLP, scaled
+    /// embeddings ([`crate::models::gemma3`]).
+    #[serde(rename = "gemma3_text")]
+    Gemma3Text,
     /// GLM-4.5/4.6/4.7 (`glm4_moe`): partial rotary, Q/K norms and biases, a sigmoid-routed
     /// Mixture of Experts with a shared expert.
     #[serde(rename = "glm4_moe")]
@@ -44,6 +54,8 @@ impl Architecture {
             "qwen2" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
+            "gpt_oss" | "gpt-oss" => Ok(Architecture::GptOss),
+            "gemma3_text" => Ok(Architecture::Gemma3Text),
             "glm4_moe" => Ok(Architecture::Glm4Moe),
             "minimax_m2" => Ok(Architecture::MiniMax),
             "deepseek_v3" | "kimi_k2" => Ok(Architecture::DeepseekV3),
@@ -58,6 +70,8 @@ impl Architecture {
             Architecture::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
             Architecture::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
             Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            Architecture::GptOss => ("gpt_oss", "GptOssForCausalLM"),
+            Architecture::Gemma3Text => ("gemma3_text", "Gemma3ForCausalLM"),
             Architecture::Glm4Moe => ("glm4_moe", "Glm4MoeForCausalLM"),
             Architecture::MiniMax => ("minimax_m2", "MiniMaxM2ForCausalLM"),
             Architecture::DeepseekV3 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
@@ -88,9 +102,9 @@ pub enum RopeScaling {
     },
     /// Per-frequency divisors given explicitly (GGUF's `rope_freqs.weight`).
     FreqFactors(Vec<f32>),
-    /// YaRN (DeepSeek V3): high frequencies kept, low ones stretched by `factor`, a linear
-    /// ramp between the `beta_fast` and `beta_slow` rotation counts, and queries and keys
-    /// scaled by `mscale`'s ratio.
+    /// YaRN (gpt-oss, DeepSeek V3): high frequencies kept, low ones stretched by `factor`, a
+    /// linear ramp between the `beta_fast` and `beta_slow` rotation counts, and queries and
+    /// keys scaled by `mscale`'s ratio.
     Yarn {
         /// The context stretch.
         factor: f32,
@@ -188,6 +202,8 @@ pub enum RouterKind {
         /// `norm_topk_prob`.
         normalize: bool,
     },
+    /// The top k of the router's logits, then a softmax over those k (gpt-oss).
+    TopKSoftmax,
     /// Sigmoid scores; the experts are chosen by score plus a learned per-expert correction
     /// (`e_score_correction_bias`, which balances the load without weighting the output),
     /// first among the `top_groups` best of `groups` groups of experts (a group ranks by its
@@ -287,10 +303,30 @@ pub struct ModelConfig {
     /// The Mixture-of-Experts feed-forward, for MoE families.
     #[serde(default)]
     pub moe: Option<MoeConfig>,
+    /// The layers that attend only to a recent window (gpt-oss, Gemma 3); `None`: every layer
+    /// attends to every position.
+    #[serde(default)]
+    pub sliding_window: Option<SlidingWindow>,
+    /// What only one family's config.json holds, read by that family
+    /// ([`crate::models::base::Family::configure`]).
+    #[serde(default)]
+    pub family_params: FamilyParams,
     /// The attention's shape beyond plain heads (partial rotary, Q/K norms), as the family
     /// reads it ([`crate::models::base::Family::configure`]).
     #[serde(default)]
     pub attention: AttentionConfig,
+}
+
+/// Numbers only one family's configuration has (its own file defines and reads them).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum FamilyParams {
+    /// Nothing beyond the shared numbers.
+    #[default]
+    None,
+    /// gpt-oss's.
+    GptOss(crate::models::gpt_oss::GptOssParams),
+    /// Gemma 3's.
+    Gemma3(crate::models::gemma3::Gemma3Params),
 }
 
 /// What a family's attention has beyond grouped-query heads of `head_dim`, filled in by the
@@ -402,7 +438,8 @@ impl ModelConfig {
                     },
                     other => {
                         return Err(InferenceError::BadConfig(format!(
-                            "rope_scaling type `{other}` is not supported (linear and llama3 are)"
+                            "rope_scaling type `{other}` is not supported (linear, llama3 and \
+                             yarn are)"
                         )))
                     }
                 }
@@ -473,6 +510,8 @@ impl ModelConfig {
             },
             quantization,
             moe,
+            sliding_window: None,
+            family_params: FamilyParams::None,
             attention: AttentionConfig::default(),
         };
         crate::models::family(architecture).configure(v, &mut config)?;
@@ -553,6 +592,8 @@ impl ModelConfig {
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
             quantization: None,
             moe: None,
+            sliding_window: None,
+            family_params: FamilyParams::None,
             attention: AttentionConfig::default(),
         };
         config.validate()?;
@@ -589,10 +630,15 @@ impl ModelConfig {
         {
             return bad("implausibly large dimensions".into());
         }
-        if matches!(self.rope_scaling, RopeScaling::Yarn { .. }) && self.attention.latent.is_none()
+        // YaRN scales the whole head before rotating (crate::rope): with a partial rotary
+        // width only the rotated part should be, which only latent attention does here.
+        if matches!(self.rope_scaling, RopeScaling::Yarn { .. })
+            && self.attention.latent.is_none()
+            && self.attention.rotary_dim.is_some()
         {
             return bad(format!(
-                "YaRN rope_scaling is supported for deepseek_v3 only in this build, not {:?}",
+                "YaRN rope_scaling with a partial rotary width is not supported in this build \
+                 ({:?})",
                 self.architecture
             ));
         }

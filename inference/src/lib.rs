@@ -43,6 +43,7 @@ pub mod rope;
 pub mod runner;
 pub mod sampling;
 pub mod sequence;
+pub mod sliding_window;
 pub mod stage;
 pub mod template_json;
 pub mod tensor_split;

@@ -2,7 +2,7 @@
 
 use crate::config::RopeScaling;
 use crate::error::Result;
-use mlx_rs::{fast, Array};
+use mlx_rs::{fast, ops, Array};
 
 /// RoPE over the full head width, in the Hugging Face ("half split") layout.
 #[derive(Debug, Clone)]
@@ -12,6 +12,8 @@ pub struct Rope {
     scale: f32,
     /// Per-frequency periods (`base^(2i/d)` adjusted by the scaling), when not plain.
     periods: Option<Array>,
+    /// Factor on queries and keys before rotating (YaRN's attention temperature; 1 otherwise).
+    mscale: f32,
 }
 
 impl Rope {
@@ -29,12 +31,14 @@ impl Rope {
                 base: Some(theta),
                 scale: 1.0,
                 periods: None,
+                mscale: 1.0,
             },
             RopeScaling::Linear { factor } => Rope {
                 dims,
                 base: Some(theta),
                 scale: 1.0 / factor,
                 periods: None,
+                mscale: 1.0,
             },
             RopeScaling::Llama3 {
                 factor,
@@ -64,6 +68,7 @@ impl Rope {
                     base: None,
                     scale: 1.0,
                     periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+                    mscale: 1.0,
                 }
             }
             RopeScaling::Yarn {
@@ -71,24 +76,18 @@ impl Rope {
                 original_max_position,
                 beta_fast,
                 beta_slow,
-                ..
-            } => {
-                // The magnitude factor is applied by the attention that asks for YaRN
-                // (validate() admits YaRN for latent attention only).
-                let periods = yarn_periods(
-                    head_dim,
-                    theta,
-                    *factor,
-                    *original_max_position,
-                    (*beta_fast, *beta_slow),
-                );
-                Rope {
-                    dims,
-                    base: None,
-                    scale: 1.0,
-                    periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
-                }
-            }
+                mscale,
+                mscale_all_dim,
+            } => Rope::yarn(
+                head_dim,
+                theta,
+                *factor,
+                *original_max_position,
+                *beta_fast,
+                *beta_slow,
+                *mscale,
+                *mscale_all_dim,
+            ),
             RopeScaling::FreqFactors(factors) => {
                 let periods: Vec<f32> = plain_periods()
                     .iter()
@@ -100,15 +99,54 @@ impl Rope {
                     base: None,
                     scale: 1.0,
                     periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+                    mscale: 1.0,
                 }
             }
         }
     }
 
+    /// YaRN (mlx-lm's `YarnRoPE`): [`yarn_periods`] over the whole head, queries and keys
+    /// scaled by the ratio of the `mscale` and `mscale_all_dim` corrections.
+    #[allow(clippy::too_many_arguments)]
+    fn yarn(
+        head_dim: usize,
+        theta: f32,
+        factor: f32,
+        original_max_position: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        mscale: f32,
+        mscale_all_dim: f32,
+    ) -> Rope {
+        let periods = yarn_periods(
+            head_dim,
+            theta,
+            factor,
+            original_max_position,
+            (beta_fast, beta_slow),
+        );
+        Rope {
+            dims: head_dim as i32,
+            base: None,
+            scale: 1.0,
+            periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
+            mscale: yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim),
+        }
+    }
+
+    /// `x` times the YaRN magnitude factor, when there is one.
+    fn scaled(&self, x: &Array) -> Result<Array> {
+        Ok(if self.mscale == 1.0 {
+            x.clone()
+        } else {
+            ops::multiply(x, Array::from_f32(self.mscale).as_dtype(x.dtype())?)?
+        })
+    }
+
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
         Ok(fast::rope(
-            x,
+            self.scaled(x)?,
             self.dims,
             false,
             self.base,
@@ -122,7 +160,7 @@ impl Rope {
     /// `positions[r]` (`[rows]`, int32): one op for every decoding sequence of a step.
     pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
         Ok(fast::rope_dynamic(
-            x,
+            self.scaled(x)?,
             self.dims,
             false,
             self.base,

@@ -534,6 +534,8 @@ mod tests {
             attention_bias: false,
             quantization: None,
             moe: None,
+            sliding_window: None,
+            family_params: Default::default(),
             attention: Default::default(),
         }
     }

@@ -240,3 +240,53 @@ fn deepseek_v3_4bit() {
 fn deepseek_v3_8bit() {
     check("deepseek_v3", "q8", WeightFormat::Quantized, 1e-3);
 }
+
+/// The released OpenAI layout (experts as mxfp4 `*_blocks`, gate and up interleaved),
+/// experts dequantized to f32 (mlx-lm runs them as mxfp4 with `gather_qmm`: the same values).
+#[test]
+fn gpt_oss_hf() {
+    check("gpt_oss", "hf", WeightFormat::F32, 1e-4);
+}
+
+/// The same folder with the experts kept in mxfp4, as mlx-lm runs them.
+#[test]
+fn gpt_oss_hf_mxfp4_experts() {
+    check("gpt_oss", "hf", WeightFormat::Quantized, 1e-4);
+}
+
+#[test]
+fn gpt_oss_mxfp4() {
+    check("gpt_oss", "mxfp4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn gpt_oss_4bit() {
+    check("gpt_oss", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn gpt_oss_8bit() {
+    check("gpt_oss", "q8", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn gemma3_text_hf_f32() {
+    check("gemma3_text", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn gemma3_text_4bit() {
+    check("gemma3_text", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+#[test]
+fn gemma3_text_8bit() {
+    check("gemma3_text", "q8", WeightFormat::Quantized, 1e-3);
+}
+
+/// mlx_lm.convert's mxfp4 folder dequantized to f32 (what a CPU node picks when it fits):
+/// the same values through f32 kernels.
+#[test]
+fn gpt_oss_mxfp4_as_f32() {
+    check("gpt_oss", "mxfp4", WeightFormat::F32, 1e-4);
+}

@@ -275,3 +275,48 @@ fn deepseek_v3_4bit_two_ranks_batch_like_one_node_alone() {
         "quantized",
     );
 }
+
+/// gpt-oss as `mlx_lm.convert` wrote it in mxfp4 (experts, attention, embeddings; routers at 8
+/// bits affine): every rank keeps its heads with their sinks and every expert at half its
+/// width with its gate/up biases, the down projection's bias halved.
+#[test]
+fn gpt_oss_mxfp4_two_ranks_match_one_node() {
+    let dir = kit::dirs::family_fixture_dir("gpt_oss", "mxfp4");
+    run_tensor_parallel_as(
+        &dir,
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        12,
+        "single",
+        "quantized",
+    );
+}
+
+/// The same over a batch (sequences joining and leaving, past the sliding window).
+#[test]
+fn gpt_oss_mxfp4_two_ranks_batch_like_one_node_alone() {
+    let dir = kit::dirs::family_fixture_dir("gpt_oss", "mxfp4");
+    run_tensor_parallel_as(
+        &dir,
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        13,
+        "batched",
+        "quantized",
+    );
+}
+
+/// Gemma 3 at 4 bits: 2 ranks each keep 2 of the 4 heads (1 of 2 key/value heads) with the
+/// whole (1+w) head and sandwich norms, and half of the GELU MLP; local layers slide.
+#[test]
+fn gemma3_4bit_two_ranks_match_one_node() {
+    let dir = kit::dirs::family_fixture_dir("gemma3_text", "q4");
+    run_tensor_parallel_as(
+        &dir,
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        14,
+        "single",
+        "quantized",
+    );
+}

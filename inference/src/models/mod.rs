@@ -1,5 +1,6 @@
 //! The decoders, laid out as mlx-lm lays out its models: a small shared base ([`base`]:
 //! attention, MLP, the pre-norm block), one file per family, each with its own block and tensor
+//! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`], [`gemma3`]), the Mixture-of-Experts feed-forward
 //! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`glm4_moe`], [`minimax`], [`deepseek_v3`] with its latent attention [`mla`]), the Mixture-of-Experts feed-forward
 //! the MoE families share ([`moe`]), and the shard that runs a layer range of any of
 //! them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
@@ -7,9 +8,12 @@
 //! A family ([`base::Family`]) is chosen once, from the configuration's [`Architecture`],
 //! through [`family`]; the shared code never asks which family it runs.
 
+pub mod attention;
 pub mod base;
 pub mod deepseek_v3;
+pub mod gemma3;
 pub mod glm4_moe;
+pub mod gpt_oss;
 pub mod llama;
 pub mod minimax;
 pub mod mla;
@@ -30,6 +34,8 @@ pub fn family(architecture: Architecture) -> &'static dyn Family {
         Architecture::Qwen2 => &qwen2::Qwen2,
         Architecture::Qwen3 => &qwen3::Qwen3,
         Architecture::Qwen3Moe => &qwen3_moe::Qwen3Moe,
+        Architecture::GptOss => &gpt_oss::GptOss,
+        Architecture::Gemma3Text => &gemma3::Gemma3,
         Architecture::Glm4Moe => &glm4_moe::Glm4Moe,
         Architecture::MiniMax => &minimax::MiniMax,
         Architecture::DeepseekV3 => &deepseek_v3::DeepseekV3,

@@ -110,12 +110,76 @@ fn load_projection(
     Ok(Stacked::Dense(ops::stack(&parts, 0)?))
 }
 
-/// Every expert's SwiGLU, stacked per projection.
+/// How an expert combines its gate and up projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    SwiGlu,
+    /// gpt-oss's: the gate clamped from above and the up projection on both sides at `limit`,
+    /// then `(up + 1) * gate * sigmoid(alpha * gate)`.
+    ClampedSwiGlu {
+        /// `alpha` (1.702).
+        alpha: f32,
+        /// `swiglu_limit` (7).
+        limit: f32,
+    },
+}
+
+impl ExpertActivation {
+    fn apply(self, gate: Array, up: Array) -> Result<Array> {
+        Ok(match self {
+            ExpertActivation::SwiGlu => ops::multiply(&nn::silu(gate)?, &up)?,
+            ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                let gate = ops::minimum(&gate, Array::from_f32(limit))?;
+                let up = ops::maximum(
+                    ops::minimum(&up, Array::from_f32(limit))?,
+                    Array::from_f32(-limit),
+                )?;
+                let glu = ops::multiply(
+                    &gate,
+                    ops::sigmoid(ops::multiply(&gate, Array::from_f32(alpha))?)?,
+                )?;
+                ops::multiply(ops::add(&up, Array::from_f32(1.0))?, &glu)?
+            }
+        })
+    }
+}
+
+/// Per-expert biases of the three projections, `[experts, out]` (gpt-oss).
+#[derive(Debug, Clone)]
+pub struct ExpertBiases {
+    /// The gate projection's.
+    pub gate: Array,
+    /// The up projection's.
+    pub up: Array,
+    /// The down projection's.
+    pub down: Array,
+}
+
+/// Every expert's gated feed-forward, stacked per projection.
 #[derive(Debug, Clone)]
 pub struct Experts {
     gate_proj: Stacked,
     up_proj: Stacked,
     down_proj: Stacked,
+    biases: Option<ExpertBiases>,
+    activation: ExpertActivation,
+}
+
+/// `x @ W[e]^T (+ b[e])` for the expert `e` of each entry of `experts`.
+fn project(
+    w: &Stacked,
+    bias: Option<&Array>,
+    x: &Array,
+    experts: &Array,
+    sorted: bool,
+) -> Result<Array> {
+    let y = w.gather(x, experts, sorted)?;
+    Ok(match bias {
+        // The products are `[..., 1, out]`: the bias joins on the row axis.
+        Some(b) => ops::add(&y, b.take_axis(experts, 0)?.expand_dims(-2)?)?,
+        None => y,
+    })
 }
 
 impl Experts {
@@ -134,10 +198,34 @@ impl Experts {
             let proj = (PROJ_NAMES[i], names[i]);
             load_projection(source, moe_prefix, proj, moe.num_experts, format)
         };
+        let projections = [load(0)?, load(1)?, load(2)?];
+        let prefix = format!("{moe_prefix}.switch_mlp");
+        Experts::new(
+            config,
+            moe,
+            &prefix,
+            projections,
+            None,
+            ExpertActivation::SwiGlu,
+        )
+    }
+
+    /// Experts from their stacked projections (gate, up, down) and biases, checked against
+    /// the configuration (`prefix` names them in errors).
+    pub(crate) fn new(
+        config: &ModelConfig,
+        moe: &MoeConfig,
+        prefix: &str,
+        [gate_proj, up_proj, down_proj]: [Stacked; 3],
+        biases: Option<ExpertBiases>,
+        activation: ExpertActivation,
+    ) -> Result<Experts> {
         let experts = Experts {
-            gate_proj: load(0)?,
-            up_proj: load(1)?,
-            down_proj: load(2)?,
+            gate_proj,
+            up_proj,
+            down_proj,
+            biases,
+            activation,
         };
         for (what, m, rows) in [
             ("gate_proj", &experts.gate_proj, moe.expert_width),
@@ -146,7 +234,7 @@ impl Experts {
         ] {
             if m.experts() != moe.num_experts || m.out_rows() != rows {
                 return Err(InferenceError::BadTensor {
-                    name: format!("{moe_prefix}.switch_mlp.{what}"),
+                    name: format!("{prefix}.{what}"),
                     reason: format!(
                         "expected {} experts of {rows} rows, found {} of {}",
                         moe.num_experts,
@@ -154,6 +242,25 @@ impl Experts {
                         m.out_rows()
                     ),
                 });
+            }
+        }
+        if let Some(b) = &experts.biases {
+            let want = |rows: usize| vec![moe.num_experts as i32, rows as i32];
+            for (what, bias, rows) in [
+                ("gate_proj", &b.gate, moe.expert_width),
+                ("up_proj", &b.up, moe.expert_width),
+                ("down_proj", &b.down, config.hidden_size),
+            ] {
+                if bias.shape() != want(rows) {
+                    return Err(InferenceError::BadTensor {
+                        name: format!("{prefix}.{what}.bias"),
+                        reason: format!(
+                            "expected shape {:?}, found {:?}",
+                            want(rows),
+                            bias.shape()
+                        ),
+                    });
+                }
             }
         }
         Ok(experts)
@@ -183,18 +290,30 @@ impl Experts {
     }
 
     fn swiglu(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
-        let up = self.up_proj.gather(x, experts, sorted)?;
-        let gate = self.gate_proj.gather(x, experts, sorted)?;
-        let h = ops::multiply(&nn::silu(gate)?, &up)?;
-        self.down_proj.gather(&h, experts, sorted)
+        let b = self.biases.as_ref();
+        let up = project(&self.up_proj, b.map(|b| &b.up), x, experts, sorted)?;
+        let gate = project(&self.gate_proj, b.map(|b| &b.gate), x, experts, sorted)?;
+        let h = self.activation.apply(gate, up)?;
+        project(&self.down_proj, b.map(|b| &b.down), &h, experts, sorted)
     }
 
-    /// This rank's slice of every expert: `[start, end)` of each expert's hidden units.
-    fn cut(&self, start: usize, end: usize, what: &str) -> Result<Experts> {
+    /// This rank's slice of every expert (one of `ranks`): `[start, end)` of each expert's
+    /// hidden units; the down projection's bias divided by the ranks, whose sum adds it once.
+    fn cut(&self, start: usize, end: usize, ranks: usize, what: &str) -> Result<Experts> {
+        let biases = match &self.biases {
+            Some(b) => Some(ExpertBiases {
+                gate: slice_axis(&b.gate, 1, start, end)?,
+                up: slice_axis(&b.up, 1, start, end)?,
+                down: ops::divide(&b.down, Array::from_f32(ranks as f32))?,
+            }),
+            None => None,
+        };
         Ok(Experts {
             gate_proj: self.gate_proj.slice_rows(start, end)?,
             up_proj: self.up_proj.slice_rows(start, end)?,
             down_proj: self.down_proj.slice_columns(start, end, what)?,
+            biases,
+            activation: self.activation,
         })
     }
 
@@ -203,10 +322,12 @@ impl Experts {
     }
 
     fn arrays(&self) -> Vec<&Array> {
-        [&self.gate_proj, &self.up_proj, &self.down_proj]
+        let mut v: Vec<&Array> = [&self.gate_proj, &self.up_proj, &self.down_proj]
             .into_iter()
             .flat_map(Stacked::arrays)
-            .collect()
+            .collect();
+        v.extend(self.biases.iter().flat_map(|b| [&b.gate, &b.up, &b.down]));
+        v
     }
 }
 
@@ -320,6 +441,13 @@ impl MoeBlock {
                 }
                 Ok((picked, weights))
             }
+            RouterKind::TopKSoftmax => {
+                let experts = *logits.shape().last().unwrap_or(&0);
+                let picked =
+                    argpartition_axis(&logits, experts - k, -1)?.index((.., .., (experts - k)..));
+                let top = logits.take_along_axis(&picked, -1)?;
+                Ok((picked, ops::softmax_axis(&top, -1, true)?))
+            }
             RouterKind::SigmoidGroupedTopK {
                 groups,
                 top_groups,
@@ -388,7 +516,7 @@ impl MoeBlock {
             kind: self.kind,
             correction: self.correction.clone(),
             experts_per_token: self.experts_per_token,
-            experts: self.experts.cut(start, end, what)?,
+            experts: self.experts.cut(start, end, size, what)?,
             shared,
             reduce: Some(group.clone()),
         })

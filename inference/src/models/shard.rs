@@ -36,6 +36,8 @@ pub struct ModelShard {
     pub(super) layers: Vec<DecoderLayer>,
     pub(super) norm: Option<Array>,
     pub(super) head: Option<Matrix>,
+    /// The factor on token embeddings, where the family has one (Gemma).
+    pub(super) embed_scale: Option<f32>,
 }
 
 impl ModelShard {
@@ -81,7 +83,7 @@ impl ModelShard {
             progress(done + 2, total);
         }
         let (norm, head) = if last {
-            let norm = source.dense("model.norm.weight", dtype)?;
+            let norm = family.final_norm(source, dtype)?;
             let head = if config.tie_word_embeddings || !source.contains("lm_head.weight") {
                 embed.clone().ok_or_else(|| {
                     InferenceError::MissingTensor("model.embed_tokens.weight".into())
@@ -106,6 +108,7 @@ impl ModelShard {
             layers,
             norm,
             head,
+            embed_scale: family.embedding_scale(config),
         };
         shard.prefer_huge_pages();
         progress(total, total);
@@ -151,11 +154,15 @@ impl ModelShard {
     /// Embeds token ids already on the device (`[n]` uint32, e.g. the previous step's greedy
     /// choice, which is within the vocabulary by construction): `[1, n, hidden]`.
     pub fn embed_device(&self, ids: &Array) -> Result<Array> {
-        Ok(self.embedding()?.rows(ids)?.reshape(&[
+        let h = self.embedding()?.rows(ids)?.reshape(&[
             1,
             ids.size() as i32,
             self.config.hidden_size as i32,
-        ])?)
+        ])?;
+        Ok(match self.embed_scale {
+            Some(scale) => mlx_rs::ops::multiply(&h, Array::from_f32(scale).as_dtype(h.dtype())?)?,
+            None => h,
+        })
     }
 
     /// Backs the weights with huge pages where the platform allows (see

@@ -1,0 +1,462 @@
+//! Grouped-query attention with RoPE (mlx-lm's attention blocks): the projections, per-head
+//! Q/K norms where a family has them, and attention of a sequence's new positions over its own
+//! cache ([`Attention::forward`]) or of every decoding row at once ([`crate::kv_rows`]). Each
+//! attention cuts itself for tensor parallelism by heads ([`Attention::cut`]).
+
+use super::base::{all_sum, check_shape, layer_tensor};
+use crate::config::ModelConfig;
+use crate::error::{InferenceError, Result};
+use crate::kv_cache::LayerCache;
+use crate::kv_rows::{LayerKv, RowLayer, RowStep};
+use crate::linear::Linear;
+use crate::quantized::slice_axis;
+use crate::ring::RingGroup;
+use crate::rope::Rope;
+use crate::weights::{TensorSource, WeightFormat};
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+use std::sync::Arc;
+
+/// RMS norms applied to the queries and keys before RoPE: over each head (Qwen3, GLM) or
+/// over all heads together (MiniMax).
+#[derive(Debug, Clone)]
+pub struct HeadNorms {
+    /// `[head_dim]`, or `[heads·head_dim]` over all heads.
+    pub(crate) q: Array,
+    /// `[head_dim]`, or `[kv_heads·head_dim]` over all heads.
+    pub(crate) k: Array,
+    /// What one norm spans.
+    pub(crate) span: NormSpan,
+}
+
+/// What one query/key RMS norm spans.
+#[derive(Debug, Clone)]
+pub enum NormSpan {
+    /// Each head alone.
+    EachHead,
+    /// Every head of the layer together. Under tensor parallelism a rank holds some heads:
+    /// their sum of squares is added over `reduce` before dividing, so the norm is the whole
+    /// layer's.
+    AllHeads {
+        /// The tensor-parallel ring, once cut.
+        reduce: Option<Arc<RingGroup>>,
+    },
+}
+
+impl HeadNorms {
+    /// Norms over each head, weights `[head_dim]`.
+    pub(crate) fn each_head(q: Array, k: Array) -> HeadNorms {
+        HeadNorms {
+            q,
+            k,
+            span: NormSpan::EachHead,
+        }
+    }
+
+    /// Norms over all heads together, weights `[heads·head_dim]` and `[kv_heads·head_dim]`.
+    pub(crate) fn all_heads(q: Array, k: Array) -> HeadNorms {
+        HeadNorms {
+            q,
+            k,
+            span: NormSpan::AllHeads { reduce: None },
+        }
+    }
+
+    /// `t` `[b, l, width]` normalized with `w`: `t / rms(t) · w`, the mean of squares taken
+    /// over `width` (all heads), or over every rank's heads when cut.
+    fn across_heads(
+        t: &Array,
+        w: &Array,
+        eps: f32,
+        reduce: &Option<Arc<RingGroup>>,
+    ) -> Result<Array> {
+        let Some(group) = reduce else {
+            return Ok(fast::rms_norm(t, Some(w), eps)?);
+        };
+        let width = *t.shape().last().unwrap_or(&1) * group.size() as i32;
+        let squares = group.all_sum(&t.square()?.sum_axis(-1, true)?)?;
+        let mean = ops::divide(&squares, Array::from_f32(width as f32))?;
+        let inv = ops::rsqrt(ops::add(&mean, Array::from_f32(eps))?)?;
+        Ok(ops::multiply(&ops::multiply(t, &inv)?, w)?)
+    }
+
+    /// This rank's slice: per-head weights stay whole, all-head weights keep the rank's heads
+    /// (`[q0, q1)` and `[k0, k1)` of the widths) and add their squares over `group`.
+    fn cut(&self, q: (usize, usize), k: (usize, usize), group: &Arc<RingGroup>) -> Result<Self> {
+        Ok(match self.span {
+            NormSpan::EachHead => self.clone(),
+            NormSpan::AllHeads { .. } => HeadNorms {
+                q: crate::quantized::slice_axis(&self.q, 0, q.0, q.1)?,
+                k: crate::quantized::slice_axis(&self.k, 0, k.0, k.1)?,
+                span: NormSpan::AllHeads {
+                    reduce: Some(group.clone()),
+                },
+            },
+        })
+    }
+}
+
+/// Multi-head attention with grouped keys/values, RoPE and, where the family has them, per-head
+/// Q/K norms, attention sinks and a sliding window.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub(crate) q_proj: Linear,
+    pub(crate) k_proj: Linear,
+    pub(crate) v_proj: Linear,
+    pub(crate) o_proj: Linear,
+    pub(crate) head_norms: Option<HeadNorms>,
+    pub(crate) num_heads: i32,
+    pub(crate) num_kv_heads: i32,
+    pub(crate) head_dim: i32,
+    pub(crate) eps: f32,
+    pub(crate) rope: Rope,
+    /// Factor on the query-key products (`1/sqrt(head_dim)` unless the family says otherwise).
+    pub(crate) scale: f32,
+    /// Per head, a logit that joins every query's softmax without a value (gpt-oss's
+    /// `sinks`): attention may give weight to "nothing".
+    pub(crate) sinks: Option<Array>,
+    /// A sliding layer's window: a query sees the last `window` positions, itself included.
+    pub(crate) window: Option<usize>,
+    /// Tensor parallel: the ring whose ranks each hold a slice of the heads; the output
+    /// projection's partial sums are added up over it.
+    pub(crate) reduce: Option<Arc<RingGroup>>,
+}
+
+impl Attention {
+    /// The projections of layer `layer` (with their biases where the weights have them) and
+    /// `head_norms`, checked against the configuration; the layer's window, if the
+    /// configuration makes it a sliding layer.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+    ) -> Result<Attention> {
+        let p = |part: &str| layer_tensor(layer, part);
+        let (q_rows, kv_rows) = (
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        );
+        let mut proj = |part: &str, rows: usize| -> Result<Linear> {
+            let linear = source.linear(&p(part), format)?;
+            check_shape(&linear.weight, &p(part), rows)?;
+            Ok(linear)
+        };
+        Ok(Attention {
+            q_proj: proj("self_attn.q_proj", q_rows)?,
+            k_proj: proj("self_attn.k_proj", kv_rows)?,
+            v_proj: proj("self_attn.v_proj", kv_rows)?,
+            o_proj: proj("self_attn.o_proj", config.hidden_size)?,
+            head_norms,
+            num_heads: config.num_heads as i32,
+            num_kv_heads: config.num_kv_heads as i32,
+            head_dim: config.head_dim as i32,
+            eps: config.rms_norm_eps,
+            rope: Rope::new(
+                config.attention.rotary_dim.unwrap_or(config.head_dim),
+                config.rope_theta,
+                &config.rope_scaling,
+            ),
+            scale: 1.0 / (config.head_dim as f32).sqrt(),
+            sinks: None,
+            window: config
+                .sliding_window
+                .as_ref()
+                .and_then(|w| w.of_layer(layer)),
+            reduce: None,
+        })
+    }
+
+    /// With per-head attention sinks `[heads]`.
+    pub(crate) fn with_sinks(self, sinks: Array) -> Result<Attention> {
+        if sinks.shape() != [self.num_heads] {
+            return Err(InferenceError::BadTensor {
+                name: "self_attn.sinks".into(),
+                reason: format!(
+                    "expected one sink per head ({}), found shape {:?}",
+                    self.num_heads,
+                    sinks.shape()
+                ),
+            });
+        }
+        Ok(Attention {
+            sinks: Some(sinks),
+            ..self
+        })
+    }
+
+    /// With another factor on the query-key products.
+    pub(crate) fn with_scale(self, scale: f32) -> Attention {
+        Attention { scale, ..self }
+    }
+
+    /// With another RoPE (a layer kind with its own base).
+    pub(crate) fn with_rope(self, rope: Rope) -> Attention {
+        Attention { rope, ..self }
+    }
+
+    /// `x`: `[batch, seq, hidden]`, one sequence (per batch row) continuing `cache`.
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let l = x.shape()[1] as usize;
+        self.forward_segments(x, &mut [LayerKv::Own(l, cache)])
+    }
+
+    /// Several sequences in one pass (continuous batching): `x` is `[1, total, hidden]`, the
+    /// new positions of each sequence one after another, and `segments` says, in the same
+    /// order, how many positions each has and which cache it continues. The projections run
+    /// once over all positions (one read of the weights for every sequence). A sequence with
+    /// its own cache gets RoPE, its cache write and attention at its own offset; the decoding
+    /// rows ([`crate::kv_rows`]) get them once for all rows, each at its own position and
+    /// masked to its own columns. Either way each sequence sees exactly what it would alone.
+    pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |t: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
+            let span = self.head_norms.as_ref().map(|h| &h.span);
+            let t = match (norm, span) {
+                (Some(w), Some(NormSpan::AllHeads { reduce })) => {
+                    HeadNorms::across_heads(&t, w, self.eps, reduce)?.reshape(&[
+                        b,
+                        l,
+                        n,
+                        self.head_dim,
+                    ])?
+                }
+                (Some(w), _) => {
+                    fast::rms_norm(&t.reshape(&[b, l, n, self.head_dim])?, Some(w), self.eps)?
+                }
+                (None, _) => t.reshape(&[b, l, n, self.head_dim])?,
+            };
+            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let norms = self.head_norms.as_ref();
+        let q = heads(self.q_proj.forward(x)?, self.num_heads, norms.map(|n| &n.q))?;
+        let k = heads(
+            self.k_proj.forward(x)?,
+            self.num_kv_heads,
+            norms.map(|n| &n.k),
+        )?;
+        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
+        let o = if let [LayerKv::Own(_, cache)] = segments {
+            self.attend(q, k, v, cache)?
+        } else {
+            let mut outs = Vec::with_capacity(segments.len());
+            let mut at = 0i32;
+            for segment in segments.iter_mut() {
+                let len = match segment {
+                    LayerKv::Own(len, _) => *len as i32,
+                    LayerKv::Rows(_, step) => step.rows() as i32,
+                };
+                let end = at + len;
+                let part = |t: &Array| t.index((.., .., at..end, ..));
+                outs.push(match segment {
+                    LayerKv::Own(_, cache) => self.attend(part(&q), part(&k), part(&v), cache)?,
+                    LayerKv::Rows(layer, step) => {
+                        self.attend_rows(part(&q), part(&k), part(&v), layer, step)?
+                    }
+                });
+                at = end;
+            }
+            if outs.len() == 1 {
+                outs.pop().expect("one output")
+            } else {
+                ops::concatenate(&outs, 2)?
+            }
+        };
+        let o =
+            o.transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        all_sum(self.o_proj.forward(&o)?, &self.reduce)
+    }
+
+    /// Attention of one sequence's new positions (`[b, heads, new, head_dim]`) over its cache.
+    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache) -> Result<Array> {
+        let l = q.shape()[2];
+        let offset = cache.len();
+        let q = self.rope.apply(&q, offset)?;
+        let k = self.rope.apply(&k, offset)?;
+        let (k, v) = cache.append(k, v)?;
+        let total = offset + l as usize;
+        match self.window.filter(|&w| total > w) {
+            Some(window) => {
+                // Keys before the first query's window are seen by no query.
+                let first = (offset + 1).saturating_sub(window);
+                let keys = |t: &Array| t.index((.., .., first as i32.., ..));
+                let mask = window_mask(offset, l as usize, first, total, window);
+                let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
+                self.sdpa(&q, &keys(&k), &keys(&v), mask)
+            }
+            None => {
+                let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+                self.sdpa(&q, &k, &v, mask)
+            }
+        }
+    }
+
+    /// Scaled dot-product attention with this attention's scale and sinks.
+    fn sdpa(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        mask: Option<ScaledDotProductAttentionMask<'_>>,
+    ) -> Result<Array> {
+        Ok(fast::scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            self.scale,
+            mask,
+            self.sinks.as_ref(),
+        )?)
+    }
+
+    /// Attention of the decoding rows' new positions (`[1, heads, rows, head_dim]`, one per
+    /// row, in row order) over their shared buffers.
+    fn attend_rows(
+        &self,
+        q: Array,
+        k: Array,
+        v: Array,
+        layer: &mut RowLayer,
+        step: &RowStep,
+    ) -> Result<Array> {
+        // [1, heads, rows, d] -> [rows, heads, 1, d]: each row a batch entry.
+        let by_row = |t: Array| t.transpose_axes(&[2, 1, 0, 3]);
+        let q = self.rope.apply_at(&by_row(q)?, &step.positions)?;
+        let k = self.rope.apply_at(&by_row(k)?, &step.positions)?;
+        let (k, v) = layer.write(&k, &by_row(v)?, step)?;
+        // Rows are right-aligned: every row's new position is the last column, so a window
+        // is the same last columns for every row.
+        let columns = k.shape()[2];
+        let first = match self.window {
+            Some(w) => (columns - w as i32).max(0),
+            None => 0,
+        };
+        let (k, v, mask) = if first > 0 {
+            let cut = |t: &Array| t.index((.., .., first.., ..));
+            let mask = step.mask.as_ref().map(|m| m.index((.., .., .., first..)));
+            (cut(&k), cut(&v), mask)
+        } else {
+            (k, v, step.mask.clone())
+        };
+        let o = self.sdpa(
+            &q,
+            &k,
+            &v,
+            mask.as_ref().map(ScaledDotProductAttentionMask::Array),
+        )?;
+        Ok(by_row(o)?)
+    }
+
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance: query heads
+    /// `[r·h/n, (r+1)·h/n)` with exactly the key/value heads they use, so grouped-query
+    /// attention needs no communication; the output projection's partial sums are added over
+    /// `group`.
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<Attention> {
+        let (heads, kv_heads) = (self.num_heads as usize, self.num_kv_heads as usize);
+        for (kind, count) in [("attention heads", heads), ("key/value heads", kv_heads)] {
+            if !count.is_multiple_of(size) {
+                return Err(InferenceError::BadSplit(format!(
+                    "{count} {kind} cannot be split over {size} ranks; choose a ring size \
+                     that divides it"
+                )));
+            }
+        }
+        let d = self.head_dim as usize;
+        let (heads, kv_heads) = (heads / size, kv_heads / size);
+        let (q0, q1) = (rank * heads * d, (rank + 1) * heads * d);
+        let (k0, k1) = (rank * kv_heads * d, (rank + 1) * kv_heads * d);
+        let name = |n: &str| format!("{what} {n}");
+        Ok(Attention {
+            q_proj: self.q_proj.slice_rows(q0, q1)?,
+            k_proj: self.k_proj.slice_rows(k0, k1)?,
+            v_proj: self.v_proj.slice_rows(k0, k1)?,
+            o_proj: self.o_proj.slice_columns(q0, q1, size, &name("o_proj"))?,
+            head_norms: self
+                .head_norms
+                .as_ref()
+                .map(|n| n.cut((q0, q1), (k0, k1), group))
+                .transpose()?,
+            num_heads: heads as i32,
+            num_kv_heads: kv_heads as i32,
+            head_dim: self.head_dim,
+            eps: self.eps,
+            rope: self.rope.clone(),
+            scale: self.scale,
+            sinks: self
+                .sinks
+                .as_ref()
+                .map(|s| slice_axis(s, 0, rank * heads, (rank + 1) * heads))
+                .transpose()?,
+            window: self.window,
+            reduce: Some(group.clone()),
+        })
+    }
+
+    /// Every array of the attention (to evaluate them eagerly).
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        let mut v: Vec<&Array> = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+            .into_iter()
+            .flat_map(Linear::arrays)
+            .collect();
+        v.extend(self.head_norms.iter().flat_map(|n| [&n.q, &n.k]));
+        v.extend(self.sinks.iter());
+        v
+    }
+}
+
+/// Which keys `[first, total)` each of `new` queries at positions `[offset, offset + new)` sees
+/// in a sliding layer: its own position and the `window - 1` before it. `[new, total - first]`
+/// booleans; `None` when that is plain causal attention.
+fn window_mask(
+    offset: usize,
+    new: usize,
+    first: usize,
+    total: usize,
+    window: usize,
+) -> Option<Array> {
+    let keys = total - first;
+    let mut mask = Vec::with_capacity(new * keys);
+    for i in offset..offset + new {
+        mask.extend((first..total).map(|j| j <= i && i - j < window));
+    }
+    if new == 1 && mask.iter().all(|&m| m) {
+        return None;
+    }
+    Some(Array::from_slice(&mask, &[new as i32, keys as i32]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(mask: Option<Array>) -> Option<Vec<bool>> {
+        mask.map(|m| {
+            m.eval().unwrap();
+            m.as_slice::<bool>().to_vec()
+        })
+    }
+
+    /// Queries at positions 5 and 6 with a window of 3 over keys 3..7: each sees itself and
+    /// the two before it, nothing later.
+    #[test]
+    fn a_window_sees_its_last_positions() {
+        let mask = host(window_mask(5, 2, 3, 7, 3)).unwrap();
+        #[rustfmt::skip]
+        let want = [
+            true, true, true, false, // position 5: keys 3, 4, 5
+            false, true, true, true, // position 6: keys 4, 5, 6
+        ];
+        assert_eq!(mask, want);
+        // One query whose window is exactly the keys given needs no mask.
+        assert_eq!(host(window_mask(9, 1, 7, 10, 3)), None);
+    }
+}

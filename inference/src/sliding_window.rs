@@ -1,0 +1,64 @@
+//! Sliding-window attention layers (gpt-oss's `layer_types`, Gemma 3's local layers): which
+//! layers of a model see only a recent window of positions, read from `config.json`.
+
+use crate::error::{InferenceError, Result};
+use serde_json::Value;
+
+/// Which layers attend only to the last `size` positions (their own included): gpt-oss's
+/// `layer_types`, Gemma 3's local layers. Layer indices are global, so a pipeline stage
+/// holding layers `[start, end)` asks about its layers by their place in the whole model.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SlidingWindow {
+    /// Positions a sliding layer's query sees, itself included (`sliding_window`).
+    pub size: usize,
+    /// Per layer, whether it slides.
+    pub layers: Vec<bool>,
+}
+
+impl SlidingWindow {
+    /// Reads `sliding_window` and `layer_types` (`"sliding_attention"` / `"full_attention"`,
+    /// one per layer); where `layer_types` is absent, `default` says which layers slide.
+    pub fn from_hf_json(
+        v: &Value,
+        num_layers: usize,
+        default: impl Fn(usize) -> bool,
+    ) -> Result<Option<SlidingWindow>> {
+        let Some(size) = v.get("sliding_window").and_then(Value::as_u64) else {
+            return Ok(None);
+        };
+        let layers = match v.get("layer_types").and_then(Value::as_array) {
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    other => Err(InferenceError::BadConfig(format!(
+                        "layer_types holds {other:?}; this build knows sliding_attention and \
+                         full_attention"
+                    ))),
+                })
+                .collect::<Result<Vec<bool>>>()?,
+            None => (0..num_layers).map(default).collect(),
+        };
+        if layers.len() != num_layers || size == 0 {
+            return Err(InferenceError::BadConfig(format!(
+                "layer_types names {} layers of {num_layers}, sliding_window {size}: fix \
+                 config.json so they agree",
+                layers.len()
+            )));
+        }
+        Ok(Some(SlidingWindow {
+            size: size as usize,
+            layers,
+        }))
+    }
+
+    /// The window of layer `layer` (global index), or `None` for a full-attention layer.
+    pub fn of_layer(&self, layer: usize) -> Option<usize> {
+        self.layers
+            .get(layer)
+            .copied()
+            .unwrap_or(false)
+            .then_some(self.size)
+    }
+}
