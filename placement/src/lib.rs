@@ -27,7 +27,8 @@
 //!   `[{"from", "to", "rdma": {"from_iface", "to_iface"}}]`; edges naming unknown nodes are
 //!   ignored;
 //! * `model`: `{"id", "n_layers", "storage_bytes", "hidden_size", "num_key_value_heads",
-//!   "supports_tensor", "backends"}`;
+//!   "supports_tensor", "tensor_divisors", "backends"}`; `tensor_divisors` (`[{"what",
+//!   "count"}]`, counts a tensor ring's size must also divide) defaults to none;
 //! * `request`: `{"sharding": "pipeline" | "tensor", "backend": "ring" | "jaccl",
 //!   "min_nodes", "required_nodes", "instance_id"}`; `min_nodes` defaults to 1,
 //!   `required_nodes` to none, and `instance_id` (from which the ring port is derived) to

@@ -23,8 +23,9 @@ pub struct ModelCard {
     /// Further counts a tensor-parallel ring's size must divide, besides the hidden size and
     /// the key/value heads: query heads, feed-forward and expert widths, and the number of
     /// quantization groups each cut axis holds (a group shares one scale, so it cannot be
-    /// split between ranks).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// split between ranks). Always written (postcard, which carries placement inputs
+    /// between nodes, has no optional fields); JSON documents may leave it out.
+    #[serde(default)]
     pub tensor_divisors: Vec<TensorDivisor>,
     /// The compute backends the model runs on; every node of a ring must offer one of them.
     /// An empty list matches no node.

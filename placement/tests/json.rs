@@ -21,7 +21,8 @@ fn document() -> serde_json::Value {
             {"from": "b", "to": "a", "rdma": {"from_iface": "rdma_en3", "to_iface": "rdma_en1"}}
         ],
         "model": {"id": "m", "n_layers": 4, "storage_bytes": 1000, "hidden_size": 64,
-                  "num_key_value_heads": 2, "supports_tensor": false, "backends": ["mlx_cpu"]},
+                  "num_key_value_heads": 2, "supports_tensor": false,
+                  "tensor_divisors": [{"what": "attention heads", "count": 4}], "backends": ["mlx_cpu"]},
         "request": {"sharding": "tensor", "backend": "jaccl", "min_nodes": 2, "required_nodes": ["a"],
                     "instance_id": "i-1"}
     })
