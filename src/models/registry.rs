@@ -27,6 +27,9 @@ pub struct ModelRegistry {
     /// never while a file is read: a file that blocks (a FIFO, a stalled network disk) must
     /// not hold up requests for other models.
     facts: std::sync::Mutex<BTreeMap<PathBuf, Arc<FactsCell>>>,
+    /// The file each model id's facts were last read from: a model id's path changes once its
+    /// snapshot is downloaded, and the model list finds its facts by id.
+    read_from: std::sync::Mutex<BTreeMap<String, PathBuf>>,
 }
 
 impl ModelRegistry {
@@ -37,6 +40,7 @@ impl ModelRegistry {
             default_model,
             dirs,
             facts: std::sync::Mutex::default(),
+            read_from: std::sync::Mutex::default(),
         }
     }
 
@@ -60,10 +64,14 @@ impl ModelRegistry {
         ModelSpec::of_reference(reference, &self.default_model, &self.dirs)
     }
 
-    /// The facts of the model at `path` if they were read already (never reads).
-    fn known_facts(&self, path: &std::path::Path) -> Option<Arc<ModelFacts>> {
+    /// The facts of `spec`'s model if they were read already, at its path or where its id
+    /// was last read from (never reads).
+    fn known_facts(&self, spec: &ModelSpec) -> Option<Arc<ModelFacts>> {
+        let last = self.read_from.lock().ok()?.get(&spec.id).cloned();
         let cells = self.facts.lock().ok()?;
-        cells.get(path)?.get().cloned()
+        std::iter::once(&spec.path)
+            .chain(last.as_ref())
+            .find_map(|p| cells.get(p)?.get().cloned())
     }
 
     /// The facts of the model at `spec.path`, read once per file; `node` names this node in
@@ -77,6 +85,9 @@ impl ModelRegistry {
                 .map_err(|_| ApiError::internal("the model registry's lock is poisoned"))?;
             cells.entry(spec.path.clone()).or_default().clone()
         };
+        if let Ok(mut read_from) = self.read_from.lock() {
+            read_from.insert(spec.id.clone(), spec.path.clone());
+        }
         let unreadable = |e: String| {
             ApiError::new(
                 ErrorKind::Unavailable,
@@ -123,7 +134,7 @@ impl ModelRegistry {
     ) -> Vec<ModelInfo> {
         let mut models: BTreeMap<String, ModelInfo> = BTreeMap::new();
         let mut add = |spec: &ModelSpec, ready: bool| {
-            let shape = self.known_facts(&spec.path).map(|f| f.shape.clone());
+            let shape = self.known_facts(spec).map(|f| f.shape.clone());
             for name in spec.names() {
                 let entry = models.entry(name.clone()).or_insert_with(|| ModelInfo {
                     id: name.clone(),

@@ -215,13 +215,17 @@ pub fn models_json(models: &[ModelInfo]) -> Value {
     let data: Vec<Value> = models
         .iter()
         .map(|m| {
-            json!({
+            let mut entry = json!({
                 "id": m.id,
                 "object": "model",
                 "created": m.created,
                 "owned_by": m.owned_by,
                 "ready": m.ready,
-            })
+            });
+            if let Some(shape) = &m.shape {
+                entry["shape"] = json!(shape);
+            }
+            entry
         })
         .collect();
     json!({ "object": "list", "data": data })
