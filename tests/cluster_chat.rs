@@ -427,9 +427,33 @@ fn a_two_rank_pipeline_across_both_nodes_answers_through_either() {
     let instance = created["instance_id"].as_str().expect("id").to_string();
     let ranks = created["placement"]["ranks"].as_array().expect("ranks");
     assert_eq!(ranks.len(), 2, "{created}");
-    // Previews: every sharding x backend x node count, with the placement or the error.
-    let (status, previews) = json_of(b, "GET", "/instance/previews?model_id=default", None);
-    assert_eq!(status, 200, "{previews}");
+    // Previews: every sharding x backend x node count, with the placement or the error. Asked
+    // of B, which may not have A's verified links in its state yet (gossip): until it does,
+    // its 2-node pipeline preview finds no ring, so the previews are read again until it is
+    // placed (the instance itself was placed by A, which had them).
+    let two_node_pipeline_placed = |previews: &serde_json::Value| {
+        previews["previews"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| {
+                p["sharding"] == "Pipeline"
+                    && p["instance_meta"] == "MlxRing"
+                    && p["node_count"] == 2
+                    && p["placement"]["ranks"].as_array().map(Vec::len) == Some(2)
+            })
+    };
+    let mut previews = serde_json::Value::Null;
+    let seen = wait_for(Duration::from_secs(30), || {
+        let (status, answer) = json_of(b, "GET", "/instance/previews?model_id=default", None);
+        assert_eq!(status, 200, "{answer}");
+        previews = answer;
+        two_node_pipeline_placed(&previews).then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "B's previews never placed the 2-node pipeline: {previews}"
+    );
     let list = previews["previews"].as_array().expect("previews");
     assert_eq!(list.len(), 8, "{previews}");
     let find = |sharding: &str, meta: &str, count: u64| {
