@@ -18,31 +18,11 @@ mod hf;
 
 use hub::select::{Shard, INDEX};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::netns::Spec;
 use support::{call, logs, wait_for, ShoalNode, TestNet, API_PORT};
-
-/// The safetensors files in `cache`'s snapshot of the fixture repo.
-fn weight_files_held(cache: &Path) -> BTreeSet<String> {
-    let snapshots = cache
-        .join("models--HuggingFaceTB--SmolLM2-135M-Instruct")
-        .join("snapshots");
-    std::fs::read_dir(snapshots)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .flat_map(|commit| {
-            std::fs::read_dir(commit.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|f| f.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".safetensors"))
-        .collect()
-}
 
 /// Runs `tests/node_checks.py BASE_URL MODEL paris` inside `node`'s namespace.
 fn paris(node: &ShoalNode) -> Result<String, String> {
@@ -168,7 +148,7 @@ fn placing_a_model_id_downloads_each_ranks_layers_and_answers_everywhere() {
             "{me} needs every file: {expected:?}"
         );
         assert_eq!(
-            weight_files_held(cache),
+            hf::weight_files_held(cache, hf::REPO),
             expected,
             "node {me} with layers {start}..{end}"
         );

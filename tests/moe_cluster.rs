@@ -21,7 +21,7 @@ mod hf;
 use hub::select::{Shard, INDEX};
 use hub::testhub::{split::split, Faults, ServedRepo};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use support::netns::Spec;
@@ -55,26 +55,6 @@ fn moe_repo(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
     let repo = dir.join("moe-repo");
     split(&stage, &repo, 3).map_err(|e| format!("splitting the fixture: {e}"))?;
     Ok((repo, answer))
-}
-
-/// The safetensors files in `cache`'s snapshot of [`REPO`].
-fn weight_files_held(cache: &Path) -> BTreeSet<String> {
-    let snapshots = cache
-        .join(format!("models--{}", REPO.replace('/', "--")))
-        .join("snapshots");
-    std::fs::read_dir(snapshots)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .flat_map(|commit| {
-            std::fs::read_dir(commit.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|f| f.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".safetensors"))
-        .collect()
 }
 
 /// Runs `tests/node_checks.py BASE_URL REPO answer REFERENCE` inside `node`'s namespace.
@@ -276,7 +256,7 @@ fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
         .unwrap();
         assert!(expected.len() < 3, "layers {start}..{end} need every file");
         assert_eq!(
-            weight_files_held(cache),
+            hf::weight_files_held(cache, REPO),
             expected,
             "node {me}, layers {start}..{end}"
         );

@@ -186,3 +186,26 @@ pub fn bytes_of(served: &[Served], path: &str) -> u64 {
         .map(|s| s.sent)
         .sum()
 }
+
+/// The safetensors files in `cache`'s snapshots of `repo` (what a node downloaded of it).
+pub fn weight_files_held(
+    cache: &std::path::Path,
+    repo: &str,
+) -> std::collections::BTreeSet<String> {
+    let snapshots = cache
+        .join(format!("models--{}", repo.replace('/', "--")))
+        .join("snapshots");
+    std::fs::read_dir(snapshots)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|commit| {
+            std::fs::read_dir(commit.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|f| f.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect()
+}
