@@ -10,6 +10,11 @@
 //!   answer.
 //! - On one node: the same answer.
 //!
+//! And every family mlx-lm made a 4-bit fixture of (Qwen3-MoE, GLM-4.5, MiniMax M2,
+//! DeepSeek V3, gpt-oss, Gemma 3; gpt-oss also in its own mxfp4), each served as a repo of its
+//! own: mlx-lm's greedy answer from every node of a 2-node pipeline, of a 2-node tensor ring,
+//! and from one node.
+//!
 //! Needs root (namespaces), the family fixtures and the Python venv (`cargo xtask setup`).
 
 mod support;
@@ -58,7 +63,7 @@ fn moe_repo(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
 }
 
 /// Runs `tests/node_checks.py BASE_URL REPO answer REFERENCE` inside `node`'s namespace.
-fn answers_as_mlx_lm(node: &ShoalNode, reference: &Path) -> Result<String, String> {
+fn answers_as_mlx_lm(node: &ShoalNode, repo: &str, reference: &Path) -> Result<String, String> {
     let python = kit::dirs::python();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node_checks.py");
     let url = format!("http://{}:{API_PORT}/v1", node.node.ip());
@@ -66,7 +71,7 @@ fn answers_as_mlx_lm(node: &ShoalNode, reference: &Path) -> Result<String, Strin
         .node
         .command(&python.display().to_string())
         .arg(script)
-        .args([url.as_str(), REPO, "answer"])
+        .args([url.as_str(), repo, "answer"])
         .arg(reference)
         .output()
         .map_err(|e| format!("{}: {e}", python.display()))?;
@@ -81,53 +86,66 @@ fn answers_as_mlx_lm(node: &ShoalNode, reference: &Path) -> Result<String, Strin
     }
 }
 
-fn ready(node: &ShoalNode) -> bool {
+/// Whether `node`'s `/v1/models` lists `repo` as ready.
+fn ready(node: &ShoalNode, repo: &str) -> bool {
     let (_, models) = call(node, "GET", "/v1/models", None);
     models["data"]
         .as_array()
         .into_iter()
         .flatten()
-        .any(|m| m["id"] == REPO && m["ready"] == true)
+        .any(|m| m["id"] == repo && m["ready"] == true)
 }
 
-/// Places [`REPO`] (`sharding`, at least `min_nodes`) from `nodes[0]` and waits until `serving`
+/// Places `repo` (`sharding`, at least `min_nodes`) from `nodes[0]` and waits until `serving`
 /// all report it ready; the `/place_instance` answer.
 fn place_and_wait(
     nodes: &[ShoalNode],
+    repo: &str,
     serving: &[usize],
     sharding: &str,
     min_nodes: usize,
 ) -> Value {
-    let request = json!({"model_id": REPO, "sharding": sharding, "min_nodes": min_nodes});
+    let request = json!({"model_id": repo, "sharding": sharding, "min_nodes": min_nodes});
+    let mut last = Value::Null;
     let placed = wait_for(Duration::from_secs(90), || {
         let (status, created) = call(&nodes[0], "POST", "/place_instance", Some(&request));
-        (status == 200).then_some(created)
+        if status == 200 {
+            return Some(created);
+        }
+        last = json!({"status": status, "answer": created});
+        None
     });
     let Some((created, _)) = placed else {
-        panic!("no {sharding} placement on {min_nodes}\n{}", logs(nodes));
+        panic!(
+            "no {sharding} placement of {repo} on {min_nodes}: the last answer was {last}\n{}",
+            logs(nodes)
+        );
     };
     let id = created["instance_id"].as_str().unwrap().to_string();
     wait_for(Duration::from_secs(240), || {
         let (_, instance) = call(&nodes[0], "GET", &format!("/instance/{id}"), None);
         assert_ne!(instance["status"], "failed", "{instance}\n{}", logs(nodes));
-        serving.iter().all(|&i| ready(&nodes[i])).then_some(())
+        serving
+            .iter()
+            .all(|&i| ready(&nodes[i], repo))
+            .then_some(())
     })
     .unwrap_or_else(|| {
         panic!(
-            "the {sharding} instance did not become ready\n{}",
+            "the {sharding} instance of {repo} did not become ready\n{}",
             logs(nodes)
         )
     });
     created
 }
 
-/// Deletes the instance `created` and waits until no node reports the model ready.
-fn delete(nodes: &[ShoalNode], created: &Value) {
+/// Deletes the instance `created` of `repo` and waits until no node reports it ready.
+fn delete(nodes: &[ShoalNode], repo: &str, created: &Value) {
     let id = created["instance_id"].as_str().unwrap();
     let (status, answer) = call(&nodes[0], "DELETE", &format!("/instance/{id}"), None);
     assert!(status < 300, "DELETE /instance/{id}: {status} {answer}");
     wait_for(Duration::from_secs(60), || {
-        nodes.iter().all(|n| !ready(n)).then_some(())
+        nodes.iter().all(|n| !ready(n, repo)).then_some(())
     })
     .unwrap_or_else(|| {
         panic!(
@@ -155,57 +173,105 @@ fn ranks(created: &Value) -> BTreeMap<String, (usize, usize)> {
         .collect()
 }
 
-#[test]
-fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
-    let python = kit::dirs::python();
-    let Some((net, mut nodes)) = TestNet::create(
-        "moe",
-        &Spec {
-            nodes: 4,
-            ..Spec::default()
-        },
-    ) else {
-        return;
-    };
-    let ready_to_run = moe_repo(&net.dir).and_then(|r| {
-        python
-            .exists()
-            .then_some(r)
-            .ok_or_else(|| format!("{} is missing", python.display()))
-    });
-    let (repo, reference) = match ready_to_run {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = kit::skip::can_run(Err::<(), String>(e), "run `cargo xtask setup`");
-            net.teardown(nodes);
-            return;
+/// A cluster for one test: the test hub serving `repos` (made under the net's folder by
+/// `make_repos`) in the first namespace, and `workers` shoal nodes with empty Hugging Face
+/// caches pointed at it.
+struct HubCluster {
+    net: TestNet,
+    hub_node: ShoalNode,
+    nodes: Vec<ShoalNode>,
+    caches: Vec<PathBuf>,
+    server: hf::HubInNetns,
+}
+
+impl HubCluster {
+    /// `None` when the test cannot run here (no namespaces, or setup's fixtures missing: a
+    /// counted skip).
+    fn start(
+        tag: &str,
+        workers: usize,
+        make_repos: impl FnOnce(&Path) -> Result<BTreeMap<String, ServedRepo>, String>,
+    ) -> Option<HubCluster> {
+        let python = kit::dirs::python();
+        let (net, mut nodes) = TestNet::create(
+            tag,
+            &Spec {
+                nodes: workers + 1,
+                ..Spec::default()
+            },
+        )?;
+        let ready_to_run = make_repos(&net.dir).and_then(|r| {
+            python
+                .exists()
+                .then_some(r)
+                .ok_or_else(|| format!("{} is missing", python.display()))
+        });
+        let repos = match ready_to_run {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = kit::skip::can_run(Err::<(), String>(e), "run `cargo xtask setup`");
+                net.teardown(nodes);
+                return None;
+            }
+        };
+        let hub_node = nodes.remove(0);
+        let server = hf::HubInNetns::start(
+            &hub_node.node.netns,
+            hub_node.node.ip(),
+            repos,
+            None,
+            Faults::default(),
+        );
+        let mut caches = Vec::new();
+        for (i, node) in nodes.iter_mut().enumerate() {
+            let cache = net.dir.join(format!("hf{i}"));
+            node.env
+                .push(("HF_HUB_CACHE".into(), cache.display().to_string()));
+            node.env
+                .push(("HF_ENDPOINT".into(), server.endpoint.clone()));
+            caches.push(cache);
+            node.start();
         }
-    };
-    let hub_node = nodes.remove(0);
-    let repos = BTreeMap::from([(
-        REPO.to_string(),
-        ServedRepo::from_dir(&repo, false).expect("the fixture as a repo"),
-    )]);
-    let server = hf::HubInNetns::start(
-        &hub_node.node.netns,
-        hub_node.node.ip(),
-        repos,
-        None,
-        Faults::default(),
-    );
-    let mut caches = Vec::new();
-    for (i, node) in nodes.iter_mut().enumerate() {
-        let cache = net.dir.join(format!("hf{i}"));
-        node.env
-            .push(("HF_HUB_CACHE".into(), cache.display().to_string()));
-        node.env
-            .push(("HF_ENDPOINT".into(), server.endpoint.clone()));
-        caches.push(cache);
-        node.start();
+        Some(HubCluster {
+            net,
+            hub_node,
+            nodes,
+            caches,
+            server,
+        })
     }
 
+    /// Stops the hub and every node and removes the namespaces.
+    fn teardown(self) {
+        let HubCluster {
+            net,
+            hub_node,
+            mut nodes,
+            server,
+            ..
+        } = self;
+        drop(server);
+        nodes.insert(0, hub_node);
+        net.teardown(nodes);
+    }
+}
+
+#[test]
+fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
+    let mut reference = PathBuf::new();
+    let Some(cluster) = HubCluster::start("moe", 3, |dir| {
+        let (repo, answer) = moe_repo(dir)?;
+        reference = answer;
+        let served = ServedRepo::from_dir(&repo, false).map_err(|e| e.to_string())?;
+        Ok(BTreeMap::from([(REPO.to_string(), served)]))
+    }) else {
+        return;
+    };
+    let (nodes, caches) = (&cluster.nodes, &cluster.caches);
+    let repo = cluster.net.dir.join("moe-repo");
+
     // A 3-rank pipeline: every node answers as mlx-lm, each holding only its layers' files.
-    let created = place_and_wait(&nodes, &[0, 1, 2], "Pipeline", 3);
+    let created = place_and_wait(nodes, REPO, &[0, 1, 2], "Pipeline", 3);
     let placed = ranks(&created);
     assert_eq!(placed.len(), 3, "{created}");
     // The placing node read the model's configuration: its list shows the experts.
@@ -232,16 +298,16 @@ fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
         shape["active_parameters"].as_u64().unwrap_or(0),
     );
     assert!(active > 0 && active < all, "{entry}");
-    for node in &nodes {
-        let answer =
-            answers_as_mlx_lm(node, &reference).unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    for node in nodes {
+        let answer = answers_as_mlx_lm(node, REPO, &reference)
+            .unwrap_or_else(|e| panic!("{e}\n{}", logs(nodes)));
         eprintln!(
             "pipeline: {}",
             answer.lines().rev().nth(1).unwrap_or_default()
         );
     }
     let index = std::fs::read(repo.join(INDEX)).unwrap();
-    for (node, cache) in nodes.iter().zip(&caches) {
+    for (node, cache) in nodes.iter().zip(caches) {
         let (_, me) = call(node, "GET", "/node_id", None);
         let me = me.as_str().unwrap_or_default().to_string();
         let (start, end) = placed[&me];
@@ -261,30 +327,89 @@ fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
             "node {me}, layers {start}..{end}"
         );
     }
-    delete(&nodes, &created);
+    delete(nodes, REPO, &created);
 
     // A 2-rank tensor ring over the 4-bit weights.
-    let created = place_and_wait(&nodes, &[0], "Tensor", 2);
+    let created = place_and_wait(nodes, REPO, &[0], "Tensor", 2);
     assert_eq!(ranks(&created).len(), 2, "{created}");
-    let answer = answers_as_mlx_lm(&nodes[0], &reference)
-        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let answer = answers_as_mlx_lm(&nodes[0], REPO, &reference)
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(nodes)));
     eprintln!(
         "tensor: {}",
         answer.lines().rev().nth(1).unwrap_or_default()
     );
-    delete(&nodes, &created);
+    delete(nodes, REPO, &created);
 
     // One node.
-    let created = place_and_wait(&nodes, &[0], "Pipeline", 1);
+    let created = place_and_wait(nodes, REPO, &[0], "Pipeline", 1);
     assert_eq!(ranks(&created).len(), 1, "{created}");
-    let answer = answers_as_mlx_lm(&nodes[0], &reference)
-        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let answer = answers_as_mlx_lm(&nodes[0], REPO, &reference)
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(nodes)));
     eprintln!(
         "one node: {}",
         answer.lines().rev().nth(1).unwrap_or_default()
     );
 
-    drop(server);
-    nodes.insert(0, hub_node);
-    net.teardown(nodes);
+    cluster.teardown();
+}
+
+/// The families' 4-bit fixtures (and gpt-oss's mxfp4), each as `(repo id, fixture folder)`.
+const FAMILY_REPOS: &[(&str, &str, &str)] = &[
+    ("shoal-fixtures/qwen3-moe-tiny-4bit", "qwen3_moe", "q4"),
+    ("shoal-fixtures/glm4-moe-tiny-4bit", "glm4_moe", "q4"),
+    ("shoal-fixtures/minimax-m2-tiny-4bit", "minimax", "q4"),
+    ("shoal-fixtures/deepseek-v3-tiny-4bit", "deepseek_v3", "q4"),
+    ("shoal-fixtures/gpt-oss-tiny-4bit", "gpt_oss", "q4"),
+    ("shoal-fixtures/gpt-oss-tiny-mxfp4", "gpt_oss", "mxfp4"),
+    ("shoal-fixtures/gemma3-tiny-4bit", "gemma3_text", "q4"),
+];
+
+/// Each of [`FAMILY_REPOS`] as a one-file repo under `dir`.
+fn family_repos(dir: &Path) -> Result<BTreeMap<String, ServedRepo>, String> {
+    let mut repos = BTreeMap::new();
+    for (id, family, layout) in FAMILY_REPOS {
+        let fixture = kit::dirs::family_fixture_dir(family, layout);
+        let stage = dir.join(format!("{family}-{layout}"));
+        std::fs::create_dir_all(&stage).map_err(|e| e.to_string())?;
+        for f in REPO_FILES {
+            std::fs::copy(fixture.join(f), stage.join(f))
+                .map_err(|e| format!("{}: {e}", fixture.join(f).display()))?;
+        }
+        let served = ServedRepo::from_dir(&stage, false).map_err(|e| e.to_string())?;
+        repos.insert(id.to_string(), served);
+    }
+    Ok(repos)
+}
+
+#[test]
+fn every_family_at_4_bits_answers_as_mlx_lm_on_one_node_a_pipeline_and_a_tensor_ring() {
+    let Some(cluster) = HubCluster::start("fam", 2, family_repos) else {
+        return;
+    };
+    let nodes = &cluster.nodes;
+    for (repo, family, layout) in FAMILY_REPOS {
+        let reference = kit::dirs::family_fixture_dir(family, layout).join("chat_reference.json");
+        for (sharding, min_nodes, serving) in [
+            ("Pipeline", 2, &[0, 1][..]),
+            ("Tensor", 2, &[0, 1][..]),
+            ("Pipeline", 1, &[0][..]),
+        ] {
+            let created = place_and_wait(nodes, repo, serving, sharding, min_nodes);
+            assert_eq!(ranks(&created).len(), min_nodes, "{created}");
+            for &i in serving {
+                let answer = answers_as_mlx_lm(&nodes[i], repo, &reference).unwrap_or_else(|e| {
+                    panic!(
+                        "{family}/{layout} {sharding} on {min_nodes}: {e}\n{}",
+                        logs(nodes)
+                    )
+                });
+                eprintln!(
+                    "{family}/{layout} {sharding} on {min_nodes}, node {i}: {}",
+                    answer.lines().rev().nth(1).unwrap_or_default()
+                );
+            }
+            delete(nodes, repo, &created);
+        }
+    }
+    cluster.teardown();
 }

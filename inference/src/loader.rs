@@ -39,14 +39,7 @@ fn io_error(path: &Path, source: std::io::Error) -> InferenceError {
 pub fn open_model(path: &Path) -> Result<OpenedModel> {
     let meta = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
     if meta.is_dir() {
-        let config_path = path.join("config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|e| io_error(&config_path, e))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| InferenceError::BadModel {
-                path: config_path.clone(),
-                reason: format!("config.json is not valid JSON: {e}"),
-            })?;
-        let config = ModelConfig::from_hf_json(&json)?;
+        let (json, config) = folder_config(path)?;
         let tokenizer = Tokenizer::from_hf_dir(path, &json)?;
         let source = SafetensorsSource::open(path, &config)?;
         let bytes_on_disk = crate::weights::weight_bytes_of_folder(path)?;
@@ -71,6 +64,57 @@ pub fn open_model(path: &Path) -> Result<OpenedModel> {
         source: Box::new(source),
         tokenizer,
         bytes_on_disk: meta.len(),
+    })
+}
+
+/// A Hugging Face folder's `config.json`, as JSON and as the configuration read from it.
+fn folder_config(path: &Path) -> Result<(serde_json::Value, ModelConfig)> {
+    let config_path = path.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| io_error(&config_path, e))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| InferenceError::BadModel {
+            path: config_path.clone(),
+            reason: format!("config.json is not valid JSON: {e}"),
+        })?;
+    let config = ModelConfig::from_hf_json(&json)?;
+    Ok((json, config))
+}
+
+/// What placement needs of a model, read without touching its weights.
+pub struct ModelDescription {
+    /// The model's configuration.
+    pub config: ModelConfig,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Bytes of its weights on disk: the files' sizes, the index's `total_size` while they are
+    /// not all here, or an estimate from the configuration while neither is.
+    pub bytes_on_disk: u64,
+}
+
+/// Describes the GGUF file or Hugging Face folder at `path`. A node places a model from the hub
+/// after fetching only its support files: a repository with one `model.safetensors` and no
+/// index (most models under 5 GB, SmolLM2 or Qwen3-0.6B) has nothing that gives its size
+/// then, so the size is estimated from its parameters and how they are stored
+/// ([`crate::memory::stored_bytes_estimate`]).
+pub fn describe_model(path: &Path) -> Result<ModelDescription> {
+    let weights_missing = path.is_dir()
+        && !path.join("model.safetensors").exists()
+        && !path.join("model.safetensors.index.json").exists();
+    if !weights_missing {
+        let opened = open_model(path)?;
+        return Ok(ModelDescription {
+            config: opened.config,
+            tokenizer: opened.tokenizer,
+            bytes_on_disk: opened.bytes_on_disk,
+        });
+    }
+    let (json, config) = folder_config(path)?;
+    let tokenizer = Tokenizer::from_hf_dir(path, &json)?;
+    let bytes_on_disk = crate::memory::stored_bytes_estimate(&config, &json);
+    Ok(ModelDescription {
+        config,
+        tokenizer,
+        bytes_on_disk,
     })
 }
 

@@ -39,6 +39,30 @@ pub fn parameters(config: &ModelConfig) -> u64 {
     config.all_layer_parameters() as u64 + heads * embed + config.hidden_size as u64
 }
 
+/// The bytes a checkpoint of `config` (whose `config.json` is `json`) takes on disk, from its
+/// parameters and how they are stored: `quantization`'s bits plus two 16-bit numbers per group
+/// (affine) or one 8-bit scale (micro-scaled), else `torch_dtype` (f32: 4 bytes, anything else 2). For a folder whose weights are not
+/// here yet and which has no index to give their size.
+pub fn stored_bytes_estimate(config: &ModelConfig, json: &serde_json::Value) -> u64 {
+    let params = parameters(config);
+    if let Some(q) = &config.quantization {
+        let groups = params / u64::try_from(q.group_size.max(1)).unwrap_or(64);
+        let group_bytes = match q.mode {
+            crate::quantized::QuantMode::Affine => 4,
+            _ => 1,
+        };
+        return params * u64::try_from(q.bits.max(1)).unwrap_or(4) / 8 + groups * group_bytes;
+    }
+    let dtype = json
+        .get("torch_dtype")
+        .or_else(|| json.get("dtype"))
+        .and_then(serde_json::Value::as_str);
+    match dtype {
+        Some("float32") => params * 4,
+        _ => params * 2,
+    }
+}
+
 /// Bytes the weights take as `format` (a quantized runner keeps about the file's size).
 pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u64) -> u64 {
     match format {

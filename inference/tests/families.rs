@@ -290,3 +290,53 @@ fn gemma3_text_8bit() {
 fn gpt_oss_mxfp4_as_f32() {
     check("gpt_oss", "mxfp4", WeightFormat::F32, 1e-4);
 }
+
+/// A folder holding only a repository's support files (how a node places a model from the hub
+/// before it downloads any weights) is described all the same; with no index to give the
+/// weights' size, the estimate from the configuration is within 15% of the real file.
+#[test]
+fn a_folder_without_its_weights_is_described_from_its_configuration() {
+    for (family, layout) in [
+        ("qwen3_moe", "hf"),
+        ("qwen3_moe", "q4"),
+        ("qwen3_moe", "q8"),
+        ("deepseek_v3", "q4"),
+        ("gpt_oss", "mxfp4"),
+        ("gemma3_text", "q8"),
+    ] {
+        let dir = fixture(family, layout);
+        let support = std::env::temp_dir().join(format!(
+            "shoal-describe-{family}-{layout}-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&support).unwrap();
+        for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(dir.join(f), support.join(f)).unwrap();
+        }
+        assert!(
+            inference::loader::open_model(&support).is_err(),
+            "{family}/{layout}: no weights to open"
+        );
+        let described = inference::loader::describe_model(&support).unwrap();
+        let whole = inference::loader::describe_model(&dir).unwrap();
+        let real = std::fs::metadata(dir.join("model.safetensors"))
+            .unwrap()
+            .len();
+        assert_eq!(whole.bytes_on_disk, real, "{family}/{layout}");
+        assert_eq!(
+            described.config.num_layers, whole.config.num_layers,
+            "{family}/{layout}"
+        );
+        let ratio = described.bytes_on_disk as f64 / real as f64;
+        println!(
+            "{family}/{layout}: estimated {} of {real} bytes ({ratio:.2})",
+            described.bytes_on_disk
+        );
+        assert!(
+            (0.85..1.15).contains(&ratio),
+            "{family}/{layout}: estimated {} bytes for a {real}-byte file",
+            described.bytes_on_disk
+        );
+        std::fs::remove_dir_all(&support).unwrap();
+    }
+}

@@ -174,7 +174,7 @@ fn shape_of(config: &inference::ModelConfig) -> gateway::ModelShape {
 impl ModelFacts {
     /// Reads the model's configuration and tokenizer (not its weights).
     pub fn read(path: &Path) -> Result<ModelFacts, String> {
-        let opened = inference::loader::open_model(path).map_err(|e| e.to_string())?;
+        let opened = inference::loader::describe_model(path).map_err(|e| e.to_string())?;
         Ok(ModelFacts {
             tokenizer: opened.tokenizer,
             context_length: opened.config.max_position_embeddings,
