@@ -61,7 +61,7 @@ fn places_the_three_node_example() {
     assert_eq!(p["jaccl"], serde_json::Value::Null);
     // The default instance id ("shoal-place") fixes the port.
     let port = p["port"].as_u64().unwrap();
-    assert!((49153..=65535).contains(&port) && port != 52415);
+    assert!((20480..=32767).contains(&port), "{port}");
     let ranks = p["ranks"].as_array().unwrap();
     let layers: Vec<(u64, u64)> = ranks
         .iter()

@@ -145,9 +145,13 @@ pub fn load_shard(
 /// Environment variable with the base load timeout in seconds.
 pub const LOAD_TIMEOUT_ENV: &str = "SHOAL_MODEL_LOAD_TIMEOUT";
 
-/// How long loading `shard_bytes` of weights may take: `base` plus one second per 5 GB.
-pub fn load_timeout(base: Duration, shard_bytes: u64) -> Duration {
-    base + Duration::from_secs(shard_bytes / 5_000_000_000)
+/// How long loading a shard whose weights take `running_bytes` in memory (in the form they
+/// run, not as stored) may take: `base` plus one second per 100 MB. Measured: the 1.9 B
+/// Qwen3-MoE bench model (1.0 GB at 4 bits) expands to 7.6 GB of f32 in 19.8 s on 2 idle
+/// cores (`shoal generate`), about 400 MB/s; a busy machine or a slow disk reads a quarter of
+/// that. Sized by the file instead, that load had 60 s and missed it beside `mlx_lm.server`.
+pub fn load_timeout(base: Duration, running_bytes: u64) -> Duration {
+    base + Duration::from_secs(running_bytes / 100_000_000)
 }
 
 /// The base timeout: `SHOAL_MODEL_LOAD_TIMEOUT` seconds, else 60.
@@ -281,7 +285,8 @@ pub fn load(
         }
     };
     let layers = opened.config.num_layers;
-    let shard_bytes = opened.bytes_on_disk * range.len().min(layers) as u64 / layers.max(1) as u64;
+    let running = crate::memory::weight_bytes(&opened.config, format, opened.bytes_on_disk);
+    let shard_bytes = running * range.len().min(layers) as u64 / layers.max(1) as u64;
     let watch = watchdog.map(|w| w.start(load_timeout(w.base, shard_bytes)));
     let result = ModelShard::load(
         &opened.config,
@@ -332,7 +337,7 @@ mod tests {
     fn the_load_watchdog_grows_with_the_shard() {
         let base = Duration::from_secs(60);
         assert_eq!(load_timeout(base, 0), base);
-        assert_eq!(load_timeout(base, 25_000_000_000), Duration::from_secs(65));
+        assert_eq!(load_timeout(base, 7_600_000_000), Duration::from_secs(136));
     }
 
     #[test]

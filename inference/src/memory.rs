@@ -94,9 +94,9 @@ pub struct InstanceMemory {
 impl InstanceMemory {
     /// The memory of an instance of `config` (stored in `bytes_on_disk`) on this build's
     /// backend, in the representation it runs by default
-    /// ([`WeightFormat::default_for_backend`]).
+    /// ([`WeightFormat::preferred`]).
     pub fn of(config: &ModelConfig, bytes_on_disk: u64) -> InstanceMemory {
-        let format = WeightFormat::default_for_backend();
+        let format = WeightFormat::preferred(config);
         let tokens = DEFAULT_KV_TOKENS.min(config.max_position_embeddings as u64);
         InstanceMemory {
             weights: weight_bytes(config, format, bytes_on_disk),

@@ -117,6 +117,28 @@ impl fmt::Display for RingError {
 
 impl std::error::Error for RingError {}
 
+/// Checks that this rank can listen where its entry says, before MLX tries: MLX's ring gives
+/// up at once on a port in use and says only that it failed to initialise. (Bound with
+/// `SO_REUSEADDR` like MLX's own socket, so a closed connection in `TIME_WAIT` does not count.)
+fn ports_free(config: &RingConfig) -> Result<(), RingError> {
+    if config.hosts.len() < 2 {
+        return Ok(());
+    }
+    for entry in &config.hosts[config.rank] {
+        let Ok(addr) = entry.parse::<std::net::SocketAddr>() else {
+            continue; // validate() refused what matters; MLX reports the rest
+        };
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(RingError::Join(format!(
+                "this rank cannot listen on {addr}: {e} (another process or connection on this \
+                 node holds the port; `ss -tanp | grep :{}` shows which)",
+                addr.port()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A formed ring group. One per process; dropping it does not let a new one form.
 pub struct RingGroup {
     raw: mlx_sys::mlx_distributed_group,
@@ -146,6 +168,7 @@ impl RingGroup {
     /// caller (a runner process) must report the error and exit.
     pub fn join(config: &RingConfig, dir: &Path, deadline: Duration) -> Result<Self, RingError> {
         config.validate()?;
+        ports_free(config)?;
         let hostfile = write_hostfile(config, dir)?;
         // mlx-rs installs its error handler on first use; without it a failing MLX call
         // would print and exit(-1). Any evaluated op installs it.
@@ -404,6 +427,25 @@ fn write_hostfile(config: &RingConfig, dir: &Path) -> Result<PathBuf, RingError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rank_whose_port_is_held_says_so_before_mlx_tries() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        let config = RingConfig {
+            rank: 1,
+            hosts: vec![
+                vec!["10.0.0.1:5000".into()],
+                vec![format!("127.0.0.1:{port}")],
+            ],
+        };
+        let Err(RingError::Join(why)) = ports_free(&config) else {
+            panic!("a held port passed the check");
+        };
+        assert!(why.contains(&format!("127.0.0.1:{port}")), "{why}");
+        drop(held);
+        ports_free(&config).unwrap();
+    }
 
     fn ring(rank: usize, n: usize) -> RingConfig {
         RingConfig {

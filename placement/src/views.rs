@@ -7,10 +7,13 @@ use std::net::{IpAddr, SocketAddr};
 
 /// The HTTP API port every node listens on; a ring port never takes it.
 pub const API_PORT: u16 = 52415;
-/// Lowest ring port (the start of the IANA dynamic range).
-pub const RING_PORT_MIN: u16 = 49153;
-/// Highest ring port.
-pub const RING_PORT_MAX: u16 = 65535;
+/// Lowest ring port. Ring ports lie below the ports a system hands out to outgoing
+/// connections (Linux 32768–60999, macOS and the IANA dynamic range 49152–65535): a node's
+/// own connections to the hub or its peers held the ring's port once and the rank could not
+/// listen on it (a 2-node tensor ring in `tests/moe_cluster.rs`, port 52446).
+pub const RING_PORT_MIN: u16 = 20480;
+/// Highest ring port (one below Linux's first ephemeral port).
+pub const RING_PORT_MAX: u16 = 32767;
 /// Where a rank listens: every address, at the ring port.
 pub const LISTEN_HOST: &str = "0.0.0.0";
 /// Stand-in for ranks a node never talks to directly (RFC 5737 TEST-NET-2, port 0).
@@ -32,7 +35,7 @@ pub const COORDINATOR_PREFERENCE: [InterfaceKind; 4] = [
 ];
 
 /// The ring port of an instance: FNV-1a (64-bit) of the instance id, mapped into
-/// 49153..=65535; the API port 52415 is bumped to 52416. Every node derives the same port from
+/// [`RING_PORT_MIN`]..=[`RING_PORT_MAX`] (the API port, were it inside, is bumped). Every node derives the same port from
 /// the same id, with no coordination and no randomness.
 pub fn ring_port(instance_id: &str) -> u16 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
