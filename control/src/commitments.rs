@@ -38,14 +38,11 @@ pub fn committed_memory<'a>(
         let model = &view.record.intent.input.model;
         let ranks = placement.ranks.len().max(1) as u128;
         for (i, rank) in placement.ranks.iter().enumerate() {
-            let need = u128::from(model.storage_bytes);
             let share = if placement.sharding == Sharding::Tensor && ranks > 1 {
-                need.div_ceil(ranks)
+                u64::try_from(u128::from(model.storage_bytes).div_ceil(ranks)).unwrap_or(u64::MAX)
             } else {
-                let layers = u128::from(rank.end_layer.saturating_sub(rank.start_layer));
-                (need * layers).div_ceil(u128::from(model.n_layers.max(1)))
+                model.bytes_of_layers(rank.start_layer, rank.end_layer)
             };
-            let share = u64::try_from(share).unwrap_or(u64::MAX);
             let entry = committed.entry(rank.node.clone()).or_default();
             entry.all = entry.all.saturating_add(share);
             if !loaded(view, i) {

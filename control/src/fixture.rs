@@ -31,6 +31,7 @@ pub fn named_cluster_input(names: &[String], ram: u64, min_nodes: u32, id: &str)
             num_key_value_heads: 3,
             supports_tensor: true,
             tensor_divisors: vec![],
+            layer_weights: vec![],
             backends: vec![ComputeBackend::MlxCpu],
         },
         request: Request {

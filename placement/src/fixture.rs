@@ -152,6 +152,7 @@ pub fn model(n_layers: u32, storage_bytes: u64) -> ModelCard {
         num_key_value_heads: 8,
         supports_tensor: true,
         tensor_divisors: vec![],
+        layer_weights: vec![],
         backends: vec![
             ComputeBackend::MlxCpu,
             ComputeBackend::MlxMetal,

@@ -27,8 +27,9 @@
 //!   `[{"from", "to", "rdma": {"from_iface", "to_iface"}}]`; edges naming unknown nodes are
 //!   ignored;
 //! * `model`: `{"id", "n_layers", "storage_bytes", "hidden_size", "num_key_value_heads",
-//!   "supports_tensor", "tensor_divisors", "backends"}`; `tensor_divisors` (`[{"what",
-//!   "count"}]`, counts a tensor ring's size must also divide) defaults to none;
+//!   "supports_tensor", "tensor_divisors", "layer_weights", "backends"}`; `tensor_divisors`
+//!   (`[{"what", "count"}]`, counts a tensor ring's size must also divide) defaults to none,
+//!   `layer_weights` (one relative size per layer, for layers that differ) to equal layers;
 //! * `request`: `{"sharding": "pipeline" | "tensor", "backend": "ring" | "jaccl",
 //!   "min_nodes", "required_nodes", "instance_id"}`; `min_nodes` defaults to 1,
 //!   `required_nodes` to none, and `instance_id` (from which the ring port is derived) to
@@ -72,16 +73,16 @@
 //!   "placement": {
 //!     "sharding": "pipeline",
 //!     "backend": "ring",
-//!     "port": 52627,
+//!     "port": 21398,
 //!     "ranks": [
 //!       {
 //!         "node": "a",
 //!         "start_layer": 0,
 //!         "end_layer": 3,
 //!         "hosts": [
-//!           "0.0.0.0:52627",
-//!           "10.0.0.2:52627",
-//!           "10.0.0.3:52627"
+//!           "0.0.0.0:21398",
+//!           "10.0.0.2:21398",
+//!           "10.0.0.3:21398"
 //!         ]
 //!       },
 //!       {
@@ -89,9 +90,9 @@
 //!         "start_layer": 3,
 //!         "end_layer": 6,
 //!         "hosts": [
-//!           "10.0.0.1:52627",
-//!           "0.0.0.0:52627",
-//!           "10.0.0.3:52627"
+//!           "10.0.0.1:21398",
+//!           "0.0.0.0:21398",
+//!           "10.0.0.3:21398"
 //!         ]
 //!       },
 //!       {
@@ -99,9 +100,9 @@
 //!         "start_layer": 6,
 //!         "end_layer": 12,
 //!         "hosts": [
-//!           "10.0.0.1:52627",
-//!           "10.0.0.2:52627",
-//!           "0.0.0.0:52627"
+//!           "10.0.0.1:21398",
+//!           "10.0.0.2:21398",
+//!           "0.0.0.0:21398"
 //!         ]
 //!       }
 //!     ],

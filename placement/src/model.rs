@@ -27,6 +27,14 @@ pub struct ModelCard {
     /// between nodes, has no optional fields); JSON documents may leave it out.
     #[serde(default)]
     pub tensor_divisors: Vec<TensorDivisor>,
+    /// The relative size of each layer (its parameters) when the layers differ: DeepSeek V3's
+    /// and GLM-4.5's dense leading layers weigh about a twentieth of a Mixture-of-Experts
+    /// layer. Empty when every layer weighs the same (or when the list does not have one entry
+    /// per layer). A pipeline rank then needs the bytes of its layers' weight, and the split
+    /// gives ranks weight in proportion to their memory. Always written like
+    /// `tensor_divisors`; JSON documents may leave it out.
+    #[serde(default)]
+    pub layer_weights: Vec<u64>,
     /// The compute backends the model runs on; every node of a ring must offer one of them.
     /// An empty list matches no node.
     pub backends: Vec<ComputeBackend>,
@@ -41,4 +49,41 @@ pub struct TensorDivisor {
     pub what: String,
     /// The count.
     pub count: u32,
+}
+
+impl ModelCard {
+    /// Whether the layers weigh differently ([`ModelCard::layer_weights`] holds one weight per
+    /// layer, not all equal).
+    pub fn layers_differ(&self) -> bool {
+        self.layer_weights.len() == self.n_layers as usize
+            && self.layer_weights.windows(2).any(|w| w[0] != w[1])
+    }
+
+    /// The weight of layers `start..end` and of the whole model, in the same unit (layers
+    /// when they weigh the same).
+    pub fn layer_weight(&self, start: u32, end: u32) -> (u128, u128) {
+        if !self.layers_differ() {
+            let held = end.min(self.n_layers).saturating_sub(start);
+            return (u128::from(held), u128::from(self.n_layers));
+        }
+        let sum = |r: std::ops::Range<usize>| -> u128 {
+            self.layer_weights
+                .get(r)
+                .unwrap_or_default()
+                .iter()
+                .map(|&w| u128::from(w))
+                .sum()
+        };
+        let n = self.layer_weights.len();
+        let (start, end) = ((start as usize).min(n), (end as usize).min(n));
+        (sum(start..end.max(start)), sum(0..n))
+    }
+
+    /// Bytes a pipeline rank holding layers `start..end` needs: [`ModelCard::storage_bytes`]
+    /// times their share of the weight, rounded up.
+    pub fn bytes_of_layers(&self, start: u32, end: u32) -> u64 {
+        let (part, whole) = self.layer_weight(start, end);
+        let need = (u128::from(self.storage_bytes) * part).div_ceil(whole.max(1));
+        u64::try_from(need).unwrap_or(u64::MAX)
+    }
 }

@@ -150,12 +150,8 @@ fn layer_ranges(
             let mut start = 0;
             let mut ranges = Vec::with_capacity(counts.len());
             for (&v, &count) in ring.iter().zip(&counts) {
-                check_share(
-                    topo.nodes[v],
-                    model.storage_bytes,
-                    u64::from(count),
-                    u64::from(model.n_layers),
-                )?;
+                let (part, whole) = model.layer_weight(start, start + count);
+                check_share(topo.nodes[v], model.storage_bytes, part, whole)?;
                 ranges.push((start, start + count));
                 start += count;
             }
@@ -170,7 +166,7 @@ fn layer_ranges(
             }
             // Each rank holds a 1/k slice of every layer.
             for &v in ring {
-                check_share(topo.nodes[v], model.storage_bytes, 1, ring.len() as u64)?;
+                check_share(topo.nodes[v], model.storage_bytes, 1, ring.len() as u128)?;
             }
             Ok(vec![(0, model.n_layers); ring.len()])
         }

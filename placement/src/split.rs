@@ -52,16 +52,61 @@ pub fn pipeline_layer_counts(n_layers: u32, memory: &[u64]) -> Result<Vec<u32>, 
     Ok(counts)
 }
 
+/// Splits layers of unequal `weights` across ranks by `memory`: rank r's layers end where the
+/// running weight comes nearest to r's running share of the memory (the earlier boundary on a
+/// tie), each rank keeping at least one layer. When no rank has free memory the weight is split
+/// evenly. With equal weights [`pipeline_layer_counts`] decides instead.
+///
+/// Example: DeepSeek V3's shape, 3 dense layers of weight 1 then 58 of weight 20, on two
+/// equal nodes gives 32/29 (weights 583/580); by layer count it would be 31/30 (563/600).
+pub fn weighted_layer_counts(weights: &[u64], memory: &[u64]) -> Result<Vec<u32>, PlaceError> {
+    let (n, ranks) = (weights.len(), memory.len());
+    if n < ranks || n == 0 {
+        return Err(PlaceError::TooFewLayers {
+            n_layers: u32::try_from(n).unwrap_or(u32::MAX),
+            nodes: ranks,
+        });
+    }
+    let mut running = vec![0u128; n + 1];
+    for (i, &w) in weights.iter().enumerate() {
+        running[i + 1] = running[i] + u128::from(w);
+    }
+    let total_weight = running[n];
+    let shares: Vec<u128> = if memory.iter().all(|&m| m == 0) {
+        vec![1; ranks]
+    } else {
+        memory.iter().map(|&m| u128::from(m)).collect()
+    };
+    let total_share: u128 = shares.iter().sum();
+    let mut bounds = vec![0usize];
+    let mut share_so_far = 0u128;
+    for r in 0..ranks - 1 {
+        share_so_far += shares[r];
+        let target = total_weight * share_so_far;
+        let (lo, hi) = (bounds[r] + 1, n - (ranks - 1 - r));
+        let end = (lo..=hi)
+            .min_by_key(|&k| ((running[k] * total_share).abs_diff(target), k))
+            .expect("lo <= hi: at least one layer per rank is left");
+        bounds.push(end);
+    }
+    bounds.push(n);
+    Ok(bounds
+        .windows(2)
+        .map(|b| u32::try_from(b[1] - b[0]).unwrap_or(u32::MAX))
+        .collect())
+}
+
 /// Checks that a node can hold `parts / of` of a model of `storage_bytes`, compared exactly:
-/// a pipeline rank holds `layers / n_layers`, a tensor rank `1 / ranks`.
+/// a pipeline rank holds its layers' weight of the whole ([`ModelCard::layer_weight`]), a
+/// tensor rank `1 / ranks`.
 pub(crate) fn check_share(
     node: &NodeProfile,
     storage_bytes: u64,
-    parts: u64,
-    of: u64,
+    parts: u128,
+    of: u128,
 ) -> Result<(), PlaceError> {
-    let of = u128::from(of.max(1));
-    let need = u128::from(storage_bytes) * u128::from(parts);
+    let of = of.max(1);
+    let need = u128::from(storage_bytes) * parts;
     let have = u128::from(node.ram_available) * of;
     if need > have {
         return Err(PlaceError::NodeShortOfMemory {
@@ -74,13 +119,17 @@ pub(crate) fn check_share(
 }
 
 /// The layer counts a pipeline over `ring` (its nodes in rank order) gets: accelerated ranks
-/// first where the ring mixes them with CPU ranks ([`crate::accel::gpu_first_counts`]) when
-/// every rank can hold that split, else in proportion to free memory
-/// ([`pipeline_layer_counts`]). Shares are not checked here for the memory split; the caller
-/// checks them.
+/// first where the ring mixes them with CPU ranks ([`crate::accel::gpu_first_counts`], which
+/// counts layers as equal) when every rank can hold that split, else in proportion to free
+/// memory ([`pipeline_layer_counts`], or [`weighted_layer_counts`] when the layers weigh
+/// differently). Shares are not checked here for the memory split; the caller checks them.
 pub fn pipeline_split(ring: &[&NodeProfile], model: &ModelCard) -> Result<Vec<u32>, PlaceError> {
     let memory: Vec<u64> = ring.iter().map(|n| n.ram_available).collect();
-    let by_memory = pipeline_layer_counts(model.n_layers, &memory)?;
+    let by_memory = if model.layers_differ() {
+        weighted_layer_counts(&model.layer_weights, &memory)?
+    } else {
+        pipeline_layer_counts(model.n_layers, &memory)?
+    };
     let fast: Vec<bool> = ring
         .iter()
         .map(|n| crate::accel::is_accelerated(n, model))
@@ -88,14 +137,11 @@ pub fn pipeline_split(ring: &[&NodeProfile], model: &ModelCard) -> Result<Vec<u3
     let gpu_first =
         crate::accel::gpu_first_counts(model.n_layers, model.storage_bytes, &memory, &fast).filter(
             |counts| {
+                let mut start = 0;
                 ring.iter().zip(counts).all(|(node, &c)| {
-                    check_share(
-                        node,
-                        model.storage_bytes,
-                        u64::from(c),
-                        u64::from(model.n_layers),
-                    )
-                    .is_ok()
+                    let (part, whole) = model.layer_weight(start, start + c);
+                    start += c;
+                    check_share(node, model.storage_bytes, part, whole).is_ok()
                 })
             },
         );

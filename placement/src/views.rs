@@ -35,8 +35,8 @@ pub const COORDINATOR_PREFERENCE: [InterfaceKind; 4] = [
 ];
 
 /// The ring port of an instance: FNV-1a (64-bit) of the instance id, mapped into
-/// [`RING_PORT_MIN`]..=[`RING_PORT_MAX`] (the API port, were it inside, is bumped). Every node derives the same port from
-/// the same id, with no coordination and no randomness.
+/// [`RING_PORT_MIN`]..=[`RING_PORT_MAX`] (the API port, were it inside, is bumped). Every node
+/// derives the same port from the same id, with no coordination and no randomness.
 pub fn ring_port(instance_id: &str) -> u16 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in instance_id.bytes() {

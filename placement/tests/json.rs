@@ -22,7 +22,8 @@ fn document() -> serde_json::Value {
         ],
         "model": {"id": "m", "n_layers": 4, "storage_bytes": 1000, "hidden_size": 64,
                   "num_key_value_heads": 2, "supports_tensor": false,
-                  "tensor_divisors": [{"what": "attention heads", "count": 4}], "backends": ["mlx_cpu"]},
+                  "tensor_divisors": [{"what": "attention heads", "count": 4}],
+                  "layer_weights": [1, 20, 20, 20], "backends": ["mlx_cpu"]},
         "request": {"sharding": "tensor", "backend": "jaccl", "min_nodes": 2, "required_nodes": ["a"],
                     "instance_id": "i-1"}
     })
@@ -39,6 +40,9 @@ fn the_documented_field_names_round_trip() {
 #[test]
 fn optional_fields_have_documented_defaults() {
     let mut value = document();
+    let model = value["model"].as_object_mut().unwrap();
+    model.remove("tensor_divisors");
+    model.remove("layer_weights");
     let request = value["request"].as_object_mut().unwrap();
     request.remove("min_nodes");
     request.remove("required_nodes");
@@ -59,6 +63,7 @@ fn optional_fields_have_documented_defaults() {
     assert_eq!(input.request.instance_id, DEFAULT_INSTANCE_ID);
     assert!(input.edges.is_empty());
     assert!(!input.nodes[0].rdma_enabled);
+    assert!(input.model.tensor_divisors.is_empty() && input.model.layer_weights.is_empty());
 
     // The CLI's default port is the default instance id's.
     let (out, code) = cli::run(&serde_json::to_string(&input).unwrap());

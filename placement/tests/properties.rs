@@ -139,6 +139,7 @@ fn cluster() -> impl Strategy<Value = Input> {
                     num_key_value_heads: kv,
                     supports_tensor: tensor,
                     tensor_divisors: vec![],
+                    layer_weights: vec![],
                     backends: model_backends,
                 },
                 request: Request {

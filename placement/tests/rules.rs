@@ -1,7 +1,7 @@
 //! Table tests: one or more cases per rule of issue 3.
 
 use placement::fixture::*;
-use placement::split::pipeline_layer_counts;
+use placement::split::{pipeline_layer_counts, weighted_layer_counts};
 use placement::views::{ring_port, API_PORT, PLACEHOLDER_HOST, RING_PORT_MAX, RING_PORT_MIN};
 use placement::{
     place, CollectiveBackend, ComputeBackend, Interface, InterfaceKind, PlaceError, Placement,
@@ -80,6 +80,94 @@ fn split_examples_through_place() {
     ))
     .expect("placement");
     assert_eq!(counts(&p), [18, 1, 1]);
+}
+
+/// DeepSeek V3's layer shape: `dense` leading layers of weight 1, then `moe` of weight 20.
+fn deepseek_weights(dense: usize, moe: usize) -> Vec<u64> {
+    let mut w = vec![1; dense];
+    w.extend(std::iter::repeat_n(20, moe));
+    w
+}
+
+#[test]
+fn byte_weighted_layer_split_table() {
+    let deepseek = deepseek_weights(3, 58);
+    let cases: &[(&[u64], &[u64], &[u32])] = &[
+        // Two equal nodes: 583 of 1163 and 580 (by count it would be 31/30: 563 and 600).
+        (&deepseek, &[1, 1], &[32, 29]),
+        // Three equal nodes: 383/400/380 of weight.
+        (&deepseek, &[1, 1, 1], &[22, 20, 19]),
+        // Memory 1:3: the first rank's quarter (291) ends after 17 layers (283).
+        (&deepseek, &[100, 300], &[17, 44]),
+        // Equal weights give the nearest boundaries, the earlier one on a tie.
+        (&[5, 5, 5, 5], &[1, 1, 1], &[1, 2, 1]),
+        (&[5, 5, 5, 5, 5, 5], &[1, 1], &[3, 3]),
+        // A heavy first layer: every rank keeps one layer at least.
+        (&[100, 1, 1, 1], &[1, 1, 1], &[1, 1, 2]),
+        // No free memory anywhere: the weight is split evenly.
+        (&[1, 1, 4], &[0, 0], &[2, 1]),
+    ];
+    for (weights, memory, expected) in cases {
+        let got = weighted_layer_counts(weights, memory).expect("split");
+        assert_eq!(&got, expected, "weights {weights:?}, memory {memory:?}");
+        assert_eq!(got.iter().sum::<u32>() as usize, weights.len());
+    }
+    assert_eq!(
+        weighted_layer_counts(&[1, 2], &[1, 1, 1])
+            .unwrap_err()
+            .code(),
+        "too_few_layers"
+    );
+}
+
+#[test]
+fn byte_weighted_splits_through_place() {
+    // A DeepSeek-shaped card of 1163 MB on two nodes of 600 MB: by layer count the second
+    // rank's 30 MoE layers would need 600 MB of 1163 (just fits) and the first 563; weighted,
+    // 32/29 layers need 583 and 580 MB.
+    let mut card = model(61, 1163 * MB);
+    card.layer_weights = deepseek_weights(3, 58);
+    let nodes = nodes_mb(&[600, 600]);
+    let mut request = pipeline();
+    request.min_nodes = 2;
+    let p = place(&input(
+        nodes.clone(),
+        full_mesh(&nodes),
+        card.clone(),
+        request.clone(),
+    ))
+    .expect("placement");
+    assert_eq!(counts(&p), [32, 29]);
+    assert_eq!(card.bytes_of_layers(0, 32), 583 * MB);
+    assert_eq!(card.bytes_of_layers(32, 61), 580 * MB);
+    // The second node holds 590 MB: its weighted share (580) fits. Counted by layers, the
+    // split would be 31/30 and rank 1's 30 MoE layers, counted as 572 MB, really take 600.
+    let tight = nodes_mb(&[600, 590]);
+    let p = place(&input(
+        tight.clone(),
+        full_mesh(&tight),
+        card.clone(),
+        request.clone(),
+    ))
+    .expect("placement");
+    assert_eq!(counts(&p), [32, 29]);
+    let mut equal = card.clone();
+    equal.layer_weights.clear();
+    let p = place(&input(
+        tight.clone(),
+        full_mesh(&tight),
+        equal.clone(),
+        request,
+    ))
+    .unwrap();
+    assert_eq!(counts(&p), [31, 30]);
+    assert_eq!(equal.bytes_of_layers(31, 61), (1163 * MB * 30).div_ceil(61));
+    assert_eq!(card.bytes_of_layers(31, 61), 600 * MB);
+    // A list that does not have one weight per layer counts layers as equal.
+    let mut short = card;
+    short.layer_weights.pop();
+    assert!(!short.layers_differ());
+    assert_eq!(short.bytes_of_layers(0, 61), 1163 * MB);
 }
 
 #[test]

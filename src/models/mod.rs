@@ -149,6 +149,9 @@ pub struct ModelFacts {
     /// The counts a tensor-parallel ring's size must divide besides the key/value heads
     /// (query heads, feed-forward and expert widths, quantization groups).
     pub tensor_divisors: Vec<placement::TensorDivisor>,
+    /// Each layer's parameters when the layers differ (dense leading layers before
+    /// Mixture-of-Experts ones), else empty: placement splits a pipeline by them.
+    pub layer_weights: Vec<u64>,
     /// What an instance holds while it runs (weights as they run, KV budget, runner
     /// overhead): what placement counts.
     pub memory: inference::memory::InstanceMemory,
@@ -168,6 +171,18 @@ fn shape_of(config: &inference::ModelConfig) -> gateway::ModelShape {
         active_parameters: config.active_layer_parameters() as u64 + embeddings,
         experts: config.moe.as_ref().map(|m| m.num_experts as u32),
         experts_per_token: config.moe.as_ref().map(|m| m.experts_per_token as u32),
+    }
+}
+
+/// `config`'s parameters per layer, or nothing when every layer has as many.
+fn layer_weights(config: &inference::ModelConfig) -> Vec<u64> {
+    let weights: Vec<u64> = (0..config.num_layers)
+        .map(|l| config.parameters_of_layer(l) as u64)
+        .collect();
+    if weights.windows(2).all(|w| w[0] == w[1]) {
+        Vec::new()
+    } else {
+        weights
     }
 }
 
@@ -191,6 +206,7 @@ impl ModelFacts {
                     count: u32::try_from(d.count).unwrap_or(0),
                 })
                 .collect(),
+            layer_weights: layer_weights(&opened.config),
             memory: inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk),
         })
     }
@@ -207,6 +223,7 @@ impl ModelFacts {
             num_key_value_heads: u32::try_from(self.num_kv_heads).unwrap_or(u32::MAX),
             supports_tensor: true,
             tensor_divisors: self.tensor_divisors.clone(),
+            layer_weights: self.layer_weights.clone(),
             backends: vec![
                 ComputeBackend::MlxCpu,
                 ComputeBackend::MlxMetal,
@@ -260,5 +277,26 @@ mod tests {
         assert_eq!(theirs, spec);
         assert!(theirs.answers_to("Foo.Q4_1"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A model whose layers differ tells placement their weights (DeepSeek's fixture: a dense
+    /// first layer, then Mixture-of-Experts layers); a model of equal layers tells nothing.
+    #[test]
+    fn the_card_carries_layer_weights_when_the_layers_differ() {
+        let deepseek = kit::dirs::family_fixture_dir("deepseek_v3", "q4");
+        let gemma = kit::dirs::family_fixture_dir("gemma3_text", "q4");
+        if !deepseek.join("config.json").is_file() || !gemma.join("config.json").is_file() {
+            let _ = kit::skip::can_run(
+                Err::<(), String>("the family fixtures are missing".into()),
+                "run `cargo xtask setup`",
+            );
+            return;
+        }
+        let card = ModelFacts::read(&deepseek).unwrap().card("d");
+        assert_eq!(card.layer_weights.len(), 3);
+        assert!(card.layer_weights[0] < card.layer_weights[1]);
+        assert_eq!(card.layer_weights[1], card.layer_weights[2]);
+        let card = ModelFacts::read(&gemma).unwrap().card("g");
+        assert!(card.layer_weights.is_empty());
     }
 }
