@@ -391,9 +391,11 @@ impl Instances<'_> {
             })
             .collect();
         let previews = previews_for(&spec, &base);
+        let facts = self.models.facts(&spec, &self.context.node_id()).await?;
         Ok(InstancePreviews {
             model_id: spec.id.clone(),
             model: base.model,
+            shape: facts.shape.clone(),
             nodes,
             previews,
         })

@@ -224,6 +224,13 @@ def place():
             fail(f"an impossible preview does not say why: {shown!r} (the API says {code!r})")
         reasons.append(code)
     log(f"previews: {expected} as the API lists them; the {len(impossible)} impossible ones say why ({sorted(set(reasons))})")
+    # The summary names the model's family and size as the API gives them.
+    shape = answer.get("shape") or {}
+    summary = DRIVER.find_element(By.ID, "preview-summary").text
+    millions = f"{round(shape.get('parameters', 0) / 1e6)} M parameters"
+    if not shape.get("family") or shape["family"] not in summary or millions not in summary:
+        fail(f"the previews' summary does not give the model's shape {shape}: {summary!r}")
+    log(f"previews' summary: {summary!r}")
     two = preview("Pipeline", "MlxRing", 2)
     shot("02-previews")
     start = time.monotonic()

@@ -16,7 +16,7 @@ async function refreshModels() {
   try {
     const models = await api('GET', '/v1/models');
     const data = (models && models.data) || [];
-    place.setModels(data.map((m) => m.id));
+    place.setModels(data);
     chat.setModels(data.filter((m) => m.ready).map((m) => m.id));
   } catch (e) {
     el('chat-error').hidden = false;

@@ -103,13 +103,39 @@ function draw(v, status) {
   if (!current) return;
   const m = current.model || {};
   const possible = current.previews.filter((p) => p.placement).length;
-  summary.textContent = `${current.model_id}: ${m.n_layers ?? '?'} layers, ${bytes(m.storage_bytes)}; ` +
+  const shape = shapeText(current.shape);
+  summary.textContent = `${current.model_id}${shape ? ` (${shape})` : ''}: ` +
+    `${m.n_layers ?? '?'} layers, ${bytes(m.storage_bytes)}; ` +
     `${possible} of ${current.previews.length} placements possible.`;
   list.replaceChildren(...current.previews.map((p) => previewItem(v, p, status)));
 }
 
-/** The models the picker offers (ids from GET /v1/models). */
-export function setModels(ids) {
+/** A count of parameters: 135 M, 30.5 B. */
+function count(n) {
+  if (typeof n !== 'number' || !isFinite(n)) return '?';
+  if (n >= 1e9) return `${(n / 1e9).toFixed(1)} B`;
+  return `${Math.round(n / 1e6)} M`;
+}
+
+/**
+ * A model's shape in words: its family and parameters and, for a Mixture of Experts, how many
+ * run per token ("qwen3_moe, 30.5 B parameters, 3.3 B active: 8 of 128 experts per token").
+ */
+export function shapeText(shape) {
+  if (!shape || !shape.family) return '';
+  let text = `${shape.family}, ${count(shape.parameters)} parameters`;
+  if (shape.experts) {
+    text += `, ${count(shape.active_parameters)} active: ` +
+      `${shape.experts_per_token} of ${shape.experts} experts per token`;
+  }
+  return text;
+}
+
+/** The models the picker offers (GET /v1/models' entries), with their shape where known. */
+export function setModels(models) {
   const options = document.getElementById('model-options');
-  options.replaceChildren(...ids.map((id) => h('option', { value: id })));
+  options.replaceChildren(...models.map((m) => {
+    const shape = shapeText(m.shape);
+    return h('option', shape ? { value: m.id, label: `${m.id} (${shape})` } : { value: m.id });
+  }));
 }

@@ -377,6 +377,9 @@ pub struct InstancePreviews {
     pub model_id: String,
     /// The model as placement sees it.
     pub model: ModelCard,
+    /// Its family, parameters and experts (as `GET /v1/models` shows them once the model has
+    /// an instance): the dashboard names them beside the previews.
+    pub shape: crate::backend::ModelShape,
     /// The live nodes' memory.
     pub nodes: Vec<NodeMemory>,
     /// Every sharding × backend × node count.

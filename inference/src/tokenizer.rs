@@ -128,6 +128,16 @@ fn tok_err(e: impl std::fmt::Display) -> InferenceError {
     InferenceError::Tokenizer(e.to_string())
 }
 
+/// A token id or a list of them (`eos_token_id` in config.json or generation_config.json).
+fn token_ids(value: Option<&Value>) -> Vec<u32> {
+    let id = |v: &Value| v.as_u64().and_then(|v| u32::try_from(v).ok());
+    match value {
+        Some(Value::Array(a)) => a.iter().filter_map(id).collect(),
+        Some(v) => id(v).into_iter().collect(),
+        None => Vec::new(),
+    }
+}
+
 impl Tokenizer {
     /// Rebuilds the tokenizer from GGUF metadata (byte-level BPE models only).
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
@@ -338,15 +348,16 @@ impl Tokenizer {
                     .and_then(Value::as_u64)
                     .map(|v| v as u32)
             });
-        let mut eos_token_ids: Vec<u32> = match config.get("eos_token_id") {
-            Some(Value::Number(n)) => n.as_u64().map(|v| v as u32).into_iter().collect(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|v| v as u32)
-                .collect(),
-            _ => vec![],
-        };
+        // generation_config.json lists the tokens generation stops at, as transformers reads
+        // it: gpt-oss ends a tool call with `<|call|>`, which only that file names.
+        let generation: Value = std::fs::read_to_string(dir.join("generation_config.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or(Value::Null);
+        let mut eos_token_ids: Vec<u32> = [config, &generation]
+            .into_iter()
+            .flat_map(|c| token_ids(c.get("eos_token_id")))
+            .collect();
         if let Some(id) = token_text(tc.get("eos_token")).and_then(|t| inner.token_to_id(&t)) {
             eos_token_ids.push(id);
         }

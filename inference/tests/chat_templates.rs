@@ -145,3 +145,40 @@ fn a_tokenizer_renders_today_unless_its_clock_is_pinned() {
     assert_eq!(t.apply_chat_template(&[], true).unwrap(), "01 Jan 2025");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Generation stops at every end token the folder names: config.json's `eos_token_id`, the
+/// tokenizer's `eos_token`, and generation_config.json's list (gpt-oss ends a tool call with
+/// `<|call|>`, which only generation_config.json lists).
+#[test]
+fn end_tokens_come_from_generation_config_too() {
+    use inference::Tokenizer;
+    let dir = std::env::temp_dir().join(format!("shoal-eos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokenizer_json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel",
+            "vocab": {"a": 0, "<|return|>": 1, "<|call|>": 2, "<|end|>": 3}, "unk_token": "a"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"eos_token": "<|end|>"}).to_string(),
+    )
+    .unwrap();
+    let config = serde_json::json!({"eos_token_id": 1});
+    let t = Tokenizer::from_hf_dir(&dir, &config).unwrap();
+    assert_eq!(t.eos_token_ids, [1, 3]);
+    std::fs::write(
+        dir.join("generation_config.json"),
+        serde_json::json!({"eos_token_id": [1, 2, 3], "do_sample": true}).to_string(),
+    )
+    .unwrap();
+    let t = Tokenizer::from_hf_dir(&dir, &config).unwrap();
+    assert_eq!(t.eos_token_ids, [1, 2, 3]);
+    // A broken generation_config.json adds nothing and breaks nothing.
+    std::fs::write(dir.join("generation_config.json"), "{not json").unwrap();
+    let t = Tokenizer::from_hf_dir(&dir, &config).unwrap();
+    assert_eq!(t.eos_token_ids, [1, 3]);
+    std::fs::remove_dir_all(&dir).ok();
+}

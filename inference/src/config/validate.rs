@@ -1,0 +1,95 @@
+//! Whether a configuration's numbers make a model that can be built: checked once after
+//! reading, so that no later step divides by zero or allocates from a nonsense size.
+
+use super::{ModelConfig, RouterKind};
+use crate::error::{InferenceError, Result};
+
+impl ModelConfig {
+    /// Checks that the numbers make a buildable model.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(InferenceError::BadConfig(m));
+        if self.hidden_size == 0
+            || self.num_layers == 0
+            || self.num_heads == 0
+            || self.num_kv_heads == 0
+            || self.vocab_size == 0
+        {
+            return bad(format!("zero-sized model: {self:?}"));
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad(format!(
+                "{} query heads are not a multiple of {} key/value heads",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return bad(format!(
+                "head_dim {} must be even and positive",
+                self.head_dim
+            ));
+        }
+        if self.hidden_size > 1 << 16
+            || self.num_layers > 1 << 12
+            || self.vocab_size > 1 << 22
+            || self.head_dim > 1024
+        {
+            return bad("implausibly large dimensions".into());
+        }
+        // YaRN scales the whole head before rotating (crate::rope): with a partial rotary
+        // width only the rotated part should be, which only latent attention does here.
+        if matches!(self.rope_scaling, RopeScaling::Yarn { .. })
+            && self.attention.latent.is_none()
+            && self.attention.rotary_dim.is_some()
+        {
+            return bad(format!(
+                "YaRN rope_scaling with a partial rotary width is not supported in this build \
+                 ({:?})",
+                self.architecture
+            ));
+        }
+        if let Some(r) = self.attention.rotary_dim {
+            if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
+                return bad(format!(
+                    "a rotary width of {r} in heads of {}: it must be even, positive and at \
+                     most head_dim",
+                    self.head_dim
+                ));
+            }
+        }
+        if let Some(moe) = &self.moe {
+            if moe.num_experts == 0
+                || moe.experts_per_token == 0
+                || moe.experts_per_token > moe.num_experts
+                || moe.expert_width == 0
+                || moe.num_experts > 1 << 12
+                || moe.expert_width > 1 << 16
+            {
+                return bad(format!(
+                    "a Mixture-of-Experts layer of {} experts, {} per token, {} wide cannot be built",
+                    moe.num_experts, moe.experts_per_token, moe.expert_width
+                ));
+            }
+            if let RouterKind::SigmoidGroupedTopK {
+                groups, top_groups, ..
+            } = moe.router
+            {
+                let per_group = moe.num_experts.checked_div(groups).unwrap_or(0);
+                if groups == 0
+                    || !moe.num_experts.is_multiple_of(groups)
+                    || top_groups == 0
+                    || top_groups > groups
+                    || top_groups * per_group < moe.experts_per_token
+                    || (groups > 1 && per_group < 2)
+                {
+                    return bad(format!(
+                        "{} experts in n_group {groups} with topk_group {top_groups} cannot \
+                         route {} experts per token: n_group must divide the experts into \
+                         groups of at least 2, and the kept groups must hold k experts",
+                        moe.num_experts, moe.experts_per_token
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
