@@ -3,9 +3,7 @@
 
 use crate::error::{InferenceError, Result};
 use crate::gguf::{GgufFile, GgufValue};
-use crate::quantized::{QuantMode, QuantSpec};
 use serde_json::Value;
-use std::collections::BTreeMap;
 
 pub use crate::sliding_window::SlidingWindow;
 pub use moe::{MoeConfig, RouterKind};

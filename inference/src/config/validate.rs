@@ -1,7 +1,7 @@
 //! Whether a configuration's numbers make a model that can be built: checked once after
 //! reading, so that no later step divides by zero or allocates from a nonsense size.
 
-use super::{ModelConfig, RouterKind};
+use super::{ModelConfig, RopeScaling, RouterKind};
 use crate::error::{InferenceError, Result};
 
 impl ModelConfig {
