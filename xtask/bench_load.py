@@ -108,12 +108,13 @@ def streams(url, model, n, tokens, extra):
     if errors:
         print("FAILED: " + "; ".join(errors[:3]), flush=True)
         sys.exit(1)
-    generated = 0
+    generated, prompt_tokens = 0, 0
     for first, chunks, usage, _ in results:
         generated += (usage or {}).get("completion_tokens") or chunks
+        prompt_tokens += (usage or {}).get("prompt_tokens") or 0
     ttft = sorted(r[0] if r[0] is not None else r[3] for r in results)
     print(json.dumps({"streams": n, "wall": wall, "generated": generated, "ttft": ttft,
-                      "retried": RETRIED[0]}), flush=True)
+                      "prompt_tokens": prompt_tokens, "retried": RETRIED[0]}), flush=True)
 
 
 def turns(url, model, words, tokens, salt):

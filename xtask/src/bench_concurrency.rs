@@ -251,6 +251,9 @@ struct Figures {
     tps: f64,
     p50: f64,
     p99: f64,
+    /// Prompt tokens of every stream over the time until the last stream's first token:
+    /// the prompts' throughput (all of them are in by then). 0 when the server gave no usage.
+    prompt_tps: f64,
     /// Connections the server reset or refused before answering, tried again.
     retried: u64,
 }
@@ -273,10 +276,13 @@ fn figures(line: &Value) -> Result<Figures, String> {
         .filter_map(Value::as_f64)
         .collect();
     ttft.sort_by(f64::total_cmp);
+    let prompt_tokens = line["prompt_tokens"].as_f64().unwrap_or(0.0);
+    let last_first_token = ttft.last().copied().unwrap_or(0.0);
     Ok(Figures {
         tps: generated / wall.max(1e-9),
         p50: percentile(&ttft, 0.5),
         p99: percentile(&ttft, 0.99),
+        prompt_tps: prompt_tokens / last_first_token.max(1e-9),
         retried: line["retried"].as_u64().unwrap_or(0),
     })
 }
@@ -462,33 +468,39 @@ fn print_table(o: &Options, rows: &[Row]) {
         o.tokens, o.rounds
     );
     println!(
-        "{:>7} | {:>11} {:>9} {:>9} | {:>11} {:>9} {:>9} | {:>11}",
+        "{:>7} | {:>11} {:>9} {:>9} {:>8} | {:>11} {:>9} {:>9} {:>8} | {:>11}",
         "streams",
         "shoal tok/s",
         "TTFT p50",
         "TTFT p99",
+        "prompt/s",
         "mlx-lm tok/s",
         "TTFT p50",
         "TTFT p99",
+        "prompt/s",
         "shoal/mlx-lm"
     );
     let single = rows.iter().find(|r| r.0 == 1).map(|r| r.1.tps);
     for (n, s, m) in rows {
-        let (mt, m50, m99, ratio) = match m {
-            Some(Err(_)) => ("failed".into(), "-".into(), "-".into(), "-".into()),
+        let dash = || "-".to_string();
+        let (mt, m50, m99, mp, ratio) = match m {
+            Some(Err(_)) => ("failed".into(), dash(), dash(), dash(), dash()),
             Some(Ok(m)) => (
                 format!("{:.1}", m.tps),
                 format!("{:.2} s", m.p50),
                 format!("{:.2} s", m.p99),
+                format!("{:.1}", m.prompt_tps),
                 format!("{:.2}x", s.tps / m.tps),
             ),
-            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            None => (dash(), dash(), dash(), dash(), dash()),
         };
         println!(
-            "{n:>7} | {:>11.1} {:>9} {:>9} | {mt:>12} {m50:>9} {m99:>9} | {ratio:>11}",
+            "{n:>7} | {:>11.1} {:>9} {:>9} {:>8.1} | {mt:>12} {m50:>9} {m99:>9} {mp:>8} | \
+             {ratio:>11}",
             s.tps,
             format!("{:.2} s", s.p50),
             format!("{:.2} s", s.p99),
+            s.prompt_tps,
         );
     }
     if let Some(one) = single {
@@ -537,8 +549,15 @@ mod tests {
         assert!(parse(&["--pipeline".into()]).unwrap().pipeline);
         assert!(parse(&["--streams".into(), "0".into()]).is_err());
         assert!(parse(&["--bogus".into()]).is_err());
-        let f = figures(&json!({"wall": 2.0, "generated": 256, "ttft": [0.5, 0.1, 0.3]})).unwrap();
-        assert_eq!((f.tps, f.p50, f.p99), (128.0, 0.3, 0.5));
+        let f = figures(
+            &json!({"wall": 2.0, "generated": 256, "ttft": [0.5, 0.1, 0.3],
+                                "prompt_tokens": 60}),
+        )
+        .unwrap();
+        assert_eq!(
+            (f.tps, f.p50, f.p99, f.prompt_tps),
+            (128.0, 0.3, 0.5, 120.0)
+        );
         let rate = |tps| Figures {
             tps,
             ..Figures::default()
