@@ -17,7 +17,14 @@
 //!   ranks): the larger side's (see `control::intent`'s order of copies). It serves, and the
 //!   runner processes that exist are exactly its ranks' (one on each node that holds a rank,
 //!   none elsewhere): the smaller side's ring is gone;
-//! - every client completes chats again after the heal.
+//! - every client completes chats again after the heal;
+//! - every completed chat says what the model says with nothing in the way (each question is
+//!   the capital of a country SmolLM2 answers greedily and clearly: the answer names the city),
+//!   so a chat that "completed" with an empty or wrong answer counts as a failure;
+//! - no stream from a node is cut off without `[DONE]` (and no request goes without an HTTP
+//!   answer): every node stays up throughout, so a fault must reach the client as an error
+//!   event or an HTTP error, never as a broken body (as `cargo xtask soak` counts them);
+//! - after the heal each node answers a question of its own (non-streaming) correctly.
 //!
 //! Needs root (namespaces), `nft` and the model fixture (`cargo xtask setup`): fails
 //! otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
@@ -54,15 +61,49 @@ const DELAY_FOR: Duration = Duration::from_secs(20);
 /// The time within which every request must end, from when it was sent.
 const REQUEST_LIMIT: Duration = Duration::from_secs(45);
 
+/// Questions with a clear greedy answer from SmolLM2 (checked with `shoal generate` on the
+/// fixture: "The capital of Japan is Tokyo."), and the word that answer must hold. Italy
+/// and Spain are left out: the model gets them wrong.
+const QUESTIONS: [(&str, &str); 8] = [
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Germany", "Berlin"),
+    ("England", "London"),
+    ("Russia", "Moscow"),
+    ("China", "Beijing"),
+    ("Egypt", "Cairo"),
+    ("Greece", "Athens"),
+];
+
+/// The `n`th chat's question and the word its answer must hold.
+fn question(n: usize) -> (String, &'static str) {
+    let (country, city) = QUESTIONS[n % QUESTIONS.len()];
+    (format!("What is the capital of {country}?"), city)
+}
+
 /// How one request ended.
 #[derive(Debug, Clone)]
 enum Outcome {
-    /// Its answer came whole.
-    Completed,
-    /// It ended with an error event or an HTTP error: the reason.
+    /// Its answer came whole (`[DONE]` with no error event): the text, and the word it had to
+    /// hold.
+    Completed {
+        text: String,
+        expected: &'static str,
+    },
+    /// It ended with an error event and `[DONE]`, or an HTTP error: the reason.
     Errored(String),
+    /// The body ended or broke without `[DONE]`, or no HTTP answer came at all, from a node
+    /// that stayed up: what was seen.
+    Cut(String),
     /// It did not end within [`REQUEST_LIMIT`]: what was seen last.
     Hung(String),
+}
+
+impl Outcome {
+    /// Whether it completed with the right answer.
+    fn answered(&self) -> bool {
+        matches!(self, Outcome::Completed { text, expected } if text.contains(expected))
+    }
 }
 
 /// One request's record: which client, when it was sent (since the load began), how it ended.
@@ -76,9 +117,10 @@ struct Sent {
 
 /// One short streaming chat through `api`, read to its end or to [`REQUEST_LIMIT`].
 fn one_chat(api: &Blocking, n: usize) -> Outcome {
+    let (ask, expected) = question(n);
     let request = json!({
         "model": "default",
-        "messages": [{"role": "user", "content": format!("Count from {n} to 100, separated by commas.")}],
+        "messages": [{"role": "user", "content": ask}],
         "temperature": 0,
         "max_tokens": 12,
         "stream": true,
@@ -86,25 +128,52 @@ fn one_chat(api: &Blocking, n: usize) -> Outcome {
     let sent = Instant::now();
     let mut stream = match api.chat_stream(&request, REQUEST_LIMIT) {
         Ok(stream) => stream,
-        Err(e) if sent.elapsed() < REQUEST_LIMIT => return Outcome::Errored(e.to_string()),
-        Err(e) => return Outcome::Hung(format!("no answer: {e}")),
+        Err(e) if sent.elapsed() >= REQUEST_LIMIT => {
+            return Outcome::Hung(format!("no answer: {e}"))
+        }
+        Err(e) if e.status.is_some() => return Outcome::Errored(e.to_string()),
+        Err(e) => return Outcome::Cut(format!("no HTTP answer: {e}")),
     };
     let mut error = None;
+    let mut text = String::new();
     let mut last = String::new();
     loop {
         match stream.next(REQUEST_LIMIT.saturating_sub(sent.elapsed())) {
             Next::Event(SseEvent::Done) => {
-                return error.map_or(Outcome::Completed, Outcome::Errored);
+                return error.map_or(Outcome::Completed { text, expected }, Outcome::Errored);
             }
             Next::Event(SseEvent::Data(data)) => {
-                if data.contains("\"error\"") {
+                let event: Value = serde_json::from_str(&data).unwrap_or_default();
+                if event.get("error").is_some() {
                     error = Some(data.clone());
+                }
+                if let Some(piece) = event["choices"][0]["delta"]["content"].as_str() {
+                    text.push_str(piece);
                 }
                 last = data;
             }
             Next::Silent => return Outcome::Hung(last),
-            other => return Outcome::Errored(format!("{other:?} after {last}")),
+            Next::End { cut_off } => {
+                return Outcome::Cut(format!("body ended (cut off: {cut_off}) after {last}"))
+            }
+            Next::Broken(e) => return Outcome::Cut(format!("broke ({e}) after {last}")),
         }
+    }
+}
+
+/// A non-streaming chat to `node`: the answer's text, or what came instead.
+fn ask(node: &ShoalNode, n: usize) -> Result<String, String> {
+    let (question, _) = question(n);
+    let request = json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 12,
+    });
+    let (status, answer) = call(node, "POST", "/v1/chat/completions", Some(&request));
+    match answer["choices"][0]["message"]["content"].as_str() {
+        Some(text) if status == 200 => Ok(text.to_string()),
+        _ => Err(format!("{status}: {answer}")),
     }
 }
 
@@ -201,7 +270,7 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
                 .unwrap()
                 .iter()
                 .filter(|s| s.client == client && s.at + s.took >= after)
-                .filter(|s| matches!(s.outcome, Outcome::Completed))
+                .filter(|s| s.outcome.answered())
                 .count()
         };
         let completed_by = |client: usize, after: Duration| {
@@ -209,7 +278,7 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
                 .unwrap()
                 .iter()
                 .filter(|s| s.client == client && s.at >= after)
-                .filter(|s| matches!(s.outcome, Outcome::Completed))
+                .filter(|s| s.outcome.answered())
                 .count()
         };
         let warm = wait_for(Duration::from_secs(60), || {
@@ -409,21 +478,52 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
     }
     let completed = sent
         .iter()
-        .filter(|s| matches!(s.outcome, Outcome::Completed))
+        .filter(|s| matches!(s.outcome, Outcome::Completed { .. }))
         .count();
+    // Completed chats whose answer is empty or not the model's.
+    let wrong: Vec<String> = sent
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::Completed { .. }) && !s.outcome.answered())
+        .map(|s| format!("client {} at {:.1?}: {:?}", s.client + 1, s.at, s.outcome))
+        .collect();
+    let cut: Vec<String> = sent
+        .iter()
+        .filter_map(|s| match &s.outcome {
+            Outcome::Cut(what) => Some(format!("client {} at {:.1?}: {what}", s.client + 1, s.at)),
+            _ => None,
+        })
+        .collect();
     let slowest = sent.iter().map(|s| s.took).max().unwrap_or_default();
     eprintln!(
-        "{} requests: {completed} completed, {} errored, {} hung; slowest {slowest:.1?}",
+        "{} requests: {completed} completed ({} with a wrong or empty answer), {} errored, {} cut \
+         without [DONE], {} hung; slowest {slowest:.1?}",
         sent.len(),
+        wrong.len(),
         errors.values().map(|e| e.0).sum::<usize>(),
+        cut.len(),
         hung.len()
     );
     for (reason, (count, first, last)) in &errors {
         eprintln!("  {count} x (sent {first:.1?}..{last:.1?}): {reason}");
     }
+    // After the heal each node answers a question of its own.
+    let after_heal: Vec<(usize, Result<String, String>)> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| (i, ask(node, i)))
+        .collect();
+    eprintln!("asked after the heal: {after_heal:?}");
+    let unanswered: Vec<String> = after_heal
+        .iter()
+        .filter(|(i, answer)| !answer.as_ref().is_ok_and(|t| t.contains(question(*i).1)))
+        .map(|(i, answer)| format!("node {}: {answer:?}", i + 1))
+        .collect();
     assert!(
-        hung.is_empty(),
-        "requests that did not end within {REQUEST_LIMIT:?}: {hung:?}\n{}",
+        hung.is_empty() && cut.is_empty() && wrong.is_empty() && unanswered.is_empty(),
+        "requests that did not end within {REQUEST_LIMIT:?}: {hung:?}\n\
+         streams cut without [DONE] from nodes that stayed up: {cut:?}\n\
+         completed chats with a wrong or empty answer: {wrong:?}\n\
+         nodes that did not answer after the heal: {unanswered:?}\n{}",
         logs(&nodes)
     );
     test_net.teardown(nodes);

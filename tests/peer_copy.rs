@@ -9,6 +9,11 @@
 //! bytes already held: the copy's bytes over the network equal the files' sizes, the second
 //! member sends from an offset past zero, and the files are the hub's, byte for byte.
 //!
+//! And a member that holds a corrupt file (one byte of its blob flipped on disk, size kept):
+//! the copy it sends is detected at its end, discarded and not asked for again; the node
+//! fetches that file from the hub instead (and only that file: the others come from the
+//! member), and its files are the hub's, byte for byte.
+//!
 //! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
@@ -17,11 +22,13 @@ mod support;
 #[path = "support/hf.rs"]
 #[allow(dead_code)]
 mod hf;
+#[path = "support/hf_nodes.rs"]
+mod hf_nodes;
 
+use hf_nodes::HubNodes;
 use serde_json::json;
 use std::time::Duration;
-use support::netns::Spec;
-use support::{call, logs, wait_for, TestNet};
+use support::{call, logs, wait_for};
 
 /// Asks `node_id` at `ip` for blob `hash` of the fixture from a fresh iroh endpoint (not a
 /// member) in namespace `netns`; answers the server's first frame.
@@ -67,38 +74,18 @@ fn ask_as_stranger(netns: &str, ip: std::net::Ipv4Addr, node_id: &str, hash: &st
 
 #[test]
 fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
-    if !kit::skip::can_run(hf::fixture_repo().map(|_| ()), "run `cargo xtask setup`") {
-        return;
-    }
-    let Some((net, mut nodes)) = TestNet::create(
-        "hfpeer",
-        &Spec {
-            nodes: 3,
-            ..Spec::default()
-        },
-    ) else {
+    let Some(HubNodes {
+        net,
+        hub_node,
+        mut nodes,
+        server,
+        caches,
+        fixture,
+    }) = hf_nodes::start("hfpeer", 2)
+    else {
         return;
     };
-    let fixture = hf::fixture_repo().unwrap();
-    let hub_node = nodes.remove(0);
-    let (server, caches) = hf::serve_fixture(
-        &hub_node.node.netns,
-        hub_node.node.ip(),
-        &net.dir,
-        nodes.iter_mut().map(|n| &mut n.env),
-    );
-    let out = nodes[0]
-        .node
-        .command(support::shoal_bin())
-        .args(["download", "--quiet", hf::REPO])
-        .envs(nodes[0].env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("shoal download");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    hf_nodes::download(&nodes[0]);
     // No hub from here on.
     drop(server);
     for node in &mut nodes {
@@ -167,18 +154,7 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
     })
     .unwrap_or_else(|| panic!("the instance did not become ready\n{}", logs(&nodes)));
     for node in &nodes {
-        let request = json!({
-            "model": hf::REPO,
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "temperature": 0,
-            "max_tokens": 12,
-        });
-        let (status, answer) = call(node, "POST", "/v1/chat/completions", Some(&request));
-        assert_eq!(status, 200, "{answer}\n{}", logs(&nodes));
-        let text = answer["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default();
-        assert!(text.contains("Paris"), "{text}");
+        hf_nodes::assert_says_paris(node, hf::REPO);
     }
 
     // Deleting the model: refused while an instance has a rank here, then it frees the
@@ -189,7 +165,7 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
     assert_eq!(refused["error"]["code"], "model_in_use", "{refused}");
     let (status, _) = call(&nodes[0], "DELETE", &format!("/instance/{id}"), None);
     assert_eq!(status, 200);
-    let repo_dir = caches[0].join(format!("models--{}", hf::REPO.replace('/', "--")));
+    let repo_dir = hf_nodes::repo_dir(&caches[0]);
     assert!(repo_dir.is_dir(), "{}", repo_dir.display());
     let (deleted, _) = wait_for(Duration::from_secs(30), || {
         let (status, deleted) = call(&nodes[0], "DELETE", &path, None);
@@ -216,8 +192,7 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
     );
     let (status, _) = call(&nodes[0], "DELETE", &path, None);
     assert_eq!(status, 404);
-    nodes.insert(0, hub_node);
-    net.teardown(nodes);
+    hf_nodes::teardown(net, hub_node, nodes);
 }
 
 /// Limits what leaves `netns` on its bridge link (`eth0`) to `rate` (tc's token bucket).
@@ -282,70 +257,29 @@ fn copies_sent(log: &str) -> Vec<(u64, u64)> {
 
 #[test]
 fn the_member_serving_a_copy_dies_mid_file_and_another_finishes_it() {
-    if !kit::skip::can_run(hf::fixture_repo().map(|_| ()), "run `cargo xtask setup`") {
-        return;
-    }
-    let Some((net, mut nodes)) = TestNet::create(
-        "hfcut",
-        &Spec {
-            nodes: 4,
-            ..Spec::default()
-        },
-    ) else {
+    let Some(HubNodes {
+        net,
+        hub_node,
+        mut nodes,
+        server,
+        caches,
+        fixture,
+    }) = hf_nodes::start("hfcut", 3)
+    else {
         return;
     };
-    let fixture = hf::fixture_repo().unwrap();
-    let hub_node = nodes.remove(0);
-    let (server, caches) = hf::serve_fixture(
-        &hub_node.node.netns,
-        hub_node.node.ip(),
-        &net.dir,
-        nodes.iter_mut().map(|n| &mut n.env),
-    );
     // Two holders (A, B) download the model from the hub; then the hub is gone.
     for holder in &nodes[..2] {
-        let out = holder
-            .node
-            .command(support::shoal_bin())
-            .args(["download", "--quiet", hf::REPO])
-            .envs(holder.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .expect("shoal download");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        hf_nodes::download(holder);
         // 200 Mbit/s out of each holder: copying the 270 MB model takes about 11 s.
         throttle(&holder.node.netns, "200mbit");
     }
     drop(server);
-    for node in &mut nodes {
-        node.start();
-    }
-    let ids: Vec<String> = nodes
-        .iter()
-        .map(|n| {
-            wait_for(Duration::from_secs(30), || node_id(n))
-                .unwrap_or_else(|| panic!("a node does not answer\n{}", logs(&nodes)))
-                .0
-        })
-        .collect();
+    let ids = hf_nodes::start_all(&mut nodes);
     let c = &ids[2];
     // One rank on C, which holds nothing: it copies the whole model from A or B.
-    let placed = wait_for(Duration::from_secs(60), || {
-        let (status, created) = call(
-            &nodes[2],
-            "POST",
-            "/instance",
-            Some(&json!({"instance": {"model_id": hf::REPO, "required_nodes": [c]}})),
-        );
-        (status == 200).then_some(created)
-    });
-    let Some((created, _)) = placed else {
-        panic!("no placement on C\n{}", logs(&nodes));
-    };
-    let instance = created["instance_id"].as_str().unwrap().to_string();
+    let body = json!({"instance": {"model_id": hf::REPO, "required_nodes": [c]}});
+    let instance = hf_nodes::place(&nodes[2], "/instance", &body, &nodes);
     // Once C holds 60 MB from one holder, that holder dies.
     let (serving, _) = wait_for(Duration::from_secs(90), || {
         let r = download_record(&nodes[2], c)?;
@@ -356,12 +290,8 @@ fn the_member_serving_a_copy_dies_mid_file_and_another_finishes_it() {
     .unwrap_or_else(|| panic!("C is not copying from A or B\n{}", logs(&nodes)));
     nodes[serving].kill();
     let other = 1 - serving;
-    let (ready, _) = wait_for(Duration::from_secs(150), || {
-        let (_, i) = call(&nodes[2], "GET", &format!("/instance/{instance}"), None);
-        assert_ne!(i["status"], "failed", "{i}\n{}", logs(&nodes));
-        (i["status"] == "ready").then_some(i)
-    })
-    .unwrap_or_else(|| panic!("the instance did not become ready\n{}", logs(&nodes)));
+    let (ready, _) = hf_nodes::ready(&nodes[2], &instance, Duration::from_secs(150), &nodes)
+        .unwrap_or_else(|| panic!("the instance did not become ready\n{}", logs(&nodes)));
     // GET /instance shows the rank's download.
     let shown = &ready["ranks"][0]["download"];
     assert_eq!(shown["state"], "complete", "{ready}");
@@ -379,24 +309,7 @@ fn the_member_serving_a_copy_dies_mid_file_and_another_finishes_it() {
         fetched.is_some() && fetched <= total,
         "bytes held before the cut were fetched again: {record}"
     );
-    let snapshot_dir = std::fs::read_dir(
-        caches[2]
-            .join(format!("models--{}", hf::REPO.replace('/', "--")))
-            .join("snapshots"),
-    )
-    .unwrap()
-    .flatten()
-    .next()
-    .expect("C's snapshot")
-    .path();
-    for part in 1..=hf::PARTS {
-        let name = format!("model-{part:05}-of-{:05}.safetensors", hf::PARTS);
-        let ours = std::fs::read(snapshot_dir.join(&name)).unwrap();
-        assert!(
-            ours == std::fs::read(fixture.join(&name)).unwrap(),
-            "{name} differs"
-        );
-    }
+    hf_nodes::assert_hub_bytes(&hf_nodes::snapshot_dir(&caches[2]), &fixture);
     // The survivor resumed the cut copies: it sent from past the start, never the whole file.
     let sent = copies_sent(&std::fs::read_to_string(&nodes[other].log).unwrap());
     assert!(
@@ -405,21 +318,70 @@ fn the_member_serving_a_copy_dies_mid_file_and_another_finishes_it() {
         "the other holder sent no resumed copy: {sent:?}\n{}",
         logs(&nodes)
     );
-    let (_, answer) = call(
-        &nodes[2],
-        "POST",
-        "/v1/chat/completions",
-        Some(&json!({
-            "model": hf::REPO,
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "temperature": 0,
-            "max_tokens": 12,
-        })),
+    hf_nodes::assert_says_paris(&nodes[2], hf::REPO);
+    hf_nodes::teardown(net, hub_node, nodes);
+}
+
+#[test]
+fn a_corrupt_copy_from_a_member_is_refused_and_fetched_from_the_hub() {
+    let Some(HubNodes {
+        net,
+        hub_node,
+        mut nodes,
+        server,
+        caches,
+        fixture,
+    }) = hf_nodes::start("hfbad", 2)
+    else {
+        return;
+    };
+    // A downloads the model from the hub; then one byte in the middle of its copy of the
+    // second weight file goes bad (the size stays, so A still lists it as held).
+    hf_nodes::download(&nodes[0]);
+    let victim = format!("model-00002-of-{:05}.safetensors", hf::PARTS);
+    let blob = std::fs::canonicalize(hf_nodes::snapshot_dir(&caches[0]).join(&victim)).unwrap();
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x55;
+    std::fs::write(&blob, &bytes).unwrap();
+    let served_before = server.report().0;
+
+    let ids = hf_nodes::start_all(&mut nodes);
+    // One rank on B, which holds nothing: it copies from A, which lists every file.
+    let body = json!({"instance": {"model_id": hf::REPO, "required_nodes": [ids[1]]}});
+    let instance = hf_nodes::place(&nodes[1], "/instance", &body, &nodes);
+    let ready = hf_nodes::ready(&nodes[1], &instance, Duration::from_secs(150), &nodes);
+    let b_log = strip_ansi(&std::fs::read_to_string(&nodes[1].log).unwrap());
+    let refused: Vec<&str> = b_log
+        .lines()
+        .filter(|l| l.contains("arrived corrupt"))
+        .collect();
+    let Some((_, took)) = ready else {
+        panic!(
+            "the instance did not become ready; corrupt copies discarded: {}\n{}",
+            refused.len(),
+            logs(&nodes)
+        );
+    };
+    eprintln!("ready on B in {took:?}; corrupt copies discarded: {refused:?}");
+    // Detected once, named, and A not asked for that file again.
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].contains(&victim) && refused[0].contains("not asked for this file again"),
+        "{refused:?}"
     );
-    let text = answer["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(text.contains("Paris"), "{answer}");
-    nodes.insert(0, hub_node);
-    net.teardown(nodes);
+    // The hub sent B the bad file whole, and nothing else: the rest came from A.
+    let served_after = server.report().0;
+    for part in 1..=hf::PARTS {
+        let name = format!("model-{part:05}-of-{:05}.safetensors", hf::PARTS);
+        let size = std::fs::metadata(fixture.join(&name)).unwrap().len();
+        let sent = hf::bytes_of(&served_after, &name) - hf::bytes_of(&served_before, &name);
+        let want = if name == victim { size } else { 0 };
+        assert_eq!(sent, want, "the hub's bytes of {name} to B");
+    }
+    // B keeps the hub's bytes, never the corrupt ones, and answers.
+    hf_nodes::assert_hub_bytes(&hf_nodes::snapshot_dir(&caches[1]), &fixture);
+    hf_nodes::assert_says_paris(&nodes[1], hf::REPO);
+    drop(server);
+    hf_nodes::teardown(net, hub_node, nodes);
 }

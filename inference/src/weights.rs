@@ -559,10 +559,17 @@ mod tests {
 
     #[test]
     fn f32_unless_it_does_not_fit() {
-        if std::env::var_os(WeightFormat::ENV).is_some() || cfg!(target_vendor = "apple") {
-            return; // the override (or the GPU default) decides; nothing to check here
-        }
         let small = config(64, 2);
+        if std::env::var_os(WeightFormat::ENV).is_some() || cfg!(target_vendor = "apple") {
+            // The override (or the GPU default) decides, whatever fits.
+            let chosen = WeightFormat::default_for_backend();
+            assert_eq!(WeightFormat::choose(&small, &(0..2), 1 << 20), chosen);
+            assert_eq!(
+                WeightFormat::choose(&config(8192, 4000), &(0..4000), 1),
+                chosen
+            );
+            return;
+        }
         assert_eq!(
             WeightFormat::choose(&small, &(0..2), 1 << 20),
             WeightFormat::F32

@@ -70,15 +70,29 @@ impl Blocking {
         let stream = self.run(limit, |api| api.chat_stream(body))?;
         Ok(BlockingStream {
             runtime: &self.runtime,
-            stream,
+            stream: Some(stream),
         })
     }
 }
 
-/// A chat stream read by a synchronous caller.
+/// A chat stream read by a synchronous caller. Dropping it closes its connection, as a
+/// client that goes away does.
 pub struct BlockingStream<'a> {
     runtime: &'a tokio::runtime::Runtime,
-    stream: ChatStream,
+    /// `None` only while it is dropped.
+    stream: Option<ChatStream>,
+}
+
+impl Drop for BlockingStream<'_> {
+    /// Drops the body, then lets the runtime run a moment: the connection's task runs only
+    /// inside a call, and this is when it sees the body gone and closes the connection
+    /// (without it the connection would stay open, unread, until the next call).
+    fn drop(&mut self) {
+        drop(self.stream.take());
+        // The timer is made inside the runtime, which it needs.
+        self.runtime
+            .block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
+    }
 }
 
 /// What [`BlockingStream::next`] got.
@@ -100,7 +114,9 @@ pub enum Next {
 impl BlockingStream<'_> {
     /// The next event, waiting at most `wait`.
     pub fn next(&mut self, wait: Duration) -> Next {
-        let stream = &mut self.stream;
+        let Some(stream) = self.stream.as_mut() else {
+            return Next::Broken("the stream was dropped".into());
+        };
         match self
             .runtime
             .block_on(async { tokio::time::timeout(wait, stream.next()).await })
@@ -109,7 +125,7 @@ impl BlockingStream<'_> {
             Ok(Err(e)) => Next::Broken(e),
             Ok(Ok(Some(event))) => Next::Event(event),
             Ok(Ok(None)) => Next::End {
-                cut_off: self.stream.cut_off(),
+                cut_off: stream.cut_off(),
             },
         }
     }

@@ -33,6 +33,8 @@ pub struct Api {
     authority: String,
     /// The network namespace to connect from, if not this process's own.
     netns: Option<String>,
+    /// The API key sent as `Authorization: Bearer KEY`, if any.
+    key: Option<String>,
 }
 
 /// A request that got an answer other than 2xx, or none.
@@ -138,6 +140,7 @@ impl Api {
         Ok(Api {
             authority,
             netns: None,
+            key: None,
         })
     }
 
@@ -146,12 +149,20 @@ impl Api {
         Api {
             authority: addr.to_string(),
             netns: None,
+            key: None,
         }
     }
 
     /// The same API, reached from inside network namespace `netns` (needs root).
     pub fn in_netns(mut self, netns: &str) -> Api {
         self.netns = Some(netns.to_string());
+        self
+    }
+
+    /// The same API, each request carrying `key` (`Authorization: Bearer KEY`): for a node
+    /// started with API keys.
+    pub fn with_key(mut self, key: &str) -> Api {
+        self.key = Some(key.to_string());
         self
     }
 
@@ -204,11 +215,15 @@ impl Api {
             })?;
         tokio::spawn(connection);
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method.clone())
             .uri(path)
             .header(hyper::header::HOST, &self.authority)
-            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if let Some(key) = &self.key {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let request = request
             .body(Full::new(bytes))
             .map_err(|e| ApiFailure::transport(format!("cannot build {method} {path}: {e}")))?;
         sender

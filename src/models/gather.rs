@@ -1,5 +1,6 @@
 //! Getting a list of a model's files onto this node: each file from a member that holds it
-//! (copied over iroh, resumed from another holder when one fails mid-file), else from the hub
+//! (copied over iroh, resumed from another holder when one fails mid-file; a member whose copy
+//! arrived corrupt is not asked for that file again), else from the hub
 //! when this node is the one designated to fetch it ([`sources::designated`]), else waiting
 //! for the designated node to hold it. Several files at once; each finished file is announced
 //! at once in this node's `files/<model>` record, so other nodes can copy it from here.
@@ -106,6 +107,9 @@ async fn one_file(
     let repo = id.repo();
     let model = id.to_string();
     let started = Instant::now();
+    // Members that sent this file corrupt: not asked for it again (they would send the same
+    // bytes); the hub, or another member, is.
+    let mut corrupt_from: Vec<(String, String)> = Vec::new();
     loop {
         let blob = cache.blob(id, &file.hash);
         if std::fs::metadata(&blob).is_ok_and(|m| m.len() == file.size) {
@@ -116,17 +120,25 @@ async fn one_file(
             return Ok(());
         }
         let snapshot = context.snapshot();
-        let holders = sources::holders(&snapshot, &repo, &file.hash);
+        let mut holders = sources::holders(&snapshot, &repo, &file.hash);
+        holders.retain(|node| corrupt_from.iter().all(|(bad, _)| bad != node));
         for node in &holders {
             let copied = match context.open_files(node.clone()).await {
                 Ok(connection) => peer::copy(&connection, cache, id, commit, file, progress).await,
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             };
             match copied {
                 Ok(()) => {
                     tracing::info!(file = %file.path, from = %control::short(node), "copied from a member");
                     advertise(context, cache, id);
                     return Ok(());
+                }
+                Err(peer::CopyFailed::Corrupt(e)) => {
+                    tracing::warn!(
+                        file = %file.path, from = %control::short(node),
+                        "a member sent a corrupt copy ({e}); it is not asked for this file again"
+                    );
+                    corrupt_from.push((node.clone(), e));
                 }
                 Err(e) => tracing::warn!(
                     file = %file.path, from = %control::short(node),
@@ -138,17 +150,35 @@ async fn one_file(
             progress.set_source(&file.path, &hub.config.endpoint);
             hub::download::fetch_file(hub, id, commit, file, progress)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| with_corrupt(e.to_string(), &corrupt_from))?;
             tracing::info!(file = %file.path, from = %hub.config.endpoint, "fetched from the hub");
             advertise(context, cache, id);
             return Ok(());
         }
         if started.elapsed() > WAIT_FOR_OTHERS {
-            return Err(format!(
-                "`{}`: no member finished fetching it within {WAIT_FOR_OTHERS:?}",
-                file.path
+            return Err(with_corrupt(
+                format!(
+                    "`{}`: no member finished fetching it within {WAIT_FOR_OTHERS:?}",
+                    file.path
+                ),
+                &corrupt_from,
             ));
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// `error`, and which members sent the file corrupt (they were not asked again), if any.
+fn with_corrupt(error: String, corrupt_from: &[(String, String)]) -> String {
+    if corrupt_from.is_empty() {
+        return error;
+    }
+    let members: Vec<String> = corrupt_from
+        .iter()
+        .map(|(node, why)| format!("{}: {why}", control::short(node)))
+        .collect();
+    format!(
+        "{error} (members that sent it corrupt, not asked again: {})",
+        members.join("; ")
+    )
 }

@@ -182,9 +182,34 @@ fn valid_hash(h: &str) -> bool {
     (h.len() == 40 || h.len() == 64) && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// Why a copy from a member did not finish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyFailed {
+    /// The bytes came whole but their hash is not the hub's: what the member holds is not the
+    /// file (it would send the same bytes again). They were discarded.
+    Corrupt(String),
+    /// Anything else (refused, stalled, cut off): the bytes so far stay, and another try may
+    /// finish the file.
+    Other(String),
+}
+
+impl std::fmt::Display for CopyFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyFailed::Corrupt(why) | CopyFailed::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<String> for CopyFailed {
+    fn from(why: String) -> CopyFailed {
+        CopyFailed::Other(why)
+    }
+}
+
 /// Copies `file` of `id` from the member at the other end of `connection` into `cache`
 /// (resuming from what `.incomplete` holds), checks it against its hash and links it from
-/// snapshot `commit`. `Err` says why this source did not finish it (the bytes so far stay).
+/// snapshot `commit`. `Err` says why this source did not finish it.
 /// `progress` names the source (the member's node id) while it copies.
 pub async fn copy(
     connection: &Connection,
@@ -193,7 +218,7 @@ pub async fn copy(
     commit: &str,
     file: &RepoFile,
     progress: &Progress,
-) -> Result<(), String> {
+) -> Result<(), CopyFailed> {
     let part = cache.incomplete(id, &file.hash);
     if let Some(dir) = part.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -228,12 +253,9 @@ pub async fn copy(
         .map_err(|_| "no answer".to_string())?
         .map_err(|e| e.to_string())?;
     match answer {
-        Answer::Refused { reason } => return Err(format!("refused: {reason}")),
+        Answer::Refused { reason } => return Err(format!("refused: {reason}").into()),
         Answer::Sending { size } if size != file.size => {
-            return Err(format!(
-                "it holds {size} bytes, the hub lists {}",
-                file.size
-            ))
+            return Err(format!("it holds {size} bytes, the hub lists {}", file.size).into())
         }
         Answer::Sending { .. } => {}
     }
@@ -246,7 +268,7 @@ pub async fn copy(
             .map_err(|_| format!("the copy stalled for {STALL:?}"))?
             .map_err(|e| format!("the copy broke off: {e}"))?;
         let Some(n) = n else {
-            return Err(format!("the copy ended {room} bytes short"));
+            return Err(format!("the copy ended {room} bytes short").into());
         };
         out.write_all(&buf[..n])
             .map_err(|e| format!("{}: {e}", part.display()))?;
@@ -260,10 +282,10 @@ pub async fn copy(
     let got = hash.hex();
     if got != file.hash {
         let _ = std::fs::remove_file(&part);
-        return Err(format!(
+        return Err(CopyFailed::Corrupt(format!(
             "`{}` arrived corrupt (hash {got}, expected {}); discarded",
             file.path, file.hash
-        ));
+        )));
     }
     let blob = cache.blob(id, &file.hash);
     std::fs::rename(&part, &blob).map_err(|e| format!("{}: {e}", blob.display()))?;

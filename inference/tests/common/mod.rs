@@ -285,9 +285,10 @@ impl RankNet {
     }
 }
 
-/// Re-runs this test binary once per rank (placed by `net`), running only `child_test` with
-/// `env_var` set to that rank's spec, and waits for all of them. Returns each rank's stdout; panics with the
-/// rank's output if one failed or did not print `RANK {rank} {marker}`.
+/// Re-runs this test binary once per rank (placed by `net`), running only `child_test` (an
+/// ignored test, hence `--ignored`) with `env_var` set to that rank's spec, and waits for all
+/// of them. Returns each rank's stdout; panics with the rank's output if one failed or did
+/// not print `RANK {rank} {marker}`.
 pub fn run_ranks(
     net: &RankNet,
     child_test: &str,
@@ -301,7 +302,13 @@ pub fn run_ranks(
         .enumerate()
         .map(|(rank, spec)| {
             net.command(rank, &exe)
-                .args([child_test, "--exact", "--nocapture", "--test-threads=1"])
+                .args([
+                    child_test,
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env(env_var, spec)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
