@@ -153,25 +153,7 @@ fn a_secured_cluster_serves_its_members_and_refuses_strangers() {
         let chat = client(member, Some(CHAT_KEY));
         let text = streamed(&chat).unwrap_or_else(|e| panic!("node {}: {e}", i + 1));
         assert!(text.contains("Paris"), "node {}: {text}", i + 1);
-        let (status, answer) = call(
-            member,
-            "POST",
-            "/v1/chat/completions",
-            Some(&json!({
-                "model": hf::REPO,
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "temperature": 0,
-                "max_tokens": 12,
-            })),
-        );
-        let text = answer["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default();
-        assert!(
-            status == 200 && text.contains("Paris"),
-            "node {}: {answer}",
-            i + 1
-        );
+        hf_nodes::assert_says_paris(member, hf::REPO);
         // Keys: none or a wrong one is refused; the chat key may not place or read the state.
         let chat_body = json!({"model": hf::REPO, "messages": [{"role": "user", "content": "Hi"}],
                                 "max_tokens": 2});

@@ -210,8 +210,9 @@ impl Downloads {
         });
     }
 
-    /// Fetches `model`'s configuration, tokenizer, template and index files (not its weights)
-    /// and waits: the node placing a model reads its configuration first.
+    /// Fetches `model`'s configuration, tokenizer, template and index files (not its weights;
+    /// for a GGUF model, its quantization's file, whose header holds the configuration) and
+    /// waits: the node placing a model reads its configuration first.
     pub async fn fetch_support(
         &self,
         model: &str,
@@ -387,6 +388,15 @@ async fn fetch_part(
         };
         fetch(support).await?;
         let Some(part) = part else {
+            // A GGUF model (`org/name:QUANT`) keeps its configuration in its file's header:
+            // the node placing it reads that file (every rank needs it whole anyway).
+            if let Some(quant) = &id.quant {
+                let gguf = select::for_model(&all, Some(quant))?;
+                cache
+                    .check_free_space(&id, &gguf)
+                    .map_err(|e| e.to_string())?;
+                return fetch(gguf).await;
+            }
             return Ok(());
         };
         let index = std::fs::read(cache.snapshot(&id, &commit).join(INDEX)).ok();

@@ -6,7 +6,7 @@
 
 use crate::hf;
 use crate::support::{call, logs, ShoalNode, TestNet};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
 /// The hub and the nodes around it (none started yet).
@@ -108,12 +108,12 @@ pub fn assert_hub_bytes(snapshot: &Path, fixture: &Path) {
     }
 }
 
-/// Asks `node` (greedy, 12 tokens) "What is the capital of France?" of `model`; panics
-/// unless the answer says Paris.
-pub fn assert_says_paris(node: &ShoalNode, model: &str) {
-    let request = serde_json::json!({
+/// Asks `node` (greedy, 12 tokens) `question` of `model`; panics unless the answer holds
+/// `word`. Answers the text.
+pub fn assert_answers(node: &ShoalNode, model: &str, question: &str, word: &str) -> String {
+    let request = json!({
         "model": model,
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "messages": [{"role": "user", "content": question}],
         "temperature": 0,
         "max_tokens": 12,
     });
@@ -121,10 +121,13 @@ pub fn assert_says_paris(node: &ShoalNode, model: &str) {
     let text = answer["choices"][0]["message"]["content"]
         .as_str()
         .unwrap_or_default();
-    assert!(
-        status == 200 && text.contains("Paris"),
-        "{status}: {answer}"
-    );
+    assert!(status == 200 && text.contains(word), "{status}: {answer}");
+    text.to_string()
+}
+
+/// [`assert_answers`] "What is the capital of France?" with "Paris".
+pub fn assert_says_paris(node: &ShoalNode, model: &str) {
+    assert_answers(node, model, "What is the capital of France?", "Paris");
 }
 
 /// Starts every node and waits (30 s each) until it answers `GET /node_id`: their ids, in
@@ -150,12 +153,17 @@ pub fn start_all(nodes: &mut [ShoalNode]) -> Vec<String> {
 /// asked again until the node accepts it (60 s: placing needs the node to see its peers):
 /// the instance id. Panics with the logs of `nodes` if it never does.
 pub fn place(node: &ShoalNode, path: &str, body: &Value, nodes: &[ShoalNode]) -> String {
+    let mut last = Value::Null;
     let placed = crate::support::wait_for(std::time::Duration::from_secs(60), || {
         let (status, created) = call(node, "POST", path, Some(body));
-        (status == 200).then_some(created)
+        if status == 200 {
+            return Some(created);
+        }
+        last = json!({"status": status, "answer": created});
+        None
     });
     let Some((created, _)) = placed else {
-        panic!("{body} was not placed\n{}", logs(nodes));
+        panic!("{body} was not placed: {last}\n{}", logs(nodes));
     };
     created["instance_id"]
         .as_str()
