@@ -157,21 +157,31 @@ fn test(args: &[String]) -> Result<(), String> {
     // Every test that cannot run and is allowed to skip leaves a line here.
     let skip_log = target_dir().join("shoal-skips.log");
     let _ = std::fs::remove_file(&skip_log);
+    // --no-fail-fast: one failing test binary does not hide the others' results.
     let tested = run(cargo()
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(args)
         .env("SHOAL_PYTHON", pyenv::venv_python())
         .env(kit::skip::LOG_VAR, &skip_log));
     let skips = kit::skip::read_log(&skip_log);
-    check_skips(&skips, kit::skip::allowed())?;
-    tested?;
+    let skipped = check_skips(&skips, kit::skip::allowed());
     if !args.is_empty() {
         eprintln!("(a subset of the tests was asked for: `cargo xtask e2e` not run)");
-        return Ok(());
+        return tested.and(skipped);
     }
+    // The end-to-end check runs whatever the tests said, so a failing test does not hide it.
     eprintln!("running the end-to-end check (cargo xtask e2e) ...");
     // The binary `cargo test` just built for the integration tests: no second build.
-    e2e::e2e_with(Some(target_dir().join("debug").join("shoal")), false)
+    let e2e = e2e::e2e_with(Some(target_dir().join("debug").join("shoal")), false);
+    let failures: Vec<String> = [("tests", tested), ("skips", skipped), ("e2e", e2e)]
+        .into_iter()
+        .filter_map(|(what, r)| r.err().map(|e| format!("{what}: {e}")))
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
 }
 
 /// Prints the skips; with any and without `SHOAL_ALLOW_SKIP=1` (as in CI) the run fails, so
