@@ -8,8 +8,8 @@
 //!   byte), and both nodes answer "Paris" with the chat key (streamed and not);
 //! - without a key, or with a wrong one, every node answers 401; the chat key may chat but
 //!   gets 403 on placing and on the cluster's state;
-//! - the stranger C, after all that, is not in the members' state, nor they in C's, and C's
-//!   own API has no instance of theirs to chat with.
+//! - the stranger C is not in the members' state, nor they in C's, once the pipeline is ready
+//!   and again after all that; and C's own API has no instance of theirs to chat with.
 //!
 //! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
@@ -90,6 +90,34 @@ fn streamed(client: &Blocking) -> Result<String, String> {
     }
 }
 
+/// Checks that the members (`nodes[..2]`) list only each other and the stranger `nodes[2]`
+/// (`stranger`) only itself, `when` (said in the failure).
+fn stranger_outside(
+    nodes: &[ShoalNode],
+    members: &std::collections::BTreeSet<String>,
+    stranger: &str,
+    when: &str,
+) {
+    for (i, member) in nodes[..2].iter().enumerate() {
+        let seen = listed(member);
+        assert_eq!(
+            &seen
+                .iter()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            members,
+            "{when}: node {} lists {seen:?}",
+            i + 1
+        );
+    }
+    let c_sees = listed(&nodes[2]);
+    assert_eq!(
+        c_sees,
+        vec![stranger.to_string()],
+        "{when}: the stranger sees {c_sees:?}"
+    );
+}
+
 #[test]
 fn a_secured_cluster_serves_its_members_and_refuses_strangers() {
     let Some(HubNodes {
@@ -135,6 +163,7 @@ fn a_secured_cluster_serves_its_members_and_refuses_strangers() {
         .filter_map(|r| r["node"].as_str().map(str::to_string))
         .collect();
     eprintln!("a 2-rank pipeline on {ranks:?} ready in {took:?}");
+    stranger_outside(&nodes, &members, &ids[2], "once the pipeline is ready");
     assert_eq!(
         ranks
             .iter()
@@ -185,24 +214,7 @@ fn a_secured_cluster_serves_its_members_and_refuses_strangers() {
     }
 
     // The stranger C: never in the members' state, and they never in C's.
-    let stranger_id = &ids[2];
-    for (i, member) in nodes[..2].iter().enumerate() {
-        let seen = listed(member);
-        assert_eq!(
-            seen.iter()
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>(),
-            members,
-            "node {} lists {seen:?}",
-            i + 1
-        );
-    }
-    let c_sees = listed(&nodes[2]);
-    assert_eq!(
-        c_sees,
-        vec![stranger_id.clone()],
-        "the stranger sees {c_sees:?}"
-    );
+    stranger_outside(&nodes, &members, &ids[2], "at the end");
     let (status, models) = call(&nodes[2], "GET", "/v1/models", None);
     assert_eq!(status, 200, "{models}");
     assert!(
