@@ -42,7 +42,7 @@ pub enum HubError {
         what: String,
     },
     /// Offline, and the cache does not hold what is needed.
-    #[error("offline (HF_HUB_OFFLINE or --offline) and model `{id}` is not in the cache at {cache}: {what}")]
+    #[error("offline (HF_HUB_OFFLINE=1, or `shoal download --offline`) and model `{id}` is not in the cache at {cache}: {what}")]
     Offline {
         /// The model.
         id: String,
@@ -52,7 +52,7 @@ pub enum HubError {
         what: String,
     },
     /// The hub could not be reached, or kept failing, after every retry.
-    #[error("cannot fetch {what} from {url} after {attempts} attempts: {last} (check HF_ENDPOINT and the network, or use --offline with a cache that holds the model)")]
+    #[error("cannot fetch {what} from {url} after {attempts} attempts: {last} (check HF_ENDPOINT and the network; with a cache that holds the model, HF_HUB_OFFLINE=1 uses only the cache)")]
     Unreachable {
         /// What was being fetched.
         what: String,

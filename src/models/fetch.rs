@@ -342,11 +342,16 @@ async fn fetch_part(
         let (commit, all, from_members) = match super::sources::peer_listing(&snapshot, &id) {
             Some((commit, files)) => (commit, files, true),
             None if hub.config.offline => {
+                let what = if part.is_some() {
+                    format!("the files of its part {label}")
+                } else {
+                    "its configuration and tokenizer files".to_string()
+                };
                 return Err(format!(
                     "offline (HF_HUB_OFFLINE), no member holds {model}, and this node's cache \
-                     {} lacks files of {label}",
+                     {} lacks {what}",
                     cache.root.display()
-                ))
+                ));
             }
             None => {
                 let commit = hub.commit_of(&id).await.map_err(|e| e.to_string())?;
