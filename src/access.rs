@@ -61,8 +61,12 @@ impl AccessArgs {
             admin.extend(more_admin);
             chat.extend(more_chat);
         }
-        AccessPolicy::new(&admin, &chat, &self.cors_origins)
-            .context("--api-key / --chat-api-key / --cors-origin")
+        // Each list on its own first, so that the error names the flag at fault.
+        AccessPolicy::new(&admin, &[], &[])
+            .context("--api-key (SHOAL_API_KEY) or --api-key-file")?;
+        AccessPolicy::new(&[], &chat, &[])
+            .context("--chat-api-key (SHOAL_CHAT_API_KEY) or --api-key-file")?;
+        AccessPolicy::new(&admin, &chat, &self.cors_origins).context("--cors-origin")
     }
 }
 
@@ -93,6 +97,14 @@ mod tests {
             api_keys: vec!["short".into()],
             ..AccessArgs::default()
         };
-        assert!(format!("{:#}", bad.policy().unwrap_err()).contains("--api-key"));
+        let err = format!("{:#}", bad.policy().unwrap_err());
+        assert!(err.contains("--api-key (SHOAL_API_KEY)"), "{err}");
+        assert!(!err.contains("--cors-origin"), "{err}");
+        let bad_chat = AccessArgs {
+            chat_api_keys: vec!["short".into()],
+            ..AccessArgs::default()
+        };
+        let err = format!("{:#}", bad_chat.policy().unwrap_err());
+        assert!(err.contains("--chat-api-key"), "{err}");
     }
 }

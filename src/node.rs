@@ -55,6 +55,8 @@ fn parse_peers(peers: &[String]) -> anyhow::Result<Vec<StaticPeer>> {
 }
 
 async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    // Bad keys stop the node before it joins the mesh (the API checks them again).
+    args.access.policy()?;
     let peers = parse_peers(&args.peers)?;
     let cluster_secret = crate::secret::resolve(args.cluster_secret.as_deref(), &data_dir)?;
     let mut options = MeshOptions {

@@ -293,5 +293,29 @@ fn with_keys_only_key_holders_reach_the_cluster() {
     assert!(out.status.success(), "{out:?}");
     let state: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(state.get("nodes").is_some(), "{state}");
+
+    // A node given a malformed key stops at once, naming the flag at fault (not the CORS one).
+    let data_dir = std::env::temp_dir().join(format!("shoal-badkey-{}", std::process::id()));
+    let mut bad = node
+        .node
+        .command(support::shoal_bin())
+        .args(["--api-port", "52499", "--api-key", "short", "--data-dir"])
+        .arg(&data_dir)
+        .env_remove("SHOAL_API_KEY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = support::wait_for(Duration::from_secs(20), || bad.try_wait().unwrap());
+    if exited.is_none() {
+        let _ = bad.kill();
+    }
+    let out = bad.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(exited.is_some(), "a node with a malformed key kept running");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--api-key (SHOAL_API_KEY)"), "{stderr}");
+    assert!(!stderr.contains("--cors-origin"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&data_dir);
     net.teardown(nodes);
 }
