@@ -173,6 +173,10 @@ fn ranks(created: &Value) -> BTreeMap<String, (usize, usize)> {
         .collect()
 }
 
+/// Each test runs its own cluster of model runners: one at a time on a small machine (run
+/// side by side, a deletion once took over 60 s to reach every node's model list).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A cluster for one test: the test hub serving `repos` (made under the net's folder by
 /// `make_repos`) in the first namespace, and `workers` shoal nodes with empty Hugging Face
 /// caches pointed at it.
@@ -258,6 +262,7 @@ impl HubCluster {
 
 #[test]
 fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut reference = PathBuf::new();
     let Some(cluster) = HubCluster::start("moe", 3, |dir| {
         let (repo, answer) = moe_repo(dir)?;
@@ -383,6 +388,7 @@ fn family_repos(dir: &Path) -> Result<BTreeMap<String, ServedRepo>, String> {
 
 #[test]
 fn every_family_at_4_bits_answers_as_mlx_lm_on_one_node_a_pipeline_and_a_tensor_ring() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let Some(cluster) = HubCluster::start("fam", 2, family_repos) else {
         return;
     };
