@@ -45,19 +45,8 @@ fn a_model_id_runs_as_a_two_node_pipeline() {
         &net.dir,
         nodes.iter_mut().map(|n| &mut n.env),
     );
-    for node in nodes.iter_mut() {
-        let out = node
-            .node
-            .command(support::shoal_bin())
-            .args(["download", "--quiet", hf::REPO])
-            .envs(node.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .expect("shoal download");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    for node in &nodes {
+        hf_nodes::download(node);
     }
     let (served, _, _) = server.report();
     for f in std::fs::read_dir(&fixture).unwrap().flatten() {
