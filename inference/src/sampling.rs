@@ -36,6 +36,7 @@ pub struct SamplingParams {
     /// entries; +100 all but forces a token, -100 all but bans it). The log-probabilities reported stay the model's own,
     /// unbiased ones (as OpenAI reports them, and as penalties and temperature leave them),
     /// so a forced token may report a low log-probability and be absent from `top_logprobs`.
+    #[serde(deserialize_with = "wire::token_map::deserialize")]
     pub logit_bias: BTreeMap<u32, f32>,
 }
 

@@ -182,6 +182,15 @@ mod tests {
                 id: 7,
                 request: GenerateRequest::new(Prompt::Text("hi".into()), 5),
             },
+            Command::Generate {
+                id: 8,
+                request: {
+                    let mut r = GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 3);
+                    r.sampling.logit_bias = [(7042, 100.0), (3, -2.5)].into();
+                    r.sampling.top_logprobs = 5;
+                    r
+                },
+            },
             Command::Cancel { id: 7 },
             Command::Shutdown,
         ];
