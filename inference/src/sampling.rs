@@ -192,6 +192,11 @@ fn log_normaliser(logits: &[f32]) -> f32 {
 /// most likely first, ties by lower id (so the first is the greedy choice, [`argmax`]);
 /// fewer than `k` when the vocabulary is smaller. Selection is a partial sort, O(vocab).
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    top_logprobs_under(logits, k, log_normaliser(logits))
+}
+
+/// [`top_logprobs`] with the normaliser already computed.
+fn top_logprobs_under(logits: &[f32], k: usize, norm: f32) -> Vec<(u32, f32)> {
     let k = k.min(logits.len());
     if k == 0 {
         return Vec::new();
@@ -212,7 +217,6 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         ids.truncate(k);
     }
     ids.sort_unstable_by(order);
-    let norm = log_normaliser(logits);
     ids.into_iter()
         .map(|i| (i as u32, logprob_of(logits[i], norm)))
         .collect()
@@ -295,10 +299,11 @@ impl Sampler {
         } else {
             self.draw(scores)
         };
+        let norm = log_normaliser(logits);
         Sampled {
             token: token as u32,
-            logprob: logprob_of(logits[token], log_normaliser(logits)),
-            top: top_logprobs(logits, self.params.top_logprobs),
+            logprob: logprob_of(logits[token], norm),
+            top: top_logprobs_under(logits, self.params.top_logprobs, norm),
         }
     }
 
