@@ -214,7 +214,10 @@ mod tests {
         assert_eq!(g.positions(255), 255);
         // 15 layers hold 5000, 15 hold 255: (75000 + 3825) / 30, rounded up.
         assert_eq!(g.positions(5000), 2628);
-        assert!(g.positions(5002) > g.positions(5000), "the full layers still grow");
+        assert!(
+            g.positions(5002) > g.positions(5000),
+            "the full layers still grow"
+        );
     }
 
     #[test]

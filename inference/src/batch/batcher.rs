@@ -411,15 +411,13 @@ impl<'a> Batcher<'a> {
             // `s` has left `active`: the room is what the others leave.
             let room = self.limits.kv_tokens.saturating_sub(self.kv_in_use());
             match self.cache.as_deref_mut() {
-                Some(cache) => {
-                    match self.forward.take(slot) {
-                        Some(kv) if kv.len() == s.fed && s.fed > 0 => {
-                            s.context.truncate(s.fed);
-                            cache.insert(std::mem::take(&mut s.context), kv, room);
-                        }
-                        _ => cache.shrink_to(room),
+                Some(cache) => match self.forward.take(slot) {
+                    Some(kv) if kv.len() == s.fed && s.fed > 0 => {
+                        s.context.truncate(s.fed);
+                        cache.insert(std::mem::take(&mut s.context), kv, room);
                     }
-                }
+                    _ => cache.shrink_to(room),
+                },
                 None => self.forward.close(slot),
             }
         }
