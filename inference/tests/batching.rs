@@ -300,7 +300,7 @@ fn a_sliding_window_model_reuses_what_its_cache_still_holds() {
         .sliding_window
         .clone()
         .expect("gemma3 slides");
-    let first = vec![ChatMessage::new("user", &QUESTIONS[2].repeat(2))];
+    let first = vec![ChatMessage::new("user", QUESTIONS[2].repeat(2))];
     let mut turn1 = GenerateRequest::new(Prompt::Chat(first.clone()), 12);
     turn1.ignore_eos = true;
     let mut cache: PromptCache<KvCache> = PromptCache::new(4096);
