@@ -4,11 +4,16 @@
 //! MLX's CPU `quantized_matmul` unpacks weights one at a time: on this 2-core machine a 4-bit
 //! 2048 → 5632 product for one token takes 10.1 ms, where reading those 7.2 MB at the
 //! bandwidth f32 products reach would take under 1 ms. The primitive decodes eight weights per
-//! AVX2 instruction and uses each decoded vector for every row of `x` (the decode rows of a
-//! batch), and runs inside MLX's graph like any other operation (no evaluation barrier). It
-//! serves 4- and 8-bit affine weights with groups of any multiple of 8, for products of fewer
-//! than [`PREFILL_ROWS`] rows; longer products (prefill) dequantize and go through OpenBLAS,
-//! which reuses each weight across many rows far better than any per-row kernel.
+//! AVX2 instruction and uses each decoded vector for up to eight rows of `x` (the decode rows
+//! of a batch, a prefill's positions), shares large products with a helper thread per core,
+//! and runs inside MLX's graph like any other operation (no evaluation barrier). It serves 4-
+//! and 8-bit affine weights with groups of any multiple of 8, for any number of rows: even a
+//! prefill's 64 rows run 3x faster than dequantizing (MLX's CPU `dequantize` is as slow as
+//! its product) and multiplying in f32 (`cargo run --release -p inference --example
+//! qmm_bench`).
+//!
+//! The gathered form (Mixture-of-Experts layers' `gather_qmm`) groups the (token, expert)
+//! rows by expert and runs one such product per expert used.
 //!
 //! `SHOAL_QMM` chooses: `auto` (default) the fastest path the CPU has, `scalar` the plain C++
 //! path, `mlx` MLX's own kernels (to compare). GPU builds always use MLX's.
@@ -20,9 +25,6 @@ use std::sync::OnceLock;
 
 /// The variable that chooses the CPU quantized kernels (see the module docs).
 pub const QMM_ENV: &str = "SHOAL_QMM";
-
-/// Products with at least this many rows dequantize and run as f32 (see the module docs).
-pub const PREFILL_ROWS: usize = 32;
 
 /// Which instructions shoal's kernel may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,16 +69,8 @@ fn chosen() -> Option<KernelIsa> {
     })
 }
 
-/// Rows of `x` (`[..., k]`): every axis but the last.
-fn rows(x: &Array) -> usize {
-    let s = x.shape();
-    s[..s.len().saturating_sub(1)]
-        .iter()
-        .map(|&d| d.max(0) as usize)
-        .product()
-}
-
-/// Whether shoal's kernel serves `x @ matrix^T`, and with which instructions.
+/// Whether shoal's kernel serves `x @ matrix^T` (a 2-D matrix) or the gathered product (3-D,
+/// stacked experts), and with which instructions.
 pub(crate) fn product_isa(matrix: &QuantizedMatrix, x: &Array) -> Option<KernelIsa> {
     let isa = chosen()?;
     let QuantSpec {
@@ -88,16 +82,9 @@ pub(crate) fn product_isa(matrix: &QuantizedMatrix, x: &Array) -> Option<KernelI
         && matches!(bits, 4 | 8)
         && group_size > 0
         && group_size % 8 == 0
-        && matrix.packed.ndim() == 2
-        && x.dtype() == Dtype::Float32
-        && rows(x) < PREFILL_ROWS;
+        && matches!(matrix.packed.ndim(), 2 | 3)
+        && x.dtype() == Dtype::Float32;
     fits.then_some(isa)
-}
-
-/// Whether a product of `x` with a quantized matrix should dequantize and run as f32 on this
-/// CPU (a prefill-sized product, see the module docs).
-pub(crate) fn dequantize_for(x: &Array) -> bool {
-    chosen().is_some() && x.dtype() == Dtype::Float32 && rows(x) >= PREFILL_ROWS
 }
 
 /// `x @ dequantize(packed, scales, biases)^T` with shoal's CPU kernel: `x` f32 `[..., k]`,
@@ -118,6 +105,35 @@ pub fn affine_product(
             packed.as_ptr(),
             scales.as_ptr(),
             biases.as_ptr(),
+            spec.group_size,
+            spec.bits,
+            isa.code(),
+            stream,
+        )
+    })
+}
+
+/// The gathered product (MLX's `gather_qmm` with expert indices only) with shoal's CPU
+/// kernel: batch entry `b` of `x` `[..., m, k]`, broadcast with `experts`, is multiplied by
+/// the stacked weights `experts[b]` of `[experts, n, k * bits / 32]`; the rows that use one
+/// expert are done together, so sorting them first is not needed.
+pub fn affine_gather_product(
+    x: &Array,
+    packed: &Array,
+    scales: &Array,
+    biases: &Array,
+    experts: &Array,
+    spec: QuantSpec,
+    isa: KernelIsa,
+) -> Result<Array> {
+    raw_op("shoal_cpu_affine_gather_qmm", |res, stream| unsafe {
+        mlx_sys::shoal_cpu_affine_gather_qmm(
+            res,
+            x.as_ptr(),
+            packed.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            experts.as_ptr(),
             spec.group_size,
             spec.bits,
             isa.code(),

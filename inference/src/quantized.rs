@@ -133,7 +133,9 @@ impl QuantizedMatrix {
             let biases = self.biases.as_ref().ok_or_else(|| {
                 InferenceError::InvalidRequest("an affine quantized matrix has no biases".into())
             })?;
-            if let Some(isa) = crate::cpu_kernels::product_isa(self, x) {
+            if let Some(isa) =
+                crate::cpu_kernels::product_isa(self, x).filter(|_| self.packed.ndim() == 2)
+            {
                 return crate::cpu_kernels::affine_product(
                     x,
                     &self.packed,
@@ -178,6 +180,22 @@ impl QuantizedMatrix {
             mode,
         } = self.spec;
         if mode == QuantMode::Affine {
+            if let (Some(isa), Some(biases)) = (
+                crate::cpu_kernels::product_isa(self, x),
+                self.biases.as_ref(),
+            ) {
+                if self.packed.ndim() == 3 {
+                    return crate::cpu_kernels::affine_gather_product(
+                        x,
+                        &self.packed,
+                        &self.scales,
+                        biases,
+                        experts,
+                        self.spec,
+                        isa,
+                    );
+                }
+            }
             return Ok(ops::gather_qmm(
                 x,
                 &self.packed,

@@ -291,3 +291,84 @@ proptest! {
         check(seed, m, n, groups * group, group, bits, Dtype::Float32);
     }
 }
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The gathered product: each batch entry's rows against its expert's matrix, as MLX's
+/// `gather_qmm` computes it (the reference here), with indices broadcast against `x`, in any
+/// order, repeated, and out of range (those rows are zero, never a read past the weights).
+#[test]
+fn gathered_products_equal_mlx_gather_qmm() {
+    use inference::cpu_kernels::affine_gather_product;
+    for (bits, group) in [(4, 64), (8, 32), (4, 128)] {
+        let (experts, n, k) = (5, 24, group * 2);
+        let mut case = Case::new(21 + bits as u64, 1, experts * n, k, group, bits);
+        let (_, w, scales, biases) = case.arrays(Dtype::Bfloat16);
+        let packed = w.reshape(&[experts as i32, n as i32, -1]).unwrap();
+        let scales = scales.reshape(&[experts as i32, n as i32, -1]).unwrap();
+        let biases = biases.reshape(&[experts as i32, n as i32, -1]).unwrap();
+        let spec = case.spec();
+        let mut rng = Rng(99);
+        // Decode-shaped: [tokens, 1, 1, k] against [tokens, top_k] picks.
+        let tokens = 3;
+        let x: Vec<f32> = (0..tokens * k).map(|_| rng.uniform()).collect();
+        let x = Array::from_slice(&x, &[tokens as i32, 1, 1, k as i32]);
+        let picks = Array::from_slice(&[4u32, 0, 2, 2, 1, 4], &[tokens as i32, 2]);
+        let want = ops::gather_qmm(
+            &x,
+            &packed,
+            &scales,
+            &biases,
+            None,
+            &picks,
+            true,
+            group as i32,
+            bits as i32,
+            false,
+        )
+        .unwrap();
+        // Prefill-shaped: one row per (token, expert) pair, sorted by expert.
+        let rows = x.reshape(&[tokens as i32, 1, k as i32]).unwrap();
+        let sorted = Array::from_slice(&[0u32, 3, 3], &[3]);
+        let want_sorted = ops::gather_qmm(
+            &rows,
+            &packed,
+            &scales,
+            &biases,
+            None,
+            &sorted,
+            true,
+            group as i32,
+            bits as i32,
+            true,
+        )
+        .unwrap();
+        for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+            let got =
+                affine_gather_product(&x, &packed, &scales, &biases, &picks, spec, isa).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            let (g, w) = (host(&got), host(&want));
+            let e = max_diff(&g, &w);
+            assert!(e < 1e-4, "{isa:?} {bits}-bit: {e}");
+            let got = affine_gather_product(&rows, &packed, &scales, &biases, &sorted, spec, isa)
+                .unwrap();
+            let (g, w) = (host(&got), host(&want_sorted));
+            assert_eq!(g.len(), w.len());
+            let e = max_diff(&g, &w);
+            assert!(e < 1e-4, "{isa:?} {bits}-bit sorted: {e}");
+        }
+        // An expert index past the stack gives zeros, not a crash.
+        let bad = Array::from_slice(&[7u32, 1, 2, 2, 1, 4], &[tokens as i32, 2]);
+        let got = host(
+            &affine_gather_product(&x, &packed, &scales, &biases, &bad, spec, KernelIsa::Best)
+                .unwrap(),
+        );
+        assert!(got[..n].iter().all(|&v| v == 0.0));
+        assert!(got[n..].iter().any(|&v| v != 0.0));
+    }
+}

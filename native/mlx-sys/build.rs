@@ -88,6 +88,7 @@ fn main() {
         .include(&mlx_include)
         .include(&mlx_c_src)
         .file("kernels/cpu_qmm.cpp")
+        .file("kernels/affine_kernels.cpp")
         .compile("shoal_kernels");
 
     println!("cargo:rustc-link-search=native={}", mlx_c_lib.display());

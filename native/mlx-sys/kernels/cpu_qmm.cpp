@@ -13,7 +13,6 @@
 // `[..., k]` f32. The value of element `(r, c)` is `scales[r, c / g] * q + biases[r, c / g]`.
 
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -27,224 +26,147 @@
 #include "mlx/c/private/array.h"
 #include "mlx/c/private/stream.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "affine_kernels.h"
 
 namespace shoal {
 
 using namespace mlx::core;
 
-/// Which instructions a product may use.
-enum class Isa : int { Auto = 0, Scalar = 1 };
-
-/// Everything one product needs, resolved to pointers and strides.
-struct Problem {
-  const float* x;            // rows of `k` floats
-  std::vector<int64_t> rows; // offset of each row of x, in floats
-  const uint32_t* w;
-  int64_t w_row;             // words between weight rows
-  const void* scales;
-  const void* biases;
-  int64_t sb_row;            // elements between rows of scales / biases
-  Dtype sb_type = float32;
-  float* out;                // [rows, n]
-  int n, k, group, bits;
-};
-
-template <typename S>
-inline float at(const void* p, int64_t i) {
-  return static_cast<float>(static_cast<const S*>(p)[i]);
+/// Offsets (in elements) of every row of `a` (`[..., k]`, any strides): the last axis walks
+/// one row, the others enumerate rows in order.
+std::vector<int64_t> row_offsets(const array& a) {
+  const int nd = static_cast<int>(a.ndim());
+  const int64_t k = nd == 0 ? 1 : a.shape(-1);
+  const int64_t count = k == 0 ? 0 : static_cast<int64_t>(a.size()) / k;
+  std::vector<int64_t> out(count);
+  for (int64_t r = 0; r < count; ++r) {
+    int64_t rest = r, offset = 0;
+    for (int d = nd - 2; d >= 0; --d) {
+      offset += (rest % a.shape(d)) * a.strides()[d];
+      rest /= a.shape(d);
+    }
+    out[r] = offset;
+  }
+  return out;
 }
 
-inline float scale_bias(const Problem& p, const void* base, int64_t i) {
-  switch (p.sb_type) {
-    case float16:
-      return at<float16_t>(base, i);
-    case bfloat16:
-      return at<bfloat16_t>(base, i);
-    default:
-      return at<float>(base, i);
+/// Offsets (in elements) of every element of `a`, in order, for any strides.
+std::vector<int64_t> element_offsets(const array& a) {
+  const int nd = static_cast<int>(a.ndim());
+  std::vector<int64_t> out(a.size());
+  for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
+    int64_t rest = i, offset = 0;
+    for (int d = nd - 1; d >= 0; --d) {
+      offset += (rest % a.shape(d)) * a.strides()[d];
+      rest /= a.shape(d);
+    }
+    out[i] = offset;
   }
+  return out;
 }
 
-/// Output columns `[n0, n1)` of every row, one element at a time.
-void product_scalar(const Problem& p, const std::vector<float>& xsums, int n0, int n1) {
-  const int m = static_cast<int>(p.rows.size());
-  const int groups = p.k / p.group;
-  const int per_word = 32 / p.bits;
-  const uint32_t mask = (1u << p.bits) - 1;
-  std::vector<double> acc(m);
-  for (int r = n0; r < n1; ++r) {
-    const uint32_t* wr = p.w + r * p.w_row;
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int g = 0; g < groups; ++g) {
-      const float s = scale_bias(p, p.scales, r * p.sb_row + g);
-      const float b = scale_bias(p, p.biases, r * p.sb_row + g);
-      for (int i = 0; i < m; ++i) {
-        const float* xr = p.x + p.rows[i];
-        float dot = 0.0f;
-        for (int c = g * p.group; c < (g + 1) * p.group; ++c) {
-          const uint32_t q = (wr[c / per_word] >> (p.bits * (c % per_word))) & mask;
-          dot += static_cast<float>(q) * xr[c];
-        }
-        acc[i] += s * dot + b * xsums[i * groups + g];
-      }
-    }
-    for (int i = 0; i < m; ++i) {
-      p.out[i * static_cast<int64_t>(p.n) + r] = static_cast<float>(acc[i]);
-    }
+/// `x`'s rows as the kernels read them: in place when each row is contiguous, else copied
+/// into `copy`.
+const float* rows_of(const array& x, std::vector<int64_t>& rows, std::vector<float>& copy) {
+  rows = row_offsets(x);
+  const int64_t k = x.shape(-1);
+  const float* base = x.data<float>();
+  if (x.ndim() == 0 || x.strides().back() == 1 || k <= 1) {
+    return base;
   }
+  const int64_t step = x.strides().back();
+  copy.resize(rows.size() * k);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      copy[r * k + c] = base[rows[r] + c * step];
+    }
+    rows[r] = static_cast<int64_t>(r) * k;
+  }
+  return copy.data();
 }
 
-#if defined(__x86_64__)
-/// Output columns `[n0, n1)` with AVX2 + FMA: eight weights decoded per instruction, each
-/// decoded (and scaled) vector used for every row of `x`.
-template <int BITS, int ROWS>
-__attribute__((target("avx2,fma"))) void
-block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int n0, int n1) {
-  const int groups = p.k / p.group;
-  const __m256i shifts = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
-                                   : _mm256_setzero_si256();
-  const __m256i nibble = _mm256_set1_epi32(0xF);
-  const float* xr[ROWS];
-  for (int i = 0; i < ROWS; ++i) {
-    xr[i] = p.x + p.rows[first_row + i];
-  }
-  for (int r = n0; r < n1; ++r) {
-    const uint32_t* wr = p.w + r * p.w_row;
-    __m256 acc[ROWS];
-    float bias_acc[ROWS];
-    for (int i = 0; i < ROWS; ++i) {
-      acc[i] = _mm256_setzero_ps();
-      bias_acc[i] = 0.0f;
-    }
-    for (int g = 0; g < groups; ++g) {
-      const float s = scale_bias(p, p.scales, r * p.sb_row + g);
-      const float b = scale_bias(p, p.biases, r * p.sb_row + g);
-      const __m256 sv = _mm256_set1_ps(s);
-      const int c0 = g * p.group;
-      for (int c = c0; c < c0 + p.group; c += 8) {
-        __m256i q;
-        if (BITS == 4) {
-          const __m256i word = _mm256_set1_epi32(static_cast<int>(wr[c / 8]));
-          q = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
-        } else {
-          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 4));
-          q = _mm256_cvtepu8_epi32(bytes);
-        }
-        const __m256 qs = _mm256_mul_ps(_mm256_cvtepi32_ps(q), sv);
-        for (int i = 0; i < ROWS; ++i) {
-          acc[i] = _mm256_fmadd_ps(qs, _mm256_loadu_ps(xr[i] + c), acc[i]);
-        }
-      }
-      for (int i = 0; i < ROWS; ++i) {
-        bias_acc[i] += b * xsums[(first_row + i) * groups + g];
-      }
-    }
-    for (int i = 0; i < ROWS; ++i) {
-      const __m128 lo = _mm256_castps256_ps128(acc[i]);
-      const __m128 hi = _mm256_extractf128_ps(acc[i], 1);
-      __m128 v = _mm_add_ps(lo, hi);
-      v = _mm_hadd_ps(v, v);
-      v = _mm_hadd_ps(v, v);
-      p.out[(first_row + i) * static_cast<int64_t>(p.n) + r] = _mm_cvtss_f32(v) + bias_acc[i];
-    }
-  }
-}
-
-template <int BITS>
-void product_avx2(const Problem& p, const std::vector<float>& xsums, int n0, int n1) {
-  const int m = static_cast<int>(p.rows.size());
-  int i = 0;
-  for (; i + 4 <= m; i += 4) {
-    block_avx2<BITS, 4>(p, xsums, i, n0, n1);
-  }
-  for (; i < m; ++i) {
-    block_avx2<BITS, 1>(p, xsums, i, n0, n1);
-  }
-}
-
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-#endif
-
-/// The whole product on the calling thread.
-void run(const Problem& p, Isa isa) {
-  const int m = static_cast<int>(p.rows.size());
-  const int groups = p.k / p.group;
-  // Per row and group, the sum of x: what the biases multiply.
-  std::vector<float> xsums(static_cast<size_t>(m) * groups);
-  for (int i = 0; i < m; ++i) {
-    const float* xr = p.x + p.rows[i];
-    for (int g = 0; g < groups; ++g) {
-      float s = 0.0f;
-      for (int c = g * p.group; c < (g + 1) * p.group; ++c) {
-        s += xr[c];
-      }
-      xsums[i * groups + g] = s;
-    }
-  }
-#if defined(__x86_64__)
-  if (isa == Isa::Auto && has_avx2()) {
-    if (p.bits == 4) {
-      product_avx2<4>(p, xsums, 0, p.n);
-    } else {
-      product_avx2<8>(p, xsums, 0, p.n);
-    }
-    return;
-  }
-#endif
-  product_scalar(p, xsums, 0, p.n);
-}
-
-/// `x @ dequantize(w)^T` on the CPU (see the file's comment).
+/// One output per row of `x` per weight row: `x @ dequantize(w)^T` on the CPU (see the file's
+/// comment); with `gather`, batch entry `b` of `x` (`[b..., m, k]`) uses the matrix
+/// `indices[b]` of stacked weights `[experts, n, k']`, as MLX's `gather_qmm` does.
 class AffineProduct : public UnaryPrimitive {
  public:
-  AffineProduct(Stream stream, int group, int bits, Isa isa)
-      : UnaryPrimitive(stream), group_(group), bits_(bits), isa_(isa) {}
+  AffineProduct(Stream stream, int group, int bits, Isa isa, bool gather)
+      : UnaryPrimitive(stream), group_(group), bits_(bits), isa_(isa), gather_(gather) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    const array& x = inputs[0];
-    const array& w = inputs[1];
-    const array& scales = inputs[2];
-    const array& biases = inputs[3];
     out.set_data(allocator::malloc(out.nbytes()));
     auto& encoder = cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_input_array(w);
-    encoder.set_input_array(scales);
-    encoder.set_input_array(biases);
+    for (const array& a : inputs) {
+      encoder.set_input_array(a);
+    }
     encoder.set_output_array(out);
-    encoder.dispatch([x, w, scales, biases, out, group = group_, bits = bits_, isa = isa_]() mutable {
+    encoder.dispatch([inputs, out, group = group_, bits = bits_, isa = isa_,
+                      gather = gather_]() mutable {
+      const array& x = inputs[0];
+      const array& w = inputs[1];
+      const array& scales = inputs[2];
+      const array& biases = inputs[3];
       Problem p;
       p.k = x.shape(-1);
-      p.n = w.shape(0);
       p.group = group;
       p.bits = bits;
-      p.x = x.data<float>();
-      // Offsets of x's rows: any strides, as long as a row is contiguous.
-      const int64_t count = p.k == 0 ? 0 : static_cast<int64_t>(x.size()) / p.k;
-      p.rows.resize(count);
-      const int nd = static_cast<int>(x.ndim());
-      for (int64_t r = 0; r < count; ++r) {
-        int64_t rest = r, offset = 0;
-        for (int d = nd - 2; d >= 0; --d) {
-          offset += (rest % x.shape(d)) * x.strides()[d];
-          rest /= x.shape(d);
-        }
-        p.rows[r] = offset;
-      }
-      p.w = w.data<uint32_t>();
-      p.w_row = w.strides()[0];
-      p.scales = scales.data<void>();
-      p.biases = biases.data<void>();
-      p.sb_row = scales.strides()[0];
+      std::vector<float> copy;
+      std::vector<int64_t> rows;
+      p.x = rows_of(x, rows, copy);
       p.sb_type = scales.dtype();
       p.out = out.data<float>();
-      run(p, isa);
+      const int wd = static_cast<int>(w.ndim());
+      p.n = w.shape(wd - 2);
+      p.w_row = w.strides()[wd - 2];
+      p.sb_row = scales.strides()[wd - 2];
+      if (!gather) {
+        p.rows = std::move(rows);
+        p.out_rows.resize(p.rows.size());
+        for (size_t i = 0; i < p.out_rows.size(); ++i) {
+          p.out_rows[i] = static_cast<int64_t>(i);
+        }
+        p.w = w.data<uint32_t>();
+        p.scales = scales.data<void>();
+        p.biases = biases.data<void>();
+        run(p, isa);
+        return;
+      }
+      // Gathered: group the rows by the matrix they use, one product per matrix.
+      const array& indices = inputs[4];
+      const int experts = w.shape(0);
+      const int64_t m = x.shape(-2);
+      const std::vector<int64_t> picks = element_offsets(indices);
+      std::vector<std::vector<int64_t>> by_expert(experts);
+      for (size_t b = 0; b < picks.size(); ++b) {
+        const int64_t e = read_index(indices, picks[b]);
+        if (e < 0 || e >= experts) {
+          // Out of range: the rows stay zero rather than read past the weights.
+          for (int64_t i = 0; i < m; ++i) {
+            std::fill_n(p.out + (b * m + i) * p.n, p.n, 0.0f);
+          }
+          continue;
+        }
+        by_expert[e].push_back(static_cast<int64_t>(b));
+      }
+      for (int e = 0; e < experts; ++e) {
+        if (by_expert[e].empty()) {
+          continue;
+        }
+        p.rows.clear();
+        p.out_rows.clear();
+        for (int64_t b : by_expert[e]) {
+          for (int64_t i = 0; i < m; ++i) {
+            p.rows.push_back(rows[b * m + i]);
+            p.out_rows.push_back(b * m + i);
+          }
+        }
+        p.w = w.data<uint32_t>() + e * w.strides()[0];
+        p.scales = static_cast<const char*>(scales.data<void>()) +
+            e * scales.strides()[0] * scales.itemsize();
+        p.biases = static_cast<const char*>(biases.data<void>()) +
+            e * biases.strides()[0] * biases.itemsize();
+        run(p, isa);
+      }
     });
   }
 
@@ -258,28 +180,54 @@ class AffineProduct : public UnaryPrimitive {
 
   bool is_equivalent(const Primitive& other) const override {
     auto* o = dynamic_cast<const AffineProduct*>(&other);
-    return o && o->group_ == group_ && o->bits_ == bits_ && o->isa_ == isa_;
+    return o && o->group_ == group_ && o->bits_ == bits_ && o->isa_ == isa_ &&
+        o->gather_ == gather_;
   }
 
  private:
+  static int64_t read_index(const array& indices, int64_t offset) {
+    switch (indices.dtype()) {
+      case uint32:
+        return indices.data<uint32_t>()[offset];
+      case int32:
+        return indices.data<int32_t>()[offset];
+      case int64:
+        return indices.data<int64_t>()[offset];
+      case uint64:
+        return static_cast<int64_t>(indices.data<uint64_t>()[offset]);
+      default:
+        return -1;
+    }
+  }
+
   int group_;
   int bits_;
   Isa isa_;
+  bool gather_;
 };
 
-/// Checks the operands and builds the product's node.
-array affine_product(
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument("[shoal cpu_affine_qmm] " + what);
+}
+
+/// A weight as the kernels read it: a materialized array whose last axis is contiguous is
+/// read in place (a tensor-parallel rank's slice included); anything else is copied once.
+array readable(const array& a, Stream stream) {
+  if (a.is_available() && a.ndim() > 0 && a.strides().back() == 1) {
+    return a;
+  }
+  return contiguous(a, false, stream);
+}
+
+/// Checks the operands (weights `[..., n, k * bits / 32]`) and returns `n`.
+int check_operands(
     const array& x,
     const array& w,
     const array& scales,
     const array& biases,
     int group,
     int bits,
-    Isa isa,
-    Stream stream) {
-  auto fail = [](const std::string& what) {
-    throw std::invalid_argument("[shoal cpu_affine_qmm] " + what);
-  };
+    int weight_axes) {
   if (bits != 4 && bits != 8) {
     fail("only 4- and 8-bit weights; got " + std::to_string(bits));
   }
@@ -289,19 +237,21 @@ array affine_product(
   if (x.dtype() != float32 || x.ndim() < 1) {
     fail("x must be float32 with at least one axis");
   }
-  if (w.dtype() != uint32 || w.ndim() != 2) {
-    fail("w must be a 2-D uint32 array");
+  if (w.dtype() != uint32 || static_cast<int>(w.ndim()) != weight_axes) {
+    fail("w must be a " + std::to_string(weight_axes) + "-D uint32 array");
   }
-  const int n = w.shape(0);
+  const int n = w.shape(-2);
   const int k = x.shape(-1);
-  if (static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(k) * bits || k % group != 0) {
+  if (static_cast<int64_t>(w.shape(-1)) * 32 != static_cast<int64_t>(k) * bits || k % group != 0) {
     fail("x's last axis (" + std::to_string(k) + ") does not match w's packed width (" +
-         std::to_string(w.shape(1)) + " words of " + std::to_string(bits) + " bits, groups of " +
+         std::to_string(w.shape(-1)) + " words of " + std::to_string(bits) + " bits, groups of " +
          std::to_string(group) + ")");
   }
   for (const array* a : {&scales, &biases}) {
-    if (a->ndim() != 2 || a->shape(0) != n || a->shape(1) != k / group) {
-      fail("scales and biases must be [n, k / group]");
+    Shape want = w.shape();
+    want.back() = k / group;
+    if (a->shape() != want) {
+      fail("scales and biases must be w's shape with k / group columns");
     }
     if (a->dtype() != float32 && a->dtype() != float16 && a->dtype() != bfloat16) {
       fail("scales and biases must be f32, f16 or bf16");
@@ -310,21 +260,87 @@ array affine_product(
   if (scales.dtype() != biases.dtype()) {
     fail("scales and biases must have one dtype");
   }
-  // Weights must be rows with contiguous elements; a view that is not gets copied once here.
-  auto rows_of = [&](const array& a) { return contiguous(a, false, stream); };
+  return n;
+}
+
+/// Builds the product's node.
+array affine_product(
+    const array& x,
+    const array& w,
+    const array& scales,
+    const array& biases,
+    int group,
+    int bits,
+    Isa isa,
+    Stream stream) {
+  const int n = check_operands(x, w, scales, biases, group, bits, 2);
   Shape shape = x.shape();
   shape.back() = n;
   return array(
       std::move(shape),
       float32,
-      std::make_shared<AffineProduct>(stream, group, bits, isa),
-      {contiguous(x, false, stream), rows_of(w), rows_of(scales), rows_of(biases)});
+      std::make_shared<AffineProduct>(stream, group, bits, isa, false),
+      {x, readable(w, stream), readable(scales, stream), readable(biases, stream)});
+}
+
+/// Builds the gathered product's node: `x` `[..., m, k]`, `indices` `[...]` (broadcast
+/// together), weights `[experts, n, k']`; the output is `[broadcast..., m, n]`.
+array affine_gather_product(
+    const array& x,
+    const array& w,
+    const array& scales,
+    const array& biases,
+    const array& indices,
+    int group,
+    int bits,
+    Isa isa,
+    Stream stream) {
+  const int n = check_operands(x, w, scales, biases, group, bits, 3);
+  if (x.ndim() < 2) {
+    fail("a gathered product's x must be [..., m, k]");
+  }
+  if (!issubdtype(indices.dtype(), integer)) {
+    fail("expert indices must be integers");
+  }
+  Shape batch(x.shape().begin(), x.shape().end() - 2);
+  batch = broadcast_shapes(batch, indices.shape());
+  Shape x_shape = batch;
+  x_shape.push_back(x.shape(-2));
+  x_shape.push_back(x.shape(-1));
+  Shape out_shape = batch;
+  out_shape.push_back(x.shape(-2));
+  out_shape.push_back(n);
+  return array(
+      std::move(out_shape),
+      float32,
+      std::make_shared<AffineProduct>(stream, group, bits, isa, true),
+      {broadcast_to(x, x_shape, stream),
+       readable(w, stream),
+       readable(scales, stream),
+       readable(biases, stream),
+       broadcast_to(indices, batch, stream)});
 }
 
 } // namespace shoal
 
-/// mlx-c style entry: `*res = x @ dequantize(w, scales, biases)^T`, 0 on success; on failure
-/// the error goes through mlx-c's error handler and 1 is returned. `isa`: 0 picks the fastest
+/// Runs `build` into `*res` the way mlx-c's entries do: 0, or 1 after reporting the error
+/// through mlx-c's handler.
+template <typename F>
+int mlx_c_entry(mlx_array* res, F&& build) {
+  try {
+    mlx_array_set_(*res, build());
+  } catch (std::exception& e) {
+    mlx_error("%s", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+shoal::Isa isa_of(int code) {
+  return code == 1 ? shoal::Isa::Scalar : shoal::Isa::Auto;
+}
+
+/// mlx-c style entry: `*res = x @ dequantize(w, scales, biases)^T`. `isa`: 0 picks the fastest
 /// the CPU has, 1 the plain C++ path (for tests).
 extern "C" int shoal_cpu_affine_qmm(
     mlx_array* res,
@@ -336,21 +352,30 @@ extern "C" int shoal_cpu_affine_qmm(
     int bits,
     int isa,
     const mlx_stream s) {
-  try {
-    mlx_array_set_(
-        *res,
-        shoal::affine_product(
-            mlx_array_get_(x),
-            mlx_array_get_(w),
-            mlx_array_get_(scales),
-            mlx_array_get_(biases),
-            group_size,
-            bits,
-            isa == 1 ? shoal::Isa::Scalar : shoal::Isa::Auto,
-            mlx_stream_get_(s)));
-  } catch (std::exception& e) {
-    mlx_error("%s", e.what());
-    return 1;
-  }
-  return 0;
+  return mlx_c_entry(res, [&] {
+    return shoal::affine_product(
+        mlx_array_get_(x), mlx_array_get_(w), mlx_array_get_(scales), mlx_array_get_(biases),
+        group_size, bits, isa_of(isa), mlx_stream_get_(s));
+  });
+}
+
+/// The gathered form (`gather_qmm` without left indices): `*res[b] = x[b] @
+/// dequantize(w[indices[b]])^T` for every batch entry `b` of `x` `[..., m, k]` broadcast with
+/// `indices`; weights `[experts, n, k * bits / 32]`.
+extern "C" int shoal_cpu_affine_gather_qmm(
+    mlx_array* res,
+    const mlx_array x,
+    const mlx_array w,
+    const mlx_array scales,
+    const mlx_array biases,
+    const mlx_array indices,
+    int group_size,
+    int bits,
+    int isa,
+    const mlx_stream s) {
+  return mlx_c_entry(res, [&] {
+    return shoal::affine_gather_product(
+        mlx_array_get_(x), mlx_array_get_(w), mlx_array_get_(scales), mlx_array_get_(biases),
+        mlx_array_get_(indices), group_size, bits, isa_of(isa), mlx_stream_get_(s));
+  });
 }

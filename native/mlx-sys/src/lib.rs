@@ -28,6 +28,22 @@ unsafe extern "C" {
         isa: ::std::os::raw::c_int,
         s: mlx_stream,
     ) -> ::std::os::raw::c_int;
+
+    /// The gathered form of [`shoal_cpu_affine_qmm`] (MLX's `gather_qmm` with expert indices
+    /// only): batch entry `b` of `x` `[..., m, k]`, broadcast with `indices`, uses weights
+    /// `w[indices[b]]` of `[experts, n, k * bits / 32]`; the result is `[..., m, n]`.
+    pub fn shoal_cpu_affine_gather_qmm(
+        res: *mut mlx_array,
+        x: mlx_array,
+        w: mlx_array,
+        scales: mlx_array,
+        biases: mlx_array,
+        indices: mlx_array,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        isa: ::std::os::raw::c_int,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
 }
 
 /// mlx-rs seeds its random generator with macOS's `mach_approximate_time`. Off Apple
