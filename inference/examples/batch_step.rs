@@ -3,7 +3,9 @@
 //! each sequence after a 128-token prefill. What a step costs per added sequence is what
 //! limits batching's throughput; profile this (e.g. with `perf record`) to see where it goes.
 //!
-//! `SIZES=1,4,8,16` picks the batch sizes, `STEPS=20` the timed steps per size.
+//! `SIZES=1,4,8,16` picks the batch sizes, `STEPS=20` the timed steps per size;
+//! `SHOAL_DTYPE=quantized` runs the fixture's weights quantized (its Q4_1 repacked as 4-bit
+//! affine), with shoal's CPU kernels unless `SHOAL_QMM=mlx` asks for MLX's.
 
 use inference::batch::{BatchForward, LocalBatch, Part};
 use inference::{Engine, WeightFormat};
@@ -17,7 +19,9 @@ fn list(name: &str, default: &[usize]) -> Vec<usize> {
 }
 
 fn main() -> inference::Result<()> {
-    let engine = Engine::load(kit::dirs::default_model_path(), Some(WeightFormat::F32))?;
+    let format = WeightFormat::default_for_backend();
+    let engine = Engine::load(kit::dirs::default_model_path(), Some(format))?;
+    println!("{format:?} weights");
     let steps = list("STEPS", &[20])[0].max(1);
     let prompt: Vec<u32> = (0..128).map(|i| 100 + i).collect();
     let next = [42u32];

@@ -1,8 +1,14 @@
-//! The key/value cache of one sequence: per layer, the keys and values of all past positions.
+//! The key/value cache of one sequence: per layer, the keys and values of its past positions.
 //!
 //! Buffers grow in steps of [`STEP`] positions and new entries are written in place (MLX
 //! reuses a buffer nothing else holds), so a decoding step neither copies the whole cache
 //! nor allocates.
+//!
+//! A sliding-window layer (gpt-oss's and Gemma 3's local layers) keeps only what its queries
+//! can still see: when its buffer is full it forgets every position but the last
+//! `window - 1` (the next query's window, itself aside) and makes room for `window` more, so
+//! it holds at most `2·window - 1` positions plus one step's new ones ([`held_bound`]),
+//! however long the sequence, and copies `window - 1` positions once per `window` steps.
 
 use crate::error::Result;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
@@ -11,12 +17,23 @@ use mlx_rs::{ops, Array};
 /// Positions added to a buffer when it is full.
 pub const STEP: i32 = 256;
 
-/// Keys and values of one layer, `[batch, kv_heads, capacity, head_dim]`.
+/// Positions a sliding layer of `window` holds at most between steps: the last
+/// `window - 1` kept at a trim and room for `window` more. What the KV budget counts for it.
+pub fn held_bound(window: usize) -> usize {
+    2 * window.max(1) - 1
+}
+
+/// Keys and values of one layer, `[batch, kv_heads, capacity, head_dim]`. Column `c` holds
+/// position `dropped + c`: a sliding layer forgets its oldest positions (see the module docs).
 #[derive(Debug, Default, Clone)]
 pub struct LayerCache {
     keys: Option<Array>,
     values: Option<Array>,
     len: usize,
+    /// Leading positions forgotten (always 0 for a full-attention layer).
+    dropped: usize,
+    /// The layer's window, once a windowed append said so.
+    window: Option<usize>,
 }
 
 fn grow(buffer: Option<Array>, like: &Array, used: i32, needed: i32) -> Result<Array> {
@@ -46,10 +63,50 @@ impl LayerCache {
         self.len == 0
     }
 
+    /// Leading positions this layer no longer holds (a sliding layer's forgotten ones).
+    pub fn dropped(&self) -> usize {
+        self.dropped
+    }
+
+    /// The window of a sliding layer (known after its first append).
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Positions held now (`len - dropped`).
+    pub fn held(&self) -> usize {
+        self.len - self.dropped
+    }
+
     /// Appends new keys/values `[batch, kv_heads, new, head_dim]` and returns all of them.
     pub fn append(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
-        let used = self.len as i32;
-        let end = used + keys.shape()[2];
+        let (k, v, _) = self.append_within(keys, values, None)?;
+        Ok((k, v))
+    }
+
+    /// Appends new keys/values `[batch, kv_heads, new, head_dim]` of a layer whose queries see
+    /// the last `window` positions (`None`: all of them) and returns the positions held,
+    /// with the first one's index: a sliding layer first forgets what no query will see when
+    /// its buffer is full (see the module docs).
+    pub fn append_within(
+        &mut self,
+        keys: Array,
+        values: Array,
+        window: Option<usize>,
+    ) -> Result<(Array, Array, usize)> {
+        let new = keys.shape()[2];
+        if let Some(w) = window {
+            self.window = Some(w);
+            let capacity = self.keys.as_ref().map_or(0, |b| b.shape()[2]);
+            let keep = w.saturating_sub(1);
+            if self.held() as i32 + new > capacity {
+                // Full: forget what no query will see, and make room for `window` more.
+                let from = self.len.saturating_sub(keep).max(self.dropped);
+                self.forget_before(from, new.max(w as i32), &keys, &values)?;
+            }
+        }
+        let used = self.held() as i32;
+        let end = used + new;
         let mut k = grow(self.keys.take(), &keys, used, end)?;
         let mut v = grow(self.values.take(), &values, used, end)?;
         k.try_index_mut((.., .., used..end, ..), &keys)?;
@@ -57,28 +114,71 @@ impl LayerCache {
         let out = (k.index((.., .., 0..end, ..)), v.index((.., .., 0..end, ..)));
         self.keys = Some(k);
         self.values = Some(v);
-        self.len = end as usize;
-        Ok(out)
+        self.len += new as usize;
+        Ok((out.0, out.1, self.dropped))
+    }
+
+    /// Keeps positions `from..len` in fresh buffers (shaped like the new `keys` and
+    /// `values` but for their length) with room for `room` more.
+    fn forget_before(
+        &mut self,
+        from: usize,
+        room: i32,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<()> {
+        let (a, b) = ((from - self.dropped) as i32, self.held() as i32);
+        let keep = |t: Option<Array>, like: &Array| -> Result<Array> {
+            let s = like.shape();
+            let spare = ops::zeros_dtype(&[s[0], s[1], room, s[3]], like.dtype())?;
+            Ok(match t {
+                Some(t) if b > a => ops::concatenate(&[t.index((.., .., a..b, ..)), spare], 2)?,
+                _ => spare,
+            })
+        };
+        self.keys = Some(keep(self.keys.take(), keys)?);
+        self.values = Some(keep(self.values.take(), values)?);
+        self.dropped = from;
+        Ok(())
     }
 
     /// Forgets every position from `len` on (a prompt cache's entry reused for a shorter
     /// prefix): later appends overwrite them. The buffers stay; they may be shared with the
-    /// entry, and MLX copies a shared buffer rather than write into it.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+    /// entry, and MLX copies a shared buffer rather than write into it. False, and nothing
+    /// changed, when a sliding layer no longer holds what the next query at `len` would see.
+    pub fn truncate(&mut self, len: usize) -> bool {
+        if len >= self.len {
+            return true;
+        }
+        let needs = len.saturating_sub(self.window.unwrap_or(1).saturating_sub(1));
+        if self.dropped > needs {
+            return false;
+        }
+        self.len = len.max(self.dropped);
+        true
     }
 
     /// A cache of `len` positions over buffers `[1, kv_heads, capacity, head_dim]` whose first
-    /// `len` columns hold them (a sequence leaving the decode rows, [`crate::kv_rows`]).
-    pub fn from_buffers(keys: Array, values: Array, len: usize) -> LayerCache {
+    /// `len - dropped` columns hold positions `dropped..len` (a sequence leaving the decode
+    /// rows, [`crate::kv_rows`]), of a layer with `window`.
+    pub fn from_buffers(
+        keys: Array,
+        values: Array,
+        len: usize,
+        dropped: usize,
+        window: Option<usize>,
+    ) -> LayerCache {
         LayerCache {
             keys: Some(keys),
             values: Some(values),
             len,
+            dropped,
+            window,
         }
     }
 
-    /// The key and value buffers (their first [`LayerCache::len`] columns are in use), if any.
+    /// The key and value buffers (their first [`LayerCache::held`] columns are in use), if
+    /// any.
     pub fn buffers(&self) -> Option<(&Array, &Array)> {
         self.keys.as_ref().zip(self.values.as_ref())
     }
@@ -114,10 +214,108 @@ impl KvCache {
         self.len() == 0
     }
 
-    /// Keeps only the first `len` positions of every layer (see [`LayerCache::truncate`]).
-    pub fn truncate(&mut self, len: usize) {
-        for layer in &mut self.layers {
-            layer.truncate(len);
+    /// Keeps only the first `len` positions of every layer (see [`LayerCache::truncate`]);
+    /// false, and nothing changed, when a sliding layer has forgotten what that needs.
+    pub fn truncate(&mut self, len: usize) -> bool {
+        if !self.can_truncate(len) {
+            return false;
         }
+        self.layers.iter_mut().all(|layer| layer.truncate(len))
+    }
+
+    /// Whether [`KvCache::truncate`] to `len` would succeed.
+    pub fn can_truncate(&self, len: usize) -> bool {
+        self.layers.iter().all(|l| {
+            len >= l.len || l.dropped <= len.saturating_sub(l.window.unwrap_or(1).saturating_sub(1))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Position `p`'s key is `p` (one head of width 1).
+    fn positions(from: usize, to: usize) -> Array {
+        let v: Vec<f32> = (from..to).map(|p| p as f32).collect();
+        Array::from_slice(&v, &[1, 1, (to - from) as i32, 1])
+    }
+
+    fn host(a: &Array) -> Vec<f32> {
+        let a = a.flatten(None, None).unwrap();
+        a.eval().unwrap();
+        a.as_slice::<f32>().to_vec()
+    }
+
+    #[test]
+    fn a_sliding_layer_holds_its_window_however_long_the_sequence() {
+        for (window, chunk) in [(8usize, 1usize), (8, 3), (5, 7), (1, 1), (16, 40)] {
+            let mut cache = LayerCache::default();
+            let mut len = 0;
+            while len < 300 {
+                let (k, _, first) = cache
+                    .append_within(
+                        positions(len, len + chunk),
+                        positions(len, len + chunk),
+                        Some(window),
+                    )
+                    .unwrap();
+                len += chunk;
+                // It gives back every position it holds, in order, up to the newest…
+                let want: Vec<f32> = (first..len).map(|p| p as f32).collect();
+                assert_eq!(host(&k), want, "window {window}, chunk {chunk}, at {len}");
+                // …which covers the first new query's window…
+                assert!(first <= (len - chunk + 1).saturating_sub(window));
+                // …and no more than the bound besides the new ones.
+                assert!(
+                    cache.held() <= held_bound(window) + chunk,
+                    "window {window}, chunk {chunk}: {} held at {len}",
+                    cache.held()
+                );
+                assert_eq!((cache.len(), cache.dropped()), (len, first));
+            }
+            assert!(cache.dropped() > 0);
+        }
+    }
+
+    #[test]
+    fn a_sliding_layer_cannot_go_back_before_what_it_forgot() {
+        let mut cache = KvCache::new(2);
+        let (w, n) = (4, 40);
+        for p in 0..n {
+            cache.layers[0]
+                .append_within(positions(p, p + 1), positions(p, p + 1), Some(w))
+                .unwrap();
+            cache.layers[1]
+                .append(positions(p, p + 1), positions(p, p + 1))
+                .unwrap();
+        }
+        let dropped = cache.layers[0].dropped();
+        assert!(dropped > 0 && cache.layers[1].dropped() == 0);
+        // The next query at `len` needs positions `len - (w - 1)..len`.
+        let lowest = dropped + w - 1;
+        assert!(!cache.can_truncate(lowest - 1));
+        assert!(!cache.truncate(lowest - 1));
+        assert_eq!(cache.len(), n, "a refused truncation changes nothing");
+        assert!(cache.truncate(lowest));
+        assert_eq!(cache.len(), lowest);
+        // It continues from there with the positions it needs.
+        let (k, _, first) = cache.layers[0]
+            .append_within(
+                positions(lowest, lowest + 1),
+                positions(lowest, lowest + 1),
+                Some(w),
+            )
+            .unwrap();
+        assert!(first <= lowest + 1 - w);
+        let got = host(&k);
+        let want: Vec<f32> = (lowest + 1 - w..=lowest).map(|p| p as f32).collect();
+        assert_eq!(&got[got.len() - w..], &want[..]);
+        // A full-attention cache truncates anywhere.
+        let mut full = KvCache::new(1);
+        full.layers[0]
+            .append(positions(0, 10), positions(0, 10))
+            .unwrap();
+        assert!(full.truncate(0));
     }
 }

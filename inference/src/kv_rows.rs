@@ -13,6 +13,10 @@
 //! padding) are masked out. Padding is bounded ([`KvRows::fits`]): it never exceeds half the
 //! real positions plus a few per row (a sequence that would pad more keeps its own cache), and
 //! leaving rows trims the padding every row shares.
+//!
+//! A sliding-window layer's buffer starts at a later column ([`RowLayer`]'s `first`): when it
+//! is full, the columns no row's next query can see are dropped (as a sequence's own cache
+//! does, [`crate::kv_cache`]), so its rows hold at most about twice the window.
 
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::{KvCache, LayerCache, STEP};
@@ -76,27 +80,53 @@ pub struct RowStep {
     rows: i32,
 }
 
-/// One layer's keys and values of every row, `[rows, kv_heads, capacity, head_dim]`.
+/// One layer's keys and values of every row, `[rows, kv_heads, capacity, head_dim]`; buffer
+/// column `c` is the rows' column `first + c`.
 pub struct RowLayer {
     keys: Array,
     values: Array,
+    /// The rows' column of the buffers' first (0 unless a sliding layer dropped some).
+    first: usize,
+    /// A sliding layer's window.
+    window: Option<usize>,
 }
 
 impl RowLayer {
     /// Writes the step's new keys/values (`[rows, kv_heads, 1, head_dim]`) at its column and
-    /// returns every row's columns up to it.
+    /// returns every row's columns held, up to it, with the rows' column of the first: a
+    /// full buffer grows, or, in a sliding layer, first drops what no query will see again.
     pub fn write(
         &mut self,
         keys: &Array,
         values: &Array,
         step: &RowStep,
-    ) -> Result<(Array, Array)> {
-        let (c, end) = (step.column, step.column + 1);
-        self.keys.try_index_mut((.., .., c..end, ..), keys)?;
-        self.values.try_index_mut((.., .., c..end, ..), values)?;
+    ) -> Result<(Array, Array, usize)> {
+        let column = step.column as usize;
+        let capacity = self.keys.shape()[2] as usize;
+        if column - self.first >= capacity {
+            let keep_from = match self.window {
+                Some(w) => (column + 1).saturating_sub(w).max(self.first),
+                None => self.first,
+            };
+            let room = match self.window {
+                Some(w) => column - keep_from + w,
+                None => round_up(column + 1) - keep_from,
+            };
+            let (a, b) = (
+                (keep_from - self.first) as i32,
+                (column - self.first) as i32,
+            );
+            self.keys = pad_right(self.keys.index((.., .., a..b, ..)), room)?;
+            self.values = pad_right(self.values.index((.., .., a..b, ..)), room)?;
+            self.first = keep_from;
+        }
+        let c = (column - self.first) as i32;
+        self.keys.try_index_mut((.., .., c..c + 1, ..), keys)?;
+        self.values.try_index_mut((.., .., c..c + 1, ..), values)?;
         Ok((
-            self.keys.index((.., .., 0..end, ..)),
-            self.values.index((.., .., 0..end, ..)),
+            self.keys.index((.., .., 0..c + 1, ..)),
+            self.values.index((.., .., 0..c + 1, ..)),
+            self.first,
         ))
     }
 }
@@ -111,6 +141,18 @@ pub struct KvRows {
 
 fn round_up(n: usize) -> usize {
     n.div_ceil(STEP as usize) * STEP as usize
+}
+
+/// How a buffer whose column 0 holds position `held_from`, where position `p` lands on the
+/// rows' column `offset + p`, fills the rows' columns from `first` on: the buffer column to
+/// start at and the zero columns to put before it (columns it does not hold).
+fn held_columns(first: usize, offset: usize, held_from: usize) -> (i32, usize) {
+    let lands = offset + held_from;
+    if first >= lands {
+        ((first - lands) as i32, 0)
+    } else {
+        (0, lands - first)
+    }
 }
 
 /// `a` (`[r, h, n, d]`) with `pad` zero columns before it.
@@ -182,27 +224,44 @@ impl KvRows {
         let lens: Vec<usize> = caches.iter().map(KvCache::len).collect();
         let end = lens.iter().copied().fold(self.end, usize::max);
         let shift = end - self.end;
-        let capacity = round_up(end + 1);
         let mut joined = Vec::with_capacity(layers);
         for j in 0..layers {
+            let window = self
+                .layers
+                .get(j)
+                .map_or(caches[0].layers[j].window(), |l| l.window);
+            // A sliding layer keeps the columns the next step's queries see: the last
+            // `window - 1` before column `end`.
+            let first = window.map_or(0, |w| end.saturating_sub(w.saturating_sub(1)));
+            let capacity = match window {
+                Some(w) => end - first + w,
+                None => round_up(end + 1),
+            };
             let mut keys = Vec::with_capacity(caches.len() + 1);
             let mut values = Vec::with_capacity(caches.len() + 1);
             if let Some(layer) = self.layers.get(j) {
-                let used = self.end as i32;
-                keys.push(pad_left(layer.keys.index((.., .., 0..used, ..)), shift)?);
-                values.push(pad_left(layer.values.index((.., .., 0..used, ..)), shift)?);
+                // Its column `first` was `first - shift` before; it holds from `layer.first`.
+                let (from, pad) = held_columns(first, shift, layer.first);
+                let to = (self.end - layer.first) as i32;
+                keys.push(pad_left(layer.keys.index((.., .., from..to, ..)), pad)?);
+                values.push(pad_left(layer.values.index((.., .., from..to, ..)), pad)?);
             }
             for (cache, &len) in caches.iter().zip(&lens) {
-                let (k, v) = cache.layers[j].buffers().ok_or_else(|| {
+                let layer = &cache.layers[j];
+                let (k, v) = layer.buffers().ok_or_else(|| {
                     InferenceError::InvalidRequest("a layer of a joining cache is empty".into())
                 })?;
-                let n = len as i32;
-                keys.push(pad_left(k.index((.., .., 0..n, ..)), end - len)?);
-                values.push(pad_left(v.index((.., .., 0..n, ..)), end - len)?);
+                // Its position `p` lands on column `end - len + p`.
+                let (from, pad) = held_columns(first, end - len, layer.dropped());
+                let to = layer.held() as i32;
+                keys.push(pad_left(k.index((.., .., from..to, ..)), pad)?);
+                values.push(pad_left(v.index((.., .., from..to, ..)), pad)?);
             }
             joined.push(RowLayer {
                 keys: pad_right(ops::concatenate(&keys, 0)?, capacity)?,
                 values: pad_right(ops::concatenate(&values, 0)?, capacity)?,
+                first,
+                window,
             });
         }
         self.layers = joined;
@@ -217,15 +276,28 @@ impl KvRows {
     /// Row `row`'s cache as a sequence's own (a copy, evaluated, with room to grow), for a
     /// prompt cache or a sequence leaving the rows to run a longer part.
     pub fn extract(&self, row: usize) -> Result<KvCache> {
-        let (start, end) = (self.starts[row] as i32, self.end as i32);
+        let start = self.starts[row];
         let r = row as i32;
         let len = self.len_of(row);
-        let capacity = round_up(len + 1);
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let k = pad_right(layer.keys.index((r..r + 1, .., start..end, ..)), capacity)?;
-            let v = pad_right(layer.values.index((r..r + 1, .., start..end, ..)), capacity)?;
-            layers.push(LayerCache::from_buffers(k, v, len));
+            // The row's first column this layer still holds.
+            let from = start.max(layer.first);
+            let held = self.end - from;
+            let capacity = match layer.window {
+                Some(w) => held + w,
+                None => round_up(len + 1),
+            };
+            let (a, b) = ((from - layer.first) as i32, (self.end - layer.first) as i32);
+            let k = pad_right(layer.keys.index((r..r + 1, .., a..b, ..)), capacity)?;
+            let v = pad_right(layer.values.index((r..r + 1, .., a..b, ..)), capacity)?;
+            layers.push(LayerCache::from_buffers(
+                k,
+                v,
+                len,
+                from - start,
+                layer.window,
+            ));
         }
         let cache = KvCache { layers };
         mlx_rs::transforms::eval(cache.layers.iter().flat_map(LayerCache::arrays))?;
@@ -248,8 +320,9 @@ impl KvRows {
             &keep.iter().map(|&r| r as i32).collect::<Vec<_>>(),
             &[keep.len() as i32],
         );
-        let from = cut as i32;
         for layer in &mut self.layers {
+            // Columns before `cut` go; a sliding layer may hold none of them already.
+            let from = cut.saturating_sub(layer.first) as i32;
             layer.keys = layer
                 .keys
                 .index((.., .., from.., ..))
@@ -258,24 +331,17 @@ impl KvRows {
                 .values
                 .index((.., .., from.., ..))
                 .take_axis(&index, 0)?;
+            layer.first = layer.first.saturating_sub(cut);
         }
         self.starts = keep.iter().map(|&r| self.starts[r] - cut).collect();
         self.end -= cut;
         Ok(())
     }
 
-    /// Prepares a step that gives every row one new position: room for its column, each row's
-    /// position and the attention mask.
+    /// Prepares a step that gives every row one new position: each row's position and the
+    /// attention mask (each layer makes room for the column when it writes it).
     pub fn begin_step(&mut self) -> Result<RowStep> {
         let column = self.end;
-        for layer in &mut self.layers {
-            if layer.keys.shape()[2] as usize <= column {
-                let capacity = round_up(column + 1);
-                let used = column as i32;
-                layer.keys = pad_right(layer.keys.index((.., .., 0..used, ..)), capacity)?;
-                layer.values = pad_right(layer.values.index((.., .., 0..used, ..)), capacity)?;
-            }
-        }
         let rows = self.rows();
         let positions: Vec<i32> = self.starts.iter().map(|&s| (column - s) as i32).collect();
         let width = column + 1;

@@ -80,6 +80,46 @@ pub fn kv_bytes_per_token(config: &ModelConfig, format: WeightFormat) -> u64 {
     2 * (config.num_layers * config.num_kv_heads * config.head_dim) as u64 * element_bytes(format)
 }
 
+/// How a sequence's KV cache grows with its length, in positions of every layer (the unit of
+/// [`KvBudget`]): a full-attention layer holds every position, a sliding-window layer at most
+/// [`crate::kv_cache::held_bound`] of them (gpt-oss: half the layers keep at most 255 of a
+/// long conversation; Gemma 3: five in six keep at most 1023).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGrowth {
+    layers: usize,
+    sliding: usize,
+    window: usize,
+}
+
+impl KvGrowth {
+    /// The growth of `config`'s cache.
+    pub fn of(config: &ModelConfig) -> KvGrowth {
+        match &config.sliding_window {
+            Some(w) => KvGrowth {
+                layers: config.num_layers,
+                sliding: w.layers.iter().filter(|&&s| s).count(),
+                window: w.size,
+            },
+            None => KvGrowth {
+                layers: config.num_layers,
+                sliding: 0,
+                window: 0,
+            },
+        }
+    }
+
+    /// Positions of every layer that a sequence of `len` positions costs: `len` when no layer
+    /// slides, less once the sliding layers stop growing.
+    pub fn positions(&self, len: usize) -> usize {
+        if self.sliding == 0 || self.layers == 0 {
+            return len;
+        }
+        let held = len.min(crate::kv_cache::held_bound(self.window));
+        let weighted = (self.layers - self.sliding) * len + self.sliding * held;
+        weighted.div_ceil(self.layers)
+    }
+}
+
 /// What one instance of a model holds while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceMemory {
@@ -111,7 +151,8 @@ impl InstanceMemory {
     }
 }
 
-/// The KV-cache budget of one runner, in positions (summed over its sequences).
+/// The KV-cache budget of one runner, in positions of every layer (summed over its
+/// sequences; a sequence's count is [`KvGrowth::positions`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvBudget {
     /// Positions the runner's sequences may hold together.
@@ -152,6 +193,31 @@ mod tests {
             "rope_theta": 100000.0, "tie_word_embeddings": true
         });
         ModelConfig::from_hf_json(&json).unwrap()
+    }
+
+    #[test]
+    fn sliding_layers_stop_counting_past_their_bound() {
+        let mut c = smollm2();
+        assert_eq!(KvGrowth::of(&c).positions(5000), 5000);
+        // gpt-oss's pattern over 30 layers: 15 slide with a window of 128.
+        c.sliding_window = Some(crate::config::SlidingWindow {
+            size: 128,
+            layers: (0..30).map(|l| l % 2 == 0).collect(),
+        });
+        let g = KvGrowth::of(&c);
+        assert_eq!(g.positions(0), 0);
+        assert_eq!(
+            g.positions(100),
+            100,
+            "within the window every layer holds all"
+        );
+        assert_eq!(g.positions(255), 255);
+        // 15 layers hold 5000, 15 hold 255: (75000 + 3825) / 30, rounded up.
+        assert_eq!(g.positions(5000), 2628);
+        assert!(
+            g.positions(5002) > g.positions(5000),
+            "the full layers still grow"
+        );
     }
 
     #[test]

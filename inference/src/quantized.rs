@@ -86,7 +86,7 @@ fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
 }
 
 /// Runs an mlx-c op that mlx-rs does not expose with a mode, on the thread's default stream.
-fn raw_op(
+pub(crate) fn raw_op(
     name: &str,
     f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32,
 ) -> Result<Array> {
@@ -133,6 +133,18 @@ impl QuantizedMatrix {
             let biases = self.biases.as_ref().ok_or_else(|| {
                 InferenceError::InvalidRequest("an affine quantized matrix has no biases".into())
             })?;
+            if let Some(isa) =
+                crate::cpu_kernels::product_isa(self, x).filter(|_| self.packed.ndim() == 2)
+            {
+                return crate::cpu_kernels::affine_product(
+                    x,
+                    &self.packed,
+                    &self.scales,
+                    biases,
+                    self.spec,
+                    isa,
+                );
+            }
             return Ok(ops::quantized_matmul(
                 x,
                 &self.packed,
@@ -168,6 +180,22 @@ impl QuantizedMatrix {
             mode,
         } = self.spec;
         if mode == QuantMode::Affine {
+            if let (Some(isa), Some(biases)) = (
+                crate::cpu_kernels::product_isa(self, x),
+                self.biases.as_ref(),
+            ) {
+                if self.packed.ndim() == 3 {
+                    return crate::cpu_kernels::affine_gather_product(
+                        x,
+                        &self.packed,
+                        &self.scales,
+                        biases,
+                        experts,
+                        self.spec,
+                        isa,
+                    );
+                }
+            }
             return Ok(ops::gather_qmm(
                 x,
                 &self.packed,

@@ -3,8 +3,9 @@
 //! cancelled sequence leaves the others intact; a seeded sampled request gives the same
 //! tokens in a batch; a KV budget smaller than the batch preempts and still answers right; a
 //! second turn of a long chat starts from the first turn's state in the prompt cache and
-//! answers as it would without it; two sequences of one batch with different `logit_bias` and
-//! `top_logprobs` each get their own.
+//! answers as it would without it; a sliding-window model (the Gemma 3 fixture) reuses only
+//! what its sliding layers still hold; two sequences of one batch with different `logit_bias`
+//! and `top_logprobs` each get their own.
 
 use inference::batch::{BatchEvent, BatchLimits, Batcher, LocalBatch, PromptCache};
 use inference::kv_cache::KvCache;
@@ -363,4 +364,63 @@ fn logit_bias_and_top_logprobs_are_each_sequences_own_in_a_batch() {
             assert_eq!(g.text, e.tokenizer.decode(&[g.token], false).unwrap());
         }
     }
+}
+
+/// Gemma 3's layout with a window of 8 (the family fixture): the prompt cache's entry of a
+/// long first turn has forgotten most of its sliding layers' positions. A second turn that
+/// extends it starts from it; a turn that shares only the chat's opening cannot (its sliding
+/// layers no longer hold that prefix's window) and runs from scratch. Both answer as alone.
+#[test]
+fn a_sliding_window_model_reuses_what_its_cache_still_holds() {
+    let dir = kit::dirs::family_fixture_dir("gemma3_text", "hf");
+    assert!(
+        dir.join("reference.safetensors").exists(),
+        "{} is missing: run `cargo xtask setup`",
+        dir.display()
+    );
+    let e = Engine::load(dir, Some(WeightFormat::F32)).unwrap();
+    let window = e
+        .model
+        .config
+        .sliding_window
+        .clone()
+        .expect("gemma3 slides");
+    let first = vec![ChatMessage::new("user", QUESTIONS[2].repeat(2))];
+    let mut turn1 = GenerateRequest::new(Prompt::Chat(first.clone()), 12);
+    turn1.ignore_eos = true;
+    let mut cache: PromptCache<KvCache> = PromptCache::new(4096);
+    let (c1, none) = run_cached(&e, &mut cache, &turn1);
+    assert_eq!(none, None);
+    assert!(c1.prompt_tokens > 10 * window.size, "{}", c1.prompt_tokens);
+    assert_eq!(cache.len(), 1, "the first turn's state is kept");
+
+    let mut second = first.clone();
+    second.push(ChatMessage::new("assistant", &c1.text));
+    second.push(ChatMessage::new("user", "And the capital of France?"));
+    let mut turn2 = GenerateRequest::new(Prompt::Chat(second), 8);
+    turn2.ignore_eos = true;
+    let (c2, reused) = run_cached(&e, &mut cache, &turn2);
+    let reused = reused.expect("the second turn extends the first");
+    assert!(
+        reused >= c1.prompt_tokens,
+        "{reused} of {}",
+        c1.prompt_tokens
+    );
+    let (tokens2, _) = alone(&e, &turn2);
+    assert_eq!(c2.tokens, tokens2);
+
+    // Only the chat's opening in common: a few tokens, long forgotten by the sliding layers.
+    let mut turn3 = GenerateRequest::new(
+        Prompt::Chat(vec![ChatMessage::new("user", "List three colours.")]),
+        8,
+    );
+    turn3.ignore_eos = true;
+    let (c3, reused3) = run_cached(&e, &mut cache, &turn3);
+    assert_eq!(
+        reused3, None,
+        "a prefix the sliding layers forgot is not reused"
+    );
+    assert_eq!(c3.cached_tokens, 0);
+    let (tokens3, _) = alone(&e, &turn3);
+    assert_eq!(c3.tokens, tokens3);
 }

@@ -175,10 +175,79 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
         );
     }
 
+    // Sliding layers forget what their window no longer sees: in small chunks the caches
+    // trim many times over the reference's positions, and the decode rows too over a longer
+    // batched run.
+    let decode = if whole.config.sliding_window.is_some() {
+        for chunk in [1, 5] {
+            let worst = in_chunks(&whole, &reference, chunk);
+            println!("{family}/{layout} in chunks of {chunk}: {worst:.2e}");
+            assert!(
+                worst < tolerance,
+                "{family}/{layout}: fed {chunk} at a time, logits differ from mlx-lm's by {worst}"
+            );
+        }
+        24
+    } else {
+        4
+    };
     let mut batch = LocalBatch::new(&whole, 4).unwrap();
     let (steps, worst) =
-        common::batched::check_batched(&mut batch, &whole, &reference.prompt, 4, tolerance);
+        common::batched::check_batched(&mut batch, &whole, &reference.prompt, decode, tolerance);
     println!("{family}/{layout} batched: {steps} steps, worst {worst:.2e}");
+}
+
+/// Feeds the reference's prompt and decode tokens `chunk` at a time through one cache and
+/// returns the worst difference from mlx-lm's logits at every position, checking that each
+/// sliding layer holds no more than its bound.
+fn in_chunks(whole: &ModelShard, reference: &Reference, chunk: usize) -> f32 {
+    let tokens: Vec<u32> = reference
+        .prompt
+        .iter()
+        .chain(&reference.decode_tokens)
+        .copied()
+        .collect();
+    let want: Vec<Vec<f32>> = reference
+        .prefill
+        .iter()
+        .chain(&reference.decode)
+        .cloned()
+        .collect();
+    let window = whole
+        .config
+        .sliding_window
+        .as_ref()
+        .expect("a sliding model");
+    let mut cache = whole.new_cache();
+    let mut got = Vec::new();
+    for part in tokens.chunks(chunk) {
+        let out = whole
+            .forward(ShardInput::Tokens(part), &mut cache, false)
+            .unwrap();
+        got.extend(rows_of(&out));
+        for (layer, held) in cache.layers.iter().enumerate() {
+            if window.of_layer(layer).is_some() {
+                assert!(
+                    held.held() <= inference::kv_cache::held_bound(window.size) + chunk,
+                    "layer {layer} holds {} positions",
+                    held.held()
+                );
+            }
+        }
+    }
+    assert!(
+        cache.layers.iter().any(|l| l.dropped() > 0),
+        "no sliding layer forgot anything over {} positions",
+        tokens.len()
+    );
+    // The reference's decode logits are those after each decode token: positions 12.. of
+    // `tokens` give the prefill's last and then each decode step's.
+    let n = reference.prompt.len();
+    let mut worst = worst(&want[..n], &got[..n]);
+    for (k, logits) in reference.decode.iter().enumerate() {
+        worst = worst.max(max_abs_diff(logits, &got[n + k]));
+    }
+    worst
 }
 
 #[test]

@@ -72,6 +72,25 @@ fn main() {
         .write_to_file(out.join("bindings.rs"))
         .expect("cannot write bindings.rs");
 
+    // shoal's CPU kernels, as MLX primitives (`kernels/`): compiled like mlx-c, against the
+    // prepared MLX's headers, and linked before it.
+    println!("cargo:rerun-if-changed=kernels");
+    let mlx_include = mlx_lib
+        .parent()
+        .map(|root| root.join("include"))
+        .expect("MLX's library directory has a parent");
+    cc::Build::new()
+        .cpp(true)
+        .std("c++20")
+        .opt_level(3)
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-unused-variable")
+        .include(&mlx_include)
+        .include(&mlx_c_src)
+        .file("kernels/cpu_qmm.cpp")
+        .file("kernels/affine_kernels.cpp")
+        .compile("shoal_kernels");
+
     println!("cargo:rustc-link-search=native={}", mlx_c_lib.display());
     println!("cargo:rustc-link-lib=static=mlxc");
     println!("cargo:rustc-link-search=native={}", mlx_lib.display());

@@ -28,6 +28,7 @@ use super::prompt_cache::PromptCache;
 use crate::error::{InferenceError, Result};
 use crate::generate::check_request;
 use crate::kv_cache::KvCache;
+use crate::memory::KvGrowth;
 use crate::request::{Completion, GenerateRequest, TokenEvent, TokenLogprobs};
 use crate::sampling::Sampler;
 use crate::sequence::SequenceOutput;
@@ -112,6 +113,8 @@ pub struct Batcher<'a> {
     ended: Vec<(u64, BatchEvent)>,
     /// Ended requests' states, for the next ones (see the module docs).
     cache: Option<&'a mut PromptCache<KvCache>>,
+    /// What a sequence of some length holds, in the budget's positions.
+    growth: KvGrowth,
 }
 
 impl<'a> Batcher<'a> {
@@ -122,6 +125,7 @@ impl<'a> Batcher<'a> {
         limits: BatchLimits,
     ) -> Batcher<'a> {
         let max = limits.max_sequences.clamp(1, forward.max_sequences());
+        let growth = KvGrowth::of(forward.config());
         Batcher {
             forward,
             tokenizer,
@@ -133,6 +137,7 @@ impl<'a> Batcher<'a> {
             active: Vec::new(),
             ended: Vec::new(),
             cache: None,
+            growth,
         }
     }
 
@@ -199,9 +204,13 @@ impl<'a> Batcher<'a> {
         self.waiting.len()
     }
 
-    /// KV positions the running sequences hold (or will once their prompts are in).
+    /// KV positions the running sequences hold (or will once their prompts are in), as the
+    /// budget counts them ([`KvGrowth::positions`]).
     pub fn kv_in_use(&self) -> usize {
-        self.active.iter().map(|s| s.context.len()).sum()
+        self.active
+            .iter()
+            .map(|s| self.growth.positions(s.context.len()))
+            .sum()
     }
 
     /// The limits in force.
@@ -339,19 +348,20 @@ impl<'a> Batcher<'a> {
             let Some(next) = self.waiting.front() else {
                 return;
             };
-            let need = next.context.len() + 1;
+            let need = self.growth.positions(next.context.len() + 1);
             if !self.active.is_empty() && self.kv_in_use() + need > self.limits.kv_tokens {
                 return;
             }
             let mut s = self.waiting.pop_front().expect("checked above");
             // At least the last token runs, for the logits of the next one.
+            // A sliding layer may no longer hold what the prefix's next query sees.
             let hit = self
                 .cache
                 .as_deref_mut()
-                .and_then(|c| c.lookup(&s.context, s.context.len() - 1));
+                .and_then(|c| c.lookup(&s.context, s.context.len() - 1))
+                .and_then(|mut hit| hit.value.truncate(hit.tokens).then_some(hit));
             let opened = match hit {
-                Some(mut hit) => {
-                    hit.value.truncate(hit.tokens);
+                Some(hit) => {
                     let opened = self.forward.open_from(hit.value);
                     if opened.is_ok() {
                         s.fed = hit.tokens;
@@ -401,21 +411,16 @@ impl<'a> Batcher<'a> {
 
     fn end(&mut self, mut s: Sequence, events: &mut Vec<(u64, BatchEvent)>) -> Result<()> {
         if let Some(slot) = s.slot.take() {
+            // `s` has left `active`: the room is what the others leave.
+            let room = self.limits.kv_tokens.saturating_sub(self.kv_in_use());
             match self.cache.as_deref_mut() {
-                Some(cache) => {
-                    // `s` has left `active`: the room is what the others leave.
-                    let room = self
-                        .limits
-                        .kv_tokens
-                        .saturating_sub(self.active.iter().map(|a| a.context.len()).sum());
-                    match self.forward.take(slot) {
-                        Some(kv) if kv.len() == s.fed && s.fed > 0 => {
-                            s.context.truncate(s.fed);
-                            cache.insert(std::mem::take(&mut s.context), kv, room);
-                        }
-                        _ => cache.shrink_to(room),
+                Some(cache) => match self.forward.take(slot) {
+                    Some(kv) if kv.len() == s.fed && s.fed > 0 => {
+                        s.context.truncate(s.fed);
+                        cache.insert(std::mem::take(&mut s.context), kv, room);
                     }
-                }
+                    _ => cache.shrink_to(room),
+                },
                 None => self.forward.close(slot),
             }
         }

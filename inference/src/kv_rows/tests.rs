@@ -2,6 +2,7 @@
 //! positions follow each row's start, and padding stays within its bound.
 
 use super::*;
+use crate::kv_cache::held_bound;
 
 /// A one-layer cache of `values` (one key/value head of width 1), as a sequence's own.
 fn own(values: &[f32]) -> KvCache {
@@ -96,4 +97,95 @@ fn an_empty_cache_cannot_join() {
     let mut rows = KvRows::default();
     assert!(rows.join(vec![KvCache::new(1)]).is_err());
     assert!(rows.is_empty());
+}
+
+/// A one-layer cache of a sliding layer of `window` whose position `p` holds `base + p`,
+/// `len` positions long, appended one by one (so it has forgotten its oldest).
+fn sliding(base: f32, len: usize, window: usize) -> KvCache {
+    let mut cache = KvCache::new(1);
+    for p in 0..len {
+        let a = Array::from_slice(&[base + p as f32], &[1, 1, 1, 1]);
+        cache.layers[0]
+            .append_within(a.clone(), a, Some(window))
+            .unwrap();
+    }
+    cache
+}
+
+/// The positions a sliding cache still holds, with the first one's index.
+fn held_sliding(cache: &KvCache) -> (usize, Vec<f32>) {
+    let layer = &cache.layers[0];
+    let (keys, _) = layer.buffers().unwrap();
+    let k = keys
+        .index((0..1, .., 0..layer.held() as i32, ..))
+        .flatten(None, None)
+        .unwrap();
+    k.eval().unwrap();
+    (layer.dropped(), k.as_slice::<f32>().to_vec())
+}
+
+#[test]
+fn sliding_rows_forget_what_no_row_sees_and_give_back_what_each_needs() {
+    let w = 6;
+    let mut rows = KvRows::default();
+    rows.join(vec![sliding(0.0, 20, w), sliding(1000.0, 3, w)])
+        .unwrap();
+    let mut lens = [20usize, 3];
+    for step in 0..40 {
+        if step == 10 {
+            // A third joins midway, longer than both.
+            rows.join(vec![sliding(2000.0, 40, w)]).unwrap();
+        }
+        let s = rows.begin_step().unwrap();
+        let n = rows.rows();
+        let values: Vec<f32> = (0..n)
+            .map(|r| [0.0, 1000.0, 2000.0][r] + rows.len_of(r) as f32)
+            .collect();
+        let new = Array::from_slice(&values, &[n as i32, 1, 1, 1]);
+        let (k, _, first) = rows.layers[0].write(&new, &new, &s).unwrap();
+        rows.end_step();
+        // Each row's last `w` columns (those its query sees) hold its last `w` positions.
+        k.eval().unwrap();
+        let held = k.shape()[2] as usize;
+        assert!(
+            held <= held_bound(w) + 1,
+            "step {step}: {held} columns held"
+        );
+        assert!(first + held == rows.end && rows.end - first >= w.min(rows.end));
+        let all = k.flatten(None, None).unwrap();
+        all.eval().unwrap();
+        let all = all.as_slice::<f32>();
+        for r in 0..n {
+            let len = rows.len_of(r);
+            let base = [0.0, 1000.0, 2000.0][r];
+            for back in 1..=w.min(len) {
+                assert_eq!(
+                    all[r * held + held - back],
+                    base + (len - back) as f32,
+                    "step {step}, row {r}, {back} back"
+                );
+            }
+        }
+        if step < 10 {
+            lens = [lens[0] + 1, lens[1] + 1];
+        }
+    }
+    assert_eq!(lens, [30, 13]);
+    // Taken out, a row is a sequence's own cache holding what its next query needs.
+    for r in 0..rows.rows() {
+        let own = rows.extract(r).unwrap();
+        let (from, held) = held_sliding(&own);
+        let len = rows.len_of(r);
+        assert_eq!(own.len(), len);
+        assert!(from + w - 1 <= len && from + held.len() == len);
+        let base = [0.0, 1000.0, 2000.0][r];
+        let want: Vec<f32> = (from..len).map(|p| base + p as f32).collect();
+        assert_eq!(held, want, "row {r}");
+    }
+    // Rows leaving cut the padding; the others keep their windows.
+    rows.remove(&[2]).unwrap();
+    let (from, held) = held_sliding(&rows.extract(1).unwrap());
+    let len = rows.len_of(1);
+    assert_eq!(held.last(), Some(&(1000.0 + (len - 1) as f32)));
+    assert!(from + w - 1 <= len);
 }

@@ -276,13 +276,15 @@ impl Attention {
         let offset = cache.len();
         let q = self.rope.apply(&q, offset)?;
         let k = self.rope.apply(&k, offset)?;
-        let (k, v) = cache.append(k, v)?;
+        let (k, v, held_from) = cache.append_within(k, v, self.window)?;
         let total = offset + l as usize;
         match self.window.filter(|&w| total > w) {
             Some(window) => {
-                // Keys before the first query's window are seen by no query.
+                // Keys before the first query's window are seen by no query (and a sliding
+                // cache holds positions from `held_from` on).
                 let first = (offset + 1).saturating_sub(window);
-                let keys = |t: &Array| t.index((.., .., first as i32.., ..));
+                let column = (first - held_from) as i32;
+                let keys = |t: &Array| t.index((.., .., column.., ..));
                 let mask = window_mask(offset, l as usize, first, total, window);
                 let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
                 self.sdpa(&q, &keys(&k), &keys(&v), mask)
@@ -326,16 +328,17 @@ impl Attention {
         let by_row = |t: Array| t.transpose_axes(&[2, 1, 0, 3]);
         let q = self.rope.apply_at(&by_row(q)?, &step.positions)?;
         let k = self.rope.apply_at(&by_row(k)?, &step.positions)?;
-        let (k, v) = layer.write(&k, &by_row(v)?, step)?;
+        let (k, v, held_from) = layer.write(&k, &by_row(v)?, step)?;
         // Rows are right-aligned: every row's new position is the last column, so a window
-        // is the same last columns for every row.
-        let columns = k.shape()[2];
+        // is the same last columns for every row. The buffers hold columns from `held_from`.
+        let columns = held_from as i32 + k.shape()[2];
         let first = match self.window {
-            Some(w) => (columns - w as i32).max(0),
-            None => 0,
+            Some(w) => (columns - w as i32).max(held_from as i32),
+            None => held_from as i32,
         };
         let (k, v, mask) = if first > 0 {
-            let cut = |t: &Array| t.index((.., .., first.., ..));
+            let local = first - held_from as i32;
+            let cut = |t: &Array| t.index((.., .., local.., ..));
             let mask = step.mask.as_ref().map(|m| m.index((.., .., .., first..)));
             (cut(&k), cut(&v), mask)
         } else {

@@ -356,7 +356,7 @@ impl LatentAttention {
         let (q_nope, q_pe) = self.split(&by_row(q)?);
         let q_pe = self.rope.apply_at(&q_pe, &step.positions)?;
         let k_pe = self.rope.apply_at(&by_row(&k_pe)?, &step.positions)?;
-        let (latent, k_pe) = layer.write(&by_row(&latent)?, &k_pe, step)?;
+        let (latent, k_pe, _) = layer.write(&by_row(&latent)?, &k_pe, step)?;
         let mut pe_scores = self.position_scores(&q_pe, &k_pe)?;
         if let Some(mask) = &step.mask {
             pe_scores = mask_scores(&pe_scores, mask)?;

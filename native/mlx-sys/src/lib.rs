@@ -11,6 +11,41 @@
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
+unsafe extern "C" {
+    /// shoal's CPU product with MLX affine-quantized weights (`kernels/cpu_qmm.cpp`):
+    /// `*res = x @ dequantize(w, scales, biases)^T` for 4- and 8-bit weights, `x` f32 `[..., k]`,
+    /// `w` `[n, k * bits / 32]`, scales and biases `[n, k / group_size]`. `isa` 0 uses the
+    /// fastest instructions the CPU has, 1 the plain C++ path. Returns 0, or 1 after reporting
+    /// the error through mlx-c's handler.
+    pub fn shoal_cpu_affine_qmm(
+        res: *mut mlx_array,
+        x: mlx_array,
+        w: mlx_array,
+        scales: mlx_array,
+        biases: mlx_array,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        isa: ::std::os::raw::c_int,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
+
+    /// The gathered form of [`shoal_cpu_affine_qmm`] (MLX's `gather_qmm` with expert indices
+    /// only): batch entry `b` of `x` `[..., m, k]`, broadcast with `indices`, uses weights
+    /// `w[indices[b]]` of `[experts, n, k * bits / 32]`; the result is `[..., m, n]`.
+    pub fn shoal_cpu_affine_gather_qmm(
+        res: *mut mlx_array,
+        x: mlx_array,
+        w: mlx_array,
+        scales: mlx_array,
+        biases: mlx_array,
+        indices: mlx_array,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        isa: ::std::os::raw::c_int,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
+}
+
 /// mlx-rs seeds its random generator with macOS's `mach_approximate_time`. Off Apple
 /// platforms that symbol does not exist, so the link of every mlx-rs program would fail;
 /// a monotonic nanosecond clock serves the same purpose (a seed, never compared across hosts).

@@ -1,0 +1,374 @@
+//! shoal's CPU products with affine-quantized weights against a plain reference: the weights
+//! dequantized in f64 from the packed words (MLX's layout, read independently here) and
+//! multiplied in f64, for 4 and 8 bits, groups of 32, 64 and 128, f32/f16/bf16 scales, one
+//! to many rows, ragged output widths, strided inputs and sliced weights, on every instruction
+//! set this machine has (the best one and the plain C++ path); MLX's own `quantized_matmul`
+//! agrees with the same reference, which checks the layout. Bad operands give errors.
+
+use inference::cpu_kernels::{affine_product, KernelIsa};
+use inference::quantized::{QuantMode, QuantSpec};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array, Dtype};
+use proptest::prelude::*;
+
+/// A small deterministic generator (xorshift), so each case is reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+struct Case {
+    x: Vec<f32>,
+    words: Vec<u32>,
+    scales: Vec<f32>,
+    biases: Vec<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+    group: usize,
+    bits: usize,
+}
+
+impl Case {
+    fn new(seed: u64, m: usize, n: usize, k: usize, group: usize, bits: usize) -> Case {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let words = (0..n * k * bits / 32).map(|_| rng.next() as u32).collect();
+        let scales = (0..n * k / group).map(|_| rng.uniform() * 0.05).collect();
+        let biases = (0..n * k / group).map(|_| rng.uniform() * 0.2).collect();
+        let x = (0..m * k).map(|_| rng.uniform()).collect();
+        Case {
+            x,
+            words,
+            scales,
+            biases,
+            m,
+            n,
+            k,
+            group,
+            bits,
+        }
+    }
+
+    /// Element `(r, c)` of the weights, as MLX's affine layout defines it.
+    fn weight(&self, r: usize, c: usize) -> f64 {
+        let per_word = 32 / self.bits;
+        let word = self.words[r * self.k * self.bits / 32 + c / per_word];
+        let q = (word >> (self.bits * (c % per_word))) & ((1u32 << self.bits) - 1);
+        let g = r * self.k / self.group + c / self.group;
+        // The scales and biases as the kernel reads them (rounded to their dtype by the caller).
+        self.scales[g] as f64 * q as f64 + self.biases[g] as f64
+    }
+
+    fn reference(&self) -> Vec<f64> {
+        let mut out = vec![0.0; self.m * self.n];
+        for i in 0..self.m {
+            for r in 0..self.n {
+                out[i * self.n + r] = (0..self.k)
+                    .map(|c| self.x[i * self.k + c] as f64 * self.weight(r, c))
+                    .sum();
+            }
+        }
+        out
+    }
+
+    fn spec(&self) -> QuantSpec {
+        QuantSpec {
+            group_size: self.group as i32,
+            bits: self.bits as i32,
+            mode: QuantMode::Affine,
+        }
+    }
+
+    /// The operands as MLX arrays, scales and biases in `dtype` (and the case's own values
+    /// rounded the same way, so the reference sees what the kernel sees).
+    fn arrays(&mut self, dtype: Dtype) -> (Array, Array, Array, Array) {
+        let groups = (self.n as i32, (self.k / self.group) as i32);
+        let round = |v: &[f32]| -> (Array, Vec<f32>) {
+            let a = Array::from_slice(v, &[groups.0, groups.1])
+                .as_dtype(dtype)
+                .unwrap();
+            let back = a.as_dtype(Dtype::Float32).unwrap();
+            back.eval().unwrap();
+            (a, back.as_slice::<f32>().to_vec())
+        };
+        let (scales, s) = round(&self.scales);
+        let (biases, b) = round(&self.biases);
+        self.scales = s;
+        self.biases = b;
+        let x = Array::from_slice(&self.x, &[self.m as i32, self.k as i32]);
+        let w = Array::from_slice(
+            &self.words,
+            &[self.n as i32, (self.k * self.bits / 32) as i32],
+        );
+        (x, w, scales, biases)
+    }
+}
+
+fn host(a: &Array) -> Vec<f32> {
+    let a = a.as_dtype(Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<f32>().to_vec()
+}
+
+/// The worst difference from the reference, relative to the size of the terms summed.
+fn worst(case: &Case, got: &[f32]) -> f64 {
+    let want = case.reference();
+    assert_eq!(got.len(), want.len());
+    let scale = (case.k as f64).sqrt() * 0.5;
+    want.iter()
+        .zip(got)
+        .map(|(w, &g)| (w - g as f64).abs() / scale.max(1.0))
+        .fold(0.0, f64::max)
+}
+
+fn check(seed: u64, m: usize, n: usize, k: usize, group: usize, bits: usize, dtype: Dtype) {
+    let mut case = Case::new(seed, m, n, k, group, bits);
+    let (x, w, scales, biases) = case.arrays(dtype);
+    for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+        let out = affine_product(&x, &w, &scales, &biases, case.spec(), isa).unwrap();
+        assert_eq!(out.shape(), [m as i32, n as i32]);
+        let e = worst(&case, &host(&out));
+        assert!(
+            e < 2e-5,
+            "{isa:?} m {m} n {n} k {k} group {group} bits {bits} {dtype:?}: off by {e}"
+        );
+    }
+}
+
+#[test]
+fn every_layout_and_row_count_equals_the_reference() {
+    let mut seed = 1;
+    for bits in [4, 8] {
+        for group in [32, 64, 128] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                for m in [1, 3, 4, 8, 31] {
+                    seed += 1;
+                    check(seed, m, 37, group * 3, group, bits, dtype);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mlx_reads_the_layout_as_the_reference_does() {
+    for bits in [4, 8] {
+        let mut case = Case::new(7, 2, 16, 128, 64, bits);
+        let (x, w, scales, biases) = case.arrays(Dtype::Float32);
+        let out = ops::quantized_matmul(&x, &w, &scales, &biases, true, 64, bits as i32).unwrap();
+        let e = worst(&case, &host(&out));
+        assert!(e < 2e-5, "MLX's product differs from the reference by {e}");
+    }
+}
+
+#[test]
+fn strided_inputs_and_sliced_weights_are_read_right() {
+    let mut case = Case::new(11, 6, 40, 256, 64, 4);
+    let (x, w, scales, biases) = case.arrays(Dtype::Bfloat16);
+    // x as a transposed view: its rows are not where a dense [6, 256] would have them.
+    let xt = Array::from_slice(&case.x, &[6, 256])
+        .transpose_axes(&[1, 0])
+        .unwrap();
+    let x_view = xt.transpose_axes(&[1, 0]).unwrap();
+    // A batch axis, and a slice of the weights' rows (a tensor-parallel rank's share).
+    let x3 = x.reshape(&[2, 3, 256]).unwrap();
+    for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+        let out = affine_product(&x_view, &w, &scales, &biases, case.spec(), isa).unwrap();
+        assert!(worst(&case, &host(&out)) < 2e-5);
+        let out3 = affine_product(&x3, &w, &scales, &biases, case.spec(), isa).unwrap();
+        assert_eq!(out3.shape(), [2, 3, 40]);
+        assert!(worst(&case, &host(&out3)) < 2e-5);
+        let rows = affine_product(
+            &x,
+            &w.index((10..30, ..)),
+            &scales.index((10..30, ..)),
+            &biases.index((10..30, ..)),
+            case.spec(),
+            isa,
+        )
+        .unwrap();
+        let all = host(&affine_product(&x, &w, &scales, &biases, case.spec(), isa).unwrap());
+        let part = host(&rows);
+        for i in 0..6 {
+            assert_eq!(&part[i * 20..(i + 1) * 20], &all[i * 40 + 10..i * 40 + 30]);
+        }
+        // Input columns 64..192 (two whole groups of each row): a row-parallel share.
+        let cols = affine_product(
+            &x.index((.., 64..192)),
+            &w.index((.., 8..24)),
+            &scales.index((.., 1..3)),
+            &biases.index((.., 1..3)),
+            case.spec(),
+            isa,
+        )
+        .unwrap();
+        let mut narrow = Case::new(11, 6, 40, 256, 64, 4);
+        narrow.scales = case.scales.clone();
+        narrow.biases = case.biases.clone();
+        let want: Vec<f64> = (0..6 * 40)
+            .map(|o| {
+                let (i, r) = (o / 40, o % 40);
+                (64..192)
+                    .map(|c| case.x[i * 256 + c] as f64 * narrow.weight(r, c))
+                    .sum()
+            })
+            .collect();
+        let got = host(&cols);
+        let e = want
+            .iter()
+            .zip(&got)
+            .map(|(w, &g)| (w - g as f64).abs())
+            .fold(0.0, f64::max);
+        assert!(e < 1e-4, "column slice off by {e}");
+    }
+}
+
+#[test]
+fn operands_that_do_not_fit_are_errors() {
+    let mut case = Case::new(3, 2, 8, 64, 32, 4);
+    let (x, w, scales, biases) = case.arrays(Dtype::Float32);
+    let spec = case.spec();
+    let with = |bits: i32, group: i32| QuantSpec {
+        bits,
+        group_size: group,
+        ..spec
+    };
+    let cases = [
+        affine_product(&x, &w, &scales, &biases, with(3, 32), KernelIsa::Best),
+        affine_product(&x, &w, &scales, &biases, with(4, 12), KernelIsa::Best),
+        affine_product(&x, &w, &scales, &biases, with(8, 32), KernelIsa::Best),
+        affine_product(
+            &x.index((.., 0..32)),
+            &w,
+            &scales,
+            &biases,
+            spec,
+            KernelIsa::Best,
+        ),
+        affine_product(
+            &x.as_dtype(Dtype::Float16).unwrap(),
+            &w,
+            &scales,
+            &biases,
+            spec,
+            KernelIsa::Best,
+        ),
+        affine_product(
+            &x,
+            &w,
+            &scales.index((.., 0..1)),
+            &biases,
+            spec,
+            KernelIsa::Best,
+        ),
+    ];
+    for (i, result) in cases.into_iter().enumerate() {
+        assert!(result.is_err(), "case {i} was accepted");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+    /// Random shapes, ragged widths included.
+    #[test]
+    fn random_shapes_equal_the_reference(
+        seed in 0u64..1_000_000,
+        m in 1usize..12,
+        n in 1usize..70,
+        groups in 1usize..5,
+        group in prop::sample::select(vec![32usize, 64, 128]),
+        bits in prop::sample::select(vec![4usize, 8]),
+    ) {
+        check(seed, m, n, groups * group, group, bits, Dtype::Float32);
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The gathered product: each batch entry's rows against its expert's matrix, as MLX's
+/// `gather_qmm` computes it (the reference here), with indices broadcast against `x`, in any
+/// order, repeated, and out of range (those rows are zero, never a read past the weights).
+#[test]
+fn gathered_products_equal_mlx_gather_qmm() {
+    use inference::cpu_kernels::affine_gather_product;
+    for (bits, group) in [(4, 64), (8, 32), (4, 128)] {
+        let (experts, n, k) = (5, 24, group * 2);
+        let mut case = Case::new(21 + bits as u64, 1, experts * n, k, group, bits);
+        let (_, w, scales, biases) = case.arrays(Dtype::Bfloat16);
+        let packed = w.reshape(&[experts as i32, n as i32, -1]).unwrap();
+        let scales = scales.reshape(&[experts as i32, n as i32, -1]).unwrap();
+        let biases = biases.reshape(&[experts as i32, n as i32, -1]).unwrap();
+        let spec = case.spec();
+        let mut rng = Rng(99);
+        // Decode-shaped: [tokens, 1, 1, k] against [tokens, top_k] picks.
+        let tokens = 3;
+        let x: Vec<f32> = (0..tokens * k).map(|_| rng.uniform()).collect();
+        let x = Array::from_slice(&x, &[tokens as i32, 1, 1, k as i32]);
+        let picks = Array::from_slice(&[4u32, 0, 2, 2, 1, 4], &[tokens as i32, 2]);
+        let want = ops::gather_qmm(
+            &x,
+            &packed,
+            &scales,
+            &biases,
+            None,
+            &picks,
+            true,
+            group as i32,
+            bits as i32,
+            false,
+        )
+        .unwrap();
+        // Prefill-shaped: one row per (token, expert) pair, sorted by expert.
+        let rows = x.reshape(&[tokens as i32, 1, k as i32]).unwrap();
+        let sorted = Array::from_slice(&[0u32, 3, 3], &[3]);
+        let want_sorted = ops::gather_qmm(
+            &rows,
+            &packed,
+            &scales,
+            &biases,
+            None,
+            &sorted,
+            true,
+            group as i32,
+            bits as i32,
+            true,
+        )
+        .unwrap();
+        for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+            let got =
+                affine_gather_product(&x, &packed, &scales, &biases, &picks, spec, isa).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            let (g, w) = (host(&got), host(&want));
+            let e = max_diff(&g, &w);
+            assert!(e < 1e-4, "{isa:?} {bits}-bit: {e}");
+            let got = affine_gather_product(&rows, &packed, &scales, &biases, &sorted, spec, isa)
+                .unwrap();
+            let (g, w) = (host(&got), host(&want_sorted));
+            assert_eq!(g.len(), w.len());
+            let e = max_diff(&g, &w);
+            assert!(e < 1e-4, "{isa:?} {bits}-bit sorted: {e}");
+        }
+        // An expert index past the stack gives zeros, not a crash.
+        let bad = Array::from_slice(&[7u32, 1, 2, 2, 1, 4], &[tokens as i32, 2]);
+        let got = host(
+            &affine_gather_product(&x, &packed, &scales, &biases, &bad, spec, KernelIsa::Best)
+                .unwrap(),
+        );
+        assert!(got[..n].iter().all(|&v| v == 0.0));
+        assert!(got[n..].iter().any(|&v| v != 0.0));
+    }
+}

@@ -1,0 +1,261 @@
+// shoal: the arithmetic of the CPU products with MLX affine-quantized weights: a plain C++
+// path, an AVX2 + FMA path chosen at run time, and the helper threads that share a large
+// product (see cpu_qmm.cpp for the primitive that runs them inside MLX's graph).
+
+#include "affine_kernels.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "mlx/types/half_types.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace shoal {
+
+using namespace mlx::core;
+
+template <typename S>
+inline float at(const void* p, int64_t i) {
+  return static_cast<float>(static_cast<const S*>(p)[i]);
+}
+
+inline float scale_bias(const Problem& p, const void* base, int64_t i) {
+  switch (p.sb_type) {
+    case float16:
+      return at<float16_t>(base, i);
+    case bfloat16:
+      return at<bfloat16_t>(base, i);
+    default:
+      return at<float>(base, i);
+  }
+}
+
+/// Output columns `[n0, n1)` of every row, one element at a time.
+void product_scalar(const Problem& p, const std::vector<float>& xsums, int n0, int n1) {
+  const int m = static_cast<int>(p.rows.size());
+  const int groups = p.k / p.group;
+  const int per_word = 32 / p.bits;
+  const uint32_t mask = (1u << p.bits) - 1;
+  std::vector<double> acc(m);
+  for (int r = n0; r < n1; ++r) {
+    const uint32_t* wr = p.w + r * p.w_row;
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int g = 0; g < groups; ++g) {
+      const float s = scale_bias(p, p.scales, r * p.sb_row + g);
+      const float b = scale_bias(p, p.biases, r * p.sb_row + g);
+      for (int i = 0; i < m; ++i) {
+        const float* xr = p.x + p.rows[i];
+        float dot = 0.0f;
+        for (int c = g * p.group; c < (g + 1) * p.group; ++c) {
+          const uint32_t q = (wr[c / per_word] >> (p.bits * (c % per_word))) & mask;
+          dot += static_cast<float>(q) * xr[c];
+        }
+        acc[i] += s * dot + b * xsums[i * groups + g];
+      }
+    }
+    for (int i = 0; i < m; ++i) {
+      p.out[p.out_rows[i] * p.n + r] = static_cast<float>(acc[i]);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+/// Output columns `[n0, n1)` with AVX2 + FMA: eight weights decoded per instruction, each
+/// decoded (and scaled) vector used for every row of `x`.
+template <int BITS, int ROWS>
+__attribute__((target("avx2,fma"))) void
+block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int n0, int n1) {
+  const int groups = p.k / p.group;
+  const __m256i shifts = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
+                                   : _mm256_setzero_si256();
+  const __m256i nibble = _mm256_set1_epi32(0xF);
+  const float* xr[ROWS];
+  for (int i = 0; i < ROWS; ++i) {
+    xr[i] = p.x + p.rows[first_row + i];
+  }
+  for (int r = n0; r < n1; ++r) {
+    const uint32_t* wr = p.w + r * p.w_row;
+    __m256 acc[ROWS];
+    float bias_acc[ROWS];
+    for (int i = 0; i < ROWS; ++i) {
+      acc[i] = _mm256_setzero_ps();
+      bias_acc[i] = 0.0f;
+    }
+    for (int g = 0; g < groups; ++g) {
+      const float s = scale_bias(p, p.scales, r * p.sb_row + g);
+      const float b = scale_bias(p, p.biases, r * p.sb_row + g);
+      const __m256 sv = _mm256_set1_ps(s);
+      const int c0 = g * p.group;
+      for (int c = c0; c < c0 + p.group; c += 8) {
+        __m256i q;
+        if (BITS == 4) {
+          const __m256i word = _mm256_set1_epi32(static_cast<int>(wr[c / 8]));
+          q = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
+        } else {
+          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 4));
+          q = _mm256_cvtepu8_epi32(bytes);
+        }
+        const __m256 qs = _mm256_mul_ps(_mm256_cvtepi32_ps(q), sv);
+        for (int i = 0; i < ROWS; ++i) {
+          acc[i] = _mm256_fmadd_ps(qs, _mm256_loadu_ps(xr[i] + c), acc[i]);
+        }
+      }
+      for (int i = 0; i < ROWS; ++i) {
+        bias_acc[i] += b * xsums[(first_row + i) * groups + g];
+      }
+    }
+    for (int i = 0; i < ROWS; ++i) {
+      const __m128 lo = _mm256_castps256_ps128(acc[i]);
+      const __m128 hi = _mm256_extractf128_ps(acc[i], 1);
+      __m128 v = _mm_add_ps(lo, hi);
+      v = _mm_hadd_ps(v, v);
+      v = _mm_hadd_ps(v, v);
+      p.out[p.out_rows[first_row + i] * p.n + r] = _mm_cvtss_f32(v) + bias_acc[i];
+    }
+  }
+}
+
+template <int BITS>
+void product_avx2(const Problem& p, const std::vector<float>& xsums, int n0, int n1) {
+  const int m = static_cast<int>(p.rows.size());
+  int i = 0;
+  for (; i + 8 <= m; i += 8) {
+    block_avx2<BITS, 8>(p, xsums, i, n0, n1);
+  }
+  for (; i + 4 <= m; i += 4) {
+    block_avx2<BITS, 4>(p, xsums, i, n0, n1);
+  }
+  for (; i < m; ++i) {
+    block_avx2<BITS, 1>(p, xsums, i, n0, n1);
+  }
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+/// Helper threads that take a share of a large product, one per core beside the caller's,
+/// started once and parked between products (waking one costs microseconds; starting one
+/// costs tens).
+class Crew {
+ public:
+  static Crew& get() {
+    static Crew* crew = new Crew(); // never destroyed: threads outlive static teardown
+    return *crew;
+  }
+
+  /// Helpers besides the calling thread.
+  int helpers() const {
+    return static_cast<int>(threads_.size());
+  }
+
+  /// Runs `job(i)` for `i` in `0..=helpers()`: 0 on the caller, the others on helpers; returns
+  /// when all are done. Products from several threads take turns.
+  void run(const std::function<void(int)>& job) {
+    std::lock_guard<std::mutex> one_at_a_time(running_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &job;
+      pending_ = helpers();
+      ++generation_;
+    }
+    wake_.notify_all();
+    job(0);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  Crew() {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    for (unsigned i = 1; i < cores; ++i) {
+      threads_.emplace_back([this, i] { work(static_cast<int>(i)); });
+      threads_.back().detach();
+    }
+  }
+
+  void work(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        job = job_;
+      }
+      (*job)(index);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --pending_;
+      }
+      done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex running_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+};
+
+/// Weight bytes below which a product stays on one thread (sharing costs more than it saves).
+constexpr int64_t SHARE_ABOVE_BYTES = 128 * 1024;
+
+/// The whole product, shared with the crew when it is large.
+void run(const Problem& p, Isa isa) {
+  const int m = static_cast<int>(p.rows.size());
+  const int groups = p.k / p.group;
+  // Per row and group, the sum of x: what the biases multiply.
+  std::vector<float> xsums(static_cast<size_t>(m) * groups);
+  for (int i = 0; i < m; ++i) {
+    const float* xr = p.x + p.rows[i];
+    for (int g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int c = g * p.group; c < (g + 1) * p.group; ++c) {
+        s += xr[c];
+      }
+      xsums[i * groups + g] = s;
+    }
+  }
+  auto columns = [&](int n0, int n1) {
+#if defined(__x86_64__)
+    if (isa == Isa::Auto && has_avx2()) {
+      if (p.bits == 4) {
+        product_avx2<4>(p, xsums, n0, n1);
+      } else {
+        product_avx2<8>(p, xsums, n0, n1);
+      }
+      return;
+    }
+#endif
+    product_scalar(p, xsums, n0, n1);
+  };
+  const int64_t bytes = static_cast<int64_t>(p.n) * p.k * p.bits / 8;
+  Crew& crew = Crew::get();
+  if (bytes < SHARE_ABOVE_BYTES || crew.helpers() == 0 || p.n < 2) {
+    columns(0, p.n);
+    return;
+  }
+  const int parts = std::min(crew.helpers() + 1, p.n);
+  crew.run([&](int i) {
+    if (i < parts) {
+      columns(static_cast<int>(static_cast<int64_t>(p.n) * i / parts),
+              static_cast<int>(static_cast<int64_t>(p.n) * (i + 1) / parts));
+    }
+  });
+}
+
+} // namespace shoal

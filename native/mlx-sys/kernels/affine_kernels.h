@@ -1,0 +1,37 @@
+// shoal: the arithmetic of the CPU products with MLX affine-quantized weights (see
+// cpu_qmm.cpp for the primitive that runs it inside MLX's graph).
+
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mlx/dtype.h"
+
+namespace shoal {
+
+using mlx::core::Dtype;
+
+/// Which instructions a product may use.
+enum class Isa : int { Auto = 0, Scalar = 1 };
+
+/// Everything one product needs, resolved to pointers and strides.
+struct Problem {
+  const float* x;            // rows of `k` floats
+  std::vector<int64_t> rows; // offset of each row of x, in floats
+  const uint32_t* w;
+  int64_t w_row;             // words between weight rows
+  const void* scales;
+  const void* biases;
+  int64_t sb_row;            // elements between rows of scales / biases
+  Dtype sb_type = mlx::core::float32;
+  float* out;
+  std::vector<int64_t> out_rows; // output row of each row of x (its offset / n)
+  int n, k, group, bits;
+};
+
+/// The whole product `out = x @ dequantize(w)^T` for the rows and weights `p` describes, shared
+/// with a helper thread per core when it is large.
+void run(const Problem& p, Isa isa);
+
+} // namespace shoal
