@@ -144,8 +144,15 @@ kinds = [e.type for e in streamed]
 check("fake: function_call streamed", [o.type for o in final.output] == ["message", "function_call"]
       and json.loads(final.output[1].arguments) == {"city": "Paris"}
       and "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds, kinds)
-args = "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta")
-check("fake: argument deltas", json.loads(args) == {"city": "Paris"}, args)
+pieces = [e.delta for e in streamed if e.type == "response.function_call_arguments.delta"]
+done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+check("fake: argument deltas, in pieces, joined as .done says", len(pieces) > 3
+      and json.loads("".join(pieces)) == {"city": "Paris"} and done[0].arguments == "".join(pieces), pieces)
+# tool_choice naming the function: the node forces the call's opening, the parser reads it first.
+r = client.responses.create(model=model, input='call: get_weather {"city": "Paris"}', tools=[WEATHER],
+                            tool_choice={"type": "function", "name": "get_weather"})
+check("fake: forced function_call", [(o.type, o.name, json.loads(o.arguments)) for o in r.output]
+      == [("function_call", "get_weather", {"city": "Paris"})], r.output)
 r = client.responses.create(model=model, input=CALL, tools=[WEATHER], tool_choice="none")
 check("fake: tool_choice none keeps text", [o.type for o in r.output] == ["message"] and "<tool_call>" in r.output_text, r)
 r = client.responses.create(model=model, max_output_tokens=2000, tools=[WEATHER], input=[

@@ -1,7 +1,8 @@
 //! `tool_choice: "required"` and a named function, made to hold: the node that renders the
 //! prompt appends the opening of a call after the template's generation prompt, so the model
 //! continues a call it has already begun — for `required`, the family's call marker; for a
-//! named function, also the start of that function's call, up to where its arguments begin.
+//! named function, also the start of that function's call, up to its arguments (and their
+//! opening `{` where they are JSON).
 //! The answer's parser reads the same text first ([`crate::answer::AnswerForm::primed`]), so
 //! it sees the whole call. This is the opening part of constrained decoding (what llama.cpp's
 //! lazy grammars trigger on and what vLLM's guided decoding enforces), without a grammar over
@@ -18,6 +19,8 @@
 //! With `required` the model still picks the function (and may write several calls); a
 //! `required` answer whose forced call turns out malformed is text, as any malformed call is.
 
+use crate::answer::AnswerForm;
+use crate::backend::ChatRequest;
 use crate::tools::dialect::Dialect;
 use crate::tools::ToolChoice;
 
@@ -94,22 +97,25 @@ impl Opener {
         }
     }
 
-    /// The start of a call of `name`, up to where its arguments begin; `index` is the call's
-    /// place among the conversation's calls (Kimi's ids count them).
+    /// The start of a call of `name`, up to its arguments: for the families whose arguments
+    /// are JSON, their opening `{` too (a call's arguments are always an object, as the
+    /// template's `tojson` writes them; this is all of the tool's schema that a fixed prefix
+    /// can force, and it keeps a model from writing them as a string or a number); `index` is
+    /// the call's place among the conversation's calls (Kimi's ids count them).
     fn named(self, name: &str, index: usize) -> String {
         let marker = self.marker();
         match self {
-            Opener::Hermes => format!("{marker}{{\"name\": \"{name}\", \"arguments\": "),
-            Opener::Llama => format!("{marker}{name}\", \"parameters\": "),
-            Opener::MistralList => format!("{marker}[{{\"name\": \"{name}\", \"arguments\": "),
-            Opener::MistralArgs => format!("{marker}{name}[ARGS]"),
+            Opener::Hermes => format!("{marker}{{\"name\": \"{name}\", \"arguments\": {{"),
+            Opener::Llama => format!("{marker}{name}\", \"parameters\": {{"),
+            Opener::MistralList => format!("{marker}[{{\"name\": \"{name}\", \"arguments\": {{"),
+            Opener::MistralArgs => format!("{marker}{name}[ARGS]{{"),
             Opener::Qwen3Coder => format!("{marker}{name}>\n"),
             Opener::Glm => format!("{marker}{name}"),
             Opener::MiniMax => format!("{marker}{name}\">\n"),
-            Opener::Kimi => format!("{marker}{name}:{index}<|tool_call_argument_begin|>"),
-            Opener::DeepSeek => format!("{marker}{name}<｜tool▁sep｜>"),
-            Opener::DeepSeekFenced => format!("{marker}{name}\n```json\n"),
-            Opener::Harmony => format!("{marker}{name}<|channel|>commentary json<|message|>"),
+            Opener::Kimi => format!("{marker}{name}:{index}<|tool_call_argument_begin|>{{"),
+            Opener::DeepSeek => format!("{marker}{name}<｜tool▁sep｜>{{"),
+            Opener::DeepSeekFenced => format!("{marker}{name}\n```json\n{{"),
+            Opener::Harmony => format!("{marker}{name}<|channel|>commentary json<|message|>{{"),
         }
     }
 }
@@ -143,6 +149,34 @@ pub fn opening(
         prompt: format!("{close}{prompt}"),
         primed: format!("{close}{primed}"),
     })
+}
+
+/// Forces `request`'s `tool_choice` on a prompt rendered by `template`: appends the opening
+/// to `prompt` and primes `form` with it. Nothing when the choice is `auto` or `none`, or no
+/// tool is offered. `mark`: how a client's text is written into the prompt.
+pub fn apply(
+    request: &ChatRequest,
+    template: Option<&str>,
+    prompt: &mut String,
+    form: &mut AnswerForm,
+    mark: &dyn Fn(&str) -> String,
+) {
+    if request.tool_choice.offered(&request.tools).is_empty() {
+        return;
+    }
+    let earlier_calls = request.messages.iter().map(|m| m.tool_calls.len()).sum();
+    let opener = Opener::of_template(template);
+    let forced = opening(
+        opener,
+        &request.tool_choice,
+        earlier_calls,
+        form.opens_in_thought,
+        mark,
+    );
+    if let Some(forced) = forced {
+        prompt.push_str(&forced.prompt);
+        form.primed = forced.primed;
+    }
 }
 
 #[cfg(test)]
@@ -181,10 +215,10 @@ mod tests {
     /// "Paris"})`, up to its end of turn.
     fn rest_of_call(opener: Opener) -> &'static str {
         match opener {
-            Opener::Hermes => "{\"city\": \"Paris\"}}\n</tool_call>",
-            Opener::Llama => "{\"city\": \"Paris\"}}",
-            Opener::MistralList => "{\"city\": \"Paris\"}}]",
-            Opener::MistralArgs => "{\"city\": \"Paris\"}",
+            Opener::Hermes => "\"city\": \"Paris\"}}\n</tool_call>",
+            Opener::Llama => "\"city\": \"Paris\"}}",
+            Opener::MistralList => "\"city\": \"Paris\"}}]",
+            Opener::MistralArgs => "\"city\": \"Paris\"}",
             Opener::Qwen3Coder => {
                 "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
             }
@@ -192,12 +226,12 @@ mod tests {
             Opener::MiniMax => {
                 "<parameter name=\"city\">Paris</parameter>\n</invoke>\n</minimax:tool_call>"
             }
-            Opener::Kimi => "{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>",
-            Opener::DeepSeek => "{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            Opener::Kimi => "\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>",
+            Opener::DeepSeek => "\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
             Opener::DeepSeekFenced => {
-                "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+                "\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
             }
-            Opener::Harmony => "{\"city\": \"Paris\"}",
+            Opener::Harmony => "\"city\": \"Paris\"}",
         }
     }
 
@@ -278,7 +312,7 @@ mod tests {
         );
         assert_eq!(
             Opener::Kimi.named("get_weather", 3),
-            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:3<|tool_call_argument_begin|>"
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:3<|tool_call_argument_begin|>{"
         );
     }
 

@@ -27,6 +27,7 @@ pub static GRAMMAR: Grammar = Grammar {
 
 /// The call so far: its name once a tag or line break ends it, and its complete pairs.
 fn partial(text: &str, offered: &Offered, end: bool) -> Vec<Progress> {
+    let text = text.trim_start();
     let Some(at) = text.find(['<', '\n']) else {
         return Vec::new();
     };
