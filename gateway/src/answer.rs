@@ -69,6 +69,10 @@ pub struct AnswerSplitter {
     harmony: Option<HarmonyParser>,
     /// Parts that reading the primed text released, sent with the first delta.
     held: Vec<Part>,
+    /// The answer ends with its first call (`tool_choice` named one function).
+    end_after_call: bool,
+    /// The call that ends the answer came: nothing more is released.
+    closed: bool,
 }
 
 /// The call parser of the answer's dialect.
@@ -127,6 +131,8 @@ impl AnswerSplitter {
             tools: (!tools.is_empty()).then(|| Calls::new(form.dialect, tools)),
             harmony: (form.dialect == Dialect::Harmony).then(|| HarmonyParser::new(tools)),
             held: Vec::new(),
+            end_after_call: false,
+            closed: false,
         };
         if !form.primed.is_empty() {
             splitter.held = splitter.push(&form.primed);
@@ -146,27 +152,59 @@ impl AnswerSplitter {
         }
     }
 
+    /// Makes the answer end with its first call, as a named `tool_choice` asks (OpenAI's
+    /// and vLLM's forced calls end there too): the parts after it are dropped and
+    /// [`AnswerSplitter::closed`] tells the driver to stop the generation.
+    pub fn end_after_call(&mut self, on: bool) {
+        self.end_after_call = on;
+    }
+
+    /// Whether the call that ends the answer came ([`AnswerSplitter::end_after_call`]).
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+
     /// The next text; the parts that can be released now.
     pub fn push(&mut self, delta: &str) -> Vec<Part> {
+        if self.closed {
+            return Vec::new();
+        }
         let mut out = std::mem::take(&mut self.held);
         if let Some(harmony) = &mut self.harmony {
             out.extend(harmony.push(delta));
-            return out;
+        } else {
+            let pieces = self.think.push(delta);
+            out.extend(self.route(pieces, false));
         }
-        let pieces = self.think.push(delta);
-        out.extend(self.route(pieces, false));
-        out
+        self.cut_after_call(out)
     }
 
     /// The end of the answer: everything held back.
     pub fn finish(&mut self) -> Vec<Part> {
+        if self.closed {
+            return Vec::new();
+        }
         let mut out = std::mem::take(&mut self.held);
         if let Some(harmony) = &mut self.harmony {
             out.extend(harmony.finish());
-            return out;
+        } else {
+            let pieces = self.think.finish();
+            out.extend(self.route(pieces, true));
         }
-        let pieces = self.think.finish();
-        out.extend(self.route(pieces, true));
+        self.cut_after_call(out)
+    }
+
+    /// With [`AnswerSplitter::end_after_call`], the parts up to the first call's end.
+    fn cut_after_call(&mut self, mut out: Vec<Part>) -> Vec<Part> {
+        if self.end_after_call {
+            let ended = out
+                .iter()
+                .position(|p| matches!(p, Part::Call(_) | Part::Stream(CallDelta::End(_))));
+            if let Some(at) = ended {
+                out.truncate(at + 1);
+                self.closed = true;
+            }
+        }
         out
     }
 

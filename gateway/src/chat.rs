@@ -58,9 +58,9 @@ pub async fn chat_completions(
 
 /// `chat.completion.chunk`s: a first chunk with the role, one per text delta, one with the
 /// finish reason, the usage chunk when asked, then `data: [DONE]`.
-struct ChunkEncoder {
-    meta: CompletionMeta,
-    include_usage: bool,
+pub(crate) struct ChunkEncoder {
+    pub(crate) meta: CompletionMeta,
+    pub(crate) include_usage: bool,
 }
 
 impl ChunkEncoder {

@@ -152,6 +152,7 @@ pub async fn accept(
         .into_iter()
         .cloned()
         .collect();
+    let named = matches!(request.tool_choice, crate::tools::ToolChoice::Function(_));
     let cancel = CancellationToken::new();
     // Cancels the generation if this is dropped (client gone before the answer).
     let guard = cancel.clone().drop_guard();
@@ -170,7 +171,9 @@ pub async fn accept(
             .with_code("backend_timeout")
         })??;
     // Where the prompt was rendered tells how to read the output.
-    let splitter = AnswerSplitter::new(&offered, stream.form.clone());
+    let mut splitter = AnswerSplitter::new(&offered, stream.form.clone());
+    // A named function is called once: the answer ends with the call.
+    splitter.end_after_call(named);
     let registration = id.map(|id| ctx.running.register(id, cancel.clone()));
     Ok(Accepted {
         stream,
@@ -218,9 +221,14 @@ impl Accepted {
             }
         };
         let result = loop {
-            let event = tokio::select! {
-                event = next_event(&mut self.stream, Instant::now() + silence, silence) => event,
-                () = self.cancel.cancelled() => None,
+            let event = if splitter.closed() {
+                // The call that ends the answer came.
+                Some(Ok(self.generation.cancelled()))
+            } else {
+                tokio::select! {
+                    event = next_event(&mut self.stream, Instant::now() + silence, silence) => event,
+                    () = self.cancel.cancelled() => None,
+                }
             };
             let event = match event {
                 None if self.cancel.is_cancelled() => Some(Ok(self.generation.cancelled())),
@@ -337,23 +345,28 @@ impl Run {
         let mut last_event = Instant::now();
         let mut first_token = None;
         loop {
-            let event = tokio::select! {
-                event = next_event(&mut self.stream, last_event + silence, silence) => event,
-                // `POST /v1/cancel/{id}`: the answer ends here, normally.
-                () = self.cancel.cancelled() => Some(Ok(self.generation.cancelled())),
-                () = tokio::time::sleep_until(last_write + keep_alive) => {
-                    if let Some(ping) = encoder.keep_alive() {
-                        if tx.send(ping).await.is_err() {
-                            self.cancel.cancel();
-                            return;
+            // The call that ends the answer came: it ends here, normally.
+            let event = if self.splitter.closed() {
+                Some(Ok(self.generation.cancelled()))
+            } else {
+                tokio::select! {
+                    event = next_event(&mut self.stream, last_event + silence, silence) => event,
+                    // `POST /v1/cancel/{id}`: the answer ends here, normally.
+                    () = self.cancel.cancelled() => Some(Ok(self.generation.cancelled())),
+                    () = tokio::time::sleep_until(last_write + keep_alive) => {
+                        if let Some(ping) = encoder.keep_alive() {
+                            if tx.send(ping).await.is_err() {
+                                self.cancel.cancel();
+                                return;
+                            }
                         }
+                        last_write = Instant::now();
+                        continue;
                     }
-                    last_write = Instant::now();
-                    continue;
-                }
-                () = tx.closed() => {
-                    self.cancel.cancel();
-                    return;
+                    () = tx.closed() => {
+                        self.cancel.cancel();
+                        return;
+                    }
                 }
             };
             // A backend that stopped because the generation was cancelled ends its stream.

@@ -325,12 +325,17 @@ check("a streamed call against the schema stays a call", [(c["name"], json.loads
       for c in streamed] == [("get_weather", {"city": 5})], streamed)
 # tool_choice naming the function: the node forces the call's opening into the prompt and the
 # parser reads it first (the scripted model streams only the rest of its call).
-r = chat('call: get_weather {"city": "Paris"}', **FORCED)
-check("forced: the call comes back", [(c.function.name, json.loads(c.function.arguments))
-      for c in r.choices[0].message.tool_calls] == [("get_weather", {"city": "Paris"})], r)
-streamed = joined_calls(list(chat('call: get_weather {"city": "Paris"}', stream=True, **FORCED)))
+# A named function is called once: the answer ends with that call (the second is not generated).
+TWICE = 'call: get_weather {"city": "Paris"} && call: get_weather {"city": "Rome"}'
+r = chat(TWICE, **FORCED)
+check("forced: the call comes back, and ends the answer", [(c.function.name, json.loads(c.function.arguments))
+      for c in r.choices[0].message.tool_calls] == [("get_weather", {"city": "Paris"})]
+      and r.choices[0].finish_reason == "tool_calls", r)
+chunks = list(chat(TWICE, stream=True, **FORCED))
+streamed = joined_calls(chunks)
+finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
 check("forced, streamed", [(c["name"], json.loads(c["arguments"])) for c in streamed]
-      == [("get_weather", {"city": "Paris"})], streamed)
+      == [("get_weather", {"city": "Paris"})] and finishes == ["tool_calls"], (streamed, finishes))
 r = client.chat.completions.create(model=model, max_tokens=2000, tools=[WEATHER],
     tool_choice={"type": "function", "function": {"name": "get_weather"}},
     extra_body={"chat_template_kwargs": {"enable_thinking": False}}, messages=[

@@ -104,7 +104,19 @@ except openai.BadRequestError as e:
     check("bad temperature is 400 naming it", e.param == "temperature", e)
 
 print(json.dumps({"responses": answer}), flush=True)
+# A forced call (`tool_choice` names the function): a typed function_call item must come back,
+# its arguments JSON that fits the schema. SmolLM2's template does not render `tools`: the
+# system message describes the tool.
+TOOL_SYSTEM = ('You can call the function get_weather(city: string). To call it, write '
+               '<tool_call>{"name": "get_weather", "arguments": {"city": ...}}</tool_call>.')
 if not fake:
+    r = client.responses.create(tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}, **GREEDY,
+                                input=[{"role": "system", "content": TOOL_SYSTEM},
+                                       {"role": "user", "content": "What is the weather in Paris?"}])
+    calls = [o for o in r.output if o.type == "function_call"]
+    args = json.loads(calls[0].arguments) if calls else None
+    check("forced: a typed function_call comes back", len(calls) >= 1 and calls[0].name == "get_weather"
+          and isinstance(args, dict) and isinstance(args.get("city"), str) and args["city"] != "", r.output)
     print("all passed", flush=True)
     sys.exit(0)
 
