@@ -16,8 +16,11 @@
 //! Qwen3 thinking), the thought is closed empty first (`</think>\n\n`, what Qwen3's template
 //! writes with thinking off): a forced call comes instead of the reasoning.
 //!
-//! With `required` the model still picks the function (and may write several calls); a
-//! `required` answer whose forced call turns out malformed is text, as any malformed call is.
+//! With `required` the model still picks the function (and may write several calls); a named
+//! function is called once, and the answer ends with its call
+//! ([`crate::answer::AnswerSplitter::end_after_call`]). A forced call that turns out malformed
+//! is text in a whole answer, as any malformed call is (see [`crate::tools::stream`] for a
+//! streamed one).
 
 use crate::answer::AnswerForm;
 use crate::backend::ChatRequest;
