@@ -262,6 +262,37 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_named_choice_ends_the_answer_with_its_call() {
+        let tools = [Tool {
+            name: "f".into(),
+            description: None,
+            parameters: None,
+        }];
+        let text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call> then <tool_call>{\"name\": \"f\"}</tool_call> more";
+        for stream in [false, true] {
+            let mut s = AnswerSplitter::new(&tools, AnswerForm::default());
+            s.stream_arguments(stream);
+            s.end_after_call(true);
+            let mut parts: Vec<Part> = text.chars().flat_map(|c| s.push(&c.to_string())).collect();
+            assert!(s.closed(), "streamed: {stream}");
+            parts.extend(s.finish());
+            let last = parts.last().cloned();
+            assert!(
+                matches!(&last, Some(Part::Call(c) | Part::Stream(CallDelta::End(c))) if c.arguments.contains("\"a\"")),
+                "streamed: {stream}: {parts:?}"
+            );
+            assert!(
+                !parts.iter().any(|p| matches!(p, Part::Text(_))),
+                "{parts:?}"
+            );
+            assert!(s.push("anything").is_empty());
+        }
+        // Without it, both calls and the text.
+        let parts = collect(&tools, AnswerForm::default(), &[text]);
+        assert_eq!(parts.len(), 4, "{parts:?}");
+    }
+
     fn collect(tools: &[Tool], form: AnswerForm, deltas: &[&str]) -> Vec<Part> {
         let mut s = AnswerSplitter::new(tools, form);
         let mut parts: Vec<Part> = deltas.iter().flat_map(|d| s.push(d)).collect();
