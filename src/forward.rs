@@ -489,14 +489,15 @@ mod tests {
             form: AnswerForm {
                 opens_in_thought: true,
                 dialect: gateway::tools::dialect::Dialect::Glm,
+                primed: "<tool_call>get_weather".into(),
             },
         };
         assert_eq!(
             body(&opened),
-            r#"{"v":1,"msg":{"type":"accepted","prompt_tokens":12,"form":{"opens_in_thought":true,"dialect":"glm"}}}"#
+            r#"{"v":1,"msg":{"type":"accepted","prompt_tokens":12,"form":{"opens_in_thought":true,"dialect":"glm","primed":"<tool_call>get_weather"}}}"#
         );
         let back: Reply = serde_json::from_str(
-            r#"{"type":"accepted","prompt_tokens":12,"form":{"opens_in_thought":true,"dialect":"glm"}}"#,
+            r#"{"type":"accepted","prompt_tokens":12,"form":{"opens_in_thought":true,"dialect":"glm","primed":"<tool_call>get_weather"}}"#,
         )
         .unwrap();
         assert_eq!(back, opened);

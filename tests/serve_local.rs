@@ -260,12 +260,14 @@ fn one_node_serves_smollm2_in_a_namespace() {
     prompt_cache_reports_cached_tokens(&node);
     sampling_controls(&node, &url, &checks);
 
-    // The gateway's model-agnostic checks with the official client.
-    node.python(
+    // The gateway's model-agnostic checks with the official client, and a call that
+    // `tool_choice` forces, which must come back typed.
+    let out = node.python(
         &repo_file("gateway/tests/openai_client.py"),
         &[&url, "default"],
         Duration::from_secs(300),
     );
+    eprintln!("forced call: {}", json_line(&out, "forced_call"));
 
     // The other APIs, with their official clients: same model-agnostic checks (greedy stream
     // equals the whole answer, stops, limits, errors in each API's shape).
@@ -276,6 +278,7 @@ fn one_node_serves_smollm2_in_a_namespace() {
         Duration::from_secs(300),
     );
     eprintln!("anthropic: {}", json_line(&out, "anthropic"));
+    eprintln!("forced tool_use: {}", json_line(&out, "forced_tool_use"));
     let out = node.python(
         &repo_file("gateway/tests/ollama_client.py"),
         &[&root, "default"],

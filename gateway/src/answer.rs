@@ -9,12 +9,13 @@ use crate::tools::dialect::Dialect;
 use crate::tools::dialects;
 use crate::tools::harmony::HarmonyParser;
 use crate::tools::parse::{ToolCallParser, ToolPiece};
+use crate::tools::stream::CallDelta;
 use crate::tools::{Tool, ToolCall};
 use serde::{Deserialize, Serialize};
 
 /// How the model's output is to be read, as the node that rendered the prompt knows it (its
 /// template); it travels with the accepted stream to the gateway that parses the answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AnswerForm {
     /// The prompt ended inside an open thought (`<think>`): the output starts in reasoning
     /// ([`crate::reasoning::prompt_opens_thought`]).
@@ -23,6 +24,11 @@ pub struct AnswerForm {
     /// How the model writes tool calls.
     #[serde(default, skip_serializing_if = "Dialect::is_common")]
     pub dialect: Dialect,
+    /// What the node appended to the prompt after the template's generation prompt to force
+    /// a call (`tool_choice` required or named, [`crate::tools::forced`]): the answer's parser
+    /// reads it first, as if the model had written it, so that it sees the whole call.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub primed: String,
 }
 
 impl AnswerForm {
@@ -31,6 +37,7 @@ impl AnswerForm {
         AnswerForm {
             opens_in_thought: crate::reasoning::prompt_opens_thought(prompt),
             dialect: template.map_or(Dialect::Common, Dialect::of_template),
+            primed: String::new(),
         }
     }
 
@@ -45,7 +52,10 @@ impl AnswerForm {
 pub enum Part {
     Reasoning(String),
     Text(String),
+    /// A whole call.
     Call(ToolCall),
+    /// A step of a call that streams its arguments ([`crate::tools::stream`]).
+    Stream(CallDelta),
 }
 
 /// Splits an answer's text into [`Part`]s as it streams.
@@ -57,6 +67,12 @@ pub struct AnswerSplitter {
     /// gpt-oss: the harmony channels carry reasoning and calls both, in place of the two
     /// above.
     harmony: Option<HarmonyParser>,
+    /// Parts that reading the primed text released, sent with the first delta.
+    held: Vec<Part>,
+    /// The answer ends with its first call (`tool_choice` named one function).
+    end_after_call: bool,
+    /// The call that ends the answer came: nothing more is released.
+    closed: bool,
 }
 
 /// The call parser of the answer's dialect.
@@ -86,6 +102,13 @@ impl Calls {
         }
     }
 
+    fn stream_arguments(&mut self, on: bool) {
+        match self {
+            Calls::Common(p) => p.stream_arguments(on),
+            Calls::Block(p) => p.stream_arguments(on),
+        }
+    }
+
     fn finish(&mut self) -> Vec<ToolPiece> {
         match self {
             Calls::Common(p) => p.finish(),
@@ -97,8 +120,9 @@ impl Calls {
 impl AnswerSplitter {
     /// A splitter that parses calls of `tools` (none: no call parsing) from an answer of
     /// this `form`.
+    /// The primed text of the `form` (a forced call's opening) is read first.
     pub fn new(tools: &[Tool], form: AnswerForm) -> AnswerSplitter {
-        AnswerSplitter {
+        let mut splitter = AnswerSplitter {
             think: if form.opens_in_thought {
                 ThinkSplitter::in_thought()
             } else {
@@ -106,25 +130,82 @@ impl AnswerSplitter {
             },
             tools: (!tools.is_empty()).then(|| Calls::new(form.dialect, tools)),
             harmony: (form.dialect == Dialect::Harmony).then(|| HarmonyParser::new(tools)),
+            held: Vec::new(),
+            end_after_call: false,
+            closed: false,
+        };
+        if !form.primed.is_empty() {
+            splitter.held = splitter.push(&form.primed);
         }
+        splitter
+    }
+
+    /// Makes calls stream their arguments as they are generated (for the APIs that show
+    /// argument deltas, [`crate::tools::stream`]); without it calls come whole and a call
+    /// that does not fit its schema stays text.
+    pub fn stream_arguments(&mut self, on: bool) {
+        if let Some(calls) = &mut self.tools {
+            calls.stream_arguments(on);
+        }
+        if let Some(harmony) = &mut self.harmony {
+            harmony.stream_arguments(on);
+        }
+    }
+
+    /// Makes the answer end with its first call, as a named `tool_choice` asks (OpenAI's
+    /// and vLLM's forced calls end there too): the parts after it are dropped and
+    /// [`AnswerSplitter::closed`] tells the driver to stop the generation.
+    pub fn end_after_call(&mut self, on: bool) {
+        self.end_after_call = on;
+    }
+
+    /// Whether the call that ends the answer came ([`AnswerSplitter::end_after_call`]).
+    pub fn closed(&self) -> bool {
+        self.closed
     }
 
     /// The next text; the parts that can be released now.
     pub fn push(&mut self, delta: &str) -> Vec<Part> {
-        if let Some(harmony) = &mut self.harmony {
-            return harmony.push(delta);
+        if self.closed {
+            return Vec::new();
         }
-        let pieces = self.think.push(delta);
-        self.route(pieces, false)
+        let mut out = std::mem::take(&mut self.held);
+        if let Some(harmony) = &mut self.harmony {
+            out.extend(harmony.push(delta));
+        } else {
+            let pieces = self.think.push(delta);
+            out.extend(self.route(pieces, false));
+        }
+        self.cut_after_call(out)
     }
 
     /// The end of the answer: everything held back.
     pub fn finish(&mut self) -> Vec<Part> {
-        if let Some(harmony) = &mut self.harmony {
-            return harmony.finish();
+        if self.closed {
+            return Vec::new();
         }
-        let pieces = self.think.finish();
-        self.route(pieces, true)
+        let mut out = std::mem::take(&mut self.held);
+        if let Some(harmony) = &mut self.harmony {
+            out.extend(harmony.finish());
+        } else {
+            let pieces = self.think.finish();
+            out.extend(self.route(pieces, true));
+        }
+        self.cut_after_call(out)
+    }
+
+    /// With [`AnswerSplitter::end_after_call`], the parts up to the first call's end.
+    fn cut_after_call(&mut self, mut out: Vec<Part>) -> Vec<Part> {
+        if self.end_after_call {
+            let ended = out
+                .iter()
+                .position(|p| matches!(p, Part::Call(_) | Part::Stream(CallDelta::End(_))));
+            if let Some(at) = ended {
+                out.truncate(at + 1);
+                self.closed = true;
+            }
+        }
+        out
     }
 
     fn route(&mut self, pieces: Vec<Piece>, end: bool) -> Vec<Part> {
@@ -149,6 +230,7 @@ fn part(piece: ToolPiece) -> Part {
     match piece {
         ToolPiece::Text(t) => Part::Text(t),
         ToolPiece::Call(c) => Part::Call(c),
+        ToolPiece::Stream(d) => Part::Stream(d),
     }
 }
 
@@ -180,6 +262,37 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_named_choice_ends_the_answer_with_its_call() {
+        let tools = [Tool {
+            name: "f".into(),
+            description: None,
+            parameters: None,
+        }];
+        let text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call> then <tool_call>{\"name\": \"f\"}</tool_call> more";
+        for stream in [false, true] {
+            let mut s = AnswerSplitter::new(&tools, AnswerForm::default());
+            s.stream_arguments(stream);
+            s.end_after_call(true);
+            let mut parts: Vec<Part> = text.chars().flat_map(|c| s.push(&c.to_string())).collect();
+            assert!(s.closed(), "streamed: {stream}");
+            parts.extend(s.finish());
+            let last = parts.last().cloned();
+            assert!(
+                matches!(&last, Some(Part::Call(c) | Part::Stream(CallDelta::End(c))) if c.arguments.contains("\"a\"")),
+                "streamed: {stream}: {parts:?}"
+            );
+            assert!(
+                !parts.iter().any(|p| matches!(p, Part::Text(_))),
+                "{parts:?}"
+            );
+            assert!(s.push("anything").is_empty());
+        }
+        // Without it, both calls and the text.
+        let parts = collect(&tools, AnswerForm::default(), &[text]);
+        assert_eq!(parts.len(), 4, "{parts:?}");
+    }
+
     fn collect(tools: &[Tool], form: AnswerForm, deltas: &[&str]) -> Vec<Part> {
         let mut s = AnswerSplitter::new(tools, form);
         let mut parts: Vec<Part> = deltas.iter().flat_map(|d| s.push(d)).collect();
@@ -199,6 +312,7 @@ mod tests {
         let form = |dialect| AnswerForm {
             opens_in_thought: false,
             dialect,
+            primed: String::new(),
         };
         let is_call =
             |p: &Part| matches!(p, Part::Call(c) if c.name == "f" && c.arguments == r#"{"n":1.5}"#);
@@ -226,6 +340,7 @@ mod tests {
         let opened = AnswerForm {
             opens_in_thought: true,
             dialect: Dialect::DeepSeek,
+            primed: String::new(),
         };
         let parts = collect(&tools, opened, &["hm</think>ok"]);
         assert_eq!(

@@ -7,8 +7,8 @@ use crate::error::ApiError;
 use crate::generation::{accept, sse_data, Ctx, Encoder, Ending, Timings};
 use crate::openai::request::{parse_chat_request, ParsedChat};
 use crate::openai::response::{
-    chunk_json, completion_json, finish_reason_str, usage_chunk_json, AnswerParts, ChunkDelta,
-    CompletionMeta, Usage,
+    chunk_json, completion_json, finish_reason_str, tool_call_arguments_json, tool_call_json,
+    tool_call_start_json, usage_chunk_json, AnswerParts, ChunkDelta, CompletionMeta, Usage,
 };
 use bytes::Bytes;
 use hyper::{Response, StatusCode};
@@ -58,9 +58,20 @@ pub async fn chat_completions(
 
 /// `chat.completion.chunk`s: a first chunk with the role, one per text delta, one with the
 /// finish reason, the usage chunk when asked, then `data: [DONE]`.
-struct ChunkEncoder {
-    meta: CompletionMeta,
-    include_usage: bool,
+pub(crate) struct ChunkEncoder {
+    pub(crate) meta: CompletionMeta,
+    pub(crate) include_usage: bool,
+}
+
+impl ChunkEncoder {
+    /// A chunk carrying one `tool_calls` item.
+    fn tool_delta(&self, item: serde_json::Value) -> Vec<Bytes> {
+        let delta = ChunkDelta {
+            tool_call: Some(item),
+            ..ChunkDelta::default()
+        };
+        vec![sse_data(&chunk_json(&self.meta, delta))]
+    }
 }
 
 impl Encoder for ChunkEncoder {
@@ -94,12 +105,21 @@ impl Encoder for ChunkEncoder {
         vec![sse_data(&chunk_json(&self.meta, delta))]
     }
 
+    /// A call that was not streamed comes in one delta.
     fn tool_call(&mut self, index: usize, call: &ToolCall) -> Vec<Bytes> {
-        let delta = ChunkDelta {
-            tool_call: Some((index, call)),
-            ..ChunkDelta::default()
-        };
-        vec![sse_data(&chunk_json(&self.meta, delta))]
+        self.tool_delta(tool_call_json(call, Some(index)))
+    }
+
+    fn tool_call_start(&mut self, index: usize, id: &str, name: &str) -> Vec<Bytes> {
+        self.tool_delta(tool_call_start_json(index, id, name))
+    }
+
+    fn tool_call_arguments(&mut self, index: usize, fragment: &str) -> Vec<Bytes> {
+        self.tool_delta(tool_call_arguments_json(index, fragment))
+    }
+
+    fn tool_call_end(&mut self, _index: usize, _call: &ToolCall) -> Vec<Bytes> {
+        Vec::new()
     }
 
     fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {

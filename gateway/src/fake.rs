@@ -13,7 +13,10 @@
 //!   lists of character codes, so that they do not stop the answer);
 //! - `call: NAME {ARGS}` streams a Hermes-style tool call, `<tool_call>\n{"name": "NAME",
 //!   "arguments": {ARGS}}\n</tool_call>`, as Qwen writes one (several `call:` scripts joined by
-//!   ` && ` stream several calls, after the text of an `echo:` before them, if any);
+//!   ` && ` stream several calls, after the text of an `echo:` before them, if any); with a
+//!   `tool_choice` that forces a call, the part of that text the node would have forced
+//!   into the prompt (`crate::tools::forced`, Hermes' opening) is not streamed but primed,
+//!   as a real node does;
 //! - `request` streams what the request carried for tools, as JSON: `tools`, `tool_choice`,
 //!   `enable_thinking`, `reasoning_effort` and each message's role, content and tool fields;
 //! - `fail after N` streams N tokens, then fails as a lost instance;
@@ -122,6 +125,18 @@ impl FakeBackend {
                     ));
                 }
             }
+            let mut form = crate::answer::AnswerForm::default();
+            crate::tools::forced::apply(request, None, &mut String::new(), &mut form, &|n| {
+                n.to_string()
+            });
+            if let Some(rest) = text.strip_prefix(form.primed.as_str()) {
+                if !form.primed.is_empty() {
+                    return Script {
+                        primed: form.primed,
+                        ..Script::tokens(chunks(rest))
+                    };
+                }
+            }
             return Script::tokens(chunks(&text));
         }
         if let Some(text) = last.strip_prefix("echo:") {
@@ -173,6 +188,7 @@ impl FakeBackend {
                 end: ScriptEnd::Fail,
                 wait: Duration::ZERO,
                 opens_in_thought: false,
+                primed: String::new(),
             };
         }
         if last == "vanish" {
@@ -181,6 +197,7 @@ impl FakeBackend {
                 end: ScriptEnd::Vanish,
                 wait: Duration::ZERO,
                 opens_in_thought: false,
+                primed: String::new(),
             };
         }
         if let Some(ms) = last.strip_prefix("wait ").and_then(|n| n.parse().ok()) {
@@ -189,6 +206,7 @@ impl FakeBackend {
                 end: ScriptEnd::Done,
                 wait: Duration::from_millis(ms),
                 opens_in_thought: false,
+                primed: String::new(),
             };
         }
         // Greedy decoding (temperature 0) is deterministic without a seed too.
@@ -230,6 +248,8 @@ struct Script {
     wait: Duration,
     /// The answer starts inside a thought the prompt opened.
     opens_in_thought: bool,
+    /// A forced call's opening, which the prompt would end with.
+    primed: String,
 }
 
 impl Script {
@@ -239,6 +259,7 @@ impl Script {
             end: ScriptEnd::Done,
             wait: Duration::ZERO,
             opens_in_thought: false,
+            primed: String::new(),
         }
     }
 }
@@ -402,6 +423,7 @@ impl Backend for FakeBackend {
             let (tx, stream) = ChatStream::channel(prompt_tokens, 16);
             let stream = stream.with_form(crate::answer::AnswerForm {
                 opens_in_thought: script.opens_in_thought,
+                primed: script.primed.clone(),
                 ..Default::default()
             });
             tokio::spawn(async move {

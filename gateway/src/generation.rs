@@ -13,6 +13,7 @@ use crate::cancel::{Registration, Running};
 use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
 use crate::steps::{Generation, Step};
+use crate::tools::stream::CallDelta;
 use crate::tools::ToolCall;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
@@ -78,9 +79,28 @@ pub trait Encoder: Send + 'static {
     fn delta(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Bytes>;
     /// Reasoning to send (never empty); it always comes before the answer's text.
     fn reasoning(&mut self, text: &str) -> Vec<Bytes>;
-    /// A complete tool call, the `index`th of the answer (calls come whole, once checked;
-    /// text may come before and after them).
-    fn tool_call(&mut self, index: usize, call: &ToolCall) -> Vec<Bytes>;
+    /// A complete tool call, the `index`th of the answer, sent whole (text may come before
+    /// and after it): by default its start, its arguments in one delta, and its end.
+    fn tool_call(&mut self, index: usize, call: &ToolCall) -> Vec<Bytes> {
+        let mut frames = self.tool_call_start(index, &call.id, &call.name);
+        if !call.arguments.is_empty() {
+            frames.extend(self.tool_call_arguments(index, &call.arguments));
+        }
+        frames.extend(self.tool_call_end(index, call));
+        frames
+    }
+    /// The `index`th call of the answer begins (its name is an offered tool); its arguments
+    /// follow ([`crate::tools::stream`]).
+    fn tool_call_start(&mut self, index: usize, id: &str, name: &str) -> Vec<Bytes>;
+    /// More of the open call's arguments (never empty).
+    fn tool_call_arguments(&mut self, index: usize, fragment: &str) -> Vec<Bytes>;
+    /// The open call ended; `call.arguments` is all its argument deltas joined.
+    fn tool_call_end(&mut self, index: usize, call: &ToolCall) -> Vec<Bytes>;
+    /// Whether this API shows a call's arguments as they grow (else calls come whole and a
+    /// call that does not fit its schema stays text).
+    fn streams_arguments(&self) -> bool {
+        true
+    }
     /// The end of the answer.
     fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes>;
     /// The instance failed mid-stream.
@@ -132,6 +152,7 @@ pub async fn accept(
         .into_iter()
         .cloned()
         .collect();
+    let named = matches!(request.tool_choice, crate::tools::ToolChoice::Function(_));
     let cancel = CancellationToken::new();
     // Cancels the generation if this is dropped (client gone before the answer).
     let guard = cancel.clone().drop_guard();
@@ -150,7 +171,9 @@ pub async fn accept(
             .with_code("backend_timeout")
         })??;
     // Where the prompt was rendered tells how to read the output.
-    let splitter = AnswerSplitter::new(&offered, stream.form);
+    let mut splitter = AnswerSplitter::new(&offered, stream.form.clone());
+    // A named function is called once: the answer ends with the call.
+    splitter.end_after_call(named);
     let registration = id.map(|id| ctx.running.register(id, cancel.clone()));
     Ok(Accepted {
         stream,
@@ -191,14 +214,21 @@ impl Accepted {
                 match part {
                     Part::Reasoning(r) => reasoning.push_str(&r),
                     Part::Text(t) => text.push_str(&t),
-                    Part::Call(c) => tool_calls.push(c),
+                    Part::Call(c) | Part::Stream(CallDelta::End(c)) => tool_calls.push(c),
+                    // Only a stream asks for argument deltas.
+                    Part::Stream(_) => {}
                 }
             }
         };
         let result = loop {
-            let event = tokio::select! {
-                event = next_event(&mut self.stream, Instant::now() + silence, silence) => event,
-                () = self.cancel.cancelled() => None,
+            let event = if splitter.closed() {
+                // The call that ends the answer came.
+                Some(Ok(self.generation.cancelled()))
+            } else {
+                tokio::select! {
+                    event = next_event(&mut self.stream, Instant::now() + silence, silence) => event,
+                    () = self.cancel.cancelled() => None,
+                }
             };
             let event = match event {
                 None if self.cancel.is_cancelled() => Some(Ok(self.generation.cancelled())),
@@ -249,8 +279,9 @@ impl Accepted {
     }
 
     /// Streams the generation through `encoder` as the response body.
-    pub fn stream<E: Encoder>(self, encoder: E) -> Response<GatewayBody> {
+    pub fn stream<E: Encoder>(mut self, encoder: E) -> Response<GatewayBody> {
         let content_type = encoder.content_type();
+        self.splitter.stream_arguments(encoder.streams_arguments());
         let (tx, rx) = mpsc::channel(64);
         let Accepted {
             stream,
@@ -314,23 +345,28 @@ impl Run {
         let mut last_event = Instant::now();
         let mut first_token = None;
         loop {
-            let event = tokio::select! {
-                event = next_event(&mut self.stream, last_event + silence, silence) => event,
-                // `POST /v1/cancel/{id}`: the answer ends here, normally.
-                () = self.cancel.cancelled() => Some(Ok(self.generation.cancelled())),
-                () = tokio::time::sleep_until(last_write + keep_alive) => {
-                    if let Some(ping) = encoder.keep_alive() {
-                        if tx.send(ping).await.is_err() {
-                            self.cancel.cancel();
-                            return;
+            // The call that ends the answer came: it ends here, normally.
+            let event = if self.splitter.closed() {
+                Some(Ok(self.generation.cancelled()))
+            } else {
+                tokio::select! {
+                    event = next_event(&mut self.stream, last_event + silence, silence) => event,
+                    // `POST /v1/cancel/{id}`: the answer ends here, normally.
+                    () = self.cancel.cancelled() => Some(Ok(self.generation.cancelled())),
+                    () = tokio::time::sleep_until(last_write + keep_alive) => {
+                        if let Some(ping) = encoder.keep_alive() {
+                            if tx.send(ping).await.is_err() {
+                                self.cancel.cancel();
+                                return;
+                            }
                         }
+                        last_write = Instant::now();
+                        continue;
                     }
-                    last_write = Instant::now();
-                    continue;
-                }
-                () = tx.closed() => {
-                    self.cancel.cancel();
-                    return;
+                    () = tx.closed() => {
+                        self.cancel.cancel();
+                        return;
+                    }
                 }
             };
             // A backend that stopped because the generation was cancelled ends its stream.
@@ -402,7 +438,7 @@ impl Run {
 
 /// One step's parts through the encoder. A logprob goes with the step's first text (or
 /// alone, after its reasoning or calls, when the token was not text); `calls` counts the
-/// tool calls sent.
+/// tool calls sent (a streamed one from its start).
 fn encode<E: Encoder>(
     encoder: &mut E,
     parts: Vec<Part>,
@@ -418,6 +454,16 @@ fn encode<E: Encoder>(
             Part::Call(c) => {
                 frames.extend(encoder.tool_call(*calls, &c));
                 *calls += 1;
+            }
+            Part::Stream(CallDelta::Start { id, name }) => {
+                frames.extend(encoder.tool_call_start(*calls, &id, &name));
+                *calls += 1;
+            }
+            Part::Stream(CallDelta::Arguments(a)) => {
+                frames.extend(encoder.tool_call_arguments(calls.saturating_sub(1), &a));
+            }
+            Part::Stream(CallDelta::End(c)) => {
+                frames.extend(encoder.tool_call_end(calls.saturating_sub(1), &c));
             }
         }
     }

@@ -52,6 +52,8 @@ pub mod router;
 pub mod server;
 mod steps;
 pub mod tools;
+#[cfg(test)]
+mod writers_tests;
 
 pub use access::{AccessPolicy, KeyError, Scope};
 pub use backend::{

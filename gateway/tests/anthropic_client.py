@@ -136,7 +136,28 @@ except anthropic.BadRequestError as e:
     check("bad temperature is 400", "temperature" in e.message, e.message)
 
 print(json.dumps({"anthropic": answer}), flush=True)
+# A forced call (`tool_choice` names the tool): a typed `tool_use` block must come back, its
+# input fitting the schema, whole and through the stream helper (input_json_delta joined).
+# SmolLM2's template does not render `tools`: the system prompt describes the tool.
+TOOL_SYSTEM = ('You can call the function get_weather(city: string). To call it, write '
+               '<tool_call>{"name": "get_weather", "arguments": {"city": ...}}</tool_call>.')
+FORCED = dict(tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}, system=TOOL_SYSTEM,
+              messages=user("What is the weather in Paris?"))
 if not fake:
+    r = client.messages.create(**GREEDY, **FORCED)
+    uses = [b for b in r.content if b.type == "tool_use"]
+    check("forced: a typed tool_use comes back", len(uses) >= 1 and uses[0].name == "get_weather"
+          and isinstance(uses[0].input.get("city"), str) and uses[0].input["city"] != "", r)
+    with client.messages.stream(**GREEDY, **FORCED) as s:
+        events = list(s)
+        final = s.get_final_message()
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    check("forced, streamed: the same tool_use", len(streamed) >= 1 and streamed[0].name == "get_weather"
+          and streamed[0].input == uses[0].input, (final, uses))
+    check("forced, streamed: input_json_delta", any(
+        e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events),
+        [e.type for e in events])
+    print(json.dumps({"forced_tool_use": uses[0].input}), flush=True)
     print("all passed", flush=True)
     sys.exit(0)
 
@@ -187,8 +208,14 @@ with client.messages.stream(model=model, max_tokens=200, tools=[WEATHER], messag
     final = s.get_final_message()
 check("fake: tool_use streamed", [b.type for b in final.content] == ["text", "tool_use"]
       and final.content[1].input == {"city": "Paris"} and final.stop_reason == "tool_use", final)
-check("fake: input_json_delta", any(e.type == "content_block_delta" and e.delta.type == "input_json_delta"
-                                    for e in events), [e.type for e in events])
+pieces = [e.delta.partial_json for e in events
+          if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+check("fake: input_json_delta streams the input in pieces", len(pieces) > 3
+      and json.loads("".join(pieces)) == {"city": "Paris"}, pieces)
+# tool_choice naming the tool: the node forces the call's opening, the parser reads it first.
+r = client.messages.create(model=model, max_tokens=200, tools=[WEATHER], messages=user('call: get_weather {"city": "Paris"}'),
+                           tool_choice={"type": "tool", "name": "get_weather"})
+check("fake: forced tool_use", [(b.type, b.name, b.input) for b in r.content] == [("tool_use", "get_weather", {"city": "Paris"})], r)
 # Without tools, or with tool_choice none, the same text stays text.
 r = client.messages.create(model=model, max_tokens=200, tools=[WEATHER], tool_choice={"type": "none"},
                            messages=user(CALL))

@@ -5,6 +5,10 @@
 //! the engine cuts it); where the prompt opens a thought, a thought and `</think>` come first,
 //! as the model writes them.
 //!
+//! A `tool_choice` naming the function forces an opening ([`gateway::tools::forced`]) that must
+//! be how the template itself begins that call, and a parser primed with it reads the rest of
+//! the turn as the call, whole and with its arguments streamed.
+//!
 //! Kimi-K2-Instruct's and Kimi-K2-Thinking's templates call `list.append`, which jinja2's
 //! sandbox refuses (`inference/tests/dialect_chat_templates.rs`); moonshotai-Kimi-K2's stands
 //! for the family.
@@ -14,6 +18,9 @@
 
 use gateway::answer::{AnswerForm, AnswerSplitter, Part};
 use gateway::tools::dialect::Dialect;
+use gateway::tools::forced::{self, Opener};
+use gateway::tools::stream::CallDelta;
+use gateway::tools::ToolChoice;
 use gateway::Tool;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -163,7 +170,7 @@ fn each_family_reads_back_the_call_its_template_renders() {
             (true, false) => format!("The user wants the weather.</think>{turn}"),
             (false, _) => turn.to_string(),
         };
-        let mut splitter = AnswerSplitter::new(&[weather()], form);
+        let mut splitter = AnswerSplitter::new(&[weather()], form.clone());
         // Token-sized pieces, as the engine streams them.
         let chars: Vec<char> = answer.chars().collect();
         let mut parts: Vec<Part> = chars
@@ -195,5 +202,57 @@ fn each_family_reads_back_the_call_its_template_renders() {
             text.trim().is_empty(),
             "{file}: text {text:?} from {answer:?}"
         );
+
+        // `tool_choice` naming the function: the forced opening is how the template begins
+        // the call (the model's own format), and a parser primed with it reads the rest of
+        // the turn as that call, whole and streamed.
+        let opener = Opener::of_template(Some(&sources[n]));
+        let choice = ToolChoice::Function("get_weather".into());
+        let forced = forced::opening(opener, &choice, 0, false, &|n: &str| n.to_string())
+            .expect("a named function is forced");
+        let call_turn = match turn.find("</think>") {
+            Some(at) => &turn[at + "</think>".len()..],
+            None => turn,
+        }
+        .trim_start();
+        let opening = forced.primed.trim_start();
+        let rest = call_turn.strip_prefix(opening).unwrap_or_else(|| {
+            panic!("{file}: the forced opening {opening:?} does not begin {call_turn:?}")
+        });
+        for stream in [false, true] {
+            let primed = AnswerForm {
+                opens_in_thought: false,
+                primed: forced.primed.clone(),
+                ..form.clone()
+            };
+            let mut splitter = AnswerSplitter::new(&[weather()], primed);
+            splitter.stream_arguments(stream);
+            let chars: Vec<char> = rest.chars().collect();
+            let mut parts: Vec<Part> = chars
+                .chunks(3)
+                .flat_map(|c| splitter.push(&c.iter().collect::<String>()))
+                .collect();
+            parts.extend(splitter.finish());
+            let mut args = String::new();
+            let mut calls = Vec::new();
+            for part in &parts {
+                match part {
+                    Part::Call(c) if !stream => calls.push(c.clone()),
+                    Part::Stream(CallDelta::Arguments(a)) => args.push_str(a),
+                    Part::Stream(CallDelta::End(c)) => {
+                        assert_eq!(c.arguments, args, "{file}");
+                        calls.push(c.clone());
+                    }
+                    Part::Stream(CallDelta::Start { name, .. }) => {
+                        assert_eq!(name, "get_weather", "{file}")
+                    }
+                    Part::Text(t) if t.trim().is_empty() => {}
+                    other => panic!("{file}: {other:?} in {parts:?}"),
+                }
+            }
+            assert_eq!(calls.len(), 1, "{file}: {rest:?} -> {parts:?}");
+            let value: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+            assert_eq!(value, json!({"city": "Zürich", "days": 3}), "{file}");
+        }
     }
 }

@@ -173,6 +173,8 @@ calls = [c for p in parts for c in (p.message.tool_calls or [])]
 check("fake: tool_calls streamed", "".join(p.message.content or "" for p in parts) == "Let me look."
       and [(c.function.name, dict(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
       and parts[-1].done, parts)
+# Ollama's API has no argument deltas: a call comes in one chunk, whole.
+check("fake: a streamed call comes whole", sum(1 for p in parts if p.message.tool_calls) == 1, parts)
 r = client.chat(model=model, messages=CALL, stream=False)
 check("fake: without tools, text", not r.message.tool_calls and "<tool_call>" in r.message.content, r.message)
 r = client.chat(model=model, stream=False, tools=[WEATHER], think=False, messages=[

@@ -124,7 +124,59 @@ with_result = client.chat.completions.create(model=model, tools=[WEATHER], max_t
 check("tools: a tool result turn gets a valid answer",
       with_result.usage.prompt_tokens > tooled.usage.prompt_tokens, (with_result.usage, tooled.usage))
 
+# A forced call: `tool_choice` names get_weather, so the node opens the answer with the call
+# (gateway/src/tools/forced.rs) and the model writes its arguments. A typed call must come
+# back, named right, its arguments JSON that fits the schema: whole, streamed (deltas joined)
+# and through the client's stream helper. Real models whose template does not render `tools`
+# (SmolLM2's) learn of the tool from the system message, as their clients must tell them.
+FORCED = dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+TOOL_SYSTEM = ('You can call the function get_weather(city: string). To call it, write '
+               '<tool_call>{"name": "get_weather", "arguments": {"city": ...}}</tool_call>.')
+FORCED_MESSAGES = [{"role": "system", "content": TOOL_SYSTEM},
+                   {"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def fits_weather(arguments):
+    try:
+        args = json.loads(arguments)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(args, dict) and isinstance(args.get("city"), str) and args["city"] != ""
+
+
+def joined_calls(chunks):
+    """Streamed `tool_calls` deltas put together per index, as clients accumulate them."""
+    calls = {}
+    for c in chunks:
+        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            if d.index not in calls:
+                calls[d.index] = {"id": d.id, "type": d.type, "name": d.function.name, "arguments": "",
+                                  "deltas": 0}
+            calls[d.index]["arguments"] += d.function.arguments or ""
+            calls[d.index]["deltas"] += 1
+    return [calls[i] for i in sorted(calls)]
+
+
 if not fake:
+    r = client.chat.completions.create(model=model, messages=FORCED_MESSAGES, temperature=0, max_tokens=24,
+                                       **FORCED)
+    calls = r.choices[0].message.tool_calls or []
+    check("forced: a typed call comes back", len(calls) >= 1 and calls[0].type == "function"
+          and calls[0].function.name == "get_weather" and fits_weather(calls[0].function.arguments), r)
+    whole_args = json.loads(calls[0].function.arguments)
+    chunks = list(client.chat.completions.create(model=model, messages=FORCED_MESSAGES, temperature=0,
+                                                 max_tokens=24, stream=True, **FORCED))
+    streamed = joined_calls(chunks)
+    check("forced, streamed: the same typed call", len(streamed) >= 1 and streamed[0]["name"] == "get_weather"
+          and streamed[0]["id"] and fits_weather(streamed[0]["arguments"])
+          and json.loads(streamed[0]["arguments"]) == whole_args, (streamed, whole_args))
+    with client.chat.completions.stream(model=model, messages=FORCED_MESSAGES, temperature=0, max_tokens=24,
+                                        **FORCED) as s:
+        final = s.get_final_completion()
+    helper = final.choices[0].message.tool_calls or []
+    check("forced, stream helper: the typed call", len(helper) >= 1 and helper[0].function.name == "get_weather"
+          and json.loads(helper[0].function.arguments) == whole_args, final)
+    print(json.dumps({"forced_call": whole_args}), flush=True)
     print("all passed", flush=True)
     sys.exit(0)
 
@@ -241,9 +293,21 @@ check("tool_calls only: content null", r.choices[0].message.content is None
       and r.choices[0].message.tool_calls[0].function.name == "get_weather", r)
 chunks = list(chat(CALLS, tools=[WEATHER], stream=True))
 deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
-check("tool_calls streamed", [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas]
-      == [(0, "get_weather", {"city": "Paris"}), (1, "get_weather", {"city": "Rome"})]
-      and all(d.id and d.type == "function" for d in deltas), deltas)
+streamed = joined_calls(chunks)
+check("tool_calls streamed", [(c["name"], json.loads(c["arguments"])) for c in streamed]
+      == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+      and all(len(c["id"]) == 9 and c["type"] == "function" for c in streamed), deltas)
+# The arguments stream as they are generated: the first delta names the call, later ones
+# carry only the index and a piece of the arguments.
+check("tool_call arguments streamed in pieces", all(c["deltas"] > 3 for c in streamed)
+      and all((d.id is None and d.function.name is None) == (i > 0)
+              for i, d in enumerate(d for d in deltas if d.index == 0)), deltas)
+with client.chat.completions.stream(model=model, messages=[{"role": "user", "content": CALLS}],
+                                    tools=[WEATHER]) as s:
+    final = s.get_final_completion()
+check("tool_calls through the stream helper", [(c.function.name, json.loads(c.function.arguments))
+      for c in final.choices[0].message.tool_calls] == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+      and final.choices[0].finish_reason == "tool_calls", final)
 said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
 check("tool_calls streamed: text and finish", said == "Let me look." and finishes == ["tool_calls"], (said, finishes))
@@ -254,6 +318,24 @@ r = chat('call: get_weather {"city": 5}')
 check("no tools: text", r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content, r)
 r = chat('call: get_weather {"city": 5}', tools=[WEATHER])
 check("a call against the schema is text", r.choices[0].message.tool_calls is None, r)
+# Streamed, a call's start has gone out before its arguments end: it stays a call, its
+# arguments as the model wrote them (the client validates them, as OpenAI documents).
+streamed = joined_calls(list(chat('call: get_weather {"city": 5}', tools=[WEATHER], stream=True)))
+check("a streamed call against the schema stays a call", [(c["name"], json.loads(c["arguments"]))
+      for c in streamed] == [("get_weather", {"city": 5})], streamed)
+# tool_choice naming the function: the node forces the call's opening into the prompt and the
+# parser reads it first (the scripted model streams only the rest of its call).
+# A named function is called once: the answer ends with that call (the second is not generated).
+TWICE = 'call: get_weather {"city": "Paris"} && call: get_weather {"city": "Rome"}'
+r = chat(TWICE, **FORCED)
+check("forced: the call comes back, and ends the answer", [(c.function.name, json.loads(c.function.arguments))
+      for c in r.choices[0].message.tool_calls] == [("get_weather", {"city": "Paris"})]
+      and r.choices[0].finish_reason == "tool_calls", r)
+chunks = list(chat(TWICE, stream=True, **FORCED))
+streamed = joined_calls(chunks)
+finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+check("forced, streamed", [(c["name"], json.loads(c["arguments"])) for c in streamed]
+      == [("get_weather", {"city": "Paris"})] and finishes == ["tool_calls"], (streamed, finishes))
 r = client.chat.completions.create(model=model, max_tokens=2000, tools=[WEATHER],
     tool_choice={"type": "function", "function": {"name": "get_weather"}},
     extra_body={"chat_template_kwargs": {"enable_thinking": False}}, messages=[

@@ -104,7 +104,19 @@ except openai.BadRequestError as e:
     check("bad temperature is 400 naming it", e.param == "temperature", e)
 
 print(json.dumps({"responses": answer}), flush=True)
+# A forced call (`tool_choice` names the function): a typed function_call item must come back,
+# its arguments JSON that fits the schema. SmolLM2's template does not render `tools`: the
+# system message describes the tool.
+TOOL_SYSTEM = ('You can call the function get_weather(city: string). To call it, write '
+               '<tool_call>{"name": "get_weather", "arguments": {"city": ...}}</tool_call>.')
 if not fake:
+    r = client.responses.create(tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}, **GREEDY,
+                                input=[{"role": "system", "content": TOOL_SYSTEM},
+                                       {"role": "user", "content": "What is the weather in Paris?"}])
+    calls = [o for o in r.output if o.type == "function_call"]
+    args = json.loads(calls[0].arguments) if calls else None
+    check("forced: a typed function_call comes back", len(calls) >= 1 and calls[0].name == "get_weather"
+          and isinstance(args, dict) and isinstance(args.get("city"), str) and args["city"] != "", r.output)
     print("all passed", flush=True)
     sys.exit(0)
 
@@ -144,8 +156,15 @@ kinds = [e.type for e in streamed]
 check("fake: function_call streamed", [o.type for o in final.output] == ["message", "function_call"]
       and json.loads(final.output[1].arguments) == {"city": "Paris"}
       and "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds, kinds)
-args = "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta")
-check("fake: argument deltas", json.loads(args) == {"city": "Paris"}, args)
+pieces = [e.delta for e in streamed if e.type == "response.function_call_arguments.delta"]
+done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+check("fake: argument deltas, in pieces, joined as .done says", len(pieces) > 3
+      and json.loads("".join(pieces)) == {"city": "Paris"} and done[0].arguments == "".join(pieces), pieces)
+# tool_choice naming the function: the node forces the call's opening, the parser reads it first.
+r = client.responses.create(model=model, input='call: get_weather {"city": "Paris"}', tools=[WEATHER],
+                            tool_choice={"type": "function", "name": "get_weather"})
+check("fake: forced function_call", [(o.type, o.name, json.loads(o.arguments)) for o in r.output]
+      == [("function_call", "get_weather", {"city": "Paris"})], r.output)
 r = client.responses.create(model=model, input=CALL, tools=[WEATHER], tool_choice="none")
 check("fake: tool_choice none keeps text", [o.type for o in r.output] == ["message"] and "<tool_call>" in r.output_text, r)
 r = client.responses.create(model=model, max_output_tokens=2000, tools=[WEATHER], input=[

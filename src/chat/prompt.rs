@@ -15,7 +15,8 @@ use inference::{GenerateRequest, Prompt};
 /// Builds the engine's request from the gateway's: the prompt as token ids, and the sampling
 /// settings the request gave (the engine's defaults, greedy among them, for the others).
 /// Also how to read the answer, which only the rendered prompt tells: whether it ended in an
-/// open thought, and the template's tool-call dialect.
+/// open thought, the template's tool-call dialect, and the opening of a call that
+/// `tool_choice` forced (`gateway::tools::forced`).
 pub fn generate_request(
     request: &ChatRequest,
     facts: &ModelFacts,
@@ -94,10 +95,13 @@ pub fn generate_request(
         reasoning_effort: request.reasoning_effort.as_deref(),
         ..inference::TemplateInput::default()
     };
-    let text = facts.tokenizer.render_chat(&input).map_err(|e| {
+    let mut text = facts.tokenizer.render_chat(&input).map_err(|e| {
         ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
     })?;
-    let form = AnswerForm::of_prompt(facts.tokenizer.chat_template.as_deref(), &text);
+    let template = facts.tokenizer.chat_template.as_deref();
+    let mut form = AnswerForm::of_prompt(template, &text);
+    // `tool_choice` required or named: the answer opens with the call.
+    gateway::tools::forced::apply(request, template, &mut text, &mut form, &mark);
     // Only the template's markup may become control tokens, never a client's text.
     let ids = match &marks {
         Some(marks) => facts.tokenizer.encode_marked(&text, marks),

@@ -91,13 +91,16 @@ pub fn error_json(e: &ApiError) -> Value {
     json!({"type": "error", "error": {"type": kind, "message": e.message}})
 }
 
-/// The stream of one message: a `thinking` block when the model thinks, then one text
-/// block. Blocks open when their first delta comes, so their indexes follow the output.
+/// The stream of one message: a `thinking` block when the model thinks, then a text block,
+/// and a `tool_use` block per call (its `input` streamed as `input_json_delta`s). Blocks
+/// open when their first delta comes, so their indexes follow the output.
 pub struct MessagesEncoder {
     id: String,
     model: String,
     /// The open block: its index and whether it is the thinking block.
     open: Option<(usize, bool)>,
+    /// The open `tool_use` block's index.
+    tool_open: Option<usize>,
     next_index: usize,
     /// Tool calls sent.
     calls: usize,
@@ -109,6 +112,7 @@ impl MessagesEncoder {
             id,
             model,
             open: None,
+            tool_open: None,
             next_index: 0,
             calls: 0,
         }
@@ -117,7 +121,7 @@ impl MessagesEncoder {
     /// Makes the open block the thinking one or the text one, closing the other; returns
     /// the frames and the block's index.
     fn block(&mut self, thinking: bool) -> (Vec<Bytes>, usize) {
-        let mut frames = Vec::new();
+        let mut frames: Vec<Bytes> = self.tool_open.take().map(block_stop).into_iter().collect();
         if let Some((index, kind)) = self.open {
             if kind == thinking {
                 return (frames, index);
@@ -195,36 +199,48 @@ impl Encoder for MessagesEncoder {
         frames
     }
 
-    fn tool_call(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
+    fn tool_call_start(&mut self, _index: usize, id: &str, name: &str) -> Vec<Bytes> {
         let mut frames: Vec<Bytes> = self
             .open
             .take()
-            .map(|(i, _)| block_stop(i))
+            .map(|(i, _)| i)
             .into_iter()
+            .chain(self.tool_open.take())
+            .map(block_stop)
             .collect();
         let index = self.next_index;
         self.next_index += 1;
         self.calls += 1;
-        let block = json!({"type": "tool_use", "id": call.id, "name": call.name, "input": {}});
+        self.tool_open = Some(index);
+        let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
         frames.push(sse_named(
             "content_block_start",
             &json!({"type": "content_block_start", "index": index, "content_block": block}),
         ));
-        frames.push(sse_named(
+        frames
+    }
+
+    fn tool_call_arguments(&mut self, _index: usize, fragment: &str) -> Vec<Bytes> {
+        let Some(index) = self.tool_open else {
+            return Vec::new();
+        };
+        vec![sse_named(
             "content_block_delta",
             &json!({"type": "content_block_delta", "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
-        ));
-        frames.push(block_stop(index));
-        frames
+                    "delta": {"type": "input_json_delta", "partial_json": fragment}}),
+        )]
+    }
+
+    fn tool_call_end(&mut self, _index: usize, _call: &ToolCall) -> Vec<Bytes> {
+        self.tool_open.take().map(block_stop).into_iter().collect()
     }
 
     fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {
         // Every message has its text block, empty if nothing was said, unless it called tools.
-        let mut frames = Vec::new();
+        let mut frames: Vec<Bytes> = self.tool_open.take().map(block_stop).into_iter().collect();
         if self.calls == 0 || self.open.is_some() {
             let (opened, index) = self.block(false);
-            frames = opened;
+            frames.extend(opened);
             frames.push(block_stop(index));
         }
         frames.push(sse_named(

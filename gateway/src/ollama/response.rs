@@ -144,7 +144,20 @@ impl Encoder for NdjsonEncoder {
         ))]
     }
 
-    fn tool_call(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
+    fn tool_call(&mut self, index: usize, call: &ToolCall) -> Vec<Bytes> {
+        self.tool_call_end(index, call)
+    }
+
+    // Ollama's API has no argument deltas: a call comes whole, as one line, at its end.
+    fn tool_call_start(&mut self, _index: usize, _id: &str, _name: &str) -> Vec<Bytes> {
+        Vec::new()
+    }
+
+    fn tool_call_arguments(&mut self, _index: usize, _fragment: &str) -> Vec<Bytes> {
+        Vec::new()
+    }
+
+    fn tool_call_end(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
         vec![line(&answer_json(
             self.shape,
             &self.model,
@@ -152,6 +165,10 @@ impl Encoder for NdjsonEncoder {
             std::slice::from_ref(call),
             None,
         ))]
+    }
+
+    fn streams_arguments(&self) -> bool {
+        false
     }
 
     fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes> {

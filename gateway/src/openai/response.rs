@@ -94,6 +94,18 @@ pub fn tool_call_json(call: &ToolCall, index: Option<usize>) -> Value {
     item
 }
 
+/// A streamed call's first delta: `{index, id, type, function: {name, arguments: ""}}`, as
+/// OpenAI starts one.
+pub fn tool_call_start_json(index: usize, id: &str, name: &str) -> Value {
+    json!({"index": index, "id": id, "type": "function",
+           "function": {"name": name, "arguments": ""}})
+}
+
+/// A streamed call's later delta: `{index, function: {arguments: FRAGMENT}}`.
+pub fn tool_call_arguments_json(index: usize, fragment: &str) -> Value {
+    json!({"index": index, "function": {"arguments": fragment}})
+}
+
 /// What a whole answer says besides its text.
 #[derive(Debug, Clone, Copy)]
 pub struct AnswerParts<'a> {
@@ -156,8 +168,10 @@ pub struct ChunkDelta<'a> {
     /// The model's thinking (`reasoning_content`, as DeepSeek's and vLLM's APIs name it).
     pub reasoning: Option<&'a str>,
     pub logprobs: Option<&'a [TokenLogprob]>,
-    /// One streamed call (`tool_calls: [{index, id, type, function}]`).
-    pub tool_call: Option<(usize, &'a ToolCall)>,
+    /// One streamed call's item (`tool_calls: [ITEM]`): a whole call, a call's start or a
+    /// piece of its arguments ([`tool_call_json`], [`tool_call_start_json`],
+    /// [`tool_call_arguments_json`]).
+    pub tool_call: Option<Value>,
     /// OpenAI's spelling ([`finish_reason_str`]).
     pub finish_reason: Option<&'static str>,
 }
@@ -174,11 +188,8 @@ pub fn chunk_json(meta: &CompletionMeta, delta: ChunkDelta<'_>) -> Value {
     if let Some(reasoning) = delta.reasoning {
         d.insert("reasoning_content".into(), json!(reasoning));
     }
-    if let Some((index, call)) = delta.tool_call {
-        d.insert(
-            "tool_calls".into(),
-            json!([tool_call_json(call, Some(index))]),
-        );
+    if let Some(item) = delta.tool_call {
+        d.insert("tool_calls".into(), json!([item]));
     }
     let mut choice = Map::new();
     choice.insert("index".into(), json!(0));

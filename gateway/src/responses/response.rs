@@ -164,6 +164,8 @@ pub struct ResponsesEncoder {
     /// The items closed so far, in output order, for the final `response`.
     done: Vec<Value>,
     next_index: usize,
+    /// The open `function_call` item's output index and id.
+    call_at: Option<(usize, String)>,
 }
 
 impl ResponsesEncoder {
@@ -178,6 +180,7 @@ impl ResponsesEncoder {
             messages: 0,
             done: Vec::new(),
             next_index: 0,
+            call_at: None,
         }
     }
 
@@ -322,32 +325,51 @@ impl Encoder for ResponsesEncoder {
         frames
     }
 
-    fn tool_call(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
+    fn tool_call_start(&mut self, _index: usize, id: &str, name: &str) -> Vec<Bytes> {
         let mut frames = self.close_reasoning();
         frames.extend(self.close_message(&COMPLETE));
         let index = self.next_index;
         self.next_index += 1;
-        let item_id = format!("fc_{}", call.id);
+        self.call_at = Some((index, format!("fc_{id}")));
+        let call = ToolCall {
+            id: id.to_string(),
+            name: name.to_string(),
+            arguments: String::new(),
+        };
         frames.push(self.event(
             "response.output_item.added",
-            json!({"output_index": index, "item": function_call_item(call, false)}),
-        ));
-        frames.push(self.event(
-            "response.function_call_arguments.delta",
-            json!({"item_id": item_id, "output_index": index, "delta": call.arguments}),
-        ));
-        frames.push(self.event(
-            "response.function_call_arguments.done",
-            json!({"item_id": item_id, "output_index": index, "name": call.name,
-                   "arguments": call.arguments}),
-        ));
-        let item = function_call_item(call, true);
-        self.done.push(item.clone());
-        frames.push(self.event(
-            "response.output_item.done",
-            json!({"output_index": index, "item": item}),
+            json!({"output_index": index, "item": function_call_item(&call, false)}),
         ));
         frames
+    }
+
+    fn tool_call_arguments(&mut self, _index: usize, fragment: &str) -> Vec<Bytes> {
+        let Some((index, item_id)) = self.call_at.clone() else {
+            return Vec::new();
+        };
+        vec![self.event(
+            "response.function_call_arguments.delta",
+            json!({"item_id": item_id, "output_index": index, "delta": fragment}),
+        )]
+    }
+
+    fn tool_call_end(&mut self, _index: usize, call: &ToolCall) -> Vec<Bytes> {
+        let Some((index, item_id)) = self.call_at.take() else {
+            return Vec::new();
+        };
+        let item = function_call_item(call, true);
+        self.done.push(item.clone());
+        vec![
+            self.event(
+                "response.function_call_arguments.done",
+                json!({"item_id": item_id, "output_index": index, "name": call.name,
+                       "arguments": call.arguments}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            ),
+        ]
     }
 
     fn finish(&mut self, ending: &Ending, _timings: &Timings) -> Vec<Bytes> {

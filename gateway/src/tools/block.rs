@@ -9,9 +9,14 @@
 //! the answer ends) and checked, then released as calls, or as the text it was if any call in
 //! it is malformed, names no offered tool or does not fit its schema. Whitespace around calls
 //! is formatting and goes with them.
+//!
+//! When the API streams arguments ([`BlockParser::stream_arguments`]), each grammar also reads
+//! a block as far as it has come ([`Grammar::partial`]) and its calls stream as they grow
+//! ([`crate::tools::stream`]).
 
 use crate::tools::offered::Offered;
 use crate::tools::parse::{held_suffix, text, ToolPiece};
+use crate::tools::stream::{CallStreamer, Progress};
 use crate::tools::{Tool, ToolCall};
 
 /// A block dialect.
@@ -24,6 +29,9 @@ pub struct Grammar {
     /// The calls of a complete block's body (between the markers), each checked against the
     /// offered tools; `None` (or none at all) when the block is not a valid call.
     pub body: fn(&str, &Offered) -> Option<Vec<ToolCall>>,
+    /// The calls of a block's body so far (`end`: the block is closed), as far as each has
+    /// come: what streams (see [`crate::tools::stream`]).
+    pub partial: fn(&str, &Offered, bool) -> Vec<Progress>,
 }
 
 /// The incremental parser of one answer in a block dialect.
@@ -37,6 +45,9 @@ pub struct BlockParser {
     lead: usize,
     /// A block was just released as calls: whitespace after it is formatting.
     after_call: bool,
+    /// Whether calls stream their arguments.
+    streaming: bool,
+    streamer: CallStreamer,
 }
 
 impl BlockParser {
@@ -49,7 +60,14 @@ impl BlockParser {
             in_block: false,
             lead: 0,
             after_call: false,
+            streaming: false,
+            streamer: CallStreamer::default(),
         }
+    }
+
+    /// Makes calls stream their arguments as they are generated instead of coming whole.
+    pub fn stream_arguments(&mut self, on: bool) {
+        self.streaming = on;
     }
 
     /// Feeds the next piece of generated text; returns what can be released now.
@@ -108,24 +126,55 @@ impl BlockParser {
 
     fn step_block(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
         let start = self.lead + self.grammar.open.len();
-        let (body_end, raw_end) = match self.pending[start..].find(self.grammar.close) {
-            Some(at) => (start + at, start + at + self.grammar.close.len()),
+        let close = self.grammar.close;
+        let (body_end, raw_end) = match self.pending[start..].find(close) {
+            Some(at) => (start + at, start + at + close.len()),
             None if end => (self.pending.len(), self.pending.len()),
-            None => return false,
-        };
-        let calls = (self.grammar.body)(&self.pending[start..body_end], &self.offered)
-            .filter(|calls| !calls.is_empty());
-        let raw: String = self.pending.drain(..raw_end).collect();
-        match calls {
-            Some(calls) => {
-                out.extend(calls.into_iter().map(ToolPiece::Call));
-                self.after_call = true;
+            None => {
+                if self.streaming {
+                    // All but a possible start of the closing marker.
+                    let body_end = self.pending.len() - held_suffix(&self.pending, close);
+                    let body = &self.pending[start..body_end.max(start)];
+                    let progress = (self.grammar.partial)(body, &self.offered, false);
+                    self.sync(out, &progress, false);
+                }
+                return false;
             }
-            None => text(out, &raw),
+        };
+        let body = &self.pending[start..body_end];
+        let calls = (self.grammar.body)(body, &self.offered).filter(|calls| !calls.is_empty());
+        if self.streamer.started() {
+            let progress = (self.grammar.partial)(body, &self.offered, true);
+            if calls.is_none() {
+                tracing::warn!(block = %body, "a streamed tool call does not fit its tool's schema");
+            }
+            self.sync(out, &progress, true);
+            self.pending.drain(..raw_end);
+            self.after_call = true;
+        } else {
+            let raw: String = self.pending.drain(..raw_end).collect();
+            match calls {
+                Some(calls) => {
+                    out.extend(calls.into_iter().map(ToolPiece::Call));
+                    self.after_call = true;
+                }
+                None => text(out, &raw),
+            }
         }
         self.lead = 0;
         self.in_block = false;
         true
+    }
+
+    /// Streams what `progress` adds; at the block's `end`, ends its calls.
+    fn sync(&mut self, out: &mut Vec<ToolPiece>, progress: &[Progress], end: bool) {
+        let mut deltas = Vec::new();
+        if end {
+            self.streamer.finish(progress, &self.offered, &mut deltas);
+        } else {
+            self.streamer.sync(progress, &self.offered, &mut deltas);
+        }
+        out.extend(deltas.into_iter().map(ToolPiece::Stream));
     }
 }
 
@@ -212,40 +261,88 @@ pub mod testing {
         match piece {
             ToolPiece::Text(t) => ("text".into(), t.clone()),
             ToolPiece::Call(c) => (c.name.clone(), c.arguments.clone()),
+            ToolPiece::Stream(d) => ("stream".into(), format!("{d:?}")),
         }
+    }
+
+    /// The pieces of `deltas`, adjacent texts merged; with `stream`, calls stream their
+    /// arguments and are put back together here ([`assemble`]).
+    pub fn run_with(grammar: &'static Grammar, deltas: &[&str], stream: bool) -> Vec<ToolPiece> {
+        let mut p = BlockParser::new(grammar, &tools());
+        p.stream_arguments(stream);
+        let mut pieces: Vec<ToolPiece> = deltas.iter().flat_map(|d| p.push(d)).collect();
+        pieces.extend(p.finish());
+        assemble(pieces)
     }
 
     /// The pieces of `deltas`, adjacent texts merged.
     pub fn run(grammar: &'static Grammar, deltas: &[&str]) -> Vec<ToolPiece> {
-        let mut p = BlockParser::new(grammar, &tools());
-        let mut pieces: Vec<ToolPiece> = deltas.iter().flat_map(|d| p.push(d)).collect();
-        pieces.extend(p.finish());
+        run_with(grammar, deltas, false)
+    }
+
+    /// Pieces with adjacent texts merged and each streamed call put back together as one
+    /// call (its arguments normalized), checking that its end holds exactly the arguments
+    /// its deltas carried.
+    pub fn assemble(pieces: Vec<ToolPiece>) -> Vec<ToolPiece> {
+        use crate::tools::json::Ordered;
+        use crate::tools::stream::CallDelta;
         let mut merged: Vec<ToolPiece> = Vec::new();
+        let mut open: Option<String> = None;
         for piece in pieces {
+            let piece = match piece {
+                ToolPiece::Stream(CallDelta::Start { .. }) => {
+                    assert!(open.is_none(), "a call started inside another");
+                    open = Some(String::new());
+                    continue;
+                }
+                ToolPiece::Stream(CallDelta::Arguments(a)) => {
+                    open.as_mut()
+                        .expect("arguments outside a call")
+                        .push_str(&a);
+                    continue;
+                }
+                ToolPiece::Stream(CallDelta::End(mut call)) => {
+                    let sent = open.take().expect("an end outside a call");
+                    assert_eq!(call.arguments, sent, "the end's arguments are the deltas'");
+                    if let Some(v) = Ordered::parse(sent.as_bytes()) {
+                        call.arguments = v.to_text();
+                    }
+                    ToolPiece::Call(call)
+                }
+                other => other,
+            };
             match (merged.last_mut(), piece) {
                 (Some(ToolPiece::Text(a)), ToolPiece::Text(b)) => a.push_str(&b),
                 (_, piece) => merged.push(piece),
             }
         }
+        assert!(open.is_none(), "a streamed call never ended");
         merged
     }
 
     /// `text` parsed whole, split in two at every char boundary and char by char: the same
-    /// pieces every time. Returns their shapes.
+    /// pieces every time. When every call attempt in it is valid, streaming the arguments
+    /// gives the same calls, however split. Returns the shapes.
     pub fn every_split(grammar: &'static Grammar, text: &str) -> Vec<(String, String)> {
         let shapes = |p: Vec<ToolPiece>| p.iter().map(shape).collect::<Vec<_>>();
         let whole = shapes(run(grammar, &[text]));
-        for (i, _) in text.char_indices().skip(1) {
-            let split = shapes(run(grammar, &[&text[..i], &text[i..]]));
-            assert_eq!(split, whole, "split at {i} of {text:?}");
+        let valid = !whole
+            .iter()
+            .any(|(k, t)| k == "text" && t.contains(grammar.open));
+        let modes: &[bool] = if valid { &[false, true] } else { &[false] };
+        for &stream in modes {
+            for (i, _) in text.char_indices().skip(1) {
+                let split = shapes(run_with(grammar, &[&text[..i], &text[i..]], stream));
+                assert_eq!(split, whole, "split at {i} of {text:?}, streamed: {stream}");
+            }
+            let chars: Vec<String> = text.chars().map(String::from).collect();
+            let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
+            assert_eq!(
+                shapes(run_with(grammar, &chars, stream)),
+                whole,
+                "char by char: {text:?}, streamed: {stream}"
+            );
         }
-        let chars: Vec<String> = text.chars().map(String::from).collect();
-        let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
-        assert_eq!(
-            shapes(run(grammar, &chars)),
-            whole,
-            "char by char: {text:?}"
-        );
         whole
     }
 

@@ -16,6 +16,9 @@
 //! - `<|call|>` and `<|return|>` end generation (they are gpt-oss's end tokens), so the last
 //!   message usually ends with the output itself; anything after them is left out.
 //!
+//! When the API streams arguments ([`HarmonyParser::stream_arguments`]), a call to an offered
+//! tool streams its JSON arguments as they come ([`crate::tools::stream`]).
+//!
 //! Output that does not start as a harmony message is text. Reasoning is released as it
 //! streams; the APIs put reasoning before the answer, so an `analysis` message that comes after
 //! text or a call was released is left out of the answer.
@@ -24,6 +27,7 @@ use crate::answer::Part;
 use crate::tools::json::Ordered;
 use crate::tools::offered::Offered;
 use crate::tools::parse::held_suffix;
+use crate::tools::stream::{json_arguments, CallStreamer, Progress};
 use crate::tools::Tool;
 
 const START: &str = "<|start|>";
@@ -69,6 +73,9 @@ pub struct HarmonyParser {
     pending: String,
     /// Text or a call was released: later reasoning is left out.
     answered: bool,
+    /// Whether calls stream their arguments.
+    streaming: bool,
+    streamer: CallStreamer,
 }
 
 impl HarmonyParser {
@@ -79,7 +86,41 @@ impl HarmonyParser {
             state: State::Header,
             pending: String::new(),
             answered: false,
+            streaming: false,
+            streamer: CallStreamer::default(),
         }
+    }
+
+    /// Makes calls stream their arguments as they are generated instead of coming whole.
+    pub fn stream_arguments(&mut self, on: bool) {
+        self.streaming = on;
+    }
+
+    /// The open call's arguments as far as `content` has them.
+    fn progress(name: &str, content: &str, done: bool) -> Vec<Progress> {
+        json_arguments(content, "")
+            .map(|(json, complete)| Progress {
+                name: name.to_string(),
+                id: None,
+                arguments: json.to_string(),
+                done: done && complete,
+            })
+            .into_iter()
+            .collect()
+    }
+
+    /// Streams what the open call's `progress` adds; at its `end`, ends it.
+    fn sync(&mut self, out: &mut Vec<Part>, progress: &[Progress], end: bool) {
+        let mut deltas = Vec::new();
+        if end {
+            self.streamer.finish(progress, &self.offered, &mut deltas);
+        } else {
+            self.streamer.sync(progress, &self.offered, &mut deltas);
+        }
+        if !deltas.is_empty() {
+            self.answered = true;
+        }
+        out.extend(deltas.into_iter().map(Part::Stream));
     }
 
     /// Feeds the next piece of generated text; returns what can be released now.
@@ -181,7 +222,17 @@ impl HarmonyParser {
             Some((at, marker)) => (at, Some((at + marker.len(), marker))),
             None if end => (self.pending.len(), None),
             None => {
-                if matches!(body, Body::Call { .. }) {
+                if let Body::Call { name, .. } = &body {
+                    if self.streaming {
+                        let keep = ENDS
+                            .iter()
+                            .map(|e| held_suffix(&self.pending, e))
+                            .max()
+                            .unwrap_or(0);
+                        let content = &self.pending[..self.pending.len() - keep];
+                        let progress = Self::progress(name, content, false);
+                        self.sync(out, &progress, false);
+                    }
                     return false;
                 }
                 // Release all but a possible start of an end token.
@@ -198,6 +249,10 @@ impl HarmonyParser {
         let content: String = self.pending[..content_end].to_string();
         let raw_end = next.map_or(content_end, |(after, _)| after);
         match &body {
+            Body::Call { name, .. } if self.streamer.started() => {
+                let progress = Self::progress(name, &content, true);
+                self.sync(out, &progress, true);
+            }
             Body::Call { name, raw } => {
                 let call = Ordered::parse(content.trim().as_bytes())
                     .and_then(|args| self.offered.json_call(name, Some(&args), None));

@@ -4,18 +4,38 @@
 use super::harmony::HarmonyParser;
 use crate::answer::Part;
 use crate::tools::block::testing::tools;
+use crate::tools::json::Ordered;
+use crate::tools::stream::CallDelta;
 
-/// Parts as (kind, text or name + arguments), adjacent texts and reasonings merged.
-fn run(deltas: &[&str]) -> Vec<(String, String)> {
+/// Parts as (kind, text or name + arguments), adjacent texts and reasonings merged; with
+/// `stream`, streamed calls put back together (their arguments normalized), checking that
+/// each end carries exactly its deltas.
+fn run_with(deltas: &[&str], stream: bool) -> Vec<(String, String)> {
     let mut p = HarmonyParser::new(&tools());
+    p.stream_arguments(stream);
     let mut parts: Vec<Part> = deltas.iter().flat_map(|d| p.push(d)).collect();
     parts.extend(p.finish());
     let mut out: Vec<(String, String)> = Vec::new();
+    let mut open: Option<String> = None;
     for part in parts {
         let (kind, text) = match part {
             Part::Reasoning(r) => ("reasoning".to_string(), r),
             Part::Text(t) => ("text".to_string(), t),
             Part::Call(c) => (c.name, c.arguments),
+            Part::Stream(CallDelta::Start { .. }) => {
+                open = Some(String::new());
+                continue;
+            }
+            Part::Stream(CallDelta::Arguments(a)) => {
+                open.as_mut().expect("arguments in a call").push_str(&a);
+                continue;
+            }
+            Part::Stream(CallDelta::End(c)) => {
+                assert_eq!(open.take().as_deref(), Some(c.arguments.as_str()));
+                let args =
+                    Ordered::parse(c.arguments.as_bytes()).map_or(c.arguments, |v| v.to_text());
+                (c.name, args)
+            }
         };
         match out.last_mut() {
             Some((k, t)) if *k == kind && (kind == "text" || kind == "reasoning") => {
@@ -27,18 +47,36 @@ fn run(deltas: &[&str]) -> Vec<(String, String)> {
     out
 }
 
+fn run(deltas: &[&str]) -> Vec<(String, String)> {
+    run_with(deltas, false)
+}
+
+/// Whole, split at every char boundary and char by char: the same parts; streamed too when
+/// every call in it is valid.
 fn every_split(text: &str) -> Vec<(String, String)> {
     let whole = run(&[text]);
-    for (i, _) in text.char_indices().skip(1) {
+    let valid = !whole
+        .iter()
+        .any(|(k, t)| k == "text" && t.contains("to=functions"));
+    for stream in [false, true] {
+        if stream && !valid {
+            continue;
+        }
+        for (i, _) in text.char_indices().skip(1) {
+            assert_eq!(
+                run_with(&[&text[..i], &text[i..]], stream),
+                whole,
+                "split at {i} of {text:?}, streamed: {stream}"
+            );
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
         assert_eq!(
-            run(&[&text[..i], &text[i..]]),
+            run_with(&chars, stream),
             whole,
-            "split at {i} of {text:?}"
+            "char by char: {text:?}, streamed: {stream}"
         );
     }
-    let chars: Vec<String> = text.chars().map(String::from).collect();
-    let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
-    assert_eq!(run(&chars), whole, "char by char: {text:?}");
     whole
 }
 

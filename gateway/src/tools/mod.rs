@@ -11,6 +11,7 @@
 pub mod block;
 pub mod dialect;
 pub mod dialects;
+pub mod forced;
 pub mod harmony;
 #[cfg(test)]
 mod harmony_tests;
@@ -20,6 +21,7 @@ pub mod parse;
 #[cfg(test)]
 mod parse_tests;
 pub mod schema;
+pub mod stream;
 
 use crate::error::ApiError;
 use json::Ordered;
@@ -57,10 +59,11 @@ pub enum ToolChoice {
     Auto,
     /// None: the tools are left out of the prompt and calls are not parsed.
     None,
-    /// One or more calls are wanted (the prompt is the same as for `Auto`: shoal does not
-    /// constrain decoding).
+    /// One or more calls are wanted: the node opens the answer with the model's call marker
+    /// ([`forced`]).
     Required,
-    /// Only this function: the only tool rendered and parsed.
+    /// Only this function: the only tool rendered and parsed, and the node opens the answer
+    /// with the start of its call ([`forced`]).
     Function(String),
 }
 

@@ -41,6 +41,22 @@ impl Offered {
             .map(|(_, s)| s.as_ref())
     }
 
+    /// Whether `name` is one of the tools.
+    pub fn has(&self, name: &str) -> bool {
+        self.schema(name).is_some()
+    }
+
+    /// An argument of a call of `name` written as text, typed by its parameter's schema
+    /// ([`typed`]).
+    pub fn typed_argument(&self, name: &str, key: &str, value: &str) -> Ordered {
+        let property = self
+            .schema(name)
+            .flatten()
+            .and_then(|s| s.get("properties"))
+            .and_then(|p| p.get(key));
+        typed(value, property)
+    }
+
     /// A call of `name` with JSON `arguments` (absent or null: none; a JSON string holding
     /// the object is read as the object), if `name` is offered and the arguments are an
     /// object that fits its schema. `id`: the model's own id, else a fresh one.

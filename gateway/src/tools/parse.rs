@@ -18,10 +18,17 @@
 //! Streaming: text is released as soon as it cannot be the start of a call (only a possible
 //! marker prefix, and trailing whitespace, is held back); a call is held until it is complete
 //! and checked, then released whole, so a client never sees a call that later turns out to be
-//! text. Whitespace around calls is formatting and is dropped with them.
+//! text. Whitespace around calls is formatting and is dropped with them. When the API streams
+//! arguments ([`ToolCallParser::stream_arguments`]), a Hermes call streams them as soon as its
+//! name is read and offered ([`crate::tools::stream`]), and so do Mistral's and Llama's.
+//!
+//! A Hermes call whose JSON object is complete counts without its closing `</tool_call>`
+//! when other text follows it (small models go on writing prose after the object); the text
+//! after it is text.
 
 use crate::tools::json::Ordered;
 use crate::tools::offered::Offered;
+use crate::tools::stream::{json_arguments, object_progress, CallDelta, CallStreamer, Progress};
 use crate::tools::{Tool, ToolCall};
 
 const HERMES_OPEN: &str = "<tool_call>";
@@ -33,11 +40,13 @@ const PYTHON_TAG: &str = "<|python_tag|>";
 /// Markers that open a call anywhere in the text.
 const MARKERS: [&str; 2] = [HERMES_OPEN, MISTRAL];
 
-/// A piece of the answer: text, or a complete, checked call.
+/// A piece of the answer: text, a complete, checked call, or a step of a call that streams
+/// its arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolPiece {
     Text(String),
     Call(ToolCall),
+    Stream(CallDelta),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +75,9 @@ pub struct ToolCallParser {
     lead: usize,
     /// A call was just released: whitespace after it is formatting too.
     after_call: bool,
+    /// Whether calls stream their arguments (the API shows them as they grow).
+    streaming: bool,
+    streamer: CallStreamer,
 }
 
 /// How far a JSON object or array at the start of a text reaches.
@@ -89,7 +101,15 @@ impl ToolCallParser {
             started: false,
             lead: 0,
             after_call: false,
+            streaming: false,
+            streamer: CallStreamer::default(),
         }
+    }
+
+    /// Makes calls stream their arguments as they are generated (see
+    /// [`crate::tools::stream`]) instead of coming whole.
+    pub fn stream_arguments(&mut self, on: bool) {
+        self.streaming = on;
     }
 
     /// Feeds the next piece of generated text; returns what can be released now.
@@ -182,26 +202,140 @@ impl ToolCallParser {
     }
 
     fn step_hermes(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
-        let (body_end, raw_end) = match self.pending.find(HERMES_CLOSE) {
-            Some(at) => (at, at + HERMES_CLOSE.len()),
-            // A call the answer's end cut before its closing tag still counts if complete.
-            None if end => (self.pending.len(), self.pending.len()),
-            None => return false,
+        let start = self.lead + HERMES_OPEN.len();
+        let (body_end, raw_end) = match self.pending[start..].find(HERMES_CLOSE) {
+            Some(at) => (start + at, start + at + HERMES_CLOSE.len()),
+            None => {
+                let after = &self.pending[start..];
+                let space = after.len() - after.trim_start().len();
+                match scan_json(&after[space..], end) {
+                    Scan::Complete(len) => {
+                        let object_end = start + space + len;
+                        let tail = self.pending[object_end..].trim_start();
+                        if !end && HERMES_CLOSE.starts_with(tail) {
+                            // The closing tag may be coming.
+                            self.stream_hermes(out, object_end);
+                            return false;
+                        }
+                        // Other text follows the object: the call ends with it.
+                        (object_end, object_end)
+                    }
+                    // A call the answer's end cut before its closing tag still counts if
+                    // complete.
+                    _ if end => (self.pending.len(), self.pending.len()),
+                    Scan::Incomplete => {
+                        self.stream_hermes(out, self.pending.len());
+                        return false;
+                    }
+                    Scan::Invalid => return false,
+                }
+            }
         };
-        let body = self.pending[self.lead + HERMES_OPEN.len()..body_end].trim();
+        let body = self.pending[start..body_end].trim();
         let call = Ordered::parse(body.as_bytes()).and_then(|v| self.check(&v, None));
-        self.release(out, raw_end, call.map(|c| vec![c]));
+        let progress = self.hermes_progress(body_end);
+        self.release(out, raw_end, call.map(|c| vec![c]), &progress);
         true
+    }
+
+    /// The Hermes call in `pending[..body_end]` as far as it has come.
+    fn hermes_progress(&self, body_end: usize) -> Vec<Progress> {
+        let body = &self.pending[self.lead + HERMES_OPEN.len()..body_end];
+        object_progress(body, HERMES_CLOSE).into_iter().collect()
+    }
+
+    /// Streams what the open Hermes call's arguments added, when calls stream.
+    fn stream_hermes(&mut self, out: &mut Vec<ToolPiece>, body_end: usize) {
+        if self.streaming {
+            let progress = self.hermes_progress(body_end);
+            self.stream(out, &progress);
+        }
+    }
+
+    /// Streams what `progress` adds to the calls sent so far.
+    fn stream(&mut self, out: &mut Vec<ToolPiece>, progress: &[Progress]) {
+        let mut deltas = Vec::new();
+        self.streamer.sync(progress, &self.offered, &mut deltas);
+        out.extend(deltas.into_iter().map(ToolPiece::Stream));
+    }
+
+    /// Llama's call objects in `pending`: the complete ones, then the one still open at
+    /// `open` (if any), as far as they have come.
+    fn json_progress(
+        &self,
+        objects: &[std::ops::Range<usize>],
+        open: Option<usize>,
+    ) -> Vec<Progress> {
+        objects
+            .iter()
+            .map(|r| &self.pending[r.clone()])
+            .chain(open.map(|at| &self.pending[at..]))
+            .map_while(|text| object_progress(text, ""))
+            .collect()
     }
 
     fn step_mistral(&mut self, out: &mut Vec<ToolPiece>, end: bool) -> bool {
         match self.mistral_span(end) {
             Some((raw_end, calls)) => {
-                self.release(out, raw_end, calls);
+                let progress = self.mistral_progress(raw_end);
+                self.release(out, raw_end, calls, &progress);
                 true
             }
-            None => false,
+            None => {
+                if self.streaming {
+                    let progress = self.mistral_progress(self.pending.len());
+                    self.stream(out, &progress);
+                }
+                false
+            }
         }
+    }
+
+    /// The calls of the `[TOOL_CALLS]` attempt in `pending[..upto]` as far as they have come:
+    /// a list (or one object) of call objects, or `name[CALL_ID]id[ARGS]{...}`.
+    fn mistral_progress(&self, upto: usize) -> Vec<Progress> {
+        let body = self.pending[self.lead + MISTRAL.len()..upto].trim_start();
+        if let Some(mut rest) = body.strip_prefix('[') {
+            let mut calls = Vec::new();
+            loop {
+                rest = rest.trim_start();
+                let Some(call) = object_progress(rest, MISTRAL) else {
+                    return calls;
+                };
+                let len = match scan_json(rest, false) {
+                    Scan::Complete(len) => len,
+                    _ => {
+                        calls.push(call);
+                        return calls;
+                    }
+                };
+                calls.push(call);
+                rest = rest[len..].trim_start();
+                match rest.strip_prefix(',') {
+                    Some(more) => rest = more,
+                    None => return calls,
+                }
+            }
+        }
+        if body.starts_with('{') {
+            return object_progress(body, MISTRAL).into_iter().collect();
+        }
+        let Some((head, args)) = body.split_once(MISTRAL_ARGS) else {
+            return Vec::new();
+        };
+        let (name, id) = match head.split_once(MISTRAL_CALL_ID) {
+            Some((name, id)) => (name, Some(id.to_string())),
+            None => (head, None),
+        };
+        json_arguments(args, MISTRAL)
+            .map(|(json, done)| Progress {
+                name: name.to_string(),
+                id,
+                arguments: json.to_string(),
+                done,
+            })
+            .into_iter()
+            .collect()
     }
 
     /// How much of `pending` a `[TOOL_CALLS]` attempt spans and its calls if valid (`None`
@@ -280,7 +414,15 @@ impl ToolCallParser {
             let rest = &self.pending[pos..];
             pos += rest.len() - rest.trim_start().len();
             match scan_json(&self.pending[pos..], end) {
-                Scan::Incomplete => return false,
+                Scan::Incomplete => {
+                    if self.streaming {
+                        let progress = self.json_progress(&objects, Some(pos));
+                        self.stream(out, &progress);
+                    }
+                    return false;
+                }
+                // Calls that started streaming end before what is not JSON.
+                Scan::Invalid if self.streamer.started() => break,
                 // Not JSON: plain text, looked at afresh for the other formats.
                 Scan::Invalid => {
                     self.state = State::Text;
@@ -294,6 +436,10 @@ impl ToolCallParser {
             let rest = &self.pending[pos..];
             let after = rest.trim_start();
             if after.is_empty() && !end {
+                if self.streaming {
+                    let progress = self.json_progress(&objects, None);
+                    self.stream(out, &progress);
+                }
                 return false;
             }
             match after.strip_prefix(';') {
@@ -310,20 +456,38 @@ impl ToolCallParser {
                     .and_then(|v| self.check(&v, None))
             })
             .collect();
-        self.release(out, pos, calls);
+        let progress = self.json_progress(&objects, None);
+        self.release(out, pos, calls, &progress);
         true
     }
 
     /// Ends a call attempt spanning `pending[..raw_end]`: its calls if it was valid, else the
-    /// raw text, exactly as generated. Back to plain text after it.
-    fn release(&mut self, out: &mut Vec<ToolPiece>, raw_end: usize, calls: Option<Vec<ToolCall>>) {
+    /// raw text, exactly as generated — unless its calls started streaming, which then end
+    /// as `progress` (its final reading) has them. Back to plain text after it.
+    fn release(
+        &mut self,
+        out: &mut Vec<ToolPiece>,
+        raw_end: usize,
+        calls: Option<Vec<ToolCall>>,
+        progress: &[Progress],
+    ) {
         let raw: String = self.pending.drain(..raw_end).collect();
-        match calls {
-            Some(calls) => {
-                out.extend(calls.into_iter().map(ToolPiece::Call));
-                self.after_call = true;
+        if self.streamer.started() {
+            if calls.is_none() {
+                tracing::warn!(raw = %raw, "a streamed tool call does not fit its tool's schema");
             }
-            None => text(out, &raw),
+            let mut deltas = Vec::new();
+            self.streamer.finish(progress, &self.offered, &mut deltas);
+            out.extend(deltas.into_iter().map(ToolPiece::Stream));
+            self.after_call = true;
+        } else {
+            match calls {
+                Some(calls) => {
+                    out.extend(calls.into_iter().map(ToolPiece::Call));
+                    self.after_call = true;
+                }
+                None => text(out, &raw),
+            }
         }
         self.lead = 0;
         self.state = State::Text;

@@ -3,7 +3,9 @@
 //! against jinja2), which is what the models were trained to write — fed whole and split at
 //! every byte boundary; malformed calls come back as the text they were.
 
+use super::block::testing::assemble;
 use super::parse::{ToolCallParser, ToolPiece};
+use super::stream::CallDelta;
 use super::{Tool, ToolCall};
 use proptest::prelude::*;
 
@@ -25,19 +27,19 @@ fn tools() -> Vec<Tool> {
     ]
 }
 
-/// The pieces for `deltas`, adjacent texts merged.
-fn parse(deltas: &[&str]) -> Vec<ToolPiece> {
+/// The pieces for `deltas`, adjacent texts merged; with `stream`, calls stream their
+/// arguments and are put back together (checking that each end carries its deltas).
+fn parse_with(deltas: &[&str], stream: bool) -> Vec<ToolPiece> {
     let mut p = ToolCallParser::new(&tools());
+    p.stream_arguments(stream);
     let mut pieces: Vec<ToolPiece> = deltas.iter().flat_map(|d| p.push(d)).collect();
     pieces.extend(p.finish());
-    let mut merged: Vec<ToolPiece> = Vec::new();
-    for piece in pieces {
-        match (merged.last_mut(), piece) {
-            (Some(ToolPiece::Text(a)), ToolPiece::Text(b)) => a.push_str(&b),
-            (_, piece) => merged.push(piece),
-        }
-    }
-    merged
+    assemble(pieces)
+}
+
+/// The pieces for `deltas`, adjacent texts merged.
+fn parse(deltas: &[&str]) -> Vec<ToolPiece> {
+    parse_with(deltas, false)
 }
 
 /// The pieces without the generated ids (they are fresh each time).
@@ -47,25 +49,42 @@ fn shapes(pieces: &[ToolPiece]) -> Vec<(String, String)> {
         .map(|p| match p {
             ToolPiece::Text(t) => ("text".into(), t.clone()),
             ToolPiece::Call(c) => (c.name.clone(), c.arguments.clone()),
+            ToolPiece::Stream(d) => ("stream".into(), format!("{d:?}")),
         })
         .collect()
 }
 
 /// Parses `text` whole, then split in two at every char boundary and in single chars:
-/// every split gives the same pieces. Returns them.
+/// every split gives the same pieces. When every call attempt in it is valid, streaming the
+/// arguments gives the same calls, however split. Returns the pieces.
 fn parse_every_split(text: &str) -> Vec<ToolPiece> {
     let whole = parse(&[text]);
-    for (i, _) in text.char_indices().skip(1) {
-        let split = parse(&[&text[..i], &text[i..]]);
-        assert_eq!(shapes(&split), shapes(&whole), "split at {i} of {text:?}");
+    let failed = |p: &ToolPiece| {
+        matches!(p, ToolPiece::Text(t) if ["<tool_call>", "[TOOL_CALLS]", "\"name\""]
+            .iter().any(|m| t.contains(m)))
+    };
+    let modes: &[bool] = if whole.iter().any(failed) {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    for &stream in modes {
+        for (i, _) in text.char_indices().skip(1) {
+            let split = parse_with(&[&text[..i], &text[i..]], stream);
+            assert_eq!(
+                shapes(&split),
+                shapes(&whole),
+                "split at {i} of {text:?}, streamed: {stream}"
+            );
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
+        assert_eq!(
+            shapes(&parse_with(&chars, stream)),
+            shapes(&whole),
+            "char by char: {text:?}, streamed: {stream}"
+        );
     }
-    let chars: Vec<String> = text.chars().map(String::from).collect();
-    let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
-    assert_eq!(
-        shapes(&parse(&chars)),
-        shapes(&whole),
-        "char by char: {text:?}"
-    );
     whole
 }
 
@@ -192,6 +211,77 @@ fn text_streams_before_a_call_completes() {
     assert_eq!(p.finish(), vec![]);
 }
 
+#[test]
+fn arguments_stream_as_they_are_written() {
+    let mut p = ToolCallParser::new(&tools());
+    p.stream_arguments(true);
+    let mut steps = Vec::new();
+    for delta in [
+        "Sure. <tool_call>\n{\"name\": \"get_wea",
+        "ther\", \"arguments\": {\"ci",
+        "ty\": \"Zür",
+        "ich\"}}\n</tool_",
+        "call> ok",
+    ] {
+        steps.push(p.push(delta));
+    }
+    steps.push(p.finish());
+    let is = |piece: &ToolPiece, want: &str| match piece {
+        ToolPiece::Text(t) => t == want,
+        ToolPiece::Stream(CallDelta::Start { name, .. }) => format!("start {name}") == want,
+        ToolPiece::Stream(CallDelta::Arguments(a)) => format!("args {a}") == want,
+        ToolPiece::Stream(CallDelta::End(c)) => format!("end {}", c.arguments) == want,
+        ToolPiece::Call(_) => false,
+    };
+    let want: [&[&str]; 6] = [
+        &["Sure."],
+        &["start get_weather", "args {\"ci"],
+        &["args ty\": \"Zür"],
+        &["args ich\"}", "end {\"city\": \"Zürich\"}"],
+        &["ok"],
+        &[],
+    ];
+    for (i, (got, want)) in steps.iter().zip(want).enumerate() {
+        assert!(
+            got.len() == want.len() && got.iter().zip(want).all(|(g, w)| is(g, w)),
+            "step {i}: {got:?} != {want:?}"
+        );
+    }
+}
+
+#[test]
+fn a_streamed_call_that_fails_its_schema_still_ends_as_a_call() {
+    // Strict (a whole answer): text. Streamed: the client already has the call's start.
+    let text =
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": 7}}</tool_call> after";
+    assert_eq!(parse(&[text]), vec![ToolPiece::Text(text.into())]);
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
+    let streamed = parse_with(&chars, true);
+    assert_eq!(
+        shapes(&streamed),
+        [
+            ("get_weather".to_string(), r#"{"city":7}"#.to_string()),
+            ("text".to_string(), "after".to_string())
+        ]
+    );
+    // An unknown tool never starts: it stays text, streamed or not.
+    let text = "<tool_call>{\"name\": \"launch\", \"arguments\": {\"a\": 1}}</tool_call>";
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
+    assert_eq!(parse_with(&chars, true), vec![ToolPiece::Text(text.into())]);
+    // Prose after a complete object without its closing tag: the call, then the text.
+    let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n\nThe weather in Paris";
+    let p = parse_every_split(text);
+    assert_eq!(
+        shapes(&p),
+        [
+            ("get_weather".to_string(), r#"{"city":"Paris"}"#.to_string()),
+            ("text".to_string(), "The weather in Paris".to_string())
+        ]
+    );
+}
+
 /// Rebuilds the text a list of pieces came from (calls in Hermes form).
 fn hermes_text(pieces: &[ToolPiece]) -> String {
     pieces
@@ -202,6 +292,7 @@ fn hermes_text(pieces: &[ToolPiece]) -> String {
                 "<tool_call>{{\"name\": \"{}\", \"arguments\": {}}}</tool_call>",
                 c.name, c.arguments
             ),
+            ToolPiece::Stream(_) => String::new(),
         })
         .collect()
 }
@@ -255,5 +346,8 @@ proptest! {
         .filter(|p| !matches!(p, ToolPiece::Text(t) if t.is_empty()))
         .collect();
         prop_assert_eq!(shapes(&got), shapes(&want));
+        // Streamed, the same call.
+        let streamed = parse_with(&[&text[..cut], &text[cut..]], true);
+        prop_assert_eq!(shapes(&streamed), shapes(&want));
     }
 }

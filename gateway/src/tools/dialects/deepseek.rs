@@ -20,14 +20,62 @@
 use crate::tools::block::{Cursor, Grammar};
 use crate::tools::json::Ordered;
 use crate::tools::offered::Offered;
+use crate::tools::stream::{json_arguments, Progress};
 use crate::tools::ToolCall;
+
+const CALL_END: &str = "<｜tool▁call▁end｜>";
 
 /// The dialect's block.
 pub static GRAMMAR: Grammar = Grammar {
     open: "<｜tool▁calls▁begin｜>",
     close: "<｜tool▁calls▁end｜>",
     body,
+    partial,
 };
+
+/// The calls so far: each once its name is read and its arguments object began (V3's
+/// after its JSON fence).
+fn partial(text: &str, _offered: &Offered, end: bool) -> Vec<Progress> {
+    let mut c = Cursor::new(text);
+    let mut calls = Vec::new();
+    loop {
+        c.skip_space();
+        if !c.eat("<｜tool▁call▁begin｜>") {
+            return calls;
+        }
+        let Some(head) = c.until("<｜tool▁sep｜>").map(str::trim) else {
+            return calls;
+        };
+        let (rest, closed) = match c.until(CALL_END) {
+            Some(rest) => (rest, true),
+            None => (c.rest(), false),
+        };
+        let (name, arguments) = if head == "function" {
+            let Some((name, fenced)) = rest.split_once('\n') else {
+                return calls;
+            };
+            let Some(json) = fenced.trim_start().strip_prefix("```json") else {
+                return calls;
+            };
+            (name.trim(), json)
+        } else {
+            (head, rest)
+        };
+        let Some((json, complete)) = json_arguments(arguments, CALL_END) else {
+            return calls;
+        };
+        let done = complete && (closed || end);
+        calls.push(Progress {
+            name: name.to_string(),
+            id: None,
+            arguments: json.to_string(),
+            done,
+        });
+        if !closed {
+            return calls;
+        }
+    }
+}
 
 fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
     let mut c = Cursor::new(text);
@@ -41,7 +89,7 @@ fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
             return None;
         }
         let head = c.until("<｜tool▁sep｜>")?.trim();
-        let rest = c.until("<｜tool▁call▁end｜>")?;
+        let rest = c.until(CALL_END)?;
         let (name, arguments) = if head == "function" {
             // V3: `NAME\n```json\n{...}\n````.
             let (name, fenced) = rest.split_once('\n')?;

@@ -14,6 +14,7 @@
 
 use crate::tools::block::{Cursor, Grammar};
 use crate::tools::offered::Offered;
+use crate::tools::stream::{pairs_json, Progress};
 use crate::tools::ToolCall;
 
 /// The dialect's block.
@@ -21,7 +22,45 @@ pub static GRAMMAR: Grammar = Grammar {
     open: "<tool_call>",
     close: "</tool_call>",
     body,
+    partial,
 };
+
+/// The call so far: its name once a tag or line break ends it, and its complete pairs.
+fn partial(text: &str, offered: &Offered, end: bool) -> Vec<Progress> {
+    let text = text.trim_start();
+    let Some(at) = text.find(['<', '\n']) else {
+        return Vec::new();
+    };
+    let name = text[..at].trim();
+    if name.is_empty() || name.contains(['{', '"']) {
+        return Vec::new();
+    }
+    let mut c = Cursor::new(&text[at..]);
+    let mut pairs = Vec::new();
+    loop {
+        c.skip_space();
+        if !c.eat("<arg_key>") {
+            break;
+        }
+        let Some(key) = c.until("</arg_key>") else {
+            break;
+        };
+        c.skip_space();
+        if !c.eat("<arg_value>") {
+            break;
+        }
+        let Some(value) = c.until("</arg_value>") else {
+            break;
+        };
+        pairs.push((key.trim().to_string(), value.to_string()));
+    }
+    vec![Progress {
+        name: name.to_string(),
+        id: None,
+        arguments: pairs_json(offered, name, &pairs, end),
+        done: end,
+    }]
+}
 
 fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
     let (name, rest) = match text.find('<') {

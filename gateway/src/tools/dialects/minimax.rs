@@ -12,6 +12,7 @@
 
 use crate::tools::block::{Cursor, Grammar};
 use crate::tools::offered::Offered;
+use crate::tools::stream::{pairs_json, Progress};
 use crate::tools::ToolCall;
 
 /// The dialect's block.
@@ -19,7 +20,49 @@ pub static GRAMMAR: Grammar = Grammar {
     open: "<minimax:tool_call>",
     close: "</minimax:tool_call>",
     body,
+    partial,
 };
+
+/// The invokes so far: each once its name is read, with its complete parameters; done at
+/// `</invoke>` (or the block's end).
+fn partial(text: &str, offered: &Offered, end: bool) -> Vec<Progress> {
+    let mut c = Cursor::new(text);
+    let mut calls = Vec::new();
+    loop {
+        c.skip_space();
+        if !c.eat("<invoke name=") {
+            return calls;
+        }
+        let Some(name) = quoted(&mut c) else {
+            return calls;
+        };
+        let mut pairs = Vec::new();
+        let mut done = end;
+        loop {
+            c.skip_space();
+            if c.eat("</invoke>") {
+                done = true;
+                break;
+            }
+            if !c.eat("<parameter name=") {
+                break;
+            }
+            let (Some(key), Some(value)) = (quoted(&mut c), c.until("</parameter>")) else {
+                break;
+            };
+            pairs.push((key.to_string(), value.to_string()));
+        }
+        calls.push(Progress {
+            name: name.to_string(),
+            id: None,
+            arguments: pairs_json(offered, name, &pairs, done),
+            done,
+        });
+        if !done {
+            return calls;
+        }
+    }
+}
 
 fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
     let mut c = Cursor::new(text);

@@ -17,6 +17,7 @@
 
 use crate::tools::block::{Cursor, Grammar};
 use crate::tools::offered::Offered;
+use crate::tools::stream::{pairs_json, Progress};
 use crate::tools::ToolCall;
 
 /// The dialect's block.
@@ -24,7 +25,51 @@ pub static GRAMMAR: Grammar = Grammar {
     open: "<tool_call>",
     close: "</tool_call>",
     body,
+    partial,
 };
+
+/// The functions so far: each once its name is read, with its complete parameters; done at
+/// `</function>` (or the block's end).
+fn partial(text: &str, offered: &Offered, end: bool) -> Vec<Progress> {
+    let mut c = Cursor::new(text);
+    let mut calls = Vec::new();
+    loop {
+        c.skip_space();
+        if !c.eat("<function=") {
+            return calls;
+        }
+        let Some(name) = c.until(">").map(str::trim) else {
+            return calls;
+        };
+        let mut pairs = Vec::new();
+        let mut done = end;
+        loop {
+            c.skip_space();
+            if c.eat("</function>") {
+                done = true;
+                break;
+            }
+            if !c.eat("<parameter=") {
+                break;
+            }
+            let (Some(key), Some(value)) = (c.until(">"), c.until("</parameter>")) else {
+                break;
+            };
+            let value = value.strip_prefix('\n').unwrap_or(value);
+            let value = value.strip_suffix('\n').unwrap_or(value);
+            pairs.push((key.trim().to_string(), value.to_string()));
+        }
+        calls.push(Progress {
+            name: name.to_string(),
+            id: None,
+            arguments: pairs_json(offered, name, &pairs, done),
+            done,
+        });
+        if !done {
+            return calls;
+        }
+    }
+}
 
 fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
     let mut c = Cursor::new(text);
