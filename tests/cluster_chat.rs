@@ -1,7 +1,8 @@
 //! Two real `shoal` nodes in Linux network namespaces (found by mDNS, no configuration): an
 //! instance of the SmolLM2 fixture is created through node A on node A alone, the same greedy
 //! chat through node B (forwarded over iroh to A) and through A (served there) gives the
-//! same text (and so do the Anthropic, Ollama and Responses APIs), and deleting the instance
+//! same text (and so do the Anthropic, Ollama and Responses APIs; `top_logprobs` and
+//! `logit_bias` travel with a forwarded chat), and deleting the instance
 //! through B stops A's runner. Then an instance on A created through B loses node A
 //! mid-stream: the client gets an error within seconds and B places the instance again on
 //! itself.
@@ -54,6 +55,51 @@ fn greedy(node: &ShoalNode) -> String {
         .as_str()
         .unwrap_or_default();
     format!("{text} ({tokens} tokens)")
+}
+
+/// A greedy chat asking for `top_logprobs` and one with `logit_bias` +100 on " Paris":
+/// each token with its 3 alternatives (texts only: a forwarded and a direct chat may differ
+/// in the last digits where one came from the prompt cache), then the forced tokens.
+fn sampling_controls(node: &ShoalNode) -> (Vec<(String, Vec<String>)>, Vec<String>) {
+    let model = inference::loader::describe_model(&kit::dirs::default_model_path())
+        .expect("read the fixture's tokenizer");
+    let paris = model.tokenizer.encode(" Paris").expect("tokenize")[0];
+    let ask = |extra: Value| {
+        let mut request = json!({
+            "model": "default",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0, "max_tokens": 3, "logprobs": true,
+        });
+        request
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, answer) = json_of(node, "POST", "/v1/chat/completions", Some(&request));
+        assert_eq!(status, 200, "{answer}\n{}", node.log_tail());
+        answer["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let text = |v: &Value| v["token"].as_str().unwrap_or_default().to_owned();
+    let top: Vec<(String, Vec<String>)> = ask(json!({"top_logprobs": 3}))
+        .iter()
+        .map(|c| {
+            let alternatives: Vec<String> = c["top_logprobs"]
+                .as_array()
+                .map(|a| a.iter().map(text).collect())
+                .unwrap_or_default();
+            assert_eq!(alternatives.len(), 3, "{c}");
+            assert_eq!(alternatives[0], text(c), "the greedy token first: {c}");
+            (text(c), alternatives)
+        })
+        .collect();
+    let forced: Vec<String> = ask(json!({"logit_bias": {paris.to_string(): 100}}))
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(forced, vec![" Paris"; 3], "+100 forces the token");
+    (top, forced)
 }
 
 /// The same greedy question through each of the other APIs (Anthropic Messages, Ollama chat,
@@ -313,6 +359,12 @@ fn chat_through_either_node_and_delete_from_the_other() {
     );
     assert!(direct.contains("Paris"), "{direct}");
     assert_eq!(forwarded, direct, "forwarding changed the answer");
+    let (through_b, through_a) = (sampling_controls(b), sampling_controls(a));
+    eprintln!("top_logprobs and logit_bias through B (forwarded): {through_b:?}");
+    assert_eq!(
+        through_b, through_a,
+        "forwarding changed top_logprobs or logit_bias"
+    );
 
     // Every other API gives the same greedy answer, forwarded through B and served on A.
     let through_b = greedy_other_apis(b);

@@ -12,10 +12,17 @@ Usage: python node_checks.py BASE_URL MODEL COMMAND
                  in one answer and streamed
   lost PID       a stream whose runner (process PID) is killed mid-way ends with an error
                  (never a hang), and the model then reports no ready instance (503)
+  sampling VOCAB N  `top_logprobs` and `logit_bias` on the real engine: K alternatives per
+                 token, most likely first, the greedy token first with its own logprob, all
+                 <= 0 and summing to <= 1, streamed as whole; +100 on a token makes a greedy
+                 answer of only it, -100 on the greedy first token changes it, two concurrent
+                 requests keep their own settings; bad values are 400s. VOCAB is a JSON file
+                 {token text: id} of the model's N-token vocabulary
 Prints "all passed" at the end; exits non-zero on the first failure.
 """
 
 import json
+import math
 import os
 import signal
 import sys
@@ -208,6 +215,87 @@ elif command == "lost":
         check("chat after the loss raises", False)
     except openai.APIStatusError as e:
         check("chat after the loss is 503 no_instance", e.status_code == 503 and e.code == "no_instance", e)
+
+elif command == "sampling":
+    with open(sys.argv[4]) as f:
+        ids = json.load(f)
+    vocab_size = int(sys.argv[5])
+    question = messages("What is the capital of France?")
+
+    def greedy(**kwargs):
+        return client.chat.completions.create(model=model, messages=question, temperature=0, **kwargs)
+
+    def tokens_of(r):
+        return [c.token for c in r.choices[0].logprobs.content]
+
+    r = greedy(max_tokens=8, logprobs=True, top_logprobs=5)
+    content = r.choices[0].logprobs.content
+    check("a logprobs entry per token", 1 <= len(content) <= 8, content)
+    for i, c in enumerate(content):
+        top = c.top_logprobs
+        lps = [t.logprob for t in top]
+        check(f"token {i}: 5 alternatives", len(top) == 5, top)
+        check(f"token {i}: most likely first", lps == sorted(lps, reverse=True), lps)
+        check(f"token {i}: the greedy token first, with its logprob",
+              top[0].token == c.token and abs(top[0].logprob - c.logprob) < 1e-6, (c, top[0]))
+        check(f"token {i}: log probabilities", all(lp <= 0 for lp in lps)
+              and sum(math.exp(lp) for lp in lps) <= 1 + 1e-4, lps)
+        check(f"token {i}: bytes", c.bytes == list(c.token.encode())
+              and all(t.bytes == list(t.token.encode()) for t in top), c)
+    answer = r.choices[0].message.content
+    check("the tokens spell the answer", "".join(tokens_of(r)) == answer, (tokens_of(r), answer))
+    chunks = list(greedy(max_tokens=8, logprobs=True, top_logprobs=5, stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for c in ch.choices[0].logprobs.content or []]
+    alternatives = lambda cs: [(c.token, [t.token for t in c.top_logprobs]) for c in cs]
+    check("streamed, the same tokens and alternatives",
+          alternatives(streamed) == alternatives(content), alternatives(streamed))
+    r = greedy(max_tokens=1, logprobs=True, top_logprobs=20)
+    check("top_logprobs 20", len(r.choices[0].logprobs.content[0].top_logprobs) == 20, r)
+    try:
+        greedy(max_tokens=1, logprobs=True, top_logprobs=21)
+        check("top_logprobs 21 is refused", False)
+    except openai.BadRequestError as e:
+        check("top_logprobs 21 is a 400 naming the cap", "20" in str(e.message), e.message)
+
+    # logit_bias: +100 makes the answer that token; -100 on the greedy first token changes it.
+    forced = next(t for t in [" Paris", "Paris", " the"] if t in ids)
+    r = greedy(max_tokens=3, logprobs=True, top_logprobs=5, logit_bias={str(ids[forced]): 100})
+    check("+100 makes a greedy answer of that token", tokens_of(r) == [forced] * 3
+          and r.usage.completion_tokens == 3, tokens_of(r))
+    biased = r.choices[0].logprobs.content[0]
+    check("logprobs stay the model's own under a bias",
+          alternatives([biased])[0][1] == alternatives(content[:1])[0][1]
+          and abs(biased.top_logprobs[0].logprob - content[0].logprob) < 1e-4
+          and biased.logprob <= biased.top_logprobs[0].logprob, (biased, content[0]))
+    first = content[0].token
+    check("the greedy first token is in the vocabulary", first in ids, first)
+    r = greedy(max_tokens=3, logprobs=True, logit_bias={str(ids[first]): -100})
+    check("-100 on the greedy first token changes it", tokens_of(r)[0] != first, tokens_of(r))
+
+    # Two at once, one biased: each keeps its own settings in the batch.
+    results = [None, None]
+
+    def run(i):
+        bias = {str(ids[forced]): 100} if i == 0 else None
+        results[i] = greedy(max_tokens=3, logprobs=True, logit_bias=bias)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    check("concurrent: the biased one is forced", tokens_of(results[0]) == [forced] * 3, tokens_of(results[0]))
+    check("concurrent: the other is the plain greedy answer",
+          tokens_of(results[1]) == tokens_of(greedy(max_tokens=3, logprobs=True)), tokens_of(results[1]))
+
+    for bias, says in [({"abc": 1}, "token ids"), ({str(vocab_size): 1}, "vocabulary"),
+                       ({"5": 101}, "between -100 and 100")]:
+        try:
+            greedy(max_tokens=1, logit_bias=bias)
+            check(f"logit_bias {bias} is refused", False)
+        except openai.BadRequestError as e:
+            check(f"logit_bias {bias} is a 400 saying {says!r}", says in str(e.message)
+                  and e.param == "logit_bias", (e.message, e.param))
+    print(json.dumps({"answer": answer, "forced": forced, "banned": first}), flush=True)
 
 else:
     print(f"unknown command {command}", flush=True)

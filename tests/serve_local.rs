@@ -5,7 +5,7 @@
 //! the `anthropic` client's gateway/tests/anthropic_client.py and the `ollama` client's
 //! gateway/tests/ollama_client.py, and the Responses API's gateway/tests/responses_client.py),
 //! a greedy "Paris", the prompt cache (a repeated long prompt reports `cached_tokens` in each
-//! API and answers the same), 32 concurrent streams (time to first token printed), and the
+//! API and answers the same), `top_logprobs` and `logit_bias`, 32 concurrent streams (time to first token printed), and the
 //! loss of the runner mid-stream (an error, never a hang).
 //!
 //! Needs root (for `ip netns`), the model fixture and the Python venv, all of which
@@ -258,6 +258,7 @@ fn one_node_serves_smollm2_in_a_namespace() {
     }
 
     prompt_cache_reports_cached_tokens(&node);
+    sampling_controls(&node, &url, &checks);
 
     // The gateway's model-agnostic checks with the official client, and a call that
     // `tool_choice` forces, which must come back typed.
@@ -397,6 +398,36 @@ fn prompt_cache_reports_cached_tokens(node: &Node) {
         .as_u64()
         .unwrap_or(0);
     assert!(details > 300, "{response}");
+}
+
+/// `top_logprobs` and `logit_bias` on the real engine, with the official client
+/// (node_checks.py `sampling`), which names tokens by id through the fixture's vocabulary:
+/// each id's text decoded alone (the lowest id where two decode the same).
+fn sampling_controls(node: &Node, url: &str, checks: &Path) {
+    let model = inference::loader::describe_model(&kit::dirs::default_model_path())
+        .expect("read the fixture's tokenizer");
+    let vocab = model.config.vocab_size;
+    let mut ids = serde_json::Map::new();
+    for id in (0..vocab as u32).rev() {
+        if let Ok(text) = model.tokenizer.decode(&[id], false) {
+            ids.insert(text, id.into());
+        }
+    }
+    let file = node.data_dir.with_extension("vocab.json");
+    std::fs::write(&file, Value::Object(ids).to_string()).expect("write the vocabulary");
+    let out = node.python(
+        checks,
+        &[
+            url,
+            "default",
+            "sampling",
+            &file.display().to_string(),
+            &vocab.to_string(),
+        ],
+        Duration::from_secs(300),
+    );
+    let _ = std::fs::remove_file(&file);
+    eprintln!("sampling controls: {}", json_line(&out, "forced"));
 }
 
 /// `VmHWM` (peak resident set) of process `pid`, in bytes.

@@ -196,6 +196,15 @@ pub struct SamplingParams {
     /// Keep generating past the model's end-of-sequence tokens, up to `max_tokens` (the
     /// non-OpenAI `ignore_eos` field, as vLLM has it): benchmarks need an exact token count.
     pub ignore_eos: bool,
+    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`: token id → bias
+    /// in [-100, 100]); the ids are checked against the vocabulary where the model runs, and
+    /// log probabilities are reported unbiased. Left out of a forwarded chat's JSON when
+    /// empty, so that peers without it read the same bytes.
+    #[serde(
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        deserialize_with = "wire::token_map::deserialize"
+    )]
+    pub logit_bias: std::collections::BTreeMap<u32, f32>,
 }
 
 /// A validated chat request, as the backend receives it (and as a forwarded chat travels).
@@ -287,6 +296,8 @@ impl FinishReason {
 /// A sampled token's log probability, with the most likely alternatives when asked.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TokenLogprob {
+    /// The token's own text (OpenAI's `logprobs.content[].token`), which may differ from the
+    /// text its event streams (a character split across tokens, text held back).
     pub token: String,
     pub logprob: f32,
     /// (token, logprob), most likely first.
@@ -297,7 +308,8 @@ pub struct TokenLogprob {
 ///
 /// Its serde form is what a forwarded chat's events look like between nodes:
 /// `{"type": "token", "text": "Paris", "logprob": -0.25}` (`logprob` null when not asked
-/// for; `top`, a list of `[token, logprob]`, only when there are alternatives),
+/// for; `top`, a list of `[token, logprob]`, only when there are alternatives; `token`, the
+/// token's own text, only when it differs from `text`),
 /// `{"type": "cached", "tokens": 412}` and
 /// `{"type": "done", "finish_reason": "stop", "completion_tokens": 16}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -331,6 +343,9 @@ impl Serialize for ChatEvent {
                 if let Some(l) = logprob.as_ref().filter(|l| !l.top.is_empty()) {
                     map.serialize_entry("top", &l.top)?;
                 }
+                if let Some(l) = logprob.as_ref().filter(|l| l.token != *text) {
+                    map.serialize_entry("token", &l.token)?;
+                }
             }
             ChatEvent::Cached { tokens } => {
                 map.serialize_entry("type", "cached")?;
@@ -358,6 +373,8 @@ struct EventFields {
     logprob: Option<f32>,
     #[serde(default)]
     top: Vec<(String, f32)>,
+    /// The token's own text when it differs from `text` (absent from older peers' events).
+    token: Option<String>,
     finish_reason: Option<String>,
     completion_tokens: Option<u32>,
     tokens: Option<u32>,
@@ -372,7 +389,7 @@ impl<'de> Deserialize<'de> for ChatEvent {
                 let text = f.text.ok_or_else(|| D::Error::missing_field("text"))?;
                 Ok(ChatEvent::Token {
                     logprob: f.logprob.map(|logprob| TokenLogprob {
-                        token: text.clone(),
+                        token: f.token.unwrap_or_else(|| text.clone()),
                         logprob,
                         top: f.top,
                     }),
@@ -398,5 +415,59 @@ impl<'de> Deserialize<'de> for ChatEvent {
                 &["token", "cached", "done"],
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tokens_own_text_and_alternatives_travel_and_old_events_still_read() {
+        let rich = ChatEvent::Token {
+            text: "".into(),
+            logprob: Some(TokenLogprob {
+                token: "\u{FFFD}".into(),
+                logprob: -0.5,
+                top: vec![("\u{FFFD}".into(), -0.5), (" a".into(), -1.5)],
+            }),
+        };
+        let json = serde_json::to_string(&rich).unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"token","text":"","logprob":-0.5,"top":[["�",-0.5],[" a",-1.5]],"token":"�"}"#
+        );
+        assert_eq!(serde_json::from_str::<ChatEvent>(&json).unwrap(), rich);
+        // A peer without `token` (or whose token is its text) means the text.
+        let old: ChatEvent =
+            serde_json::from_str(r#"{"type":"token","text":"Paris","logprob":-0.25}"#).unwrap();
+        let ChatEvent::Token {
+            logprob: Some(l), ..
+        } = old
+        else {
+            panic!("{old:?}")
+        };
+        assert_eq!(
+            (l.token.as_str(), l.logprob, l.top.len()),
+            ("Paris", -0.25, 0)
+        );
+    }
+
+    #[test]
+    fn logit_bias_is_left_out_when_empty_and_read_as_none_when_absent() {
+        let plain = serde_json::to_value(SamplingParams::default()).unwrap();
+        assert!(plain.get("logit_bias").is_none(), "{plain}");
+        let biased = SamplingParams {
+            logit_bias: [(50256, -100.0)].into(),
+            ..SamplingParams::default()
+        };
+        let json = serde_json::to_value(&biased).unwrap();
+        assert_eq!(json["logit_bias"], serde_json::json!({"50256": -100.0}));
+        assert_eq!(
+            serde_json::from_value::<SamplingParams>(json).unwrap(),
+            biased
+        );
+        let old: SamplingParams = serde_json::from_str(r#"{"max_tokens":3}"#).unwrap();
+        assert!(old.logit_bias.is_empty());
     }
 }

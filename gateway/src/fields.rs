@@ -170,6 +170,62 @@ pub fn opt_f32_in(
     }
 }
 
+/// Most tokens `logit_bias` may name (OpenAI's bound).
+pub const MAX_LOGIT_BIAS: usize = 300;
+/// Largest bias magnitude `logit_bias` accepts (OpenAI's range, -100 to 100).
+pub const MAX_BIAS: f64 = 100.0;
+
+/// `logit_bias` (`name` is the field): an object from token ids, written as strings of a
+/// non-negative integer (`"50256"`), to a bias in [-100, 100]; at most [`MAX_LOGIT_BIAS`]
+/// tokens. Whether the ids are in the model's vocabulary is checked where the model runs.
+pub fn parse_logit_bias(
+    value: Option<&Value>,
+    name: &str,
+) -> Result<std::collections::BTreeMap<u32, f32>, ApiError> {
+    let map = match value {
+        None | Some(Value::Null) => return Ok(Default::default()),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                name,
+                format!(
+                "`{name}` must be an object from token ids to biases, such as {{\"50256\": -100}}"
+            ),
+            ))
+        }
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid_field(
+            name,
+            format!(
+                "`{name}` may name at most {MAX_LOGIT_BIAS} tokens, not {}",
+                map.len()
+            ),
+        ));
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for (key, bias) in map {
+        let Ok(token) = key.parse::<u32>() else {
+            return Err(ApiError::invalid_field(
+                name,
+                format!("`{name}` keys must be token ids (non-negative integers such as \"50256\"), not {key:?}"),
+            ));
+        };
+        match bias.as_f64() {
+            Some(b) if (-MAX_BIAS..=MAX_BIAS).contains(&b) => {
+                out.insert(token, b as f32);
+            }
+            _ => {
+                return Err(ApiError::invalid_field(
+                    name,
+                    format!("`{name}` of token {key} must be a number between -{MAX_BIAS} and {MAX_BIAS}, not {bias}"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A reasoning effort (OpenAI's `reasoning_effort`, Responses' `reasoning.effort`, Ollama's
 /// `think` level): one of the known words, since the template prints it into the prompt as
 /// it is (gpt-oss's `Reasoning: high`).

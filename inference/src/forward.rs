@@ -81,6 +81,7 @@ impl DeviceChoice {
         Ok(crate::sampling::Sampled {
             token: self.token.as_slice::<u32>()[0],
             logprob: self.logprob.as_slice::<f32>()[0],
+            top: Vec::new(),
         })
     }
 }

@@ -25,14 +25,15 @@ pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>> {
 }
 
 /// Checks a request before any work starts (so a distributed forward never begins a step it
-/// cannot finish): sampling parameters, an empty or too long prompt, token ids outside the
-/// vocabulary. Returns the prompt's token ids.
+/// cannot finish): sampling parameters, an empty or too long prompt, token ids (of the prompt
+/// and of `logit_bias`) outside the vocabulary. Returns the prompt's token ids.
 pub fn check_request(
     config: &ModelConfig,
     tokenizer: &Tokenizer,
     request: &GenerateRequest,
 ) -> Result<Vec<u32>> {
     request.sampling.validate()?;
+    request.sampling.check_vocab(config.vocab_size)?;
     let prompt = prompt_ids(tokenizer, &request.prompt)?;
     if prompt.is_empty() {
         return Err(InferenceError::InvalidRequest("the prompt is empty".into()));
@@ -102,12 +103,13 @@ pub fn generate(
             }
             None => sampler.sample(&logits, &context, output.generated()),
         };
-        context.push(s.token);
+        let token = s.token;
+        context.push(token);
         if output.push(tokenizer, s, &mut on_token)? {
             break;
         }
         if pending.is_none() {
-            logits = forward.forward(&[s.token])?;
+            logits = forward.forward(&[token])?;
         }
     }
     let c = output.completion_mut();

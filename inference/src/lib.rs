@@ -59,7 +59,9 @@ pub use engine::Engine;
 pub use error::{InferenceError, Result};
 pub use loader::LoadOptions;
 pub use models::shard::{ModelShard, ShardInput};
-pub use request::{Completion, FinishReason, GenerateRequest, Prompt, TokenEvent};
-pub use sampling::SamplingParams;
+pub use request::{
+    Completion, FinishReason, GenerateRequest, Prompt, TokenEvent, TokenLogprobs, TopLogprob,
+};
+pub use sampling::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
 pub use tokenizer::{ChatMessage, Tokenizer};
 pub use weights::WeightFormat;

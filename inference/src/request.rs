@@ -61,6 +61,32 @@ pub struct TokenEvent<'a> {
     pub text: &'a str,
     /// Its log-probability under the model.
     pub logprob: f32,
+    /// Its own text and the most likely tokens, when the request asked for
+    /// [`crate::SamplingParams::top_logprobs`].
+    pub top_logprobs: Option<&'a TokenLogprobs>,
+}
+
+/// One of the most likely tokens at a step.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TopLogprob {
+    /// Token id.
+    pub token: u32,
+    /// The token's text, decoded alone (special tokens spelled out).
+    pub text: String,
+    /// Its log-probability under the model (unbiased, before penalties and temperature).
+    pub logprob: f32,
+}
+
+/// What a generated token reports for a request that asked for `top_logprobs`: what OpenAI's
+/// `logprobs.content[]` needs beyond the sampled token's log-probability.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TokenLogprobs {
+    /// The sampled token's own text, decoded alone as the alternatives are (the event's text
+    /// is what the token completes, which differs when a character spans tokens or a stop
+    /// string holds text back), so that the sampled token reads the same in both lists.
+    pub text: String,
+    /// The most likely tokens, most likely first (ties by lower id).
+    pub top: Vec<TopLogprob>,
 }
 
 /// Why generation ended.

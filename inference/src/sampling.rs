@@ -1,5 +1,6 @@
-//! Choosing the next token from logits: penalties, temperature, top-k, top-p, min-p, and a
-//! seeded random generator so that a seeded request always gives the same text.
+//! Choosing the next token from logits: logit bias, penalties, temperature, top-k, top-p,
+//! min-p, and a seeded random generator so that a seeded request always gives the same text;
+//! and the most likely tokens of each step with their log-probabilities (`top_logprobs`).
 
 use crate::error::{InferenceError, Result};
 use std::collections::BTreeMap;
@@ -27,7 +28,24 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted once per earlier occurrence in the generated text (0 = off).
     pub frequency_penalty: f32,
+    /// How many of the most likely tokens to report at each step with their
+    /// log-probabilities (OpenAI's `top_logprobs`; 0 = none, at most [`MAX_TOP_LOGPROBS`]).
+    pub top_logprobs: usize,
+    /// Added to a token's logit after the penalties, before temperature and the cut-offs
+    /// (OpenAI's `logit_bias`: token id → bias in [-100, 100], at most [`MAX_LOGIT_BIAS`]
+    /// entries; +100 all but forces a token, -100 all but bans it). The log-probabilities reported stay the model's own,
+    /// unbiased ones (as OpenAI reports them, and as penalties and temperature leave them),
+    /// so a forced token may report a low log-probability and be absent from `top_logprobs`.
+    #[serde(deserialize_with = "wire::token_map::deserialize")]
+    pub logit_bias: BTreeMap<u32, f32>,
 }
+
+/// Most alternatives [`SamplingParams::top_logprobs`] may ask for (OpenAI's cap).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most entries [`SamplingParams::logit_bias`] may hold (OpenAI's cap).
+pub const MAX_LOGIT_BIAS: usize = 300;
+/// Largest bias magnitude [`SamplingParams::logit_bias`] accepts (OpenAI's range).
+pub const MAX_BIAS: f32 = 100.0;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -41,6 +59,8 @@ impl Default for SamplingParams {
             repetition_context: 64,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            top_logprobs: 0,
+            logit_bias: BTreeMap::new(),
         }
     }
 }
@@ -64,7 +84,39 @@ impl SamplingParams {
         if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
             return bad("presence and frequency penalties must be finite");
         }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(InferenceError::InvalidRequest(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}, not {}",
+                self.top_logprobs
+            )));
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(InferenceError::InvalidRequest(format!(
+                "logit_bias may hold at most {MAX_LOGIT_BIAS} tokens, not {}",
+                self.logit_bias.len()
+            )));
+        }
+        if let Some((t, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-MAX_BIAS..=MAX_BIAS).contains(*b))
+        {
+            return Err(InferenceError::InvalidRequest(format!(
+                "logit_bias of token {t} is {b}; each bias must be in [-{MAX_BIAS}, {MAX_BIAS}]"
+            )));
+        }
         Ok(())
+    }
+
+    /// Rejects [`SamplingParams::logit_bias`] token ids outside a vocabulary of `vocab` tokens.
+    pub fn check_vocab(&self, vocab: usize) -> Result<()> {
+        match self.logit_bias.keys().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(InferenceError::InvalidRequest(format!(
+                "logit_bias names token {t}, outside the vocabulary of {vocab} tokens (ids 0 to {})",
+                vocab.saturating_sub(1)
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -98,19 +150,76 @@ pub struct Sampler {
     rng: Rng,
 }
 
-/// The chosen token and its log-probability under the model (before penalties/temperature).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The chosen token and its log-probability under the model (before bias, penalties and
+/// temperature), with the most likely tokens when asked.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     /// Token id.
     pub token: u32,
     /// `log softmax(logits)[token]`.
     pub logprob: f32,
+    /// The [`SamplingParams::top_logprobs`] most likely tokens and their log-probabilities,
+    /// most likely first (empty when not asked).
+    pub top: Vec<(u32, f32)>,
 }
 
-fn log_softmax_at(logits: &[f32], index: usize) -> f32 {
+/// The lowest log-probability reported: OpenAI's "very unlikely" value, which also stands
+/// for `-inf` (a masked logit), so that every reported value is a finite JSON number.
+pub const MIN_LOGPROB: f32 = -9999.0;
+
+/// `log softmax` value `l - norm`, at least [`MIN_LOGPROB`] (and never NaN).
+fn logprob_of(l: f32, norm: f32) -> f32 {
+    let v = l - norm;
+    if v >= MIN_LOGPROB {
+        v
+    } else {
+        MIN_LOGPROB
+    }
+}
+
+/// `log sum exp(logits)`, the normaliser of `log softmax` (a NaN logit left out).
+fn log_normaliser(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    (logits[index] - max) - sum.ln() as f32
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| ((l - max) as f64).exp())
+        .sum();
+    max + sum.ln() as f32
+}
+
+/// The `k` most likely tokens of `logits` and their log-probabilities (`log softmax`),
+/// most likely first, ties by lower id (so the first is the greedy choice, [`argmax`]);
+/// fewer than `k` when the vocabulary is smaller. Selection is a partial sort, O(vocab).
+pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    top_logprobs_under(logits, k, log_normaliser(logits))
+}
+
+/// [`top_logprobs`] with the normaliser already computed.
+fn top_logprobs_under(logits: &[f32], k: usize, norm: f32) -> Vec<(u32, f32)> {
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    // NaN sorts last (as the least likely), whatever its sign.
+    let key = |i: usize| {
+        let l = logits[i];
+        if l.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            l
+        }
+    };
+    let order = |a: &usize, b: &usize| key(*b).total_cmp(&key(*a)).then(a.cmp(b));
+    let mut ids: Vec<usize> = (0..logits.len()).collect();
+    if k < ids.len() {
+        ids.select_nth_unstable_by(k - 1, order);
+        ids.truncate(k);
+    }
+    ids.sort_unstable_by(order);
+    ids.into_iter()
+        .map(|i| (i as u32, logprob_of(logits[i], norm)))
+        .collect()
 }
 
 impl Sampler {
@@ -128,13 +237,16 @@ impl Sampler {
         }
     }
 
-    /// True when sampling never looks at anything but the argmax.
+    /// True when sampling never looks at anything but the argmax of the model's logits (and
+    /// reports nothing else about them).
     pub fn is_greedy(&self) -> bool {
         let p = &self.params;
         p.temperature == 0.0
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
+            && p.top_logprobs == 0
+            && p.logit_bias.is_empty()
     }
 
     /// Chooses the next token. `context` is the prompt followed by the generated tokens,
@@ -142,7 +254,11 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], context: &[u32], generated: usize) -> Sampled {
         let p = &self.params;
         let mut adjusted: Option<Vec<f32>> = None;
-        if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        if !p.logit_bias.is_empty()
+            || p.repetition_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
+        {
             let mut l = logits.to_vec();
             if p.repetition_penalty != 1.0 {
                 let recent = &context[context.len().saturating_sub(p.repetition_context)..];
@@ -170,6 +286,11 @@ impl Sampler {
                     }
                 }
             }
+            for (&t, &b) in &p.logit_bias {
+                if let Some(v) = l.get_mut(t as usize) {
+                    *v += b;
+                }
+            }
             adjusted = Some(l);
         }
         let scores: &[f32] = adjusted.as_deref().unwrap_or(logits);
@@ -178,9 +299,11 @@ impl Sampler {
         } else {
             self.draw(scores)
         };
+        let norm = log_normaliser(logits);
         Sampled {
             token: token as u32,
-            logprob: log_softmax_at(logits, token),
+            logprob: logprob_of(logits[token], norm),
+            top: top_logprobs_under(logits, self.params.top_logprobs, norm),
         }
     }
 
@@ -334,5 +457,117 @@ mod tests {
         assert!(params(|p| p.min_p = 2.0).validate().is_err());
         assert!(params(|p| p.repetition_penalty = 0.0).validate().is_err());
         assert!(params(|_| {}).validate().is_ok());
+        let msg = |p: SamplingParams| p.validate().unwrap_err().to_string();
+        assert!(msg(params(|p| p.top_logprobs = 21)).contains("at most 20"));
+        assert!(params(|p| p.top_logprobs = 20).validate().is_ok());
+        assert!(msg(params(|p| p.logit_bias = [(5, 100.5)].into())).contains("[-100, 100]"));
+        assert!(msg(params(|p| p.logit_bias = [(5, f32::NAN)].into())).contains("token 5"));
+        let many = params(|p| p.logit_bias = (0..301).map(|t| (t, 1.0)).collect());
+        assert!(msg(many).contains("at most 300"));
+        let edge = params(|p| p.logit_bias = [(0, -100.0), (9, 100.0)].into());
+        assert!(edge.validate().is_ok());
+        assert!(edge.check_vocab(10).is_ok());
+        let err = edge.check_vocab(9).unwrap_err().to_string();
+        assert!(
+            err.contains("token 9") && err.contains("vocabulary of 9"),
+            "{err}"
+        );
+    }
+
+    /// The plain reference: log-softmax in f64, every token sorted by logit (ties by id).
+    fn reference_top(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let norm = max
+            + logits
+                .iter()
+                .map(|&l| (l as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        let mut all: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, (l as f64 - norm) as f32))
+            .collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.truncate(k);
+        all
+    }
+
+    #[test]
+    fn top_logprobs_match_a_full_sort() {
+        let mut rng = Rng::new(11);
+        for vocab in [1usize, 2, 7, 100, 1000] {
+            // Few distinct values, so that ties are common.
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| (rng.next_u64() % 13) as f32 * 0.75 - 4.0)
+                .collect();
+            for k in [0usize, 1, 3, 20, vocab, vocab + 5] {
+                let got = top_logprobs(&logits, k);
+                let want = reference_top(&logits, k);
+                assert_eq!(got.len(), k.min(vocab), "vocab {vocab} k {k}");
+                for (g, w) in got.iter().zip(&want) {
+                    assert_eq!(g.0, w.0, "vocab {vocab} k {k}: {got:?} vs {want:?}");
+                    assert!((g.1 - w.1).abs() < 1e-5, "{g:?} vs {w:?}");
+                }
+                if let Some(first) = got.first() {
+                    assert_eq!(first.0 as usize, argmax(&logits));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn top_logprobs_ties_go_to_the_lower_id_and_masked_tokens_read_very_unlikely() {
+        let logits = [1.0, 3.0, 3.0, f32::NEG_INFINITY, 3.0, f32::NAN];
+        let top = top_logprobs(&logits, 6);
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 2, 4, 0, 3, 5]);
+        assert!(top[3].1 > MIN_LOGPROB && top[0].1 < 0.0, "{top:?}");
+        assert_eq!((top[4].1, top[5].1), (MIN_LOGPROB, MIN_LOGPROB));
+        let total: f32 = top.iter().map(|t| t.1.exp()).sum();
+        assert!(total <= 1.0 + 1e-6 && total > 0.0, "{total}");
+    }
+
+    #[test]
+    fn the_sampled_token_reports_its_top_logprobs_and_is_the_first_when_greedy() {
+        let logits = [0.5, 2.0, -1.0, 1.5];
+        let mut s = Sampler::new(params(|p| p.top_logprobs = 3));
+        assert!(!s.is_greedy(), "top_logprobs needs the logits on the host");
+        let out = s.sample(&logits, &[], 0);
+        assert_eq!(out.token, 1);
+        let ids: Vec<u32> = out.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 0]);
+        assert_eq!(out.top[0].1, out.logprob);
+        assert!(out.top.iter().all(|t| t.1 <= 0.0));
+        let plain = Sampler::new(params(|_| {})).sample(&logits, &[], 0);
+        assert!(plain.top.is_empty());
+        assert_eq!(plain.logprob, out.logprob);
+    }
+
+    #[test]
+    fn logit_bias_forces_and_bans_but_logprobs_stay_unbiased() {
+        let logits = [0.5, 2.0, -1.0, 1.5];
+        let mut force = Sampler::new(params(|p| {
+            p.logit_bias = [(2, 100.0)].into();
+            p.top_logprobs = 2;
+        }));
+        assert!(!force.is_greedy());
+        let out = force.sample(&logits, &[], 0);
+        assert_eq!(out.token, 2);
+        assert_eq!(out.logprob, top_logprobs(&logits, 4)[3].1);
+        assert_eq!(out.top, top_logprobs(&logits, 2));
+        let mut ban = Sampler::new(params(|p| p.logit_bias = [(1, -100.0)].into()));
+        assert_eq!(ban.sample(&logits, &[], 0).token, 3);
+        // With temperature, a banned token is never drawn and a forced one always is.
+        let mut hot = Sampler::new(params(|p| {
+            p.temperature = 1.0;
+            p.logit_bias = [(1, -100.0), (3, -100.0), (0, -100.0)].into();
+        }));
+        for _ in 0..100 {
+            assert_eq!(hot.sample(&logits, &[], 0).token, 2);
+        }
+        // Ids past the logits (a vocabulary padded differently) are ignored, never a panic.
+        let mut past = Sampler::new(params(|p| p.logit_bias = [(99, 100.0)].into()));
+        assert_eq!(past.sample(&logits, &[], 0).token, 1);
     }
 }

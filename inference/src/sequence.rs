@@ -5,7 +5,9 @@
 
 use crate::detokenizer::{StopCheck, StopMatcher, StreamDecoder};
 use crate::error::Result;
-use crate::request::{Completion, FinishReason, GenerateRequest, TokenEvent};
+use crate::request::{
+    Completion, FinishReason, GenerateRequest, TokenEvent, TokenLogprobs, TopLogprob,
+};
 use crate::sampling::Sampled;
 use crate::tokenizer::Tokenizer;
 use std::ops::ControlFlow;
@@ -19,6 +21,8 @@ pub struct SequenceOutput {
     ignore_eos: bool,
     stop_token_ids: Vec<u32>,
     stopped_by_string: bool,
+    /// The request's `top_logprobs` (0: its tokens report no alternatives).
+    top_logprobs: usize,
 }
 
 impl SequenceOutput {
@@ -42,6 +46,7 @@ impl SequenceOutput {
             ignore_eos: request.ignore_eos,
             stop_token_ids: request.stop_token_ids.clone(),
             stopped_by_string: false,
+            top_logprobs: request.sampling.top_logprobs,
         }
     }
 
@@ -77,10 +82,12 @@ impl SequenceOutput {
             StopCheck::Continue(t) => (t, false),
             StopCheck::Stop(t) => (t, true),
         };
+        let top = (self.top_logprobs > 0).then(|| token_logprobs(tokenizer, &s));
         if on_token(TokenEvent {
             token: s.token,
             text: &emit,
             logprob: s.logprob,
+            top_logprobs: top.as_ref(),
         })
         .is_break()
         {
@@ -118,10 +125,29 @@ impl SequenceOutput {
                     token: *self.out.tokens.last().unwrap_or(&0),
                     text: &rest,
                     logprob: 0.0,
+                    top_logprobs: None,
                 });
             }
         }
         self.out.text = self.stops.text().to_owned();
         Ok(self.out)
+    }
+}
+
+/// The sampled token's own text and its alternatives' (each decoded alone; an id the
+/// tokenizer does not know, in a vocabulary padded past it, reads as empty text).
+fn token_logprobs(tokenizer: &Tokenizer, s: &Sampled) -> TokenLogprobs {
+    let text = |id: u32| tokenizer.decode(&[id], false).unwrap_or_default();
+    TokenLogprobs {
+        text: text(s.token),
+        top: s
+            .top
+            .iter()
+            .map(|&(token, logprob)| TopLogprob {
+                token,
+                text: text(token),
+                logprob,
+            })
+            .collect(),
     }
 }

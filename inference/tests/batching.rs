@@ -4,11 +4,14 @@
 //! tokens in a batch; a KV budget smaller than the batch preempts and still answers right; a
 //! second turn of a long chat starts from the first turn's state in the prompt cache and
 //! answers as it would without it; a sliding-window model (the Gemma 3 fixture) reuses only
-//! what its sliding layers still hold.
+//! what its sliding layers still hold; two sequences of one batch with different `logit_bias`
+//! and `top_logprobs` each get their own.
 
 use inference::batch::{BatchEvent, BatchLimits, Batcher, LocalBatch, PromptCache};
 use inference::kv_cache::KvCache;
-use inference::{ChatMessage, Engine, FinishReason, GenerateRequest, Prompt, WeightFormat};
+use inference::{
+    ChatMessage, Engine, FinishReason, GenerateRequest, Prompt, TokenLogprobs, WeightFormat,
+};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -279,6 +282,88 @@ fn a_second_turn_reuses_the_first_turns_kv_and_answers_the_same() {
     assert_eq!((none, c.cached_tokens), (None, 0));
     assert_eq!(c.tokens, tokens);
     assert!(off.is_empty());
+}
+
+#[test]
+fn logit_bias_and_top_logprobs_are_each_sequences_own_in_a_batch() {
+    let e = engine();
+    let forced = e.tokenizer.encode(" Paris").unwrap()[0];
+    let mut biased = chat("List three colours.", 6);
+    biased.sampling.logit_bias = [(forced, 100.0)].into();
+    biased.sampling.top_logprobs = 5;
+    let plain = chat(QUESTIONS[0], 6);
+    let plain_alone = alone(&e, &plain).0;
+    // The biased one alone: its tokens and each token's alternatives.
+    let mut biased_alone: Vec<TokenLogprobs> = Vec::new();
+    let c = e
+        .generate(&biased, |t| {
+            biased_alone.extend(t.top_logprobs.cloned());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(c.tokens, vec![forced; 6], "+100 forces the token");
+    assert_eq!(biased_alone.len(), 6);
+
+    let forward = LocalBatch::new(&e.model, 4).unwrap();
+    let mut b = Batcher::new(Box::new(forward), &e.tokenizer, ROOMY);
+    b.submit(0, &biased).unwrap();
+    b.submit(1, &plain).unwrap();
+    let mut tokens: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    let mut tops: BTreeMap<u64, Vec<Option<TokenLogprobs>>> = BTreeMap::new();
+    let mut done = 0;
+    for _ in 0..1000 {
+        for (id, ev) in b.step().unwrap() {
+            match ev {
+                BatchEvent::Token {
+                    token,
+                    top_logprobs,
+                    ..
+                } => {
+                    tokens.entry(id).or_default().push(token);
+                    tops.entry(id).or_default().push(top_logprobs);
+                }
+                BatchEvent::Done(_) => done += 1,
+                BatchEvent::Failed { message, .. } => panic!("request {id} failed: {message}"),
+                BatchEvent::Cached { .. } => panic!("no prompt cache here"),
+            }
+        }
+        if done == 2 {
+            break;
+        }
+    }
+    assert_eq!(done, 2, "both finished");
+    assert_eq!(tokens[&0], vec![forced; 6], "the bias is the biased one's");
+    assert_eq!(tokens[&1], plain_alone, "and not the other's");
+    assert!(
+        tops[&1].iter().all(Option::is_none),
+        "no alternatives asked"
+    );
+    let batched: Vec<TokenLogprobs> = tops[&0].iter().flatten().cloned().collect();
+    assert_eq!(batched.len(), 6);
+    let forced_text = e.tokenizer.decode(&[forced], false).unwrap();
+    for (step, (got, want)) in batched.iter().zip(&biased_alone).enumerate() {
+        assert_eq!(
+            got.text, forced_text,
+            "step {step}: the sampled token's own text"
+        );
+        assert_eq!(got.top.len(), 5, "step {step}");
+        assert!(
+            got.top.windows(2).all(|w| w[0].logprob >= w[1].logprob),
+            "step {step}: most likely first: {:?}",
+            got.top
+        );
+        let total: f32 = got.top.iter().map(|t| t.logprob.exp()).sum();
+        assert!(total <= 1.0 + 1e-4, "step {step}: {total}");
+        let ids = |l: &TokenLogprobs| l.top.iter().map(|t| t.token).collect::<Vec<_>>();
+        assert_eq!(ids(got), ids(want), "step {step}: batched as alone");
+        for (g, w) in got.top.iter().zip(&want.top) {
+            assert!(
+                (g.logprob - w.logprob).abs() < 1e-3,
+                "step {step}: {g:?} vs {w:?}"
+            );
+            assert_eq!(g.text, e.tokenizer.decode(&[g.token], false).unwrap());
+        }
+    }
 }
 
 /// Gemma 3's layout with a window of 8 (the family fixture): the prompt cache's entry of a

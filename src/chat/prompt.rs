@@ -120,13 +120,6 @@ pub fn generate_request(
         .with_code("context_length_exceeded"));
     }
     let s = &request.sampling;
-    if s.logprobs.is_some_and(|k| k > 0) {
-        return Err(ApiError::invalid_field(
-            "top_logprobs",
-            "`top_logprobs` is not supported by this node's engine yet (it reports the sampled \
-             token's log probability only); ask for `logprobs: true` without `top_logprobs`",
-        ));
-    }
     let max_tokens = s
         .max_tokens
         .map(|m| m as usize)
@@ -153,11 +146,15 @@ pub fn generate_request(
     if let Some(v) = s.frequency_penalty {
         p.frequency_penalty = v;
     }
-    p.validate().map_err(|e| {
-        let message = e.to_string();
-        let param = sampling_param(&message);
-        ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
-    })?;
+    p.top_logprobs = s.logprobs.unwrap_or(0) as usize;
+    p.logit_bias = s.logit_bias.clone();
+    p.validate()
+        .and_then(|()| p.check_vocab(facts.vocab_size))
+        .map_err(|e| {
+            let message = e.to_string();
+            let param = sampling_param(&message);
+            ApiError::new(ErrorKind::InvalidRequest, message).with_param(param)
+        })?;
     Ok((out, form))
 }
 
@@ -173,6 +170,8 @@ fn sampling_param(message: &str) -> &'static str {
         "repetition_penalty",
         "presence_penalty",
         "frequency_penalty",
+        "top_logprobs",
+        "logit_bias",
     ]
     .into_iter()
     .find(|p| message.starts_with(p))
@@ -199,5 +198,13 @@ mod tests {
             "presence_penalty"
         );
         assert_eq!(sampling_param("something else"), "sampling");
+        assert_eq!(
+            sampling_param("logit_bias names token 99999, outside the vocabulary"),
+            "logit_bias"
+        );
+        assert_eq!(
+            sampling_param("top_logprobs must be at most 20, not 21"),
+            "top_logprobs"
+        );
     }
 }

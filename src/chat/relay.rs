@@ -3,6 +3,7 @@
 
 use gateway::{ApiError, ChatEvent, FinishReason, TokenLogprob};
 use inference::runner::protocol::Event;
+use inference::TokenLogprobs;
 use placement::RunnerStatus;
 
 /// Relays a runner's events for one request into the gateway's stream.
@@ -13,12 +14,13 @@ pub async fn relay(
 ) {
     while let Some(event) = events.recv().await {
         let item = match event {
-            Event::Token { text, logprob, .. } => {
-                let logprob = want_logprobs.then(|| TokenLogprob {
-                    token: text.clone(),
-                    logprob,
-                    top: vec![],
-                });
+            Event::Token {
+                text,
+                logprob,
+                top_logprobs,
+                ..
+            } => {
+                let logprob = want_logprobs.then(|| token_logprob(&text, logprob, top_logprobs));
                 Ok(ChatEvent::Token { text, logprob })
             }
             Event::Cached { tokens, .. } => Ok(ChatEvent::Cached {
@@ -51,4 +53,55 @@ pub async fn relay(
             "the runner's supervisor stopped",
         )))
         .await;
+}
+
+/// The gateway's view of a token's log probability: with `top_logprobs` asked, the token's own
+/// text and its alternatives as the runner decoded them; otherwise the text it streams.
+fn token_logprob(text: &str, logprob: f32, top: Option<TokenLogprobs>) -> TokenLogprob {
+    match top {
+        Some(t) => TokenLogprob {
+            token: t.text,
+            logprob,
+            top: t.top.into_iter().map(|a| (a.text, a.logprob)).collect(),
+        },
+        None => TokenLogprob {
+            token: text.to_owned(),
+            logprob,
+            top: Vec::new(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inference::TopLogprob;
+
+    #[test]
+    fn a_tokens_alternatives_reach_the_gateway_in_order() {
+        let top = TokenLogprobs {
+            text: " Paris".into(),
+            top: vec![
+                TopLogprob {
+                    token: 9,
+                    text: " Paris".into(),
+                    logprob: -0.1,
+                },
+                TopLogprob {
+                    token: 4,
+                    text: " Lyon".into(),
+                    logprob: -2.5,
+                },
+            ],
+        };
+        let l = token_logprob("", -0.1, Some(top));
+        assert_eq!(l.token, " Paris");
+        assert_eq!(l.logprob, -0.1);
+        assert_eq!(
+            l.top,
+            vec![(" Paris".to_string(), -0.1), (" Lyon".to_string(), -2.5)]
+        );
+        let plain = token_logprob("Pa", -0.3, None);
+        assert_eq!((plain.token.as_str(), plain.top.len()), ("Pa", 0));
+    }
 }

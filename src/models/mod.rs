@@ -136,6 +136,9 @@ pub struct ModelFacts {
     pub tokenizer: Tokenizer,
     /// The longest sequence it takes.
     pub context_length: usize,
+    /// Width of its logits (token ids `0..vocab_size`), what `logit_bias` ids are checked
+    /// against.
+    pub vocab_size: usize,
     /// Transformer layers.
     pub num_layers: usize,
     /// Hidden size.
@@ -193,6 +196,7 @@ impl ModelFacts {
         Ok(ModelFacts {
             tokenizer: opened.tokenizer,
             context_length: opened.config.max_position_embeddings,
+            vocab_size: opened.config.vocab_size,
             num_layers: opened.config.num_layers,
             hidden_size: opened.config.hidden_size,
             num_kv_heads: opened.config.num_kv_heads,

@@ -128,6 +128,7 @@ async fn requests_run_one_at_a_time_in_order_and_queued_cancels_never_reach_the_
         token: 7,
         text: "hi".into(),
         logprob: -0.5,
+        top_logprobs: None,
     });
     h.settle().await;
     assert!(h.next_command().await.is_none(), "one request at a time");
@@ -142,7 +143,8 @@ async fn requests_run_one_at_a_time_in_order_and_queued_cancels_never_reach_the_
             id: 1,
             token: 7,
             text: "hi".into(),
-            logprob: -0.5
+            logprob: -0.5,
+            top_logprobs: None,
         })
     );
     assert_eq!(
@@ -195,6 +197,7 @@ async fn up_to_the_limit_run_at_once_and_the_next_starts_when_one_ends() {
             token: id as u32,
             text: "x".into(),
             logprob: 0.0,
+            top_logprobs: None,
         });
     }
     // Cancelling one running request reaches the runner; the other keeps going.

@@ -6,11 +6,13 @@
 //! - [`runner_status`]: the runner status as the runner protocol and the HTTP API spell it
 //!   (`{"state": "loading", "done": 3, "total": 30}`). The type itself is
 //!   [`placement::RunnerStatus`], the one the replicated state and the worker plan use.
+//! - [`token_map`]: maps from token ids (`logit_bias`), read the same inside tagged messages.
 //!
 //! The crate exists because `gateway` and `inference` do not depend on each other, yet both
 //! speak these shapes; both may depend on it (it depends on `placement` only).
 
 pub mod frame;
 pub mod runner_status;
+pub mod token_map;
 
 pub use frame::{Codec, FrameError};

@@ -7,8 +7,8 @@
 use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
 use crate::error::ApiError;
 use crate::fields::{
-    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
-    reasoning_effort, required_string,
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_logit_bias, parse_seed,
+    parse_stop, reasoning_effort, required_string,
 };
 use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
@@ -120,6 +120,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         frequency_penalty: opt_f32_in(&obj, "frequency_penalty", -2.0, 2.0)?,
         logprobs,
         ignore_eos: opt_bool(&obj, "ignore_eos")?.unwrap_or(false),
+        logit_bias: parse_logit_bias(obj.get("logit_bias"), "logit_bias")?,
     };
 
     let user = match obj.get("user") {
@@ -303,7 +304,8 @@ mod tests {
             "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9,
             "top_k": 40, "min_p": 0.05, "seed": 42, "stop": ["x", "y"], "presence_penalty": 0.1,
             "frequency_penalty": -0.2, "logprobs": true, "top_logprobs": 3, "n": 1, "user": "u",
-            "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true
+            "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
+            "logit_bias": {"50256": -100, "7": 2.5}
         }))
         .unwrap();
         let s = &p.request.sampling;
@@ -318,6 +320,7 @@ mod tests {
         assert_eq!(s.frequency_penalty, Some(-0.2));
         assert_eq!(s.logprobs, Some(3));
         assert!(s.ignore_eos);
+        assert_eq!(s.logit_bias, [(7, 2.5), (50256, -100.0)].into());
         assert_eq!(p.request.user.as_deref(), Some("u"));
         assert_eq!(p.request.messages[1].content, "ab");
         assert!(p.stream && p.include_usage);
@@ -338,6 +341,41 @@ mod tests {
         let mut v = minimal();
         v["ignore_eos"] = "yes".into();
         assert_eq!(parse(v).unwrap_err().param.as_deref(), Some("ignore_eos"));
+    }
+
+    #[test]
+    fn logit_bias_is_checked_with_clear_errors() {
+        let bias = |b: Value| {
+            let mut v = minimal();
+            v["logit_bias"] = b;
+            parse(v)
+        };
+        assert!(bias(Value::Null)
+            .unwrap()
+            .request
+            .sampling
+            .logit_bias
+            .is_empty());
+        let edges = bias(serde_json::json!({"0": -100, "4294967295": 100.0})).unwrap();
+        assert_eq!(
+            edges.request.sampling.logit_bias,
+            [(0, -100.0), (u32::MAX, 100.0)].into()
+        );
+        let refused = |b: Value, says: &str| {
+            let err = bias(b.clone()).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some("logit_bias"), "{b}");
+            assert!(err.message.contains(says), "{b}: {}", err.message);
+        };
+        refused(serde_json::json!([1, 2]), "must be an object");
+        refused(serde_json::json!({"abc": 1}), "not \"abc\"");
+        refused(serde_json::json!({"-3": 1}), "not \"-3\"");
+        refused(serde_json::json!({"1.5": 1}), "token ids");
+        refused(serde_json::json!({"4294967296": 1}), "token ids");
+        refused(serde_json::json!({"5": 100.5}), "between -100 and 100");
+        refused(serde_json::json!({"5": "1"}), "token 5");
+        let many: serde_json::Map<String, Value> =
+            (0..301).map(|t| (t.to_string(), Value::from(1))).collect();
+        refused(Value::Object(many), "at most 300 tokens, not 301");
     }
 
     #[test]
@@ -473,7 +511,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_requests_are_ok_or_400(key in "(model|messages|n|max_tokens|temperature|top_p|top_k|min_p|seed|stop|logprobs|top_logprobs|stream|stream_options|user|presence_penalty|ignore_eos)", v in arb_json()) {
+        fn mutated_valid_requests_are_ok_or_400(key in "(model|messages|n|max_tokens|temperature|top_p|top_k|min_p|seed|stop|logprobs|top_logprobs|stream|stream_options|user|presence_penalty|ignore_eos|logit_bias)", v in arb_json()) {
             let mut body = minimal();
             body[key.as_str()] = v;
             if let Err(e) = parse(body) {

@@ -5,8 +5,9 @@
 //! is left of the step's token budget ([`BatchForward::step_tokens`]), so a long prompt
 //! joining never stalls the streams already running. Requests join ([`Batcher::submit`]) and
 //! leave (finished, or [`Batcher::cancel`]led) between any two steps. Each sequence keeps its
-//! own sampler (and seed), stop strings, `max_tokens` and log-probabilities, and its own KV
-//! cache, so a request gives the same tokens alone or in a batch.
+//! own sampler (and seed, `logit_bias` and `top_logprobs`), stop strings, `max_tokens` and
+//! log-probabilities, and its own KV cache, so a request gives the same tokens alone or in a
+//! batch.
 //!
 //! Limits ([`BatchLimits`]): at most `max_sequences` run at once; the others wait in arrival
 //! order. The KV cache of all running sequences stays within `kv_tokens` positions: a waiting
@@ -28,7 +29,7 @@ use crate::error::{InferenceError, Result};
 use crate::generate::check_request;
 use crate::kv_cache::KvCache;
 use crate::memory::KvGrowth;
-use crate::request::{Completion, GenerateRequest, TokenEvent};
+use crate::request::{Completion, GenerateRequest, TokenEvent, TokenLogprobs};
 use crate::sampling::Sampler;
 use crate::sequence::SequenceOutput;
 use crate::tokenizer::Tokenizer;
@@ -63,6 +64,8 @@ pub enum BatchEvent {
         text: String,
         /// Its log-probability.
         logprob: f32,
+        /// Its own text and the most likely tokens, when the request asked for them.
+        top_logprobs: Option<TokenLogprobs>,
     },
     /// The request finished (its last event).
     Done(Completion),
@@ -439,5 +442,6 @@ fn token_event(t: TokenEvent<'_>) -> BatchEvent {
         token: t.token,
         text: t.text.to_owned(),
         logprob: t.logprob,
+        top_logprobs: t.top_logprobs.cloned(),
     }
 }

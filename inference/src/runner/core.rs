@@ -15,7 +15,7 @@
 //! ones are refused meanwhile).
 
 use super::protocol::{Command, Event, RunnerStatus, Sharding};
-use crate::request::{Completion, GenerateRequest};
+use crate::request::{Completion, GenerateRequest, TokenLogprobs};
 use crate::weights::WeightFormat;
 use std::collections::{BTreeSet, VecDeque};
 
@@ -86,6 +86,8 @@ pub enum Input {
         text: String,
         /// Its log-probability.
         logprob: f32,
+        /// Its own text and the most likely tokens, when the request asked for them.
+        top_logprobs: Option<TokenLogprobs>,
     },
     /// Part of a request's prompt came from the prompt cache.
     Cached {
@@ -296,6 +298,7 @@ impl RunnerCore {
                 token,
                 text,
                 logprob,
+                top_logprobs,
             } => {
                 if self.running.contains(&id) {
                     out.push(Output::Event(Event::Token {
@@ -303,6 +306,7 @@ impl RunnerCore {
                         token,
                         text,
                         logprob,
+                        top_logprobs,
                     }));
                 }
             }

@@ -426,11 +426,13 @@ impl Io {
                         token,
                         text,
                         logprob,
+                        top_logprobs,
                     } => Input::Token {
                         id,
                         token,
                         text,
                         logprob,
+                        top_logprobs,
                     },
                     BatchEvent::Done(completion) => Input::Generated {
                         id,

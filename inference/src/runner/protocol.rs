@@ -25,7 +25,7 @@
 //!   reported as `failed`). A request in flight on rank 0 when the ring breaks ends with an
 //!   `Error` event for it, then `failed`.
 
-use crate::request::{Completion, GenerateRequest};
+use crate::request::{Completion, GenerateRequest, TokenLogprobs};
 use crate::weights::WeightFormat;
 pub use placement::{RunnerStatus, Sharding};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -102,6 +102,10 @@ pub enum Event {
         text: String,
         /// Log-probability of the token.
         logprob: f32,
+        /// The token's own text and the most likely tokens, when the request asked for
+        /// `top_logprobs` (left out otherwise, and absent from older runners' frames).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        top_logprobs: Option<TokenLogprobs>,
     },
     /// Leading tokens of a request's prompt whose state came from the prompt cache: sent
     /// before its first token, only when there were some (the APIs' `cached_tokens`).
@@ -177,6 +181,15 @@ mod tests {
             Command::Generate {
                 id: 7,
                 request: GenerateRequest::new(Prompt::Text("hi".into()), 5),
+            },
+            Command::Generate {
+                id: 8,
+                request: {
+                    let mut r = GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 3);
+                    r.sampling.logit_bias = [(7042, 100.0), (3, -2.5)].into();
+                    r.sampling.top_logprobs = 5;
+                    r
+                },
             },
             Command::Cancel { id: 7 },
             Command::Shutdown,
@@ -266,6 +279,49 @@ mod tests {
             &buf[4..],
             br#"{"v":2,"msg":{"type":"state","state":"loading","done":3,"total":30}}"#
         );
+    }
+
+    #[test]
+    fn token_events_carry_top_logprobs_only_when_asked() {
+        let plain = Event::Token {
+            id: 3,
+            token: 42,
+            text: "Paris".into(),
+            logprob: -0.25,
+            top_logprobs: None,
+        };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &plain).unwrap();
+        // Without alternatives the frame is what older runners wrote, and reads back.
+        assert_eq!(
+            &buf[4..],
+            br#"{"v":2,"msg":{"type":"token","id":3,"token":42,"text":"Paris","logprob":-0.25}}"#
+        );
+        assert_eq!(read_frame::<Event>(&mut &buf[..]).unwrap(), plain);
+        let rich = Event::Token {
+            id: 3,
+            token: 42,
+            text: "Paris".into(),
+            logprob: -0.25,
+            top_logprobs: Some(TokenLogprobs {
+                text: " Paris".into(),
+                top: vec![
+                    crate::request::TopLogprob {
+                        token: 42,
+                        text: " Paris".into(),
+                        logprob: -0.25,
+                    },
+                    crate::request::TopLogprob {
+                        token: 7,
+                        text: " Lyon".into(),
+                        logprob: -2.5,
+                    },
+                ],
+            }),
+        };
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &rich).unwrap();
+        assert_eq!(read_frame::<Event>(&mut &buf[..]).unwrap(), rich);
     }
 
     proptest! {

@@ -254,6 +254,7 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
         token: 5,
         text: "a".into(),
         logprob: -0.1,
+        top_logprobs: None,
     };
     let token_event = |id| {
         Output::Event(Event::Token {
@@ -261,6 +262,7 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
             token: 5,
             text: "a".into(),
             logprob: -0.1,
+            top_logprobs: None,
         })
     };
     assert_eq!(core.handle(token(1)), vec![token_event(1)]);
