@@ -1,5 +1,6 @@
 //! The runner protocol end to end over real pipes: load with progress and states, generate
-//! with streamed tokens, cancel, bad frames, failures and the load watchdog.
+//! with streamed tokens, cancel, bad frames (a bad request's own frame answered by its id),
+//! failures and the load watchdog.
 
 mod common;
 
@@ -154,6 +155,20 @@ fn load_generate_cancel_and_shutdown() {
         .unwrap();
     r.commands.write_all(body).unwrap();
     assert!(matches!(r.next(), Event::Error { id: None, .. }));
+    // A request whose message cannot be read is answered with an error for its id (the node
+    // ends it at once instead of waiting for its step deadline), and nothing runs.
+    let body = br#"{"v":2,"msg":{"type":"generate","id":9,"request":{"prompt":42}}}"#;
+    r.commands
+        .write_all(&(body.len() as u32).to_le_bytes())
+        .unwrap();
+    r.commands.write_all(body).unwrap();
+    match r.next() {
+        Event::Error {
+            id: Some(9),
+            message,
+        } => assert!(message.contains("could not read this request"), "{message}"),
+        other => panic!("expected an error for request 9, got {other:?}"),
+    }
 
     // Cancel a long generation: it ends early with `cancelled`.
     req.max_tokens = 200;

@@ -311,6 +311,18 @@ fn spawn_reader(stdout: ChildStdout, inputs: mpsc::UnboundedSender<Input>, pid: 
                         let _ = inputs.send(Input::RunnerGone("the runner process exited".into()));
                         return;
                     }
+                    Err(FrameError::Refused { id, reason }) => {
+                        // A message about one request that could not be read: that request
+                        // fails, the others go on.
+                        tracing::warn!(pid, id, error = %reason, "malformed message from runner");
+                        let failed = Event::Error {
+                            id: Some(id),
+                            message: format!("the runner's answer could not be read ({reason})"),
+                        };
+                        if inputs.send(Input::Runner(failed)).is_err() {
+                            return;
+                        }
+                    }
                     Err(FrameError::Malformed(m)) if !m.contains("ended") => {
                         // One bad message in an intact stream: skip it.
                         tracing::warn!(pid, error = %m, "malformed message from runner");

@@ -32,6 +32,16 @@ pub enum FrameError {
     /// then says "ended").
     #[error("malformed frame: {0}")]
     Malformed(String),
+    /// A well-formed frame whose message names a request (`"id"`) but does not fit the
+    /// protocol: the receiver can answer that request with an error instead of leaving it
+    /// waiting.
+    #[error("request {id}: malformed message: {reason}")]
+    Refused {
+        /// The request's id, as the message gave it.
+        id: u64,
+        /// Why the message was refused.
+        reason: String,
+    },
 }
 
 /// Equal when of the same kind with the same detail (I/O errors: the same
@@ -44,6 +54,10 @@ impl PartialEq for FrameError {
             (FrameError::TooLarge(a), FrameError::TooLarge(b)) => a == b,
             (FrameError::Version(a), FrameError::Version(b)) => a == b,
             (FrameError::Malformed(a), FrameError::Malformed(b)) => a == b,
+            (
+                FrameError::Refused { id: a, reason: r },
+                FrameError::Refused { id: b, reason: q },
+            ) => a == b && r == q,
             _ => false,
         }
     }
@@ -115,7 +129,14 @@ impl Codec {
         if frame.v != self.version {
             return Err(FrameError::Version(frame.v));
         }
-        serde_json::from_value(frame.msg).map_err(|e| FrameError::Malformed(e.to_string()))
+        let id = frame.msg.get("id").and_then(serde_json::Value::as_u64);
+        serde_json::from_value(frame.msg).map_err(|e| match id {
+            Some(id) => FrameError::Refused {
+                id,
+                reason: e.to_string(),
+            },
+            None => FrameError::Malformed(e.to_string()),
+        })
     }
 
     /// Decodes a whole frame at the start of `bytes`: the message and the bytes used, or
@@ -219,6 +240,27 @@ mod tests {
                 Err(FrameError::Malformed(m)) => assert!(m.contains("ended"), "{m}"),
                 other => panic!("expected a malformed frame, got {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_message_that_names_its_request_is_refused_by_that_id() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Request {
+            id: u64,
+            prompt: String,
+        }
+        match CODEC.decode::<Request>(&frame(br#"{"v":3,"msg":{"id":7,"prompt":1}}"#)) {
+            Err(FrameError::Refused { id: 7, reason }) => assert!(reason.contains("string")),
+            other => panic!("expected request 7 refused, got {other:?}"),
+        }
+        // Without a usable id it is only malformed.
+        for body in [&br#"{"v":3,"msg":{"id":"7","prompt":1}}"#[..], br#"{"v":3,"msg":{"prompt":1}}"#] {
+            assert!(matches!(
+                CODEC.decode::<Request>(&frame(body)),
+                Err(FrameError::Malformed(_))
+            ));
         }
     }
 

@@ -58,6 +58,14 @@ pub enum Input {
     Command(Command),
     /// A frame that could not be read (reported, then skipped).
     BadFrame(String),
+    /// A well-formed frame for request `id` whose message could not be read: that request
+    /// ends with the error.
+    BadRequest {
+        /// The request's id.
+        id: u64,
+        /// Why its message was refused.
+        reason: String,
+    },
     /// The outcome of [`Action::Connect`].
     Connected(Result<Seat, String>),
     /// Loading made progress.
@@ -265,6 +273,11 @@ impl RunnerCore {
             }
             Input::Command(command) => self.command(command, out),
             Input::BadFrame(message) => error(out, None, message),
+            Input::BadRequest { id, reason } => error(
+                out,
+                Some(id),
+                format!("the runner could not read this request ({reason}); nothing was run"),
+            ),
             Input::Connected(Ok(seat)) => {
                 self.seat = Some(seat);
                 self.phase = Phase::Unloaded;

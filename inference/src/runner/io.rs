@@ -173,6 +173,11 @@ fn spawn_reader(mut input: impl Read + Send + 'static, tx: mpsc::Sender<Input>) 
                 let _ = tx.send(Input::Command(Command::Shutdown));
                 return;
             }
+            Err(FrameError::Refused { id, reason }) => {
+                // A request the node is waiting for: answer it, so it does not wait in vain.
+                let _ = tx.send(Input::BadRequest { id, reason });
+                continue;
+            }
             Err(e) => {
                 // A bad body of a well-framed message can be skipped; a broken stream cannot.
                 let fatal = !matches!(e, FrameError::Malformed(ref m) if !m.contains("ended"))

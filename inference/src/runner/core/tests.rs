@@ -246,6 +246,16 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
         vec![err(None, "garbled")]
     );
     assert_eq!(
+        core.handle(Input::BadRequest {
+            id: 5,
+            reason: "bad prompt".into()
+        }),
+        vec![err(
+            Some(5),
+            "the runner could not read this request (bad prompt); nothing was run"
+        )]
+    );
+    assert_eq!(
         cmd(&mut core, Command::Cancel { id: 1 }),
         vec![Output::Action(Action::Cancel { id: 1 })]
     );
