@@ -256,7 +256,10 @@ mod tests {
             other => panic!("expected request 7 refused, got {other:?}"),
         }
         // Without a usable id it is only malformed.
-        for body in [&br#"{"v":3,"msg":{"id":"7","prompt":1}}"#[..], br#"{"v":3,"msg":{"prompt":1}}"#] {
+        for body in [
+            &br#"{"v":3,"msg":{"id":"7","prompt":1}}"#[..],
+            br#"{"v":3,"msg":{"prompt":1}}"#,
+        ] {
             assert!(matches!(
                 CODEC.decode::<Request>(&frame(body)),
                 Err(FrameError::Malformed(_))
