@@ -515,11 +515,14 @@ impl Router {
             return Err(too_large());
         }
         let read = async {
+            // The budget counts bytes as they arrive, never the announced length: a few
+            // connections announcing large bodies and sending nothing would otherwise hold the
+            // whole budget and refuse every other POST (probed 2026-12-04). Memory too is
+            // reserved only up to a small first share of what is announced.
             let mut held = Budget::new(&self.bodies);
             let mut out = bytes::BytesMut::new();
             if let Some(n) = announced {
-                held.grow_to(n as usize)?;
-                out.reserve(n as usize);
+                out.reserve((n as usize).min(FIRST_RESERVE));
             }
             let mut body = std::pin::pin!(body);
             while let Some(frame) = body.frame().await {
@@ -564,6 +567,9 @@ impl Router {
     }
 }
 
+/// Bytes of an announced body reserved before any arrive (the rest as they do).
+const FIRST_RESERVE: usize = 64 * 1024;
+
 /// The `code` of a 503 for a body the shared budget cannot hold now.
 const BODY_BUDGET_CODE: &str = "body_budget_exhausted";
 
@@ -594,8 +600,8 @@ impl<'a> Budget<'a> {
         let Ok(permit) = self.budget.clone().try_acquire_many_owned(more) else {
             return Err(ApiError::new(
                 ErrorKind::Busy,
-                "this node is receiving as many request bytes as it holds at once (other large \
-                 bodies are arriving)",
+                "this node is holding as many request bytes as it takes at once (other large \
+                 bodies are arriving now); retry shortly",
             )
             .with_code(BODY_BUDGET_CODE));
         };

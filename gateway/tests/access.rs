@@ -406,11 +406,27 @@ async fn bodies_beyond_the_budget_are_refused_not_held() {
         ..GatewayConfig::default()
     };
     let s = start(Duration::ZERO, config).await;
-    // One body holds 800 KiB of the 1 MiB budget while it arrives...
-    let mut first = half_post(s.addr, 800 * 1024, 1024).await;
+    // Connections that announce large bodies and send nothing hold none of the budget (two
+    // such once locked every POST out for a minute): a chat still passes beside them.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(half_post(s.addr, 1024 * 1024, 0).await);
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    // ...so a second of 800 KiB is refused at once, with Retry-After, and closed.
-    let mut second = half_post(s.addr, 800 * 1024, 0).await;
+    let body = json!({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "echo: ok"}]});
+    assert_eq!(
+        call(s.addr, "POST", "/v1/chat/completions", &body.to_string())
+            .await
+            .0,
+        StatusCode::OK
+    );
+    drop(idle);
+    // One body holds 800 KiB of the 1 MiB budget as its bytes arrive...
+    let mut first = half_post(s.addr, 900 * 1024, 800 * 1024).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ...so a second is refused once its bytes pass what is left, with Retry-After, and
+    // closed.
+    let mut second = half_post(s.addr, 900 * 1024, 300 * 1024).await;
     let answer = read_until_closed(&mut second, Duration::from_secs(5)).await;
     assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
     assert!(
@@ -419,7 +435,6 @@ async fn bodies_beyond_the_budget_are_refused_not_held() {
     );
     assert!(answer.contains("body_budget_exhausted"), "{answer}");
     // Small chats still pass.
-    let body = json!({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "echo: ok"}]});
     assert_eq!(
         call(s.addr, "POST", "/v1/chat/completions", &body.to_string())
             .await
