@@ -454,6 +454,21 @@ async fn client_disconnect_cancels_non_streaming_generation() {
 }
 
 #[tokio::test]
+async fn ollama_load_answers_only_for_a_running_model() {
+    let s = server().await;
+    let load = |model: &str| json!({"model": model, "prompt": ""}).to_string();
+    let (status, body) = call_json(s.addr, "POST", "/api/generate", &load(FAKE_MODEL)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["done_reason"], json!("load"));
+    // Known to the cluster but running nowhere: not loaded.
+    let (status, body) = call_json(s.addr, "POST", "/api/generate", &load(FAKE_IDLE_MODEL)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.to_string().contains("place_instance"), "{body}");
+    let (status, _) = call_json(s.addr, "POST", "/api/generate", &load("nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
 async fn models_are_listed() {
     let s = server().await;
     for path in ["/v1/models", "/models"] {

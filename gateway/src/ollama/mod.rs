@@ -34,7 +34,12 @@ pub async fn generate(
         load_only,
     } = parse_ollama_request(body, endpoint)?;
     if load_only {
-        find_model(backend, &model).await?;
+        // Ollama's "load the model": loaded means an instance can answer now; a model the
+        // cluster knows but runs nowhere is not loaded, and saying so beats a false `load`.
+        let info = find_model(backend, &model).await?;
+        if !info.ready {
+            return Err(ApiError::no_instance(&info.id));
+        }
         return Ok(json_response(StatusCode::OK, &load_json(&model)));
     }
     let shape = match endpoint {
