@@ -25,10 +25,11 @@ pub async fn responses(
         request,
         stream,
         instructions,
+        max_output_tokens,
     } = parse_responses_request(body)?;
     let mut meta = ResponseMeta::new(&request.model);
     meta.instructions = instructions;
-    meta.max_output_tokens = request.sampling.max_tokens;
+    meta.max_output_tokens = max_output_tokens;
     meta.temperature = request.sampling.temperature;
     meta.top_p = request.sampling.top_p;
     let accepted = accept(backend, request, ctx, received, Some(&meta.id)).await?;

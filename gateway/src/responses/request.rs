@@ -21,6 +21,9 @@ pub struct ParsedResponses {
     pub request: ChatRequest,
     pub stream: bool,
     pub instructions: Option<String>,
+    /// `max_output_tokens` as asked (the request's own bound saturates at `u32::MAX`); the
+    /// response echoes this.
+    pub max_output_tokens: Option<u64>,
 }
 
 /// Parses a body. Never panics, whatever the bytes.
@@ -70,7 +73,8 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
     let tools = parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Flat)?;
     let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Flat, &tools)?;
     check_text_format(obj.get("text"))?;
-    let max_tokens = match opt_u64(&obj, "max_output_tokens")? {
+    let asked_max = opt_u64(&obj, "max_output_tokens")?;
+    let max_tokens = match asked_max {
         Some(0) => {
             return Err(ApiError::invalid_field(
                 "max_output_tokens",
@@ -113,6 +117,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         },
         stream: opt_bool(&obj, "stream")?.unwrap_or(false),
         instructions,
+        max_output_tokens: asked_max,
     })
 }
 
@@ -289,6 +294,15 @@ mod tests {
 
     fn parse(v: Value) -> Result<ParsedResponses, ApiError> {
         parse_responses_request(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn a_huge_max_output_tokens_is_echoed_as_asked() {
+        let p =
+            parse(json!({"model": "m", "input": "x", "max_output_tokens": 1_000_000_000_000u64}))
+                .unwrap();
+        assert_eq!(p.max_output_tokens, Some(1_000_000_000_000));
+        assert_eq!(p.request.sampling.max_tokens, Some(u32::MAX));
     }
 
     #[test]

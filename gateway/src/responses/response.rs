@@ -24,7 +24,7 @@ pub struct ResponseMeta {
     pub created_at: u64,
     pub model: String,
     pub instructions: Option<String>,
-    pub max_output_tokens: Option<u32>,
+    pub max_output_tokens: Option<u64>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
 }
