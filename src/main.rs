@@ -10,6 +10,7 @@ mod download;
 mod forward;
 mod generate;
 mod instances;
+mod logging;
 mod models;
 mod node;
 mod reconcile;
@@ -181,23 +182,9 @@ fn place_command(args: &PlaceArgs) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(2))
 }
 
-fn init_logging(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
-    let default = match verbose {
-        0 => "info",
-        1 => "info,shoal=debug,mesh=debug,gateway=debug,inference=debug,placement=debug",
-        _ => "debug,shoal=trace,mesh=trace,gateway=trace,inference=trace,placement=trace",
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    logging::init(cli.verbose);
     match cli.command {
         Some(Command::Place(args)) => place_command(&args),
         Some(Command::Status(args)) => status::run(&args),
