@@ -74,8 +74,9 @@ pub struct NodeArgs {
     pub peers: Vec<String>,
 
     /// Model to place on this node at start: a Hugging Face model id (`org/name`, downloaded
-    /// with `shoal download`), a path inside the model folders, or `default` for the SmolLM2
-    /// fixture.
+    /// with `shoal download`), a file or folder on this machine (its folder then counts as a
+    /// model folder: you named it here, a request from the network cannot), or `default` for
+    /// the SmolLM2 fixture.
     #[arg(long, env = "SHOAL_MODEL")]
     pub model: Option<String>,
 

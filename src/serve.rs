@@ -75,7 +75,10 @@ pub async fn serve_with(
             runner_command(args)?,
             crate::dirs::default_model_path(),
         )
-        .with_model_dirs(crate::models::locate::ModelDirs::from_env(&args.models_dir)),
+        .with_model_dirs(crate::models::locate::ModelDirs::from_env_trusting(
+            &args.models_dir,
+            args.model.as_deref(),
+        )),
     );
     tracing::info!(port, node_id = %gateway::Backend::node_id(&*backend), "HTTP API listening");
     if !access.has_keys() {

@@ -16,6 +16,17 @@ pub struct ModelDirs {
     pub local: Vec<PathBuf>,
 }
 
+/// The folder holding `model` when it names an existing file or folder (absolute, or
+/// relative to the working directory), made absolute.
+fn owner_given_folder(model: &str) -> Option<PathBuf> {
+    let path = Path::new(model);
+    if model == "default" || !path.exists() {
+        return None;
+    }
+    let absolute = std::fs::canonicalize(path).ok()?;
+    absolute.parent().map(Path::to_path_buf)
+}
+
 /// Folder name of a snapshot that is not downloaded yet (never a commit, so never present).
 const NOT_DOWNLOADED: &str = "not-downloaded";
 
@@ -28,6 +39,19 @@ impl ModelDirs {
             hf: HfCache::from_env(),
             local,
         }
+    }
+
+    /// The same, trusting also the folder of `model` when it is a path that exists: the
+    /// machine's owner named it on the command line (`shoal --model /data/llm/model.gguf`),
+    /// which a request from the network cannot do.
+    pub fn from_env_trusting(extra: &[PathBuf], model: Option<&str>) -> ModelDirs {
+        let mut dirs = ModelDirs::from_env(extra);
+        if let Some(parent) = model.and_then(owner_given_folder) {
+            if !dirs.local.contains(&parent) {
+                dirs.local.push(parent);
+            }
+        }
+        dirs
     }
 
     /// The path `given` names, if it lies inside a model folder (or the HF cache) once made
@@ -132,6 +156,36 @@ mod tests {
             models.join("absent.gguf").display().to_string(),
         ] {
             assert_eq!(dirs.confine(&bad), None, "{bad}");
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_owners_model_path_is_trusted_and_nothing_else() {
+        let root = std::env::temp_dir().join(format!("shoal-trust-{}", std::process::id()));
+        let own = root.join("llm");
+        let other = root.join("other");
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let file = own.join("model.gguf");
+        std::fs::write(&file, b"x").unwrap();
+        std::fs::write(other.join("secret.gguf"), b"x").unwrap();
+        let given = file.to_string_lossy().to_string();
+        let dirs = ModelDirs::from_env_trusting(&[], Some(&given));
+        assert_eq!(dirs.confine(&given), Some(file.clone()));
+        // Its folder, not the machine: a sibling folder stays outside.
+        assert_eq!(
+            dirs.confine(&other.join("secret.gguf").to_string_lossy()),
+            None
+        );
+        // Ids, `default` and paths that do not exist add nothing.
+        for model in ["default", "org/name", "/nonexistent/model.gguf"] {
+            let plain = ModelDirs::from_env(&[]);
+            assert_eq!(
+                ModelDirs::from_env_trusting(&[], Some(model)),
+                plain,
+                "{model}"
+            );
         }
         let _ = std::fs::remove_dir_all(&root);
     }
