@@ -142,6 +142,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
                     );
                     shutdown.cancel();
                     let _ = serving.await;
+                    mesh.shutdown().await;
                     return Ok(ExitCode::from(EXIT_DUPLICATE_ID));
                 }
                 Ok(Event::DuplicateId { .. }) => {
@@ -155,6 +156,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
         }
     }
     tracing::info!("stopping");
+    mesh.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
 

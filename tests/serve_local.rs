@@ -161,8 +161,49 @@ impl Node {
     }
 }
 
+impl Node {
+    /// SIGTERM, as an init system stops a service: the node exits 0 within 10 s, its runner
+    /// (`runner_pid`) is gone, and nothing at error level is logged while it stops (iroh
+    /// once logged "Endpoint dropped without calling Endpoint::close").
+    fn stop_as_an_operator_would(&mut self, runner_pid: u64) {
+        let before = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).output();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the node did not stop within 10 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = std::fs::read(&self.log).unwrap_or_default();
+        let stopping = String::from_utf8_lossy(&log[before.min(log.len())..]).into_owned();
+        assert!(
+            status.success(),
+            "the node exited {status} on SIGTERM:\n{stopping}"
+        );
+        assert!(
+            !stopping.lines().any(|l| l.contains("ERROR")),
+            "errors while stopping:\n{stopping}"
+        );
+        assert!(
+            !std::path::Path::new(&format!("/proc/{runner_pid}")).exists(),
+            "the runner {runner_pid} outlived its node"
+        );
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            // Already stopped (and reaped): its pid may belong to someone else now.
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+            return;
+        }
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).output();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -441,7 +482,8 @@ fn peak_rss_bytes(pid: u64) -> Option<u64> {
 /// Limits that say what they do: a node batching at most 4 requests with 8 more waiting
 /// takes 64 concurrent streams; each completes or is refused with 429 and `Retry-After` in
 /// OpenAI's error shape, none hangs, the runner's peak memory stays within what placement
-/// counts for the instance, and the runner is ready again afterwards.
+/// counts for the instance, and the runner is ready again afterwards; then SIGTERM stops the
+/// node cleanly (exit 0, runner gone, no error logged).
 #[test]
 fn sixty_four_streams_against_small_limits_complete_or_get_429() {
     let Some(mut node) = Node::start("limits", &["--max-sequences", "4", "--max-queue", "8"])
@@ -497,4 +539,5 @@ fn sixty_four_streams_against_small_limits_complete_or_get_429() {
         &[&url, "default", "paris"],
         Duration::from_secs(60),
     );
+    node.stop_as_an_operator_would(pid);
 }

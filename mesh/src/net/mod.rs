@@ -227,8 +227,9 @@ impl Mesh {
         self.inner.events.subscribe()
     }
 
-    /// Stops every task and closes the endpoint.
-    pub async fn shutdown(self) {
+    /// Stops every task and closes the endpoint (telling connected peers, so they see this
+    /// node leave at once and iroh does not report an endpoint dropped unclosed).
+    pub async fn shutdown(&self) {
         for task in &self.tasks {
             task.abort();
         }
