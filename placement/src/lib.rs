@@ -149,6 +149,7 @@ pub mod fixture;
 pub mod input;
 pub mod model;
 pub mod node;
+pub mod pipeline_split;
 pub mod place;
 pub mod planning;
 pub mod request;

@@ -3,9 +3,10 @@
 use crate::error::PlaceError;
 use crate::input::Input;
 use crate::node::{NodeId, NodeProfile};
+use crate::pipeline_split::pipeline_split;
 use crate::request::{CollectiveBackend, Sharding};
 use crate::ring::{choose_ring, larger_ring, SEARCH_BUDGET};
-use crate::split::{check_share, pipeline_split};
+use crate::split::check_share;
 use crate::topology::Topology;
 use crate::views::{jaccl_coordinators, jaccl_devices, ring_hosts, ring_port};
 use serde::{Deserialize, Serialize};

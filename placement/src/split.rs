@@ -1,7 +1,6 @@
 //! How many layers each rank holds, and whether it can hold them.
 
 use crate::error::PlaceError;
-use crate::model::ModelCard;
 use crate::node::NodeProfile;
 
 /// Splits `n_layers` across ranks in proportion to their free memory.
@@ -97,7 +96,7 @@ pub fn weighted_layer_counts(weights: &[u64], memory: &[u64]) -> Result<Vec<u32>
 }
 
 /// Checks that a node can hold `parts / of` of a model of `storage_bytes`, compared exactly:
-/// a pipeline rank holds its layers' weight of the whole ([`ModelCard::layer_weight`]), a
+/// a pipeline rank holds its layers' weight of the whole ([`crate::model::ModelCard::layer_weight`]), a
 /// tensor rank `1 / ranks`.
 pub(crate) fn check_share(
     node: &NodeProfile,
@@ -116,34 +115,4 @@ pub(crate) fn check_share(
         });
     }
     Ok(())
-}
-
-/// The layer counts a pipeline over `ring` (its nodes in rank order) gets: accelerated ranks
-/// first where the ring mixes them with CPU ranks ([`crate::accel::gpu_first_counts`], which
-/// counts layers as equal) when every rank can hold that split, else in proportion to free
-/// memory ([`pipeline_layer_counts`], or [`weighted_layer_counts`] when the layers weigh
-/// differently). Shares are not checked here for the memory split; the caller checks them.
-pub fn pipeline_split(ring: &[&NodeProfile], model: &ModelCard) -> Result<Vec<u32>, PlaceError> {
-    let memory: Vec<u64> = ring.iter().map(|n| n.ram_available).collect();
-    let by_memory = if model.layers_differ() {
-        weighted_layer_counts(&model.layer_weights, &memory)?
-    } else {
-        pipeline_layer_counts(model.n_layers, &memory)?
-    };
-    let fast: Vec<bool> = ring
-        .iter()
-        .map(|n| crate::accel::is_accelerated(n, model))
-        .collect();
-    let gpu_first =
-        crate::accel::gpu_first_counts(model.n_layers, model.storage_bytes, &memory, &fast).filter(
-            |counts| {
-                let mut start = 0;
-                ring.iter().zip(counts).all(|(node, &c)| {
-                    let (part, whole) = model.layer_weight(start, start + c);
-                    start += c;
-                    check_share(node, model.storage_bytes, part, whole).is_ok()
-                })
-            },
-        );
-    Ok(gpu_first.unwrap_or(by_memory))
 }

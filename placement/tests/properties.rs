@@ -391,7 +391,7 @@ impl<'a> Reference<'a> {
             vec![(1, k as u128); k]
         } else {
             let nodes: Vec<&NodeProfile> = ring.iter().map(|&v| self.nodes[v]).collect();
-            placement::split::pipeline_split(&nodes, model)
+            placement::pipeline_split::pipeline_split(&nodes, model)
                 .unwrap()
                 .into_iter()
                 .map(|c| (u128::from(c), u128::from(model.n_layers)))
