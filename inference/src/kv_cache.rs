@@ -150,12 +150,18 @@ impl LayerCache {
         if len >= self.len {
             return true;
         }
-        let needs = len.saturating_sub(self.window.unwrap_or(1).saturating_sub(1));
-        if self.dropped > needs {
+        if !self.can_truncate(len) {
             return false;
         }
         self.len = len.max(self.dropped);
         true
+    }
+
+    /// Whether [`LayerCache::truncate`] to `len` would succeed: the layer still holds the
+    /// window of the next query at `len` (a full-attention layer always does).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        len >= self.len
+            || self.dropped <= len.saturating_sub(self.window.unwrap_or(1).saturating_sub(1))
     }
 
     /// A cache of `len` positions over buffers `[1, kv_heads, capacity, head_dim]` whose first
@@ -225,9 +231,7 @@ impl KvCache {
 
     /// Whether [`KvCache::truncate`] to `len` would succeed.
     pub fn can_truncate(&self, len: usize) -> bool {
-        self.layers.iter().all(|l| {
-            len >= l.len || l.dropped <= len.saturating_sub(l.window.unwrap_or(1).saturating_sub(1))
-        })
+        self.layers.iter().all(|l| l.can_truncate(len))
     }
 }
 

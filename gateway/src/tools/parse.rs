@@ -547,6 +547,16 @@ fn scan_json(s: &str, end: bool) -> Scan {
             Scan::Invalid
         };
     }
+    match json_value_len(s) {
+        Some(len) => Scan::Complete(len),
+        None if end => Scan::Invalid,
+        None => Scan::Incomplete,
+    }
+}
+
+/// The length of the JSON object or array at the start of `s` (strings and escapes
+/// respected), if it is complete there.
+pub(crate) fn json_value_len(s: &str) -> Option<usize> {
     let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
     for (i, b) in s.bytes().enumerate() {
         if in_string {
@@ -562,19 +572,15 @@ fn scan_json(s: &str, end: bool) -> Scan {
             b'"' => in_string = true,
             b'{' | b'[' => depth += 1,
             b'}' | b']' => {
-                depth -= 1;
+                depth = depth.checked_sub(1)?;
                 if depth == 0 {
-                    return Scan::Complete(i + 1);
+                    return Some(i + 1);
                 }
             }
             _ => {}
         }
     }
-    if end {
-        Scan::Invalid
-    } else {
-        Scan::Incomplete
-    }
+    None
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of `marker`.

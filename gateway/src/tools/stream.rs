@@ -156,38 +156,10 @@ pub fn json_arguments<'a>(text: &'a str, end_marker: &str) -> Option<(&'a str, b
     if !text.starts_with('{') {
         return None;
     }
-    match scan_value(text) {
+    match super::parse::json_value_len(text) {
         Some(len) => Some((&text[..len], true)),
         None => Some((&text[..text.len() - held_suffix(text, end_marker)], false)),
     }
-}
-
-/// The length of the JSON object or array at the start of `s`, if it is complete there.
-fn scan_value(s: &str) -> Option<usize> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, b) in s.bytes().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i + 1);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 /// How far a call object `{"name": "N", "arguments": {...}, ...}` (`"parameters"` too, as
@@ -217,7 +189,7 @@ pub fn object_progress(text: &str, end_marker: &str) -> Option<Progress> {
             }
             _ => {
                 let len = match rest.as_bytes().first()? {
-                    b'{' | b'[' => scan_value(rest)?,
+                    b'{' | b'[' => super::parse::json_value_len(rest)?,
                     b'"' => rest.len() - json_string(rest)?.1.len(),
                     _ => rest.find([',', '}'])?,
                 };
