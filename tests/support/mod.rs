@@ -279,6 +279,33 @@ pub fn runner_pids(netns: &str) -> Vec<u64> {
         .collect()
 }
 
+/// CPU time (user + system, seconds) process `pid` has used so far; 0 once it is gone.
+pub fn cpu_seconds(pid: u64) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command (which is in parentheses): state is field 3, utime 14, stime 15.
+    let Some(after) = stat.rfind(')').and_then(|at| stat.get(at + 2..)) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf only reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) as f64 / per_second
+}
+
+/// The CPU seconds each of `pids` uses over `window` from now (a runner's work, without
+/// trusting anything it reports about itself).
+pub fn cpu_over(pids: &[u64], window: std::time::Duration) -> Vec<f64> {
+    let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    std::thread::sleep(window);
+    pids.iter()
+        .zip(before)
+        .map(|(p, b)| cpu_seconds(*p) - b)
+        .collect()
+}
+
 /// Three nodes in fresh namespaces (`tag` as in [`TestNet::create`]) started with `env`
 /// added, running the fixture as a 3-rank pipeline, ready on every node: the
 /// `/place_instance` answer. Placement needs the verified edges between the nodes, so it is
