@@ -78,6 +78,12 @@ impl ShoalNode {
         self.child = Some(child);
     }
 
+    /// Makes [`ShoalNode::api`] a client holding `key` (the operator's admin key).
+    pub fn hold_key(&mut self, key: &str) {
+        let addr = std::net::SocketAddr::from((self.node.ip(), API_PORT));
+        self.api = Blocking::new(Api::at(addr).in_netns(&self.node.netns).with_key(key));
+    }
+
     /// The process id while it runs (`ip netns exec` becomes `shoal` itself).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
@@ -289,7 +295,12 @@ pub fn cpu_seconds(pid: u64) -> f64 {
         return 0.0;
     };
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     // SAFETY: sysconf only reads a constant of the system.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) as f64 / per_second
@@ -314,17 +325,38 @@ pub fn three_rank_pipeline(
     tag: &str,
     env: &[(&str, &str)],
 ) -> Option<(TestNet, Vec<ShoalNode>, Value)> {
+    three_rank_pipeline_beside(tag, env, 0)
+}
+
+/// [`three_rank_pipeline`] with `strangers` more nodes on the same LAN, started without
+/// `env` (so without the cluster secret it may carry), after the three members in the list.
+/// With `SHOAL_API_KEY` in `env`, the members' [`ShoalNode::api`] holds that admin key.
+pub fn three_rank_pipeline_beside(
+    tag: &str,
+    env: &[(&str, &str)],
+    strangers: usize,
+) -> Option<(TestNet, Vec<ShoalNode>, Value)> {
     let spec = netns::Spec {
-        nodes: 3,
+        nodes: 3 + strangers,
         off_bridge: Vec::new(),
         links: Vec::new(),
     };
-    let (test_net, mut nodes) = TestNet::create(tag, &spec)?;
-    for node in &mut nodes {
-        node.env
-            .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let (test_net, mut all) = TestNet::create(tag, &spec)?;
+    let key = env
+        .iter()
+        .find(|(k, _)| *k == "SHOAL_API_KEY")
+        .map(|(_, v)| *v);
+    for (i, node) in all.iter_mut().enumerate() {
+        if i < 3 {
+            node.env
+                .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            if let Some(key) = key {
+                node.hold_key(key);
+            }
+        }
         node.start();
     }
+    let nodes = &all[..3];
     let request =
         serde_json::json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 3});
     let placed = wait_for(Duration::from_secs(90), || {
@@ -332,7 +364,7 @@ pub fn three_rank_pipeline(
         (status == 200).then_some(created)
     });
     let Some((created, took)) = placed else {
-        panic!("no three-node placement\n{}", logs(&nodes));
+        panic!("no three-node placement\n{}", logs(nodes));
     };
     let ranks = kit::instances::ranks(&created).map_or(0, Vec::len);
     assert_eq!(ranks, 3, "{created}");
@@ -343,11 +375,8 @@ pub fn three_rank_pipeline(
     let Some((_, took)) = ready else {
         let id = created["instance_id"].as_str().unwrap_or_default();
         let (_, view) = call(&nodes[0], "GET", &format!("/instance/{id}"), None);
-        panic!(
-            "the pipeline did not become ready: {view}\n{}",
-            logs(&nodes)
-        );
+        panic!("the pipeline did not become ready: {view}\n{}", logs(nodes));
     };
     eprintln!("three-rank pipeline ready in {took:?}");
-    Some((test_net, nodes, created))
+    Some((test_net, all, created))
 }
