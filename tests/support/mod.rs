@@ -174,14 +174,47 @@ pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Opt
     }
 }
 
+/// The namespaced tests of one test binary take turns: two clusters of real nodes sharing
+/// this machine's two cores slow each other past the bounds the tests derive from the
+/// protocols' parameters (a death detected in 3.9 s against 5 s allowed, measured with two
+/// tests side by side), and a flaky bound says nothing.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// How many [`Turn`]s this thread holds (a test that builds a second net keeps its turn).
+    static TURNS_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// This test's turn on the machine, held from [`TestNet::create`] until its net is gone.
+struct Turn(Option<std::sync::MutexGuard<'static, ()>>);
+
+impl Turn {
+    fn take() -> Turn {
+        let held = TURNS_HELD.with(|h| h.replace(h.get() + 1));
+        if held > 0 {
+            return Turn(None);
+        }
+        // A test that panicked while holding it leaves it poisoned: the next one goes on.
+        Turn(Some(TURN.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        TURNS_HELD.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+}
+
 /// What every multi-node test starts from: fresh namespaces, a scratch directory, and one node
 /// (not started yet) per namespace. [`TestNet::teardown`] checks that nothing is left behind.
+/// While it exists no other namespaced test of the same binary runs (see [`TURN`]).
 pub struct TestNet {
     /// The namespaces.
     pub net: netns::Netns,
     /// Data directories and logs of the nodes.
     pub dir: PathBuf,
     prefix: String,
+    _turn: Turn,
 }
 
 impl TestNet {
@@ -192,6 +225,7 @@ impl TestNet {
         if !kit::skip::can_run(netns::available(), netns::NEEDS) {
             return None;
         }
+        let turn = Turn::take();
         let prefix = format!("{tag}{}", std::process::id());
         let net = netns::Netns::create(&prefix, spec).expect("create namespaces");
         let dir = std::env::temp_dir().join(&prefix);
@@ -203,16 +237,30 @@ impl TestNet {
             .enumerate()
             .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
             .collect();
-        Some((TestNet { net, dir, prefix }, nodes))
+        Some((
+            TestNet {
+                net,
+                dir,
+                prefix,
+                _turn: turn,
+            },
+            nodes,
+        ))
     }
 
     /// Stops the nodes, deletes the namespaces (asserting none is left) and the scratch files.
     pub fn teardown(self, nodes: Vec<ShoalNode>) {
         drop(nodes);
-        let TestNet { net, dir, prefix } = self;
+        let TestNet {
+            net,
+            dir,
+            prefix,
+            _turn,
+        } = self;
         drop(net);
         assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
         let _ = std::fs::remove_dir_all(&dir);
+        drop(_turn);
     }
 }
 
