@@ -366,3 +366,42 @@ fn an_unknown_hub_id_without_a_route_to_the_hub_fails_fast() {
     assert!(!text.contains("--offline"), "{text}");
     net.teardown(nodes);
 }
+
+/// A node with no network but loopback (a laptop offline): the mDNS library fails every
+/// query it sends, about three times a second (850 warnings in five minutes, probed
+/// 2026-12-04). The node shows each discovery warning once a minute per call site
+/// (`src/logging.rs`), so after 10 s its log holds a handful, not thirty, and it still serves.
+#[test]
+fn an_offline_node_does_not_repeat_discovery_warnings() {
+    let Some((net, mut nodes)) = TestNet::create(
+        "hmdns",
+        &Spec {
+            nodes: 1,
+            off_bridge: vec![0],
+            links: Vec::new(),
+        },
+    ) else {
+        return;
+    };
+    nodes[0].start();
+    wait_up(&nodes[0]);
+    std::thread::sleep(Duration::from_secs(10));
+    let log = std::fs::read_to_string(&nodes[0].log).unwrap_or_default();
+    let repeated: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("swarm_discovery") && (l.contains("WARN") || l.contains("ERROR")))
+        .collect();
+    eprintln!(
+        "{} discovery warnings in 10 s:\n{}",
+        repeated.len(),
+        repeated.join("\n")
+    );
+    assert!(
+        repeated.len() <= 4,
+        "{} discovery warnings in 10 s:\n{}",
+        repeated.len(),
+        repeated.join("\n")
+    );
+    assert_eq!(call(&nodes[0], "GET", "/node_id", None).0, 200);
+    net.teardown(nodes);
+}
