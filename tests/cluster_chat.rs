@@ -141,6 +141,15 @@ fn greedy_other_apis(node: &ShoalNode) -> Vec<(&'static str, String)> {
         "/v1/responses",
         json!({"model": "default", "temperature": 0, "max_output_tokens": 16, "input": question}),
     );
+    // A limit beyond any context is echoed as asked (it came back as 4294967295, the
+    // saturated bound the request runs with), and the answer ends on its own.
+    let huge = post(
+        "/v1/responses",
+        json!({"model": "default", "temperature": 0, "max_output_tokens": 1_000_000_000_000u64,
+               "input": question}),
+    );
+    assert_eq!(huge["max_output_tokens"], 1_000_000_000_000u64, "{huge}");
+    assert_eq!(huge["status"], "completed", "{huge}");
     let t = post(
         "/v1/chat/completions",
         json!({"model": "default", "max_tokens": 16, "temperature": 0,

@@ -364,6 +364,16 @@ fn an_unknown_hub_id_without_a_route_to_the_hub_fails_fast() {
         assert!(text.contains(needed), "{needed:?} missing: {text}");
     }
     assert!(!text.contains("--offline"), "{text}");
+    // Ollama's load call (`/api/generate` without a prompt) for a model that runs nowhere is
+    // refused, not answered "loaded" (it answered 200 with done_reason "load").
+    let (status, v) = call(
+        node,
+        "POST",
+        "/api/generate",
+        Some(&json!({"model": "default"})),
+    );
+    assert_eq!(status, 503, "{v}");
+    assert!(v.to_string().contains("no running instance"), "{v}");
     net.teardown(nodes);
 }
 
