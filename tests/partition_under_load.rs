@@ -33,11 +33,8 @@
 //! Needs root (namespaces), `nft` and the model fixture (`cargo xtask setup`): fails
 //! otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
-#[path = "support/link_delay.rs"]
-mod link_delay;
-#[path = "support/link_faults.rs"]
-mod link_faults;
 mod support;
+use support::{link_delay, link_faults};
 
 use kit::blocking::{Blocking, Next};
 use kit::client::Api;
@@ -206,15 +203,6 @@ fn ready_at(node: &ShoalNode, id: &str, epoch: u64) -> Option<Value> {
     (view["status"] == "ready" && view["epoch"].as_u64() >= Some(epoch)).then_some(view)
 }
 
-fn node_id(node: &ShoalNode) -> String {
-    let (_, answer) = call(node, "GET", "/node_id", None);
-    answer
-        .as_str()
-        .or_else(|| answer["node_id"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// The cluster secret and the keys the members run with, as the README tells users to.
 const SECRET: &str = "9a1c3e5f7b9d1f3a5c7e9b1d3f5a7c9e1b3d5f7a9c1e3b5d7f9a1c3e5b7d9f1a";
 const ADMIN_KEY: &str = "partition-test-admin-key-0123456";
@@ -274,7 +262,10 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
     };
     let stranger = nodes.pop().expect("the stranger");
     let id = created["instance_id"].as_str().expect("id").to_string();
-    let ids: Vec<String> = nodes.iter().map(node_id).collect();
+    let ids: Vec<String> = nodes
+        .iter()
+        .map(|n| n.node_id().unwrap_or_default())
+        .collect();
     if let Err(why) = kept_out(&nodes, &ids, &stranger) {
         panic!("before the load: {why}\n{}", logs(&nodes));
     }

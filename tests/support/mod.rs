@@ -6,6 +6,12 @@
 
 pub use kit::netns;
 
+pub mod hf;
+pub mod hf_nodes;
+pub mod hub_world;
+pub mod link_delay;
+pub mod link_faults;
+
 use kit::blocking::Blocking;
 use kit::client::Api;
 use serde_json::Value;
@@ -76,6 +82,18 @@ impl ShoalNode {
             .spawn()
             .expect("start shoal");
         self.child = Some(child);
+    }
+
+    /// Its node id (`GET /node_id`), once it answers.
+    pub fn node_id(&self) -> Option<String> {
+        let (status, answer) = call(self, "GET", "/node_id", None);
+        if status != 200 {
+            return None;
+        }
+        answer
+            .as_str()
+            .or_else(|| answer["node_id"].as_str())
+            .map(str::to_string)
     }
 
     /// Makes [`ShoalNode::api`] a client holding `key` (the operator's admin key).
