@@ -14,9 +14,8 @@ mod support;
 use kit::blocking::{BlockingStream, Next};
 use kit::sse::SseEvent;
 use serde_json::json;
-use std::process::Command;
 use std::time::{Duration, Instant};
-use support::{call, logs, process_ended, three_rank_pipeline, wait_for, ShoalNode};
+use support::{call, logs, process_ended, signal, three_rank_pipeline, wait_for, ShoalNode};
 
 /// The step deadline the nodes run with.
 const STEP_TIMEOUT_S: u64 = 5;
@@ -78,14 +77,6 @@ fn read_to_end(stream: &mut BlockingStream<'_>, until: Instant) -> (bool, bool, 
             other => return (error, false, format!("{last} / then {other:?}")),
         }
     }
-}
-
-fn signal(pid: u64, name: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -{name} {pid}");
 }
 
 #[test]

@@ -17,22 +17,12 @@ use kit::client::Api;
 use link_delay::LinkDelay;
 use link_faults::{drop_on_link, dropped};
 use serde_json::Value;
-use std::process::Command;
 use std::time::Duration;
 use support::netns::Spec;
 use support::{agreed, logs, wait_for, ShoalNode, TestNet};
 
 /// The delay on node 3's link in phase 1b, each way.
 const DELAY: Duration = Duration::from_millis(100);
-
-fn signal(node: &ShoalNode, name: &str) {
-    let pid = node.pid().expect("the node runs").to_string();
-    let ok = Command::new("kill")
-        .args([&format!("-{name}"), &pid])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -{name} {pid}");
-}
 
 fn node_id(state: &Value) -> String {
     state["node_id"].as_str().unwrap_or_default().to_string()
@@ -176,12 +166,12 @@ fn loss_a_partition_and_a_frozen_node() {
     eprintln!("partition healed: converged in {took:?}");
 
     // 3. Node 2 frozen: declared dead by the others; resumed, taken back.
-    signal(&nodes[1], "STOP");
+    nodes[1].signal("STOP");
     let frozen = wait_for(Duration::from_secs(15), || {
         (alive(&nodes[0], &ids[1]) == Some(false) && alive(&nodes[2], &ids[1]) == Some(false))
             .then_some(())
     });
-    signal(&nodes[1], "CONT");
+    nodes[1].signal("CONT");
     let Some((_, took)) = frozen else {
         panic!("a frozen node was not declared dead\n{}", logs(&nodes));
     };

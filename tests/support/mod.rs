@@ -96,6 +96,11 @@ impl ShoalNode {
             .map(str::to_string)
     }
 
+    /// Sends signal `name` (`STOP`, `CONT`, `TERM`, ...) to the node's process.
+    pub fn signal(&self, name: &str) {
+        signal(u64::from(self.pid().expect("the node runs")), name);
+    }
+
     /// Makes [`ShoalNode::api`] a client holding `key` (the operator's admin key).
     pub fn hold_key(&mut self, key: &str) {
         let addr = std::net::SocketAddr::from((self.node.ip(), API_PORT));
@@ -324,6 +329,16 @@ pub fn default_ready(node: &ShoalNode) -> bool {
         .into_iter()
         .flatten()
         .any(|m| m["id"] == "default" && m["ready"] == true)
+}
+
+/// Sends signal `name` (`STOP`, `CONT`, `TERM`, ...) to process `pid`, with `kill` as an
+/// operator would; fails the test if it cannot.
+pub fn signal(pid: u64, name: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{name} {pid}");
 }
 
 /// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
