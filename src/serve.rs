@@ -131,7 +131,10 @@ pub async fn serve_with(
     let served = gateway::serve_with(
         listener,
         backend.clone() as Arc<dyn gateway::Backend>,
-        gateway::GatewayConfig::default(),
+        gateway::GatewayConfig {
+            drain_grace: std::time::Duration::from_secs(args.drain_seconds),
+            ..gateway::GatewayConfig::default()
+        },
         access,
         shutdown,
     )

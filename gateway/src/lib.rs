@@ -36,6 +36,7 @@ mod chat;
 pub mod cluster;
 pub mod config;
 pub mod dashboard;
+pub mod drain;
 pub mod error;
 pub mod events;
 pub mod exo;

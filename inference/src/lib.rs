@@ -50,6 +50,7 @@ pub mod template_json;
 pub mod tensor_split;
 pub mod tensor_stage;
 pub mod tokenizer;
+mod token_bytes;
 pub mod untrusted_text;
 pub mod weights;
 

@@ -7,6 +7,11 @@
 //! routing, forwarding and tokenizing), `prompt_eval_duration` from then to the first token
 //! (queueing and prefill), `eval_duration` from the first token to the end, and
 //! `total_duration` the whole request.
+//!
+//! Log-probabilities (`logprobs: true`, `top_logprobs: N`) go in each line's `logprobs`, one
+//! entry per token (`{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`, as
+//! Ollama spells them); a token with no text of its own (part of a character) goes with the
+//! next line that has text, or the last.
 
 use crate::backend::{FinishReason, ModelInfo, TokenLogprob, ToolCall};
 use crate::error::ApiError;
@@ -94,6 +99,16 @@ pub fn answer_json(
     Value::Object(out)
 }
 
+/// `answer` with `logprobs`, Ollama's list of the tokens' log-probabilities.
+pub fn with_logprobs(mut answer: Value, logprobs: &[TokenLogprob]) -> Value {
+    let entries: Vec<Value> = logprobs
+        .iter()
+        .map(crate::openai::response::token_logprob_json)
+        .collect();
+    answer["logprobs"] = json!(entries);
+    answer
+}
+
 /// The answer to a generate call with an empty prompt: the model is loaded (it is, on the
 /// cluster), nothing is generated.
 pub fn load_json(model: &str) -> Value {
@@ -108,8 +123,29 @@ pub fn load_json(model: &str) -> Value {
 
 /// An NDJSON stream of one answer.
 pub struct NdjsonEncoder {
-    pub shape: Shape,
-    pub model: String,
+    shape: Shape,
+    model: String,
+    /// Tokens' log-probabilities not sent yet.
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl NdjsonEncoder {
+    /// The stream of an answer of `shape` from `model`.
+    pub fn new(shape: Shape, model: String) -> NdjsonEncoder {
+        NdjsonEncoder {
+            shape,
+            model,
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// `answer` with the log-probabilities not sent yet, if there are any.
+    fn unsent_logprobs(&mut self, answer: Value) -> Value {
+        if self.logprobs.is_empty() {
+            return answer;
+        }
+        with_logprobs(answer, &std::mem::take(&mut self.logprobs))
+    }
 }
 
 impl Encoder for NdjsonEncoder {
@@ -121,17 +157,13 @@ impl Encoder for NdjsonEncoder {
         Vec::new()
     }
 
-    fn delta(&mut self, text: &str, _logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+    fn delta(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+        self.logprobs.extend(logprob.cloned());
         if text.is_empty() {
             return Vec::new();
         }
-        vec![line(&answer_json(
-            self.shape,
-            &self.model,
-            (text, ""),
-            &[],
-            None,
-        ))]
+        let answer = answer_json(self.shape, &self.model, (text, ""), &[], None);
+        vec![line(&self.unsent_logprobs(answer))]
     }
 
     fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
@@ -172,13 +204,14 @@ impl Encoder for NdjsonEncoder {
     }
 
     fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes> {
-        vec![line(&answer_json(
+        let answer = answer_json(
             self.shape,
             &self.model,
             ("", ""),
             &[],
             Some((ending, timings)),
-        ))]
+        );
+        vec![line(&self.unsent_logprobs(answer))]
     }
 
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
