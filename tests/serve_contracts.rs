@@ -103,7 +103,7 @@ fn read_stream(
                 out.done = true;
                 break;
             }
-            Next::Event(_) | Next::Silent => {}
+            Next::Silent => {}
             Next::End { .. } | Next::Broken(_) => break,
         }
         each(&out);
@@ -169,10 +169,18 @@ fn one_keyed_node_reports_logprobs_batches_cancels_by_key_and_drains() {
     let a = client(node, KEY_A);
     wait_for(Duration::from_secs(240), || {
         let models = a
-            .call("GET".parse().unwrap(), "/v1/models", None, Duration::from_secs(5))
+            .call(
+                "GET".parse().unwrap(),
+                "/v1/models",
+                None,
+                Duration::from_secs(5),
+            )
             .ok()?
             .value();
-        let ready = models["data"].as_array()?.iter().any(|m| m["ready"] == true);
+        let ready = models["data"]
+            .as_array()?
+            .iter()
+            .any(|m| m["ready"] == true);
         ready.then_some(())
     })
     .unwrap_or_else(|| panic!("the model did not become ready\n{}", logs(&nodes)));
@@ -304,7 +312,10 @@ fn cancel_only_by_the_starting_key(node: &ShoalNode) {
     );
     // Key A's own cancel ends a long stream at once.
     let mut stream = a
-        .chat_stream(&chat("Count from 1 to 1000.", 2000), Duration::from_secs(60))
+        .chat_stream(
+            &chat("Count from 1 to 1000.", 2000),
+            Duration::from_secs(60),
+        )
         .expect("the stream starts");
     let mut cancelled = None;
     let ended = read_stream(&mut stream, Duration::from_secs(60), |s| {
@@ -323,10 +334,14 @@ fn cancel_only_by_the_starting_key(node: &ShoalNode) {
     let (status, at) = cancelled.expect("key A cancelled");
     assert_eq!(status, 200, "key A's cancel");
     assert!(
-        ended.done && ended.finish.as_deref() == Some("stop") && at.elapsed() < Duration::from_secs(5),
+        ended.done
+            && ended.finish.as_deref() == Some("stop")
+            && at.elapsed() < Duration::from_secs(5),
         "key A's cancel did not end its stream at once: {ended:?}"
     );
-    eprintln!("cancel: key B refused (404), key A's stream ran to its end; key A's cancel ended its own");
+    eprintln!(
+        "cancel: key B refused (404), key A's stream ran to its end; key A's cancel ended its own"
+    );
 }
 
 fn sigterm_drains_streams_in_flight(nodes: &mut [ShoalNode]) {
@@ -340,7 +355,10 @@ fn sigterm_drains_streams_in_flight(nodes: &mut [ShoalNode]) {
             s.spawn(move || {
                 let a = client(node, KEY_A);
                 let mut stream = a
-                    .chat_stream(&chat("Count from 1 to 1000.", max_tokens), Duration::from_secs(60))
+                    .chat_stream(
+                        &chat("Count from 1 to 1000.", max_tokens),
+                        Duration::from_secs(60),
+                    )
                     .expect("the stream starts");
                 let mut signalled = false;
                 let ended = read_stream(&mut stream, Duration::from_secs(120), |s| {
@@ -365,9 +383,19 @@ fn sigterm_drains_streams_in_flight(nodes: &mut [ShoalNode]) {
         std::thread::sleep(Duration::from_millis(500));
         // No new request is taken meanwhile.
         let refused = client(node, KEY_A)
-            .call("POST".parse().unwrap(), "/v1/chat/completions", Some(&chat("Hi", 4)), Duration::from_secs(10))
+            .call(
+                "POST".parse().unwrap(),
+                "/v1/chat/completions",
+                Some(&chat("Hi", 4)),
+                Duration::from_secs(10),
+            )
             .map_or(0, |a| a.status.as_u16());
-        (short.join().unwrap(), long.join().unwrap(), refused, stopped_at)
+        (
+            short.join().unwrap(),
+            long.join().unwrap(),
+            refused,
+            stopped_at,
+        )
     });
     let ((short, short_at), (long, long_at)) = (short, long);
     eprintln!(
@@ -384,7 +412,11 @@ fn sigterm_drains_streams_in_flight(nodes: &mut [ShoalNode]) {
         log_since(node, from)
     );
     assert!(
-        long.done && long.error.as_ref().is_some_and(|e| e["code"] == "node_stopping"),
+        long.done
+            && long
+                .error
+                .as_ref()
+                .is_some_and(|e| e["code"] == "node_stopping"),
         "the stream cut at the end of the drain period has no node_stopping error and [DONE]: \
          {long:?}\n{}",
         log_since(node, from)

@@ -336,7 +336,10 @@ mod tests {
             .unwrap();
         assert!(chat.may_act_for(&chat) && x.may_act_for(&chat), "same key");
         assert!(!admin.may_act_for(&chat) && !chat.may_act_for(&admin));
-        assert!(!Caller::default().may_act_for(&chat), "no key for a keyed owner");
+        assert!(
+            !Caller::default().may_act_for(&chat),
+            "no key for a keyed owner"
+        );
         // Without keys nobody is told apart.
         let open = AccessPolicy::default()
             .authorize(Scope::Chat, &HeaderMap::new(), None)

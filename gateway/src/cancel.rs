@@ -92,7 +92,10 @@ mod tests {
     fn only_the_key_that_started_a_generation_cancels_it() {
         let policy = crate::access::AccessPolicy::new(
             &[],
-            &["chat-key-a-0123456789".into(), "chat-key-b-0123456789".into()],
+            &[
+                "chat-key-a-0123456789".into(),
+                "chat-key-b-0123456789".into(),
+            ],
             &[],
         )
         .unwrap();
@@ -103,7 +106,10 @@ mod tests {
                 .authorize(crate::access::Scope::Chat, &h, None)
                 .unwrap()
         };
-        let (a, b) = (caller("chat-key-a-0123456789"), caller("chat-key-b-0123456789"));
+        let (a, b) = (
+            caller("chat-key-a-0123456789"),
+            caller("chat-key-b-0123456789"),
+        );
         let running = Running::default();
         let token = CancellationToken::new();
         let _entry = running.register("chatcmpl-1", token.clone(), a);

@@ -6,10 +6,10 @@
 //! ([`crate::reasoning`]). The APIs differ only in how they spell requests and events, so
 //! routing and forwarding (the backend's) are the same for all of them.
 
+use crate::access::Caller;
 use crate::answer::{AnswerSplitter, Part};
 use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
-use crate::access::Caller;
 use crate::cancel::{Registration, Running};
 use crate::config::GatewayConfig;
 use crate::drain::{cut_error, Drain, InFlight};

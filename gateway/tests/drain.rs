@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Opens a stream of a chat whose answer comes after `wait_ms`; answers its body.
-async fn open_stream(
-    addr: std::net::SocketAddr,
-    wait_ms: u64,
-) -> hyper::body::Incoming {
+async fn open_stream(addr: std::net::SocketAddr, wait_ms: u64) -> hyper::body::Incoming {
     let body = json!({"model": gateway::fake::FAKE_MODEL, "stream": true,
                       "messages": [{"role": "user", "content": format!("wait {wait_ms}")}]});
-    let response = send(addr, build("POST", addr, "/v1/chat/completions", &body.to_string())).await;
+    let response = send(
+        addr,
+        build("POST", addr, "/v1/chat/completions", &body.to_string()),
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::OK);
     response.into_body()
 }
@@ -64,7 +65,10 @@ async fn stopping_finishes_short_answers_and_cuts_long_ones_with_an_error() {
     shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
     // No new connection; a new chat on the open one is refused with a clear error.
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still listening");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "still listening"
+    );
     let chat = chat_body("hello", json!({}));
     let refused = open
         .send_request(build("POST", addr, "/v1/chat/completions", &chat))

@@ -186,12 +186,18 @@ fn tokens_that_split_a_character_report_their_own_bytes() {
             })
             .count();
         assert!(split > 0, "{name}: no token splits a character of {text:?}");
-        let joined: Vec<u8> = ids.iter().flat_map(|id| tokenizer.token_bytes(*id)).collect();
+        let joined: Vec<u8> = ids
+            .iter()
+            .flat_map(|id| tokenizer.token_bytes(*id))
+            .collect();
         assert_eq!(
             String::from_utf8_lossy(&joined),
             text,
             "{name}: the tokens' bytes do not join into the text"
         );
-        eprintln!("{name}: {} tokens, {split} of them part of a character", ids.len());
+        eprintln!(
+            "{name}: {} tokens, {split} of them part of a character",
+            ids.len()
+        );
     }
 }

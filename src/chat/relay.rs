@@ -115,7 +115,10 @@ mod tests {
             l.top,
             vec![(" Paris".to_string(), -0.1), ("\u{FFFD}".to_string(), -2.5)]
         );
-        assert_eq!((l.token_bytes(), l.top_bytes(1)), (&b" Paris"[..], &[0xe2][..]));
+        assert_eq!(
+            (l.token_bytes(), l.top_bytes(1)),
+            (&b" Paris"[..], &[0xe2][..])
+        );
         let plain = token_logprob("Pa", -0.3, None);
         assert_eq!((plain.token.as_str(), plain.top.len()), ("Pa", 0));
     }

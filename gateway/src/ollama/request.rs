@@ -368,14 +368,20 @@ mod tests {
         };
         assert_eq!(asked(json!({})), Ok(None));
         assert_eq!(asked(json!({"logprobs": true})), Ok(Some(0)));
-        assert_eq!(asked(json!({"logprobs": true, "top_logprobs": 4})), Ok(Some(4)));
+        assert_eq!(
+            asked(json!({"logprobs": true, "top_logprobs": 4})),
+            Ok(Some(4))
+        );
         assert_eq!(asked(json!({"top_logprobs": 2})), Ok(Some(2)));
         assert_eq!(asked(json!({"logprobs": false})), Ok(None));
         assert_eq!(
             asked(json!({"logprobs": true, "top_logprobs": 21})),
             Err(Some("top_logprobs".into()))
         );
-        assert_eq!(asked(json!({"logprobs": "yes"})), Err(Some("logprobs".into())));
+        assert_eq!(
+            asked(json!({"logprobs": "yes"})),
+            Err(Some("logprobs".into()))
+        );
     }
 
     #[test]

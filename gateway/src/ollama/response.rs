@@ -341,6 +341,30 @@ mod tests {
     }
 
     #[test]
+    fn lines_carry_their_tokens_logprobs_with_bytes() {
+        let mut e = NdjsonEncoder::new(Shape::Generate, "m".into());
+        let token = |bytes: Vec<u8>| TokenLogprob {
+            token: "\u{FFFD}".into(),
+            logprob: -0.25,
+            top: vec![("\u{FFFD}".into(), -0.25)],
+            bytes: vec![bytes.clone(), bytes],
+        };
+        // "€" in two tokens: the first has no text and goes with the second's line.
+        assert!(e.delta("", Some(&token(vec![0xe2]))).is_empty());
+        let lines = e.delta("€", Some(&token(vec![0x82, 0xac])));
+        let v: Value = serde_json::from_slice(&lines[0]).unwrap();
+        assert_eq!(v["response"], "€");
+        let logprobs = v["logprobs"].as_array().unwrap();
+        assert_eq!(logprobs.len(), 2, "{v}");
+        assert_eq!(logprobs[0]["bytes"], json!([0xe2]));
+        assert_eq!(logprobs[1]["top_logprobs"][0]["bytes"], json!([0x82, 0xac]));
+        // Nothing asked, nothing added.
+        let plain = e.delta("x", None);
+        let v: Value = serde_json::from_slice(&plain[0]).unwrap();
+        assert!(v.get("logprobs").is_none(), "{v}");
+    }
+
+    #[test]
     fn closing_line_has_counts_and_durations() {
         let now = tokio::time::Instant::now();
         let t = Timings {

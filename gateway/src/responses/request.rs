@@ -394,7 +394,10 @@ mod tests {
             parse(body).unwrap().request.sampling.logprobs
         };
         assert_eq!(asked(json!({})), None);
-        assert_eq!(asked(json!({"include": ["reasoning.encrypted_content"]})), None);
+        assert_eq!(
+            asked(json!({"include": ["reasoning.encrypted_content"]})),
+            None
+        );
         assert_eq!(asked(json!({"include": [INCLUDE_LOGPROBS]})), Some(0));
         assert_eq!(
             asked(json!({"include": [INCLUDE_LOGPROBS], "top_logprobs": 5})),
@@ -437,7 +440,10 @@ mod tests {
                 json!({"model": "m", "input": "x", "top_logprobs": 21}),
                 "top_logprobs",
             ),
-            (json!({"model": "m", "input": "x", "include": "all"}), "include"),
+            (
+                json!({"model": "m", "input": "x", "include": "all"}),
+                "include",
+            ),
         ];
         for (body, param) in cases {
             let e = parse(body.clone()).unwrap_err();
