@@ -61,6 +61,13 @@ async fn stopping_finishes_short_answers_and_cuts_long_ones_with_an_error() {
         .await
         .unwrap();
     tokio::spawn(conn);
+    // One request on it, so the server has taken the connection before it stops.
+    let models = open
+        .send_request(build("GET", addr, "/v1/models", ""))
+        .await
+        .unwrap();
+    assert_eq!(models.status(), StatusCode::OK);
+    models.into_body().collect().await.unwrap();
     let stopped = Instant::now();
     shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
