@@ -12,6 +12,9 @@
 //! Each entry lives as long as its answer, so the table is bounded by the requests in flight.
 
 use crate::access::Caller;
+use crate::body::{json_response, GatewayBody};
+use crate::error::{ApiError, ErrorKind};
+use hyper::{Response, StatusCode};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -48,6 +51,30 @@ impl Running {
                 .map(|(token, _)| token.clone())
         });
         token.map(|t| t.cancel()).is_some()
+    }
+
+    /// `POST /v1/cancel/{id}` from `caller`: 200 `{"id", "cancelled": true}`, or 404
+    /// `request_not_found` for an id that is not running here or that another key started.
+    pub fn answer_cancel(
+        &self,
+        id: &str,
+        caller: &Caller,
+    ) -> Result<Response<GatewayBody>, ApiError> {
+        if !self.cancel(id, caller) {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no request `{id}` of yours is running on this node; cancel a request on \
+                     the node that received it, with the id its answer carries and the API key \
+                     that started it"
+                ),
+            )
+            .with_code("request_not_found"));
+        }
+        Ok(json_response(
+            StatusCode::OK,
+            &serde_json::json!({"id": id, "cancelled": true}),
+        ))
     }
 
     /// How many generations are registered.

@@ -393,26 +393,7 @@ impl Router {
                 let body = self.read_body(&parts.headers, body).await?;
                 crate::anthropic::count_tokens(backend, &body, ctx).await
             }
-            (Route::Cancel, &Method::POST) => {
-                // Only the key that started a request may cancel it; another key is answered
-                // as an unknown id is (see `crate::cancel`).
-                if ctx.running.cancel(rest, &caller) {
-                    Ok(json_response(
-                        StatusCode::OK,
-                        &serde_json::json!({"id": rest, "cancelled": true}),
-                    ))
-                } else {
-                    Err(ApiError::new(
-                        ErrorKind::NotFound,
-                        format!(
-                            "no request `{rest}` of yours is running on this node; cancel a \
-                             request on the node that received it, with the id its answer \
-                             carries and the API key that started it"
-                        ),
-                    )
-                    .with_code("request_not_found"))
-                }
-            }
+            (Route::Cancel, &Method::POST) => ctx.running.answer_cancel(rest, &caller),
             (Route::Responses, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
                 crate::responses::responses(backend, &body, ctx).await
