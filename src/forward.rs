@@ -352,7 +352,7 @@ mod tests {
             logprob: logprob.map(|logprob| TokenLogprob {
                 token: text.into(),
                 logprob,
-                top: vec![],
+                ..Default::default()
             }),
         })
     }

@@ -118,6 +118,13 @@ pub struct NodeArgs {
     #[arg(long, env = "SHOAL_STEP_TIMEOUT", default_value_t = runner::DEFAULT_STEP_TIMEOUT_S)]
     pub step_timeout: usize,
 
+    /// Seconds the answers in flight may take to finish when the node is told to stop
+    /// (SIGTERM, Ctrl-C): it takes no new request meanwhile (503 `node_stopping`), ends
+    /// those still running then with a `node_stopping` error, and only then stops its
+    /// runners.
+    #[arg(long, env = "SHOAL_DRAIN_SECONDS", default_value_t = 10)]
+    pub drain_seconds: u64,
+
     #[command(flatten)]
     pub access: access::AccessArgs,
 

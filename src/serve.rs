@@ -48,7 +48,8 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
 
 /// Serves the gateway on `0.0.0.0:api_port`, placing `args.model` on this node at start,
 /// with the node id and state supplied by `context` (the mesh), until `shutdown` fires; then
-/// stops the runners.
+/// drains the answers in flight (`--drain-seconds`, see `gateway::drain`) and stops the
+/// runners.
 pub async fn serve_with(
     args: &NodeArgs,
     context: Arc<dyn NodeContext>,
@@ -131,7 +132,10 @@ pub async fn serve_with(
     let served = gateway::serve_with(
         listener,
         backend.clone() as Arc<dyn gateway::Backend>,
-        gateway::GatewayConfig::default(),
+        gateway::GatewayConfig {
+            drain_grace: std::time::Duration::from_secs(args.drain_seconds),
+            ..gateway::GatewayConfig::default()
+        },
         access,
         shutdown,
     )

@@ -48,6 +48,25 @@ enum Grant {
 /// A key's SHA-256 digest.
 type Digest32 = [u8; 32];
 
+/// Who sent a request, as far as the node can tell: the digest of the API key it presented,
+/// or nobody in particular on a node without keys (or on a public route). A generation
+/// remembers its caller so that only the same key may cancel it (`POST /v1/cancel/{id}`):
+/// otherwise any holder of a chat key could stop another's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caller(Option<Digest32>);
+
+impl Caller {
+    /// Whether a request from `self` may act on what `owner` started: always on a node
+    /// without keys, else only with the same key.
+    pub fn may_act_for(&self, owner: &Caller) -> bool {
+        match (&owner.0, &self.0) {
+            (None, _) => true,
+            (Some(a), Some(b)) => equal(a, b),
+            (Some(_), None) => false,
+        }
+    }
+}
+
 /// The node's access rules: its keys and the browser origins it serves besides its own.
 #[derive(Debug, Clone, Default)]
 pub struct AccessPolicy {
@@ -139,15 +158,15 @@ impl AccessPolicy {
     }
 
     /// Checks the request's key against what `scope` needs: 401 without a valid key, 403
-    /// with a chat key on an admin route.
+    /// with a chat key on an admin route. Answers who the caller is (its key's digest).
     pub fn authorize(
         &self,
         scope: Scope,
         headers: &HeaderMap,
         query: Option<&str>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Caller, ApiError> {
         if scope == Scope::Public || !self.has_keys() {
-            return Ok(());
+            return Ok(Caller::default());
         }
         let Some(key) = presented_key(headers, query) else {
             return Err(ApiError::new(
@@ -177,7 +196,7 @@ impl AccessPolicy {
                  placement) needs an admin key",
             )
             .with_code("admin_key_required")),
-            _ => Ok(()),
+            _ => Ok(Caller(Some(digest))),
         }
     }
 }
@@ -302,8 +321,31 @@ mod tests {
         h
     }
 
-    fn status(r: Result<(), ApiError>) -> u16 {
-        r.map_or_else(|e| e.status().as_u16(), |()| 200)
+    fn status<T>(r: Result<T, ApiError>) -> u16 {
+        r.map_or_else(|e| e.status().as_u16(), |_| 200)
+    }
+
+    #[test]
+    fn only_the_same_key_acts_for_a_caller() {
+        let p = policy();
+        let bearer = |k: &str| headers(&[("authorization", &format!("Bearer {k}"))]);
+        let admin = p.authorize(Scope::Chat, &bearer(ADMIN), None).unwrap();
+        let chat = p.authorize(Scope::Chat, &bearer(CHAT), None).unwrap();
+        let x = p
+            .authorize(Scope::Chat, &headers(&[("x-api-key", CHAT)]), None)
+            .unwrap();
+        assert!(chat.may_act_for(&chat) && x.may_act_for(&chat), "same key");
+        assert!(!admin.may_act_for(&chat) && !chat.may_act_for(&admin));
+        assert!(
+            !Caller::default().may_act_for(&chat),
+            "no key for a keyed owner"
+        );
+        // Without keys nobody is told apart.
+        let open = AccessPolicy::default()
+            .authorize(Scope::Chat, &HeaderMap::new(), None)
+            .unwrap();
+        assert_eq!(open, Caller::default());
+        assert!(open.may_act_for(&Caller::default()) && chat.may_act_for(&open));
     }
 
     #[test]

@@ -294,7 +294,7 @@ impl FinishReason {
 }
 
 /// A sampled token's log probability, with the most likely alternatives when asked.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct TokenLogprob {
     /// The token's own text (OpenAI's `logprobs.content[].token`), which may differ from the
     /// text its event streams (a character split across tokens, text held back).
@@ -302,6 +302,28 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// (token, logprob), most likely first.
     pub top: Vec<(String, f32)>,
+    /// The bytes the token stands for and then those of each of `top`, in order, when the
+    /// engine knows them; empty: each is its text's UTF-8. They differ where a token holds
+    /// part of a multi-byte character (its text then reads U+FFFD), and the APIs' `bytes`
+    /// fields exist so that a client can join such tokens into the character.
+    pub bytes: Vec<Vec<u8>>,
+}
+
+impl TokenLogprob {
+    /// The bytes the token stands for.
+    pub fn token_bytes(&self) -> &[u8] {
+        self.bytes
+            .first()
+            .map_or(self.token.as_bytes(), Vec::as_slice)
+    }
+
+    /// The bytes alternative `i` of [`TokenLogprob::top`] stands for.
+    pub fn top_bytes(&self, i: usize) -> &[u8] {
+        match self.bytes.get(i + 1) {
+            Some(bytes) => bytes,
+            None => self.top.get(i).map_or(&[][..], |(t, _)| t.as_bytes()),
+        }
+    }
 }
 
 /// One event of a generation.
@@ -343,6 +365,9 @@ impl Serialize for ChatEvent {
                 if let Some(l) = logprob.as_ref().filter(|l| !l.top.is_empty()) {
                     map.serialize_entry("top", &l.top)?;
                 }
+                if let Some(l) = logprob.as_ref().filter(|l| !l.bytes.is_empty()) {
+                    map.serialize_entry("bytes", &l.bytes)?;
+                }
                 if let Some(l) = logprob.as_ref().filter(|l| l.token != *text) {
                     map.serialize_entry("token", &l.token)?;
                 }
@@ -375,6 +400,9 @@ struct EventFields {
     top: Vec<(String, f32)>,
     /// The token's own text when it differs from `text` (absent from older peers' events).
     token: Option<String>,
+    /// The token's and its alternatives' bytes (absent from older peers' events).
+    #[serde(default)]
+    bytes: Vec<Vec<u8>>,
     finish_reason: Option<String>,
     completion_tokens: Option<u32>,
     tokens: Option<u32>,
@@ -392,6 +420,7 @@ impl<'de> Deserialize<'de> for ChatEvent {
                         token: f.token.unwrap_or_else(|| text.clone()),
                         logprob,
                         top: f.top,
+                        bytes: f.bytes,
                     }),
                     text,
                 })
@@ -430,12 +459,13 @@ mod tests {
                 token: "\u{FFFD}".into(),
                 logprob: -0.5,
                 top: vec![("\u{FFFD}".into(), -0.5), (" a".into(), -1.5)],
+                bytes: vec![vec![0xe2, 0x82], vec![0xe2, 0x82], b" a".to_vec()],
             }),
         };
         let json = serde_json::to_string(&rich).unwrap();
         assert_eq!(
             json,
-            r#"{"type":"token","text":"","logprob":-0.5,"top":[["�",-0.5],[" a",-1.5]],"token":"�"}"#
+            r#"{"type":"token","text":"","logprob":-0.5,"top":[["�",-0.5],[" a",-1.5]],"bytes":[[226,130],[226,130],[32,97]],"token":"�"}"#
         );
         assert_eq!(serde_json::from_str::<ChatEvent>(&json).unwrap(), rich);
         // A peer without `token` (or whose token is its text) means the text.

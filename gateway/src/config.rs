@@ -35,6 +35,10 @@ pub struct GatewayConfig {
     pub max_connections: usize,
     /// The dashboard's state streams (`GET /events`), see [`crate::events`].
     pub events: EventsConfig,
+    /// When the node stops, how long the answers in flight may take to finish before they
+    /// are ended with a `node_stopping` error (default 10 s, `shoal --drain-seconds`): long
+    /// enough for most chats to end, short enough for an init system's stop timeout.
+    pub drain_grace: Duration,
 }
 
 /// Limits and timings of `GET /events`: a node must stay responsive however many dashboards
@@ -77,6 +81,7 @@ impl Default for GatewayConfig {
             body_budget: 64 * 1024 * 1024,
             max_connections: 512,
             events: EventsConfig::default(),
+            drain_grace: Duration::from_secs(10),
         }
     }
 }

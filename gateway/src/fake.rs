@@ -438,6 +438,7 @@ impl Backend for FakeBackend {
                             top: (0..k)
                                 .map(|j| (format!("alt{j}"), -1.0 - j as f32))
                                 .collect(),
+                            bytes: Vec::new(),
                         });
                         if tx
                             .send(Ok(ChatEvent::Token { text, logprob }))

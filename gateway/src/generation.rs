@@ -6,11 +6,13 @@
 //! ([`crate::reasoning`]). The APIs differ only in how they spell requests and events, so
 //! routing and forwarding (the backend's) are the same for all of them.
 
+use crate::access::Caller;
 use crate::answer::{AnswerSplitter, Part};
 use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
 use crate::cancel::{Registration, Running};
 use crate::config::GatewayConfig;
+use crate::drain::{cut_error, Drain, InFlight};
 use crate::error::{ApiError, ErrorKind};
 use crate::steps::{Generation, Step};
 use crate::tools::stream::CallDelta;
@@ -121,14 +123,20 @@ pub struct Accepted {
     accepted: Instant,
     config: GatewayConfig,
     registration: Option<Registration>,
+    drain: Drain,
+    _in_flight: InFlight,
 }
 
-/// What every API handler needs besides the backend: the settings and the table of running
-/// generations.
+/// What every API handler needs besides the backend: the settings, the table of running
+/// generations, the node's stop and who asked.
 #[derive(Debug, Clone, Default)]
 pub struct Ctx {
     pub config: GatewayConfig,
     pub running: Running,
+    /// The server's stop (see [`crate::drain`]).
+    pub drain: Drain,
+    /// Who sent the request being handled (its API key), who alone may cancel it.
+    pub caller: Caller,
 }
 
 /// Hands `request` to the backend, within the configured silence limit. `received` is when
@@ -141,6 +149,7 @@ pub async fn accept(
     id: Option<&str>,
 ) -> Result<Accepted, ApiError> {
     let config = &ctx.config;
+    let in_flight = ctx.drain.enter()?;
     let generation = Generation::new(
         &request.sampling.stop,
         request.sampling.max_tokens,
@@ -174,7 +183,7 @@ pub async fn accept(
     let mut splitter = AnswerSplitter::new(&offered, stream.form.clone());
     // A named function is called once: the answer ends with the call.
     splitter.end_after_call(named);
-    let registration = id.map(|id| ctx.running.register(id, cancel.clone()));
+    let registration = id.map(|id| ctx.running.register(id, cancel.clone(), ctx.caller));
     Ok(Accepted {
         stream,
         splitter,
@@ -185,6 +194,8 @@ pub async fn accept(
         accepted: Instant::now(),
         config: *config,
         registration,
+        drain: ctx.drain.clone(),
+        _in_flight: in_flight,
     })
 }
 
@@ -228,6 +239,7 @@ impl Accepted {
                 tokio::select! {
                     event = next_event(&mut self.stream, Instant::now() + silence, silence) => event,
                     () = self.cancel.cancelled() => None,
+                    () = self.drain.cut() => Some(Err(cut_error())),
                 }
             };
             let event = match event {
@@ -293,6 +305,8 @@ impl Accepted {
             accepted,
             config,
             registration,
+            drain,
+            _in_flight,
         } = self;
         let run = Run {
             stream,
@@ -304,6 +318,8 @@ impl Accepted {
             accepted,
             config,
             _registration: registration,
+            drain,
+            _in_flight,
         };
         tokio::spawn(run.drive(tx, encoder));
         let mut response = Response::new(GatewayBody::Sse(SseBody::new(rx, guard)));
@@ -328,6 +344,10 @@ struct Run {
     config: GatewayConfig,
     /// Keeps the generation cancellable by id while it streams.
     _registration: Option<Registration>,
+    /// The node's stop: the answer is cut when its grace period ends.
+    drain: Drain,
+    /// Counts the answer as in flight while it streams.
+    _in_flight: InFlight,
 }
 
 impl Run {
@@ -353,6 +373,8 @@ impl Run {
                     event = next_event(&mut self.stream, last_event + silence, silence) => event,
                     // `POST /v1/cancel/{id}`: the answer ends here, normally.
                     () = self.cancel.cancelled() => Some(Ok(self.generation.cancelled())),
+                    // The node stops and the answer outlived the drain period.
+                    () = self.drain.cut() => Some(Err(cut_error())),
                     () = tokio::time::sleep_until(last_write + keep_alive) => {
                         if let Some(ping) = encoder.keep_alive() {
                             if tx.send(ping).await.is_err() {

@@ -2,7 +2,8 @@
 //!
 //! - OpenAI's chat completions (`POST /v1/chat/completions`, whole or streamed as SSE) and
 //!   model list (`GET /v1/models`);
-//! - `POST /v1/cancel/{id}`: stops a generation this node is answering, see [`cancel`];
+//! - `POST /v1/cancel/{id}`: stops a generation this node is answering, for the key that
+//!   started it, see [`cancel`];
 //! - OpenAI's Responses (`POST /v1/responses`, stateless), see [`responses`];
 //! - Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), see
 //!   [`anthropic`];
@@ -14,7 +15,8 @@
 //!   stream it follows, `GET /events` (see [`events`]).
 //!
 //! The crate owns HTTP, request validation, response shapes (exo's typed in [`exo`]),
-//! streaming and error statuses.
+//! streaming and error statuses, and the stop: a server told to stop drains its answers in
+//! flight first (see [`drain`]).
 //! Everything about the cluster (which instance serves a model, forwarding to another node,
 //! queueing, generation) sits behind the [`Backend`] trait, which the `shoal` binary
 //! implements; see [`backend`] for the contract.
@@ -36,6 +38,7 @@ mod chat;
 pub mod cluster;
 pub mod config;
 pub mod dashboard;
+pub mod drain;
 pub mod error;
 pub mod events;
 pub mod exo;

@@ -242,8 +242,15 @@ impl Router {
             ctx: Ctx {
                 config,
                 running: Running::default(),
+                drain: Default::default(),
+                caller: Default::default(),
             },
         }
+    }
+
+    /// The server's stop, which [`crate::server`] drains when the node stops.
+    pub fn drain(&self) -> &crate::drain::Drain {
+        &self.ctx.drain
     }
 
     /// Answers one request. Never fails: every error becomes an error response.
@@ -364,42 +371,32 @@ impl Router {
         // The key travels in the query only for the event stream (EventSource sends no
         // headers); elsewhere a key in a URL would end up in logs and histories.
         let key_query = if route == Route::Events { query } else { None };
-        self.access
+        let caller = self
+            .access
             .authorize(route.scope(), &parts.headers, key_query)?;
         let backend = self.backend.as_ref();
+        // This request's own context: who asked, beside the server's shared tables.
+        let ctx = &Ctx {
+            caller,
+            ..self.ctx.clone()
+        };
         match (route, method) {
             (Route::ChatCompletions, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                chat_completions(backend, &body, &self.ctx).await
+                chat_completions(backend, &body, ctx).await
             }
             (Route::Messages, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                crate::anthropic::messages(backend, &body, &self.ctx).await
+                crate::anthropic::messages(backend, &body, ctx).await
             }
             (Route::CountTokens, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                crate::anthropic::count_tokens(backend, &body, &self.ctx).await
+                crate::anthropic::count_tokens(backend, &body, ctx).await
             }
-            (Route::Cancel, &Method::POST) => {
-                if self.ctx.running.cancel(rest) {
-                    Ok(json_response(
-                        StatusCode::OK,
-                        &serde_json::json!({"id": rest, "cancelled": true}),
-                    ))
-                } else {
-                    Err(ApiError::new(
-                        ErrorKind::NotFound,
-                        format!(
-                            "no request `{rest}` is running on this node; cancel a request on \
-                             the node that received it, with the id its answer carries"
-                        ),
-                    )
-                    .with_code("request_not_found"))
-                }
-            }
+            (Route::Cancel, &Method::POST) => ctx.running.answer_cancel(rest, &caller),
             (Route::Responses, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
-                crate::responses::responses(backend, &body, &self.ctx).await
+                crate::responses::responses(backend, &body, ctx).await
             }
             (Route::OllamaChat | Route::OllamaGenerate, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;
@@ -408,7 +405,7 @@ impl Router {
                 } else {
                     crate::ollama::request::Endpoint::Generate
                 };
-                crate::ollama::generate(backend, &body, &self.ctx, endpoint).await
+                crate::ollama::generate(backend, &body, ctx, endpoint).await
             }
             (Route::OllamaShow, &Method::POST) => {
                 let body = self.read_body(&parts.headers, body).await?;

@@ -37,7 +37,9 @@ pub async fn serve(
     serve_with(listener, backend, config, AccessPolicy::default(), shutdown).await
 }
 
-/// [`serve`], enforcing `access` (API keys and browser origins).
+/// [`serve`], enforcing `access` (API keys and browser origins). When `shutdown` fires the
+/// listener is closed and the answers in flight get [`GatewayConfig::drain_grace`] to finish
+/// (see [`crate::drain`]); this returns once they ended or were cut.
 pub async fn serve_with(
     listener: TcpListener,
     backend: Arc<dyn Backend>,
@@ -50,7 +52,7 @@ pub async fn serve_with(
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => break,
         };
         let (mut stream, peer) = match accepted {
             Ok(conn) => conn,
@@ -87,6 +89,27 @@ pub async fn serve_with(
             drop(slot);
         });
     }
+    // New connections are refused from here on; requests on open ones get 503.
+    drop(listener);
+    let drain = router.drain();
+    let in_flight = drain.in_flight();
+    if in_flight > 0 {
+        tracing::info!(
+            in_flight,
+            grace_s = config.drain_grace.as_secs_f64(),
+            "stopping: letting the answers in flight finish"
+        );
+    }
+    let cut = drain.drain(config.drain_grace).await;
+    if cut > 0 {
+        tracing::warn!(
+            cut,
+            grace_s = config.drain_grace.as_secs_f64(),
+            "stopping: answers still running at the end of the drain period were ended with a \
+             node_stopping error"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -176,10 +176,7 @@ fn responses_function_call_streams_argument_deltas() {
 
 #[test]
 fn ollama_sends_the_call_whole() {
-    let mut e = NdjsonEncoder {
-        shape: Shape::Chat,
-        model: "m".into(),
-    };
+    let mut e = NdjsonEncoder::new(Shape::Chat, "m".into());
     assert!(!e.streams_arguments());
     let bodies = write(&mut e);
     let calls: Vec<&Value> = bodies

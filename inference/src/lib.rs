@@ -49,6 +49,7 @@ pub mod stage;
 pub mod template_json;
 pub mod tensor_split;
 pub mod tensor_stage;
+mod token_bytes;
 pub mod tokenizer;
 pub mod untrusted_text;
 pub mod weights;

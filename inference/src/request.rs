@@ -75,6 +75,10 @@ pub struct TopLogprob {
     pub text: String,
     /// Its log-probability under the model (unbiased, before penalties and temperature).
     pub logprob: f32,
+    /// The bytes it stands for ([`crate::Tokenizer::token_bytes`]), which differ from
+    /// `text`'s when it holds part of a multi-byte character (absent from older runners).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bytes: Vec<u8>,
 }
 
 /// What a generated token reports for a request that asked for `top_logprobs`: what OpenAI's
@@ -85,6 +89,9 @@ pub struct TokenLogprobs {
     /// is what the token completes, which differs when a character spans tokens or a stop
     /// string holds text back), so that the sampled token reads the same in both lists.
     pub text: String,
+    /// The bytes the sampled token stands for (see [`TopLogprob::bytes`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bytes: Vec<u8>,
     /// The most likely tokens, most likely first (ties by lower id).
     pub top: Vec<TopLogprob>,
 }

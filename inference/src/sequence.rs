@@ -134,19 +134,28 @@ impl SequenceOutput {
     }
 }
 
-/// The sampled token's own text and its alternatives' (each decoded alone; an id the
-/// tokenizer does not know, in a vocabulary padded past it, reads as empty text).
+/// The sampled token's own text and bytes and its alternatives' (each decoded alone; an id
+/// the tokenizer does not know, in a vocabulary padded past it, reads as empty text).
 fn token_logprobs(tokenizer: &Tokenizer, s: &Sampled) -> TokenLogprobs {
-    let text = |id: u32| tokenizer.decode(&[id], false).unwrap_or_default();
+    let text_and_bytes = |id: u32| {
+        let text = tokenizer.decode(&[id], false).unwrap_or_default();
+        (text.clone(), tokenizer.bytes_of_decoded(id, text))
+    };
+    let (text, bytes) = text_and_bytes(s.token);
     TokenLogprobs {
-        text: text(s.token),
+        text,
+        bytes,
         top: s
             .top
             .iter()
-            .map(|&(token, logprob)| TopLogprob {
-                token,
-                text: text(token),
-                logprob,
+            .map(|&(token, logprob)| {
+                let (text, bytes) = text_and_bytes(token);
+                TopLogprob {
+                    token,
+                    text,
+                    logprob,
+                    bytes,
+                }
             })
             .collect(),
     }

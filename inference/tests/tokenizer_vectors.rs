@@ -160,3 +160,44 @@ fn every_vocab_matches_llama_cpp_or_is_refused() {
     );
     assert_eq!(vectors, 11 * 46 + 4);
 }
+
+/// A character that spans tokens (byte-level BPE splits rare characters into byte pieces):
+/// each piece decoded alone is U+FFFD, and [`Tokenizer::token_bytes`] gives its real bytes,
+/// which join into the text (what the APIs' `logprobs[].bytes` are for).
+#[test]
+fn tokens_that_split_a_character_report_their_own_bytes() {
+    if skip_without_reference() {
+        return;
+    }
+    let text = "Price: 5€ — 日本語の🐟 𓂀 ok";
+    for name in ["gpt-2", "llama-bpe", "qwen2", "starcoder"] {
+        let path = reference_dir()
+            .join("vocab")
+            .join(format!("ggml-vocab-{name}.gguf"));
+        let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        let ids = tokenizer.encode(text).unwrap();
+        let split = ids
+            .iter()
+            .filter(|id| {
+                tokenizer
+                    .decode(&[**id], false)
+                    .unwrap()
+                    .contains('\u{FFFD}')
+            })
+            .count();
+        assert!(split > 0, "{name}: no token splits a character of {text:?}");
+        let joined: Vec<u8> = ids
+            .iter()
+            .flat_map(|id| tokenizer.token_bytes(*id))
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&joined),
+            text,
+            "{name}: the tokens' bytes do not join into the text"
+        );
+        eprintln!(
+            "{name}: {} tokens, {split} of them part of a character",
+            ids.len()
+        );
+    }
+}

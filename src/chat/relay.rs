@@ -59,15 +59,26 @@ pub async fn relay(
 /// text and its alternatives as the runner decoded them; otherwise the text it streams.
 fn token_logprob(text: &str, logprob: f32, top: Option<TokenLogprobs>) -> TokenLogprob {
     match top {
-        Some(t) => TokenLogprob {
-            token: t.text,
-            logprob,
-            top: t.top.into_iter().map(|a| (a.text, a.logprob)).collect(),
-        },
+        Some(t) => {
+            // Bytes travel only when the runner sent them (older runners do not).
+            let bytes = if t.bytes.is_empty() {
+                Vec::new()
+            } else {
+                std::iter::once(t.bytes)
+                    .chain(t.top.iter().map(|a| a.bytes.clone()))
+                    .collect()
+            };
+            TokenLogprob {
+                token: t.text,
+                logprob,
+                top: t.top.into_iter().map(|a| (a.text, a.logprob)).collect(),
+                bytes,
+            }
+        }
         None => TokenLogprob {
             token: text.to_owned(),
             logprob,
-            top: Vec::new(),
+            ..Default::default()
         },
     }
 }
@@ -81,16 +92,19 @@ mod tests {
     fn a_tokens_alternatives_reach_the_gateway_in_order() {
         let top = TokenLogprobs {
             text: " Paris".into(),
+            bytes: b" Paris".to_vec(),
             top: vec![
                 TopLogprob {
                     token: 9,
                     text: " Paris".into(),
                     logprob: -0.1,
+                    bytes: b" Paris".to_vec(),
                 },
                 TopLogprob {
                     token: 4,
-                    text: " Lyon".into(),
+                    text: "\u{FFFD}".into(),
                     logprob: -2.5,
+                    bytes: vec![0xe2],
                 },
             ],
         };
@@ -99,7 +113,11 @@ mod tests {
         assert_eq!(l.logprob, -0.1);
         assert_eq!(
             l.top,
-            vec![(" Paris".to_string(), -0.1), (" Lyon".to_string(), -2.5)]
+            vec![(" Paris".to_string(), -0.1), ("\u{FFFD}".to_string(), -2.5)]
+        );
+        assert_eq!(
+            (l.token_bytes(), l.top_bytes(1)),
+            (&b" Paris"[..], &[0xe2][..])
         );
         let plain = token_logprob("Pa", -0.3, None);
         assert_eq!((plain.token.as_str(), plain.top.len()), ("Pa", 0));

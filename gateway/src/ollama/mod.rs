@@ -13,7 +13,7 @@ use crate::error::{ApiError, ErrorKind};
 use crate::generation::{accept, Ctx};
 use hyper::{Response, StatusCode};
 use request::{model_name, parse_ollama_request, Endpoint, ParsedOllama};
-use response::{answer_json, load_json, NdjsonEncoder, Shape};
+use response::{answer_json, load_json, with_logprobs, NdjsonEncoder, Shape};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -46,18 +46,22 @@ pub async fn generate(
         Endpoint::Chat => Shape::Chat,
         Endpoint::Generate => Shape::Generate,
     };
+    let logprobs = request.sampling.logprobs.is_some();
     let accepted = accept(backend, request, ctx, received, None).await?;
     if stream {
-        return Ok(accepted.stream(NdjsonEncoder { shape, model }));
+        return Ok(accepted.stream(NdjsonEncoder::new(shape, model)));
     }
     let answer = accepted.collect().await?;
-    let value = answer_json(
+    let mut value = answer_json(
         shape,
         &model,
         (&answer.text, &answer.reasoning),
         &answer.tool_calls,
         Some((&answer.ending, &answer.timings)),
     );
+    if logprobs {
+        value = with_logprobs(value, &answer.logprobs);
+    }
     Ok(json_response(StatusCode::OK, &value))
 }
 

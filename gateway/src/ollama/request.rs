@@ -96,7 +96,8 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
             ))
         }
     };
-    let sampling = parse_options(&options)?;
+    let mut sampling = parse_options(&options)?;
+    sampling.logprobs = parse_logprobs(&obj)?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(true);
     Ok(ParsedOllama {
         request: ChatRequest {
@@ -250,6 +251,22 @@ fn parse_messages(
     Ok(out)
 }
 
+/// Ollama's `logprobs: true` with `top_logprobs` (0 to 20) alternatives per token; asking
+/// for alternatives asks for log-probabilities too.
+fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
+    let asked = opt_bool(obj, "logprobs")?.unwrap_or(false);
+    let top = opt_u64(obj, "top_logprobs")?;
+    let max = crate::openai::request::MAX_TOP_LOGPROBS;
+    if top.is_some_and(|n| n > max) {
+        return Err(ApiError::invalid_field(
+            "top_logprobs",
+            format!("`top_logprobs` must be between 0 and {max}"),
+        ));
+    }
+    let top = top.unwrap_or(0) as u32;
+    Ok((asked || top > 0).then_some(top))
+}
+
 /// `options`, with errors naming `options.FIELD`.
 fn parse_options(o: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
     let named = |e: ApiError| match e.param.clone() {
@@ -335,6 +352,35 @@ mod tests {
             parse(json!({"model": "m"}), Endpoint::Generate)
                 .unwrap()
                 .load_only
+        );
+    }
+
+    #[test]
+    fn logprobs_and_their_alternatives() {
+        let asked = |extra: Value| {
+            let mut body = json!({"model": "m", "prompt": "x"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(body, Endpoint::Generate)
+                .map(|p| p.request.sampling.logprobs)
+                .map_err(|e| e.param)
+        };
+        assert_eq!(asked(json!({})), Ok(None));
+        assert_eq!(asked(json!({"logprobs": true})), Ok(Some(0)));
+        assert_eq!(
+            asked(json!({"logprobs": true, "top_logprobs": 4})),
+            Ok(Some(4))
+        );
+        assert_eq!(asked(json!({"top_logprobs": 2})), Ok(Some(2)));
+        assert_eq!(asked(json!({"logprobs": false})), Ok(None));
+        assert_eq!(
+            asked(json!({"logprobs": true, "top_logprobs": 21})),
+            Err(Some("top_logprobs".into()))
+        );
+        assert_eq!(
+            asked(json!({"logprobs": "yes"})),
+            Err(Some("logprobs".into()))
         );
     }
 

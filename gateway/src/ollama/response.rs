@@ -7,6 +7,11 @@
 //! routing, forwarding and tokenizing), `prompt_eval_duration` from then to the first token
 //! (queueing and prefill), `eval_duration` from the first token to the end, and
 //! `total_duration` the whole request.
+//!
+//! Log-probabilities (`logprobs: true`, `top_logprobs: N`) go in each line's `logprobs`, one
+//! entry per token (`{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`, as
+//! Ollama spells them); a token with no text of its own (part of a character) goes with the
+//! next line that has text, or the last.
 
 use crate::backend::{FinishReason, ModelInfo, TokenLogprob, ToolCall};
 use crate::error::ApiError;
@@ -94,6 +99,16 @@ pub fn answer_json(
     Value::Object(out)
 }
 
+/// `answer` with `logprobs`, Ollama's list of the tokens' log-probabilities.
+pub fn with_logprobs(mut answer: Value, logprobs: &[TokenLogprob]) -> Value {
+    let entries: Vec<Value> = logprobs
+        .iter()
+        .map(crate::openai::response::token_logprob_json)
+        .collect();
+    answer["logprobs"] = json!(entries);
+    answer
+}
+
 /// The answer to a generate call with an empty prompt: the model is loaded (it is, on the
 /// cluster), nothing is generated.
 pub fn load_json(model: &str) -> Value {
@@ -108,8 +123,29 @@ pub fn load_json(model: &str) -> Value {
 
 /// An NDJSON stream of one answer.
 pub struct NdjsonEncoder {
-    pub shape: Shape,
-    pub model: String,
+    shape: Shape,
+    model: String,
+    /// Tokens' log-probabilities not sent yet.
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl NdjsonEncoder {
+    /// The stream of an answer of `shape` from `model`.
+    pub fn new(shape: Shape, model: String) -> NdjsonEncoder {
+        NdjsonEncoder {
+            shape,
+            model,
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// `answer` with the log-probabilities not sent yet, if there are any.
+    fn unsent_logprobs(&mut self, answer: Value) -> Value {
+        if self.logprobs.is_empty() {
+            return answer;
+        }
+        with_logprobs(answer, &std::mem::take(&mut self.logprobs))
+    }
 }
 
 impl Encoder for NdjsonEncoder {
@@ -121,17 +157,13 @@ impl Encoder for NdjsonEncoder {
         Vec::new()
     }
 
-    fn delta(&mut self, text: &str, _logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+    fn delta(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+        self.logprobs.extend(logprob.cloned());
         if text.is_empty() {
             return Vec::new();
         }
-        vec![line(&answer_json(
-            self.shape,
-            &self.model,
-            (text, ""),
-            &[],
-            None,
-        ))]
+        let answer = answer_json(self.shape, &self.model, (text, ""), &[], None);
+        vec![line(&self.unsent_logprobs(answer))]
     }
 
     fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
@@ -172,13 +204,14 @@ impl Encoder for NdjsonEncoder {
     }
 
     fn finish(&mut self, ending: &Ending, timings: &Timings) -> Vec<Bytes> {
-        vec![line(&answer_json(
+        let answer = answer_json(
             self.shape,
             &self.model,
             ("", ""),
             &[],
             Some((ending, timings)),
-        ))]
+        );
+        vec![line(&self.unsent_logprobs(answer))]
     }
 
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
@@ -305,6 +338,30 @@ mod tests {
         assert_eq!(rfc3339(t), "2024-03-01T00:00:00.000005Z");
         let t = UNIX_EPOCH + Duration::from_secs(951_782_400 - 1);
         assert_eq!(rfc3339(t), "2000-02-28T23:59:59.000000Z");
+    }
+
+    #[test]
+    fn lines_carry_their_tokens_logprobs_with_bytes() {
+        let mut e = NdjsonEncoder::new(Shape::Generate, "m".into());
+        let token = |bytes: Vec<u8>| TokenLogprob {
+            token: "\u{FFFD}".into(),
+            logprob: -0.25,
+            top: vec![("\u{FFFD}".into(), -0.25)],
+            bytes: vec![bytes.clone(), bytes],
+        };
+        // "€" in two tokens: the first has no text and goes with the second's line.
+        assert!(e.delta("", Some(&token(vec![0xe2]))).is_empty());
+        let lines = e.delta("€", Some(&token(vec![0x82, 0xac])));
+        let v: Value = serde_json::from_slice(&lines[0]).unwrap();
+        assert_eq!(v["response"], "€");
+        let logprobs = v["logprobs"].as_array().unwrap();
+        assert_eq!(logprobs.len(), 2, "{v}");
+        assert_eq!(logprobs[0]["bytes"], json!([0xe2]));
+        assert_eq!(logprobs[1]["top_logprobs"][0]["bytes"], json!([0x82, 0xac]));
+        // Nothing asked, nothing added.
+        let plain = e.delta("x", None);
+        let v: Value = serde_json::from_slice(&plain[0]).unwrap();
+        assert!(v.get("logprobs").is_none(), "{v}");
     }
 
     #[test]

@@ -51,25 +51,29 @@ impl Usage {
 
 /// The `logprobs` object of a choice: `{"content": [...]}`.
 pub fn logprobs_json(tokens: &[TokenLogprob]) -> Value {
-    let content: Vec<Value> = tokens
+    let content: Vec<Value> = tokens.iter().map(token_logprob_json).collect();
+    json!({ "content": content })
+}
+
+/// One token's entry, as chat completions' `logprobs.content[]` and the Responses API's
+/// `output_text.logprobs[]` both spell it: `{token, logprob, bytes, top_logprobs: [{token,
+/// logprob, bytes}]}`, `bytes` being what the token stands for (see
+/// [`TokenLogprob::bytes`]).
+pub fn token_logprob_json(t: &TokenLogprob) -> Value {
+    let top: Vec<Value> = t
+        .top
         .iter()
-        .map(|t| {
-            let top: Vec<Value> = t
-                .top
-                .iter()
-                .map(|(token, logprob)| {
-                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
-                })
-                .collect();
-            json!({
-                "token": t.token,
-                "logprob": t.logprob,
-                "bytes": t.token.as_bytes(),
-                "top_logprobs": top,
-            })
+        .enumerate()
+        .map(|(i, (token, logprob))| {
+            json!({"token": token, "logprob": logprob, "bytes": t.top_bytes(i)})
         })
         .collect();
-    json!({ "content": content })
+    json!({
+        "token": t.token,
+        "logprob": t.logprob,
+        "bytes": t.token_bytes(),
+        "top_logprobs": top,
+    })
 }
 
 /// OpenAI's finish reason: `tool_calls` when the answer ended after calling tools.

@@ -45,6 +45,7 @@ pub async fn responses(
                 &meta,
                 (&answer.text, &answer.reasoning),
                 &answer.tool_calls,
+                &answer.logprobs,
                 &answer.ending,
             ),
             Some(&answer.ending),

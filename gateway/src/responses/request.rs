@@ -88,6 +88,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         temperature: opt_f32_in(&obj, "temperature", 0.0, 2.0)?,
         top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
         seed: parse_seed(&obj)?,
+        logprobs: parse_logprobs(&obj)?,
         ..SamplingParams::default()
     };
     let reasoning_effort = match obj.get("reasoning") {
@@ -119,6 +120,48 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         instructions,
         max_output_tokens: asked_max,
     })
+}
+
+/// What OpenAI's `include` asks for to get each output text's token log-probabilities.
+pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+
+/// Log-probabilities: asked for with `include: ["message.output_text.logprobs"]` (or by
+/// asking for alternatives), with `top_logprobs` (0 to 20) alternatives per token.
+fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
+    let included = match obj.get("include") {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(items)) => {
+            let mut included = false;
+            for item in items {
+                match item.as_str() {
+                    Some(name) => included |= name == INCLUDE_LOGPROBS,
+                    None => {
+                        return Err(ApiError::invalid_field(
+                            "include",
+                            "`include` must be an array of strings",
+                        ))
+                    }
+                }
+            }
+            included
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "include",
+                "`include` must be an array of strings",
+            ))
+        }
+    };
+    let top = opt_u64(obj, "top_logprobs")?;
+    let max = crate::openai::request::MAX_TOP_LOGPROBS;
+    if top.is_some_and(|n| n > max) {
+        return Err(ApiError::invalid_field(
+            "top_logprobs",
+            format!("`top_logprobs` must be between 0 and {max}"),
+        ));
+    }
+    let top = top.unwrap_or(0) as u32;
+    Ok((included || top > 0).then_some(top))
 }
 
 fn parse_input(
@@ -342,6 +385,29 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_are_included_or_asked_with_alternatives() {
+        let asked = |extra: Value| {
+            let mut body = json!({"model": "m", "input": "x"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(body).unwrap().request.sampling.logprobs
+        };
+        assert_eq!(asked(json!({})), None);
+        assert_eq!(
+            asked(json!({"include": ["reasoning.encrypted_content"]})),
+            None
+        );
+        assert_eq!(asked(json!({"include": [INCLUDE_LOGPROBS]})), Some(0));
+        assert_eq!(
+            asked(json!({"include": [INCLUDE_LOGPROBS], "top_logprobs": 5})),
+            Some(5)
+        );
+        assert_eq!(asked(json!({"top_logprobs": 3})), Some(3));
+        assert_eq!(asked(json!({"top_logprobs": 0})), None);
+    }
+
+    #[test]
     fn errors_name_their_field() {
         let cases = [
             (json!({"input": "x"}), "model"),
@@ -369,6 +435,14 @@ mod tests {
             (
                 json!({"model": "m", "input": "x", "text": {"format": {"type": "json_schema"}}}),
                 "text.format",
+            ),
+            (
+                json!({"model": "m", "input": "x", "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (
+                json!({"model": "m", "input": "x", "include": "all"}),
+                "include",
             ),
         ];
         for (body, param) in cases {

@@ -5,10 +5,17 @@
 //! `response.content_part.added`, `response.output_text.delta`…, `response.output_text.done`,
 //! `response.content_part.done`, `response.output_item.done`, then `response.completed` or
 //! `response.incomplete`; each with its `sequence_number`.
+//!
+//! Log-probabilities (asked with `include: ["message.output_text.logprobs"]` and
+//! `top_logprobs`) go in each `output_text` part's `logprobs` and in each
+//! `response.output_text.delta` event's, one entry per token as chat completions spell them
+//! ([`token_logprob_json`]); a token with no text of its own (part of a character) goes with
+//! the next delta.
 
 use crate::backend::{FinishReason, TokenLogprob, ToolCall};
 use crate::error::ApiError;
 use crate::generation::{sse_named, Encoder, Ending, Timings};
+use crate::openai::response::token_logprob_json;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -49,10 +56,12 @@ impl ResponseMeta {
 
 /// The output items of a whole answer: a reasoning item when the model thought, the message
 /// (left out when the answer is only function calls), then a `function_call` item per call.
+/// `logprobs` are the answer's tokens' (empty when not asked for).
 pub fn output_items(
     meta: &ResponseMeta,
     (text, reasoning): (&str, &str),
     calls: &[ToolCall],
+    logprobs: &[TokenLogprob],
     ending: &Ending,
 ) -> Vec<Value> {
     let mut output = Vec::new();
@@ -60,7 +69,8 @@ pub fn output_items(
         output.push(reasoning_item(meta, Some(reasoning)));
     }
     if !text.is_empty() || calls.is_empty() {
-        output.push(message_item(&meta.item_id, text, Some(ending)));
+        let logprobs: Vec<Value> = logprobs.iter().map(token_logprob_json).collect();
+        output.push(message_item(&meta.item_id, (text, &logprobs), Some(ending)));
     }
     output.extend(calls.iter().map(|c| function_call_item(c, true)));
     output
@@ -109,16 +119,19 @@ pub fn response_json(meta: &ResponseMeta, output: &[Value], ending: Option<&Endi
     })
 }
 
-fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+fn text_part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
 }
 
-/// An assistant message item; in progress (no parts yet) without an ending.
-fn message_item(id: &str, text: &str, ending: Option<&Ending>) -> Value {
+/// An assistant message item with its text and the text's token log-probabilities; in
+/// progress (no parts yet) without an ending.
+fn message_item(id: &str, (text, logprobs): (&str, &[Value]), ending: Option<&Ending>) -> Value {
     let (status, content) = match ending {
         None => ("in_progress", vec![]),
-        Some(e) if e.finish_reason == FinishReason::Length => ("incomplete", vec![text_part(text)]),
-        Some(_) => ("completed", vec![text_part(text)]),
+        Some(e) if e.finish_reason == FinishReason::Length => {
+            ("incomplete", vec![text_part(text, logprobs)])
+        }
+        Some(_) => ("completed", vec![text_part(text, logprobs)]),
     };
     json!({"id": id, "type": "message", "status": status, "role": "assistant",
            "content": content})
@@ -166,6 +179,10 @@ pub struct ResponsesEncoder {
     next_index: usize,
     /// The open `function_call` item's output index and id.
     call_at: Option<(usize, String)>,
+    /// The open message's token log-probabilities so far.
+    logprobs: Vec<Value>,
+    /// Those not sent yet (tokens without text of their own wait for the next delta).
+    unsent_logprobs: Vec<Value>,
 }
 
 impl ResponsesEncoder {
@@ -181,6 +198,8 @@ impl ResponsesEncoder {
             done: Vec::new(),
             next_index: 0,
             call_at: None,
+            logprobs: Vec::new(),
+            unsent_logprobs: Vec::new(),
         }
     }
 
@@ -230,9 +249,9 @@ impl ResponsesEncoder {
         };
         self.messages += 1;
         self.message_at = Some((id.clone(), index));
-        let item = message_item(&id, "", None);
+        let item = message_item(&id, ("", &[]), None);
         let mut part = self.location(&id, index);
-        part["part"] = text_part("");
+        part["part"] = text_part("", &[]);
         frames.push(self.event(
             "response.output_item.added",
             json!({"output_index": index, "item": item}),
@@ -247,12 +266,14 @@ impl ResponsesEncoder {
             return Vec::new();
         };
         let text = std::mem::take(&mut self.text);
+        let logprobs = std::mem::take(&mut self.logprobs);
+        self.unsent_logprobs.clear();
         let mut done = self.location(&id, index);
         done["text"] = json!(text);
-        done["logprobs"] = json!([]);
+        done["logprobs"] = json!(logprobs);
         let mut part = self.location(&id, index);
-        part["part"] = text_part(&text);
-        let item = message_item(&id, &text, Some(ending));
+        part["part"] = text_part(&text, &logprobs);
+        let item = message_item(&id, (&text, &logprobs), Some(ending));
         self.done.push(item.clone());
         vec![
             self.event("response.output_text.done", done),
@@ -288,7 +309,12 @@ impl Encoder for ResponsesEncoder {
         ]
     }
 
-    fn delta(&mut self, text: &str, _logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+    fn delta(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Bytes> {
+        if let Some(l) = logprob {
+            let entry = token_logprob_json(l);
+            self.logprobs.push(entry.clone());
+            self.unsent_logprobs.push(entry);
+        }
         if text.is_empty() {
             return Vec::new();
         }
@@ -296,7 +322,7 @@ impl Encoder for ResponsesEncoder {
         self.text.push_str(text);
         let mut body = self.location(&id, index);
         body["delta"] = json!(text);
-        body["logprobs"] = json!([]);
+        body["logprobs"] = json!(std::mem::take(&mut self.unsent_logprobs));
         frames.push(self.event("response.output_text.delta", body));
         frames
     }
@@ -418,13 +444,56 @@ mod tests {
             cached_tokens: 4,
             tool_calls: 0,
         };
-        let output = output_items(&meta, ("abc", ""), &[], &ending);
+        let output = output_items(&meta, ("abc", ""), &[], &[], &ending);
         let r = response_json(&meta, &output, Some(&ending));
         assert_eq!(r["status"], "incomplete");
         assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(r["output"][0]["content"][0]["text"], "abc");
         assert_eq!(r["usage"]["total_tokens"], 8);
         assert_eq!(r["usage"]["input_tokens_details"]["cached_tokens"], 4);
+    }
+
+    #[test]
+    fn deltas_carry_their_tokens_logprobs_and_the_part_all_of_them() {
+        let mut e = ResponsesEncoder::new(ResponseMeta::new("m"));
+        let token = |text: &str, bytes: Vec<u8>| TokenLogprob {
+            token: text.into(),
+            logprob: -0.5,
+            top: vec![(text.into(), -0.5), ("x".into(), -2.0)],
+            bytes: vec![bytes.clone(), bytes, b"x".to_vec()],
+        };
+        let mut frames = e.start(3);
+        // "€" split over two tokens: the first has no text and waits for the second's delta.
+        frames.extend(e.delta("", Some(&token("\u{FFFD}", vec![0xe2]))));
+        frames.extend(e.delta("€", Some(&token("\u{FFFD}", vec![0x82, 0xac]))));
+        let now = tokio::time::Instant::now();
+        let t = Timings {
+            received: now,
+            accepted: now,
+            first_token: None,
+            ended: now,
+        };
+        frames.extend(e.finish(&COMPLETE, &t));
+        let events: Vec<Value> = frames
+            .iter()
+            .filter_map(|f| {
+                let text = String::from_utf8_lossy(f).to_string();
+                let data = text.lines().find_map(|l| l.strip_prefix("data: "))?;
+                serde_json::from_str(data).ok()
+            })
+            .collect();
+        let of = |kind: &str| events.iter().find(|e| e["type"] == kind).unwrap().clone();
+        let delta = of("response.output_text.delta");
+        let logprobs = delta["logprobs"].as_array().unwrap();
+        assert_eq!(logprobs.len(), 2, "{delta}");
+        assert_eq!(logprobs[0]["bytes"], json!([0xe2]));
+        assert_eq!(logprobs[1]["bytes"], json!([0x82, 0xac]));
+        assert_eq!(logprobs[1]["top_logprobs"][1]["token"], "x");
+        let done = of("response.output_text.done");
+        assert_eq!(done["logprobs"].as_array().unwrap().len(), 2);
+        let completed = of("response.completed");
+        let part = &completed["response"]["output"][0]["content"][0];
+        assert_eq!(part["logprobs"].as_array().unwrap().len(), 2, "{part}");
     }
 
     #[test]

@@ -115,6 +115,21 @@ pub struct Batcher<'a> {
     cache: Option<&'a mut PromptCache<KvCache>>,
     /// What a sequence of some length holds, in the budget's positions.
     growth: KvGrowth,
+    /// Steps run and tokens sampled so far.
+    stats: BatchStats,
+}
+
+/// What a batcher has done: the evidence that sequences share steps (a batcher that ran one
+/// sequence per step would have as many decode steps as tokens), which the runner logs when
+/// a batch ends and a test on a real node reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Forward passes run (prompt chunks and decoding).
+    pub steps: u64,
+    /// Forward passes that sampled at least one token.
+    pub decode_steps: u64,
+    /// Tokens sampled, all sequences together.
+    pub tokens: u64,
 }
 
 impl<'a> Batcher<'a> {
@@ -138,7 +153,13 @@ impl<'a> Batcher<'a> {
             ended: Vec::new(),
             cache: None,
             growth,
+            stats: BatchStats::default(),
         }
+    }
+
+    /// Steps run and tokens sampled so far.
+    pub fn stats(&self) -> BatchStats {
+        self.stats
     }
 
     /// Reuses and fills `cache` (see the module docs); ignored when the forward cannot take
@@ -264,8 +285,10 @@ impl<'a> Batcher<'a> {
                 .collect();
             self.forward.step(&parts)?
         };
+        self.stats.steps += 1;
         let mut logits = logits.into_iter();
         let mut finished = Vec::new();
+        let mut sampled_here = 0;
         for &(i, n) in &plan {
             let s = &mut self.active[i];
             s.fed += n;
@@ -278,6 +301,7 @@ impl<'a> Batcher<'a> {
                 ));
             };
             let sampled = s.sampler.sample(&row, &s.context, s.output.generated());
+            sampled_here += 1;
             s.context.push(sampled.token);
             let now = Instant::now();
             if s.first_token.is_none() {
@@ -296,6 +320,8 @@ impl<'a> Batcher<'a> {
                 finished.push(i);
             }
         }
+        self.stats.tokens += sampled_here;
+        self.stats.decode_steps += u64::from(sampled_here > 0);
         for i in finished.into_iter().rev() {
             let s = self.active.remove(i);
             self.end(s, &mut events)?;

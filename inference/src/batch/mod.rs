@@ -18,7 +18,7 @@
 mod batcher;
 mod forward;
 
-pub use batcher::{BatchEvent, BatchLimits, Batcher};
+pub use batcher::{BatchEvent, BatchLimits, BatchStats, Batcher};
 pub(crate) use forward::rows_to_host;
 pub use forward::{BatchForward, LocalBatch, Part, Slot, LOCAL_STEP_TOKENS};
 

@@ -409,6 +409,15 @@ impl Io {
                 }
             }
             if batcher.is_idle() || later.iter().any(|a| matches!(a, Action::Exit(_))) {
+                // The runner's own count of how the batch shared its steps: with n sequences
+                // decoding together, tokens is about n times decode_steps (tests/batching_signal.rs).
+                let stats = batcher.stats();
+                tracing::info!(
+                    steps = stats.steps,
+                    decode_steps = stats.decode_steps,
+                    tokens = stats.tokens,
+                    "batch ended"
+                );
                 return later;
             }
             while let Ok(input) = rx.try_recv() {

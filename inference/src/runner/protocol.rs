@@ -305,16 +305,20 @@ mod tests {
             logprob: -0.25,
             top_logprobs: Some(TokenLogprobs {
                 text: " Paris".into(),
+                bytes: b" Paris".to_vec(),
                 top: vec![
                     crate::request::TopLogprob {
                         token: 42,
                         text: " Paris".into(),
                         logprob: -0.25,
+                        bytes: b" Paris".to_vec(),
                     },
+                    // Part of a character: its bytes are not its text's.
                     crate::request::TopLogprob {
                         token: 7,
-                        text: " Lyon".into(),
+                        text: "\u{FFFD}".into(),
                         logprob: -2.5,
+                        bytes: vec![0xe2, 0x82],
                     },
                 ],
             }),
