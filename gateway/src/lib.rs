@@ -50,6 +50,7 @@ mod memory;
 pub mod ollama;
 pub mod openai;
 pub mod reasoning;
+mod request_body;
 pub mod responses;
 pub mod router;
 pub mod server;

@@ -12,16 +12,13 @@ use crate::config::GatewayConfig;
 use crate::error::{ApiError, ErrorKind};
 use crate::generation::Ctx;
 use crate::openai::response::models_json;
-use bytes::Bytes;
-use http_body_util::BodyExt;
+use crate::request_body::{read_body, BODY_BUDGET_CODE};
 use hyper::body::Body;
-use hyper::header::{
-    HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
-};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, RETRY_AFTER, VARY, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::Value;
 use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 /// The gateway's request handler: cheap to clone, one per server.
 #[derive(Clone)]
@@ -32,29 +29,6 @@ pub struct Router {
     access: Arc<AccessPolicy>,
     /// The body budget in KiB permits, shared by every request being read.
     bodies: Arc<Semaphore>,
-}
-
-/// A request body as read, holding its share of the body budget until it is dropped (when
-/// the request has been handled; a stream's request is parsed before its answer starts).
-pub(crate) struct HeldBody {
-    bytes: Bytes,
-    _budget: Option<OwnedSemaphorePermit>,
-}
-
-impl std::ops::Deref for HeldBody {
-    type Target = Bytes;
-    fn deref(&self) -> &Bytes {
-        &self.bytes
-    }
-}
-
-impl Drop for HeldBody {
-    fn drop(&mut self) {
-        // Large bodies leave large free blocks behind; hand them back to the system.
-        if self.bytes.len() >= crate::memory::TRIM_AFTER_BYTES {
-            crate::memory::give_back_soon();
-        }
-    }
 }
 
 /// The routes, for matching and for `405 Allow` answers.
@@ -382,24 +356,24 @@ impl Router {
         };
         match (route, method) {
             (Route::ChatCompletions, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 chat_completions(backend, &body, ctx).await
             }
             (Route::Messages, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 crate::anthropic::messages(backend, &body, ctx).await
             }
             (Route::CountTokens, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 crate::anthropic::count_tokens(backend, &body, ctx).await
             }
             (Route::Cancel, &Method::POST) => ctx.running.answer_cancel(rest, &caller),
             (Route::Responses, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 crate::responses::responses(backend, &body, ctx).await
             }
             (Route::OllamaChat | Route::OllamaGenerate, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 let endpoint = if route == Route::OllamaChat {
                     crate::ollama::request::Endpoint::Chat
                 } else {
@@ -408,7 +382,7 @@ impl Router {
                 crate::ollama::generate(backend, &body, ctx, endpoint).await
             }
             (Route::OllamaShow, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 crate::ollama::show(backend, &body).await
             }
             (Route::OllamaTags, &Method::GET) => Ok(crate::ollama::tags(backend).await),
@@ -431,13 +405,13 @@ impl Router {
                 Ok(json_response(StatusCode::OK, subtree))
             }
             (Route::PlaceInstance, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 let request = crate::exo::parse_place_instance(&body)?;
                 let placed = backend.place_instance(request).await?;
                 Ok(json_response(StatusCode::OK, &placed))
             }
             (Route::CreateInstance, &Method::POST) => {
-                let body = self.read_body(&parts.headers, body).await?;
+                let body = read_body(&self.ctx.config, &self.bodies, &parts.headers, body).await?;
                 let instance = crate::exo::parse_create_instance(&body)?;
                 let created = backend.create_instance(instance).await?;
                 Ok(json_response(StatusCode::OK, &created))
@@ -484,129 +458,5 @@ impl Router {
                 format!("{method} is not allowed on {path}; use {}", route.methods()),
             )),
         }
-    }
-
-    /// Reads a request body: 413 for anything over the configured limit (announced by
-    /// `Content-Length` or found while reading), 503 when the shared body budget cannot hold
-    /// it now, 408 when it does not arrive within the body timeout.
-    async fn read_body<B>(&self, headers: &hyper::HeaderMap, body: B) -> Result<HeldBody, ApiError>
-    where
-        B: Body + Send,
-        B::Data: Send,
-        B::Error: std::error::Error + Send + Sync + 'static,
-    {
-        let config = &self.ctx.config;
-        let limit = config.body_limit;
-        let too_large = || {
-            ApiError::new(
-                ErrorKind::PayloadTooLarge,
-                format!("the request body is larger than this node's limit of {limit} bytes"),
-            )
-            .with_code("payload_too_large")
-        };
-        let announced = headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if announced.is_some_and(|n| n > limit as u64) {
-            return Err(too_large());
-        }
-        let read = async {
-            // The budget counts bytes as they arrive, never the announced length: a few
-            // connections announcing large bodies and sending nothing would otherwise hold the
-            // whole budget and refuse every other POST (probed 2026-12-04). Memory too is
-            // reserved only up to a small first share of what is announced.
-            let mut held = Budget::new(&self.bodies);
-            let mut out = bytes::BytesMut::new();
-            if let Some(n) = announced {
-                out.reserve((n as usize).min(FIRST_RESERVE));
-            }
-            let mut body = std::pin::pin!(body);
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| {
-                    ApiError::new(
-                        ErrorKind::InvalidRequest,
-                        format!("could not read the request body: {e}"),
-                    )
-                })?;
-                let Ok(mut data) = frame.into_data() else {
-                    continue;
-                };
-                use bytes::Buf;
-                let size = out.len() + data.remaining();
-                if size > limit {
-                    return Err(too_large());
-                }
-                held.grow_to(size)?;
-                while data.has_remaining() {
-                    let chunk = data.chunk();
-                    let n = chunk.len();
-                    out.extend_from_slice(chunk);
-                    data.advance(n);
-                }
-            }
-            Ok(HeldBody {
-                bytes: out.freeze(),
-                _budget: held.permit,
-            })
-        };
-        match tokio::time::timeout(config.body_timeout, read).await {
-            Ok(result) => result,
-            Err(_) => Err(ApiError::new(
-                ErrorKind::RequestTimeout,
-                format!(
-                    "the request body did not arrive within {} s; send it whole, promptly",
-                    config.body_timeout.as_secs()
-                ),
-            )
-            .with_code("body_timeout")),
-        }
-    }
-}
-
-/// Bytes of an announced body reserved before any arrive (the rest as they do).
-const FIRST_RESERVE: usize = 64 * 1024;
-
-/// The `code` of a 503 for a body the shared budget cannot hold now.
-const BODY_BUDGET_CODE: &str = "body_budget_exhausted";
-
-/// The share of the body budget one request holds, grown as its bytes arrive.
-struct Budget<'a> {
-    budget: &'a Arc<Semaphore>,
-    permit: Option<OwnedSemaphorePermit>,
-    kib: usize,
-}
-
-impl<'a> Budget<'a> {
-    fn new(budget: &'a Arc<Semaphore>) -> Budget<'a> {
-        Budget {
-            budget,
-            permit: None,
-            kib: 0,
-        }
-    }
-
-    /// Holds enough of the budget for `bytes`, or answers 503 now: waiting would keep the
-    /// connection and its bytes alive, which is what the budget is there to prevent.
-    fn grow_to(&mut self, bytes: usize) -> Result<(), ApiError> {
-        let want = bytes.div_ceil(1024);
-        if want <= self.kib {
-            return Ok(());
-        }
-        let more = u32::try_from(want - self.kib).unwrap_or(u32::MAX);
-        let Ok(permit) = self.budget.clone().try_acquire_many_owned(more) else {
-            return Err(ApiError::new(
-                ErrorKind::Busy,
-                "this node is holding as many request bytes as it takes at once (other large \
-                 bodies are arriving now); retry shortly",
-            )
-            .with_code(BODY_BUDGET_CODE));
-        };
-        self.kib = want;
-        match &mut self.permit {
-            Some(held) => held.merge(permit),
-            None => self.permit = Some(permit),
-        }
-        Ok(())
     }
 }
