@@ -161,6 +161,39 @@ fn a_flood_of_huge_bodies_leaves_memory_where_it_was() {
         base / MIB
     );
     assert_eq!(get(node, "/node_id", None).0, 200, "the node still serves");
+
+    // Two connections announce 32 MiB bodies each and send nothing (probed 2026-12-04: the
+    // whole budget was reserved from the announced lengths, and every POST got 429 for 60 s).
+    // The budget counts bytes as they arrive, so a small POST beside them goes through.
+    let idle: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = kit::netns::connect_in(&node.node.netns, addr(node), LIMIT).unwrap();
+            let head = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: \
+                 application/json\r\ncontent-length: 33554000\r\n\r\n",
+                addr(node)
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let body =
+        json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        addr(node),
+        body.len()
+    );
+    let (status, answer) = raw(node, &head, body.as_bytes());
+    // No instance runs here: the chat itself is refused (503 no_instance), not its body.
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        !answer.contains("body_budget") && answer.contains("no running instance"),
+        "{answer}"
+    );
+    drop(idle);
     net.teardown(nodes);
 }
 
