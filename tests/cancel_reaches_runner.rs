@@ -37,26 +37,9 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Within this a new chat must answer once a stream was stopped.
 const SLOT_FREE: Duration = Duration::from_secs(15);
 
-/// CPU time (user + system, seconds) process `pid` has used so far.
-fn cpu_seconds(pid: u64) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the runner's stat");
-    // Fields after the command (which is in parentheses): state is field 3, utime 14, stime 15.
-    let after = &stat[stat.rfind(')').expect("stat's command") + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf only reads a constant of the system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks as f64 / per_second
-}
-
 /// CPU seconds each of `pids` uses over [`IDLE_WINDOW`] from now.
 fn cpu_over_window(pids: &[u64]) -> Vec<f64> {
-    let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
-    std::thread::sleep(IDLE_WINDOW);
-    pids.iter()
-        .zip(before)
-        .map(|(p, b)| cpu_seconds(*p) - b)
-        .collect()
+    support::cpu_over(pids, IDLE_WINDOW)
 }
 
 /// How a long stream is stopped.

@@ -30,6 +30,18 @@ fn one_node(tag: &str) -> Option<(TestNet, Vec<ShoalNode>)> {
     )
 }
 
+/// Whether the model fixture is there (the test fails without it, or is skipped and counted
+/// with `SHOAL_ALLOW_SKIP=1`).
+fn fixture_present() -> bool {
+    kit::skip::can_run(
+        kit::dirs::default_model_path()
+            .exists()
+            .then_some(())
+            .ok_or("no fixture".to_string()),
+        "run `cargo xtask setup`",
+    )
+}
+
 fn wait_up(node: &ShoalNode) {
     wait_for(LIMIT, || {
         (call(node, "GET", "/node_id", None).0 == 200).then_some(())
@@ -199,13 +211,7 @@ fn a_flood_of_huge_bodies_leaves_memory_where_it_was() {
 
 #[test]
 fn a_model_path_that_blocks_holds_up_no_other_request() {
-    if !kit::skip::can_run(
-        kit::dirs::default_model_path()
-            .exists()
-            .then_some(())
-            .ok_or("no fixture".to_string()),
-        "run `cargo xtask setup`",
-    ) {
+    if !fixture_present() {
         return;
     }
     let Some((net, mut nodes)) = one_node("hfifo") else {
@@ -358,13 +364,7 @@ fn with_keys_only_key_holders_reach_the_cluster() {
 /// before), and the error says what works instead and which models this node has.
 #[test]
 fn an_unknown_hub_id_without_a_route_to_the_hub_fails_fast() {
-    if !kit::skip::can_run(
-        kit::dirs::default_model_path()
-            .exists()
-            .then_some(())
-            .ok_or("no fixture".to_string()),
-        "run `cargo xtask setup`",
-    ) {
+    if !fixture_present() {
         return;
     }
     let Some((net, mut nodes)) = one_node("hdns") else {

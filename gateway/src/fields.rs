@@ -123,6 +123,19 @@ pub fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, Ap
     }
 }
 
+/// `top_logprobs`: how many alternatives to report per token, at most
+/// [`crate::openai::request::MAX_TOP_LOGPROBS`] (OpenAI's bound, which every API here keeps).
+pub fn opt_top_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
+    let max = crate::openai::request::MAX_TOP_LOGPROBS;
+    match opt_u64(obj, "top_logprobs")? {
+        Some(k) if k > max => Err(ApiError::invalid_field(
+            "top_logprobs",
+            format!("`top_logprobs` must be between 0 and {max}"),
+        )),
+        k => Ok(k.map(|k| k as u32)),
+    }
+}
+
 /// An optional non-negative integer (an integral float such as `16.0` is accepted).
 pub fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiError> {
     match obj.get(name) {

@@ -312,51 +312,37 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     let gen = GENERATED_TOKENS.to_string();
 
     type Contender = (&'static str, Box<dyn Fn() -> Command>);
-    let mut contenders: Vec<Contender> = vec![(
-        "shoal (no flags: f32 on CPU)",
-        Box::new({
-            let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
-            move || {
-                let mut c = Command::new(&shoal);
-                c.args([
-                    "generate",
-                    "--model",
-                    "default",
-                    "--ignore-eos",
-                    "--json-stats",
-                    "--max-tokens",
-                    &gen,
-                    "--token-ids",
-                ])
-                .arg(&ids_file);
-                c
+    // `shoal generate` on the fixture, in the weight form `dtype` names (`None`: the default).
+    let shoal_generate = |dtype: Option<&'static str>| -> Box<dyn Fn() -> Command> {
+        let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
+        Box::new(move || {
+            let mut c = Command::new(&shoal);
+            if let Some(d) = dtype {
+                c.env("SHOAL_DTYPE", d);
             }
-        }),
-    )];
-    // The same file kept 4-bit (Q4_1 repacked as MLX affine 4-bit), its products on shoal's
-    // CPU kernel (`native/mlx-sys/kernels`): an eighth of f32's weight bytes.
-    contenders.push((
-        "shoal 4-bit (SHOAL_DTYPE=quantized)",
-        Box::new({
-            let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
-            move || {
-                let mut c = Command::new(&shoal);
-                c.env("SHOAL_DTYPE", "quantized")
-                    .args([
-                        "generate",
-                        "--model",
-                        "default",
-                        "--ignore-eos",
-                        "--json-stats",
-                        "--max-tokens",
-                        &gen,
-                        "--token-ids",
-                    ])
-                    .arg(&ids_file);
-                c
-            }
-        }),
-    ));
+            c.args([
+                "generate",
+                "--model",
+                "default",
+                "--ignore-eos",
+                "--json-stats",
+                "--max-tokens",
+                &gen,
+                "--token-ids",
+            ])
+            .arg(&ids_file);
+            c
+        })
+    };
+    let mut contenders: Vec<Contender> = vec![
+        ("shoal (no flags: f32 on CPU)", shoal_generate(None)),
+        // The same file kept 4-bit (Q4_1 repacked as MLX affine 4-bit), its products on
+        // shoal's CPU kernel (`native/mlx-sys/kernels`): an eighth of f32's weight bytes.
+        (
+            "shoal 4-bit (SHOAL_DTYPE=quantized)",
+            shoal_generate(Some("quantized")),
+        ),
+    ];
     if let Some(py) = &mlx_python {
         for (label, dtype) in [
             ("mlx-lm f32 + OpenBLAS (fastest)", "f32"),

@@ -255,15 +255,7 @@ fn parse_messages(
 /// for alternatives asks for log-probabilities too.
 fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
     let asked = opt_bool(obj, "logprobs")?.unwrap_or(false);
-    let top = opt_u64(obj, "top_logprobs")?;
-    let max = crate::openai::request::MAX_TOP_LOGPROBS;
-    if top.is_some_and(|n| n > max) {
-        return Err(ApiError::invalid_field(
-            "top_logprobs",
-            format!("`top_logprobs` must be between 0 and {max}"),
-        ));
-    }
-    let top = top.unwrap_or(0) as u32;
+    let top = crate::fields::opt_top_logprobs(obj)?.unwrap_or(0);
     Ok((asked || top > 0).then_some(top))
 }
 

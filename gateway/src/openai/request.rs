@@ -90,21 +90,15 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
     };
 
     let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
-    let top_logprobs = opt_u64(&obj, "top_logprobs")?;
+    let top_logprobs = crate::fields::opt_top_logprobs(&obj)?;
     let logprobs = match (logprobs, top_logprobs) {
-        (_, Some(k)) if k > MAX_TOP_LOGPROBS => {
-            return Err(ApiError::invalid_field(
-                "top_logprobs",
-                format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}"),
-            ))
-        }
         (false, Some(_)) => {
             return Err(ApiError::invalid_field(
                 "top_logprobs",
                 "`top_logprobs` needs `logprobs: true`",
             ))
         }
-        (true, k) => Some(k.unwrap_or(0) as u32),
+        (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
 

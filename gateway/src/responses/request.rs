@@ -152,15 +152,7 @@ fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
             ))
         }
     };
-    let top = opt_u64(obj, "top_logprobs")?;
-    let max = crate::openai::request::MAX_TOP_LOGPROBS;
-    if top.is_some_and(|n| n > max) {
-        return Err(ApiError::invalid_field(
-            "top_logprobs",
-            format!("`top_logprobs` must be between 0 and {max}"),
-        ));
-    }
-    let top = top.unwrap_or(0) as u32;
+    let top = crate::fields::opt_top_logprobs(obj)?.unwrap_or(0);
     Ok((included || top > 0).then_some(top))
 }
 
