@@ -17,6 +17,8 @@
 //!   `tool_choice` that forces a call, the part of that text the node would have forced
 //!   into the prompt (`crate::tools::forced`, Hermes' opening) is not streamed but primed,
 //!   as a real node does;
+//! - `pieces: ["a", "b", ...]` streams each string of the JSON array as one token (a token
+//!   stream recorded from a real tokenizer and its detokenizer, replayed);
 //! - `request` streams what the request carried for tools, as JSON: `tools`, `tool_choice`,
 //!   `enable_thinking`, `reasoning_effort` and each message's role, content and tool fields;
 //! - `fail after N` streams N tokens, then fails as a lost instance;
@@ -141,6 +143,12 @@ impl FakeBackend {
         }
         if let Some(text) = last.strip_prefix("echo:") {
             return Script::tokens(chunks(text.trim_start()));
+        }
+        if let Some(pieces) = last
+            .strip_prefix("pieces:")
+            .and_then(|p| serde_json::from_str::<Vec<String>>(p.trim()).ok())
+        {
+            return Script::tokens(pieces);
         }
         if let Some((thought, answer)) =
             last.strip_prefix("opened:").and_then(|t| t.split_once('|'))
