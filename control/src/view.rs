@@ -150,12 +150,9 @@ impl InstanceView {
     pub fn is_ready(&self, snapshot: &Snapshot, mine: Option<&RunnerStatus>) -> bool {
         let statuses = self.rank_statuses(snapshot, mine);
         !statuses.is_empty()
-            && statuses.iter().all(|(_, r)| {
-                matches!(
-                    r.as_ref().map(|r| &r.status),
-                    Some(RunnerStatus::Ready | RunnerStatus::Running)
-                )
-            })
+            && statuses
+                .iter()
+                .all(|(_, r)| r.as_ref().is_some_and(|r| r.status.is_serving()))
     }
 
     /// The first failure among the ranks, as "rank R on node N: reason".

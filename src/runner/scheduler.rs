@@ -292,10 +292,7 @@ impl Scheduler {
         if self.failure.is_some() {
             return;
         }
-        if !matches!(
-            *self.state.borrow(),
-            RunnerStatus::Ready | RunnerStatus::Running
-        ) {
+        if !self.state.borrow().is_serving() {
             return;
         }
         while self.running.len() < self.max_running {

@@ -67,7 +67,8 @@ impl LocalRunner {
 
     /// Its supervisor, if the runner is ready for requests.
     pub fn ready_supervisor(&self) -> Option<Supervisor> {
-        matches!(self.status(), RunnerStatus::Ready | RunnerStatus::Running)
+        self.status()
+            .is_serving()
             .then(|| self.supervisor.clone())
             .flatten()
     }
