@@ -20,7 +20,7 @@ mod forward;
 
 pub use batcher::{BatchEvent, BatchLimits, Batcher};
 pub(crate) use forward::rows_to_host;
-pub use forward::{BatchForward, LocalBatch, Part, Slot, LOCAL_STEP_TOKENS};
+pub use forward::{BatchForward, LocalBatch, Part, LOCAL_STEP_TOKENS};
 
 mod limits;
 pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};
@@ -32,7 +32,7 @@ pub use ring_plan::{
 };
 
 mod slot_kv;
-pub use slot_kv::SlotKv;
+pub use slot_kv::{Slot, SlotKv};
 
 mod prompt_cache;
 pub use prompt_cache::{prompt_cache_tokens, Hit, PromptCache, PROMPT_CACHE_ENV};

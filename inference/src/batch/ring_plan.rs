@@ -8,7 +8,8 @@
 //! small numbers rank 0 reuses (the lowest free one), so a plan stays a few integers per
 //! sequence, exact in the f32 a tensor-parallel broadcast carries.
 
-use super::forward::{BatchForward, Part, Slot};
+use super::forward::{BatchForward, Part};
+use super::slot_kv::Slot;
 use super::slot_kv::SlotKv;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
