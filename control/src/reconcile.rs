@@ -5,7 +5,7 @@
 //!
 //! One pass of [`reconcile`], in this order:
 //! 1. **re-place** every instance with a rank on a dead node, or a rank whose runner hung
-//!    (failed with [`HUNG_PREFIX`]: the step deadline passed) ([`Effect::Replace`], the next
+//!    (failed [`RunnerRecord::hung`]: the step deadline passed) ([`Effect::Replace`], the next
 //!    epoch, see [`crate::intent`]), except on a node the instance excluded while it is
 //!    [`Snapshot::settling`]; keep this node's own copy of every instance it holds a rank
 //!    of, so that the instance outlives its creator, and bring any copy it holds up to
@@ -30,24 +30,18 @@ use crate::view::{short, InstanceView};
 use placement::{next_action, Action, Placement, RunnerStatus, Sharding, ShutdownReason};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// How the reason of a runner that failed by its step deadline starts (a rank of its ring
-/// hung): such an instance is placed again, as one with a dead node is, since fresh runner
-/// processes on the same nodes can serve it.
-pub const HUNG_PREFIX: &str = "hung: ";
-
-/// Whether a rank's runner of `view`'s epoch failed by its step deadline; `mine` is this
-/// node's own runner of the instance, if it has one.
+/// Whether a rank's runner of `view`'s epoch failed by its step deadline (its record's or,
+/// for this node's own rank, its facts' `hung`): such an instance is placed again, as one
+/// with a dead node is, since fresh runner processes on the same nodes can serve it. `mine`
+/// is this node's own runner of the instance, if it has one.
 fn has_hung_rank(view: &InstanceView, snapshot: &Snapshot, mine: Option<&RunnerFacts>) -> bool {
-    let mine = mine
-        .filter(|r| r.epoch == view.record.epoch)
-        .map(|r| &r.status);
-    view.rank_statuses(snapshot, mine)
+    let mine = mine.filter(|r| r.epoch == view.record.epoch);
+    view.rank_statuses(snapshot, mine.map(|r| &r.status))
         .iter()
-        .any(|(_, record)| {
-            matches!(
-                record.as_ref().map(|r| &r.status),
-                Some(RunnerStatus::Failed { reason }) if reason.starts_with(HUNG_PREFIX)
-            )
+        .any(|(node, record)| match record {
+            Some(_) if *node == snapshot.me => mine.is_some_and(|r| r.hung),
+            Some(record) => record.hung,
+            None => false,
         })
 }
 
@@ -79,6 +73,22 @@ pub struct RunnerFacts {
     pub queued: usize,
     /// Whether its model file is on this node's disk.
     pub model_ready: bool,
+    /// Its process was ended by the step deadline (see [`RunnerRecord::hung`]).
+    pub hung: bool,
+}
+
+impl From<&RunnerFacts> for RunnerRecord {
+    /// The record a node publishes for its runner.
+    fn from(r: &RunnerFacts) -> RunnerRecord {
+        RunnerRecord {
+            epoch: r.epoch,
+            rank: r.rank,
+            status: r.status.clone(),
+            queued: r.queued,
+            model_ready: r.model_ready,
+            hung: r.hung,
+        }
+    }
 }
 
 /// A model as this node finds it.
@@ -416,13 +426,7 @@ pub fn publish(local: &LocalRunners, published: &BTreeMap<String, String>) -> Ve
     let mut effects = Vec::new();
     let mut wanted = BTreeSet::new();
     for (id, r) in &local.runners {
-        let record = RunnerRecord {
-            epoch: r.epoch,
-            rank: r.rank,
-            status: r.status.clone(),
-            queued: r.queued,
-            model_ready: r.model_ready,
-        };
+        let record = RunnerRecord::from(r);
         let Ok(value) = serde_json::to_string(&record) else {
             continue;
         };
@@ -466,6 +470,7 @@ mod tests {
             sent: BTreeSet::new(),
             queued: 0,
             model_ready: true,
+            hung: false,
         };
         let local = LocalRunners {
             runners: [("x".to_string(), facts)].into(),
@@ -508,6 +513,7 @@ mod tests {
             sent: BTreeSet::new(),
             queued: 0,
             model_ready: false,
+            hung: false,
         };
         let part = Part::Layers {
             start: 0,
@@ -573,7 +579,7 @@ mod tests {
             )]
             .into(),
         };
-        let failed = |reason: &str, epoch: u32| LocalRunners {
+        let failed = |reason: &str, epoch: u32, hung: bool| LocalRunners {
             runners: [(
                 r.id().to_string(),
                 RunnerFacts {
@@ -586,6 +592,7 @@ mod tests {
                     sent: BTreeSet::new(),
                     queued: 0,
                     model_ready: true,
+                    hung,
                 },
             )]
             .into(),
@@ -601,13 +608,22 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        let hung = format!("{HUNG_PREFIX}no step finished in 60 s");
-        assert_eq!(replaced(&failed(&hung, 0)), vec![(1, vec![])]);
+        let hung = "hung: no step finished in 60 s";
+        assert_eq!(replaced(&failed(hung, 0, true)), vec![(1, vec![])]);
         assert_eq!(
-            replaced(&failed("model loading timed out after 60 s", 0)),
+            replaced(&failed("model loading timed out after 60 s", 0, false)),
             vec![]
         );
         // A hung runner of an earlier epoch does not count.
-        assert_eq!(replaced(&failed(&hung, 7)), vec![]);
+        assert_eq!(replaced(&failed(hung, 7, true)), vec![]);
+        // The other nodes learn it from the published record.
+        let published: Vec<RunnerRecord> = publish(&failed(hung, 0, true), &BTreeMap::new())
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::WriteRecord { value, .. } => serde_json::from_str(&value).ok(),
+                _ => None,
+            })
+            .collect();
+        assert!(published.len() == 1 && published[0].hung, "{published:?}");
     }
 }

@@ -96,6 +96,7 @@ impl InstanceView {
                         status: status.clone(),
                         queued: 0,
                         model_ready: true,
+                        hung: false,
                     })
                 } else if snapshot.is_dead(&r.node) {
                     Some(RunnerRecord {
@@ -106,6 +107,7 @@ impl InstanceView {
                         },
                         queued: 0,
                         model_ready: false,
+                        hung: false,
                     })
                 } else {
                     snapshot
@@ -191,6 +193,7 @@ mod tests {
             status,
             queued: 0,
             model_ready: true,
+            hung: false,
         })
     }
 

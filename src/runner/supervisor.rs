@@ -77,6 +77,8 @@ struct Shared {
     capacity: usize,
     child: Arc<Mutex<Child>>,
     pid: u32,
+    /// Set by the scheduler when the step deadline passed.
+    hung: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Shared {
@@ -143,6 +145,7 @@ impl Supervisor {
             max_running,
             step_timeout,
         );
+        let hung = scheduler.hung_flag();
         tokio::spawn(scheduler.run(inputs_rx));
         tracing::info!(pid, "runner started");
         Ok(Supervisor {
@@ -154,6 +157,7 @@ impl Supervisor {
                 capacity,
                 child,
                 pid,
+                hung,
             }),
         })
     }
@@ -193,6 +197,12 @@ impl Supervisor {
     /// The runner's state, updated as it reports changes.
     pub fn state(&self) -> watch::Receiver<RunnerStatus> {
         self.shared.state.clone()
+    }
+
+    /// Whether the runner failed by its step deadline (a rank of its ring hung): its
+    /// `Failed` state then makes the control plane place the instance again.
+    pub fn hung(&self) -> bool {
+        self.shared.hung.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The runner's current state.
