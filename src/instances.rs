@@ -349,9 +349,14 @@ impl Instances<'_> {
             .fetch_support(model, self.shared.clone())
             .await
             .map_err(|e| {
+                let snapshot = self.context.snapshot();
+                let available = self.models.ids(&snapshot, self.placements, self.runners);
                 ApiError::new(
                     gateway::ErrorKind::Unavailable,
-                    format!("cannot download model `{model}`: {e}"),
+                    format!(
+                        "cannot download model `{model}`: {e}; models available here: {}",
+                        available.join(", ")
+                    ),
                 )
                 .with_code("model_download_failed")
             })

@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 use support::netns::Spec;
 use support::{default_ready, process_ended, wait_for, ShoalNode, TestNet};
 
+/// The cluster secret and keys of the first test's nodes.
+const SECRET: &str = "c1a55e7c1a55e7c1a55e7c1a55e7c1a55e7c1a55e7c1a55e7c1a55e7c1a55e7c";
+const ADMIN_KEY: &str = "cluster-chat-admin-key-012345678";
+const CHAT_KEY: &str = "cluster-chat-chat-key-0123456789";
+
 /// Longest wait for one answer.
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -136,6 +141,15 @@ fn greedy_other_apis(node: &ShoalNode) -> Vec<(&'static str, String)> {
         "/v1/responses",
         json!({"model": "default", "temperature": 0, "max_output_tokens": 16, "input": question}),
     );
+    // A limit beyond any context is echoed as asked (it came back as 4294967295, the
+    // saturated bound the request runs with), and the answer ends on its own.
+    let huge = post(
+        "/v1/responses",
+        json!({"model": "default", "temperature": 0, "max_output_tokens": 1_000_000_000_000u64,
+               "input": question}),
+    );
+    assert_eq!(huge["max_output_tokens"], 1_000_000_000_000u64, "{huge}");
+    assert_eq!(huge["status"], "completed", "{huge}");
     let t = post(
         "/v1/chat/completions",
         json!({"model": "default", "max_tokens": 16, "temperature": 0,
@@ -283,7 +297,17 @@ fn chat_through_either_node_and_delete_from_the_other() {
     let Some((test_net, mut nodes)) = TestNet::create("shoalc", &spec) else {
         return;
     };
+    // Secured as the README says: the forwarded chats below cross the admission the secret
+    // sets up, and the test's client holds the admin key.
     for node in &mut nodes {
+        for (name, value) in [
+            ("SHOAL_CLUSTER_SECRET", SECRET),
+            ("SHOAL_API_KEY", ADMIN_KEY),
+            ("SHOAL_CHAT_API_KEY", CHAT_KEY),
+        ] {
+            node.env.push((name.into(), value.into()));
+        }
+        node.hold_key(ADMIN_KEY);
         node.start();
     }
     let (first, second) = nodes.split_at_mut(1);
@@ -359,6 +383,30 @@ fn chat_through_either_node_and_delete_from_the_other() {
     );
     assert!(direct.contains("Paris"), "{direct}");
     assert_eq!(forwarded, direct, "forwarding changed the answer");
+    // A user's client holds only the chat key: its chat through B is forwarded as well; a
+    // client without a key is refused before anything is forwarded.
+    let user = |key: Option<&str>| {
+        let api =
+            kit::client::Api::at((b.node.ip(), support::API_PORT).into()).in_netns(&b.node.netns);
+        let api = key.map_or(api.clone(), |k| api.with_key(k));
+        kit::blocking::Blocking::new(api)
+            .call(
+                "POST".parse().unwrap(),
+                "/v1/chat/completions",
+                Some(&json!({"model": "default", "temperature": 0, "max_tokens": 16,
+                             "messages": [{"role": "user", "content": "What is the capital of France?"}]})),
+                LIMIT,
+            )
+            .map(|a| (a.status.as_u16(), a.value()))
+            .unwrap_or_else(|e| (0, Value::String(e.to_string())))
+    };
+    let (status, with_chat_key) = user(Some(CHAT_KEY));
+    assert_eq!(status, 200, "{with_chat_key}");
+    let text = with_chat_key["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(forwarded.starts_with(text), "{text:?} vs {forwarded:?}");
+    assert_eq!(user(None).0, 401);
     let (through_b, through_a) = (sampling_controls(b), sampling_controls(a));
     eprintln!("top_logprobs and logit_bias through B (forwarded): {through_b:?}");
     assert_eq!(

@@ -19,10 +19,6 @@ fn listed(node: &ShoalNode) -> Option<Vec<String>> {
     Some(state["nodes"].as_object()?.keys().cloned().collect())
 }
 
-fn node_id(node: &ShoalNode) -> Option<String> {
-    node.state()?["node_id"].as_str().map(str::to_string)
-}
-
 #[test]
 fn only_nodes_with_the_same_secret_see_each_other() {
     let spec = Spec {
@@ -63,7 +59,7 @@ fn only_nodes_with_the_same_secret_see_each_other() {
     nodes[0].start();
     nodes[1].start();
     let up = wait_for(Duration::from_secs(60), || {
-        Some((node_id(&nodes[0])?, node_id(&nodes[1])?))
+        Some((nodes[0].node_id()?, nodes[1].node_id()?))
     });
     let Some(((id1, id2), _)) = up else {
         panic!(
@@ -92,7 +88,7 @@ fn only_nodes_with_the_same_secret_see_each_other() {
     nodes[2].start();
     nodes[3].start();
     let outsiders = wait_for(Duration::from_secs(60), || {
-        Some((node_id(&nodes[2])?, node_id(&nodes[3])?))
+        Some((nodes[2].node_id()?, nodes[3].node_id()?))
     });
     let Some(((id3, id4), _)) = outsiders else {
         panic!("the other nodes did not come up\n{}", logs(&nodes));

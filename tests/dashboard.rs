@@ -3,7 +3,8 @@
 //! venv, inside the first node's namespace. `tests/dashboard_checks.py` does what a person
 //! would (its docstring lists the checks): the topology with 3 nodes and their edges, the
 //! fixture placed by clicking a preview and its ranks becoming ready, a chat that streams an
-//! answer saying Paris (and one stopped), a killed node shown dead and the instance placed
+//! answer saying Paris (and one stopped, its runners seen busy before Stop and idle after, from
+//! their CPU time in /proc: `RUNNER_CPU` on the script's stdout), a killed node shown dead and the instance placed
 //! again, a failed placement's reason, deletion, a phone-sized screen, no console errors.
 //! The node is killed here, when the script asks (`KILL <id>` on its stdout).
 //!
@@ -152,6 +153,15 @@ fn the_dashboard_shows_the_cluster_places_chats_and_follows_a_death() {
             assert_ne!(index, 0, "the page's own node must stay up");
             nodes[index].kill();
             writeln!(to_script, "killed").expect("answer the script");
+            to_script.flush().expect("answer the script");
+        } else if line == "RUNNER_CPU" {
+            let pids: Vec<u64> = nodes
+                .iter()
+                .flat_map(|n| support::runner_pids(&n.node.netns))
+                .collect();
+            let used = support::cpu_over(&pids, Duration::from_secs(2));
+            let words: Vec<String> = used.iter().map(|s| format!("{s:.3}")).collect();
+            writeln!(to_script, "cpu {}", words.join(" ")).expect("answer the script");
             to_script.flush().expect("answer the script");
         }
         lines.push(line);

@@ -1,7 +1,9 @@
 """Drives the dashboard of a real 3-node cluster in headless Chromium (Debian's, through its
 chromedriver and Selenium), the way a person would: it reads the topology, places the model
-fixture by clicking a preview, watches its ranks become ready, chats and stops a chat, then has
-the test kill a node that holds a rank (it prints `KILL <node id>` and waits for `killed` on
+fixture by clicking a preview, watches its ranks become ready, chats and stops a chat (the test
+measures the runners' CPU time when the script prints `RUNNER_CPU`: busy while the long answer
+streams, idle once Stop was clicked, so Stop is shown to free the sequence in the runner, not
+only to end the page's stream), then has the test kill a node that holds a rank (it prints `KILL <node id>` and waits for `killed` on
 stdin), watches the node turn dead and the instance placed again, tries a placement that
 cannot be, deletes the instance, and looks at the page on a phone-sized screen. Screenshots go
 to --out. The browser's console must stay free of errors, except the one refusal the failed
@@ -299,21 +301,52 @@ def chat():
         fail(f"no time to first token or tokens/s: {stats.text!r}")
     log(f"chat: {text!r} streamed in {took:.1f} s ({len(lengths)} lengths seen); {stats.text}")
     shot("04-chat")
-    # A long answer, stopped from the page.
+    # A long answer, stopped from the page. A fresh conversation: after the first question
+    # the model answers this one with "Paris" again, 8 tokens that end before Stop matters.
+    click(DRIVER.find_element(By.ID, "chat-clear"))
+    wait("the cleared chat", lambda: not css(".message"), 10)
     box.send_keys("Count from 1 to 500, separated by commas.", Keys.ENTER)
 
     def some_text():
         answers = css(".message.assistant")
-        return len(answers) == 2 and len(answers[-1].find_element(By.CSS_SELECTOR, ".content").text) > 10
+        return len(answers) == 1 and len(answers[-1].find_element(By.CSS_SELECTOR, ".content").text) > 10
 
     wait("the long answer's first tokens", some_text, 60)
+    busy = runner_cpu()
+    if sum(busy) < BUSY_CPU:
+        fail(f"the runners used only {busy} CPU s in 2 s while the answer streamed")
     click(DRIVER.find_element(By.ID, "chat-stop"))
     stopped = time.monotonic()
     wait("the stopped answer", lambda: "finished: stopped" in stats.text, 15)
+    ended = time.monotonic() - stopped
     text = css(".message.assistant")[-1].find_element(By.CSS_SELECTOR, ".content").text
     if "500" in text:
         fail(f"the answer ran to its end: {text!r}")
-    log(f"stop: the stream ended {time.monotonic() - stopped:.1f} s after Stop, at {text[-30:]!r}")
+    # Give the stop a moment to travel (node, forward, every rank), then watch the runners.
+    time.sleep(1)
+    idle = runner_cpu()
+    if max(idle, default=0.0) >= IDLE_CPU:
+        fail(f"a runner still computes after Stop: {idle} CPU s in 2 s (busy before: {busy})")
+    log(
+        f"stop: the stream ended {ended:.1f} s after Stop, at {text[-30:]!r}; "
+        f"runner CPU per 2 s {busy} while streaming, {idle} after Stop"
+    )
+
+
+# CPU seconds over 2 s: the instance's runners together use more while they generate (the
+# pipeline's ranks measured 0.3-1.9 s each), every runner less once idle (measured 0.00).
+BUSY_CPU = 0.2
+IDLE_CPU = 0.1
+
+
+def runner_cpu():
+    """The CPU seconds each runner process of the cluster used over 2 s, measured by the test
+    (it reads /proc for every node's namespace) when asked with `RUNNER_CPU` on stdout."""
+    print("RUNNER_CPU", flush=True)
+    answer = sys.stdin.readline().split()
+    if not answer or answer[0] != "cpu":
+        fail(f"the test did not measure the runners: {answer}")
+    return [round(float(x), 2) for x in answer[1:]]
 
 
 def kill_and_replace(me, instance, rank_nodes):

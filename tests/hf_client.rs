@@ -16,12 +16,7 @@
 //! (see `kit::skip`).
 
 mod support;
-
-#[path = "support/hf.rs"]
-#[allow(dead_code)]
-mod hf;
-#[path = "support/hf_nodes.rs"]
-mod hf_nodes;
+use support::{hf, hf_nodes};
 
 use hf_nodes::HubNodes;
 use serde_json::{json, Value};

@@ -14,11 +14,8 @@
 //! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
-#[path = "support/hf.rs"]
-#[allow(dead_code)]
-mod hf;
-#[path = "support/hub_world.rs"]
-mod hub_world;
+mod support;
+use support::{hf, hub_world};
 
 use hf::REPO;
 use hub::select::{self, Shard};

@@ -9,11 +9,8 @@
 //! (`support/link_delay.rs`); the delay is measured, not assumed. Needs root and `nft` (setup installs
 //! Debian's nftables): fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted.
 
-#[path = "support/link_delay.rs"]
-mod link_delay;
-#[path = "support/link_faults.rs"]
-mod link_faults;
 mod support;
+use support::{link_delay, link_faults};
 
 use kit::blocking::Blocking;
 use kit::client::Api;

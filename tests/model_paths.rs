@@ -8,10 +8,7 @@
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
 mod support;
-
-#[path = "support/hf.rs"]
-#[allow(dead_code)]
-mod hf;
+use support::hf;
 
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -130,5 +127,87 @@ fn paths_outside_the_model_folders_are_never_opened_and_cached_ids_are_listed() 
     assert_eq!(status, 200, "{text}");
     let previews: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(previews["model"]["n_layers"], 30, "{text}");
+    net.teardown(nodes);
+}
+
+/// `shoal --model PATH` with a folder outside every model folder: the machine's owner named it
+/// on the command line, so the node serves it (it used to answer "does not exist in this
+/// cluster"), while a request from the network naming a path outside stays refused.
+#[test]
+fn a_folder_its_owner_names_on_the_command_line_is_served() {
+    if !kit::skip::can_run(hf::fixture_repo().map(|_| ()), "run `cargo xtask setup`") {
+        return;
+    }
+    let Some((net, mut nodes)) = TestNet::create(
+        "mowner",
+        &Spec {
+            nodes: 1,
+            ..Spec::default()
+        },
+    ) else {
+        return;
+    };
+    let folder = net.dir.join("outside").join("my-smol");
+    std::fs::create_dir_all(&folder).unwrap();
+    for entry in std::fs::read_dir(hf::fixture_repo().unwrap())
+        .unwrap()
+        .flatten()
+    {
+        let to = folder.join(entry.file_name());
+        std::fs::hard_link(entry.path(), &to)
+            .or_else(|_| std::fs::copy(entry.path(), &to).map(|_| ()))
+            .unwrap();
+    }
+    let node = &mut nodes[0];
+    node.extra_args = vec!["--model".into(), folder.display().to_string()];
+    node.env.push(("HF_HUB_OFFLINE".into(), "1".into()));
+    node.start();
+    let node = &nodes[0];
+    let call = |method: &str, path: &str, body: Option<&Value>| -> (u16, Value) {
+        match node.api.call(method.parse().unwrap(), path, body, LIMIT) {
+            Ok(a) => (
+                a.status.as_u16(),
+                serde_json::from_str(&a.text()).unwrap_or(Value::Null),
+            ),
+            Err(e) => (0, Value::String(e.to_string())),
+        }
+    };
+    let ready = wait_for(Duration::from_secs(120), || {
+        let (status, models) = call("GET", "/v1/models", None);
+        (status == 200)
+            .then_some(())
+            .and_then(|_| models["data"].as_array().cloned())
+            .and_then(|data| {
+                data.into_iter()
+                    .find(|m| m["ready"] == true)
+                    .and_then(|m| m["id"].as_str().map(str::to_string))
+            })
+    });
+    let Some((id, _)) = ready else {
+        panic!("the owner's model never became ready\n{}", node.log_tail());
+    };
+    let (status, answer) = call(
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({"model": id, "max_tokens": 12, "temperature": 0,
+                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("Paris"), "{id}: {answer}");
+    // The network still cannot name paths outside: a copy in another folder is not opened.
+    let beside = net.dir.join("beside");
+    std::fs::create_dir_all(&beside).unwrap();
+    for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+        std::fs::hard_link(entry.path(), beside.join(entry.file_name())).unwrap();
+    }
+    let (status, text) = call(
+        "POST",
+        "/place_instance",
+        Some(&json!({"model_id": beside.display().to_string()})),
+    );
+    assert_eq!(status, 404, "{text}");
     net.teardown(nodes);
 }

@@ -18,10 +18,7 @@
 //! Needs root (namespaces), the family fixtures and the Python venv (`cargo xtask setup`).
 
 mod support;
-
-#[path = "support/hf.rs"]
-#[allow(dead_code)]
-mod hf;
+use support::hf;
 
 use hub::select::{Shard, INDEX};
 use hub::testhub::{split::split, Faults, ServedRepo};

@@ -1,6 +1,10 @@
 //! A partition under chat load: three real `shoal` nodes in Linux network namespaces run the
 //! SmolLM2 fixture as a 3-rank pipeline while one client per node sends short streaming
-//! chats, one after another. First each of node 3's packets is held 100 ms each way for 20 s
+//! chats, one after another. The cluster is secured as the README tells users to (a cluster
+//! secret, an admin key, a chat key the clients use), and a fourth node on the same LAN runs
+//! without the secret: before the load, during the partition and after the heal it stays
+//! outside (the members list only each other, it lists only itself) and a client without a
+//! key gets 401 from every member. First each of node 3's packets is held 100 ms each way for 20 s
 //! (an NFQUEUE, `support/link_delay.rs`: this kernel has no netem), then 15% of them are
 //! dropped each way for 15 s (nftables rules in its namespace); then its link is cut
 //! (everything dropped) until both sides have placed the instance again on their own, and
@@ -29,11 +33,8 @@
 //! Needs root (namespaces), `nft` and the model fixture (`cargo xtask setup`): fails
 //! otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
-#[path = "support/link_delay.rs"]
-mod link_delay;
-#[path = "support/link_faults.rs"]
-mod link_faults;
 mod support;
+use support::{link_delay, link_faults};
 
 use kit::blocking::{Blocking, Next};
 use kit::client::Api;
@@ -45,7 +46,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::{call, logs, runner_pids, three_rank_pipeline, wait_for, ShoalNode, API_PORT};
+use support::{call, logs, runner_pids, three_rank_pipeline_beside, wait_for, ShoalNode, API_PORT};
 
 /// The step deadline the nodes run with: a ring cut in the middle of a step ends by it.
 const STEP_TIMEOUT_S: u64 = 5;
@@ -202,25 +203,72 @@ fn ready_at(node: &ShoalNode, id: &str, epoch: u64) -> Option<Value> {
     (view["status"] == "ready" && view["epoch"].as_u64() >= Some(epoch)).then_some(view)
 }
 
-fn node_id(node: &ShoalNode) -> String {
-    let (_, answer) = call(node, "GET", "/node_id", None);
-    answer
-        .as_str()
-        .or_else(|| answer["node_id"].as_str())
-        .unwrap_or_default()
-        .to_string()
+/// The cluster secret and the keys the members run with, as the README tells users to.
+const SECRET: &str = "9a1c3e5f7b9d1f3a5c7e9b1d3f5a7c9e1b3d5f7a9c1e3b5d7f9a1c3e5b7d9f1a";
+const ADMIN_KEY: &str = "partition-test-admin-key-0123456";
+const CHAT_KEY: &str = "partition-test-chat-key-01234567";
+
+/// Whether the stranger (a node on the same LAN without the secret) stays outside: every
+/// member lists exactly the members, the stranger only itself, and a client without a key
+/// gets 401 from every member.
+fn kept_out(members: &[ShoalNode], ids: &[String], stranger: &ShoalNode) -> Result<(), String> {
+    let listed = |node: &ShoalNode| -> BTreeSet<String> {
+        node.state()
+            .and_then(|s| s["nodes"].as_object().map(|o| o.keys().cloned().collect()))
+            .unwrap_or_default()
+    };
+    let expected: BTreeSet<String> = ids.iter().cloned().collect();
+    for (i, member) in members.iter().enumerate() {
+        let seen = listed(member);
+        if seen != expected {
+            return Err(format!("node {} lists {seen:?}, not {expected:?}", i + 1));
+        }
+        let keyless = Blocking::new(
+            Api::at((member.node.ip(), API_PORT).into()).in_netns(&member.node.netns),
+        );
+        let status = keyless
+            .call(
+                "POST".parse().unwrap(),
+                "/v1/chat/completions",
+                Some(&json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]})),
+                Duration::from_secs(30),
+            )
+            .map_or(0, |a| a.status.as_u16());
+        if status != 401 {
+            return Err(format!(
+                "node {} answered {status} to a chat without a key",
+                i + 1
+            ));
+        }
+    }
+    let seen = listed(stranger);
+    if seen.len() != 1 || seen.iter().any(|n| expected.contains(n)) {
+        return Err(format!("the stranger lists {seen:?}"));
+    }
+    Ok(())
 }
 
 #[test]
 fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
     let timeout = STEP_TIMEOUT_S.to_string();
-    let Some((test_net, nodes, created)) =
-        three_rank_pipeline("shoalp", &[("SHOAL_STEP_TIMEOUT", &timeout)])
-    else {
+    let env = [
+        ("SHOAL_STEP_TIMEOUT", timeout.as_str()),
+        ("SHOAL_CLUSTER_SECRET", SECRET),
+        ("SHOAL_API_KEY", ADMIN_KEY),
+        ("SHOAL_CHAT_API_KEY", CHAT_KEY),
+    ];
+    let Some((test_net, mut nodes, created)) = three_rank_pipeline_beside("shoalp", &env, 1) else {
         return;
     };
+    let stranger = nodes.pop().expect("the stranger");
     let id = created["instance_id"].as_str().expect("id").to_string();
-    let ids: Vec<String> = nodes.iter().map(node_id).collect();
+    let ids: Vec<String> = nodes
+        .iter()
+        .map(|n| n.node_id().unwrap_or_default())
+        .collect();
+    if let Err(why) = kept_out(&nodes, &ids, &stranger) {
+        panic!("before the load: {why}\n{}", logs(&nodes));
+    }
     assert_eq!(
         rank_nodes(&instance(&nodes[0], &id))
             .into_iter()
@@ -240,7 +288,7 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
         for (client, (addr, netns)) in addresses.iter().enumerate() {
             let (stop, sent) = (&stop, &sent);
             scope.spawn(move || {
-                let api = Blocking::new(Api::at(*addr).in_netns(netns));
+                let api = Blocking::new(Api::at(*addr).in_netns(netns).with_key(CHAT_KEY));
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
@@ -383,6 +431,9 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
             minority["epoch"],
             rank_nodes(&minority)
         );
+        if let Err(why) = kept_out(&nodes, &ids, &stranger) {
+            finish(format!("during the partition: {why}"));
+        }
         let serving = wait_for(Duration::from_secs(60), || {
             (completed_by(0, cut_at + took) > 0 && completed_by(1, cut_at + took) > 0).then_some(())
         });
@@ -434,6 +485,9 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
              after {took:?}",
             view["epoch"]
         );
+        if let Err(why) = kept_out(&nodes, &ids, &stranger) {
+            finish(format!("after the heal: {why}"));
+        }
         let after_agreement = load_began.elapsed();
         let again = wait_for(Duration::from_secs(90), || {
             (0..3)
@@ -526,5 +580,6 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
          nodes that did not answer after the heal: {unanswered:?}\n{}",
         logs(&nodes)
     );
+    nodes.push(stranger);
     test_net.teardown(nodes);
 }

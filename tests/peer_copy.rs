@@ -18,12 +18,7 @@
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
 mod support;
-
-#[path = "support/hf.rs"]
-#[allow(dead_code)]
-mod hf;
-#[path = "support/hf_nodes.rs"]
-mod hf_nodes;
+use support::{hf, hf_nodes};
 
 use hf_nodes::HubNodes;
 use serde_json::json;
@@ -110,7 +105,7 @@ fn with_no_hub_members_copy_the_model_from_the_one_that_holds_it() {
 
     // Placement prefers the node that holds the files: a one-node pipeline goes to A, never
     // to B (which would have to copy the whole model first), whichever id is smaller.
-    let (b_id, _) = wait_for(Duration::from_secs(30), || node_id(&nodes[1]))
+    let (b_id, _) = wait_for(Duration::from_secs(30), || nodes[1].node_id())
         .unwrap_or_else(|| panic!("node B does not answer\n{}", logs(&nodes)));
     let one_node = wait_for(Duration::from_secs(60), || {
         let (status, previews) = call(
@@ -205,12 +200,6 @@ fn throttle(netns: &str, rate: &str) {
         .status()
         .expect("tc");
     assert!(status.success(), "tc qdisc add in {netns}");
-}
-
-/// The node id of `node`, once it answers.
-fn node_id(node: &support::ShoalNode) -> Option<String> {
-    let (status, id) = call(node, "GET", "/node_id", None);
-    (status == 200).then(|| id.as_str().unwrap_or_default().to_string())
 }
 
 /// `node`'s download record of `model` (the first part), from its own `GET /state`.

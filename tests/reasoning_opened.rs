@@ -11,10 +11,7 @@
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
 mod support;
-
-#[path = "support/hf.rs"]
-#[allow(dead_code)]
-mod hf;
+use support::hf;
 
 use serde_json::{json, Value};
 use std::time::Duration;

@@ -15,12 +15,7 @@
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
 mod support;
-
-#[path = "support/hf.rs"]
-#[allow(dead_code)]
-mod hf;
-#[path = "support/hf_nodes.rs"]
-mod hf_nodes;
+use support::{hf, hf_nodes};
 
 use hf_nodes::HubNodes;
 use kit::blocking::{Blocking, Next};

@@ -176,7 +176,20 @@ if not fake:
     helper = final.choices[0].message.tool_calls or []
     check("forced, stream helper: the typed call", len(helper) >= 1 and helper[0].function.name == "get_weather"
           and json.loads(helper[0].function.arguments) == whole_args, final)
-    print(json.dumps({"forced_call": whole_args}), flush=True)
+    # No system message: SmolLM2's template ignores `tools`, so the node describes them
+    # itself (src/chat/tools_prompt.rs); a named choice and `required` both get a typed call.
+    bare = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model=model, messages=bare, temperature=0, max_tokens=24, **FORCED)
+    calls = r.choices[0].message.tool_calls or []
+    check("forced, tools described by the node: a typed call", len(calls) >= 1
+          and calls[0].function.name == "get_weather" and fits_weather(calls[0].function.arguments), r)
+    r = client.chat.completions.create(model=model, messages=bare, temperature=0, max_tokens=24,
+                                       tools=[WEATHER], tool_choice="required")
+    calls = r.choices[0].message.tool_calls or []
+    check("required: a typed call", len(calls) >= 1 and calls[0].type == "function"
+          and calls[0].function.name == "get_weather" and fits_weather(calls[0].function.arguments), r)
+    required_args = json.loads(calls[0].function.arguments)
+    print(json.dumps({"forced_call": whole_args, "required_call": required_args}), flush=True)
     print("all passed", flush=True)
     sys.exit(0)
 

@@ -38,6 +38,9 @@ pub struct HubConfig {
 
 /// Longest wait between two tries.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(8);
+/// Tries before a host name that does not resolve counts as a definite answer: a second one
+/// rides out a resolver's momentary hiccup, more only delay the error (8 tries took 31.5 s).
+pub const UNRESOLVED_ATTEMPTS: u32 = 2;
 
 impl HubConfig {
     /// The configuration the environment gives.
@@ -138,6 +141,12 @@ impl Hub {
             }
             let resp = match self.http_send(Method::GET, url, &self.auth_for(url)).await {
                 Ok(r) => r,
+                Err(e) if http::is_unresolved(&e) && attempt >= UNRESOLVED_ATTEMPTS => {
+                    return Err(HubError::Unresolved {
+                        endpoint: self.config.endpoint.clone(),
+                        last: e,
+                    });
+                }
                 Err(e) => {
                     last = e;
                     continue;

@@ -63,6 +63,15 @@ pub enum HubError {
         /// The last failure.
         last: String,
     },
+    /// The hub's host name does not resolve here (no network or no DNS): retrying with
+    /// back-off would only delay the answer.
+    #[error("cannot reach the hub at {endpoint}: its host name does not resolve on this machine ({last}); check the network and HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use only the models already in the cache")]
+    Unresolved {
+        /// The hub's endpoint.
+        endpoint: String,
+        /// The lookup's failure.
+        last: String,
+    },
     /// The hub answered something this client cannot use.
     #[error("the hub at {url} answered something unusable: {what}")]
     BadAnswer {
@@ -154,7 +163,7 @@ impl HubError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            HubError::Unreachable { .. } | HubError::BadAnswer { .. }
+            HubError::Unreachable { .. } | HubError::Unresolved { .. } | HubError::BadAnswer { .. }
         )
     }
 }

@@ -74,6 +74,17 @@ impl Http {
     }
 }
 
+/// What hyper-util's connector calls a failed name lookup; [`describe`] keeps it in the text.
+const DNS_FAILURE: &str = "dns error";
+
+/// Whether a [`Http::send`] error says the host name did not resolve. On a machine without a
+/// route to its DNS server (an offline box, a namespace) that answer comes back at once and
+/// does not change on a retry, so the caller gives up early instead of backing off for half a
+/// minute.
+pub fn is_unresolved(error: &str) -> bool {
+    error.contains(DNS_FAILURE)
+}
+
 /// The error and its causes on one line.
 fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();

@@ -102,6 +102,19 @@ pub fn check_available(
     ip_netns().map_err(|e| format!("`ip netns` is not usable: {e}"))
 }
 
+/// Moves the calling thread into namespace `netns`: the sockets it opens from now on (and
+/// those of threads it starts) live there; other threads stay where they are. The one place
+/// the tests and the xtask call `setns`; callers do it on a thread of their own.
+pub fn enter(netns: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(format!("/run/netns/{netns}"))?;
+    // SAFETY: setns on an open namespace file changes only the calling thread's namespace.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A TCP connection to `addr` made from inside namespace `netns` (the socket stays there
 /// after the call), within `timeout`. A short-lived thread enters the namespace, so the
 /// caller's own threads never change namespace. Needs root, as namespaces do.
@@ -110,15 +123,9 @@ pub fn connect_in(
     addr: std::net::SocketAddr,
     timeout: std::time::Duration,
 ) -> std::io::Result<std::net::TcpStream> {
-    let path = format!("/run/netns/{netns}");
-    let file = std::fs::File::open(&path)?;
+    let netns = netns.to_string();
     std::thread::spawn(move || {
-        use std::os::fd::AsRawFd;
-        // SAFETY: setns on an open namespace file changes only this thread's namespace; the
-        // thread ends after connecting.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        enter(&netns)?;
         std::net::TcpStream::connect_timeout(&addr, timeout)
     })
     .join()

@@ -9,6 +9,7 @@ pub mod local;
 pub mod pick;
 pub mod prompt;
 pub mod relay;
+pub mod tools_prompt;
 
 pub use local::chat_here;
 pub use pick::pick_instance;

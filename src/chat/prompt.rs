@@ -2,12 +2,14 @@
 //! tokenized on the node that holds rank 0, so that the prompt size is known when the request
 //! is accepted (`usage.prompt_tokens`, and a 400 for a prompt longer than the context). The
 //! runner receives token ids. Tools, earlier calls and tool results go through the template
-//! too, as `transformers` renders them (`tools`, `message.tool_calls`, `role: "tool"`).
+//! too, as `transformers` renders them (`tools`, `message.tool_calls`, `role: "tool"`); for a
+//! template that ignores them the node describes them itself (`tools_prompt`).
 //!
 //! **Stop strings** are enforced by the gateway, not passed to the engine: the engine holds
 //! back text that may start a stop string and releases it only at the end, and the gateway
 //! counts every token event towards `max_tokens`, so text released late could be cut.
 
+use super::tools_prompt::{describe_tools, ListedTool};
 use crate::models::ModelFacts;
 use gateway::{AnswerForm, ApiError, ChatRequest, ErrorKind};
 use inference::{GenerateRequest, Prompt};
@@ -52,7 +54,7 @@ pub fn generate_request(
         Some(marks) => marks.mark(text),
         None => text.to_string(),
     };
-    let messages: Vec<inference::ChatMessage> = request
+    let mut messages: Vec<inference::ChatMessage> = request
         .messages
         .iter()
         .map(|m| {
@@ -87,6 +89,21 @@ pub fn generate_request(
             parameters: t.parameters.as_deref().map(mark),
         })
         .collect();
+    // A template that ignores tools: the node describes them (see `tools_prompt`).
+    let listed: Vec<ListedTool> = offered
+        .iter()
+        .map(|t| ListedTool {
+            name: &t.name,
+            description: t.description.as_deref(),
+            parameters: t.parameters.as_deref(),
+        })
+        .collect();
+    describe_tools(
+        facts.tokenizer.chat_template.as_deref(),
+        &listed,
+        &mut messages,
+        &mark,
+    );
     let input = inference::TemplateInput {
         messages: &messages,
         tools: (!tools.is_empty()).then_some(&tools[..]),

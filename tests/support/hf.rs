@@ -54,12 +54,9 @@ pub fn in_netns<T: Send + 'static>(
     netns: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> std::thread::JoinHandle<T> {
-    let file = std::fs::File::open(format!("/run/netns/{netns}")).expect("namespace file");
+    let netns = netns.to_string();
     std::thread::spawn(move || {
-        use std::os::fd::AsRawFd;
-        // SAFETY: setns on an open namespace file changes only this thread's namespace.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        kit::netns::enter(&netns).unwrap_or_else(|e| panic!("enter {netns}: {e}"));
         f()
     })
 }

@@ -4,8 +4,8 @@
 
 #![allow(dead_code)]
 
-use crate::hf;
-use crate::support::{call, logs, ShoalNode, TestNet};
+use super::hf;
+use super::{call, logs, ShoalNode, TestNet};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -68,7 +68,7 @@ pub fn teardown(net: TestNet, hub_node: ShoalNode, mut nodes: Vec<ShoalNode>) {
 pub fn download(node: &ShoalNode) {
     let out = node
         .node
-        .command(crate::support::shoal_bin())
+        .command(super::shoal_bin())
         .args(["download", "--quiet", hf::REPO])
         .envs(node.env.iter().map(|(k, v)| (k, v)))
         .output()
@@ -139,7 +139,7 @@ pub fn start_all(nodes: &mut [ShoalNode]) -> Vec<String> {
     nodes
         .iter()
         .map(|n| {
-            crate::support::wait_for(std::time::Duration::from_secs(30), || {
+            super::wait_for(std::time::Duration::from_secs(30), || {
                 let (status, id) = call(n, "GET", "/node_id", None);
                 (status == 200).then(|| id.as_str().unwrap_or_default().to_string())
             })
@@ -154,7 +154,7 @@ pub fn start_all(nodes: &mut [ShoalNode]) -> Vec<String> {
 /// the instance id. Panics with the logs of `nodes` if it never does.
 pub fn place(node: &ShoalNode, path: &str, body: &Value, nodes: &[ShoalNode]) -> String {
     let mut last = Value::Null;
-    let placed = crate::support::wait_for(std::time::Duration::from_secs(60), || {
+    let placed = super::wait_for(std::time::Duration::from_secs(60), || {
         let (status, created) = call(node, "POST", path, Some(body));
         if status == 200 {
             return Some(created);
@@ -179,7 +179,7 @@ pub fn ready(
     limit: std::time::Duration,
     nodes: &[ShoalNode],
 ) -> Option<(Value, std::time::Duration)> {
-    crate::support::wait_for(limit, || {
+    super::wait_for(limit, || {
         let (_, i) = call(node, "GET", &format!("/instance/{id}"), None);
         assert_ne!(i["status"], "failed", "{i}\n{}", logs(nodes));
         (i["status"] == "ready").then_some(i)

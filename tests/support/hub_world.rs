@@ -2,7 +2,7 @@
 //! test hub serving the fixture, a client config, and a download run inside a namespace.
 #![allow(dead_code)]
 
-use crate::hf::{HubInNetns, REPO};
+use super::hf::{HubInNetns, REPO};
 use hub::select;
 use hub::testhub::{Faults, ServedRepo};
 use hub::{Hub, HubConfig, HubError, ModelId, Progress, RepoFile, Snapshot};
@@ -22,7 +22,7 @@ pub fn setup(tag: &str) -> Option<(Netns, PathBuf, PathBuf)> {
         return None;
     }
     if !kit::skip::can_run(
-        crate::hf::fixture_repo().map(|_| ()),
+        super::hf::fixture_repo().map(|_| ()),
         "run `cargo xtask setup`",
     ) {
         return None;
@@ -39,7 +39,7 @@ pub fn setup(tag: &str) -> Option<(Netns, PathBuf, PathBuf)> {
     let scratch = std::env::temp_dir().join(&prefix);
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).expect("scratch");
-    Some((net, crate::hf::fixture_repo().expect("fixture"), scratch))
+    Some((net, super::hf::fixture_repo().expect("fixture"), scratch))
 }
 
 /// A test: namespaces, the fixture, a scratch folder, the hub serving the fixture (gated
@@ -111,10 +111,10 @@ pub fn download(
     select: Arc<Select>,
 ) -> (Result<Snapshot, HubError>, u64) {
     let id = ModelId::parse(id).expect("model id");
-    crate::hf::in_netns(netns, move || {
+    super::hf::in_netns(netns, move || {
         let progress = Arc::new(Progress::default());
         let hub = Hub::new(config).expect("client");
-        let result = crate::hf::runtime().block_on(hub.download(&id, &*select, progress.clone()));
+        let result = super::hf::runtime().block_on(hub.download(&id, &*select, progress.clone()));
         (result, progress.totals().fetched)
     })
     .join()

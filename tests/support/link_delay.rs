@@ -7,7 +7,6 @@
 
 #![allow(dead_code)]
 
-use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -110,11 +109,7 @@ fn hold_packets(
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let queue = (|| -> Result<nfq::Queue, String> {
-        let file = std::fs::File::open(format!("/run/netns/{netns}")).map_err(|e| e.to_string())?;
-        // SAFETY: setns on an open namespace file changes only this thread's namespace.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(format!("setns: {}", std::io::Error::last_os_error()));
-        }
+        kit::netns::enter(netns).map_err(|e| format!("enter {netns}: {e}"))?;
         let mut queue = nfq::Queue::open().map_err(|e| format!("open: {e}"))?;
         queue.bind(QUEUE).map_err(|e| format!("bind: {e}"))?;
         queue

@@ -6,6 +6,12 @@
 
 pub use kit::netns;
 
+pub mod hf;
+pub mod hf_nodes;
+pub mod hub_world;
+pub mod link_delay;
+pub mod link_faults;
+
 use kit::blocking::Blocking;
 use kit::client::Api;
 use serde_json::Value;
@@ -76,6 +82,24 @@ impl ShoalNode {
             .spawn()
             .expect("start shoal");
         self.child = Some(child);
+    }
+
+    /// Its node id (`GET /node_id`), once it answers.
+    pub fn node_id(&self) -> Option<String> {
+        let (status, answer) = call(self, "GET", "/node_id", None);
+        if status != 200 {
+            return None;
+        }
+        answer
+            .as_str()
+            .or_else(|| answer["node_id"].as_str())
+            .map(str::to_string)
+    }
+
+    /// Makes [`ShoalNode::api`] a client holding `key` (the operator's admin key).
+    pub fn hold_key(&mut self, key: &str) {
+        let addr = std::net::SocketAddr::from((self.node.ip(), API_PORT));
+        self.api = Blocking::new(Api::at(addr).in_netns(&self.node.netns).with_key(key));
     }
 
     /// The process id while it runs (`ip netns exec` becomes `shoal` itself).
@@ -168,14 +192,47 @@ pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Opt
     }
 }
 
+/// The namespaced tests of one test binary take turns: two clusters of real nodes sharing
+/// this machine's two cores slow each other past the bounds the tests derive from the
+/// protocols' parameters (a death detected in 3.9 s against 5 s allowed, measured with two
+/// tests side by side), and a flaky bound says nothing.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// How many [`Turn`]s this thread holds (a test that builds a second net keeps its turn).
+    static TURNS_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// This test's turn on the machine, held from [`TestNet::create`] until its net is gone.
+struct Turn(Option<std::sync::MutexGuard<'static, ()>>);
+
+impl Turn {
+    fn take() -> Turn {
+        let held = TURNS_HELD.with(|h| h.replace(h.get() + 1));
+        if held > 0 {
+            return Turn(None);
+        }
+        // A test that panicked while holding it leaves it poisoned: the next one goes on.
+        Turn(Some(TURN.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        TURNS_HELD.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+}
+
 /// What every multi-node test starts from: fresh namespaces, a scratch directory, and one node
 /// (not started yet) per namespace. [`TestNet::teardown`] checks that nothing is left behind.
+/// While it exists no other namespaced test of the same binary runs (see [`TURN`]).
 pub struct TestNet {
     /// The namespaces.
     pub net: netns::Netns,
     /// Data directories and logs of the nodes.
     pub dir: PathBuf,
     prefix: String,
+    _turn: Turn,
 }
 
 impl TestNet {
@@ -186,6 +243,7 @@ impl TestNet {
         if !kit::skip::can_run(netns::available(), netns::NEEDS) {
             return None;
         }
+        let turn = Turn::take();
         let prefix = format!("{tag}{}", std::process::id());
         let net = netns::Netns::create(&prefix, spec).expect("create namespaces");
         let dir = std::env::temp_dir().join(&prefix);
@@ -197,16 +255,30 @@ impl TestNet {
             .enumerate()
             .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
             .collect();
-        Some((TestNet { net, dir, prefix }, nodes))
+        Some((
+            TestNet {
+                net,
+                dir,
+                prefix,
+                _turn: turn,
+            },
+            nodes,
+        ))
     }
 
     /// Stops the nodes, deletes the namespaces (asserting none is left) and the scratch files.
     pub fn teardown(self, nodes: Vec<ShoalNode>) {
         drop(nodes);
-        let TestNet { net, dir, prefix } = self;
+        let TestNet {
+            net,
+            dir,
+            prefix,
+            _turn,
+        } = self;
         drop(net);
         assert!(netns::list(&prefix).is_empty(), "namespaces left behind");
         let _ = std::fs::remove_dir_all(&dir);
+        drop(_turn);
     }
 }
 
@@ -279,6 +351,38 @@ pub fn runner_pids(netns: &str) -> Vec<u64> {
         .collect()
 }
 
+/// CPU time (user + system, seconds) process `pid` has used so far; 0 once it is gone.
+pub fn cpu_seconds(pid: u64) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command (which is in parentheses): state is field 3, utime 14, stime 15.
+    let Some(after) = stat.rfind(')').and_then(|at| stat.get(at + 2..)) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // SAFETY: sysconf only reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) as f64 / per_second
+}
+
+/// The CPU seconds each of `pids` uses over `window` from now (a runner's work, without
+/// trusting anything it reports about itself).
+pub fn cpu_over(pids: &[u64], window: std::time::Duration) -> Vec<f64> {
+    let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    std::thread::sleep(window);
+    pids.iter()
+        .zip(before)
+        .map(|(p, b)| cpu_seconds(*p) - b)
+        .collect()
+}
+
 /// Three nodes in fresh namespaces (`tag` as in [`TestNet::create`]) started with `env`
 /// added, running the fixture as a 3-rank pipeline, ready on every node: the
 /// `/place_instance` answer. Placement needs the verified edges between the nodes, so it is
@@ -287,17 +391,38 @@ pub fn three_rank_pipeline(
     tag: &str,
     env: &[(&str, &str)],
 ) -> Option<(TestNet, Vec<ShoalNode>, Value)> {
+    three_rank_pipeline_beside(tag, env, 0)
+}
+
+/// [`three_rank_pipeline`] with `strangers` more nodes on the same LAN, started without
+/// `env` (so without the cluster secret it may carry), after the three members in the list.
+/// With `SHOAL_API_KEY` in `env`, the members' [`ShoalNode::api`] holds that admin key.
+pub fn three_rank_pipeline_beside(
+    tag: &str,
+    env: &[(&str, &str)],
+    strangers: usize,
+) -> Option<(TestNet, Vec<ShoalNode>, Value)> {
     let spec = netns::Spec {
-        nodes: 3,
+        nodes: 3 + strangers,
         off_bridge: Vec::new(),
         links: Vec::new(),
     };
-    let (test_net, mut nodes) = TestNet::create(tag, &spec)?;
-    for node in &mut nodes {
-        node.env
-            .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let (test_net, mut all) = TestNet::create(tag, &spec)?;
+    let key = env
+        .iter()
+        .find(|(k, _)| *k == "SHOAL_API_KEY")
+        .map(|(_, v)| *v);
+    for (i, node) in all.iter_mut().enumerate() {
+        if i < 3 {
+            node.env
+                .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            if let Some(key) = key {
+                node.hold_key(key);
+            }
+        }
         node.start();
     }
+    let nodes = &all[..3];
     let request =
         serde_json::json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 3});
     let placed = wait_for(Duration::from_secs(90), || {
@@ -305,7 +430,7 @@ pub fn three_rank_pipeline(
         (status == 200).then_some(created)
     });
     let Some((created, took)) = placed else {
-        panic!("no three-node placement\n{}", logs(&nodes));
+        panic!("no three-node placement\n{}", logs(nodes));
     };
     let ranks = kit::instances::ranks(&created).map_or(0, Vec::len);
     assert_eq!(ranks, 3, "{created}");
@@ -316,11 +441,8 @@ pub fn three_rank_pipeline(
     let Some((_, took)) = ready else {
         let id = created["instance_id"].as_str().unwrap_or_default();
         let (_, view) = call(&nodes[0], "GET", &format!("/instance/{id}"), None);
-        panic!(
-            "the pipeline did not become ready: {view}\n{}",
-            logs(&nodes)
-        );
+        panic!("the pipeline did not become ready: {view}\n{}", logs(nodes));
     };
     eprintln!("three-rank pipeline ready in {took:?}");
-    Some((test_net, nodes, created))
+    Some((test_net, all, created))
 }

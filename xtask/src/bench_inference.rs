@@ -1,4 +1,6 @@
-//! `cargo xtask bench inference`: shoal against mlx-lm on the SmolLM2 fixture.
+//! `cargo xtask bench inference`: shoal against mlx-lm on the SmolLM2 fixture, and shoal's
+//! two CPU forms of the 4-bit file side by side (expanded to f32, the default, and kept 4-bit
+//! on shoal's quantized kernel).
 //!
 //! Same weights (the fixture dequantized to f32, exported as a Hugging Face folder for
 //! mlx-lm), same 128 prompt token ids, 128 generated tokens, greedy, end-of-text ignored,
@@ -331,6 +333,30 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
             }
         }),
     )];
+    // The same file kept 4-bit (Q4_1 repacked as MLX affine 4-bit), its products on shoal's
+    // CPU kernel (`native/mlx-sys/kernels`): an eighth of f32's weight bytes.
+    contenders.push((
+        "shoal 4-bit (SHOAL_DTYPE=quantized)",
+        Box::new({
+            let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
+            move || {
+                let mut c = Command::new(&shoal);
+                c.env("SHOAL_DTYPE", "quantized")
+                    .args([
+                        "generate",
+                        "--model",
+                        "default",
+                        "--ignore-eos",
+                        "--json-stats",
+                        "--max-tokens",
+                        &gen,
+                        "--token-ids",
+                    ])
+                    .arg(&ids_file);
+                c
+            }
+        }),
+    ));
     if let Some(py) = &mlx_python {
         for (label, dtype) in [
             ("mlx-lm f32 + OpenBLAS (fastest)", "f32"),
@@ -412,7 +438,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
         versions_line(mlx_versions.as_ref(), llama_cpp_build.as_deref())
     );
     println!(
-        "{:<34} {:>13} {:>13} {:>12} {:>16}",
+        "{:<36} {:>13} {:>13} {:>12} {:>16}",
         "", "prompt tok/s", "gen tok/s", "peak RSS MB", "shoal gen ratio"
     );
     let shoal_gen = median(results[0].iter().map(|f| f.generation_tps).collect());
@@ -427,7 +453,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
             "-".into()
         };
         println!(
-            "{label:<34} {p:>13.1} {g:>13.2} {m:>12} {:>15.2}x",
+            "{label:<36} {p:>13.1} {g:>13.2} {m:>12} {:>15.2}x",
             shoal_gen / g
         );
     }

@@ -1,6 +1,7 @@
 //! `tool_choice: "required"` and a named function, made to hold: the node that renders the
 //! prompt appends the opening of a call after the template's generation prompt, so the model
-//! continues a call it has already begun — for `required`, the family's call marker; for a
+//! continues a call it has already begun — for `required`, the family's call marker (up to
+//! the function's name where JSON with the name first follows it); for a
 //! named function, also the start of that function's call, up to its arguments (and their
 //! opening `{` where they are JSON).
 //! The answer's parser reads the same text first ([`crate::answer::AnswerForm::primed`]), so
@@ -16,7 +17,8 @@
 //! Qwen3 thinking), the thought is closed empty first (`</think>\n\n`, what Qwen3's template
 //! writes with thinking off): a forced call comes instead of the reasoning.
 //!
-//! With `required` the model still picks the function (and may write several calls); a named
+//! With `required` the model still picks the function (and may write several calls), unless
+//! one tool is offered, whose name is then forced as well; a named
 //! function is called once, and the answer ends with its call
 //! ([`crate::answer::AnswerSplitter::end_after_call`]). A forced call that turns out malformed
 //! is text in a whole answer, as any malformed call is (see [`crate::tools::stream`] for a
@@ -100,6 +102,19 @@ impl Opener {
         }
     }
 
+    /// What `required` appends: the marker, and for the families whose marker is followed by
+    /// JSON with the name first, that JSON up to the name (`{"name": "`), so the model goes
+    /// on with a function's name rather than prose (SmolLM2 wrote prose after a bare
+    /// `<tool_call>`). The other markers already end where the name begins.
+    fn required(self) -> String {
+        let marker = self.marker();
+        match self {
+            Opener::Hermes => format!("{marker}{{\"name\": \""),
+            Opener::MistralList => format!("{marker}[{{\"name\": \""),
+            _ => marker.to_string(),
+        }
+    }
+
     /// The start of a call of `name`, up to its arguments: for the families whose arguments
     /// are JSON, their opening `{` too (a call's arguments are always an object, as the
     /// template's `tojson` writes them; this is all of the tool's schema that a fixed prefix
@@ -144,7 +159,7 @@ pub fn opening(
 ) -> Option<Forced> {
     let (prompt, primed) = match choice {
         ToolChoice::Auto | ToolChoice::None => return None,
-        ToolChoice::Required => (opener.marker().to_string(), opener.marker().to_string()),
+        ToolChoice::Required => (opener.required(), opener.required()),
         ToolChoice::Function(name) => (opener.named(&mark(name), index), opener.named(name, index)),
     };
     let close = if in_thought { "</think>\n\n" } else { "" };
@@ -164,18 +179,20 @@ pub fn apply(
     form: &mut AnswerForm,
     mark: &dyn Fn(&str) -> String,
 ) {
-    if request.tool_choice.offered(&request.tools).is_empty() {
+    let offered = request.tool_choice.offered(&request.tools);
+    if offered.is_empty() {
         return;
     }
+    // `required` with one tool offered can only call that one: its name is forced too (what
+    // a grammar over the names would allow), but not the end after it (`required` may call
+    // it again).
+    let choice = match (&request.tool_choice, offered.as_slice()) {
+        (ToolChoice::Required, [only]) => ToolChoice::Function(only.name.clone()),
+        (choice, _) => choice.clone(),
+    };
     let earlier_calls = request.messages.iter().map(|m| m.tool_calls.len()).sum();
     let opener = Opener::of_template(template);
-    let forced = opening(
-        opener,
-        &request.tool_choice,
-        earlier_calls,
-        form.opens_in_thought,
-        mark,
-    );
+    let forced = opening(opener, &choice, earlier_calls, form.opens_in_thought, mark);
     if let Some(forced) = forced {
         prompt.push_str(&forced.prompt);
         form.primed = forced.primed;
@@ -299,11 +316,12 @@ mod tests {
         let mark = |n: &str| n.to_string();
         for opener in ALL {
             let forced = opening(opener, &ToolChoice::Required, 0, false, &mark).unwrap();
-            assert_eq!(forced.prompt, opener.marker());
+            assert!(forced.prompt.starts_with(opener.marker()), "{opener:?}");
             assert_eq!(forced.primed, forced.prompt);
-            // The named opening goes on from the marker.
+            // Every named opening goes on from `required`'s: it forces nothing a call of
+            // some function would not write.
             let named = opener.named("f", 0);
-            assert!(named.starts_with(opener.marker()), "{opener:?}");
+            assert!(named.starts_with(&forced.prompt), "{opener:?}");
             assert_eq!(opening(opener, &ToolChoice::Auto, 0, false, &mark), None);
             assert_eq!(opening(opener, &ToolChoice::None, 0, false, &mark), None);
         }
@@ -311,7 +329,7 @@ mod tests {
             opening(Opener::Hermes, &ToolChoice::Required, 0, true, &mark)
                 .unwrap()
                 .prompt,
-            "</think>\n\n<tool_call>\n"
+            "</think>\n\n<tool_call>\n{\"name\": \""
         );
         assert_eq!(
             Opener::Kimi.named("get_weather", 3),
