@@ -69,13 +69,13 @@ pub fn holders(snapshot: &Snapshot, model: &str, hash: &str) -> Vec<String> {
 pub fn peer_listing(snapshot: &Snapshot, id: &ModelId) -> Option<(String, Vec<RepoFile>)> {
     let mut by_commit: BTreeMap<String, (usize, BTreeMap<String, RepoFile>)> = BTreeMap::new();
     for (_, h) in holdings(snapshot, &id.to_string()) {
-        if h.revision != id.revision() || !hub::cache::is_commit(&h.commit) {
+        if h.revision != id.revision() || !hub::meta::is_commit(&h.commit) {
             continue;
         }
         let entry = by_commit.entry(h.commit.clone()).or_default();
         entry.0 += 1;
         for f in &h.files {
-            if hub::cache::safe_relative(&f.path) {
+            if hub::meta::safe_relative(&f.path) {
                 entry.1.insert(f.path.clone(), repo_file(f));
             }
         }
