@@ -27,9 +27,11 @@ pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQU
 
 mod ring_plan;
 pub use ring_plan::{
-    PlannedPart, RingBatch, SlotCaches, StepPlan, MAX_PLAN_MESSAGE, MAX_PLAN_SEQUENCES,
-    MAX_PLAN_TOKENS,
+    PlannedPart, SlotCaches, StepPlan, MAX_PLAN_MESSAGE, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS,
 };
+
+mod ring_batch;
+pub use ring_batch::RingBatch;
 
 mod slot_kv;
 pub use slot_kv::{Slot, SlotKv};
