@@ -330,7 +330,7 @@ mod tests {
             RunnerCommand {
                 program: "/bin/false".into(),
                 args: vec![],
-                env: vec![],
+                settings: crate::runner::RunnerSettings::default(),
             },
             "/nonexistent/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
         )

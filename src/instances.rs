@@ -12,8 +12,8 @@ use crate::models::registry::ModelRegistry;
 use crate::models::ModelSpec;
 use crate::runner::table::RunnerTable;
 use control::{
-    instance_slug, DeletedRecord, InstanceRecord, InstanceView, Intent, PlacementCache, Snapshot,
-    DELETED_PREFIX, INSTANCE_PREFIX,
+    instance_slug, DeletedRecord, InstanceRecord, InstanceView, Intent, Part, PlacementCache,
+    Snapshot, DELETED_PREFIX, INSTANCE_PREFIX,
 };
 use gateway::exo::{self, Instance, InstancePreviews, InstanceStatus, NodeMemory, Preview};
 use gateway::{ApiError, ErrorKind};
@@ -41,17 +41,22 @@ fn rank_download(
     sharding: Sharding,
     (start, end): (u32, u32),
 ) -> Option<serde_json::Value> {
-    let prefix = format!("{}{model}/", crate::models::fetch::DOWNLOAD_PREFIX);
-    let wanted = |part: &str| match sharding {
-        Sharding::Tensor => part == "tensor",
-        Sharding::Pipeline => part.starts_with(&format!("layers-{start}-{end}-of-")),
+    let wanted = |part: Option<Part>| match (sharding, part) {
+        (Sharding::Tensor, Some(Part::Tensor)) => true,
+        (
+            Sharding::Pipeline,
+            Some(Part::Layers {
+                start: s, end: e, ..
+            }),
+        ) => (s, e) == (start as usize, end as usize),
+        _ => false,
     };
-    let records = &snapshot.authors.get(node)?.records;
-    records
-        .range(prefix.clone()..)
-        .take_while(|(k, _)| k.starts_with(&prefix))
-        .find(|(k, _)| wanted(&k[prefix.len()..]))
-        .and_then(|(_, v)| serde_json::from_str(v).ok())
+    let (_, record) = snapshot
+        .authors
+        .get(node)?
+        .downloads(model)
+        .find(|(key, _)| wanted(key.part))?;
+    serde_json::to_value(record).ok()
 }
 
 /// Sets each node's download progress of `model` to the share of its `bytes_on_disk` the node
@@ -136,15 +141,7 @@ impl Instances<'_> {
                     .filter(|r| r.epoch == view.record.epoch && r.rank == rank)
                     .map(|r| r.status)
             };
-            matches!(
-                status,
-                Some(
-                    RunnerStatus::Loaded
-                        | RunnerStatus::WarmingUp
-                        | RunnerStatus::Ready
-                        | RunnerStatus::Running
-                )
-            )
+            status.is_some_and(|s| s.holds_memory())
         };
         let held = control::commitments::committed_memory(instances.values(), loaded);
         control::commitments::without_committed(&mut nodes, &held);

@@ -339,7 +339,7 @@ mod tests {
             RunnerCommand {
                 program: "/bin/false".into(),
                 args: vec![],
-                env: vec![],
+                settings: crate::runner::RunnerSettings::default(),
             },
             model,
         );

@@ -2,48 +2,19 @@
 //! node at start. The mesh-aware node (src/node.rs) calls into the same pieces.
 
 use crate::backend::{NodeBackend, NodeContext};
-use crate::runner::RunnerCommand;
+use crate::runner::{RunnerCommand, RunnerSettings};
 use crate::NodeArgs;
 use anyhow::Context;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// The runner command for this node's settings: this binary's `runner` subcommand, with the
-/// fast-synchronisation choice, the batch limits (`--max-sequences`, `--kv-budget-mb`,
-/// `--max-queue`, `--prompt-cache-tokens`) and `--step-timeout` passed in its environment.
+/// settings the flags give ([`RunnerSettings::from_flags`]: fast synchronisation, the batch
+/// limits `--max-sequences`, `--kv-budget-mb`, `--max-queue`, `--prompt-cache-tokens`, and
+/// `--step-timeout`).
 pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
-    let mut command =
-        RunnerCommand::current_exe().context("cannot find this executable to start runners")?;
-    let fast = args.fast_synch && !args.no_fast_synch;
-    command.env.push((
-        "SHOAL_FAST_SYNCH".into(),
-        if fast { "true" } else { "false" }.into(),
-    ));
-    let mut limits = vec![
-        (
-            inference::batch::MAX_SEQUENCES_ENV.to_string(),
-            args.max_sequences.max(1).to_string(),
-        ),
-        (
-            crate::runner::MAX_QUEUE_ENV.to_string(),
-            args.max_queue.to_string(),
-        ),
-        (
-            crate::runner::STEP_TIMEOUT_ENV.to_string(),
-            args.step_timeout.max(1).to_string(),
-        ),
-    ];
-    if let Some(mb) = args.kv_budget_mb {
-        limits.push((inference::batch::KV_BUDGET_ENV.to_string(), mb.to_string()));
-    }
-    if let Some(tokens) = args.prompt_cache_tokens {
-        limits.push((
-            inference::batch::PROMPT_CACHE_ENV.to_string(),
-            tokens.to_string(),
-        ));
-    }
-    command.env.extend(limits);
-    Ok(command)
+    RunnerCommand::current_exe(RunnerSettings::from_flags(args))
+        .context("cannot find this executable to start runners")
 }
 
 /// Serves the gateway on `0.0.0.0:api_port`, placing `args.model` on this node at start,

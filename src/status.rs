@@ -3,6 +3,8 @@
 //! node's model downloads (its `download/<model>/<part>` records).
 
 use clap::Args;
+use control::{DownloadRecord, DownloadState, DOWNLOAD_PREFIX};
+use serde::Deserialize as _;
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -217,15 +219,15 @@ pub fn render(state: &Value) -> String {
 
 /// The DOWNLOADS table: one row per `download/<model>/<part>` record of any node.
 fn render_downloads(out: &mut String, nodes: &serde_json::Map<String, Value>) {
-    let rows: Vec<(&String, &Value)> = nodes
+    let rows: Vec<(&String, DownloadRecord)> = nodes
         .iter()
         .flat_map(|(id, node)| {
             node["records"]
                 .as_object()
                 .into_iter()
                 .flatten()
-                .filter(|(k, _)| k.starts_with("download/"))
-                .map(move |(_, v)| (id, v))
+                .filter(|(k, _)| k.starts_with(DOWNLOAD_PREFIX))
+                .filter_map(move |(_, v)| Some((id, DownloadRecord::deserialize(v).ok()?)))
         })
         .collect();
     if rows.is_empty() {
@@ -237,44 +239,42 @@ fn render_downloads(out: &mut String, nodes: &serde_json::Map<String, Value>) {
         "{:<12} {:<40} {:<11} {:>21} {:>10} {:>6} {:<12} FILE",
         "NODE", "MODEL / PART", "STATE", "DONE MB", "MB/s", "ETA", "FROM"
     );
-    let mb = |v: &Value| v.as_f64().map_or(0.0, |b| b / 1e6);
+    let mb = |bytes: f64| bytes / 1e6;
     for (id, r) in rows {
-        let (done, total) = (mb(&r["done"]), mb(&r["total"]));
+        let (done, total) = (mb(r.done as f64), mb(r.total as f64));
         let pct = if total > 0.0 {
             100.0 * done / total
         } else {
             0.0
         };
-        let eta = r["eta_s"]
-            .as_f64()
-            .filter(|_| r["state"] == "downloading")
+        let eta = r
+            .eta_s
+            .filter(|_| r.state == DownloadState::Downloading)
             .map_or("-".into(), |s| format!("{s:.0}s"));
-        let from = r["from"].as_str().unwrap_or("-");
+        let from = Some(r.from.as_str())
+            .filter(|f| !f.is_empty())
+            .unwrap_or("-");
         // A member's node id is shortened; a hub endpoint is shown as it is.
         let from = if from.len() == 64 && from.bytes().all(|b| b.is_ascii_hexdigit()) {
             short(from)
         } else {
             from
         };
-        let state = match r["error"].as_str() {
-            Some(_) => "failed",
-            None => r["state"].as_str().unwrap_or("?"),
+        let state = match r.error {
+            Some(_) => DownloadState::Failed,
+            None => r.state,
         };
         let _ = writeln!(
             out,
             "{:<12} {:<40} {:<11} {:>21} {:>10.1} {:>6} {:<12} {}",
             short(id),
-            format!(
-                "{} / {}",
-                r["model"].as_str().unwrap_or("?"),
-                r["part"].as_str().unwrap_or("?")
-            ),
-            state,
+            format!("{} / {}", r.model, r.part),
+            state.name(),
             format!("{done:.1}/{total:.1} ({pct:.0}%)"),
-            mb(&r["rate_bytes_per_s"]),
+            mb(r.rate_bytes_per_s),
             eta,
             from,
-            r["error"].as_str().or(r["file"].as_str()).unwrap_or("-")
+            r.error.as_deref().or(r.file.as_deref()).unwrap_or("-")
         );
     }
 }

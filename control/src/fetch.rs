@@ -47,6 +47,20 @@ impl Part {
             Part::Tensor => "tensor".into(),
         }
     }
+
+    /// The part a [`Part::label`] names, if it names one.
+    pub fn parse_label(label: &str) -> Option<Part> {
+        if label == "tensor" {
+            return Some(Part::Tensor);
+        }
+        let (range, n_layers) = label.strip_prefix("layers-")?.split_once("-of-")?;
+        let (start, end) = range.split_once('-')?;
+        Some(Part::Layers {
+            start: start.parse().ok()?,
+            end: end.parse().ok()?,
+            n_layers: n_layers.parse().ok()?,
+        })
+    }
 }
 
 /// Where this node's fetch of one part of a model stands.

@@ -79,6 +79,10 @@ pub struct RunnerRecord {
     pub queued: usize,
     /// Whether the model file is on the author's disk.
     pub model_ready: bool,
+    /// The runner failed by its step deadline (a rank of its ring hung): the instance is
+    /// placed again, as one with a dead node is. Left out of the record when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hung: bool,
 }
 
 impl InstanceRecord {

@@ -11,6 +11,7 @@
 //! * [`commitments`]: the memory live instances hold on each node, taken off what a new
 //!   placement may use.
 //! * [`fetch`]: the part of a model each rank reads and where this node's fetch of it stands.
+//! * [`files`]: the records of models' files (`download/<model>/<part>`, `files/<repo>`).
 //! * [`PlacementCache`]: each placement computed once per (instance, epoch) and kept.
 //! * [`reconcile()`] and [`publish`]: the decisions of one reconcile pass, as [`Effect`]s
 //!   that the node's executor (`src/reconcile.rs` in the binary) applies.
@@ -38,6 +39,7 @@
 pub mod cache;
 pub mod commitments;
 pub mod fetch;
+pub mod files;
 pub mod fixture;
 pub mod intent;
 pub mod reconcile;
@@ -46,6 +48,9 @@ pub mod view;
 
 pub use cache::PlacementCache;
 pub use fetch::{Fetch, FetchState, Part};
+pub use files::{
+    DownloadKey, DownloadRecord, DownloadState, HeldFile, Holding, DOWNLOAD_PREFIX, FILES_PREFIX,
+};
 pub use intent::{
     effective, instance_slug, DeletedRecord, InstanceRecord, Intent, RunnerRecord, DELETED_PREFIX,
     INSTANCE_PREFIX, RUNNER_PREFIX,

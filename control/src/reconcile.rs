@@ -5,7 +5,7 @@
 //!
 //! One pass of [`reconcile`], in this order:
 //! 1. **re-place** every instance with a rank on a dead node, or a rank whose runner hung
-//!    (failed with [`HUNG_PREFIX`]: the step deadline passed) ([`Effect::Replace`], the next
+//!    (failed [`RunnerRecord::hung`]: the step deadline passed) ([`Effect::Replace`], the next
 //!    epoch, see [`crate::intent`]), except on a node the instance excluded while it is
 //!    [`Snapshot::settling`]; keep this node's own copy of every instance it holds a rank
 //!    of, so that the instance outlives its creator, and bring any copy it holds up to
@@ -30,24 +30,18 @@ use crate::view::{short, InstanceView};
 use placement::{next_action, Action, Placement, RunnerStatus, Sharding, ShutdownReason};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// How the reason of a runner that failed by its step deadline starts (a rank of its ring
-/// hung): such an instance is placed again, as one with a dead node is, since fresh runner
-/// processes on the same nodes can serve it.
-pub const HUNG_PREFIX: &str = "hung: ";
-
-/// Whether a rank's runner of `view`'s epoch failed by its step deadline; `mine` is this
-/// node's own runner of the instance, if it has one.
+/// Whether a rank's runner of `view`'s epoch failed by its step deadline (its record's or,
+/// for this node's own rank, its facts' `hung`): such an instance is placed again, as one
+/// with a dead node is, since fresh runner processes on the same nodes can serve it. `mine`
+/// is this node's own runner of the instance, if it has one.
 fn has_hung_rank(view: &InstanceView, snapshot: &Snapshot, mine: Option<&RunnerFacts>) -> bool {
-    let mine = mine
-        .filter(|r| r.epoch == view.record.epoch)
-        .map(|r| &r.status);
-    view.rank_statuses(snapshot, mine)
+    let mine = mine.filter(|r| r.epoch == view.record.epoch);
+    view.rank_statuses(snapshot, mine.map(|r| &r.status))
         .iter()
-        .any(|(_, record)| {
-            matches!(
-                record.as_ref().map(|r| &r.status),
-                Some(RunnerStatus::Failed { reason }) if reason.starts_with(HUNG_PREFIX)
-            )
+        .any(|(node, record)| match record {
+            Some(_) if *node == snapshot.me => mine.is_some_and(|r| r.hung),
+            Some(record) => record.hung,
+            None => false,
         })
 }
 
@@ -79,6 +73,22 @@ pub struct RunnerFacts {
     pub queued: usize,
     /// Whether its model file is on this node's disk.
     pub model_ready: bool,
+    /// Its process was ended by the step deadline (see [`RunnerRecord::hung`]).
+    pub hung: bool,
+}
+
+impl From<&RunnerFacts> for RunnerRecord {
+    /// The record a node publishes for its runner.
+    fn from(r: &RunnerFacts) -> RunnerRecord {
+        RunnerRecord {
+            epoch: r.epoch,
+            rank: r.rank,
+            status: r.status.clone(),
+            queued: r.queued,
+            model_ready: r.model_ready,
+            hung: r.hung,
+        }
+    }
 }
 
 /// A model as this node finds it.
@@ -416,13 +426,7 @@ pub fn publish(local: &LocalRunners, published: &BTreeMap<String, String>) -> Ve
     let mut effects = Vec::new();
     let mut wanted = BTreeSet::new();
     for (id, r) in &local.runners {
-        let record = RunnerRecord {
-            epoch: r.epoch,
-            rank: r.rank,
-            status: r.status.clone(),
-            queued: r.queued,
-            model_ready: r.model_ready,
-        };
+        let record = RunnerRecord::from(r);
         let Ok(value) = serde_json::to_string(&record) else {
             continue;
         };
@@ -442,172 +446,5 @@ pub fn publish(local: &LocalRunners, published: &BTreeMap<String, String>) -> Ve
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fixture::record;
-
-    #[test]
-    fn ring_views_become_one_address_list_per_rank() {
-        let r = record(3, 400_000_000, 3);
-        let p = r.place().unwrap();
-        let hosts = ring_hosts(&p, 1);
-        assert_eq!(hosts.len(), 3);
-        assert_eq!(hosts[1], vec![format!("0.0.0.0:{}", p.port)]);
-        assert!(hosts.iter().all(|h| h.len() == 1));
-    }
-
-    #[test]
-    fn only_changed_runner_records_are_published_and_gone_ones_removed() {
-        let facts = RunnerFacts {
-            epoch: 0,
-            rank: 0,
-            status: RunnerStatus::Idle,
-            process: true,
-            sent: BTreeSet::new(),
-            queued: 0,
-            model_ready: true,
-        };
-        let local = LocalRunners {
-            runners: [("x".to_string(), facts)].into(),
-            models: BTreeMap::new(),
-        };
-        let effects = publish(&local, &BTreeMap::new());
-        let [Effect::WriteRecord { key, value }] = effects.as_slice() else {
-            panic!("{effects:?}");
-        };
-        assert_eq!(key, "runner/x");
-        let mut published: BTreeMap<String, String> = [(key.clone(), value.clone())].into();
-        assert_eq!(publish(&local, &published), vec![]);
-        published.insert("runner/gone".into(), "{}".into());
-        assert_eq!(
-            publish(&local, &published),
-            vec![Effect::RemoveRecord {
-                key: "runner/gone".into()
-            }]
-        );
-    }
-
-    #[test]
-    fn a_hub_models_rank_downloads_its_part_then_connects_or_fails_with_the_reason() {
-        let mut r = record(1, 4_000_000_000, 1);
-        r.intent.model = "org/name".into();
-        let snapshot = Snapshot {
-            settling: false,
-            me: "a".into(),
-            authors: [(
-                "a".to_string(),
-                crate::fixture::author(true, &[(r.key(), crate::fixture::json(&r))]),
-            )]
-            .into(),
-        };
-        let idle = RunnerFacts {
-            epoch: 0,
-            rank: 0,
-            status: RunnerStatus::Idle,
-            process: true,
-            sent: BTreeSet::new(),
-            queued: 0,
-            model_ready: false,
-        };
-        let part = Part::Layers {
-            start: 0,
-            end: 30,
-            n_layers: 30,
-        };
-        let with = |parts: BTreeMap<Part, FetchState>| LocalRunners {
-            runners: [(r.id().to_string(), idle.clone())].into(),
-            models: [(
-                "org/name".to_string(),
-                ModelFile {
-                    path: "/hf/models--org--name/snapshots/x".into(),
-                    // The snapshot folder exists (config and tokenizer), the weights may not.
-                    ready: true,
-                    fetch: Fetch::Hub(parts),
-                },
-            )]
-            .into(),
-        };
-        let cache = PlacementCache::new();
-        let only = |local: &LocalRunners| {
-            let effects = reconcile(&snapshot, local, &cache);
-            effects
-                .into_iter()
-                .filter(|e| !matches!(e, Effect::WriteRecord { .. }))
-                .collect::<Vec<_>>()
-        };
-        let download = Effect::Download {
-            model: "org/name".into(),
-            part,
-        };
-        assert_eq!(only(&with(BTreeMap::new())), vec![download.clone()]);
-        assert_eq!(
-            only(&with([(part, FetchState::Running)].into())),
-            vec![download]
-        );
-        let failed = only(&with(
-            [(part, FetchState::Failed("hub down".into()))].into(),
-        ));
-        let [Effect::MarkFailed { reason, .. }] = failed.as_slice() else {
-            panic!("{failed:?}");
-        };
-        assert!(
-            reason.contains("hub down") && reason.contains("layers-0-30-of-30"),
-            "{reason}"
-        );
-        let done = only(&with([(part, FetchState::Done)].into()));
-        assert!(
-            matches!(done.as_slice(), [Effect::Connect { .. }]),
-            "{done:?}"
-        );
-    }
-
-    #[test]
-    fn an_instance_whose_runner_hung_is_placed_again_and_other_failures_are_not() {
-        let r = record(1, 4_000_000_000, 1);
-        let snapshot = Snapshot {
-            settling: false,
-            me: "a".into(),
-            authors: [(
-                "a".to_string(),
-                crate::fixture::author(true, &[(r.key(), crate::fixture::json(&r))]),
-            )]
-            .into(),
-        };
-        let failed = |reason: &str, epoch: u32| LocalRunners {
-            runners: [(
-                r.id().to_string(),
-                RunnerFacts {
-                    epoch,
-                    rank: 0,
-                    status: RunnerStatus::Failed {
-                        reason: reason.into(),
-                    },
-                    process: false,
-                    sent: BTreeSet::new(),
-                    queued: 0,
-                    model_ready: true,
-                },
-            )]
-            .into(),
-            models: BTreeMap::new(),
-        };
-        let cache = PlacementCache::new();
-        let replaced = |local: &LocalRunners| {
-            reconcile(&snapshot, local, &cache)
-                .into_iter()
-                .filter_map(|e| match e {
-                    Effect::Replace { next, dead } => Some((next.epoch, dead)),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-        };
-        let hung = format!("{HUNG_PREFIX}no step finished in 60 s");
-        assert_eq!(replaced(&failed(&hung, 0)), vec![(1, vec![])]);
-        assert_eq!(
-            replaced(&failed("model loading timed out after 60 s", 0)),
-            vec![]
-        );
-        // A hung runner of an earlier epoch does not count.
-        assert_eq!(replaced(&failed(&hung, 7)), vec![]);
-    }
-}
+#[path = "reconcile_tests.rs"]
+mod tests;

@@ -96,6 +96,7 @@ impl InstanceView {
                         status: status.clone(),
                         queued: 0,
                         model_ready: true,
+                        hung: false,
                     })
                 } else if snapshot.is_dead(&r.node) {
                     Some(RunnerRecord {
@@ -106,6 +107,7 @@ impl InstanceView {
                         },
                         queued: 0,
                         model_ready: false,
+                        hung: false,
                     })
                 } else {
                     snapshot
@@ -150,12 +152,9 @@ impl InstanceView {
     pub fn is_ready(&self, snapshot: &Snapshot, mine: Option<&RunnerStatus>) -> bool {
         let statuses = self.rank_statuses(snapshot, mine);
         !statuses.is_empty()
-            && statuses.iter().all(|(_, r)| {
-                matches!(
-                    r.as_ref().map(|r| &r.status),
-                    Some(RunnerStatus::Ready | RunnerStatus::Running)
-                )
-            })
+            && statuses
+                .iter()
+                .all(|(_, r)| r.as_ref().is_some_and(|r| r.status.is_serving()))
     }
 
     /// The first failure among the ranks, as "rank R on node N: reason".
@@ -194,6 +193,7 @@ mod tests {
             status,
             queued: 0,
             model_ready: true,
+            hung: false,
         })
     }
 

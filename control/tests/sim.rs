@@ -107,6 +107,7 @@ fn apply(sim: &mut Sim, i: usize, node: &mut Node, effects: Vec<Effect>) {
                         sent: BTreeSet::new(),
                         queued: 0,
                         model_ready: true,
+                        hung: false,
                     },
                 );
             }

@@ -96,18 +96,13 @@ impl World {
             sent: [Command::Connect, Command::Load, Command::WarmUp].into(),
             queued: 0,
             model_ready: true,
+            hung: false,
         };
         self.set_runner(node, record.id(), facts);
     }
 
     fn set_runner(&mut self, node: &str, id: &str, facts: RunnerFacts) {
-        let published = RunnerRecord {
-            epoch: facts.epoch,
-            rank: facts.rank,
-            status: facts.status.clone(),
-            queued: facts.queued,
-            model_ready: facts.model_ready,
-        };
+        let published = RunnerRecord::from(&facts);
         self.write(node, &format!("{RUNNER_PREFIX}{id}"), json(&published));
         self.runners.get_mut(node).unwrap().insert(id.into(), facts);
     }
@@ -304,6 +299,7 @@ fn the_control_plane_by_table() {
             sent: [Command::Connect].into(),
             queued: 0,
             model_ready: true,
+            hung: false,
         },
     );
     check(

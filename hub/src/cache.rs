@@ -11,7 +11,8 @@
 //! ```
 
 use crate::id::ModelId;
-use std::path::{Component, Path, PathBuf};
+use crate::meta::{is_commit, safe_relative, RepoFile};
+use std::path::{Path, PathBuf};
 
 /// A Hugging Face hub cache directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +170,7 @@ impl HfCache {
 impl HfCache {
     /// Bytes still to be written for `files` of `id`: their sizes (each content once) less
     /// what their blobs, or the `.incomplete` files of a cut download, already hold.
-    pub fn bytes_missing(&self, id: &ModelId, files: &[crate::RepoFile]) -> u64 {
+    pub fn bytes_missing(&self, id: &ModelId, files: &[RepoFile]) -> u64 {
         let mut seen = std::collections::BTreeSet::new();
         files
             .iter()
@@ -188,7 +189,7 @@ impl HfCache {
     pub fn check_free_space(
         &self,
         id: &ModelId,
-        files: &[crate::RepoFile],
+        files: &[RepoFile],
     ) -> Result<(), crate::HubError> {
         let need = self.bytes_missing(id, files);
         match free_space(&self.root) {
@@ -247,20 +248,6 @@ pub fn free_space(path: &Path) -> Option<u64> {
     #[allow(clippy::useless_conversion)]
     let bytes = u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize));
     Some(bytes)
-}
-
-/// Whether `s` is a 40-hex-digit git commit.
-pub fn is_commit(s: &str) -> bool {
-    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// Whether `path` is relative and stays below its base (no `..`, no root, not empty).
-pub fn safe_relative(path: &str) -> bool {
-    !path.is_empty()
-        && !path.contains('\0')
-        && Path::new(path)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)))
 }
 
 #[cfg(test)]
@@ -341,7 +328,7 @@ mod tests {
         let cache = HfCache::at(root.join("not/yet/made"));
         assert!(free_space(&cache.root).is_some_and(|f| f > 0));
         let id = ModelId::parse("org/name").unwrap();
-        let file = |hash: &str, size: u64| crate::RepoFile {
+        let file = |hash: &str, size: u64| RepoFile {
             path: format!("{hash}.bin"),
             size,
             lfs: true,

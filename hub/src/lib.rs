@@ -3,7 +3,7 @@
 //! - [`id`]: model ids as users write them (`org/name@revision:QUANT`);
 //! - [`cache`]: the Hugging Face cache layout (`models--org--name/{blobs,snapshots,refs}`), so
 //!   `huggingface-cli`'s downloads are used as they are and shoal's are visible to it;
-//! - [`client`], [`download`], [`http`]: the hub protocol as `huggingface_hub` speaks it, over
+//! - [`client`], [`download`], [`snapshot`], [`http`]: the hub protocol as `huggingface_hub` speaks it, over
 //!   hyper (https with rustls for huggingface.co, http for a local mirror): revision and tree
 //!   APIs, `resolve` with its redirect to a CDN, resume by range, verification, retries;
 //! - [`meta`]: parsing the hub's headers and JSON without trusting them;
@@ -23,13 +23,15 @@ pub mod local;
 pub mod meta;
 pub mod progress;
 pub mod select;
+pub mod snapshot;
 pub mod verify;
 
 pub use cache::HfCache;
-pub use client::{Hub, HubConfig, Snapshot};
+pub use client::{Hub, HubConfig};
 pub use error::HubError;
 pub use id::ModelId;
 pub use meta::RepoFile;
 pub use progress::Progress;
+pub use snapshot::Snapshot;
 #[cfg(feature = "test-hub")]
 pub mod testhub;

@@ -4,6 +4,7 @@
 //! APIs (size-limited, typed).
 
 use serde::Deserialize;
+use std::path::{Component, Path};
 
 /// Largest JSON answer read from the revision or tree API.
 pub const MAX_JSON: usize = 16 << 20;
@@ -36,7 +37,7 @@ pub fn file_meta(get: &dyn Fn(&str) -> Option<String>) -> Result<FileMeta, Strin
     let commit = get("x-repo-commit").map(|c| c.trim().to_string()).ok_or(
         "the hub's answer has no X-Repo-Commit header (is HF_ENDPOINT a Hugging Face hub?)",
     )?;
-    if !crate::cache::is_commit(&commit) {
+    if !is_commit(&commit) {
         return Err(format!(
             "the hub's X-Repo-Commit `{commit:.60}` is not a commit"
         ));
@@ -142,7 +143,7 @@ pub struct RepoFile {
 pub fn parse_revision(body: &[u8]) -> Result<RepoInfo, String> {
     let info: RepoInfo = serde_json::from_slice(body)
         .map_err(|e| format!("the hub's revision answer is not what huggingface_hub reads: {e}"))?;
-    if !crate::cache::is_commit(&info.sha) {
+    if !is_commit(&info.sha) {
         return Err(format!(
             "the hub's commit `{:.60}` is not a commit",
             info.sha
@@ -164,7 +165,7 @@ pub fn parse_tree(body: &[u8]) -> Result<Vec<RepoFile>, String> {
         if e.kind != "file" {
             continue;
         }
-        if !crate::cache::safe_relative(&e.path) {
+        if !safe_relative(&e.path) {
             return Err(format!(
                 "the hub lists a file path that leaves the repository: {:.100}",
                 e.path
@@ -187,6 +188,21 @@ pub fn parse_tree(body: &[u8]) -> Result<Vec<RepoFile>, String> {
     files.sort();
     files.dedup_by(|a, b| a.path == b.path);
     Ok(files)
+}
+
+/// Whether `s` is a 40-hex-digit git commit (a name the hub gives is checked before the cache
+/// uses it).
+pub fn is_commit(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `path` is relative and stays below its base (no `..`, no root, not empty).
+pub fn safe_relative(path: &str) -> bool {
+    !path.is_empty()
+        && !path.contains('\0')
+        && Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! instance's `ranks` or its `placement.ranks`; runner states as `"ready"`, `{"state": ...}`,
 //! `{"status": ...}` or `{"failed": {...}}`), strict about what it needs.
 
-use crate::runner_states::{is_serving, runner_status, runners};
+use crate::runner_states::{runner_status, runners};
 use placement::RunnerStatus;
 use serde_json::Value;
 
@@ -61,7 +61,7 @@ pub fn read_instance(v: &Value, id_hint: Option<&str>) -> Option<InstanceInfo> {
                 if let RunnerStatus::Failed { reason } = &status {
                     failed.get_or_insert_with(|| reason.clone());
                 }
-                ready_count += usize::from(is_serving(&status));
+                ready_count += usize::from(status.is_serving());
                 states.push(status.name().to_string());
             }
             None => states.push(format!("unreadable {r}")),

@@ -16,11 +16,6 @@ pub fn runners(instance: &Value) -> Vec<&Value> {
     }
 }
 
-/// Whether a runner in this state serves requests.
-pub fn is_serving(status: &RunnerStatus) -> bool {
-    matches!(status, RunnerStatus::Ready | RunnerStatus::Running)
-}
-
 /// `Ready`, `RunnerReady`, `warming_up`, `Warming-Up` → `ready`, `warmingup`.
 fn normal(state: &str) -> String {
     let s = state.to_ascii_lowercase().replace(['_', '-', ' '], "");
@@ -133,9 +128,9 @@ mod tests {
         ] {
             let value = serde_json::to_value(&status).unwrap();
             assert_eq!(runner_status(&value), Some(status.clone()), "{value}");
-            assert!(!is_serving(&status));
+            assert!(!status.is_serving());
         }
-        assert!(is_serving(&RunnerStatus::Running));
+        assert!(RunnerStatus::Running.is_serving());
         assert_eq!(RunnerStatus::WarmingUp.name(), "warming_up");
     }
 }

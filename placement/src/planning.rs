@@ -88,20 +88,32 @@ impl RunnerStatus {
         }
     }
 
+    /// Whether a runner in this state serves requests (ready, or running some): the one
+    /// place that says which states take chat requests, so that routing, the instance answers
+    /// and the tests' readers agree.
+    pub fn is_serving(&self) -> bool {
+        matches!(self, RunnerStatus::Ready | RunnerStatus::Running)
+    }
+
+    /// Whether a runner in this state holds its model's memory (its weights are loaded):
+    /// loaded, warming up or serving. What a new placement must leave to it.
+    pub fn holds_memory(&self) -> bool {
+        self.stage().is_some_and(|stage| stage >= LOADED)
+    }
+
     /// Position in start-up, for "at least" checks; `None` once stopping, stopped or failed.
     fn stage(&self) -> Option<u8> {
-        match self {
-            RunnerStatus::Idle => Some(0),
-            RunnerStatus::Connecting => Some(1),
-            RunnerStatus::Connected => Some(2),
-            RunnerStatus::Loading { .. } => Some(3),
-            RunnerStatus::Loaded => Some(4),
-            RunnerStatus::WarmingUp => Some(5),
-            RunnerStatus::Ready | RunnerStatus::Running => Some(6),
-            RunnerStatus::ShuttingDown | RunnerStatus::Shutdown | RunnerStatus::Failed { .. } => {
-                None
-            }
-        }
+        Some(match self {
+            RunnerStatus::Idle => 0,
+            RunnerStatus::Connecting => 1,
+            RunnerStatus::Connected => 2,
+            RunnerStatus::Loading { .. } => 3,
+            RunnerStatus::Loaded => 4,
+            RunnerStatus::WarmingUp => 5,
+            _ if self.is_serving() => 6,
+            // Stopping, stopped or failed.
+            _ => return None,
+        })
     }
 }
 

@@ -306,3 +306,29 @@ fn runner_status_json() {
     let bytes = postcard::to_allocvec(&action).unwrap();
     assert_eq!(postcard::from_bytes::<Action>(&bytes).unwrap(), action);
 }
+
+#[test]
+fn which_states_serve_and_which_hold_memory() {
+    let loading = Loading {
+        layers_loaded: 1,
+        total: 2,
+    };
+    // (status, serves requests, holds its model's memory)
+    let cases = [
+        (Idle, false, false),
+        (Connecting, false, false),
+        (Connected, false, false),
+        (loading, false, false),
+        (Loaded, false, true),
+        (WarmingUp, false, true),
+        (Ready, true, true),
+        (Running, true, true),
+        (ShuttingDown, false, false),
+        (Shutdown, false, false),
+        (failed(), false, false),
+    ];
+    for (status, serving, holds) in cases {
+        assert_eq!(status.is_serving(), serving, "{status:?}");
+        assert_eq!(status.holds_memory(), holds, "{status:?}");
+    }
+}

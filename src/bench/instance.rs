@@ -5,7 +5,7 @@
 //! moves does not break the bench silently: anything unreadable is an error naming it.
 
 use kit::instances::ranks;
-use kit::runner_states::{is_serving, runner_status, runners};
+use kit::runner_states::{runner_status, runners};
 use placement::RunnerStatus;
 use serde_json::Value;
 
@@ -149,7 +149,7 @@ pub fn readiness(instance: &Value) -> Readiness {
         match runner_status(runner) {
             Some(RunnerStatus::Failed { reason }) => return Readiness::Failed(reason),
             Some(status) => {
-                ready += usize::from(is_serving(&status));
+                ready += usize::from(status.is_serving());
                 states.push(status.name().to_string());
             }
             None => states.push(format!("unreadable {runner}")),

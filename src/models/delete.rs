@@ -7,11 +7,10 @@
 //! download of it is running. Other nodes' copies are theirs: delete on each node that should
 //! free its disk.
 
-use super::fetch::{Downloads, DOWNLOAD_PREFIX};
+use super::fetch::Downloads;
 use super::registry::ModelRegistry;
-use super::sources::FILES_PREFIX;
 use crate::context::NodeContext;
-use control::PlacementCache;
+use control::{DownloadKey, Holding, PlacementCache};
 use gateway::{ApiError, ErrorKind};
 use serde_json::{json, Value};
 
@@ -69,10 +68,10 @@ pub async fn delete_model(
         })?;
     downloads.forget(&repo);
     let mut records = 0;
-    if context.remove(&format!("{FILES_PREFIX}{repo}")) {
+    if context.remove(&Holding::key(&repo)) {
         records += 1;
     }
-    let prefix = format!("{DOWNLOAD_PREFIX}{repo}/");
+    let prefix = DownloadKey::prefix(&repo);
     if let Some(own) = snapshot.authors.get(&snapshot.me) {
         for key in own.records.keys().filter(|k| k.starts_with(&prefix)) {
             if context.remove(key) {

@@ -13,16 +13,13 @@
 //! ([`Downloads::fetch_support`]): placement needs the configuration, not the weights.
 
 use crate::context::NodeContext;
-use control::{FetchState, Part};
+use control::{DownloadKey, DownloadRecord, DownloadState, FetchState, Part};
 use hub::select::{self, Shard, INDEX};
 use hub::{HfCache, Hub, HubConfig, ModelId, Progress, RepoFile};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Key prefix of download records.
-pub const DOWNLOAD_PREFIX: &str = "download/";
 /// How long a failed download is reported as failed; after that (or when a user places the
 /// model again on this node) the next rank that needs the part tries again.
 const FAILURE_KEPT: Duration = Duration::from_secs(30);
@@ -304,15 +301,16 @@ async fn fetch_part(
     let id = ModelId::parse(model).map_err(|e| e.to_string())?;
     let hub = Hub::new(HubConfig::from_env()).map_err(|e| e.to_string())?;
     let cache = hub.config.cache.clone();
-    let label = part.map_or_else(|| "support".to_string(), |p| p.label());
-    let key = format!("{DOWNLOAD_PREFIX}{model}/{label}");
+    let key = DownloadKey::new(model, part);
+    let label = key.label();
+    let key = key.to_string();
     let progress = Arc::new(Progress::default());
     let wants: Mutex<BTreeMap<String, String>> = Mutex::default();
     // How long the last set of files took, from the end of the settle wait to the last file
     // verified (the weights' copy time, which `cargo xtask bench peer-copy` reads).
     let transfer_s: Arc<Mutex<Option<f64>>> = Arc::default();
     let started = Instant::now();
-    let record = |state: &str| {
+    let record = |state: DownloadState| {
         let t = progress.totals();
         let seconds = started.elapsed().as_secs_f64().max(0.001);
         let rate = t.fetched as f64 / seconds;
@@ -325,16 +323,36 @@ async fn fetch_part(
             .filter(|(path, _)| !done.get(*path).is_some_and(|f| f.complete))
             .map(|(_, hash)| hash.clone())
             .collect();
-        let from = t.current_source.as_deref().unwrap_or(&hub.config.endpoint);
-        json!({"model": model, "part": label, "state": state, "done": t.done,
-               "total": t.total, "fetched": t.fetched, "files_complete": t.files_complete,
-               "files": t.files, "file": t.current, "from": from, "wants": wants,
-               "rate_bytes_per_s": rate.round(), "eta_s": eta.map(f64::round),
-               "transfer_s": *transfer_s.lock().unwrap_or_else(|p| p.into_inner())})
+        let from = t
+            .current_source
+            .unwrap_or_else(|| hub.config.endpoint.clone());
+        DownloadRecord {
+            model: model.to_string(),
+            part: label.clone(),
+            state,
+            done: t.done,
+            total: t.total,
+            fetched: t.fetched,
+            files_complete: t.files_complete,
+            files: t.files,
+            file: t.current,
+            from,
+            wants,
+            rate_bytes_per_s: rate.round(),
+            eta_s: eta.map(f64::round),
+            transfer_s: *transfer_s.lock().unwrap_or_else(|p| p.into_inner()),
+            error: None,
+        }
+    };
+    let write = |record: &DownloadRecord| match serde_json::to_value(record) {
+        Ok(value) => {
+            let _ = context.write(&key, &value);
+        }
+        Err(e) => tracing::warn!("cannot encode {key}: {e}"),
     };
     if part.is_some_and(|p| held(&cache, &id, p)) {
         super::gather::advertise(&*context, &cache, &id);
-        let _ = context.write(&key, &record("complete"));
+        write(&record(DownloadState::Complete));
         return Ok(());
     }
     let work = async {
@@ -372,7 +390,7 @@ async fn fetch_part(
                     w.insert(f.path.clone(), f.hash.clone());
                 }
             }
-            let _ = context.write(&key, &record("downloading"));
+            write(&record(DownloadState::Downloading));
             let (context, hub, id, commit, progress, transfer_s) = (
                 context.clone(),
                 hub.clone(),
@@ -429,14 +447,15 @@ async fn fetch_part(
     let result = loop {
         tokio::select! {
             done = &mut work => break done,
-            _ = tick.tick() => { let _ = context.write(&key, &record("downloading")); }
+            _ = tick.tick() => write(&record(DownloadState::Downloading)),
         }
     };
-    let mut value = record(if result.is_ok() { "complete" } else { "failed" });
+    let mut last = record(DownloadState::Complete);
     if let Err(e) = &result {
-        value["error"] = json!(e);
+        last.state = DownloadState::Failed;
+        last.error = Some(e.clone());
     }
-    let _ = context.write(&key, &value);
+    write(&last);
     result
 }
 

@@ -20,7 +20,7 @@ const POLL: Duration = Duration::from_millis(300);
 /// Writes this node's `files/<repo>` record from what its cache holds of `id`.
 pub fn advertise(context: &dyn NodeContext, cache: &HfCache, id: &ModelId) {
     if let Some(holding) = sources::holding(cache, id) {
-        let key = format!("{}{}", sources::FILES_PREFIX, id.repo());
+        let key = control::Holding::key(&id.repo());
         match serde_json::to_value(&holding) {
             Ok(v) => {
                 if let Err(e) = context.write(&key, &v) {

@@ -9,45 +9,17 @@
 //! to appear in that node's record and copy it from there, so the hub serves each file once
 //! to the whole cluster. With no hub at all, the listing comes from the members' records.
 
-use control::Snapshot;
+use control::{Author, HeldFile, Holding, Snapshot};
 use hub::{HfCache, ModelId, RepoFile};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Key prefix of holding records (`files/<model>`).
-pub const FILES_PREFIX: &str = "files/";
-
-/// The verified files of one model a node holds.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
-pub struct Holding {
-    /// The revision the files are of (`main`, a tag, a commit).
-    pub revision: String,
-    /// The commit it pointed to.
-    pub commit: String,
-    /// The files, by path.
-    pub files: Vec<HeldFile>,
-}
-
-/// One held file.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct HeldFile {
-    /// Path in the repository.
-    pub path: String,
-    /// Size.
-    pub size: u64,
-    /// The hub's content hash (the blob's name).
-    pub hash: String,
-}
-
-impl HeldFile {
-    /// As the hub crate's file.
-    pub fn repo_file(&self) -> RepoFile {
-        RepoFile {
-            path: self.path.clone(),
-            size: self.size,
-            lfs: self.hash.len() == 64,
-            hash: self.hash.clone(),
-        }
+/// A held file as the hub crate's file.
+fn repo_file(f: &HeldFile) -> RepoFile {
+    RepoFile {
+        path: f.path.clone(),
+        size: f.size,
+        lfs: f.hash.len() == 64,
+        hash: f.hash.clone(),
     }
 }
 
@@ -75,12 +47,11 @@ pub fn holding(cache: &HfCache, id: &ModelId) -> Option<Holding> {
 
 /// The holding records of `model` by live member (this node excluded).
 fn holdings<'a>(snapshot: &'a Snapshot, model: &str) -> Vec<(&'a String, Holding)> {
-    let key = format!("{FILES_PREFIX}{model}");
     snapshot
         .authors
         .iter()
         .filter(|(id, a)| a.alive && **id != snapshot.me)
-        .filter_map(|(id, a)| Some((id, serde_json::from_str(a.records.get(&key)?).ok()?)))
+        .filter_map(|(id, a)| Some((id, a.holding(model)?)))
         .collect()
 }
 
@@ -98,14 +69,14 @@ pub fn holders(snapshot: &Snapshot, model: &str, hash: &str) -> Vec<String> {
 pub fn peer_listing(snapshot: &Snapshot, id: &ModelId) -> Option<(String, Vec<RepoFile>)> {
     let mut by_commit: BTreeMap<String, (usize, BTreeMap<String, RepoFile>)> = BTreeMap::new();
     for (_, h) in holdings(snapshot, &id.to_string()) {
-        if h.revision != id.revision() || !hub::cache::is_commit(&h.commit) {
+        if h.revision != id.revision() || !hub::meta::is_commit(&h.commit) {
             continue;
         }
         let entry = by_commit.entry(h.commit.clone()).or_default();
         entry.0 += 1;
         for f in &h.files {
-            if hub::cache::safe_relative(&f.path) {
-                entry.1.insert(f.path.clone(), f.repo_file());
+            if hub::meta::safe_relative(&f.path) {
+                entry.1.insert(f.path.clone(), repo_file(f));
             }
         }
     }
@@ -120,17 +91,16 @@ pub fn peer_listing(snapshot: &Snapshot, id: &ModelId) -> Option<(String, Vec<Re
 /// that an instance goes to the nodes that already have its files (as exo prefers them), and
 /// nothing is copied that need not be.
 pub fn held_weight_bytes(snapshot: &Snapshot, id: &ModelId) -> BTreeMap<String, u64> {
-    let key = format!("{FILES_PREFIX}{}", id.repo());
     snapshot
         .authors
         .iter()
         .filter(|(node, a)| a.alive || **node == snapshot.me)
         .filter_map(|(node, a)| {
-            let holding: Holding = serde_json::from_str(a.records.get(&key)?).ok()?;
+            let holding = a.holding(&id.repo())?;
             if holding.revision != id.revision() {
                 return None;
             }
-            let files: Vec<RepoFile> = holding.files.iter().map(HeldFile::repo_file).collect();
+            let files: Vec<RepoFile> = holding.files.iter().map(repo_file).collect();
             let weights = hub::select::for_model(&files, id.quant.as_deref()).ok()?;
             let bytes = weights
                 .iter()
@@ -145,23 +115,11 @@ pub fn held_weight_bytes(snapshot: &Snapshot, id: &ModelId) -> BTreeMap<String, 
 /// Whether this node is the one to fetch `hash` of `model` from the hub: the smallest id
 /// among live nodes (this one included) whose running download of the model wants it.
 pub fn designated(snapshot: &Snapshot, model: &str, hash: &str) -> bool {
-    let prefix = format!("{}{model}/", super::fetch::DOWNLOAD_PREFIX);
+    let wants = |a: &Author| a.downloads(model).any(|(_, record)| record.wants(hash));
     let wanting: BTreeSet<&String> = snapshot
         .authors
         .iter()
-        .filter(|(id, a)| a.alive || **id == snapshot.me)
-        .filter(|(_, a)| {
-            a.records
-                .range(prefix.clone()..)
-                .take_while(|(k, _)| k.starts_with(&prefix))
-                .filter_map(|(_, v)| serde_json::from_str::<serde_json::Value>(v).ok())
-                .any(|v| {
-                    v["state"] == "downloading"
-                        && v["wants"]
-                            .as_array()
-                            .is_some_and(|w| w.iter().any(|h| h == hash))
-                })
-        })
+        .filter(|(id, a)| (a.alive || **id == snapshot.me) && wants(a))
         .map(|(id, _)| id)
         .collect();
     wanting.first().is_none_or(|first| **first == snapshot.me)
@@ -171,12 +129,20 @@ pub fn designated(snapshot: &Snapshot, model: &str, hash: &str) -> bool {
 mod tests {
     use super::*;
     use control::fixture::author;
-    use serde_json::json;
+    use control::{DownloadKey, DownloadRecord, Part};
 
     fn holding_of(commit: &str, files: &[(&str, &str)]) -> String {
-        json!({"revision": "main", "commit": commit, "files":
-            files.iter().map(|(p, h)| json!({"path": p, "size": 1, "hash": h})).collect::<Vec<_>>()})
-        .to_string()
+        let files = files.iter().map(|(path, hash)| HeldFile {
+            path: path.to_string(),
+            size: 1,
+            hash: hash.to_string(),
+        });
+        let holding = Holding {
+            revision: "main".into(),
+            commit: commit.into(),
+            files: files.collect(),
+        };
+        serde_json::to_string(&holding).unwrap()
     }
 
     #[test]
@@ -184,7 +150,14 @@ mod tests {
         let c = "0123456789abcdef0123456789abcdef01234567";
         let m = "org/name";
         let h1 = "a".repeat(64);
-        let want = |hashes: &[&str]| json!({"state": "downloading", "wants": hashes}).to_string();
+        let want = |hashes: &[&str]| {
+            let record = DownloadRecord {
+                wants: hashes.iter().map(|h| h.to_string()).collect(),
+                ..DownloadRecord::default()
+            };
+            serde_json::to_string(&record).unwrap()
+        };
+        let tensor = DownloadKey::new(m, Some(Part::Tensor)).to_string();
         let snapshot = Snapshot {
             settling: false,
             me: "b".into(),
@@ -194,25 +167,22 @@ mod tests {
                     author(
                         true,
                         &[(
-                            format!("{FILES_PREFIX}{m}"),
+                            Holding::key(m),
                             holding_of(c, &[("config.json", "11"), ("m1.safetensors", &h1)]),
                         )],
                     ),
                 ),
                 (
                     "b".to_string(),
-                    author(true, &[(format!("download/{m}/tensor"), want(&["22"]))]),
+                    author(true, &[(tensor.clone(), want(&["22"]))]),
                 ),
                 (
                     "c".to_string(),
-                    author(
-                        true,
-                        &[(format!("download/{m}/tensor"), want(&["22", "33"]))],
-                    ),
+                    author(true, &[(tensor.clone(), want(&["22", "33"]))]),
                 ),
                 (
                     "0".to_string(),
-                    author(false, &[(format!("download/{m}/tensor"), want(&["22"]))]),
+                    author(false, &[(tensor.clone(), want(&["22"]))]),
                 ),
             ]
             .into(),

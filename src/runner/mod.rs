@@ -2,6 +2,7 @@
 //!
 //! - [`process`]: `shoal runner`, the process itself (one model instance, or one rank of
 //!   it, serving `inference::runner`'s protocol on stdin/stdout);
+//! - [`settings`]: the node's settings for its runners, built once from its flags;
 //! - [`supervisor`]: the node's handle on one such process (start it, send it lifecycle
 //!   commands, queue generations, stop it);
 //! - [`scheduler`]: the state machine between requesters and one runner (up to the batch's
@@ -13,11 +14,10 @@
 
 pub mod process;
 pub mod scheduler;
+pub mod settings;
 pub mod supervisor;
 pub mod table;
 
 pub use process::{run, RunnerArgs};
-pub use supervisor::{
-    RunnerCommand, Supervisor, DEFAULT_MAX_QUEUE, DEFAULT_STEP_TIMEOUT_S, MAX_QUEUE_ENV,
-    STEP_TIMEOUT_ENV,
-};
+pub use settings::{RunnerSettings, DEFAULT_MAX_QUEUE, DEFAULT_STEP_TIMEOUT_S};
+pub use supervisor::{RunnerCommand, Supervisor};

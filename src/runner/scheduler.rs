@@ -18,15 +18,16 @@
 //! When none comes for the step timeout, the runner — or a rank of its ring, which it waits
 //! on inside MLX, where nothing times out — has hung (a process frozen without closing its
 //! sockets): the scheduler kills it, ends every request with `State(Failed)` naming the
-//! timeout, and the status becomes `Failed` with a reason that starts with
-//! [`control::reconcile::HUNG_PREFIX`], which makes the control plane place the instance
-//! again.
+//! timeout, the status becomes `Failed`, and the runner is marked hung
+//! ([`Scheduler::hung_flag`], published as [`control::RunnerRecord::hung`]), which makes the
+//! control plane place the instance again.
 
 use inference::runner::protocol::{Command, Event};
 use inference::GenerateRequest;
 use placement::RunnerStatus;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -84,6 +85,8 @@ pub(super) struct Scheduler {
     step_timeout: Duration,
     /// When the runner last showed progress (or its first request went in).
     last_progress: Instant,
+    /// Set when the step deadline passed (see the module docs).
+    hung: Arc<AtomicBool>,
 }
 
 /// The event that ends a request when the runner is gone: the instance is lost.
@@ -119,7 +122,14 @@ impl Scheduler {
             load,
             step_timeout,
             last_progress: Instant::now(),
+            hung: Arc::default(),
         }
+    }
+
+    /// Whether the runner was ended by the step deadline, for whoever holds the runner's
+    /// handle once the scheduler runs.
+    pub(super) fn hung_flag(&self) -> Arc<AtomicBool> {
+        self.hung.clone()
     }
 
     /// Runs until every input sender is gone.
@@ -181,11 +191,11 @@ impl Scheduler {
     /// The step deadline passed with requests running (see the module docs).
     fn hung(&mut self) {
         let reason = format!(
-            "{}no step finished in {} s: a rank of the ring stopped answering (frozen, or its \
-             link is down); the instance is placed again",
-            control::reconcile::HUNG_PREFIX,
+            "hung: no step finished in {} s: a rank of the ring stopped answering (frozen, or \
+             its link is down); the instance is placed again",
             self.step_timeout.as_secs_f64()
         );
+        self.hung.store(true, Ordering::SeqCst);
         tracing::error!(%reason, "runner hung: ending it");
         {
             let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
@@ -292,10 +302,7 @@ impl Scheduler {
         if self.failure.is_some() {
             return;
         }
-        if !matches!(
-            *self.state.borrow(),
-            RunnerStatus::Ready | RunnerStatus::Running
-        ) {
+        if !self.state.borrow().is_serving() {
             return;
         }
         while self.running.len() < self.max_running {

@@ -14,6 +14,7 @@
 //! Dropping the last [`Supervisor`] handle kills the child.
 
 use super::scheduler::{instance_lost, Input, Scheduler};
+use super::settings::RunnerSettings;
 use inference::runner::protocol::{read_frame, write_frame, Command, Event, FrameError};
 use inference::GenerateRequest;
 use placement::{RunnerStatus, Sharding};
@@ -25,19 +26,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-/// The environment variable (in [`RunnerCommand::env`], from the node's `--max-queue`) with
-/// how many requests may wait for room in one runner's batch.
-pub const MAX_QUEUE_ENV: &str = "SHOAL_MAX_QUEUE";
-/// The default of [`MAX_QUEUE_ENV`].
-pub const DEFAULT_MAX_QUEUE: usize = 64;
-/// The environment variable (in [`RunnerCommand::env`], from the node's `--step-timeout`)
-/// with the seconds a runner may go without an event while requests run before it is taken
-/// for hung (see [`super::scheduler`]).
-pub const STEP_TIMEOUT_ENV: &str = "SHOAL_STEP_TIMEOUT";
-/// The default of [`STEP_TIMEOUT_ENV`]: far above one decode step or prompt chunk of any
-/// model this runs, so only a real hang ends a runner.
-pub const DEFAULT_STEP_TIMEOUT_S: usize = 60;
-
 /// How to start a runner process.
 #[derive(Debug, Clone)]
 pub struct RunnerCommand {
@@ -45,17 +33,18 @@ pub struct RunnerCommand {
     pub program: PathBuf,
     /// Its arguments: normally `["runner"]`.
     pub args: Vec<String>,
-    /// Extra environment variables (e.g. `SHOAL_FAST_SYNCH`).
-    pub env: Vec<(String, String)>,
+    /// The node's settings for its runners: the supervisor's bounds, and the process's
+    /// environment ([`RunnerSettings::env`]).
+    pub settings: RunnerSettings,
 }
 
 impl RunnerCommand {
-    /// `<this executable> runner`.
-    pub fn current_exe() -> std::io::Result<RunnerCommand> {
+    /// `<this executable> runner`, with `settings`.
+    pub fn current_exe(settings: RunnerSettings) -> std::io::Result<RunnerCommand> {
         Ok(RunnerCommand {
             program: std::env::current_exe()?,
             args: vec!["runner".into()],
-            env: vec![],
+            settings,
         })
     }
 }
@@ -77,6 +66,8 @@ struct Shared {
     capacity: usize,
     child: Arc<Mutex<Child>>,
     pid: u32,
+    /// Set by the scheduler when the step deadline passed.
+    hung: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Shared {
@@ -97,7 +88,7 @@ impl Supervisor {
     pub fn start_idle(command: &RunnerCommand) -> std::io::Result<Supervisor> {
         let mut child = std::process::Command::new(&command.program)
             .args(&command.args)
-            .envs(command.env.iter().map(|(k, v)| (k, v)))
+            .envs(command.settings.env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -118,23 +109,10 @@ impl Supervisor {
         spawn_writer(stdin, commands_rx, pid);
         let child = Arc::new(Mutex::new(child));
         let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let setting = |name: &str, default: usize| -> usize {
-            command
-                .env
-                .iter()
-                .rev()
-                .find(|(k, _)| k == name)
-                .and_then(|(_, v)| v.parse().ok())
-                .unwrap_or(default)
-        };
-        let max_running = setting(
-            inference::batch::MAX_SEQUENCES_ENV,
-            inference::batch::DEFAULT_MAX_SEQUENCES,
-        )
-        .max(1);
-        let capacity = max_running + setting(MAX_QUEUE_ENV, DEFAULT_MAX_QUEUE);
-        let step_timeout =
-            Duration::from_secs(setting(STEP_TIMEOUT_ENV, DEFAULT_STEP_TIMEOUT_S).max(1) as u64);
+        let settings = &command.settings;
+        let max_running = settings.max_sequences.max(1);
+        let capacity = settings.capacity();
+        let step_timeout = settings.step_timeout;
         let scheduler = Scheduler::new(
             commands,
             state_tx,
@@ -143,6 +121,7 @@ impl Supervisor {
             max_running,
             step_timeout,
         );
+        let hung = scheduler.hung_flag();
         tokio::spawn(scheduler.run(inputs_rx));
         tracing::info!(pid, "runner started");
         Ok(Supervisor {
@@ -154,6 +133,7 @@ impl Supervisor {
                 capacity,
                 child,
                 pid,
+                hung,
             }),
         })
     }
@@ -193,6 +173,12 @@ impl Supervisor {
     /// The runner's state, updated as it reports changes.
     pub fn state(&self) -> watch::Receiver<RunnerStatus> {
         self.shared.state.clone()
+    }
+
+    /// Whether the runner failed by its step deadline (a rank of its ring hung): its
+    /// `Failed` state then makes the control plane place the instance again.
+    pub fn hung(&self) -> bool {
+        self.shared.hung.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The runner's current state.

@@ -67,7 +67,8 @@ impl LocalRunner {
 
     /// Its supervisor, if the runner is ready for requests.
     pub fn ready_supervisor(&self) -> Option<Supervisor> {
-        matches!(self.status(), RunnerStatus::Ready | RunnerStatus::Running)
+        self.status()
+            .is_serving()
             .then(|| self.supervisor.clone())
             .flatten()
     }
@@ -97,6 +98,8 @@ impl LocalRunner {
             sent: self.sent.clone(),
             queued: self.load(),
             model_ready: self.model.path.exists(),
+            // A status the node set (stopped, failed before starting) is not the process's.
+            hung: self.status.is_none() && self.supervisor.as_ref().is_some_and(Supervisor::hung),
         }
     }
 }

@@ -17,10 +17,10 @@
 //! with the table.
 
 use crate::llama_cpp;
+use crate::mlx_build::MLX_VERSION;
 use crate::mlx_lm_venv::{mlx_lm_venv, requirements as mlx_lm_requirements, MLX_LM_VERSION};
 use crate::paths::{cache_dir, default_model, target_dir};
 use crate::reference::LLAMA_CPP_PYTHON_VERSION;
-use crate::setup::MLX_VERSION;
 use crate::util::{run, Step};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -466,7 +466,7 @@ mod tests {
     #[test]
     fn the_peers_are_pinned_and_printed() {
         let [mlx, lm] = mlx_lm_requirements();
-        assert_eq!(mlx, format!("mlx[cpu]=={}", crate::setup::MLX_VERSION));
+        assert_eq!(mlx, format!("mlx[cpu]=={}", crate::mlx_build::MLX_VERSION));
         assert_eq!(lm, "mlx-lm==0.32.2");
         let measured = ("0.32.2".to_owned(), "0.32.2".to_owned());
         let line = versions_line(Some(&measured), Some("b6660 (a1b2c3d)"));

@@ -43,7 +43,7 @@ pub fn family_fixtures(step: Step) -> Result<(), String> {
     let stamp = format!(
         "script_sha256={}\nmlx={}\nmlx_lm={}\ntokenizer_sha256={}\n",
         sha256_file(&script)?,
-        crate::setup::MLX_VERSION,
+        crate::mlx_build::MLX_VERSION,
         crate::mlx_lm_venv::MLX_LM_VERSION,
         sha256_file(&tokenizer.join(TOKENIZER_FILES[0]))?,
     );

@@ -11,6 +11,11 @@
 //! `SHOAL_MLX=cpu|cuda|metal` overrides the choice (`cuda` still picks 12 or 13 by driver).
 //! Every wheel is pinned by file name and sha256 (read from PyPI's own digests).
 
+/// MLX release that mlx-c 0.7.0 (inside mlx-sys 0.7.0) is written against: the release every
+/// build below is of, and the one the mlx-lm venv pins (kept here, with the builds, so that the
+/// venv and the fixtures read it without depending on setup, which depends on them).
+pub const MLX_VERSION: &str = "0.32.2";
+
 /// An MLX build and the wheels it is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MlxFlavor {

@@ -6,8 +6,8 @@
 //! It lives at `<cache>/bench/mlx-lm-venv`, where the benchmark made it first, so machines that
 //! already have it keep it.
 
+use crate::mlx_build::MLX_VERSION;
 use crate::paths::cache_dir;
-use crate::setup::MLX_VERSION;
 use crate::util::run;
 use std::path::{Path, PathBuf};
 use std::process::Command;

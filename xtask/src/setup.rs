@@ -20,7 +20,7 @@
 //! 10. reference fixtures of every model family, made by the pinned mlx-lm (see
 //!     `family_fixtures.rs`).
 
-use crate::mlx_build::MlxFlavor;
+use crate::mlx_build::{MlxFlavor, MLX_VERSION};
 use crate::paths::{cache_dir, default_model, workspace_root};
 use crate::pypi::pip_download;
 use crate::util::{run, run_quiet, sha256_file, Step};
@@ -28,8 +28,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// MLX release that mlx-c 0.7.0 (inside mlx-sys 0.7.0) is written against.
-pub const MLX_VERSION: &str = "0.32.2";
 const MLX_SYS_VERSION: &str = "0.7.0";
 /// crates.io's checksum of `mlx-sys-0.7.0.crate`.
 const MLX_SYS_CRATE_SHA256: &str =

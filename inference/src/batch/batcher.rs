@@ -23,8 +23,9 @@
 //! room the running sequences leave within `kv_tokens`: it is cut before any sequence waits
 //! or is preempted for lack of room.
 
-use super::forward::{BatchForward, Part, Slot};
+use super::forward::{BatchForward, Part};
 use super::prompt_cache::PromptCache;
+use super::slot_kv::Slot;
 use crate::error::{InferenceError, Result};
 use crate::generate::check_request;
 use crate::kv_cache::KvCache;

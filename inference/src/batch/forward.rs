@@ -2,15 +2,12 @@
 //! ([`LocalBatch`], any number of sequences in one pass); rank 0 of a distributed instance
 //! implements it too ([`super::RingBatch`]).
 
-use super::slot_kv::SlotKv;
+use super::slot_kv::{Slot, SlotKv};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
 use crate::models::shard::{wanted_rows, ModelShard};
 use mlx_rs::Array;
-
-/// A sequence's slot in a [`BatchForward`] (its KV cache).
-pub type Slot = u64;
 
 /// One sequence's share of a step.
 pub struct Part<'a> {

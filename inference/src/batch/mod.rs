@@ -20,19 +20,21 @@ mod forward;
 
 pub use batcher::{BatchEvent, BatchLimits, BatchStats, Batcher};
 pub(crate) use forward::rows_to_host;
-pub use forward::{BatchForward, LocalBatch, Part, Slot, LOCAL_STEP_TOKENS};
+pub use forward::{BatchForward, LocalBatch, Part, LOCAL_STEP_TOKENS};
 
 mod limits;
 pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};
 
 mod ring_plan;
 pub use ring_plan::{
-    PlannedPart, RingBatch, SlotCaches, StepPlan, MAX_PLAN_MESSAGE, MAX_PLAN_SEQUENCES,
-    MAX_PLAN_TOKENS,
+    PlannedPart, SlotCaches, StepPlan, MAX_PLAN_MESSAGE, MAX_PLAN_SEQUENCES, MAX_PLAN_TOKENS,
 };
 
+mod ring_batch;
+pub use ring_batch::RingBatch;
+
 mod slot_kv;
-pub use slot_kv::SlotKv;
+pub use slot_kv::{Slot, SlotKv};
 
 mod prompt_cache;
 pub use prompt_cache::{prompt_cache_tokens, Hit, PromptCache, PROMPT_CACHE_ENV};

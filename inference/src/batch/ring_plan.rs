@@ -1,6 +1,6 @@
 //! Batching across ranks: what a batched step is, as rank 0 decides it and every other rank
 //! learns it ([`StepPlan`], carried with the step itself), the per-slot caches each rank keeps
-//! ([`SlotCaches`]), and [`RingBatch`], the [`BatchForward`] over rank 0's [`Stage`].
+//! ([`SlotCaches`]); [`super::RingBatch`], rank 0's side of it, is in `ring_batch.rs`.
 //!
 //! Which sequences are in a step, and which ended, travels in the step's own message, so the
 //! ranks can never disagree on a batch: a rank runs exactly what the plan in front of the
@@ -8,14 +8,11 @@
 //! small numbers rank 0 reuses (the lowest free one), so a plan stays a few integers per
 //! sequence, exact in the f32 a tensor-parallel broadcast carries.
 
-use super::forward::{BatchForward, Part, Slot};
+use super::slot_kv::Slot;
 use super::slot_kv::SlotKv;
-use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::forward::DISTRIBUTED_PREFILL_CHUNK;
 use crate::kv_rows::StepKv;
 use crate::models::shard::ModelShard;
-use crate::stage::Stage;
 use mlx_rs::Array;
 use std::collections::BTreeSet;
 
@@ -208,101 +205,6 @@ impl SlotCaches {
             .map(|p| (Slot::from(p.slot), p.len as usize))
             .collect();
         slots.forward(&parts, h, run)
-    }
-}
-
-/// Rank 0 of a multi-rank instance as a [`BatchForward`]: every step runs all its sequences
-/// through every rank at once, its plan travelling with it (see the module docs).
-pub struct RingBatch<'a> {
-    stage: &'a mut dyn Stage,
-    open: BTreeSet<u32>,
-    closed: Vec<u32>,
-    reset: bool,
-    max_sequences: usize,
-}
-
-impl<'a> RingBatch<'a> {
-    /// Batches of up to `max_sequences` (at most [`MAX_PLAN_SEQUENCES`]) over rank 0's
-    /// `stage`. Its first step tells every rank to forget slots of an earlier batcher.
-    pub fn new(stage: &'a mut dyn Stage, max_sequences: usize) -> RingBatch<'a> {
-        RingBatch {
-            stage,
-            open: BTreeSet::new(),
-            closed: Vec::new(),
-            reset: true,
-            max_sequences: max_sequences.clamp(1, MAX_PLAN_SEQUENCES),
-        }
-    }
-}
-
-impl BatchForward for RingBatch<'_> {
-    fn config(&self) -> &ModelConfig {
-        self.stage.config()
-    }
-
-    fn max_sequences(&self) -> usize {
-        self.max_sequences
-    }
-
-    fn step_tokens(&self) -> usize {
-        self.stage.max_chunk().clamp(1, DISTRIBUTED_PREFILL_CHUNK)
-    }
-
-    fn open(&mut self) -> Result<Slot> {
-        let slot = (0u32..)
-            .find(|s| !self.open.contains(s))
-            .unwrap_or_default();
-        if self.open.len() >= self.max_sequences {
-            return Err(InferenceError::InvalidRequest(format!(
-                "this instance runs at most {} sequences at once",
-                self.max_sequences
-            )));
-        }
-        self.open.insert(slot);
-        Ok(Slot::from(slot))
-    }
-
-    fn close(&mut self, slot: Slot) {
-        if let Ok(slot) = u32::try_from(slot) {
-            if self.open.remove(&slot) {
-                self.closed.push(slot);
-            }
-        }
-    }
-
-    fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>> {
-        if parts.is_empty() {
-            // Closed slots wait for the next step that runs something.
-            return Ok(Vec::new());
-        }
-        let mut planned = Vec::with_capacity(parts.len());
-        let mut tokens = Vec::new();
-        for p in parts {
-            let slot = u32::try_from(p.slot)
-                .ok()
-                .filter(|s| self.open.contains(s))
-                .ok_or_else(|| {
-                    InferenceError::InvalidRequest(format!("no sequence in slot {}", p.slot))
-                })?;
-            if p.tokens.is_empty() {
-                return Err(InferenceError::InvalidRequest(format!(
-                    "slot {slot} has no tokens in this step"
-                )));
-            }
-            planned.push(PlannedPart {
-                slot,
-                len: p.tokens.len() as u32,
-                wants_logits: p.wants_logits,
-            });
-            tokens.extend_from_slice(p.tokens);
-        }
-        let plan = StepPlan {
-            reset: self.reset,
-            closed: std::mem::take(&mut self.closed),
-            parts: planned,
-        };
-        self.reset = false;
-        self.stage.step_batch(&plan, &tokens)
     }
 }
 

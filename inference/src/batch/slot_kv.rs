@@ -13,12 +13,16 @@
 //! every step the same way, which tensor-parallel ranks need (their partial sums are added
 //! position by position).
 
-use super::forward::Slot;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::kv_rows::{KvRows, StepKv};
 use mlx_rs::Array;
 use std::collections::BTreeMap;
+
+/// A sequence's slot in a batch (its KV cache), as [`super::BatchForward`] opens and closes it.
+/// Defined here, with the slots' caches, so that the forward passes use this file and not the
+/// other way round.
+pub type Slot = u64;
 
 /// Per-slot KV state of one shard (see the module docs).
 pub struct SlotKv {
