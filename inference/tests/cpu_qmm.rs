@@ -397,3 +397,42 @@ fn gathered_products_equal_mlx_gather_qmm() {
         assert!(got[n..].iter().any(|&v| v != 0.0));
     }
 }
+
+/// Many tokens routed to one expert (a prefill): that expert's rows take the many-rows path,
+/// and its output rows are not next to each other (each token's row holds both its experts).
+#[test]
+fn an_expert_with_many_rows_equals_mlx_gather_qmm() {
+    use inference::cpu_kernels::affine_gather_product;
+    let (experts, n, k, group, bits) = (5, 40, 128, 64, 4);
+    let mut case = Case::new(31, 1, experts * n, k, group, bits);
+    let (_, w, scales, biases) = case.arrays(Dtype::Float16);
+    let packed = w.reshape(&[experts as i32, n as i32, -1]).unwrap();
+    let scales = scales.reshape(&[experts as i32, n as i32, -1]).unwrap();
+    let biases = biases.reshape(&[experts as i32, n as i32, -1]).unwrap();
+    let mut rng = Rng(5);
+    let tokens = 40;
+    let x: Vec<f32> = (0..tokens * k).map(|_| rng.uniform()).collect();
+    let x = Array::from_slice(&x, &[tokens as i32, 1, 1, k as i32]);
+    // Every token picks expert 4 (40 rows) and one of the others.
+    let picks: Vec<u32> = (0..tokens).flat_map(|t| [4, t as u32 % 4]).collect();
+    let picks = Array::from_slice(&picks, &[tokens as i32, 2]);
+    let want = ops::gather_qmm(
+        &x,
+        &packed,
+        &scales,
+        &biases,
+        None,
+        &picks,
+        true,
+        group as i32,
+        bits as i32,
+        false,
+    )
+    .unwrap();
+    for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+        let got =
+            affine_gather_product(&x, &packed, &scales, &biases, &picks, case.spec(), isa).unwrap();
+        let e = max_diff(&host(&got), &host(&want));
+        assert!(e < 1e-4, "{isa:?}: {e}");
+    }
+}
