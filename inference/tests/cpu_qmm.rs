@@ -150,7 +150,8 @@ fn every_layout_and_row_count_equals_the_reference() {
     for bits in [4, 8] {
         for group in [32, 64, 128] {
             for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                for m in [1, 3, 4, 8, 31] {
+                // 32 rows and more go through dequantized tiles and the BLAS's sgemm.
+                for m in [1, 3, 4, 8, 31, 32, 45] {
                     seed += 1;
                     check(seed, m, 37, group * 3, group, bits, dtype);
                 }
@@ -229,6 +230,30 @@ fn strided_inputs_and_sliced_weights_are_read_right() {
             .map(|(w, &g)| (w - g as f64).abs())
             .fold(0.0, f64::max);
         assert!(e < 1e-4, "column slice off by {e}");
+    }
+}
+
+/// The many-rows path (dequantized tiles and sgemm): more than one tile of output columns,
+/// rows of `x` that are not contiguous, and output rows in a batch.
+#[test]
+fn many_rows_with_strided_inputs_and_several_tiles_equal_the_reference() {
+    let (m, n, k) = (40, 300, 192);
+    let mut case = Case::new(23, m, n, k, 64, 4);
+    let (x, w, scales, biases) = case.arrays(Dtype::Float16);
+    let xt = Array::from_slice(&case.x, &[m as i32, k as i32])
+        .transpose_axes(&[1, 0])
+        .unwrap();
+    let x_view = xt.transpose_axes(&[1, 0]).unwrap();
+    let x3 = x.reshape(&[4, 10, k as i32]).unwrap();
+    for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+        for input in [&x, &x_view] {
+            let out = affine_product(input, &w, &scales, &biases, case.spec(), isa).unwrap();
+            let e = worst(&case, &host(&out));
+            assert!(e < 2e-5, "{isa:?}: off by {e}");
+        }
+        let out3 = affine_product(&x3, &w, &scales, &biases, case.spec(), isa).unwrap();
+        assert_eq!(out3.shape(), [4, 10, n as i32]);
+        assert!(worst(&case, &host(&out3)) < 2e-5);
     }
 }
 
@@ -370,5 +395,44 @@ fn gathered_products_equal_mlx_gather_qmm() {
         );
         assert!(got[..n].iter().all(|&v| v == 0.0));
         assert!(got[n..].iter().any(|&v| v != 0.0));
+    }
+}
+
+/// Many tokens routed to one expert (a prefill): that expert's rows take the many-rows path,
+/// and its output rows are not next to each other (each token's row holds both its experts).
+#[test]
+fn an_expert_with_many_rows_equals_mlx_gather_qmm() {
+    use inference::cpu_kernels::affine_gather_product;
+    let (experts, n, k, group, bits) = (5, 40, 128, 64, 4);
+    let mut case = Case::new(31, 1, experts * n, k, group, bits);
+    let (_, w, scales, biases) = case.arrays(Dtype::Float16);
+    let packed = w.reshape(&[experts as i32, n as i32, -1]).unwrap();
+    let scales = scales.reshape(&[experts as i32, n as i32, -1]).unwrap();
+    let biases = biases.reshape(&[experts as i32, n as i32, -1]).unwrap();
+    let mut rng = Rng(5);
+    let tokens = 40;
+    let x: Vec<f32> = (0..tokens * k).map(|_| rng.uniform()).collect();
+    let x = Array::from_slice(&x, &[tokens as i32, 1, 1, k as i32]);
+    // Every token picks expert 4 (40 rows) and one of the others.
+    let picks: Vec<u32> = (0..tokens).flat_map(|t| [4, t as u32 % 4]).collect();
+    let picks = Array::from_slice(&picks, &[tokens as i32, 2]);
+    let want = ops::gather_qmm(
+        &x,
+        &packed,
+        &scales,
+        &biases,
+        None,
+        &picks,
+        true,
+        group as i32,
+        bits as i32,
+        false,
+    )
+    .unwrap();
+    for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+        let got =
+            affine_gather_product(&x, &packed, &scales, &biases, &picks, case.spec(), isa).unwrap();
+        let e = max_diff(&host(&got), &host(&want));
+        assert!(e < 1e-4, "{isa:?}: {e}");
     }
 }
