@@ -68,6 +68,18 @@ void product_scalar(const Problem& p, const std::vector<float>& xsums, int n0, i
 }
 
 #if defined(__x86_64__)
+/// The eight quantized values of weights `c..c + 8` of row `wr`, as integers.
+template <int BITS>
+__attribute__((target("avx2,fma"))) inline __m256i
+decode8(const uint32_t* wr, int c, __m256i shifts, __m256i nibble) {
+  if (BITS == 4) {
+    const __m256i word = _mm256_set1_epi32(static_cast<int>(wr[c / 8]));
+    return _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
+  }
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 4));
+  return _mm256_cvtepu8_epi32(bytes);
+}
+
 /// Output columns `[n0, n1)` with AVX2 + FMA: eight weights decoded per instruction, each
 /// decoded (and scaled) vector used for every row of `x`.
 template <int BITS, int ROWS>
@@ -95,14 +107,7 @@ block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int
       const __m256 sv = _mm256_set1_ps(s);
       const int c0 = g * p.group;
       for (int c = c0; c < c0 + p.group; c += 8) {
-        __m256i q;
-        if (BITS == 4) {
-          const __m256i word = _mm256_set1_epi32(static_cast<int>(wr[c / 8]));
-          q = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
-        } else {
-          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 4));
-          q = _mm256_cvtepu8_epi32(bytes);
-        }
+        const __m256i q = decode8<BITS>(wr, c, shifts, nibble);
         const __m256 qs = _mm256_mul_ps(_mm256_cvtepi32_ps(q), sv);
         for (int i = 0; i < ROWS; ++i) {
           acc[i] = _mm256_fmadd_ps(qs, _mm256_loadu_ps(xr[i] + c), acc[i]);
@@ -275,14 +280,7 @@ __attribute__((target("avx2,fma"))) void dequantize_tile_avx2(const Problem& p, 
       const __m256 bv = _mm256_set1_ps(scale_bias(p, p.biases, r * p.sb_row + g));
       const int c0 = g * p.group;
       for (int c = c0; c < c0 + p.group; c += 8) {
-        __m256i q;
-        if (BITS == 4) {
-          const __m256i word = _mm256_set1_epi32(static_cast<int>(wr[c / 8]));
-          q = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
-        } else {
-          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 4));
-          q = _mm256_cvtepu8_epi32(bytes);
-        }
+        const __m256i q = decode8<BITS>(wr, c, shifts, nibble);
         _mm256_storeu_ps(o + c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), sv, bv));
       }
     }
