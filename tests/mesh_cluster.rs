@@ -4,15 +4,12 @@
 //! counted (see `kit::skip`).
 
 mod support;
+use kit::state_view::node_id;
 
 use serde_json::Value;
 use std::time::Duration;
 use support::netns::Spec;
 use support::{agreed, logs, wait_for, ShoalNode, TestNet};
-
-fn node_id(state: &Value) -> String {
-    state["node_id"].as_str().unwrap_or_default().to_string()
-}
 
 fn has_edge(state: &Value, from: &str, to: &str, ip: &str) -> bool {
     state["nodes"][from]["records"]

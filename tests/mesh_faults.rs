@@ -10,13 +10,13 @@
 //! Debian's nftables): fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted.
 
 mod support;
+use kit::state_view::node_id;
 use support::{link_delay, link_faults};
 
 use kit::blocking::Blocking;
 use kit::client::Api;
 use link_delay::LinkDelay;
 use link_faults::{drop_on_link, dropped};
-use serde_json::Value;
 use std::time::Duration;
 use support::netns::Spec;
 use support::{agreed, logs, wait_for, ShoalNode, TestNet};
@@ -24,13 +24,9 @@ use support::{agreed, logs, wait_for, ShoalNode, TestNet};
 /// The delay on node 3's link in phase 1b, each way.
 const DELAY: Duration = Duration::from_millis(100);
 
-fn node_id(state: &Value) -> String {
-    state["node_id"].as_str().unwrap_or_default().to_string()
-}
-
 /// Whether `observer` considers `subject` alive (`None`: no answer or not listed).
 fn alive(observer: &ShoalNode, subject: &str) -> Option<bool> {
-    observer.state()?["liveness"][subject]["alive"].as_bool()
+    kit::state_view::is_alive(&observer.state()?, subject)
 }
 
 /// Every (observer, subject) pair, 1-based, seen with the subject dead while watching for

@@ -2,7 +2,7 @@
 //! failed load, and the load watchdog's exit.
 
 use inference::runner::protocol::{
-    read_frame, write_frame, Command, Event, RunnerStatus, Sharding,
+    read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding,
 };
 use inference::{ChatMessage, GenerateRequest, Prompt};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
@@ -47,7 +47,7 @@ fn runner_process_loads_and_answers() {
     let (mut child, mut stdin, mut stdout) = spawn(&[]);
     write_frame(
         &mut stdin,
-        &Command::Load {
+        &NodeCommand::Load {
             model: fixture(),
             layers: None,
             format: None,
@@ -68,7 +68,7 @@ fn runner_process_loads_and_answers() {
     )]);
     write_frame(
         &mut stdin,
-        &Command::Generate {
+        &NodeCommand::Generate {
             id: 5,
             request: GenerateRequest::new(question, 16),
         },
@@ -97,7 +97,7 @@ fn runner_process_loads_and_answers() {
         .unwrap();
     assert!(done.text.contains("Paris"), "{:?}", done.text);
     assert_eq!(streamed, done.text);
-    write_frame(&mut stdin, &Command::Shutdown).unwrap();
+    write_frame(&mut stdin, &NodeCommand::Shutdown).unwrap();
     assert!(child.wait().unwrap().success());
 }
 
@@ -106,7 +106,7 @@ fn runner_process_reports_failures_and_exits() {
     let (mut child, mut stdin, mut stdout) = spawn(&[]);
     write_frame(
         &mut stdin,
-        &Command::Load {
+        &NodeCommand::Load {
             model: "/nonexistent.gguf".into(),
             layers: None,
             format: None,
@@ -125,7 +125,7 @@ fn runner_process_reports_failures_and_exits() {
     let (mut child, mut stdin, mut stdout) = spawn(&[("SHOAL_MODEL_LOAD_TIMEOUT", "0.000001")]);
     write_frame(
         &mut stdin,
-        &Command::Load {
+        &NodeCommand::Load {
             model: fixture(),
             layers: None,
             format: Some(inference::WeightFormat::Quantized),

@@ -12,15 +12,12 @@
 //! `cargo xtask setup` provides; without root it fails, or with `SHOAL_ALLOW_SKIP=1` is
 //! skipped and counted (see `kit::skip`).
 
-use kit::blocking::Blocking;
-use kit::client::Api;
 use kit::netns::{self, Netns, Spec};
+use kit::node_process::{ShoalNode, API_PORT};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const API_PORT: u16 = 52415;
 
 /// A network namespace with only loopback up (the kit's, with the node off the bridge),
 /// deleted on drop (even when the test panics). Without root the test fails here, or with
@@ -44,15 +41,11 @@ fn namespace(tag: &str) -> Option<Netns> {
     }))
 }
 
-/// A `shoal` node process in its own namespace; stopped (SIGTERM, then SIGKILL) on drop,
-/// before the namespace goes.
+/// A `shoal` node process in its own namespace (the kit's [`ShoalNode`], serving the default
+/// model); stopped (SIGTERM, then SIGKILL) on drop, before the namespace goes.
 struct Node {
-    child: Child,
-    log: PathBuf,
-    /// The node's own data directory (identity, state), so tests running at once never share
-    /// one; removed on drop.
-    data_dir: PathBuf,
-    api: Blocking,
+    /// Declared before `ns`, so it stops before the namespace is deleted.
+    node: ShoalNode,
     ns: Netns,
 }
 
@@ -61,31 +54,27 @@ impl Node {
     fn start(tag: &str, extra: &[&str]) -> Option<Node> {
         let ns = namespace(tag)?;
         let inside = &ns.nodes[0];
-        let log = std::env::temp_dir().join(format!("{}.log", inside.netns));
-        let log_file = std::fs::File::create(&log).expect("create log file");
-        let data_dir = std::env::temp_dir().join(format!("{}.data", inside.netns));
-        let _ = std::fs::remove_dir_all(&data_dir);
-        let api = Blocking::new(
-            Api::at(std::net::SocketAddr::from((inside.ip(), API_PORT))).in_netns(&inside.netns),
+        let scratch = std::env::temp_dir();
+        let mut node = ShoalNode::new(
+            env!("CARGO_BIN_EXE_shoal").as_ref(),
+            inside.clone(),
+            &scratch,
+            0,
         );
-        let child = inside
-            .command(env!("CARGO_BIN_EXE_shoal"))
-            .args(["--model", "default", "--api-port", &API_PORT.to_string()])
-            .args(extra)
-            .env("SHOAL_DATA_DIR", &data_dir)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("clone log file"))
-            .stderr(log_file)
-            .spawn()
-            .expect("start shoal");
-        Some(Node {
-            child,
-            log,
-            data_dir,
-            api,
-            ns,
-        })
+        // The node's own data directory (identity, state), so tests running at once never
+        // share one; removed on drop.
+        node.log = scratch.join(format!("{}.log", inside.netns));
+        node.data_dir = scratch.join(format!("{}.data", inside.netns));
+        let _ = std::fs::remove_file(&node.log);
+        let _ = std::fs::remove_dir_all(&node.data_dir);
+        node.extra_args = ["--model", "default"]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string())
+            .collect();
+        node.log_filter = "info".into();
+        node.start();
+        Some(Node { node, ns })
     }
 
     fn base_url(&self) -> String {
@@ -93,14 +82,13 @@ impl Node {
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        self.node.log_last(40)
     }
 
     /// GET `path` inside the namespace; `None` while the server does not answer 2xx.
     fn get_json(&self, path: &str) -> Option<Value> {
-        self.api
+        self.node
+            .api
             .run(Duration::from_secs(5), |api| {
                 api.json(kit::client::Method::GET, path, None)
             })
@@ -111,9 +99,9 @@ impl Node {
     fn wait_ready(&mut self, limit: Duration) -> Duration {
         let start = Instant::now();
         loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some(code) = self.node.exit_code() {
                 panic!(
-                    "the node exited ({status}) before it was ready:\n{}",
+                    "the node exited (code {code:?}) before it was ready:\n{}",
                     self.log_tail()
                 );
             }
@@ -166,13 +154,12 @@ impl Node {
     /// (`runner_pid`) is gone, and nothing at error level is logged while it stops (iroh
     /// once logged "Endpoint dropped without calling Endpoint::close").
     fn stop_as_an_operator_would(&mut self, runner_pid: u64) {
-        let before = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).output();
+        let before = std::fs::metadata(&self.node.log).map_or(0, |m| m.len() as usize);
+        self.node.signal("TERM");
         let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                break status;
+        let code = loop {
+            if let Some(code) = self.node.exit_code() {
+                break code;
             }
             assert!(
                 Instant::now() < deadline,
@@ -180,11 +167,11 @@ impl Node {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        let log = std::fs::read(&self.log).unwrap_or_default();
+        let log = std::fs::read(&self.node.log).unwrap_or_default();
         let stopping = String::from_utf8_lossy(&log[before.min(log.len())..]).into_owned();
         assert!(
-            status.success(),
-            "the node exited {status} on SIGTERM:\n{stopping}"
+            code == Some(0),
+            "the node exited with code {code:?} on SIGTERM:\n{stopping}"
         );
         assert!(
             !stopping.lines().any(|l| l.contains("ERROR")),
@@ -199,22 +186,8 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(Some(_))) {
-            // Already stopped (and reaped): its pid may belong to someone else now.
-            let _ = std::fs::remove_dir_all(&self.data_dir);
-            return;
-        }
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).output();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.data_dir);
+        self.node.stop(Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&self.node.data_dir);
     }
 }
 
@@ -370,7 +343,8 @@ fn one_node_serves_smollm2_in_a_namespace() {
 
 /// POSTs `body` to `path`, expecting a 2xx JSON answer.
 fn post(node: &Node, path: &str, body: &Value) -> Value {
-    node.api
+    node.node
+        .api
         .run(Duration::from_secs(120), |api| {
             api.json(kit::client::Method::POST, path, Some(body))
         })
@@ -454,7 +428,7 @@ fn sampling_controls(node: &Node, url: &str, checks: &Path) {
             ids.insert(text, id.into());
         }
     }
-    let file = node.data_dir.with_extension("vocab.json");
+    let file = node.node.data_dir.with_extension("vocab.json");
     std::fs::write(&file, Value::Object(ids).to_string()).expect("write the vocabulary");
     let out = node.python(
         checks,

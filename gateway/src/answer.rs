@@ -3,6 +3,7 @@
 //! ([`crate::tools::parse`]). Every API's driver ([`crate::generation`]) feeds the text after
 //! the gateway's own guarantees through this, so all APIs split answers the same way.
 
+use crate::answer_part::AnswerPart;
 use crate::reasoning::{Piece, ThinkSplitter};
 use crate::tools::block::BlockParser;
 use crate::tools::dialect::Dialect;
@@ -10,7 +11,7 @@ use crate::tools::dialects;
 use crate::tools::harmony::HarmonyParser;
 use crate::tools::parse::{ToolCallParser, ToolPiece};
 use crate::tools::stream::CallDelta;
-use crate::tools::{Tool, ToolCall};
+use crate::tools::Tool;
 use serde::{Deserialize, Serialize};
 
 /// How the model's output is to be read, as the node that rendered the prompt knows it (its
@@ -47,18 +48,7 @@ impl AnswerForm {
     }
 }
 
-/// One part of an answer.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Part {
-    Reasoning(String),
-    Text(String),
-    /// A whole call.
-    Call(ToolCall),
-    /// A step of a call that streams its arguments ([`crate::tools::stream`]).
-    Stream(CallDelta),
-}
-
-/// Splits an answer's text into [`Part`]s as it streams.
+/// Splits an answer's text into [`AnswerPart`]s as it streams.
 #[derive(Debug, Clone, Default)]
 pub struct AnswerSplitter {
     think: ThinkSplitter,
@@ -68,7 +58,7 @@ pub struct AnswerSplitter {
     /// above.
     harmony: Option<HarmonyParser>,
     /// Parts that reading the primed text released, sent with the first delta.
-    held: Vec<Part>,
+    held: Vec<AnswerPart>,
     /// The answer ends with its first call (`tool_choice` named one function).
     end_after_call: bool,
     /// The call that ends the answer came: nothing more is released.
@@ -165,7 +155,7 @@ impl AnswerSplitter {
     }
 
     /// The next text; the parts that can be released now.
-    pub fn push(&mut self, delta: &str) -> Vec<Part> {
+    pub fn push(&mut self, delta: &str) -> Vec<AnswerPart> {
         if self.closed {
             return Vec::new();
         }
@@ -180,7 +170,7 @@ impl AnswerSplitter {
     }
 
     /// The end of the answer: everything held back.
-    pub fn finish(&mut self) -> Vec<Part> {
+    pub fn finish(&mut self) -> Vec<AnswerPart> {
         if self.closed {
             return Vec::new();
         }
@@ -195,11 +185,14 @@ impl AnswerSplitter {
     }
 
     /// With [`AnswerSplitter::end_after_call`], the parts up to the first call's end.
-    fn cut_after_call(&mut self, mut out: Vec<Part>) -> Vec<Part> {
+    fn cut_after_call(&mut self, mut out: Vec<AnswerPart>) -> Vec<AnswerPart> {
         if self.end_after_call {
-            let ended = out
-                .iter()
-                .position(|p| matches!(p, Part::Call(_) | Part::Stream(CallDelta::End(_))));
+            let ended = out.iter().position(|p| {
+                matches!(
+                    p,
+                    AnswerPart::Call(_) | AnswerPart::Stream(CallDelta::End(_))
+                )
+            });
             if let Some(at) = ended {
                 out.truncate(at + 1);
                 self.closed = true;
@@ -208,12 +201,12 @@ impl AnswerSplitter {
         out
     }
 
-    fn route(&mut self, pieces: Vec<Piece>, end: bool) -> Vec<Part> {
+    fn route(&mut self, pieces: Vec<Piece>, end: bool) -> Vec<AnswerPart> {
         let mut out = Vec::new();
         for piece in pieces {
             match (piece, &mut self.tools) {
-                (Piece::Reasoning(r), _) => out.push(Part::Reasoning(r)),
-                (Piece::Text(t), None) => out.push(Part::Text(t)),
+                (Piece::Reasoning(r), _) => out.push(AnswerPart::Reasoning(r)),
+                (Piece::Text(t), None) => out.push(AnswerPart::Text(t)),
                 (Piece::Text(t), Some(parser)) => out.extend(parser.push(&t).into_iter().map(part)),
             }
         }
@@ -226,11 +219,11 @@ impl AnswerSplitter {
     }
 }
 
-fn part(piece: ToolPiece) -> Part {
+fn part(piece: ToolPiece) -> AnswerPart {
     match piece {
-        ToolPiece::Text(t) => Part::Text(t),
-        ToolPiece::Call(c) => Part::Call(c),
-        ToolPiece::Stream(d) => Part::Stream(d),
+        ToolPiece::Text(t) => AnswerPart::Text(t),
+        ToolPiece::Call(c) => AnswerPart::Call(c),
+        ToolPiece::Stream(d) => AnswerPart::Stream(d),
     }
 }
 
@@ -248,15 +241,17 @@ mod tests {
         let mut s = AnswerSplitter::new(&tools, AnswerForm::default());
         let mut parts = s.push("<think>hm</think>ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>");
         parts.extend(s.finish());
-        assert_eq!(parts[0], Part::Reasoning("hm".into()));
-        assert_eq!(parts[1], Part::Text("ok".into()));
-        assert!(matches!(&parts[2], Part::Call(c) if c.name == "f" && c.arguments == "{\"a\":1}"));
+        assert_eq!(parts[0], AnswerPart::Reasoning("hm".into()));
+        assert_eq!(parts[1], AnswerPart::Text("ok".into()));
+        assert!(
+            matches!(&parts[2], AnswerPart::Call(c) if c.name == "f" && c.arguments == "{\"a\":1}")
+        );
         // Without tools the same text is text.
         let mut s = AnswerSplitter::new(&[], AnswerForm::default());
         let parts = s.push("<tool_call>{\"name\": \"f\"}</tool_call>");
         assert_eq!(
             parts,
-            [Part::Text(
+            [AnswerPart::Text(
                 "<tool_call>{\"name\": \"f\"}</tool_call>".into()
             )]
         );
@@ -274,16 +269,17 @@ mod tests {
             let mut s = AnswerSplitter::new(&tools, AnswerForm::default());
             s.stream_arguments(stream);
             s.end_after_call(true);
-            let mut parts: Vec<Part> = text.chars().flat_map(|c| s.push(&c.to_string())).collect();
+            let mut parts: Vec<AnswerPart> =
+                text.chars().flat_map(|c| s.push(&c.to_string())).collect();
             assert!(s.closed(), "streamed: {stream}");
             parts.extend(s.finish());
             let last = parts.last().cloned();
             assert!(
-                matches!(&last, Some(Part::Call(c) | Part::Stream(CallDelta::End(c))) if c.arguments.contains("\"a\"")),
+                matches!(&last, Some(AnswerPart::Call(c) | AnswerPart::Stream(CallDelta::End(c))) if c.arguments.contains("\"a\"")),
                 "streamed: {stream}: {parts:?}"
             );
             assert!(
-                !parts.iter().any(|p| matches!(p, Part::Text(_))),
+                !parts.iter().any(|p| matches!(p, AnswerPart::Text(_))),
                 "{parts:?}"
             );
             assert!(s.push("anything").is_empty());
@@ -293,9 +289,9 @@ mod tests {
         assert_eq!(parts.len(), 4, "{parts:?}");
     }
 
-    fn collect(tools: &[Tool], form: AnswerForm, deltas: &[&str]) -> Vec<Part> {
+    fn collect(tools: &[Tool], form: AnswerForm, deltas: &[&str]) -> Vec<AnswerPart> {
         let mut s = AnswerSplitter::new(tools, form);
-        let mut parts: Vec<Part> = deltas.iter().flat_map(|d| s.push(d)).collect();
+        let mut parts: Vec<AnswerPart> = deltas.iter().flat_map(|d| s.push(d)).collect();
         parts.extend(s.finish());
         parts
     }
@@ -314,8 +310,7 @@ mod tests {
             dialect,
             primed: String::new(),
         };
-        let is_call =
-            |p: &Part| matches!(p, Part::Call(c) if c.name == "f" && c.arguments == r#"{"n":1.5}"#);
+        let is_call = |p: &AnswerPart| matches!(p, AnswerPart::Call(c) if c.name == "f" && c.arguments == r#"{"n":1.5}"#);
         let cases = [
             (Dialect::Glm, "<think>hm</think><tool_call>f<arg_key>n</arg_key><arg_value>1.5</arg_value></tool_call>"),
             (Dialect::Qwen3Coder, "<think>hm</think><tool_call>\n<function=f>\n<parameter=n>\n1.5\n</parameter>\n</function>\n</tool_call>"),
@@ -327,12 +322,12 @@ mod tests {
         for (dialect, text) in cases {
             let parts = collect(&tools, form(dialect), &[text]);
             assert_eq!(parts.len(), 2, "{dialect:?}: {parts:?}");
-            assert_eq!(parts[0], Part::Reasoning("hm".into()), "{dialect:?}");
+            assert_eq!(parts[0], AnswerPart::Reasoning("hm".into()), "{dialect:?}");
             assert!(is_call(&parts[1]), "{dialect:?}: {parts:?}");
             // Without tools, the call is text (harmony still splits its channels).
             let parts = collect(&[], form(dialect), &[text]);
             assert!(
-                parts.iter().all(|p| !matches!(p, Part::Call(_))),
+                parts.iter().all(|p| !matches!(p, AnswerPart::Call(_))),
                 "{dialect:?}"
             );
         }
@@ -345,7 +340,10 @@ mod tests {
         let parts = collect(&tools, opened, &["hm</think>ok"]);
         assert_eq!(
             parts,
-            [Part::Reasoning("hm".into()), Part::Text("ok".into())]
+            [
+                AnswerPart::Reasoning("hm".into()),
+                AnswerPart::Text("ok".into())
+            ]
         );
     }
 }

@@ -123,10 +123,12 @@ pub fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, Ap
     }
 }
 
-/// `top_logprobs`: how many alternatives to report per token, at most
-/// [`crate::openai::request::MAX_TOP_LOGPROBS`] (OpenAI's bound, which every API here keeps).
+/// Most alternatives `top_logprobs` may ask for (OpenAI's bound, which every API here keeps).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// `top_logprobs`: how many alternatives to report per token, at most [`MAX_TOP_LOGPROBS`].
 pub fn opt_top_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
-    let max = crate::openai::request::MAX_TOP_LOGPROBS;
+    let max = MAX_TOP_LOGPROBS;
     match opt_u64(obj, "top_logprobs")? {
         Some(k) if k > max => Err(ApiError::invalid_field(
             "top_logprobs",

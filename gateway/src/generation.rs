@@ -7,7 +7,8 @@
 //! routing and forwarding (the backend's) are the same for all of them.
 
 use crate::access::Caller;
-use crate::answer::{AnswerSplitter, Part};
+use crate::answer::AnswerSplitter;
+use crate::answer_part::AnswerPart;
 use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
 use crate::cancel::{Registration, Running};
@@ -220,14 +221,16 @@ impl Accepted {
         let mut tool_calls = Vec::new();
         let mut first_token = None;
         let mut splitter = std::mem::take(&mut self.splitter);
-        let mut keep = |parts: Vec<Part>| {
+        let mut keep = |parts: Vec<AnswerPart>| {
             for part in parts {
                 match part {
-                    Part::Reasoning(r) => reasoning.push_str(&r),
-                    Part::Text(t) => text.push_str(&t),
-                    Part::Call(c) | Part::Stream(CallDelta::End(c)) => tool_calls.push(c),
+                    AnswerPart::Reasoning(r) => reasoning.push_str(&r),
+                    AnswerPart::Text(t) => text.push_str(&t),
+                    AnswerPart::Call(c) | AnswerPart::Stream(CallDelta::End(c)) => {
+                        tool_calls.push(c)
+                    }
                     // Only a stream asks for argument deltas.
-                    Part::Stream(_) => {}
+                    AnswerPart::Stream(_) => {}
                 }
             }
         };
@@ -463,7 +466,7 @@ impl Run {
 /// tool calls sent (a streamed one from its start).
 fn encode<E: Encoder>(
     encoder: &mut E,
-    parts: Vec<Part>,
+    parts: Vec<AnswerPart>,
     logprob: Option<&TokenLogprob>,
     calls: &mut usize,
 ) -> Vec<Bytes> {
@@ -471,20 +474,20 @@ fn encode<E: Encoder>(
     let mut logprob = logprob;
     for part in parts {
         match part {
-            Part::Reasoning(r) => frames.extend(encoder.reasoning(&r)),
-            Part::Text(t) => frames.extend(encoder.delta(&t, logprob.take())),
-            Part::Call(c) => {
+            AnswerPart::Reasoning(r) => frames.extend(encoder.reasoning(&r)),
+            AnswerPart::Text(t) => frames.extend(encoder.delta(&t, logprob.take())),
+            AnswerPart::Call(c) => {
                 frames.extend(encoder.tool_call(*calls, &c));
                 *calls += 1;
             }
-            Part::Stream(CallDelta::Start { id, name }) => {
+            AnswerPart::Stream(CallDelta::Start { id, name }) => {
                 frames.extend(encoder.tool_call_start(*calls, &id, &name));
                 *calls += 1;
             }
-            Part::Stream(CallDelta::Arguments(a)) => {
+            AnswerPart::Stream(CallDelta::Arguments(a)) => {
                 frames.extend(encoder.tool_call_arguments(calls.saturating_sub(1), &a));
             }
-            Part::Stream(CallDelta::End(c)) => {
+            AnswerPart::Stream(CallDelta::End(c)) => {
                 frames.extend(encoder.tool_call_end(calls.saturating_sub(1), &c));
             }
         }

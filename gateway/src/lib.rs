@@ -30,6 +30,7 @@
 
 pub mod access;
 pub mod answer;
+pub mod answer_part;
 pub mod anthropic;
 pub mod backend;
 pub mod body;
@@ -55,6 +56,7 @@ pub mod responses;
 pub mod router;
 pub mod server;
 mod steps;
+pub mod text_scan;
 pub mod tools;
 #[cfg(test)]
 mod writers_tests;

@@ -13,6 +13,8 @@
 //! renders the prompt tells so ([`prompt_opens_thought`]), and the splitter starts in
 //! reasoning ([`ThinkSplitter::in_thought`]).
 
+use crate::text_scan::held_suffix;
+
 /// The tags.
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -152,14 +154,6 @@ fn push(out: &mut Vec<Piece>, piece: Piece) {
     if !empty {
         out.push(piece);
     }
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of `tag`.
-fn held_suffix(text: &str, tag: &str) -> usize {
-    text.char_indices()
-        .map(|(i, _)| &text[i..])
-        .find(|s| tag.starts_with(s) && s.len() < tag.len())
-        .map_or(0, str::len)
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! panics, and however the text is cut into deltas, the answer is the same (texts and
 //! reasonings joined, calls by name and arguments).
 
-use gateway::answer::{AnswerForm, AnswerSplitter, Part};
+use gateway::answer::{AnswerForm, AnswerSplitter};
+use gateway::answer_part::AnswerPart;
 use gateway::tools::dialect::Dialect;
 use gateway::Tool;
 use proptest::prelude::*;
@@ -77,16 +78,16 @@ fn tools() -> Vec<Tool> {
 /// The answer's shape: adjacent texts and reasonings merged, calls as name and arguments.
 fn run(form: &AnswerForm, deltas: &[&str]) -> Vec<(String, String)> {
     let mut splitter = AnswerSplitter::new(&tools(), form.clone());
-    let mut parts: Vec<Part> = deltas.iter().flat_map(|d| splitter.push(d)).collect();
+    let mut parts: Vec<AnswerPart> = deltas.iter().flat_map(|d| splitter.push(d)).collect();
     parts.extend(splitter.finish());
     let mut out: Vec<(String, String)> = Vec::new();
     for part in parts {
         let (kind, text) = match part {
-            Part::Reasoning(r) => ("reasoning".to_string(), r),
-            Part::Text(t) => ("text".to_string(), t),
-            Part::Call(c) => (format!("call {}", c.name), c.arguments),
+            AnswerPart::Reasoning(r) => ("reasoning".to_string(), r),
+            AnswerPart::Text(t) => ("text".to_string(), t),
+            AnswerPart::Call(c) => (format!("call {}", c.name), c.arguments),
             // Calls stream only when asked (`stream_arguments`), which this does not.
-            Part::Stream(d) => (format!("call step {d:?}"), String::new()),
+            AnswerPart::Stream(d) => (format!("call step {d:?}"), String::new()),
         };
         match out.last_mut() {
             Some((k, t)) if *k == kind && !kind.starts_with("call") => t.push_str(&text),

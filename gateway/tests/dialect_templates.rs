@@ -16,7 +16,8 @@
 //! Needs the reference templates and jinja2 (`cargo xtask setup`): fails otherwise, or with
 //! `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
-use gateway::answer::{AnswerForm, AnswerSplitter, Part};
+use gateway::answer::{AnswerForm, AnswerSplitter};
+use gateway::answer_part::AnswerPart;
 use gateway::tools::dialect::Dialect;
 use gateway::tools::forced::{self, Opener};
 use gateway::tools::stream::CallDelta;
@@ -173,7 +174,7 @@ fn each_family_reads_back_the_call_its_template_renders() {
         let mut splitter = AnswerSplitter::new(&[weather()], form.clone());
         // Token-sized pieces, as the engine streams them.
         let chars: Vec<char> = answer.chars().collect();
-        let mut parts: Vec<Part> = chars
+        let mut parts: Vec<AnswerPart> = chars
             .chunks(3)
             .flat_map(|c| splitter.push(&c.iter().collect::<String>()))
             .collect();
@@ -181,7 +182,7 @@ fn each_family_reads_back_the_call_its_template_renders() {
         let calls: Vec<_> = parts
             .iter()
             .filter_map(|p| match p {
-                Part::Call(c) => Some(c),
+                AnswerPart::Call(c) => Some(c),
                 _ => None,
             })
             .collect();
@@ -194,7 +195,7 @@ fn each_family_reads_back_the_call_its_template_renders() {
         let text: String = parts
             .iter()
             .filter_map(|p| match p {
-                Part::Text(t) => Some(t.as_str()),
+                AnswerPart::Text(t) => Some(t.as_str()),
                 _ => None,
             })
             .collect();
@@ -228,7 +229,7 @@ fn each_family_reads_back_the_call_its_template_renders() {
             let mut splitter = AnswerSplitter::new(&[weather()], primed);
             splitter.stream_arguments(stream);
             let chars: Vec<char> = rest.chars().collect();
-            let mut parts: Vec<Part> = chars
+            let mut parts: Vec<AnswerPart> = chars
                 .chunks(3)
                 .flat_map(|c| splitter.push(&c.iter().collect::<String>()))
                 .collect();
@@ -237,16 +238,16 @@ fn each_family_reads_back_the_call_its_template_renders() {
             let mut calls = Vec::new();
             for part in &parts {
                 match part {
-                    Part::Call(c) if !stream => calls.push(c.clone()),
-                    Part::Stream(CallDelta::Arguments(a)) => args.push_str(a),
-                    Part::Stream(CallDelta::End(c)) => {
+                    AnswerPart::Call(c) if !stream => calls.push(c.clone()),
+                    AnswerPart::Stream(CallDelta::Arguments(a)) => args.push_str(a),
+                    AnswerPart::Stream(CallDelta::End(c)) => {
                         assert_eq!(c.arguments, args, "{file}");
                         calls.push(c.clone());
                     }
-                    Part::Stream(CallDelta::Start { name, .. }) => {
+                    AnswerPart::Stream(CallDelta::Start { name, .. }) => {
                         assert_eq!(name, "get_weather", "{file}")
                     }
-                    Part::Text(t) if t.trim().is_empty() => {}
+                    AnswerPart::Text(t) if t.trim().is_empty() => {}
                     other => panic!("{file}: {other:?} in {parts:?}"),
                 }
             }

@@ -7,7 +7,7 @@
 //! `SHOAL_DTYPE=quantized` runs the fixture's weights quantized (its Q4_1 repacked as 4-bit
 //! affine), with shoal's CPU kernels unless `SHOAL_QMM=mlx` asks for MLX's.
 
-use inference::batch::{BatchForward, LocalBatch, Part};
+use inference::batch::{BatchForward, BatchPart, LocalBatch};
 use inference::{Engine, WeightFormat};
 use std::time::Instant;
 
@@ -31,15 +31,15 @@ fn main() -> inference::Result<()> {
             .map(|_| batch.open())
             .collect::<inference::Result<Vec<_>>>()?;
         for &slot in &slots {
-            batch.step(&[Part {
+            batch.step(&[BatchPart {
                 slot,
                 tokens: &prompt,
                 wants_logits: true,
             }])?;
         }
-        let parts: Vec<Part<'_>> = slots
+        let parts: Vec<BatchPart<'_>> = slots
             .iter()
-            .map(|&slot| Part {
+            .map(|&slot| BatchPart {
                 slot,
                 tokens: &next,
                 wants_logits: true,

@@ -19,7 +19,8 @@
 //! path, `mlx` MLX's own kernels (to compare). GPU builds always use MLX's.
 
 use crate::error::Result;
-use crate::quantized::{raw_op, QuantMode, QuantSpec, QuantizedMatrix};
+use crate::quant_spec::{QuantMode, QuantSpec};
+use crate::raw_op::raw_op;
 use mlx_rs::{Array, Dtype};
 use std::sync::OnceLock;
 
@@ -70,19 +71,20 @@ fn chosen() -> Option<KernelIsa> {
 }
 
 /// Whether shoal's kernel serves `x @ matrix^T` (a 2-D matrix) or the gathered product (3-D,
-/// stacked experts), and with which instructions.
-pub(crate) fn product_isa(matrix: &QuantizedMatrix, x: &Array) -> Option<KernelIsa> {
+/// stacked experts) for a matrix of `spec` whose packed words have `packed_ndim` axes, and
+/// with which instructions.
+pub(crate) fn product_isa(spec: QuantSpec, packed_ndim: usize, x: &Array) -> Option<KernelIsa> {
     let isa = chosen()?;
     let QuantSpec {
         group_size,
         bits,
         mode,
-    } = matrix.spec;
+    } = spec;
     let fits = mode == QuantMode::Affine
         && matches!(bits, 4 | 8)
         && group_size > 0
         && group_size % 8 == 0
-        && matches!(matrix.packed.ndim(), 2 | 3)
+        && matches!(packed_ndim, 2 | 3)
         && x.dtype() == Dtype::Float32;
     fits.then_some(isa)
 }

@@ -2,10 +2,10 @@
 //! (`shoal generate`, the tests). It joins the [`crate::loader`] and [`crate::generate`].
 
 use crate::error::Result;
-use crate::forward::LocalForward;
 use crate::loader::{load_shard, LoadOptions};
 use crate::models::shard::ModelShard;
 use crate::request::{Completion, GenerateRequest, Prompt, TokenEvent};
+use crate::sequence_forward::LocalForward;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightFormat;
 use std::ops::ControlFlow;

@@ -4,10 +4,10 @@
 
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::forward::{Forward, StepInput};
 use crate::request::{Completion, GenerateRequest, Prompt, TokenEvent};
 use crate::sampling::Sampler;
 use crate::sequence::SequenceOutput;
+use crate::sequence_forward::{Forward, StepInput};
 use crate::tokenizer::Tokenizer;
 use std::ops::ControlFlow;
 use std::time::Instant;

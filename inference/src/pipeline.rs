@@ -1,42 +1,39 @@
 //! Pipeline parallelism over an MLX ring: rank `r` holds layers `[start_r, end_r)`.
 //!
-//! One step (a prefill chunk or one decoded token) flows around the ring once:
-//! 1. rank 0 sends a small header `[kind, seq_len]` that every rank forwards to its right
-//!    neighbour, so each rank knows what comes next and the shape of the activations;
-//! 2. rank 0 embeds the tokens and runs its layers; every rank receives the activations from
-//!    its left neighbour, runs its layers and sends them to its right neighbour;
-//! 3. the last rank applies the final norm and head and sends the last position's logits to
-//!    its right neighbour, which is rank 0 (the ring closes), where sampling happens.
-//!
-//! A **batched step** ([`Stage::step_batch`], [`crate::batch::RingBatch`]) is the same trip
-//! with a `Batch` header: its [`StepPlan`] and tokens follow the header (an int32 message every
-//! rank forwards before its activations), the activations are every sequence's new positions
-//! one after another, each rank runs its layers with each sequence's own cache
-//! ([`SlotCaches`]), and the last rank sends back the logits of the parts that want them
-//! (`[k, vocab]`, or a one-float acknowledgement when none does).
+//! Every step is a **batched step** ([`Stage::step_batch`], driven by
+//! [`crate::batch::RingBatch`]; a sequence alone, as at warm-up, is a batch of one,
+//! [`crate::batch::OneSequence`]), and flows around the ring once:
+//! 1. rank 0 sends a small header `[kind, message length]` that every rank forwards to its
+//!    right neighbour, then the step's [`StepPlan`] and tokens (an int32 message every rank
+//!    forwards before its activations);
+//! 2. rank 0 embeds the tokens and runs its layers over every sequence's new positions one
+//!    after another, each sequence with its own cache ([`SlotCaches`]); every rank receives
+//!    the activations from its left neighbour, runs its layers and sends them to its right
+//!    neighbour;
+//! 3. the last rank applies the final norm and head and sends back to rank 0 (the ring closes)
+//!    the logits of the parts that want them (`[k, vocab]`, or a one-float acknowledgement
+//!    when none does), where sampling happens.
 //!
 //! Only ring neighbours exchange data, as MLX's ring backend requires, and every send has a
-//! matching receive of the same shape (the ring has no framing). Each rank's KV cache lives with
-//! its layers; a `Reset` header clears them between requests, `Stop` ends the serving loop.
-//! Returning logits costs `vocab × 4` bytes per step over the last link (196 KB for SmolLM2):
-//! it keeps every sampling option on rank 0, where the request lives.
+//! matching receive of the same shape (the ring has no framing). Each rank's KV caches live
+//! with its layers; the plan says which slots ended (their caches are freed) and when a new
+//! batcher starts (all are), and a `Stop` header ends the serving loop. Returning logits costs
+//! `vocab × 4` bytes per wanted row over the last link (196 KB for SmolLM2): it keeps every
+//! sampling option on rank 0, where the request lives.
 
 use crate::batch::{rows_to_host, SlotCaches, StepPlan, MAX_PLAN_MESSAGE};
-use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
-use crate::kv_cache::KvCache;
 use crate::models::shard::{wanted_rows, ModelShard};
 use crate::ring::RingGroup;
 use crate::stage::{check_step, midway, require_rank0, Stage};
 use mlx_rs::{Array, Dtype};
 use std::sync::Arc;
 
-/// What the next step of the pipeline is, as the header says.
+/// What the next step of the pipeline is, as the header says: a batched step, or the end of
+/// the serving loop. (Codes 0 and 1 were the single-sequence step and its reset, which the
+/// ring no longer speaks: a sequence alone is a batch of one, [`crate::batch::OneSequence`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    Forward = 0,
-    Reset = 1,
     Stop = 2,
     Batch = 3,
 }
@@ -44,8 +41,6 @@ enum Kind {
 impl Kind {
     fn from_code(code: i32) -> Result<Kind> {
         match code {
-            0 => Ok(Kind::Forward),
-            1 => Ok(Kind::Reset),
             2 => Ok(Kind::Stop),
             3 => Ok(Kind::Batch),
             other => Err(InferenceError::InvalidRequest(format!(
@@ -55,10 +50,9 @@ impl Kind {
     }
 }
 
-/// One rank of a pipeline-parallel instance: its layers, its cache and its ring.
+/// One rank of a pipeline-parallel instance: its layers, its sequences' caches and its ring.
 pub struct PipelineStage {
     shard: ModelShard,
-    cache: KvCache,
     /// The caches of batched steps' sequences, by slot.
     slots: SlotCaches,
     group: Arc<RingGroup>,
@@ -85,10 +79,8 @@ impl PipelineStage {
                 shard.range
             )));
         }
-        let cache = shard.new_cache();
         Ok(PipelineStage {
             shard,
-            cache,
             slots: SlotCaches::default(),
             group,
         })
@@ -113,40 +105,6 @@ impl PipelineStage {
         header.eval()?;
         let values = header.as_slice::<i32>();
         Ok((Kind::from_code(values[0])?, values[1].max(0) as usize))
-    }
-
-    /// Rank 0: one step of `tokens` through every stage; the logits of the last position
-    /// (`[vocab]`, f32).
-    fn step(&mut self, tokens: &[u32]) -> Result<Array> {
-        // Embedding first: a bad token id fails here, before any rank hears of the step.
-        let h = self.shard.embed(tokens)?;
-        if self.group.size() == 1 {
-            let h = self.shard.forward_layers(h, &mut self.cache)?;
-            let logits = self.shard.logits(&h, true)?;
-            return Ok(logits.reshape(&[-1])?.as_dtype(Dtype::Float32)?);
-        }
-        let right = self.right();
-        let run = |stage: &mut PipelineStage| -> Result<Array> {
-            stage.send_header(Kind::Forward, tokens.len())?;
-            let h = stage.shard.forward_layers(h, &mut stage.cache)?;
-            let h = h.as_dtype(Dtype::Float32)?;
-            stage.group.send(&h, right)?.eval()?;
-            let vocab = stage.shard.config.vocab_size as i32;
-            // Sleep, not spin, while the other ranks compute.
-            stage.group.wait_for_peer()?;
-            let logits = stage.group.recv(&[vocab], Dtype::Float32, stage.left())?;
-            logits.eval()?;
-            Ok(logits)
-        };
-        let left = self.left();
-        run(self).map_err(|e| {
-            midway(
-                &format!(
-                    "pipeline step (rank 0 sends to rank {right}, hears back from rank {left})"
-                ),
-                e,
-            )
-        })
     }
 }
 
@@ -272,7 +230,6 @@ impl Stage for PipelineStage {
         }
         let (rank, left, right) = (self.group.rank(), self.left(), self.right());
         let last = rank + 1 == self.group.size();
-        let hidden = self.shard.config.hidden_size as i32;
         let mut steps = 0;
         loop {
             // Sleep, not spin, until rank 0 starts the next step.
@@ -287,35 +244,13 @@ impl Stage for PipelineStage {
                     stage.send_header(kind, seq_len)?;
                 }
                 match kind {
-                    Kind::Stop => return Ok(false),
-                    Kind::Reset => {
-                        stage.cache = stage.shard.new_cache();
-                        return Ok(true);
-                    }
+                    Kind::Stop => Ok(false),
                     Kind::Batch => {
                         stage.serve_batch(seq_len, last)?;
                         steps += 1;
-                        return Ok(true);
+                        Ok(true)
                     }
-                    Kind::Forward => {}
                 }
-                let h = stage
-                    .group
-                    .recv(&[1, seq_len as i32, hidden], Dtype::Float32, left)?;
-                let h = h.as_dtype(stage.shard.dtype)?;
-                let h = stage.shard.forward_layers(h, &mut stage.cache)?;
-                let out = if last {
-                    stage
-                        .shard
-                        .logits(&h, true)?
-                        .reshape(&[-1])?
-                        .as_dtype(Dtype::Float32)?
-                } else {
-                    h.as_dtype(Dtype::Float32)?
-                };
-                stage.group.send(&out, right)?.eval()?;
-                steps += 1;
-                Ok(true)
             };
             let go_on = step(self).map_err(|e| {
                 midway(
@@ -327,39 +262,5 @@ impl Stage for PipelineStage {
                 return Ok(steps);
             }
         }
-    }
-}
-
-impl Forward for PipelineStage {
-    fn config(&self) -> &ModelConfig {
-        &self.shard.config
-    }
-
-    /// Rank 0: runs `tokens` through every stage and returns the logits of the last position.
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        require_rank0(&self.group, "forward")?;
-        if tokens.is_empty() {
-            return Err(InferenceError::InvalidRequest(
-                "a pipeline step needs at least one token".into(),
-            ));
-        }
-        let logits = self.step(tokens)?;
-        logits.eval()?;
-        Ok(logits.as_slice::<f32>().to_vec())
-    }
-
-    /// Rank 0: clears every stage's KV cache (a new request starts).
-    fn reset(&mut self) -> Result<()> {
-        require_rank0(&self.group, "reset")?;
-        self.cache = self.shard.new_cache();
-        if self.group.size() > 1 {
-            self.send_header(Kind::Reset, 0)
-                .map_err(|e| midway("pipeline reset", e))?;
-        }
-        Ok(())
-    }
-
-    fn max_chunk(&self) -> usize {
-        DISTRIBUTED_PREFILL_CHUNK
     }
 }

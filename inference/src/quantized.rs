@@ -8,60 +8,9 @@
 //! every quantized op, so the micro-scaled modes call mlx-c directly.
 
 use crate::error::{InferenceError, Result};
-use mlx_rs::{ops, Array, Dtype, Stream};
-use std::ffi::CStr;
-
-/// How a quantized matrix encodes its weights.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum QuantMode {
-    /// `w = scale * q + bias` per group (MLX's default).
-    Affine,
-    /// OCP MX FP4: 4-bit floats (e2m1), one shared 8-bit exponent per group of 32.
-    Mxfp4,
-    /// OCP MX FP8: 8-bit floats (e4m3), one shared 8-bit exponent per group of 32.
-    Mxfp8,
-}
-
-impl QuantMode {
-    /// Parses the `mode` of a checkpoint's `quantization` entry.
-    pub fn parse(name: &str) -> Result<QuantMode> {
-        match name {
-            "affine" => Ok(QuantMode::Affine),
-            "mxfp4" => Ok(QuantMode::Mxfp4),
-            "mxfp8" => Ok(QuantMode::Mxfp8),
-            other => Err(InferenceError::BadConfig(format!(
-                "quantization mode `{other}` is not supported (affine, mxfp4 and mxfp8 are)"
-            ))),
-        }
-    }
-
-    fn c_name(self) -> &'static CStr {
-        match self {
-            QuantMode::Affine => c"affine",
-            QuantMode::Mxfp4 => c"mxfp4",
-            QuantMode::Mxfp8 => c"mxfp8",
-        }
-    }
-
-    /// Whether groups carry an additive bias besides their scale.
-    pub fn has_biases(self) -> bool {
-        self == QuantMode::Affine
-    }
-}
-
-/// How one tensor is quantized: the group size, the bits per weight and the mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct QuantSpec {
-    /// Weights per scale (and bias) group.
-    pub group_size: i32,
-    /// Bits per weight.
-    pub bits: i32,
-    /// The encoding.
-    pub mode: QuantMode,
-}
+pub use crate::quant_spec::{QuantMode, QuantSpec};
+use crate::raw_op::raw_op;
+use mlx_rs::{ops, Array, Dtype};
 
 /// A quantized weight: `[out, in]` or, for a Mixture-of-Experts layer, `[experts, out, in]`
 /// (the packed words' last axis holds `in * bits / 32` words; scales and biases have
@@ -83,25 +32,6 @@ fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
         value,
         has_value: true,
     }
-}
-
-/// Runs an mlx-c op that mlx-rs does not expose with a mode, on the thread's default stream.
-pub(crate) fn raw_op(
-    name: &str,
-    f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32,
-) -> Result<Array> {
-    let stream = Stream::thread_local_or_default();
-    // SAFETY: a fresh, empty array handle for MLX to fill.
-    let mut res = unsafe { mlx_sys::mlx_array_new() };
-    let rc = f(&mut res, stream.as_ptr());
-    // SAFETY: `res` is the handle MLX filled (or left empty on failure); mlx-rs frees it.
-    let array = unsafe { Array::from_ptr(res) };
-    if rc != 0 {
-        return Err(InferenceError::InvalidRequest(format!(
-            "MLX rejected {name} (see the MLX error logged above)"
-        )));
-    }
-    Ok(array)
 }
 
 fn null_array() -> mlx_sys::mlx_array {
@@ -133,8 +63,8 @@ impl QuantizedMatrix {
             let biases = self.biases.as_ref().ok_or_else(|| {
                 InferenceError::InvalidRequest("an affine quantized matrix has no biases".into())
             })?;
-            if let Some(isa) =
-                crate::cpu_kernels::product_isa(self, x).filter(|_| self.packed.ndim() == 2)
+            if let Some(isa) = crate::cpu_kernels::product_isa(self.spec, self.packed.ndim(), x)
+                .filter(|_| self.packed.ndim() == 2)
             {
                 return crate::cpu_kernels::affine_product(
                     x,
@@ -181,7 +111,7 @@ impl QuantizedMatrix {
         } = self.spec;
         if mode == QuantMode::Affine {
             if let (Some(isa), Some(biases)) = (
-                crate::cpu_kernels::product_isa(self, x),
+                crate::cpu_kernels::product_isa(self.spec, self.packed.ndim(), x),
                 self.biases.as_ref(),
             ) {
                 if self.packed.ndim() == 3 {

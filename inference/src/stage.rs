@@ -3,23 +3,28 @@
 //! activations to its right neighbour) and [`TensorStage`](crate::tensor_stage::TensorStage) (each rank holds a slice of every
 //! layer and the ranks all-sum partial results).
 //!
-//! Rank 0 holds the request and drives every step through [`Forward`] (the generation loop
-//! runs over it as over a local model); the other ranks [`Stage::serve`] until rank 0 says
-//! [`Stage::stop`].
+//! Rank 0 holds the requests and drives every step as a batch ([`Stage::step_batch`], through
+//! [`crate::batch::RingBatch`]: one ring protocol, whether one sequence runs or many); the
+//! other ranks [`Stage::serve`] until rank 0 says [`Stage::stop`].
 
 use crate::batch::StepPlan;
+use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::forward::Forward;
 use crate::models::shard::ModelShard;
 use crate::ring::RingGroup;
 
 /// One rank of a pipeline- or tensor-parallel instance over an MLX ring.
-pub trait Stage: Forward + Send {
+pub trait Stage: Send {
     /// This stage's rank.
     fn rank(&self) -> usize;
 
     /// The shard this stage runs (its layers, or its slice of every layer).
     fn shard(&self) -> &ModelShard;
+
+    /// The model's configuration (context length, vocabulary).
+    fn config(&self) -> &ModelConfig {
+        &self.shard().config
+    }
 
     /// Ranks above 0: serve steps until rank 0 says stop. Returns the number of forward steps
     /// served. An error means the ring broke (usually: a neighbour died).

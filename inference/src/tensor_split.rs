@@ -5,69 +5,12 @@
 //! a ring size the runner would refuse after loading.
 
 use crate::config::ModelConfig;
-
-/// A count the ring size must divide, and what it counts (for the reason given to the user).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorDivisor {
-    /// What is counted ("key/value heads", "expert width 768 in groups of 64").
-    pub what: String,
-    /// The count.
-    pub count: usize,
-}
+pub use crate::tensor_divisors::{standard_divisors, TensorDivisor};
 
 /// The counts a tensor-parallel ring size must divide for a model of `config` (its family's
 /// own rule, [`crate::models::base::Family::tensor_divisors`]).
 pub fn tensor_divisors(config: &ModelConfig) -> Vec<TensorDivisor> {
     crate::models::family(config.architecture).tensor_divisors(config)
-}
-
-/// The divisors of the attention and feed-forward kinds the dense and Mixture-of-Experts
-/// families share: grouped-query heads, the dense MLP's width where a layer has one, each
-/// expert's width where a layer has experts, and their quantization groups.
-pub fn standard_divisors(config: &ModelConfig) -> Vec<TensorDivisor> {
-    let mut out = vec![
-        TensorDivisor {
-            what: "attention heads".into(),
-            count: config.num_heads,
-        },
-        TensorDivisor {
-            what: "key/value heads".into(),
-            count: config.num_kv_heads,
-        },
-    ];
-    let dense_layer = match &config.moe {
-        Some(moe) => (0..config.num_layers).any(|l| !moe.is_moe_layer(l)),
-        None => true,
-    };
-    let mut widths = vec![(
-        "output projection inputs",
-        config.num_heads * config.head_dim,
-    )];
-    if dense_layer {
-        widths.push(("MLP units", config.intermediate_size));
-    }
-    if let Some(moe) = &config.moe {
-        widths.push(("expert width", moe.expert_width));
-        if moe.shared_width > 0 {
-            widths.push(("shared expert width", moe.shared_width));
-        }
-    }
-    let group = config.quantization.as_ref().map(|q| q.group_size as usize);
-    for (what, width) in widths {
-        if what != "output projection inputs" {
-            out.push(TensorDivisor {
-                what: what.into(),
-                count: width,
-            });
-        }
-        if let Some(g) = group.filter(|&g| g > 0) {
-            out.push(TensorDivisor {
-                what: format!("{what} ({width}) in quantization groups of {g}"),
-                count: width / g,
-            });
-        }
-    }
-    out
 }
 
 /// Why `size` ranks cannot split a model of `config`, or `None` when they can.
@@ -77,7 +20,7 @@ pub fn tensor_refusal(config: &ModelConfig, size: usize) -> Option<String> {
     }
     let refused: Vec<String> = tensor_divisors(config)
         .into_iter()
-        .filter(|d| d.count == 0 || !d.count.is_multiple_of(size))
+        .filter(|d| d.count == 0 || !(d.count as usize).is_multiple_of(size))
         .map(|d| format!("{} {}", d.count, d.what))
         .collect();
     if refused.is_empty() {

@@ -2,39 +2,33 @@
 //! ([`ModelShard::into_tensor_parallel`]) and all ranks run each step together, because every
 //! layer all-sums its partial results over the ring.
 //!
-//! Rank 0 holds the request; the other ranks learn what to run from it (one of the two
-//! [`Stage`]s: rank 0 drives `forward`/`reset`/`stop`, the others `serve`). One step:
-//! 1. a header `[kind, count, first token]` is all-summed, rank 0 contributing the values and
-//!    the others zeros, so every rank learns the step's kind and token count (a decode step's
-//!    single token rides in the header: one small collective);
-//! 2. for a longer step the token ids are all-summed the same way;
-//! 3. every rank runs the same forward over its slice (the layers' all-sums pair up because
-//!    every rank runs the same operations in the same order); rank 0 keeps the logits, the
+//! Rank 0 holds the requests; the other ranks learn what to run from it (one of the two
+//! [`Stage`]s: rank 0 drives `step_batch`/`stop`, the others `serve`). Every step is a
+//! **batched step** ([`crate::batch::RingBatch`]; a sequence alone, as at warm-up, is a batch
+//! of one, [`crate::batch::OneSequence`]):
+//! 1. a header `[kind, count, first value]` is all-summed, rank 0 contributing the values and
+//!    the others zeros, so every rank learns the step's kind and the length of its message;
+//! 2. the message (the step's [`StepPlan`] and tokens) is all-summed the same way;
+//! 3. every rank runs all the plan's sequences in one pass over its slice, each with its own
+//!    cache ([`SlotCaches`]) (the layers' all-sums pair up because every rank runs the same
+//!    operations in the same order); rank 0 keeps the logits of the parts that want them, the
 //!    others only evaluate the hidden states (the head is whole on every rank, the logits are
 //!    the same everywhere, so they need not be computed twice).
-//!
-//! A **batched step** ([`Stage::step_batch`], [`crate::batch::RingBatch`]) has a `Batch`
-//! header whose payload is the step's [`StepPlan`] and tokens, all-summed the same way; every
-//! rank then runs all the plan's sequences in one pass, each with its own cache
-//! ([`SlotCaches`]), and rank 0 keeps the logits of the parts that want them.
 
 use crate::batch::{rows_to_host, SlotCaches, StepPlan, MAX_PLAN_MESSAGE};
-use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::forward::{Forward, DISTRIBUTED_PREFILL_CHUNK};
-use crate::kv_cache::KvCache;
 use crate::models::shard::{wanted_rows, ModelShard};
 use crate::ring::RingGroup;
 use crate::stage::{check_step, midway, require_rank0, Stage};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 use std::sync::Arc;
 
 /// What the next step is, as the header says. Codes start at 1 so that an all-zero header
 /// (nothing summed in from rank 0) is never mistaken for a step.
+/// (Codes 1 and 2 were the single-sequence step and its reset, which the ring no longer
+/// speaks.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    Forward = 1,
-    Reset = 2,
     Stop = 3,
     Batch = 4,
 }
@@ -42,8 +36,6 @@ enum Kind {
 impl Kind {
     fn from_code(code: i32) -> Result<Kind> {
         match code {
-            1 => Ok(Kind::Forward),
-            2 => Ok(Kind::Reset),
             3 => Ok(Kind::Stop),
             4 => Ok(Kind::Batch),
             other => Err(InferenceError::Ring(format!(
@@ -53,10 +45,10 @@ impl Kind {
     }
 }
 
-/// One rank of a tensor-parallel instance: its slice of the model, its cache and its ring.
+/// One rank of a tensor-parallel instance: its slice of the model, its sequences' caches and
+/// its ring.
 pub struct TensorStage {
     shard: ModelShard,
-    cache: KvCache,
     /// The caches of batched steps' sequences, by slot.
     slots: SlotCaches,
     group: Arc<RingGroup>,
@@ -71,10 +63,8 @@ impl TensorStage {
                 shard.range
             )));
         }
-        let cache = shard.new_cache();
         Ok(TensorStage {
             shard,
-            cache,
             slots: SlotCaches::default(),
             group,
         })
@@ -91,9 +81,9 @@ impl TensorStage {
         Ok(sum.as_slice::<f32>().iter().map(|&v| v as i32).collect())
     }
 
-    /// Rank 0 says, and every rank learns, what the next step is and its payload (a forward
-    /// step's tokens, a batched step's plan message). A payload of one value rides in the
-    /// header; a longer one is all-summed after it.
+    /// Rank 0 says, and every rank learns, what the next step is and its payload (a batched
+    /// step's plan message). A payload of one value rides in the header; a longer one is
+    /// all-summed after it.
     fn header(&self, kind: Kind, payload: &[i32]) -> Result<(Kind, Vec<i32>)> {
         let mine = if self.group.rank() == 0 {
             [
@@ -113,8 +103,8 @@ impl TensorStage {
             )));
         }
         let payload = match (kind, count) {
-            (Kind::Forward | Kind::Batch, 1) => vec![header[2]],
-            (Kind::Forward | Kind::Batch, n) => {
+            (Kind::Batch, 1) => vec![header[2]],
+            (Kind::Batch, n) => {
                 let mine: Vec<i32> = if self.group.rank() == 0 {
                     payload.to_vec()
                 } else {
@@ -141,24 +131,6 @@ impl TensorStage {
             return Ok(Vec::new());
         }
         rows_to_host(&self.shard.logits_of_rows(&h, &rows)?)
-    }
-
-    /// Runs the model over `tokens` on this rank's slice; rank 0 gets the last logits.
-    fn run(&mut self, tokens: &[u32]) -> Result<Option<Array>> {
-        let h = self.shard.embed(tokens)?;
-        let h = self.shard.forward_layers(h, &mut self.cache)?;
-        if self.group.rank() == 0 {
-            let logits = self
-                .shard
-                .logits(&h, true)?
-                .reshape(&[-1])?
-                .as_dtype(Dtype::Float32)?;
-            logits.eval()?;
-            Ok(Some(logits))
-        } else {
-            h.eval()?;
-            Ok(None)
-        }
     }
 }
 
@@ -219,13 +191,6 @@ impl Stage for TensorStage {
                 .map_err(|e| midway(&format!("rank {rank} waiting for the next step"), e))?;
             match kind {
                 Kind::Stop => return Ok(steps),
-                Kind::Reset => self.cache = self.shard.new_cache(),
-                Kind::Forward => {
-                    let tokens: Vec<u32> = payload.iter().map(|&t| t.max(0) as u32).collect();
-                    self.run(&tokens)
-                        .map_err(|e| midway(&format!("rank {rank} running a step"), e))?;
-                    steps += 1;
-                }
                 Kind::Batch => {
                     let step = |stage: &mut TensorStage| -> Result<()> {
                         let (plan, tokens) = StepPlan::decode(&payload)?;
@@ -237,56 +202,5 @@ impl Stage for TensorStage {
                 }
             }
         }
-    }
-}
-
-impl Forward for TensorStage {
-    fn config(&self) -> &ModelConfig {
-        &self.shard.config
-    }
-
-    /// Rank 0: runs `tokens` on every rank and returns the logits of the last position.
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        require_rank0(&self.group, "forward")?;
-        if tokens.is_empty() {
-            return Err(InferenceError::InvalidRequest(
-                "a step needs at least one token".into(),
-            ));
-        }
-        // Checked here so that a bad id fails before any rank hears of the step.
-        let vocab = self.shard.config.vocab_size;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(InferenceError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
-        let step = |stage: &mut TensorStage| -> Result<Vec<f32>> {
-            if stage.group.size() > 1 {
-                let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-                stage.header(Kind::Forward, &ids)?;
-            }
-            match stage.run(tokens)? {
-                Some(logits) => Ok(logits.as_slice::<f32>().to_vec()),
-                None => Err(InferenceError::InvalidRequest(
-                    "only rank 0 computes logits".into(),
-                )),
-            }
-        };
-        step(self).map_err(|e| midway("tensor-parallel step", e))
-    }
-
-    /// Rank 0: clears every rank's KV cache (a new request starts).
-    fn reset(&mut self) -> Result<()> {
-        require_rank0(&self.group, "reset")?;
-        self.cache = self.shard.new_cache();
-        if self.group.size() > 1 {
-            self.header(Kind::Reset, &[])
-                .map_err(|e| midway("tensor-parallel reset", e))?;
-        }
-        Ok(())
-    }
-
-    fn max_chunk(&self) -> usize {
-        DISTRIBUTED_PREFILL_CHUNK
     }
 }

@@ -12,10 +12,11 @@ use common::{
     argmax, hosts_field, max_abs_diff, parse_hosts_field, run_ranks, smollm2, temp_dir,
     write_tiny_model, RankNet,
 };
-use inference::forward::{last_logits_to_host, Forward};
+use inference::batch::{OneSequence, RingBatch};
 use inference::loader::{load_shard, LoadOptions};
 use inference::pipeline::PipelineStage;
 use inference::ring::{RingConfig, RingGroup};
+use inference::sequence_forward::{last_logits_to_host, Forward};
 use inference::stage::Stage;
 use inference::ShardInput;
 use std::path::PathBuf;
@@ -78,6 +79,8 @@ fn pipeline_child() {
         common::batched::drive(&mut stage, &whole, &prompt, DECODE_STEPS, BATCHED_TOLERANCE);
         return;
     }
+    // One sequence runs through the ring's one protocol: a batch of one.
+    let mut one = OneSequence::new(RingBatch::new(&mut stage, 1)).unwrap();
     let mut cache = whole.new_cache();
     let mut worst = 0.0f32;
     let mut tokens = prompt.clone();
@@ -89,7 +92,7 @@ fn pipeline_child() {
                 .unwrap(),
         )
         .unwrap();
-        let got = stage.forward(&tokens).unwrap();
+        let got = one.forward(&tokens).unwrap();
         let diff = max_abs_diff(&want, &got);
         assert!(diff <= EXACT, "step {step}: logits differ by {diff}");
         worst = worst.max(diff);
@@ -99,8 +102,8 @@ fn pipeline_child() {
         tokens = vec![next];
     }
     // A second request after a reset starts from an empty cache again.
-    stage.reset().unwrap();
-    let again = stage.forward(&prompt).unwrap();
+    one.reset().unwrap();
+    let again = one.forward(&prompt).unwrap();
     let mut fresh = whole.new_cache();
     let want = last_logits_to_host(
         &whole
@@ -110,6 +113,7 @@ fn pipeline_child() {
     .unwrap();
     let diff = max_abs_diff(&want, &again);
     assert!(diff <= EXACT, "after reset: logits differ by {diff}");
+    drop(one);
     stage.stop().unwrap();
     println!("RANK 0 OK max_diff={worst:e} tokens={generated:?}");
 }

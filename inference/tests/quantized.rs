@@ -14,7 +14,7 @@ mod common;
 
 use common::{max_abs_diff, smollm2, temp_dir, SMOLLM2_PROMPT};
 use inference::export::{export_hf_folder_as, ExportWeights};
-use inference::forward::last_logits_to_host;
+use inference::sequence_forward::last_logits_to_host;
 use inference::{Engine, ShardInput, WeightFormat};
 use mlx_rs::Array;
 use std::path::Path;

@@ -6,7 +6,7 @@ mod common;
 
 use common::{temp_dir, write_tiny_model};
 use inference::runner::protocol::{
-    read_frame, write_frame, Command, Event, RunnerStatus, Sharding,
+    read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding,
 };
 use inference::runner::{load_timeout, serve, RunnerOptions};
 use inference::{FinishReason, GenerateRequest, Prompt, WeightFormat};
@@ -33,7 +33,7 @@ fn start(options: RunnerOptions) -> Runner {
 }
 
 impl Runner {
-    fn send(&mut self, c: &Command) {
+    fn send(&mut self, c: &NodeCommand) {
         write_frame(&mut self.commands, c).unwrap();
     }
     fn next(&mut self) -> Event {
@@ -71,7 +71,7 @@ fn load_generate_cancel_and_shutdown() {
     write_tiny_model(&dir, "qwen3", 11, 256);
     let mut r = start(options());
     assert!(is_state(&r.next(), &RunnerStatus::Idle));
-    r.send(&Command::Load {
+    r.send(&NodeCommand::Load {
         model: dir.display().to_string(),
         layers: None,
         format: Some(WeightFormat::F32),
@@ -119,7 +119,7 @@ fn load_generate_cancel_and_shutdown() {
 
     let mut req = GenerateRequest::new(Prompt::Tokens(vec![4, 8, 15, 16]), 5);
     req.ignore_eos = true;
-    r.send(&Command::Generate {
+    r.send(&NodeCommand::Generate {
         id: 1,
         request: req.clone(),
     });
@@ -172,11 +172,11 @@ fn load_generate_cancel_and_shutdown() {
 
     // Cancel a long generation: it ends early with `cancelled`.
     req.max_tokens = 200;
-    r.send(&Command::Generate {
+    r.send(&NodeCommand::Generate {
         id: 2,
         request: req,
     });
-    r.send(&Command::Cancel { id: 2 });
+    r.send(&NodeCommand::Cancel { id: 2 });
     let events = r.until(|e| is_state(e, &RunnerStatus::Ready));
     let done = events
         .iter()
@@ -192,7 +192,7 @@ fn load_generate_cancel_and_shutdown() {
     assert!(done.tokens.len() < 200);
 
     // Bad requests are errors for that request only.
-    r.send(&Command::Generate {
+    r.send(&NodeCommand::Generate {
         id: 3,
         request: GenerateRequest::new(Prompt::Tokens(vec![]), 3),
     });
@@ -201,7 +201,7 @@ fn load_generate_cancel_and_shutdown() {
         .iter()
         .any(|e| matches!(e, Event::Error { id: Some(3), message } if message.contains("empty"))));
 
-    r.send(&Command::Shutdown);
+    r.send(&NodeCommand::Shutdown);
     assert_eq!(r.handle.join().unwrap(), 0);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -210,7 +210,7 @@ fn load_generate_cancel_and_shutdown() {
 fn a_missing_model_fails_with_a_reason() {
     let mut r = start(options());
     assert!(is_state(&r.next(), &RunnerStatus::Idle));
-    r.send(&Command::Load {
+    r.send(&NodeCommand::Load {
         model: "/nonexistent/model.gguf".into(),
         layers: None,
         format: None,
@@ -240,7 +240,7 @@ fn the_load_watchdog_reports_a_timeout() {
         warm_up: false,
     });
     assert!(is_state(&r.next(), &RunnerStatus::Idle));
-    r.send(&Command::Load {
+    r.send(&NodeCommand::Load {
         model: dir.display().to_string(),
         layers: None,
         format: Some(WeightFormat::F32),

@@ -14,7 +14,7 @@ mod common;
 
 use common::{smollm2, temp_dir, write_tiny_model, RankNet};
 use inference::runner::protocol::{
-    read_frame, write_frame, Command, Event, RunnerStatus, Sharding,
+    read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding,
 };
 use inference::runner::{serve, RunnerOptions};
 use inference::{Completion, GenerateRequest, Prompt, WeightFormat};
@@ -110,7 +110,7 @@ impl RunnerProc {
         }
     }
 
-    fn send(&mut self, c: &Command) {
+    fn send(&mut self, c: &NodeCommand) {
         write_frame(&mut self.commands, c).unwrap();
     }
 
@@ -150,7 +150,7 @@ impl RunnerProc {
 
     /// Runs one request to its end: the completion, or the error message.
     fn generate(&mut self, id: u64, request: GenerateRequest) -> Result<Completion, String> {
-        self.send(&Command::Generate { id, request });
+        self.send(&NodeCommand::Generate { id, request });
         let events = self.until(PATIENCE, |e| {
             matches!(e, Event::Done { id: i, .. } | Event::Error { id: Some(i), .. } if *i == id)
         });
@@ -232,7 +232,7 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
         r.expect_state(RunnerStatus::Idle);
     }
     for (rank, r) in ranks.iter_mut().enumerate() {
-        r.send(&Command::Connect {
+        r.send(&NodeCommand::Connect {
             rank,
             hosts: net.hosts(rank),
             timeout_ms: 60_000,
@@ -245,7 +245,7 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
         r.expect_state(RunnerStatus::Connected);
     }
     for (rank, r) in ranks.iter_mut().enumerate() {
-        r.send(&Command::Load {
+        r.send(&NodeCommand::Load {
             model: model.display().to_string(),
             layers: split.layers[rank],
             format: Some(WeightFormat::F32),
@@ -256,7 +256,7 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
         r.expect_state(RunnerStatus::Loaded);
     }
     for r in ranks.iter_mut() {
-        r.send(&Command::WarmUp);
+        r.send(&NodeCommand::WarmUp);
         r.expect_state(RunnerStatus::WarmingUp);
     }
     for r in ranks.iter_mut() {
@@ -269,7 +269,7 @@ fn start_instance(net: &RankNet, model: &Path, split: &Split) -> Vec<RunnerProc>
 fn single_rank(model: &Path, request: &GenerateRequest) -> Completion {
     let mut r = RunnerProc::spawn(None, 0);
     r.expect_state(RunnerStatus::Idle);
-    r.send(&Command::Load {
+    r.send(&NodeCommand::Load {
         model: model.display().to_string(),
         layers: None,
         format: Some(WeightFormat::F32),
@@ -277,7 +277,7 @@ fn single_rank(model: &Path, request: &GenerateRequest) -> Completion {
     });
     r.expect_state(RunnerStatus::Ready);
     let c = r.generate(1, request.clone()).unwrap();
-    r.send(&Command::Shutdown);
+    r.send(&NodeCommand::Shutdown);
     assert_eq!(r.exit_code(Duration::from_secs(10)), Some(0));
     c
 }
@@ -315,7 +315,7 @@ fn compare(label: &str, want: &Completion, got: &Completion) -> f32 {
 
 /// Rank 0's `Shutdown` stops every rank: all exit 0 on their own.
 fn shut_down(mut ranks: Vec<RunnerProc>) {
-    ranks[0].send(&Command::Shutdown);
+    ranks[0].send(&NodeCommand::Shutdown);
     for r in ranks.iter_mut() {
         let status = r.exit_status(Duration::from_secs(15));
         assert_eq!(status.code(), Some(0), "rank {}: {status}", r.rank);
@@ -402,7 +402,7 @@ fn smollm2_three_rank_pipeline_runners_match_one_runner_and_survive_a_lost_rank(
         &got,
     );
 
-    ranks[0].send(&Command::Generate {
+    ranks[0].send(&NodeCommand::Generate {
         id: 8,
         request: greedy(prompt, 1000),
     });
@@ -449,7 +449,7 @@ fn a_rank_whose_neighbour_never_comes_fails_naming_it() {
     let mut r = RunnerProc::spawn(Some(&net), 0);
     r.expect_state(RunnerStatus::Idle);
     let started = Instant::now();
-    r.send(&Command::Connect {
+    r.send(&NodeCommand::Connect {
         rank: 0,
         hosts: net.hosts(0),
         timeout_ms: 3_000,

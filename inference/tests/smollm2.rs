@@ -273,7 +273,7 @@ fn first_step_logits_match_an_independent_reference() {
         .model
         .forward(inference::ShardInput::Tokens(&ids), &mut cache, true)
         .unwrap();
-    let got = inference::forward::last_logits_to_host(&logits).unwrap();
+    let got = inference::sequence_forward::last_logits_to_host(&logits).unwrap();
     assert_eq!(got.len(), reference.len());
     let diff = got
         .iter()
@@ -307,7 +307,7 @@ fn the_same_model_as_a_hugging_face_folder_gives_the_same_logits() {
     );
     let run = |m: &Engine| {
         let mut cache = m.model.new_cache();
-        inference::forward::last_logits_to_host(
+        inference::sequence_forward::last_logits_to_host(
             &m.model
                 .forward(inference::ShardInput::Tokens(&ids), &mut cache, true)
                 .unwrap(),

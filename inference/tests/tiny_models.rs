@@ -4,9 +4,9 @@
 mod common;
 
 use common::{host, max_abs_diff, temp_dir, write_tiny_model};
-use inference::forward::{Forward, LocalForward};
 use inference::generate::generate;
 use inference::loader::{load_shard, LoadOptions};
+use inference::sequence_forward::{Forward, LocalForward};
 use inference::{
     Engine, FinishReason, GenerateRequest, InferenceError, Prompt, SamplingParams, ShardInput,
     WeightFormat,

@@ -9,7 +9,10 @@
 //!   model and the Python venv (the node uses it too).
 //! - [`netns`]: local clusters in Linux network namespaces.
 //! - [`skip`]: how a test that cannot run says so: it fails, or is skipped visibly and counted.
-//! - [`runner_states`], [`instances`]: reading runners and instances out of the cluster API.
+//! - [`node_process`]: a `shoal` node process in a namespace, as the tests and the xtask's
+//!   testbed start it.
+//! - [`state_view`], [`runner_states`], [`instances`]: reading nodes, links, runners and
+//!   instances out of the cluster API.
 //! - [`sse`]: the server-sent-events reader of chat streams.
 //! - [`client`], [`blocking`]: a typed client of the cluster API (also into a namespace), async
 //!   and blocking; [`timing`]: a streamed chat timed as `shoal bench` reports it.
@@ -28,8 +31,12 @@ pub mod client;
 #[cfg(feature = "api")]
 pub mod instances;
 #[cfg(feature = "api")]
+pub mod node_process;
+#[cfg(feature = "api")]
 pub mod runner_states;
 #[cfg(feature = "api")]
 pub mod sse;
+#[cfg(feature = "api")]
+pub mod state_view;
 #[cfg(feature = "api")]
 pub mod timing;

@@ -205,10 +205,6 @@ impl ModelFacts {
             tensor_divisors: inference::tensor_split::tensor_divisors(&opened.config)
                 .into_iter()
                 .filter(|d| d.what != "key/value heads")
-                .map(|d| placement::TensorDivisor {
-                    what: d.what,
-                    count: u32::try_from(d.count).unwrap_or(0),
-                })
                 .collect(),
             layer_weights: layer_weights(&opened.config),
             memory: inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk),

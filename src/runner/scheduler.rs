@@ -22,7 +22,7 @@
 //! ([`Scheduler::hung_flag`], published as [`control::RunnerRecord::hung`]), which makes the
 //! control plane place the instance again.
 
-use inference::runner::protocol::{Command, Event};
+use inference::runner::protocol::{Event, NodeCommand};
 use inference::GenerateRequest;
 use placement::RunnerStatus;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -56,7 +56,7 @@ pub(super) enum Input {
     /// Shut the runner down cleanly.
     Shutdown,
     /// A lifecycle command for the runner (connect, load, warm up).
-    Lifecycle(Command),
+    Lifecycle(NodeCommand),
 }
 
 /// A request waiting for, or using, the runner.
@@ -68,7 +68,7 @@ struct Pending {
 
 /// The state machine between requesters and the runner (see the module docs).
 pub(super) struct Scheduler {
-    commands: std::sync::mpsc::Sender<Command>,
+    commands: std::sync::mpsc::Sender<NodeCommand>,
     state: watch::Sender<RunnerStatus>,
     queue: VecDeque<Pending>,
     /// Requests in the runner, by id.
@@ -103,7 +103,7 @@ impl Scheduler {
     /// to `max_running` requests in the runner at once, and ends the runner when no event
     /// comes for `step_timeout` while requests run.
     pub(super) fn new(
-        commands: std::sync::mpsc::Sender<Command>,
+        commands: std::sync::mpsc::Sender<NodeCommand>,
         state: watch::Sender<RunnerStatus>,
         child: Arc<Mutex<Child>>,
         load: Arc<std::sync::atomic::AtomicUsize>,
@@ -177,7 +177,7 @@ impl Scheduler {
                 }
                 Input::Shutdown => {
                     self.fail_all("the instance was shut down");
-                    let _ = self.commands.send(Command::Shutdown);
+                    let _ = self.commands.send(NodeCommand::Shutdown);
                     let _ = self.state.send(RunnerStatus::Failed {
                         reason: "shut down".into(),
                     });
@@ -216,7 +216,7 @@ impl Scheduler {
             self.queue.remove(pos);
             self.finished();
         } else if self.running.contains_key(&id) && self.cancel_sent.insert(id) {
-            let _ = self.commands.send(Command::Cancel { id });
+            let _ = self.commands.send(NodeCommand::Cancel { id });
         }
     }
 
@@ -313,7 +313,7 @@ impl Scheduler {
                 self.finished();
                 continue;
             }
-            let command = Command::Generate {
+            let command = NodeCommand::Generate {
                 id: next.id,
                 request: (*next.request).clone(),
             };

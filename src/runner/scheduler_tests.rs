@@ -7,7 +7,7 @@ use inference::{Completion, FinishReason, Prompt};
 /// they would go to it. The "runner" process is a `sleep` that the test kills.
 struct Harness {
     inputs: mpsc::UnboundedSender<Input>,
-    commands: std::sync::mpsc::Receiver<Command>,
+    commands: std::sync::mpsc::Receiver<NodeCommand>,
     state: watch::Receiver<RunnerStatus>,
     load: Arc<std::sync::atomic::AtomicUsize>,
     child: Arc<Mutex<Child>>,
@@ -73,7 +73,7 @@ impl Harness {
     }
 
     /// The next command sent to the runner, if one comes within a second.
-    async fn next_command(&self) -> Option<Command> {
+    async fn next_command(&self) -> Option<NodeCommand> {
         for _ in 0..100 {
             if let Ok(c) = self.commands.try_recv() {
                 return Some(c);
@@ -101,9 +101,9 @@ fn completion() -> Completion {
     }
 }
 
-fn generate_id(command: Option<Command>) -> u64 {
+fn generate_id(command: Option<NodeCommand>) -> u64 {
     match command {
-        Some(Command::Generate { id, .. }) => id,
+        Some(NodeCommand::Generate { id, .. }) => id,
         other => panic!("expected a Generate, got {other:?}"),
     }
 }
@@ -164,7 +164,7 @@ async fn requests_run_one_at_a_time_in_order_and_queued_cancels_never_reach_the_
     // Cancelling the running request forwards a Cancel to the runner, once.
     h.inputs.send(Input::Cancel(3)).unwrap();
     h.inputs.send(Input::Cancel(3)).unwrap();
-    assert_eq!(h.next_command().await, Some(Command::Cancel { id: 3 }));
+    assert_eq!(h.next_command().await, Some(NodeCommand::Cancel { id: 3 }));
     assert!(h.next_command().await.is_none());
     h.runner(Event::Error {
         id: Some(3),
@@ -205,7 +205,7 @@ async fn up_to_the_limit_run_at_once_and_the_next_starts_when_one_ends() {
     }
     // Cancelling one running request reaches the runner; the other keeps going.
     h.inputs.send(Input::Cancel(1)).unwrap();
-    assert_eq!(h.next_command().await, Some(Command::Cancel { id: 1 }));
+    assert_eq!(h.next_command().await, Some(NodeCommand::Cancel { id: 1 }));
     h.runner(Event::Done {
         id: 1,
         completion: completion(),
@@ -262,7 +262,7 @@ async fn runner_death_fails_running_and_queued_requests_and_later_ones() {
 #[tokio::test]
 async fn lifecycle_commands_pass_through_until_the_runner_fails() {
     let h = Harness::new();
-    let connect = Command::Connect {
+    let connect = NodeCommand::Connect {
         rank: 0,
         hosts: vec![vec!["0.0.0.0:50000".into()]],
         timeout_ms: 1000,
@@ -273,7 +273,9 @@ async fn lifecycle_commands_pass_through_until_the_runner_fails() {
         reason: "neighbour 10.0.0.2 never came".into(),
     }));
     h.settle().await;
-    h.inputs.send(Input::Lifecycle(Command::WarmUp)).unwrap();
+    h.inputs
+        .send(Input::Lifecycle(NodeCommand::WarmUp))
+        .unwrap();
     assert!(
         h.next_command().await.is_none(),
         "a failed runner gets no more commands"

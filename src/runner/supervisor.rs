@@ -7,7 +7,7 @@
 //!
 //! The supervisor owns the child and three workers:
 //! - a **reader thread** decoding the runner's [`Event`]s from its stdout,
-//! - a **writer thread** encoding [`Command`]s onto its stdin,
+//! - a **writer thread** encoding [`NodeCommand`]s onto its stdin,
 //! - a **scheduler task** (tokio, [`super::scheduler`]) that tracks the runner's status,
 //!   queues requests and routes each request's events to its own channel.
 //!
@@ -15,7 +15,7 @@
 
 use super::scheduler::{instance_lost, Input, Scheduler};
 use super::settings::RunnerSettings;
-use inference::runner::protocol::{read_frame, write_frame, Command, Event, FrameError};
+use inference::runner::protocol::{read_frame, write_frame, Event, FrameError, NodeCommand};
 use inference::GenerateRequest;
 use placement::{RunnerStatus, Sharding};
 use std::io::{BufReader, BufWriter};
@@ -104,7 +104,7 @@ impl Supervisor {
             .ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
         let (inputs, inputs_rx) = mpsc::unbounded_channel();
         let (state_tx, state) = watch::channel(RunnerStatus::Idle);
-        let (commands, commands_rx) = std::sync::mpsc::channel::<Command>();
+        let (commands, commands_rx) = std::sync::mpsc::channel::<NodeCommand>();
         spawn_reader(stdout, inputs.clone(), pid);
         spawn_writer(stdin, commands_rx, pid);
         let child = Arc::new(Mutex::new(child));
@@ -141,7 +141,7 @@ impl Supervisor {
     /// Asks the runner to join its instance's MLX ring as `rank`, `hosts` being every rank's
     /// addresses as this node's ring view has them.
     pub fn connect(&self, rank: usize, hosts: Vec<Vec<String>>, timeout: Duration) {
-        self.command(Command::Connect {
+        self.command(NodeCommand::Connect {
             rank,
             hosts,
             timeout_ms: timeout.as_millis() as u64,
@@ -152,7 +152,7 @@ impl Supervisor {
     /// across the ring as `sharding` says.
     pub fn load_model(&self, model: &str, layers: Option<(usize, usize)>, sharding: Sharding) {
         tracing::info!(pid = self.pid(), model, ?layers, ?sharding, "runner: load");
-        self.command(Command::Load {
+        self.command(NodeCommand::Load {
             model: model.to_string(),
             layers,
             format: None,
@@ -162,11 +162,11 @@ impl Supervisor {
 
     /// Asks a loaded rank of a multi-rank ring to warm up.
     pub fn warm_up(&self) {
-        self.command(Command::WarmUp);
+        self.command(NodeCommand::WarmUp);
     }
 
     /// Sends a lifecycle command, unless the runner already failed or was shut down.
-    fn command(&self, command: Command) {
+    fn command(&self, command: NodeCommand) {
         let _ = self.shared.inputs.send(Input::Lifecycle(command));
     }
 
@@ -325,7 +325,7 @@ fn spawn_reader(stdout: ChildStdout, inputs: mpsc::UnboundedSender<Input>, pid: 
         .expect("spawning a thread");
 }
 
-fn spawn_writer(stdin: ChildStdin, commands: std::sync::mpsc::Receiver<Command>, pid: u32) {
+fn spawn_writer(stdin: ChildStdin, commands: std::sync::mpsc::Receiver<NodeCommand>, pid: u32) {
     std::thread::Builder::new()
         .name(format!("runner-{pid}-writer"))
         .spawn(move || {

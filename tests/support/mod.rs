@@ -12,175 +12,23 @@ pub mod hub_world;
 pub mod link_delay;
 pub mod link_faults;
 
-use kit::blocking::Blocking;
-use kit::client::Api;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-/// API port of every test node (each in its own namespace).
-pub const API_PORT: u16 = 52415;
+#[allow(unused_imports)] // each test binary uses its own share of the kit
+pub use kit::node_process::{ShoalNode, API_PORT};
 
 /// The `shoal` binary cargo built for these tests.
 pub fn shoal_bin() -> &'static str {
     env!("CARGO_BIN_EXE_shoal")
 }
 
-/// A `shoal` node process inside a namespace; killed on drop.
-pub struct ShoalNode {
-    /// Its namespace and addresses.
-    pub node: netns::Node,
-    /// Its data directory (kept across restarts: same identity).
-    pub data_dir: PathBuf,
-    /// Its log file (stderr and stdout).
-    pub log: PathBuf,
-    /// Extra `shoal` arguments (e.g. `--peer`).
-    pub extra_args: Vec<String>,
-    /// Extra environment variables (e.g. `HF_HUB_CACHE`).
-    pub env: Vec<(String, String)>,
-    /// Its API, reached from inside its namespace.
-    pub api: Blocking,
-    child: Option<Child>,
-}
-
-impl ShoalNode {
-    /// A node that is not started yet.
-    pub fn new(node: netns::Node, dir: &std::path::Path, index: usize) -> ShoalNode {
-        let addr = std::net::SocketAddr::from((node.ip(), API_PORT));
-        let api = Blocking::new(Api::at(addr).in_netns(&node.netns));
-        ShoalNode {
-            node,
-            api,
-            data_dir: dir.join(format!("n{index}")),
-            log: dir.join(format!("n{index}.log")),
-            extra_args: Vec::new(),
-            env: Vec::new(),
-            child: None,
-        }
-    }
-
-    /// Starts (or restarts) the process; its log is appended to.
-    pub fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("log file");
-        let err = log.try_clone().expect("log file");
-        let child = self
-            .node
-            .command(shoal_bin())
-            .args(["--api-port", &API_PORT.to_string(), "--data-dir"])
-            .arg(&self.data_dir)
-            .args(&self.extra_args)
-            .env("RUST_LOG", "info,mesh=debug")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .expect("start shoal");
-        self.child = Some(child);
-    }
-
-    /// Its node id (`GET /node_id`), once it answers.
-    pub fn node_id(&self) -> Option<String> {
-        let (status, answer) = call(self, "GET", "/node_id", None);
-        if status != 200 {
-            return None;
-        }
-        answer
-            .as_str()
-            .or_else(|| answer["node_id"].as_str())
-            .map(str::to_string)
-    }
-
-    /// Sends signal `name` (`STOP`, `CONT`, `TERM`, ...) to the node's process.
-    pub fn signal(&self, name: &str) {
-        signal(u64::from(self.pid().expect("the node runs")), name);
-    }
-
-    /// Makes [`ShoalNode::api`] a client holding `key` (the operator's admin key).
-    pub fn hold_key(&mut self, key: &str) {
-        let addr = std::net::SocketAddr::from((self.node.ip(), API_PORT));
-        self.api = Blocking::new(Api::at(addr).in_netns(&self.node.netns).with_key(key));
-    }
-
-    /// The process id while it runs (`ip netns exec` becomes `shoal` itself).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
-    }
-
-    /// The exit status if the process has ended.
-    pub fn exit_code(&mut self) -> Option<Option<i32>> {
-        let status = self.child.as_mut()?.try_wait().ok()??;
-        Some(status.code())
-    }
-
-    /// SIGKILL: a crash, no goodbye.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// GET /state through `shoal status --json`, run inside the node's namespace with the
-    /// node's environment.
-    pub fn state(&self) -> Option<Value> {
-        let out = self
-            .node
-            .command(shoal_bin())
-            .args(["status", "--json", "--api"])
-            .arg(format!("{}:{API_PORT}", self.node.ip()))
-            // The node's own environment: its API key (`SHOAL_API_KEY`), if it has one.
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    /// The last lines of the log, for failure messages.
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-}
-
-impl Drop for ShoalNode {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// The states of `nodes` if they are identical (same digest), each lists exactly `expected`
 /// nodes, and each considers all of them alive.
 pub fn agreed(nodes: &[&ShoalNode], expected: usize) -> Option<Vec<Value>> {
     let states: Vec<Value> = nodes.iter().map(|n| n.state()).collect::<Option<_>>()?;
-    let digest = states[0]["digest"].as_str()?.to_string();
-    for state in &states {
-        if state["digest"].as_str()? != digest {
-            return None;
-        }
-        let listed = state["nodes"].as_object()?;
-        if listed.len() != expected {
-            return None;
-        }
-        if listed
-            .keys()
-            .any(|id| state["liveness"][id]["alive"].as_bool() != Some(true))
-        {
-            return None;
-        }
-    }
-    Some(states)
+    kit::state_view::agreed(&states, expected).then_some(states)
 }
 
 /// Polls `check` every 100 ms until it returns `Some` or `limit` passes.
@@ -258,7 +106,7 @@ impl TestNet {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| ShoalNode::new(n.clone(), &dir, i + 1))
+            .map(|(i, n)| ShoalNode::new(shoal_bin().as_ref(), n.clone(), &dir, i + 1))
             .collect();
         Some((
             TestNet {
@@ -334,11 +182,9 @@ pub fn default_ready(node: &ShoalNode) -> bool {
 /// Sends signal `name` (`STOP`, `CONT`, `TERM`, ...) to process `pid`, with `kill` as an
 /// operator would; fails the test if it cannot.
 pub fn signal(pid: u64, name: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -{name} {pid}");
+    if let Err(e) = kit::node_process::signal(pid, name) {
+        panic!("{e}");
+    }
 }
 
 /// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.

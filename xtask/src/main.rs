@@ -21,7 +21,6 @@ mod pypi;
 mod reference;
 mod setup;
 mod soak;
-mod state_view;
 mod testbed;
 mod util;
 

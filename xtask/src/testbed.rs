@@ -6,19 +6,17 @@
 
 use crate::paths::{target_dir, workspace_root};
 use crate::pyenv::venv_python;
-use crate::state_view::{alive_nodes, verified_edges};
-use kit::blocking::Blocking;
 use kit::client::{Api, ApiFailure, Method};
 use kit::netns::{Netns, Node, Spec};
+use kit::node_process::ShoalNode;
+pub use kit::node_process::API_PORT;
+use kit::state_view::{alive_nodes, verified_edges};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-/// Every node's API port (each node has its own namespace).
-pub const API_PORT: u16 = 52415;
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static HANDLER: OnceLock<Result<(), String>> = OnceLock::new();
@@ -76,23 +74,12 @@ pub enum Poll<T> {
     Waiting(String),
 }
 
-/// One node process.
-struct NodeProcess {
-    child: Option<Child>,
-    log: PathBuf,
-    /// Its API, reached from inside its namespace.
-    api: Blocking,
-}
-
 /// How long one API request may take.
 const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 
 /// N nodes in namespaces.
 pub struct Testbed {
-    nodes: Vec<NodeProcess>,
-    /// The `shoal` binary and each node's extra arguments, to start a node again.
-    binary: PathBuf,
-    args: Vec<Vec<String>>,
+    nodes: Vec<ShoalNode>,
     /// Declared after `nodes` so that the processes are stopped before the namespaces go.
     netns: Netns,
     data_root: PathBuf,
@@ -119,71 +106,39 @@ impl Testbed {
         let _ = std::fs::remove_dir_all(&data_root);
         std::fs::create_dir_all(&data_root)
             .map_err(|e| format!("cannot create {}: {e}", data_root.display()))?;
-        let mut testbed = Testbed {
-            nodes: Vec::new(),
-            binary: binary.to_path_buf(),
-            args: (0..count).map(&args).collect(),
+        let log_filter = std::env::var("RUST_LOG").unwrap_or("info".into());
+        let mut nodes = Vec::with_capacity(count);
+        for (i, ns) in netns.nodes.iter().enumerate() {
+            let mut node = ShoalNode::new(binary, ns.clone(), &data_root, i + 1);
+            node.extra_args = args(i);
+            node.log_filter = log_filter.clone();
+            node.try_start()
+                .map_err(|e| format!("node {}: {e}", i + 1))?;
+            nodes.push(node);
+        }
+        Ok(Testbed {
+            nodes,
             netns,
             data_root,
-        };
-        for i in 0..count {
-            let child = testbed.spawn(i, false)?;
-            let node = &testbed.netns.nodes[i];
-            let api = Api::at(std::net::SocketAddr::from((node.ip(), API_PORT)));
-            testbed.nodes.push(NodeProcess {
-                child: Some(child),
-                log: testbed.data_root.join(format!("n{}.log", i + 1)),
-                api: Blocking::new(api.in_netns(&node.netns)),
-            });
-        }
-        Ok(testbed)
-    }
-
-    /// Starts node `i`'s process (its log appended to when `append`, else started anew).
-    fn spawn(&self, i: usize, append: bool) -> Result<Child, String> {
-        let log = self.data_root.join(format!("n{}.log", i + 1));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(&log)
-            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-        let err = file.try_clone().map_err(|e| e.to_string())?;
-        self.netns.nodes[i]
-            .command(&self.binary.display().to_string())
-            .args(["--api-port", &API_PORT.to_string(), "--data-dir"])
-            .arg(self.data_root.join(format!("n{}", i + 1)))
-            .args(&self.args[i])
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or("info".into()),
-            )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("cannot start node {}: {e}", i + 1))
+        })
     }
 
     /// Starts node `i` again after [`Testbed::forget`] (same data directory: same identity).
     pub fn restart(&mut self, i: usize) -> Result<(), String> {
         self.forget(i);
-        let child = self.spawn(i, true)?;
-        self.nodes[i].child = Some(child);
-        Ok(())
+        self.nodes[i]
+            .try_start()
+            .map_err(|e| format!("node {}: {e}", i + 1))
     }
 
     /// Node `i`'s API as a new client, for a thread of its own.
     pub fn api(&self, i: usize) -> Api {
-        let node = &self.netns.nodes[i];
-        Api::at(std::net::SocketAddr::from((node.ip(), API_PORT))).in_netns(&node.netns)
+        self.nodes[i].new_api()
     }
 
     /// The pid of node `i`'s `shoal` process while it runs.
     pub fn pid(&self, i: usize) -> Option<u32> {
-        self.nodes[i].child.as_ref().map(Child::id)
+        self.nodes[i].pid()
     }
 
     /// Number of nodes.
@@ -207,9 +162,7 @@ impl Testbed {
 
     /// The last lines of node `i`'s log.
     pub fn log_tail(&self, i: usize, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        self.nodes[i].log_last(lines)
     }
 
     /// Every node's log tail, for failure reports.
@@ -229,16 +182,14 @@ impl Testbed {
 
     /// `Err` if node `i` exited (unless it was killed on purpose).
     pub fn check_alive(&mut self, i: usize) -> Result<(), String> {
-        if let Some(child) = self.nodes[i].child.as_mut() {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "node {} exited ({status}); its log:\n{}",
-                    i + 1,
-                    self.log_tail(i, 30)
-                ));
-            }
+        match self.nodes[i].exit_code() {
+            Some(code) => Err(format!(
+                "node {} exited (code {code:?}); its log:\n{}",
+                i + 1,
+                self.log_tail(i, 30)
+            )),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// A request to node `i`'s API from its own namespace, bounded; a failure names the node.
@@ -315,10 +266,14 @@ impl Testbed {
                 let mut ids = Vec::new();
                 for i in 0..count {
                     tb.check_alive(i)?;
-                    match tb.get(i, "/node_id") {
-                        Ok(Value::String(id)) => ids.push(id),
-                        Ok(other) => return Err(format!("node {}: /node_id is {other}", i + 1)),
-                        Err(e) => return Ok(Poll::Waiting(e)),
+                    match tb.nodes[i].node_id() {
+                        Some(id) => ids.push(id),
+                        None => {
+                            return Ok(Poll::Waiting(format!(
+                                "node {} does not answer /node_id yet",
+                                i + 1
+                            )))
+                        }
                     }
                 }
                 Ok(Poll::Ready(ids))
@@ -386,10 +341,7 @@ impl Testbed {
 
     /// Marks node `i` as gone (it was killed on purpose) and reaps it.
     pub fn forget(&mut self, i: usize) {
-        if let Some(mut child) = self.nodes[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.nodes[i].kill();
     }
 
     /// Runs the venv's Python on `xtask/e2e_client.py` inside node `from`'s namespace; the
@@ -466,23 +418,15 @@ impl Testbed {
 
 impl Drop for Testbed {
     fn drop(&mut self) {
+        // SIGTERM to all first, so they drain together, then each gets what is left of 3 s.
         for node in &mut self.nodes {
-            if let Some(child) = node.child.as_ref() {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &child.id().to_string()])
-                    .stderr(Stdio::null())
-                    .status();
+            if let Some(pid) = node.pid().filter(|_| node.alive()) {
+                let _ = kit::node_process::signal(u64::from(pid), "TERM");
             }
         }
         let deadline = Instant::now() + Duration::from_secs(3);
         for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            node.stop(deadline.saturating_duration_since(Instant::now()));
         }
         self.netns.teardown();
     }
@@ -566,35 +510,5 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> Result<Output, String> 
                 String::from_utf8_lossy(&stderr)
             ))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn alive_nodes_reads_liveness_when_present() {
-        let state = json!({"nodes": {"a": {}, "b": {}, "c": {}},
-                           "liveness": {"a": {"alive": true}, "b": {"alive": false}}});
-        assert_eq!(alive_nodes(&state), vec!["a", "c"]);
-        assert_eq!(alive_nodes(&json!({"nodes": ["x", "y"]})), vec!["x", "y"]);
-        assert!(alive_nodes(&json!({})).is_empty());
-    }
-
-    #[test]
-    fn edges_are_read_from_each_author_records() {
-        let state = json!({"nodes": {
-            "a": {"records": {"edge/b/10.99.0.2": {}, "profile": {}}},
-            "b": {"records": {"edge/a/10.99.0.1": {}, "edge/a/10.100.0.1": {}}},
-            "c": {}
-        }});
-        let edges = verified_edges(&state);
-        let pairs: Vec<(&str, &str)> = edges
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        assert_eq!(pairs, vec![("a", "b"), ("b", "a")]);
     }
 }

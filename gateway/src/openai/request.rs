@@ -14,9 +14,7 @@ use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
 use serde_json::Value;
 
-pub use crate::fields::MAX_STOP_STRINGS;
-/// Most alternatives `top_logprobs` may ask for (OpenAI's bound).
-pub const MAX_TOP_LOGPROBS: u64 = 20;
+pub use crate::fields::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS};
 
 /// A parsed chat request plus how to answer it.
 #[derive(Debug, Clone, PartialEq)]

@@ -14,8 +14,9 @@
 //! a block as far as it has come ([`Grammar::partial`]) and its calls stream as they grow
 //! ([`crate::tools::stream`]).
 
+use crate::text_scan::held_suffix;
 use crate::tools::offered::Offered;
-use crate::tools::parse::{held_suffix, text, ToolPiece};
+use crate::tools::parse::{text, ToolPiece};
 use crate::tools::stream::{CallStreamer, Progress};
 use crate::tools::{Tool, ToolCall};
 

@@ -202,7 +202,8 @@ pub fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::answer::{AnswerForm, AnswerSplitter, Part};
+    use crate::answer::{AnswerForm, AnswerSplitter};
+    use crate::answer_part::AnswerPart;
     use crate::tools::block::testing::tools;
 
     const ALL: [Opener; 11] = [
@@ -256,7 +257,7 @@ mod tests {
     }
 
     /// The parts of `rest` read by a splitter primed with `forced`, whole and streamed.
-    fn primed_parts(opener: Opener, forced: &Forced, rest: &str, stream: bool) -> Vec<Part> {
+    fn primed_parts(opener: Opener, forced: &Forced, rest: &str, stream: bool) -> Vec<AnswerPart> {
         let form = AnswerForm {
             opens_in_thought: false,
             dialect: dialect(opener),
@@ -264,7 +265,7 @@ mod tests {
         };
         let mut splitter = AnswerSplitter::new(&tools(), form);
         splitter.stream_arguments(stream);
-        let mut parts: Vec<Part> = rest
+        let mut parts: Vec<AnswerPart> = rest
             .chars()
             .flat_map(|c| splitter.push(&c.to_string()))
             .collect();
@@ -287,7 +288,7 @@ mod tests {
             let rest = rest_of_call(opener);
             let parts = primed_parts(opener, &forced, rest, false);
             assert!(
-                matches!(&parts[..], [Part::Call(c)] if c.name == "get_weather" && c.arguments == r#"{"city":"Paris"}"#),
+                matches!(&parts[..], [AnswerPart::Call(c)] if c.name == "get_weather" && c.arguments == r#"{"city":"Paris"}"#),
                 "{opener:?}: {parts:?}"
             );
             // Streamed: the arguments come as deltas of the same call.
@@ -296,11 +297,11 @@ mod tests {
             let mut ended = None;
             for part in &parts {
                 match part {
-                    Part::Stream(crate::tools::stream::CallDelta::Arguments(a)) => {
+                    AnswerPart::Stream(crate::tools::stream::CallDelta::Arguments(a)) => {
                         arguments.push_str(a)
                     }
-                    Part::Stream(crate::tools::stream::CallDelta::End(c)) => ended = Some(c),
-                    Part::Stream(_) => {}
+                    AnswerPart::Stream(crate::tools::stream::CallDelta::End(c)) => ended = Some(c),
+                    AnswerPart::Stream(_) => {}
                     other => panic!("{opener:?}: {other:?} in {parts:?}"),
                 }
             }
@@ -350,7 +351,7 @@ mod tests {
         let mut parts = splitter.push(rest_of_call(Opener::DeepSeekFenced));
         parts.extend(splitter.finish());
         assert!(
-            matches!(&parts[..], [Part::Call(c)] if c.name == "get_weather"),
+            matches!(&parts[..], [AnswerPart::Call(c)] if c.name == "get_weather"),
             "{parts:?}"
         );
     }

@@ -23,10 +23,10 @@
 //! streams; the APIs put reasoning before the answer, so an `analysis` message that comes after
 //! text or a call was released is left out of the answer.
 
-use crate::answer::Part;
+use crate::answer_part::AnswerPart;
+use crate::text_scan::held_suffix;
 use crate::tools::json::Ordered;
 use crate::tools::offered::Offered;
-use crate::tools::parse::held_suffix;
 use crate::tools::stream::{json_arguments, CallStreamer, Progress};
 use crate::tools::Tool;
 
@@ -110,7 +110,7 @@ impl HarmonyParser {
     }
 
     /// Streams what the open call's `progress` adds; at its `end`, ends it.
-    fn sync(&mut self, out: &mut Vec<Part>, progress: &[Progress], end: bool) {
+    fn sync(&mut self, out: &mut Vec<AnswerPart>, progress: &[Progress], end: bool) {
         let mut deltas = Vec::new();
         if end {
             self.streamer.finish(progress, &self.offered, &mut deltas);
@@ -120,11 +120,11 @@ impl HarmonyParser {
         if !deltas.is_empty() {
             self.answered = true;
         }
-        out.extend(deltas.into_iter().map(Part::Stream));
+        out.extend(deltas.into_iter().map(AnswerPart::Stream));
     }
 
     /// Feeds the next piece of generated text; returns what can be released now.
-    pub fn push(&mut self, delta: &str) -> Vec<Part> {
+    pub fn push(&mut self, delta: &str) -> Vec<AnswerPart> {
         self.pending.push_str(delta);
         let mut out = Vec::new();
         while self.step(&mut out, false) {}
@@ -132,24 +132,24 @@ impl HarmonyParser {
     }
 
     /// The end of the answer: every held piece.
-    pub fn finish(&mut self) -> Vec<Part> {
+    pub fn finish(&mut self) -> Vec<AnswerPart> {
         let mut out = Vec::new();
         while self.step(&mut out, true) {}
         let rest = std::mem::take(&mut self.pending);
         if !rest.trim().is_empty() {
-            self.emit(&mut out, Part::Text(rest));
+            self.emit(&mut out, AnswerPart::Text(rest));
         }
         out
     }
 
-    fn step(&mut self, out: &mut Vec<Part>, end: bool) -> bool {
+    fn step(&mut self, out: &mut Vec<AnswerPart>, end: bool) -> bool {
         match self.state.clone() {
             State::Header => self.step_header(end),
             State::Body(body) => self.step_body(out, body, end),
             State::Between => self.step_between(end),
             State::Plain => {
                 let text = std::mem::take(&mut self.pending);
-                self.emit(out, Part::Text(text));
+                self.emit(out, AnswerPart::Text(text));
                 false
             }
             State::Done => {
@@ -213,7 +213,7 @@ impl HarmonyParser {
         true
     }
 
-    fn step_body(&mut self, out: &mut Vec<Part>, body: Body, end: bool) -> bool {
+    fn step_body(&mut self, out: &mut Vec<AnswerPart>, body: Body, end: bool) -> bool {
         let found = ENDS
             .iter()
             .filter_map(|e| self.pending.find(e).map(|at| (at, *e)))
@@ -257,10 +257,10 @@ impl HarmonyParser {
                 let call = Ordered::parse(content.trim().as_bytes())
                     .and_then(|args| self.offered.json_call(name, Some(&args), None));
                 match call {
-                    Some(call) => self.emit(out, Part::Call(call)),
+                    Some(call) => self.emit(out, AnswerPart::Call(call)),
                     None => {
                         let text = format!("{raw}{}", &self.pending[..raw_end]);
-                        self.emit(out, Part::Text(text));
+                        self.emit(out, AnswerPart::Text(text));
                     }
                 }
             }
@@ -279,10 +279,10 @@ impl HarmonyParser {
         true
     }
 
-    fn body_text(&mut self, out: &mut Vec<Part>, body: &Body, text: String) {
+    fn body_text(&mut self, out: &mut Vec<AnswerPart>, body: &Body, text: String) {
         match body {
-            Body::Reasoning => self.emit(out, Part::Reasoning(text)),
-            _ => self.emit(out, Part::Text(text)),
+            Body::Reasoning => self.emit(out, AnswerPart::Reasoning(text)),
+            _ => self.emit(out, AnswerPart::Text(text)),
         }
     }
 
@@ -301,14 +301,14 @@ impl HarmonyParser {
 
     /// Sends a part, merging text with text and reasoning with reasoning; reasoning after
     /// the answer began is left out.
-    fn emit(&mut self, out: &mut Vec<Part>, part: Part) {
+    fn emit(&mut self, out: &mut Vec<AnswerPart>, part: AnswerPart) {
         match (&part, out.last_mut()) {
-            (Part::Text(t) | Part::Reasoning(t), _) if t.is_empty() => {}
-            (Part::Reasoning(_), _) if self.answered => {}
-            (Part::Text(t), Some(Part::Text(last))) => last.push_str(t),
-            (Part::Reasoning(t), Some(Part::Reasoning(last))) => last.push_str(t),
+            (AnswerPart::Text(t) | AnswerPart::Reasoning(t), _) if t.is_empty() => {}
+            (AnswerPart::Reasoning(_), _) if self.answered => {}
+            (AnswerPart::Text(t), Some(AnswerPart::Text(last))) => last.push_str(t),
+            (AnswerPart::Reasoning(t), Some(AnswerPart::Reasoning(last))) => last.push_str(t),
             _ => {
-                self.answered |= !matches!(part, Part::Reasoning(_));
+                self.answered |= !matches!(part, AnswerPart::Reasoning(_));
                 out.push(part);
             }
         }

@@ -2,7 +2,7 @@
 //! whole, split at every char boundary and char by char.
 
 use super::harmony::HarmonyParser;
-use crate::answer::Part;
+use crate::answer_part::AnswerPart;
 use crate::tools::block::testing::tools;
 use crate::tools::json::Ordered;
 use crate::tools::stream::CallDelta;
@@ -13,24 +13,24 @@ use crate::tools::stream::CallDelta;
 fn run_with(deltas: &[&str], stream: bool) -> Vec<(String, String)> {
     let mut p = HarmonyParser::new(&tools());
     p.stream_arguments(stream);
-    let mut parts: Vec<Part> = deltas.iter().flat_map(|d| p.push(d)).collect();
+    let mut parts: Vec<AnswerPart> = deltas.iter().flat_map(|d| p.push(d)).collect();
     parts.extend(p.finish());
     let mut out: Vec<(String, String)> = Vec::new();
     let mut open: Option<String> = None;
     for part in parts {
         let (kind, text) = match part {
-            Part::Reasoning(r) => ("reasoning".to_string(), r),
-            Part::Text(t) => ("text".to_string(), t),
-            Part::Call(c) => (c.name, c.arguments),
-            Part::Stream(CallDelta::Start { .. }) => {
+            AnswerPart::Reasoning(r) => ("reasoning".to_string(), r),
+            AnswerPart::Text(t) => ("text".to_string(), t),
+            AnswerPart::Call(c) => (c.name, c.arguments),
+            AnswerPart::Stream(CallDelta::Start { .. }) => {
                 open = Some(String::new());
                 continue;
             }
-            Part::Stream(CallDelta::Arguments(a)) => {
+            AnswerPart::Stream(CallDelta::Arguments(a)) => {
                 open.as_mut().expect("arguments in a call").push_str(&a);
                 continue;
             }
-            Part::Stream(CallDelta::End(c)) => {
+            AnswerPart::Stream(CallDelta::End(c)) => {
                 assert_eq!(open.take().as_deref(), Some(c.arguments.as_str()));
                 let args =
                     Ordered::parse(c.arguments.as_bytes()).map_or(c.arguments, |v| v.to_text());

@@ -346,3 +346,26 @@ pub fn parse_tool_calls(
     }
     Ok(out)
 }
+
+/// A fresh call id: 9 letters and digits, the shape Mistral's templates demand of the ids a
+/// client sends back (the other families take any string).
+pub fn call_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Mix so that consecutive ids differ in every position.
+    let mut x = micros ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 29;
+    (0..9)
+        .map(|_| {
+            let c = ALPHABET[(x % 62) as usize] as char;
+            x /= 62;
+            c
+        })
+        .collect()
+}

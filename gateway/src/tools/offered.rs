@@ -7,8 +7,7 @@
 //! (`tojson` for anything that is not a string).
 
 use crate::tools::json::Ordered;
-use crate::tools::parse::call_id;
-use crate::tools::{schema, Tool, ToolCall};
+use crate::tools::{call_id, schema, Tool, ToolCall};
 use serde_json::Value;
 
 /// The offered tools, their schemas parsed.

@@ -26,6 +26,7 @@
 //! when other text follows it (small models go on writing prose after the object); the text
 //! after it is text.
 
+use crate::text_scan::{held_suffix, json_value_len};
 use crate::tools::json::Ordered;
 use crate::tools::offered::Offered;
 use crate::tools::stream::{json_arguments, object_progress, CallDelta, CallStreamer, Progress};
@@ -503,29 +504,6 @@ impl ToolCallParser {
     }
 }
 
-/// A fresh call id: 9 letters and digits, the shape Mistral's templates demand of the ids a
-/// client sends back (the other families take any string).
-pub fn call_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    // Mix so that consecutive ids differ in every position.
-    let mut x = micros ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 29;
-    (0..9)
-        .map(|_| {
-            let c = ALPHABET[(x % 62) as usize] as char;
-            x /= 62;
-            c
-        })
-        .collect()
-}
-
 pub(crate) fn text(out: &mut Vec<ToolPiece>, t: &str) {
     if t.is_empty() {
         return;
@@ -552,41 +530,4 @@ fn scan_json(s: &str, end: bool) -> Scan {
         None if end => Scan::Invalid,
         None => Scan::Incomplete,
     }
-}
-
-/// The length of the JSON object or array at the start of `s` (strings and escapes
-/// respected), if it is complete there.
-pub(crate) fn json_value_len(s: &str) -> Option<usize> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, b) in s.bytes().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i + 1);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of `marker`.
-pub(crate) fn held_suffix(text: &str, marker: &str) -> usize {
-    text.char_indices()
-        .map(|(i, _)| &text[i..])
-        .find(|s| marker.starts_with(s) && s.len() < marker.len())
-        .map_or(0, str::len)
 }

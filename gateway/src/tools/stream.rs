@@ -26,9 +26,9 @@
 //! the block's text at each delta), and [`CallStreamer`] turns the growth into
 //! [`CallDelta`]s: calls in order, each one's arguments only ever appended to.
 
+use crate::text_scan::{held_suffix, json_value_len};
 use crate::tools::offered::Offered;
-use crate::tools::parse::{call_id, held_suffix};
-use crate::tools::ToolCall;
+use crate::tools::{call_id, ToolCall};
 
 /// One step of a streamed call.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,7 +156,7 @@ pub fn json_arguments<'a>(text: &'a str, end_marker: &str) -> Option<(&'a str, b
     if !text.starts_with('{') {
         return None;
     }
-    match super::parse::json_value_len(text) {
+    match json_value_len(text) {
         Some(len) => Some((&text[..len], true)),
         None => Some((&text[..text.len() - held_suffix(text, end_marker)], false)),
     }
@@ -189,7 +189,7 @@ pub fn object_progress(text: &str, end_marker: &str) -> Option<Progress> {
             }
             _ => {
                 let len = match rest.as_bytes().first()? {
-                    b'{' | b'[' => super::parse::json_value_len(rest)?,
+                    b'{' | b'[' => json_value_len(rest)?,
                     b'"' => rest.len() - json_string(rest)?.1.len(),
                     _ => rest.find([',', '}'])?,
                 };

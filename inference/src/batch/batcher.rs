@@ -23,7 +23,7 @@
 //! room the running sequences leave within `kv_tokens`: it is cut before any sequence waits
 //! or is preempted for lack of room.
 
-use super::forward::{BatchForward, Part};
+use super::batch_forward::{BatchForward, BatchPart};
 use super::prompt_cache::PromptCache;
 use super::slot_kv::Slot;
 use crate::error::{InferenceError, Result};
@@ -273,11 +273,11 @@ impl<'a> Batcher<'a> {
             return Ok(events);
         }
         let logits = {
-            let parts: Vec<Part<'_>> = plan
+            let parts: Vec<BatchPart<'_>> = plan
                 .iter()
                 .map(|&(i, n)| {
                     let s = &self.active[i];
-                    Part {
+                    BatchPart {
                         slot: s.slot.expect("an active sequence has a slot"),
                         tokens: &s.context[s.fed..s.fed + n],
                         wants_logits: n == s.pending(),

@@ -15,12 +15,12 @@
 //! **Prompt cache** ([`PromptCache`]): the states of ended requests, so that the next turn
 //! of a chat or another request with the same system prompt skips that prefill.
 
+mod batch_forward;
 mod batcher;
-mod forward;
 
+pub(crate) use batch_forward::rows_to_host;
+pub use batch_forward::{BatchForward, BatchPart, LocalBatch, LOCAL_STEP_TOKENS};
 pub use batcher::{BatchEvent, BatchLimits, BatchStats, Batcher};
-pub(crate) use forward::rows_to_host;
-pub use forward::{BatchForward, LocalBatch, Part, LOCAL_STEP_TOKENS};
 
 mod limits;
 pub use limits::{batch_limits_of, DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};
@@ -32,6 +32,9 @@ pub use ring_plan::{
 
 mod ring_batch;
 pub use ring_batch::RingBatch;
+
+mod one_sequence;
+pub use one_sequence::OneSequence;
 
 mod slot_kv;
 pub use slot_kv::{Slot, SlotKv};

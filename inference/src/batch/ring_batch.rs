@@ -2,12 +2,12 @@
 //! each step's [`StepPlan`] (see `ring_plan.rs`) travelling with the step. Its own file so that
 //! the plan, which every [`Stage`] reads, does not depend on the stage.
 
-use super::forward::{BatchForward, Part};
+use super::batch_forward::{BatchForward, BatchPart};
 use super::ring_plan::{PlannedPart, StepPlan, MAX_PLAN_SEQUENCES};
 use super::slot_kv::Slot;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::forward::DISTRIBUTED_PREFILL_CHUNK;
+use crate::sequence_forward::DISTRIBUTED_PREFILL_CHUNK;
 use crate::stage::Stage;
 use std::collections::BTreeSet;
 
@@ -45,7 +45,7 @@ impl BatchForward for RingBatch<'_> {
     }
 
     fn step_tokens(&self) -> usize {
-        self.stage.max_chunk().clamp(1, DISTRIBUTED_PREFILL_CHUNK)
+        DISTRIBUTED_PREFILL_CHUNK
     }
 
     fn open(&mut self) -> Result<Slot> {
@@ -70,7 +70,7 @@ impl BatchForward for RingBatch<'_> {
         }
     }
 
-    fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>> {
+    fn step(&mut self, parts: &[BatchPart<'_>]) -> Result<Vec<Vec<f32>>> {
         if parts.is_empty() {
             // Closed slots wait for the next step that runs something.
             return Ok(Vec::new());

@@ -2,8 +2,6 @@
 //! `config.json` or from GGUF metadata.
 
 use crate::error::{InferenceError, Result};
-use crate::gguf::{GgufFile, GgufValue};
-use serde_json::Value;
 
 pub use crate::sliding_window::SlidingWindow;
 pub use moe::{MoeConfig, RouterKind};
@@ -12,6 +10,7 @@ pub use quantization::QuantizationConfig;
 mod moe;
 mod parameters;
 mod quantization;
+mod read;
 mod validate;
 
 /// The decoder families this crate runs; each has its file in [`crate::models`], holding its
@@ -176,16 +175,33 @@ pub struct ModelConfig {
     pub attention: AttentionConfig,
 }
 
-/// Numbers only one family's configuration has (its own file defines and reads them).
+/// Numbers only one family's configuration has (its own file in [`crate::models`] reads them
+/// from config.json).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum FamilyParams {
     /// Nothing beyond the shared numbers.
     #[default]
     None,
     /// gpt-oss's.
-    GptOss(crate::models::gpt_oss::GptOssParams),
+    GptOss(GptOssParams),
     /// Gemma 3's.
-    Gemma3(crate::models::gemma3::Gemma3Params),
+    Gemma3(Gemma3Params),
+}
+
+/// What gpt-oss's configuration holds beyond the shared numbers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GptOssParams {
+    /// `swiglu_limit`: where the experts' gate (from above) and up (both sides) are clamped.
+    pub swiglu_limit: f32,
+}
+
+/// What Gemma 3's configuration holds beyond the shared numbers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Gemma3Params {
+    /// Queries are scaled by `query_pre_attn_scalar^-1/2` (not `head_dim^-1/2`).
+    pub query_pre_attn_scalar: f32,
+    /// RoPE base of the local (sliding) layers.
+    pub rope_local_base_freq: f32,
 }
 
 /// What a family's attention has beyond grouped-query heads of `head_dim`, filled in by the
@@ -234,228 +250,5 @@ impl LatentConfig {
     /// Numbers one position keeps in one layer's cache: the latent and the rotated key.
     pub fn cached_width(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
-    }
-}
-
-fn req_usize(v: &Value, key: &str) -> Result<usize> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map(|x| x as usize)
-        .ok_or_else(|| InferenceError::BadConfig(format!("config.json has no integer `{key}`")))
-}
-
-impl ModelConfig {
-    /// Reads a Hugging Face `config.json` (already parsed).
-    pub fn from_hf_json(v: &Value) -> Result<ModelConfig> {
-        let model_type = v
-            .get("model_type")
-            .and_then(Value::as_str)
-            .ok_or_else(|| InferenceError::BadConfig("config.json has no `model_type`".into()))?;
-        let architecture = Architecture::parse(model_type)?;
-        let hidden_size = req_usize(v, "hidden_size")?;
-        let num_heads = req_usize(v, "num_attention_heads")?;
-        let num_kv_heads = v
-            .get("num_key_value_heads")
-            .and_then(Value::as_u64)
-            .map(|x| x as usize)
-            .unwrap_or(num_heads);
-        let head_dim = v
-            .get("head_dim")
-            .and_then(Value::as_u64)
-            .map(|x| x as usize)
-            .unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
-        let f =
-            |key: &str, default: f64| v.get(key).and_then(Value::as_f64).unwrap_or(default) as f32;
-        let rope_scaling = match v.get("rope_scaling") {
-            Some(s) if s.is_object() => {
-                let kind = s
-                    .get("rope_type")
-                    .or_else(|| s.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("default");
-                let g = |key: &str, default: f64| {
-                    s.get(key).and_then(Value::as_f64).unwrap_or(default) as f32
-                };
-                match kind {
-                    "default" => RopeScaling::None,
-                    "linear" => RopeScaling::Linear {
-                        factor: g("factor", 1.0),
-                    },
-                    "llama3" => RopeScaling::Llama3 {
-                        factor: g("factor", 8.0),
-                        low_freq_factor: g("low_freq_factor", 1.0),
-                        high_freq_factor: g("high_freq_factor", 4.0),
-                        original_max_position: g("original_max_position_embeddings", 8192.0),
-                    },
-                    "yarn" | "deepseek_yarn" => RopeScaling::Yarn {
-                        factor: g("factor", 1.0),
-                        original_max_position: g("original_max_position_embeddings", 4096.0),
-                        beta_fast: g("beta_fast", 32.0),
-                        beta_slow: g("beta_slow", 1.0),
-                        mscale: g("mscale", 1.0),
-                        mscale_all_dim: g("mscale_all_dim", 0.0),
-                    },
-                    other => {
-                        return Err(InferenceError::BadConfig(format!(
-                            "rope_scaling type `{other}` is not supported (linear, llama3 and \
-                             yarn are)"
-                        )))
-                    }
-                }
-            }
-            _ => RopeScaling::None,
-        };
-        let quantization = v
-            .get("quantization")
-            .filter(|q| q.is_object())
-            .map(QuantizationConfig::from_json)
-            .transpose()?;
-        let moe = match architecture {
-            Architecture::Qwen3Moe => Some(MoeConfig {
-                num_experts: req_usize(v, "num_experts")?,
-                experts_per_token: req_usize(v, "num_experts_per_tok")?,
-                expert_width: req_usize(v, "moe_intermediate_size")?,
-                router: RouterKind::SoftmaxTopK {
-                    normalize: v
-                        .get("norm_topk_prob")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                },
-                dense_layers: v
-                    .get("mlp_only_layers")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_u64)
-                            .map(|x| x as usize)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                sparse_step: v
-                    .get("decoder_sparse_step")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(1) as usize,
-                first_dense: 0,
-                shared_width: 0,
-            }),
-            _ => None,
-        };
-        let mut config = ModelConfig {
-            architecture,
-            hidden_size,
-            num_layers: req_usize(v, "num_hidden_layers")?,
-            intermediate_size: req_usize(v, "intermediate_size")?,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            vocab_size: req_usize(v, "vocab_size")?,
-            rms_norm_eps: f("rms_norm_eps", 1e-6),
-            rope_theta: f("rope_theta", 10000.0),
-            rope_scaling,
-            max_position_embeddings: v
-                .get("max_position_embeddings")
-                .and_then(Value::as_u64)
-                .unwrap_or(4096) as usize,
-            tie_word_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            attention_bias: match architecture {
-                Architecture::Qwen2 => true,
-                _ => v
-                    .get("attention_bias")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-            },
-            quantization,
-            moe,
-            sliding_window: None,
-            family_params: FamilyParams::None,
-            attention: AttentionConfig::default(),
-        };
-        crate::models::family(architecture).configure(v, &mut config)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads GGUF metadata and the tensor directory (for tied embeddings and biases).
-    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
-        let arch_name = file
-            .get("general.architecture")
-            .and_then(GgufValue::as_str)
-            .ok_or_else(|| {
-                InferenceError::BadConfig("GGUF metadata has no general.architecture".into())
-            })?
-            .to_owned();
-        let architecture = Architecture::parse(&arch_name)?;
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let req = |k: &str| -> Result<usize> {
-            file.get(&key(k))
-                .and_then(GgufValue::as_u64)
-                .map(|x| x as usize)
-                .ok_or_else(|| {
-                    InferenceError::BadConfig(format!("GGUF metadata has no `{}`", key(k)))
-                })
-        };
-        let hidden_size = req("embedding_length")?;
-        let num_heads = req("attention.head_count")?;
-        let num_kv_heads = req("attention.head_count_kv").unwrap_or(num_heads);
-        let head_dim =
-            req("attention.key_length").unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
-        let vocab_size = match req("vocab_size") {
-            Ok(v) => v,
-            Err(_) => match file.get("tokenizer.ggml.tokens") {
-                Some(GgufValue::Array(a)) => a.len(),
-                _ => file
-                    .tensors
-                    .get("token_embd.weight")
-                    .map(|t| t.shape[0])
-                    .ok_or_else(|| {
-                        InferenceError::BadConfig("cannot tell the vocabulary size".into())
-                    })?,
-            },
-        };
-        let fl = |k: &str, default: f64| {
-            file.get(&key(k))
-                .and_then(GgufValue::as_f64)
-                .unwrap_or(default) as f32
-        };
-        let rope_scaling = match file
-            .get(&key("rope.scaling.type"))
-            .and_then(GgufValue::as_str)
-        {
-            Some("linear") => RopeScaling::Linear {
-                factor: fl("rope.scaling.factor", 1.0),
-            },
-            Some("none") | None => RopeScaling::None,
-            Some(other) => {
-                return Err(InferenceError::BadConfig(format!(
-                    "rope scaling type `{other}` is not supported (linear and llama3 are)"
-                )))
-            }
-        };
-        let config = ModelConfig {
-            architecture,
-            hidden_size,
-            num_layers: req("block_count")?,
-            intermediate_size: req("feed_forward_length")?,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            vocab_size,
-            rms_norm_eps: fl("attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta: fl("rope.freq_base", 10000.0),
-            rope_scaling,
-            max_position_embeddings: req("context_length").unwrap_or(4096),
-            tie_word_embeddings: !file.tensors.contains_key("output.weight"),
-            attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
-            quantization: None,
-            moe: None,
-            sliding_window: None,
-            family_params: FamilyParams::None,
-            attention: AttentionConfig::default(),
-        };
-        config.validate()?;
-        Ok(config)
     }
 }

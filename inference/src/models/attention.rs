@@ -3,7 +3,7 @@
 //! cache ([`Attention::forward`]) or of every decoding row at once ([`crate::kv_rows`]). Each
 //! attention cuts itself for tensor parallelism by heads ([`Attention::cut`]).
 
-use super::base::{all_sum, check_shape, layer_tensor};
+use super::parts::{all_sum, check_shape, layer_tensor};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;

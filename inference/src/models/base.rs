@@ -5,16 +5,18 @@
 //! tensor names; nothing here asks which family it serves.
 
 pub use super::attention::{Attention, HeadNorms, NormSpan};
+pub use super::mlp::{GateActivation, Mlp};
 use super::moe::MoeBlock;
+pub(crate) use super::parts::{check_shape, gguf_part_in, layer_tensor};
 use crate::config::ModelConfig;
-use crate::error::{InferenceError, Result};
+use crate::error::Result;
 use crate::kv_cache::LayerCache;
 use crate::kv_rows::LayerKv;
-use crate::linear::{Linear, Matrix};
+use crate::linear::Matrix;
 use crate::ring::RingGroup;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::fast;
-use mlx_rs::{nn, ops, Array};
+use mlx_rs::{ops, Array};
 use std::sync::Arc;
 
 /// What makes a model family: how one of its decoder blocks is read from its tensors, and the
@@ -59,8 +61,8 @@ pub trait Family: GgufNames {
 
     /// The counts a tensor-parallel ring size must divide (heads, widths, their quantization
     /// groups): what placement checks before it places, and the cut checks again.
-    fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_split::TensorDivisor> {
-        crate::tensor_split::standard_divisors(config)
+    fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_divisors::TensorDivisor> {
+        crate::tensor_divisors::standard_divisors(config)
     }
 }
 
@@ -78,139 +80,12 @@ pub(crate) const LAYER_TENSORS: &[(&str, &str)] = &[
     ("post_attention_layernorm", "ffn_norm"),
 ];
 
-/// The GGUF name of `hf_part` in the tables of a family's tensors.
-pub(crate) fn gguf_part_in<'a>(
-    tables: impl IntoIterator<Item = &'a (&'static str, &'static str)>,
-    hf_part: &str,
-) -> Option<&'static str> {
-    tables
-        .into_iter()
-        .find(|(hf, _)| *hf == hf_part)
-        .map(|(_, gguf)| *gguf)
-}
-
 /// Biases of the Q, K and V projections (Qwen2 always, Llama when configured).
 pub(crate) const QKV_BIASES: &[&str] = &[
     "self_attn.q_proj.bias",
     "self_attn.k_proj.bias",
     "self_attn.v_proj.bias",
 ];
-
-/// The name of tensor `part` (`self_attn.q_proj.weight`) of layer `layer`.
-pub(crate) fn layer_tensor(layer: usize, part: &str) -> String {
-    format!("model.layers.{layer}.{part}")
-}
-
-/// Adds up a row-parallel projection's partial results over the tensor-parallel ring.
-pub(crate) fn all_sum(partial: Array, reduce: &Option<Arc<RingGroup>>) -> Result<Array> {
-    match reduce {
-        Some(group) => Ok(group.all_sum(&partial)?),
-        None => Ok(partial),
-    }
-}
-
-/// What a gated MLP applies to its gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateActivation {
-    /// `silu` (SwiGLU: Llama, Qwen).
-    Silu,
-    /// The tanh approximation of GELU (GeGLU: Gemma's `gelu_pytorch_tanh`).
-    GeluApprox,
-}
-
-/// The gated feed-forward: `down(act(gate(x)) * up(x))`, SwiGLU unless the family says.
-#[derive(Debug, Clone)]
-pub struct Mlp {
-    pub(crate) gate_proj: Linear,
-    pub(crate) up_proj: Linear,
-    pub(crate) down_proj: Linear,
-    pub(crate) activation: GateActivation,
-    /// Tensor parallel: see [`Attention`].
-    pub(crate) reduce: Option<Arc<RingGroup>>,
-}
-
-impl Mlp {
-    /// The MLP of layer `layer`, checked against the configuration.
-    pub(crate) fn load(
-        config: &ModelConfig,
-        source: &mut dyn TensorSource,
-        layer: usize,
-        format: WeightFormat,
-    ) -> Result<Mlp> {
-        let prefix = layer_tensor(layer, "mlp");
-        Mlp::load_at(config, source, &prefix, config.intermediate_size, format)
-    }
-
-    /// The MLP `width` units wide under `prefix` (`model.layers.3.mlp.shared_experts`).
-    pub(crate) fn load_at(
-        config: &ModelConfig,
-        source: &mut dyn TensorSource,
-        prefix: &str,
-        width: usize,
-        format: WeightFormat,
-    ) -> Result<Mlp> {
-        let p = |part: &str| format!("{prefix}.{part}");
-        let mlp = Mlp {
-            gate_proj: source.linear(&p("gate_proj"), format)?,
-            up_proj: source.linear(&p("up_proj"), format)?,
-            down_proj: source.linear(&p("down_proj"), format)?,
-            activation: GateActivation::Silu,
-            reduce: None,
-        };
-        check_shape(&mlp.gate_proj.weight, &p("gate_proj"), width)?;
-        check_shape(&mlp.up_proj.weight, &p("up_proj"), width)?;
-        check_shape(&mlp.down_proj.weight, &p("down_proj"), config.hidden_size)?;
-        Ok(mlp)
-    }
-
-    /// With another activation on the gate.
-    pub(crate) fn with_activation(self, activation: GateActivation) -> Mlp {
-        Mlp { activation, ..self }
-    }
-
-    /// Applies the block.
-    pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = self.gate_proj.forward(x)?;
-        let gate = match self.activation {
-            GateActivation::Silu => nn::silu(gate)?,
-            GateActivation::GeluApprox => nn::gelu_approximate(gate)?,
-        };
-        let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
-        all_sum(self.down_proj.forward(&h)?, &self.reduce)
-    }
-
-    pub(crate) fn arrays(&self) -> Vec<&Array> {
-        [&self.gate_proj, &self.up_proj, &self.down_proj]
-            .into_iter()
-            .flat_map(Linear::arrays)
-            .collect()
-    }
-
-    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance: its share of the hidden
-    /// units (gate and up by rows, down by columns).
-    pub(crate) fn cut(
-        &self,
-        rank: usize,
-        size: usize,
-        group: &Arc<RingGroup>,
-        what: &str,
-    ) -> Result<Mlp> {
-        let width = self.gate_proj.weight.out_rows();
-        if !width.is_multiple_of(size) {
-            return Err(InferenceError::BadSplit(format!(
-                "{what}: an MLP of {width} units cannot be split over {size} ranks"
-            )));
-        }
-        let (f0, f1) = (rank * width / size, (rank + 1) * width / size);
-        Ok(Mlp {
-            gate_proj: self.gate_proj.slice_rows(f0, f1)?,
-            up_proj: self.up_proj.slice_rows(f0, f1)?,
-            down_proj: self.down_proj.slice_columns(f0, f1, size, what)?,
-            activation: self.activation,
-            reduce: Some(group.clone()),
-        })
-    }
-}
 
 /// A block's feed-forward: a dense SwiGLU MLP or a Mixture of Experts (the family decides,
 /// layer by layer).
@@ -448,16 +323,4 @@ impl DecoderLayer {
         );
         v
     }
-}
-
-/// Fails unless `m` has `rows` output rows.
-pub(crate) fn check_shape(m: &Matrix, name: &str, rows: usize) -> Result<()> {
-    let got = m.out_rows();
-    if got != rows {
-        return Err(InferenceError::BadTensor {
-            name: name.to_owned(),
-            reason: format!("expected {rows} rows, found {got}"),
-        });
-    }
-    Ok(())
 }

@@ -13,21 +13,12 @@ use super::base::{
     gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation,
     HeadNorms, Mlp, OutputNorms, LAYER_TENSORS,
 };
-use crate::config::{FamilyParams, ModelConfig, RopeScaling, SlidingWindow};
+use crate::config::{FamilyParams, Gemma3Params, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::{ops, Array, Dtype};
 use serde_json::Value;
-
-/// What Gemma 3's configuration holds beyond the shared numbers.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Gemma3Params {
-    /// Queries are scaled by `query_pre_attn_scalar^-1/2` (not `head_dim^-1/2`).
-    pub query_pre_attn_scalar: f32,
-    /// RoPE base of the local (sliding) layers.
-    pub rope_local_base_freq: f32,
-}
 
 /// Gemma's norms beyond the shared block's, with their GGUF names.
 const NORMS: &[(&str, &str)] = &[

@@ -17,20 +17,15 @@ use super::base::{gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, F
 use super::moe::{ExpertActivation, ExpertBiases, Experts, MoeBlock};
 #[cfg(test)]
 use crate::config::RopeScaling;
-use crate::config::{FamilyParams, ModelConfig, MoeConfig, RouterKind, SlidingWindow};
+use crate::config::{
+    FamilyParams, GptOssParams, ModelConfig, MoeConfig, RouterKind, SlidingWindow,
+};
 use crate::error::{InferenceError, Result};
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
-use crate::tensor_split::TensorDivisor;
+use crate::tensor_divisors::TensorDivisor;
 use crate::weights::{GgufNames, Stacked, TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
-
-/// What gpt-oss's configuration holds beyond the shared numbers.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct GptOssParams {
-    /// `swiglu_limit`: where the experts' gate (from above) and up (both sides) are clamped.
-    pub swiglu_limit: f32,
-}
 
 /// The clamped SwiGLU's `alpha`: a constant of the architecture, not in config.json.
 const SWIGLU_ALPHA: f32 = 1.702;
@@ -142,7 +137,10 @@ impl Family for GptOss {
     /// are mxfp4 in both layouts); the output projection's inputs in the groups the
     /// attention is quantized in (64 at mlx-community's 4 and 8 bits, not the default 32).
     fn tensor_divisors(&self, config: &ModelConfig) -> Vec<TensorDivisor> {
-        let divisor = |what: String, count: usize| TensorDivisor { what, count };
+        let divisor = |what: String, count: usize| TensorDivisor {
+            what,
+            count: crate::tensor_divisors::count_of(count),
+        };
         let mut out = vec![
             divisor("attention heads".into(), config.num_heads),
             divisor("key/value heads".into(), config.num_kv_heads),

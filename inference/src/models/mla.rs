@@ -19,7 +19,7 @@
 //! Tensor parallel: each rank keeps its heads (`q_b_proj` rows, `embed_q`/`unembed_out` heads,
 //! `o_proj` columns); the latent projection and the latent cache are whole on every rank.
 
-use super::base::all_sum;
+use super::parts::all_sum;
 use crate::config::LatentConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;

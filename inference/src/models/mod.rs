@@ -1,7 +1,8 @@
 //! The decoders, laid out as mlx-lm lays out its models: a small shared base ([`base`]:
 //! attention, MLP, the pre-norm block), one file per family, each with its own block and tensor
-//! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`], [`gemma3`]), the Mixture-of-Experts feed-forward
-//! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`glm4_moe`], [`minimax`], [`deepseek_v3`] with its latent attention [`mla`]), the Mixture-of-Experts feed-forward
+//! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`], [`gemma3`], [`glm4_moe`],
+//! [`minimax`], [`deepseek_v3`] with its latent attention [`mla`]), the Mixture-of-Experts
+//! feed-forward
 //! the MoE families share ([`moe`]), and the shard that runs a layer range of any of
 //! them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
 //!
@@ -17,7 +18,9 @@ pub mod gpt_oss;
 pub mod llama;
 pub mod minimax;
 pub mod mla;
+pub mod mlp;
 pub mod moe;
+mod parts;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;

@@ -11,7 +11,8 @@
 //! rows, down by input columns) and the whole router, so the ranks route alike and one
 //! `all_sum` adds the partial outputs.
 
-use super::base::{layer_tensor, Mlp};
+use super::mlp::Mlp;
+use super::parts::layer_tensor;
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::linear::{Linear, Matrix};

@@ -1,5 +1,5 @@
 //! The runner's lifecycle as a state machine, without IO (as the mesh's protocol core): the
-//! node's commands and the outcomes of the work the core asked for go in ([`Input`]); the
+//! node's commands and the outcomes of the work the core asked for go in ([`RunnerInput`]); the
 //! events for the node and the work to do come out ([`Output`]). The IO loop
 //! ([`super::io`]) reads frames, does the work (joins the ring, loads, generates) and feeds the
 //! results back; every decision about what a command means in the current state is made here,
@@ -14,7 +14,7 @@
 //! forwarded at once; a `Shutdown` waits until the requests in flight have ended (and new
 //! ones are refused meanwhile).
 
-use super::protocol::{Command, Event, RunnerStatus, Sharding};
+use super::protocol::{Event, NodeCommand, RunnerStatus, Sharding};
 use crate::request::{Completion, GenerateRequest, TokenLogprobs};
 use crate::weights::WeightFormat;
 use std::collections::{BTreeSet, VecDeque};
@@ -34,7 +34,7 @@ pub struct Seat {
 /// Why a load ended without a model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoadFailure {
-    /// The watchdog's timeout passed (already reported through [`Input::LoadTimedOut`]).
+    /// The watchdog's timeout passed (already reported through [`RunnerInput::LoadTimedOut`]).
     TimedOut,
     /// Anything else, with the reason.
     Failed(String),
@@ -51,11 +51,11 @@ pub struct GenerateFailure {
 
 /// What the core reacts to.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Input {
+pub enum RunnerInput {
     /// The process is up; `Err` when MLX does not work in it.
     Started(Result<(), String>),
     /// A command from the node.
-    Command(Command),
+    Command(NodeCommand),
     /// A frame that could not be read (reported, then skipped).
     BadFrame(String),
     /// A well-formed frame for request `id` whose message could not be read: that request
@@ -66,7 +66,7 @@ pub enum Input {
         /// Why its message was refused.
         reason: String,
     },
-    /// The outcome of [`Action::Connect`].
+    /// The outcome of [`RunnerAction::Connect`].
     Connected(Result<Seat, String>),
     /// Loading made progress.
     LoadProgress {
@@ -80,9 +80,9 @@ pub enum Input {
         /// The timeout, in seconds.
         seconds: u64,
     },
-    /// The outcome of [`Action::Load`]: `Ok(whole)`, whether the shard holds every layer.
+    /// The outcome of [`RunnerAction::Load`]: `Ok(whole)`, whether the shard holds every layer.
     Loaded(Result<bool, LoadFailure>),
-    /// The outcome of [`Action::WarmUp`] or [`Action::Serve`].
+    /// The outcome of [`RunnerAction::WarmUp`] or [`RunnerAction::Serve`].
     WarmedUp(Result<(), String>),
     /// The generation in flight produced a token.
     Token {
@@ -104,7 +104,7 @@ pub enum Input {
         /// Prompt tokens reused.
         tokens: usize,
     },
-    /// The outcome of [`Action::Generate`].
+    /// The outcome of [`RunnerAction::Generate`].
     Generated {
         /// The request.
         id: u64,
@@ -119,8 +119,8 @@ pub enum Input {
 
 /// Work the core asks of its IO loop.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// Join the ring as `rank` of `hosts` within `timeout_ms`; answer [`Input::Connected`].
+pub enum RunnerAction {
+    /// Join the ring as `rank` of `hosts` within `timeout_ms`; answer [`RunnerInput::Connected`].
     Connect {
         /// This rank.
         rank: usize,
@@ -129,8 +129,8 @@ pub enum Action {
         /// The deadline, in milliseconds.
         timeout_ms: u64,
     },
-    /// Load the model (under the watchdog); answer [`Input::LoadProgress`]… and
-    /// [`Input::Loaded`].
+    /// Load the model (under the watchdog); answer [`RunnerInput::LoadProgress`]… and
+    /// [`RunnerInput::Loaded`].
     Load {
         /// GGUF file or Hugging Face folder.
         model: String,
@@ -142,12 +142,12 @@ pub enum Action {
         sharding: Option<Sharding>,
     },
     /// Run a one-token generation (the whole model, or rank 0 through the ring); answer
-    /// [`Input::WarmedUp`].
+    /// [`RunnerInput::WarmedUp`].
     WarmUp,
-    /// A rank above 0: serve the ring on its own thread; answer [`Input::WarmedUp`] once it
-    /// runs, and [`Input::Served`] when it ends.
+    /// A rank above 0: serve the ring on its own thread; answer [`RunnerInput::WarmedUp`] once it
+    /// runs, and [`RunnerInput::Served`] when it ends.
     Serve,
-    /// Add a request to the batch; answer [`Input::Token`]s and [`Input::Generated`].
+    /// Add a request to the batch; answer [`RunnerInput::Token`]s and [`RunnerInput::Generated`].
     Generate {
         /// The request.
         id: u64,
@@ -171,7 +171,7 @@ pub enum Output {
     /// An event for the node.
     Event(Event),
     /// Work for the IO loop.
-    Action(Action),
+    Action(RunnerAction),
 }
 
 /// The part of a multi-rank instance this rank plays, or the whole model.
@@ -187,7 +187,7 @@ enum Role {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Before [`Input::Started`].
+    /// Before [`RunnerInput::Started`].
     Starting,
     /// Waiting for a `Connect` or a `Load`.
     Unloaded,
@@ -219,7 +219,7 @@ pub struct RunnerCore {
     /// Requests running (taken, not yet ended).
     running: BTreeSet<u64>,
     /// Inputs held back until no request runs (a shutdown).
-    deferred: VecDeque<Input>,
+    deferred: VecDeque<RunnerInput>,
 }
 
 impl RunnerCore {
@@ -242,7 +242,7 @@ impl RunnerCore {
     }
 
     /// Reacts to `input`.
-    pub fn handle(&mut self, input: Input) -> Vec<Output> {
+    pub fn handle(&mut self, input: RunnerInput) -> Vec<Output> {
         let mut out = Vec::new();
         self.step(input, &mut out);
         // Inputs held back while requests ran, once none does.
@@ -255,36 +255,36 @@ impl RunnerCore {
         out
     }
 
-    fn step(&mut self, input: Input, out: &mut Vec<Output>) {
+    fn step(&mut self, input: RunnerInput, out: &mut Vec<Output>) {
         if self.phase == Phase::Exited {
             return;
         }
         match input {
-            Input::Started(Ok(())) => {
+            RunnerInput::Started(Ok(())) => {
                 self.phase = Phase::Unloaded;
                 state(out, RunnerStatus::Idle);
             }
-            Input::Started(Err(e)) => {
+            RunnerInput::Started(Err(e)) => {
                 self.fail(out, format!("MLX does not work in this process: {e}"))
             }
-            Input::Command(Command::Cancel { id }) => self.cancel(id, out),
-            Input::Command(Command::Shutdown) if !self.running.is_empty() => {
-                self.deferred.push_back(Input::Command(Command::Shutdown))
-            }
-            Input::Command(command) => self.command(command, out),
-            Input::BadFrame(message) => error(out, None, message),
-            Input::BadRequest { id, reason } => error(
+            RunnerInput::Command(NodeCommand::Cancel { id }) => self.cancel(id, out),
+            RunnerInput::Command(NodeCommand::Shutdown) if !self.running.is_empty() => self
+                .deferred
+                .push_back(RunnerInput::Command(NodeCommand::Shutdown)),
+            RunnerInput::Command(command) => self.command(command, out),
+            RunnerInput::BadFrame(message) => error(out, None, message),
+            RunnerInput::BadRequest { id, reason } => error(
                 out,
                 Some(id),
                 format!("the runner could not read this request ({reason}); nothing was run"),
             ),
-            Input::Connected(Ok(seat)) => {
+            RunnerInput::Connected(Ok(seat)) => {
                 self.seat = Some(seat);
                 self.phase = Phase::Unloaded;
                 state(out, RunnerStatus::Connected);
             }
-            Input::Connected(Err(reason)) => self.fail(out, reason),
-            Input::LoadProgress { done, total } => {
+            RunnerInput::Connected(Err(reason)) => self.fail(out, reason),
+            RunnerInput::LoadProgress { done, total } => {
                 if self.phase == (Phase::Loading { timed_out: false }) {
                     state(
                         out,
@@ -295,7 +295,7 @@ impl RunnerCore {
                     );
                 }
             }
-            Input::LoadTimedOut { seconds } => {
+            RunnerInput::LoadTimedOut { seconds } => {
                 self.phase = Phase::Loading { timed_out: true };
                 state(
                     out,
@@ -304,9 +304,9 @@ impl RunnerCore {
                     },
                 );
             }
-            Input::Loaded(result) => self.loaded(result, out),
-            Input::WarmedUp(result) => self.warmed_up(result, out),
-            Input::Token {
+            RunnerInput::Loaded(result) => self.loaded(result, out),
+            RunnerInput::WarmedUp(result) => self.warmed_up(result, out),
+            RunnerInput::Token {
                 id,
                 token,
                 text,
@@ -323,19 +323,19 @@ impl RunnerCore {
                     }));
                 }
             }
-            Input::Cached { id, tokens } => {
+            RunnerInput::Cached { id, tokens } => {
                 if self.running.contains(&id) {
                     out.push(Output::Event(Event::Cached { id, tokens }));
                 }
             }
-            Input::Generated { id, result } => self.generated(id, result, out),
-            Input::Stepped => {
+            RunnerInput::Generated { id, result } => self.generated(id, result, out),
+            RunnerInput::Stepped => {
                 if !self.running.is_empty() {
                     out.push(Output::Event(Event::Stepped));
                 }
             }
-            Input::Served(Ok(_steps)) => self.exit(out, 0),
-            Input::Served(Err(e)) => {
+            RunnerInput::Served(Ok(_steps)) => self.exit(out, 0),
+            RunnerInput::Served(Err(e)) => {
                 let whom = self.seat.as_ref().map_or(String::new(), |s| {
                     format!("rank {} of {} ({})", s.rank, s.size, s.neighbours)
                 });
@@ -344,9 +344,9 @@ impl RunnerCore {
         }
     }
 
-    fn command(&mut self, command: Command, out: &mut Vec<Output>) {
+    fn command(&mut self, command: NodeCommand, out: &mut Vec<Output>) {
         match command {
-            Command::Connect {
+            NodeCommand::Connect {
                 rank,
                 hosts,
                 timeout_ms,
@@ -366,14 +366,14 @@ impl RunnerCore {
                 state(out, RunnerStatus::Connecting);
                 act(
                     out,
-                    Action::Connect {
+                    RunnerAction::Connect {
                         rank,
                         hosts,
                         timeout_ms,
                     },
                 );
             }
-            Command::Load {
+            NodeCommand::Load {
                 model,
                 layers,
                 format,
@@ -395,7 +395,7 @@ impl RunnerCore {
                 let sharding = self.seat.as_ref().map(|_| sharding);
                 act(
                     out,
-                    Action::Load {
+                    RunnerAction::Load {
                         model,
                         layers,
                         format,
@@ -403,14 +403,14 @@ impl RunnerCore {
                     },
                 );
             }
-            Command::WarmUp => match self.phase {
+            NodeCommand::WarmUp => match self.phase {
                 Phase::Loaded(role) => {
                     self.phase = Phase::WarmingUp(role);
                     state(out, RunnerStatus::WarmingUp);
                     let work = if role == Role::Driver {
-                        Action::WarmUp
+                        RunnerAction::WarmUp
                     } else {
-                        Action::Serve
+                        RunnerAction::Serve
                     };
                     act(out, work);
                 }
@@ -423,7 +423,7 @@ impl RunnerCore {
                 Phase::Ready(_) => error(out, None, "this rank is already warmed up"),
                 _ => error(out, None, "WarmUp needs a loaded model"),
             },
-            Command::Generate { id, request } => match self.phase {
+            NodeCommand::Generate { id, request } => match self.phase {
                 Phase::Ready(Role::Whole | Role::Driver) if !self.deferred.is_empty() => {
                     error(out, Some(id), "the runner is shutting down")
                 }
@@ -435,9 +435,9 @@ impl RunnerCore {
                         state(out, RunnerStatus::Running);
                     }
                     self.running.insert(id);
-                    act(out, Action::Generate { id, request });
+                    act(out, RunnerAction::Generate { id, request });
                     if self.cancelled.remove(&id) {
-                        act(out, Action::Cancel { id });
+                        act(out, RunnerAction::Cancel { id });
                     }
                 }
                 Phase::Loaded(Role::Driver) | Phase::WarmingUp(Role::Driver) => error(
@@ -457,15 +457,15 @@ impl RunnerCore {
                 }
                 _ => error(out, Some(id), "no model is loaded yet"),
             },
-            Command::Cancel { id } => self.cancel(id, out),
-            Command::Shutdown => {
+            NodeCommand::Cancel { id } => self.cancel(id, out),
+            NodeCommand::Shutdown => {
                 if matches!(
                     self.phase,
                     Phase::Loaded(Role::Driver)
                         | Phase::WarmingUp(Role::Driver)
                         | Phase::Ready(Role::Driver)
                 ) {
-                    act(out, Action::StopRing);
+                    act(out, RunnerAction::StopRing);
                 }
                 self.exit(out, 0);
             }
@@ -486,7 +486,7 @@ impl RunnerCore {
             None if self.warm_up && whole => {
                 self.phase = Phase::WarmingUp(Role::Whole);
                 state(out, RunnerStatus::WarmingUp);
-                act(out, Action::WarmUp);
+                act(out, RunnerAction::WarmUp);
             }
             None => {
                 self.phase = Phase::Ready(Role::Whole);
@@ -556,7 +556,7 @@ impl RunnerCore {
     /// node may send it before the request when a client gives up at once).
     fn cancel(&mut self, id: u64, out: &mut Vec<Output>) {
         if self.running.contains(&id) {
-            act(out, Action::Cancel { id });
+            act(out, RunnerAction::Cancel { id });
         } else {
             // Bounded: a cancel for an id that never comes is forgotten with the oldest.
             if self.cancelled.len() >= MAX_EARLY_CANCELS {
@@ -574,7 +574,7 @@ impl RunnerCore {
     fn exit(&mut self, out: &mut Vec<Output>, code: i32) {
         self.phase = Phase::Exited;
         self.deferred.clear();
-        act(out, Action::Exit(code));
+        act(out, RunnerAction::Exit(code));
     }
 }
 
@@ -592,7 +592,7 @@ fn error(out: &mut Vec<Output>, id: Option<u64>, message: impl Into<String>) {
     }));
 }
 
-fn act(out: &mut Vec<Output>, action: Action) {
+fn act(out: &mut Vec<Output>, action: RunnerAction) {
     out.push(Output::Action(action));
 }
 

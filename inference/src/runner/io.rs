@@ -7,23 +7,25 @@
 //! timeout reaches the core from the watchdog's thread, which is why the core sits behind a
 //! mutex.
 
-use super::core::{Action, GenerateFailure, Input, LoadFailure, Output, RunnerCore, Seat};
+use super::core::{
+    GenerateFailure, LoadFailure, Output, RunnerAction, RunnerCore, RunnerInput, Seat,
+};
 use super::process::install_mlx_error_handler;
 use super::protocol::{
-    read_frame, write_frame, Command, Event, FrameError, RunnerStatus, Sharding,
+    read_frame, write_frame, Event, FrameError, NodeCommand, RunnerStatus, Sharding,
 };
 use crate::batch::{
     batch_limits_of, prompt_cache_tokens, BatchEvent, BatchForward, BatchLimits, Batcher,
-    LocalBatch, PromptCache, RingBatch,
+    LocalBatch, OneSequence, PromptCache, RingBatch,
 };
 use crate::engine::Engine;
 use crate::error::InferenceError;
-use crate::forward::Forward;
 use crate::kv_cache::KvCache;
 use crate::loader::{base_load_timeout, load, Split, Watchdog};
 use crate::pipeline::PipelineStage;
 use crate::request::{GenerateRequest, Prompt};
 use crate::ring::{RingConfig, RingGroup};
+use crate::sequence_forward::Forward;
 use crate::stage::Stage;
 use crate::tensor_stage::TensorStage;
 use crate::tokenizer::Tokenizer;
@@ -68,7 +70,7 @@ struct Shared {
 impl Shared {
     /// Feeds `input` to the core, writes the events it gives (in order, under the core's lock)
     /// and returns the work it asks for.
-    fn feed(&self, input: Input) -> Vec<Action> {
+    fn feed(&self, input: RunnerInput) -> Vec<RunnerAction> {
         let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
         let mut actions = Vec::new();
         for output in core.handle(input) {
@@ -135,10 +137,10 @@ pub fn serve(
         core: Mutex::new(RunnerCore::new(options.warm_up)),
         out: Mutex::new(Box::new(output)),
     });
-    let (tx, rx) = mpsc::channel::<Input>();
+    let (tx, rx) = mpsc::channel::<RunnerInput>();
     let started = install_mlx_error_handler().map_err(|e| e.to_string());
-    let mut pending: VecDeque<Action> = shared.feed(Input::Started(started)).into();
-    if !matches!(pending.front(), Some(Action::Exit(_))) {
+    let mut pending: VecDeque<RunnerAction> = shared.feed(RunnerInput::Started(started)).into();
+    if !matches!(pending.front(), Some(RunnerAction::Exit(_))) {
         spawn_reader(input, tx.clone());
     }
     let mut io = Io {
@@ -152,7 +154,7 @@ pub fn serve(
     };
     loop {
         while let Some(action) = pending.pop_front() {
-            if let Action::Exit(code) = action {
+            if let RunnerAction::Exit(code) = action {
                 return code;
             }
             pending.extend(io.run(action));
@@ -165,26 +167,26 @@ pub fn serve(
 }
 
 /// Reads frames until the stream ends; the end (or a broken stream) is a `Shutdown`.
-fn spawn_reader(mut input: impl Read + Send + 'static, tx: mpsc::Sender<Input>) {
+fn spawn_reader(mut input: impl Read + Send + 'static, tx: mpsc::Sender<RunnerInput>) {
     std::thread::spawn(move || loop {
-        let msg = match read_frame::<Command>(&mut input) {
-            Ok(cmd) => Input::Command(cmd),
+        let msg = match read_frame::<NodeCommand>(&mut input) {
+            Ok(cmd) => RunnerInput::Command(cmd),
             Err(FrameError::Closed) => {
-                let _ = tx.send(Input::Command(Command::Shutdown));
+                let _ = tx.send(RunnerInput::Command(NodeCommand::Shutdown));
                 return;
             }
             Err(FrameError::Refused { id, reason }) => {
                 // A request the node is waiting for: answer it, so it does not wait in vain.
-                let _ = tx.send(Input::BadRequest { id, reason });
+                let _ = tx.send(RunnerInput::BadRequest { id, reason });
                 continue;
             }
             Err(e) => {
                 // A bad body of a well-framed message can be skipped; a broken stream cannot.
                 let fatal = !matches!(e, FrameError::Malformed(ref m) if !m.contains("ended"))
                     && !matches!(e, FrameError::Version(_));
-                let _ = tx.send(Input::BadFrame(e.to_string()));
+                let _ = tx.send(RunnerInput::BadFrame(e.to_string()));
                 if fatal {
-                    let _ = tx.send(Input::Command(Command::Shutdown));
+                    let _ = tx.send(RunnerInput::Command(NodeCommand::Shutdown));
                     return;
                 }
                 continue;
@@ -200,8 +202,8 @@ fn spawn_reader(mut input: impl Read + Send + 'static, tx: mpsc::Sender<Input>) 
 struct Io {
     shared: Arc<Shared>,
     options: RunnerOptions,
-    rx: mpsc::Receiver<Input>,
-    tx: mpsc::Sender<Input>,
+    rx: mpsc::Receiver<RunnerInput>,
+    tx: mpsc::Sender<RunnerInput>,
     ring: Option<Ring>,
     held: Held,
     /// Ended requests' KV states, kept across batches (made with the first batch, sized by
@@ -211,23 +213,23 @@ struct Io {
 
 impl Io {
     /// Does `action`, feeding its outcomes to the core; returns the work the core asks next.
-    fn run(&mut self, action: Action) -> Vec<Action> {
+    fn run(&mut self, action: RunnerAction) -> Vec<RunnerAction> {
         let outcome = match action {
-            Action::Connect {
+            RunnerAction::Connect {
                 rank,
                 hosts,
                 timeout_ms,
             } => self.connect(rank, hosts, Duration::from_millis(timeout_ms)),
-            Action::Load {
+            RunnerAction::Load {
                 model,
                 layers,
                 format,
                 sharding,
-            } => Input::Loaded(self.load(Path::new(&model), layers, format, sharding)),
-            Action::WarmUp => Input::WarmedUp(self.warm_up()),
-            Action::Serve => Input::WarmedUp(self.start_serving()),
-            Action::Generate { id, request } => return self.batch(id, request),
-            Action::StopRing => {
+            } => RunnerInput::Loaded(self.load(Path::new(&model), layers, format, sharding)),
+            RunnerAction::WarmUp => RunnerInput::WarmedUp(self.warm_up()),
+            RunnerAction::Serve => RunnerInput::WarmedUp(self.start_serving()),
+            RunnerAction::Generate { id, request } => return self.batch(id, request),
+            RunnerAction::StopRing => {
                 if let Held::Stage { stage, .. } = std::mem::replace(&mut self.held, Held::Nothing)
                 {
                     stop_ring(stage);
@@ -235,14 +237,14 @@ impl Io {
                 return Vec::new();
             }
             // Only meaningful while a batch runs (see `batch`): the request already ended.
-            Action::Cancel { .. } => return Vec::new(),
-            Action::Exit(code) => return vec![Action::Exit(code)],
+            RunnerAction::Cancel { .. } => return Vec::new(),
+            RunnerAction::Exit(code) => return vec![RunnerAction::Exit(code)],
         };
         self.shared.feed(outcome)
     }
 
     /// Joins the ring as `rank` of `hosts` within `deadline`.
-    fn connect(&mut self, rank: usize, hosts: Vec<Vec<String>>, deadline: Duration) -> Input {
+    fn connect(&mut self, rank: usize, hosts: Vec<Vec<String>>, deadline: Duration) -> RunnerInput {
         let size = hosts.len();
         let config = RingConfig { rank, hosts };
         let dir = hostfile_dir();
@@ -262,9 +264,9 @@ impl Io {
                     neighbours: ring.neighbours(),
                 };
                 self.ring = Some(ring);
-                Input::Connected(Ok(seat))
+                RunnerInput::Connected(Ok(seat))
             }
-            Err(e) => Input::Connected(Err(format!("rank {rank} of {size}: {e}"))),
+            Err(e) => RunnerInput::Connected(Err(format!("rank {rank} of {size}: {e}"))),
         }
     }
 
@@ -290,7 +292,7 @@ impl Io {
             on_timeout: {
                 let (shared, hook) = (self.shared.clone(), self.options.on_load_timeout.clone());
                 Arc::new(move |timeout: Duration| {
-                    shared.feed(Input::LoadTimedOut {
+                    shared.feed(RunnerInput::LoadTimedOut {
                         seconds: timeout.as_secs(),
                     });
                     hook();
@@ -299,7 +301,7 @@ impl Io {
         };
         let shared = self.shared.clone();
         let mut progress = |done, total| {
-            shared.feed(Input::LoadProgress { done, total });
+            shared.feed(RunnerInput::LoadProgress { done, total });
         };
         let (shard, tokenizer) = match load(path, split, format, &mut progress, Some(&watchdog)) {
             Ok(loaded) => loaded,
@@ -326,16 +328,20 @@ impl Io {
     /// One token through the whole model, or (rank 0) through every rank, so the first
     /// request pays for nothing.
     fn warm_up(&mut self) -> Result<(), String> {
-        let (forward, tokenizer): (&mut dyn Forward, &Tokenizer) = match &mut self.held {
+        match &mut self.held {
             Held::Whole(engine) => {
-                let mut local =
-                    crate::forward::LocalForward::new(&engine.model).map_err(|e| e.to_string())?;
-                return one_token(&mut local, &engine.tokenizer);
+                let mut local = crate::sequence_forward::LocalForward::new(&engine.model)
+                    .map_err(|e| e.to_string())?;
+                one_token(&mut local, &engine.tokenizer)
             }
-            Held::Stage { stage, tokenizer } => (stage.as_mut(), tokenizer),
-            _ => return Err("no model is loaded".into()),
-        };
-        one_token(forward, tokenizer)
+            Held::Stage { stage, tokenizer } => {
+                // The ring's one protocol: a batch of one.
+                let mut one = OneSequence::new(RingBatch::new(stage.as_mut(), 1))
+                    .map_err(|e| e.to_string())?;
+                one_token(&mut one, tokenizer)
+            }
+            _ => Err("no model is loaded".into()),
+        }
     }
 
     /// A rank above 0: its stage serves the ring on its own thread until rank 0 stops it.
@@ -351,7 +357,7 @@ impl Io {
                 if let Ok(steps) = &served {
                     tracing::info!(steps, "rank 0 stopped the ring");
                 }
-                let _ = tx.send(Input::Served(served.map_err(|e| e.to_string())));
+                let _ = tx.send(RunnerInput::Served(served.map_err(|e| e.to_string())));
             })
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -362,7 +368,7 @@ impl Io {
     /// to the core, which adds requests to the batch or cancels them; events go out as each
     /// step produces them. A multi-rank instance's rank 0 batches across its ranks
     /// ([`RingBatch`]). A whole model keeps ended requests' states in the prompt cache across batches.
-    fn batch(&mut self, id: u64, request: GenerateRequest) -> Vec<Action> {
+    fn batch(&mut self, id: u64, request: GenerateRequest) -> Vec<RunnerAction> {
         let (shared, rx) = (self.shared.clone(), &self.rx);
         let (forward, tokenizer): (Box<dyn BatchForward + '_>, &Tokenizer) = match &mut self.held {
             Held::Whole(engine) => {
@@ -392,23 +398,24 @@ impl Io {
         });
         let mut batcher = Batcher::new(forward, tokenizer, limits).with_prompt_cache(cache);
         let mut later = Vec::new();
-        let mut todo: VecDeque<Action> = VecDeque::from([Action::Generate { id, request }]);
+        let mut todo: VecDeque<RunnerAction> =
+            VecDeque::from([RunnerAction::Generate { id, request }]);
         loop {
             // Requests join or leave the batch; other work waits for the main loop.
             while let Some(action) = todo.pop_front() {
                 match action {
-                    Action::Generate { id, request } => {
+                    RunnerAction::Generate { id, request } => {
                         if let Err(e) = batcher.submit(id, &request) {
                             todo.extend(shared.feed(failed(id, &e)));
                         }
                     }
-                    Action::Cancel { id } => {
+                    RunnerAction::Cancel { id } => {
                         batcher.cancel(id);
                     }
                     other => later.push(other),
                 }
             }
-            if batcher.is_idle() || later.iter().any(|a| matches!(a, Action::Exit(_))) {
+            if batcher.is_idle() || later.iter().any(|a| matches!(a, RunnerAction::Exit(_))) {
                 // The runner's own count of how the batch shared its steps: with n sequences
                 // decoding together, tokens is about n times decode_steps (tests/batching_signal.rs).
                 let stats = batcher.stats();
@@ -431,28 +438,28 @@ impl Io {
                 Err(e) => batcher.fail_all(&e.to_string(), matches!(e, InferenceError::Ring(_))),
             };
             if events.is_empty() {
-                todo.extend(shared.feed(Input::Stepped));
+                todo.extend(shared.feed(RunnerInput::Stepped));
             }
             for (id, event) in events {
                 let input = match event {
-                    BatchEvent::Cached { tokens } => Input::Cached { id, tokens },
+                    BatchEvent::Cached { tokens } => RunnerInput::Cached { id, tokens },
                     BatchEvent::Token {
                         token,
                         text,
                         logprob,
                         top_logprobs,
-                    } => Input::Token {
+                    } => RunnerInput::Token {
                         id,
                         token,
                         text,
                         logprob,
                         top_logprobs,
                     },
-                    BatchEvent::Done(completion) => Input::Generated {
+                    BatchEvent::Done(completion) => RunnerInput::Generated {
                         id,
                         result: Ok(completion),
                     },
-                    BatchEvent::Failed { message, ring_lost } => Input::Generated {
+                    BatchEvent::Failed { message, ring_lost } => RunnerInput::Generated {
                         id,
                         result: Err(GenerateFailure { message, ring_lost }),
                     },
@@ -464,8 +471,8 @@ impl Io {
 }
 
 /// The outcome of a request that could not start.
-fn failed(id: u64, e: &InferenceError) -> Input {
-    Input::Generated {
+fn failed(id: u64, e: &InferenceError) -> RunnerInput {
+    RunnerInput::Generated {
         id,
         result: Err(GenerateFailure {
             ring_lost: matches!(e, InferenceError::Ring(_)),

@@ -41,7 +41,7 @@ pub const MAX_FRAME: usize = 16 << 20;
 /// What the node asks of its runner.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Command {
+pub enum NodeCommand {
     /// Join the instance's MLX ring (see the module docs); once per runner, before `Load`.
     Connect {
         /// This runner's rank, `0..hosts.len()`.
@@ -166,23 +166,23 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let cmds = vec![
-            Command::Load {
+            NodeCommand::Load {
                 model: "/m.gguf".into(),
                 layers: Some((0, 4)),
                 format: Some(WeightFormat::F32),
                 sharding: Sharding::Tensor,
             },
-            Command::Connect {
+            NodeCommand::Connect {
                 rank: 1,
                 hosts: vec![vec!["10.0.0.1:5000".into()], vec!["0.0.0.0:5000".into()]],
                 timeout_ms: 30_000,
             },
-            Command::WarmUp,
-            Command::Generate {
+            NodeCommand::WarmUp,
+            NodeCommand::Generate {
                 id: 7,
                 request: GenerateRequest::new(Prompt::Text("hi".into()), 5),
             },
-            Command::Generate {
+            NodeCommand::Generate {
                 id: 8,
                 request: {
                     let mut r = GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 3);
@@ -191,8 +191,8 @@ mod tests {
                     r
                 },
             },
-            Command::Cancel { id: 7 },
-            Command::Shutdown,
+            NodeCommand::Cancel { id: 7 },
+            NodeCommand::Shutdown,
         ];
         let mut buf = Vec::new();
         for c in &cmds {
@@ -200,10 +200,10 @@ mod tests {
         }
         let mut r = &buf[..];
         for c in &cmds {
-            assert_eq!(&read_frame::<Command>(&mut r).unwrap(), c);
+            assert_eq!(&read_frame::<NodeCommand>(&mut r).unwrap(), c);
         }
         assert!(matches!(
-            read_frame::<Command>(&mut r),
+            read_frame::<NodeCommand>(&mut r),
             Err(FrameError::Closed)
         ));
     }
@@ -211,28 +211,28 @@ mod tests {
     #[test]
     fn bad_frames_are_refused() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, &Command::Shutdown).unwrap();
+        write_frame(&mut buf, &NodeCommand::Shutdown).unwrap();
         // Another version.
         let body = br#"{"v":99,"msg":{"type":"shutdown"}}"#;
         let mut other = (body.len() as u32).to_le_bytes().to_vec();
         other.extend_from_slice(body);
         assert!(matches!(
-            read_frame::<Command>(&mut &other[..]),
+            read_frame::<NodeCommand>(&mut &other[..]),
             Err(FrameError::Version(99))
         ));
         // Too large.
         let huge = (u32::MAX).to_le_bytes();
         assert!(matches!(
-            read_frame::<Command>(&mut &huge[..]),
+            read_frame::<NodeCommand>(&mut &huge[..]),
             Err(FrameError::TooLarge(_))
         ));
         // Cut short.
         assert!(matches!(
-            read_frame::<Command>(&mut &buf[..buf.len() - 1]),
+            read_frame::<NodeCommand>(&mut &buf[..buf.len() - 1]),
             Err(FrameError::Malformed(_))
         ));
         assert!(matches!(
-            read_frame::<Command>(&mut &buf[..2]),
+            read_frame::<NodeCommand>(&mut &buf[..2]),
             Err(FrameError::Malformed(_))
         ));
         // Unknown message.
@@ -240,7 +240,7 @@ mod tests {
         let mut unknown = (body.len() as u32).to_le_bytes().to_vec();
         unknown.extend_from_slice(body);
         assert!(matches!(
-            read_frame::<Command>(&mut &unknown[..]),
+            read_frame::<NodeCommand>(&mut &unknown[..]),
             Err(FrameError::Malformed(_))
         ));
     }
@@ -333,7 +333,7 @@ mod tests {
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let mut r = &bytes[..];
             for _ in 0..4 {
-                if read_frame::<Command>(&mut r).is_err() {
+                if read_frame::<NodeCommand>(&mut r).is_err() {
                     break;
                 }
             }

@@ -4,8 +4,8 @@
 //! sequence that joins later reuses an ended one's slot. Greedy tokens must be equal and logits close.
 
 use super::{argmax, max_abs_diff};
-use inference::batch::{BatchForward, Part, RingBatch, Slot};
-use inference::forward::last_logits_to_host;
+use inference::batch::{BatchForward, BatchPart, RingBatch, Slot};
+use inference::sequence_forward::last_logits_to_host;
 use inference::stage::Stage;
 use inference::{ModelShard, ShardInput};
 
@@ -134,10 +134,10 @@ pub fn check_batched(
                 }
             })
             .collect();
-        let parts: Vec<Part<'_>> = running
+        let parts: Vec<BatchPart<'_>> = running
             .iter()
             .zip(&inputs)
-            .map(|(r, (tokens, wants_logits))| Part {
+            .map(|(r, (tokens, wants_logits))| BatchPart {
                 slot: r.slot,
                 tokens,
                 wants_logits: *wants_logits,

@@ -7,14 +7,14 @@ use crate::request::{FinishReason, Prompt};
 fn started(warm_up: bool) -> RunnerCore {
     let mut core = RunnerCore::new(warm_up);
     assert_eq!(
-        core.handle(Input::Started(Ok(()))),
+        core.handle(RunnerInput::Started(Ok(()))),
         vec![Output::Event(Event::State(RunnerStatus::Idle))]
     );
     core
 }
 
-fn cmd(core: &mut RunnerCore, command: Command) -> Vec<Output> {
-    core.handle(Input::Command(command))
+fn cmd(core: &mut RunnerCore, command: NodeCommand) -> Vec<Output> {
+    core.handle(RunnerInput::Command(command))
 }
 
 fn st(s: RunnerStatus) -> Output {
@@ -28,8 +28,8 @@ fn err(id: Option<u64>, message: &str) -> Output {
     })
 }
 
-fn load(sharding: Sharding, layers: Option<(usize, usize)>) -> Command {
-    Command::Load {
+fn load(sharding: Sharding, layers: Option<(usize, usize)>) -> NodeCommand {
+    NodeCommand::Load {
         model: "/m.gguf".into(),
         layers,
         format: None,
@@ -37,8 +37,8 @@ fn load(sharding: Sharding, layers: Option<(usize, usize)>) -> Command {
     }
 }
 
-fn generate(id: u64) -> Command {
-    Command::Generate {
+fn generate(id: u64) -> NodeCommand {
+    NodeCommand::Generate {
         id,
         request: GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 4),
     }
@@ -71,8 +71,8 @@ fn failed(outputs: &[Output]) -> String {
 fn ready_whole() -> RunnerCore {
     let mut core = started(true);
     cmd(&mut core, load(Sharding::Pipeline, None));
-    core.handle(Input::Loaded(Ok(true)));
-    core.handle(Input::WarmedUp(Ok(())));
+    core.handle(RunnerInput::Loaded(Ok(true)));
+    core.handle(RunnerInput::WarmedUp(Ok(())));
     core
 }
 
@@ -94,7 +94,7 @@ fn loaded_rank(rank: usize) -> RunnerCore {
     assert_eq!(
         cmd(
             &mut core,
-            Command::Connect {
+            NodeCommand::Connect {
                 rank,
                 hosts: hosts.clone(),
                 timeout_ms: 500
@@ -102,7 +102,7 @@ fn loaded_rank(rank: usize) -> RunnerCore {
         ),
         vec![
             st(RunnerStatus::Connecting),
-            Output::Action(Action::Connect {
+            Output::Action(RunnerAction::Connect {
                 rank,
                 hosts,
                 timeout_ms: 500
@@ -110,13 +110,13 @@ fn loaded_rank(rank: usize) -> RunnerCore {
         ]
     );
     assert_eq!(
-        core.handle(Input::Connected(Ok(seat(rank, 2)))),
+        core.handle(RunnerInput::Connected(Ok(seat(rank, 2)))),
         vec![st(RunnerStatus::Connected)]
     );
     let layers = Some(if rank == 0 { (0, 2) } else { (2, 4) });
     assert_eq!(
         cmd(&mut core, load(Sharding::Pipeline, layers)),
-        vec![Output::Action(Action::Load {
+        vec![Output::Action(RunnerAction::Load {
             model: "/m.gguf".into(),
             layers,
             format: None,
@@ -124,7 +124,7 @@ fn loaded_rank(rank: usize) -> RunnerCore {
         })]
     );
     assert_eq!(
-        core.handle(Input::Loaded(Ok(false))),
+        core.handle(RunnerInput::Loaded(Ok(false))),
         vec![st(RunnerStatus::Loaded)]
     );
     core
@@ -138,7 +138,7 @@ fn generate_before_load_is_refused() {
         vec![err(Some(4), "no model is loaded yet")]
     );
     assert_eq!(
-        cmd(&mut core, Command::WarmUp),
+        cmd(&mut core, NodeCommand::WarmUp),
         vec![err(None, "WarmUp needs a loaded model")]
     );
     assert!(!core.exited());
@@ -151,7 +151,7 @@ fn a_ring_of_one_loads_warms_up_and_gets_ready() {
     assert_eq!(
         cmd(
             &mut core,
-            Command::Connect {
+            NodeCommand::Connect {
                 rank: 0,
                 hosts: vec![vec!["0.0.0.0:1".into()]],
                 timeout_ms: 10
@@ -161,7 +161,7 @@ fn a_ring_of_one_loads_warms_up_and_gets_ready() {
     );
     assert_eq!(
         cmd(&mut core, load(Sharding::Tensor, None)),
-        vec![Output::Action(Action::Load {
+        vec![Output::Action(RunnerAction::Load {
             model: "/m.gguf".into(),
             layers: None,
             format: None,
@@ -171,7 +171,7 @@ fn a_ring_of_one_loads_warms_up_and_gets_ready() {
     let progress = [(0, 1), (1, 6), (6, 6)];
     for (done, total) in progress {
         assert_eq!(
-            core.handle(Input::LoadProgress { done, total }),
+            core.handle(RunnerInput::LoadProgress { done, total }),
             vec![st(RunnerStatus::Loading {
                 layers_loaded: done as u32,
                 total: total as u32,
@@ -179,19 +179,19 @@ fn a_ring_of_one_loads_warms_up_and_gets_ready() {
         );
     }
     assert_eq!(
-        core.handle(Input::Loaded(Ok(true))),
+        core.handle(RunnerInput::Loaded(Ok(true))),
         vec![
             st(RunnerStatus::Loaded),
             st(RunnerStatus::WarmingUp),
-            Output::Action(Action::WarmUp)
+            Output::Action(RunnerAction::WarmUp)
         ]
     );
     assert_eq!(
-        core.handle(Input::WarmedUp(Ok(()))),
+        core.handle(RunnerInput::WarmedUp(Ok(()))),
         vec![st(RunnerStatus::Ready)]
     );
     assert_eq!(
-        cmd(&mut core, Command::WarmUp),
+        cmd(&mut core, NodeCommand::WarmUp),
         vec![err(
             None,
             "WarmUp is for ranks of a multi-rank ring; a ring of one warms up while loading"
@@ -209,7 +209,7 @@ fn without_warm_up_or_with_a_part_of_the_model_the_runner_is_ready_at_once() {
         let mut core = started(warm_up);
         cmd(&mut core, load(Sharding::Pipeline, Some((0, 2))));
         assert_eq!(
-            core.handle(Input::Loaded(Ok(whole))),
+            core.handle(RunnerInput::Loaded(Ok(whole))),
             vec![st(RunnerStatus::Loaded), st(RunnerStatus::Ready)]
         );
     }
@@ -222,7 +222,7 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
         cmd(&mut core, generate(1)),
         vec![
             st(RunnerStatus::Running),
-            Output::Action(Action::Generate {
+            Output::Action(RunnerAction::Generate {
                 id: 1,
                 request: GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 4)
             })
@@ -232,7 +232,7 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
     // forwarded at once.
     assert_eq!(
         cmd(&mut core, generate(2)),
-        vec![Output::Action(Action::Generate {
+        vec![Output::Action(RunnerAction::Generate {
             id: 2,
             request: GenerateRequest::new(Prompt::Tokens(vec![1, 2]), 4)
         })]
@@ -242,11 +242,11 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
         vec![err(Some(2), "request 2 is already running")]
     );
     assert_eq!(
-        core.handle(Input::BadFrame("garbled".into())),
+        core.handle(RunnerInput::BadFrame("garbled".into())),
         vec![err(None, "garbled")]
     );
     assert_eq!(
-        core.handle(Input::BadRequest {
+        core.handle(RunnerInput::BadRequest {
             id: 5,
             reason: "bad prompt".into()
         }),
@@ -256,10 +256,10 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
         )]
     );
     assert_eq!(
-        cmd(&mut core, Command::Cancel { id: 1 }),
-        vec![Output::Action(Action::Cancel { id: 1 })]
+        cmd(&mut core, NodeCommand::Cancel { id: 1 }),
+        vec![Output::Action(RunnerAction::Cancel { id: 1 })]
     );
-    let token = |id| Input::Token {
+    let token = |id| RunnerInput::Token {
         id,
         token: 5,
         text: "a".into(),
@@ -279,7 +279,7 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
     assert_eq!(core.handle(token(2)), vec![token_event(2)]);
     // One ends: its completion; the runner stays `running` while the other runs.
     assert_eq!(
-        core.handle(Input::Generated {
+        core.handle(RunnerInput::Generated {
             id: 1,
             result: Ok(completion()),
         }),
@@ -291,7 +291,7 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
     // A token of a request that ended is not passed on.
     assert!(core.handle(token(1)).is_empty());
     assert_eq!(
-        core.handle(Input::Generated {
+        core.handle(RunnerInput::Generated {
             id: 2,
             result: Err(GenerateFailure {
                 message: "invalid request: the prompt is empty".into(),
@@ -308,11 +308,11 @@ fn requests_run_together_cancels_go_through_at_once_and_the_state_follows_the_ba
 #[test]
 fn a_cancel_before_the_request_starts_still_stops_it() {
     let mut core = ready_whole();
-    assert!(cmd(&mut core, Command::Cancel { id: 9 }).is_empty());
+    assert!(cmd(&mut core, NodeCommand::Cancel { id: 9 }).is_empty());
     let outputs = cmd(&mut core, generate(9));
     assert_eq!(
         outputs.last(),
-        Some(&Output::Action(Action::Cancel { id: 9 }))
+        Some(&Output::Action(RunnerAction::Cancel { id: 9 }))
     );
 }
 
@@ -320,8 +320,8 @@ fn a_cancel_before_the_request_starts_still_stops_it() {
 fn shutdown_exits_zero_and_rank_0_stops_the_ring_first() {
     let mut core = started(true);
     assert_eq!(
-        cmd(&mut core, Command::Shutdown),
-        vec![Output::Action(Action::Exit(0))]
+        cmd(&mut core, NodeCommand::Shutdown),
+        vec![Output::Action(RunnerAction::Exit(0))]
     );
     assert!(core.exited());
     // Nothing happens after the exit.
@@ -329,32 +329,32 @@ fn shutdown_exits_zero_and_rank_0_stops_the_ring_first() {
 
     let mut ready = ready_whole();
     assert_eq!(
-        cmd(&mut ready, Command::Shutdown),
-        vec![Output::Action(Action::Exit(0))]
+        cmd(&mut ready, NodeCommand::Shutdown),
+        vec![Output::Action(RunnerAction::Exit(0))]
     );
 
     // Rank 0, loaded (warmed up or not): the stop goes around the ring, then the exit.
     let mut driver = loaded_rank(0);
     assert_eq!(
-        cmd(&mut driver, Command::Shutdown),
+        cmd(&mut driver, NodeCommand::Shutdown),
         vec![
-            Output::Action(Action::StopRing),
-            Output::Action(Action::Exit(0))
+            Output::Action(RunnerAction::StopRing),
+            Output::Action(RunnerAction::Exit(0))
         ]
     );
 
     // A serving rank exits 0 when rank 0 stops the ring, at once on its own shutdown.
     let mut follower = loaded_rank(1);
-    cmd(&mut follower, Command::WarmUp);
-    follower.handle(Input::WarmedUp(Ok(())));
+    cmd(&mut follower, NodeCommand::WarmUp);
+    follower.handle(RunnerInput::WarmedUp(Ok(())));
     assert_eq!(
-        follower.handle(Input::Served(Ok(12))),
-        vec![Output::Action(Action::Exit(0))]
+        follower.handle(RunnerInput::Served(Ok(12))),
+        vec![Output::Action(RunnerAction::Exit(0))]
     );
     let mut follower = loaded_rank(1);
     assert_eq!(
-        cmd(&mut follower, Command::Shutdown),
-        vec![Output::Action(Action::Exit(0))]
+        cmd(&mut follower, NodeCommand::Shutdown),
+        vec![Output::Action(RunnerAction::Exit(0))]
     );
 }
 
@@ -362,17 +362,17 @@ fn shutdown_exits_zero_and_rank_0_stops_the_ring_first() {
 fn a_shutdown_during_a_generation_waits_for_it() {
     let mut core = ready_whole();
     cmd(&mut core, generate(3));
-    assert!(cmd(&mut core, Command::Shutdown).is_empty());
+    assert!(cmd(&mut core, NodeCommand::Shutdown).is_empty());
     // New requests are refused meanwhile.
     assert_eq!(
         cmd(&mut core, generate(4)),
         vec![err(Some(4), "the runner is shutting down")]
     );
-    let outputs = core.handle(Input::Generated {
+    let outputs = core.handle(RunnerInput::Generated {
         id: 3,
         result: Ok(completion()),
     });
-    assert_eq!(outputs.last(), Some(&Output::Action(Action::Exit(0))));
+    assert_eq!(outputs.last(), Some(&Output::Action(RunnerAction::Exit(0))));
     assert_eq!(outputs[1], st(RunnerStatus::Ready));
 }
 
@@ -387,26 +387,32 @@ fn ranks_of_a_ring_warm_up_on_command_and_only_rank_0_generates() {
         )]
     );
     assert_eq!(
-        cmd(&mut driver, Command::WarmUp),
-        vec![st(RunnerStatus::WarmingUp), Output::Action(Action::WarmUp)]
+        cmd(&mut driver, NodeCommand::WarmUp),
+        vec![
+            st(RunnerStatus::WarmingUp),
+            Output::Action(RunnerAction::WarmUp)
+        ]
     );
     assert_eq!(
-        driver.handle(Input::WarmedUp(Ok(()))),
+        driver.handle(RunnerInput::WarmedUp(Ok(()))),
         vec![st(RunnerStatus::Ready)]
     );
     assert_eq!(
-        cmd(&mut driver, Command::WarmUp),
+        cmd(&mut driver, NodeCommand::WarmUp),
         vec![err(None, "this rank is already warmed up")]
     );
     assert_eq!(cmd(&mut driver, generate(2))[0], st(RunnerStatus::Running));
 
     let mut follower = loaded_rank(1);
     assert_eq!(
-        cmd(&mut follower, Command::WarmUp),
-        vec![st(RunnerStatus::WarmingUp), Output::Action(Action::Serve)]
+        cmd(&mut follower, NodeCommand::WarmUp),
+        vec![
+            st(RunnerStatus::WarmingUp),
+            Output::Action(RunnerAction::Serve)
+        ]
     );
     assert_eq!(
-        follower.handle(Input::WarmedUp(Ok(()))),
+        follower.handle(RunnerInput::WarmedUp(Ok(()))),
         vec![st(RunnerStatus::Ready)]
     );
     assert_eq!(
@@ -416,7 +422,7 @@ fn ranks_of_a_ring_warm_up_on_command_and_only_rank_0_generates() {
     assert_eq!(
         cmd(
             &mut follower,
-            Command::Connect {
+            NodeCommand::Connect {
                 rank: 1,
                 hosts: vec![],
                 timeout_ms: 1
@@ -432,21 +438,21 @@ fn ranks_of_a_ring_warm_up_on_command_and_only_rank_0_generates() {
 #[test]
 fn failures_report_a_reason_and_exit_non_zero() {
     let mut core = RunnerCore::new(true);
-    let out = core.handle(Input::Started(Err("no device".into())));
+    let out = core.handle(RunnerInput::Started(Err("no device".into())));
     assert_eq!(failed(&out), "MLX does not work in this process: no device");
-    assert_eq!(out.last(), Some(&Output::Action(Action::Exit(1))));
+    assert_eq!(out.last(), Some(&Output::Action(RunnerAction::Exit(1))));
 
     // A pipeline rank without its layers.
     let mut core = started(true);
     cmd(
         &mut core,
-        Command::Connect {
+        NodeCommand::Connect {
             rank: 1,
             hosts: vec![vec![], vec![]],
             timeout_ms: 1,
         },
     );
-    core.handle(Input::Connected(Ok(seat(1, 3))));
+    core.handle(RunnerInput::Connected(Ok(seat(1, 3))));
     let out = cmd(&mut core, load(Sharding::Pipeline, None));
     assert_eq!(
         failed(&out),
@@ -457,36 +463,36 @@ fn failures_report_a_reason_and_exit_non_zero() {
     let mut core = started(true);
     cmd(
         &mut core,
-        Command::Connect {
+        NodeCommand::Connect {
             rank: 0,
             hosts: vec![vec![], vec![]],
             timeout_ms: 1,
         },
     );
-    let out = core.handle(Input::Connected(Err(
-        "rank 0 of 2: rank 1 never came".into()
+    let out = core.handle(RunnerInput::Connected(Err(
+        "rank 0 of 2: rank 1 never came".into(),
     )));
     assert_eq!(failed(&out), "rank 0 of 2: rank 1 never came");
-    assert_eq!(out.last(), Some(&Output::Action(Action::Exit(1))));
+    assert_eq!(out.last(), Some(&Output::Action(RunnerAction::Exit(1))));
 
     // A load that fails, a warm-up that fails.
     let mut core = started(true);
     cmd(&mut core, load(Sharding::Pipeline, None));
-    let out = core.handle(Input::Loaded(Err(LoadFailure::Failed(
+    let out = core.handle(RunnerInput::Loaded(Err(LoadFailure::Failed(
         "cannot read /m".into(),
     ))));
     assert_eq!(failed(&out), "cannot read /m");
     let mut core = started(true);
     cmd(&mut core, load(Sharding::Pipeline, None));
-    core.handle(Input::Loaded(Ok(true)));
-    let out = core.handle(Input::WarmedUp(Err("MLX error: oops".into())));
+    core.handle(RunnerInput::Loaded(Ok(true)));
+    let out = core.handle(RunnerInput::WarmedUp(Err("MLX error: oops".into())));
     assert_eq!(failed(&out), "warm-up failed: MLX error: oops");
 
     // A serving rank that loses the ring names itself and its neighbours.
     let mut follower = loaded_rank(1);
-    cmd(&mut follower, Command::WarmUp);
-    follower.handle(Input::WarmedUp(Ok(())));
-    let out = follower.handle(Input::Served(Err("peer lost".into())));
+    cmd(&mut follower, NodeCommand::WarmUp);
+    follower.handle(RunnerInput::WarmedUp(Ok(())));
+    let out = follower.handle(RunnerInput::Served(Err("peer lost".into())));
     assert_eq!(
         failed(&out),
         "rank 1 of 2 (neighbour rank 1 (10.99.0.2:5000)) lost the ring: peer lost"
@@ -496,10 +502,10 @@ fn failures_report_a_reason_and_exit_non_zero() {
 #[test]
 fn rank_0_losing_the_ring_ends_the_request_then_the_runner() {
     let mut driver = loaded_rank(0);
-    cmd(&mut driver, Command::WarmUp);
-    driver.handle(Input::WarmedUp(Ok(())));
+    cmd(&mut driver, NodeCommand::WarmUp);
+    driver.handle(RunnerInput::WarmedUp(Ok(())));
     cmd(&mut driver, generate(8));
-    let out = driver.handle(Input::Generated {
+    let out = driver.handle(RunnerInput::Generated {
         id: 8,
         result: Err(GenerateFailure {
             message: "the ring to the other ranks failed: lost".into(),
@@ -515,7 +521,7 @@ fn rank_0_losing_the_ring_ends_the_request_then_the_runner() {
         "rank 0 lost the ring (neighbour rank 1 (10.99.0.2:5000)): the ring to the other ranks \
          failed: lost"
     );
-    assert_eq!(out.last(), Some(&Output::Action(Action::Exit(1))));
+    assert_eq!(out.last(), Some(&Output::Action(RunnerAction::Exit(1))));
 }
 
 #[test]
@@ -523,17 +529,17 @@ fn a_load_timeout_is_reported_once_and_exits_3() {
     let mut core = started(true);
     cmd(&mut core, load(Sharding::Pipeline, None));
     assert_eq!(
-        core.handle(Input::LoadTimedOut { seconds: 0 }),
+        core.handle(RunnerInput::LoadTimedOut { seconds: 0 }),
         vec![st(RunnerStatus::Failed {
             reason: "model loading timed out after 0 s".into()
         })]
     );
     // Progress after the report says nothing; the loader's end exits 3.
     assert!(core
-        .handle(Input::LoadProgress { done: 2, total: 6 })
+        .handle(RunnerInput::LoadProgress { done: 2, total: 6 })
         .is_empty());
     assert_eq!(
-        core.handle(Input::Loaded(Err(LoadFailure::TimedOut))),
-        vec![Output::Action(Action::Exit(3))]
+        core.handle(RunnerInput::Loaded(Err(LoadFailure::TimedOut))),
+        vec![Output::Action(RunnerAction::Exit(3))]
     );
 }

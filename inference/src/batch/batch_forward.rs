@@ -10,7 +10,7 @@ use crate::models::shard::{wanted_rows, ModelShard};
 use mlx_rs::Array;
 
 /// One sequence's share of a step.
-pub struct Part<'a> {
+pub struct BatchPart<'a> {
     /// Its slot.
     pub slot: Slot,
     /// Its new tokens.
@@ -53,7 +53,7 @@ pub trait BatchForward {
     }
     /// Runs one step; returns the logits (`vocab` floats) of each part that wants them, in
     /// order. An error leaves every slot in an unknown state.
-    fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>>;
+    fn step(&mut self, parts: &[BatchPart<'_>]) -> Result<Vec<Vec<f32>>>;
 }
 
 /// Default tokens per step of a whole model in this process: a prompt chunk of this size
@@ -139,7 +139,7 @@ impl BatchForward for LocalBatch<'_> {
         }
     }
 
-    fn step(&mut self, parts: &[Part<'_>]) -> Result<Vec<Vec<f32>>> {
+    fn step(&mut self, parts: &[BatchPart<'_>]) -> Result<Vec<Vec<f32>>> {
         if let Some(p) = parts.iter().find(|p| !self.slots.contains(p.slot)) {
             return Err(InferenceError::InvalidRequest(format!(
                 "no sequence in slot {}",

@@ -1,6 +1,7 @@
 //! The model one step at a time for one sequence, however it is split: the [`Forward`] trait
 //! the generation loop runs over, and its implementation for a whole model in this process
-//! ([`LocalForward`]). The distributed stages implement it too ([`crate::stage`]).
+//! ([`LocalForward`]). A distributed instance runs one sequence as a batch of one through its
+//! ring's one protocol ([`crate::batch::OneSequence`] over [`crate::batch::RingBatch`]).
 
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
@@ -9,10 +10,10 @@ use crate::models::shard::{ModelShard, ShardInput};
 use mlx_rs::{Array, Dtype};
 
 /// Something that runs the model one step at a time for one sequence: a whole model in this
-/// process ([`LocalForward`]), rank 0 of a pipeline ([`crate::pipeline::PipelineStage`]) or of a
-/// tensor-parallel instance ([`crate::tensor_stage::TensorStage`]). The generation loop
-/// ([`crate::generate::generate`]) runs over any of them, so sampling, stop strings and streaming behave the
-/// same however the model is split.
+/// process ([`LocalForward`]), or one slot of anything that runs batches
+/// ([`crate::batch::OneSequence`]: rank 0 of a pipeline or tensor-parallel instance, at
+/// warm-up). The generation loop ([`crate::generate::generate`]) runs over any of them, so
+/// sampling, stop strings and streaming behave the same however the model is split.
 pub trait Forward {
     /// The model's configuration (context length, vocabulary).
     fn config(&self) -> &ModelConfig;
@@ -33,8 +34,8 @@ pub trait Forward {
     /// Runs `input` and picks the most likely next token on the device, returning without
     /// waiting for the result, so the caller can queue the following step before it reads this
     /// one and building a step's graph overlaps computing the previous one (as mlx-lm does).
-    /// `None` when this forward hands logits to the host instead (the default; the
-    /// distributed stages, whose ring steps are synchronous).
+    /// `None` when this forward hands logits to the host instead (the default; a batch of
+    /// one over a ring, whose steps are synchronous).
     fn greedy_on_device(&mut self, input: StepInput<'_>) -> Result<Option<DeviceChoice>> {
         let _ = input;
         Ok(None)

@@ -1,0 +1,230 @@
+//! Reading a [`ModelConfig`] from a Hugging Face `config.json` or from GGUF metadata: the
+//! shared numbers here, then the family's own (its file in [`crate::models`] reads them, so
+//! this reader is the one place the configuration meets the families).
+
+use super::*;
+use crate::gguf::{GgufFile, GgufValue};
+use serde_json::Value;
+
+fn req_usize(v: &Value, key: &str) -> Result<usize> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| InferenceError::BadConfig(format!("config.json has no integer `{key}`")))
+}
+
+impl ModelConfig {
+    /// Reads a Hugging Face `config.json` (already parsed).
+    pub fn from_hf_json(v: &Value) -> Result<ModelConfig> {
+        let model_type = v
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| InferenceError::BadConfig("config.json has no `model_type`".into()))?;
+        let architecture = Architecture::parse(model_type)?;
+        let hidden_size = req_usize(v, "hidden_size")?;
+        let num_heads = req_usize(v, "num_attention_heads")?;
+        let num_kv_heads = v
+            .get("num_key_value_heads")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+            .unwrap_or(num_heads);
+        let head_dim = v
+            .get("head_dim")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+            .unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
+        let f =
+            |key: &str, default: f64| v.get(key).and_then(Value::as_f64).unwrap_or(default) as f32;
+        let rope_scaling = match v.get("rope_scaling") {
+            Some(s) if s.is_object() => {
+                let kind = s
+                    .get("rope_type")
+                    .or_else(|| s.get("type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                let g = |key: &str, default: f64| {
+                    s.get(key).and_then(Value::as_f64).unwrap_or(default) as f32
+                };
+                match kind {
+                    "default" => RopeScaling::None,
+                    "linear" => RopeScaling::Linear {
+                        factor: g("factor", 1.0),
+                    },
+                    "llama3" => RopeScaling::Llama3 {
+                        factor: g("factor", 8.0),
+                        low_freq_factor: g("low_freq_factor", 1.0),
+                        high_freq_factor: g("high_freq_factor", 4.0),
+                        original_max_position: g("original_max_position_embeddings", 8192.0),
+                    },
+                    "yarn" | "deepseek_yarn" => RopeScaling::Yarn {
+                        factor: g("factor", 1.0),
+                        original_max_position: g("original_max_position_embeddings", 4096.0),
+                        beta_fast: g("beta_fast", 32.0),
+                        beta_slow: g("beta_slow", 1.0),
+                        mscale: g("mscale", 1.0),
+                        mscale_all_dim: g("mscale_all_dim", 0.0),
+                    },
+                    other => {
+                        return Err(InferenceError::BadConfig(format!(
+                            "rope_scaling type `{other}` is not supported (linear, llama3 and \
+                             yarn are)"
+                        )))
+                    }
+                }
+            }
+            _ => RopeScaling::None,
+        };
+        let quantization = v
+            .get("quantization")
+            .filter(|q| q.is_object())
+            .map(QuantizationConfig::from_json)
+            .transpose()?;
+        let moe = match architecture {
+            Architecture::Qwen3Moe => Some(MoeConfig {
+                num_experts: req_usize(v, "num_experts")?,
+                experts_per_token: req_usize(v, "num_experts_per_tok")?,
+                expert_width: req_usize(v, "moe_intermediate_size")?,
+                router: RouterKind::SoftmaxTopK {
+                    normalize: v
+                        .get("norm_topk_prob")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
+                },
+                dense_layers: v
+                    .get("mlp_only_layers")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_u64)
+                            .map(|x| x as usize)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                sparse_step: v
+                    .get("decoder_sparse_step")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(1) as usize,
+                first_dense: 0,
+                shared_width: 0,
+            }),
+            _ => None,
+        };
+        let mut config = ModelConfig {
+            architecture,
+            hidden_size,
+            num_layers: req_usize(v, "num_hidden_layers")?,
+            intermediate_size: req_usize(v, "intermediate_size")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: req_usize(v, "vocab_size")?,
+            rms_norm_eps: f("rms_norm_eps", 1e-6),
+            rope_theta: f("rope_theta", 10000.0),
+            rope_scaling,
+            max_position_embeddings: v
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(4096) as usize,
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            attention_bias: match architecture {
+                Architecture::Qwen2 => true,
+                _ => v
+                    .get("attention_bias")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            },
+            quantization,
+            moe,
+            sliding_window: None,
+            family_params: FamilyParams::None,
+            attention: AttentionConfig::default(),
+        };
+        crate::models::family(architecture).configure(v, &mut config)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads GGUF metadata and the tensor directory (for tied embeddings and biases).
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+        let arch_name = file
+            .get("general.architecture")
+            .and_then(GgufValue::as_str)
+            .ok_or_else(|| {
+                InferenceError::BadConfig("GGUF metadata has no general.architecture".into())
+            })?
+            .to_owned();
+        let architecture = Architecture::parse(&arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req = |k: &str| -> Result<usize> {
+            file.get(&key(k))
+                .and_then(GgufValue::as_u64)
+                .map(|x| x as usize)
+                .ok_or_else(|| {
+                    InferenceError::BadConfig(format!("GGUF metadata has no `{}`", key(k)))
+                })
+        };
+        let hidden_size = req("embedding_length")?;
+        let num_heads = req("attention.head_count")?;
+        let num_kv_heads = req("attention.head_count_kv").unwrap_or(num_heads);
+        let head_dim =
+            req("attention.key_length").unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0));
+        let vocab_size = match req("vocab_size") {
+            Ok(v) => v,
+            Err(_) => match file.get("tokenizer.ggml.tokens") {
+                Some(GgufValue::Array(a)) => a.len(),
+                _ => file
+                    .tensors
+                    .get("token_embd.weight")
+                    .map(|t| t.shape[0])
+                    .ok_or_else(|| {
+                        InferenceError::BadConfig("cannot tell the vocabulary size".into())
+                    })?,
+            },
+        };
+        let fl = |k: &str, default: f64| {
+            file.get(&key(k))
+                .and_then(GgufValue::as_f64)
+                .unwrap_or(default) as f32
+        };
+        let rope_scaling = match file
+            .get(&key("rope.scaling.type"))
+            .and_then(GgufValue::as_str)
+        {
+            Some("linear") => RopeScaling::Linear {
+                factor: fl("rope.scaling.factor", 1.0),
+            },
+            Some("none") | None => RopeScaling::None,
+            Some(other) => {
+                return Err(InferenceError::BadConfig(format!(
+                    "rope scaling type `{other}` is not supported (linear and llama3 are)"
+                )))
+            }
+        };
+        let config = ModelConfig {
+            architecture,
+            hidden_size,
+            num_layers: req("block_count")?,
+            intermediate_size: req("feed_forward_length")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps: fl("attention.layer_norm_rms_epsilon", 1e-5),
+            rope_theta: fl("rope.freq_base", 10000.0),
+            rope_scaling,
+            max_position_embeddings: req("context_length").unwrap_or(4096),
+            tie_word_embeddings: !file.tensors.contains_key("output.weight"),
+            attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
+            quantization: None,
+            moe: None,
+            sliding_window: None,
+            family_params: FamilyParams::None,
+            attention: AttentionConfig::default(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}

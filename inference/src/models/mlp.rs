@@ -1,0 +1,114 @@
+//! The gated feed-forward of dense blocks and of the experts' shared MLP: [`Mlp`], with its
+//! gate's activation.
+
+use super::parts::{all_sum, check_shape, layer_tensor};
+use crate::config::ModelConfig;
+use crate::error::{InferenceError, Result};
+use crate::linear::Linear;
+use crate::ring::RingGroup;
+use crate::weights::{TensorSource, WeightFormat};
+use mlx_rs::{nn, ops, Array};
+use std::sync::Arc;
+
+/// What a gated MLP applies to its gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateActivation {
+    /// `silu` (SwiGLU: Llama, Qwen).
+    Silu,
+    /// The tanh approximation of GELU (GeGLU: Gemma's `gelu_pytorch_tanh`).
+    GeluApprox,
+}
+
+/// The gated feed-forward: `down(act(gate(x)) * up(x))`, SwiGLU unless the family says.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    pub(crate) gate_proj: Linear,
+    pub(crate) up_proj: Linear,
+    pub(crate) down_proj: Linear,
+    pub(crate) activation: GateActivation,
+    /// Tensor parallel: see [`super::attention::Attention`].
+    pub(crate) reduce: Option<Arc<RingGroup>>,
+}
+
+impl Mlp {
+    /// The MLP of layer `layer`, checked against the configuration.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+    ) -> Result<Mlp> {
+        let prefix = layer_tensor(layer, "mlp");
+        Mlp::load_at(config, source, &prefix, config.intermediate_size, format)
+    }
+
+    /// The MLP `width` units wide under `prefix` (`model.layers.3.mlp.shared_experts`).
+    pub(crate) fn load_at(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        prefix: &str,
+        width: usize,
+        format: WeightFormat,
+    ) -> Result<Mlp> {
+        let p = |part: &str| format!("{prefix}.{part}");
+        let mlp = Mlp {
+            gate_proj: source.linear(&p("gate_proj"), format)?,
+            up_proj: source.linear(&p("up_proj"), format)?,
+            down_proj: source.linear(&p("down_proj"), format)?,
+            activation: GateActivation::Silu,
+            reduce: None,
+        };
+        check_shape(&mlp.gate_proj.weight, &p("gate_proj"), width)?;
+        check_shape(&mlp.up_proj.weight, &p("up_proj"), width)?;
+        check_shape(&mlp.down_proj.weight, &p("down_proj"), config.hidden_size)?;
+        Ok(mlp)
+    }
+
+    /// With another activation on the gate.
+    pub(crate) fn with_activation(self, activation: GateActivation) -> Mlp {
+        Mlp { activation, ..self }
+    }
+
+    /// Applies the block.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = self.gate_proj.forward(x)?;
+        let gate = match self.activation {
+            GateActivation::Silu => nn::silu(gate)?,
+            GateActivation::GeluApprox => nn::gelu_approximate(gate)?,
+        };
+        let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
+        all_sum(self.down_proj.forward(&h)?, &self.reduce)
+    }
+
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+            .into_iter()
+            .flat_map(Linear::arrays)
+            .collect()
+    }
+
+    /// Rank `rank`'s slice of a `size`-way tensor-parallel instance: its share of the hidden
+    /// units (gate and up by rows, down by columns).
+    pub(crate) fn cut(
+        &self,
+        rank: usize,
+        size: usize,
+        group: &Arc<RingGroup>,
+        what: &str,
+    ) -> Result<Mlp> {
+        let width = self.gate_proj.weight.out_rows();
+        if !width.is_multiple_of(size) {
+            return Err(InferenceError::BadSplit(format!(
+                "{what}: an MLP of {width} units cannot be split over {size} ranks"
+            )));
+        }
+        let (f0, f1) = (rank * width / size, (rank + 1) * width / size);
+        Ok(Mlp {
+            gate_proj: self.gate_proj.slice_rows(f0, f1)?,
+            up_proj: self.up_proj.slice_rows(f0, f1)?,
+            down_proj: self.down_proj.slice_columns(f0, f1, size, what)?,
+            activation: self.activation,
+            reduce: Some(group.clone()),
+        })
+    }
+}
