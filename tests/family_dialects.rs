@@ -11,12 +11,18 @@
 //! Responses), `anthropic` (whole and streamed) and `ollama` clients get: the call's name and
 //! typed arguments, and the thought in each reasoning field.
 //!
-//! What each model writes (its `routes.json`): harmony a thought on the `analysis` channel
-//! when the prompt is the template's, and a `get_weather({"city": "Paris"})` call when the
-//! client names the function (`tool_choice`, which Ollama's API lacks); GLM-4.7 and Kimi K2 a
-//! thought and the call unasked; DeepSeek V3.1 the call, with the thinking switch on a thought
-//! first; Qwen3-Coder and MiniMax M2 a named `get_time()` call (a bigram cannot write their
-//! XML with arguments, whose `>` and line breaks repeat; see the script).
+//! What each model writes (its `routes.json`; one node serves all eight):
+//! - harmony: a thought on the `analysis` channel after the template's prompt, and a
+//!   `get_weather({"city": "Paris"})` call when the client names the function (`tool_choice`,
+//!   which Ollama's API lacks, so that route skips Ollama); `harmony_unasked`: the same call
+//!   unasked (`<|channel|>commentary to=functions.get_weather <|constrain|>json`), so Ollama
+//!   gets it too;
+//! - GLM-4.7 and Kimi K2: a thought and the call, unasked;
+//! - DeepSeek V3.1: the call; with the template's thinking switch on (each API's own switch;
+//!   Responses has none), a thought first;
+//! - Qwen3-Coder and MiniMax M2: a named `get_time()` call (a bigram cannot write their XML
+//!   unasked or with arguments: its `>`, `</` and line breaks repeat with different
+//!   successors; see the script); `minimax_m2_thought`: the thought the template opens.
 //!
 //! Needs root (namespaces), the dialect fixtures and the venv (`cargo xtask setup`): fails
 //! otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
@@ -37,16 +43,29 @@ fn dialects_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The dialects the setup made (its manifest), or why there are none.
+/// The dialect models (`xtask/scripts/dialect_fixtures.py`'s `DIALECTS`): one per family, and
+/// a second where a bigram cannot write the family's thought and call after one prompt.
+const DIALECTS: [&str; 8] = [
+    "harmony",
+    "harmony_unasked",
+    "qwen3_coder",
+    "glm",
+    "deepseek_v31",
+    "kimi_k2",
+    "minimax_m2",
+    "minimax_m2_thought",
+];
+
+/// The dialect models, when the setup made every one (its manifest names them), or why not.
 fn dialects() -> Result<Vec<String>, String> {
     let manifest = dialects_root().join("manifest.json");
     let text =
         std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
     let names: Vec<String> = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    if names.len() < 6 {
-        return Err(format!("{} names {names:?}", manifest.display()));
+    match DIALECTS.iter().find(|d| !names.iter().any(|n| n == *d)) {
+        Some(missing) => Err(format!("{} lacks {missing}", manifest.display())),
+        None => Ok(DIALECTS.iter().map(|d| d.to_string()).collect()),
     }
-    Ok(names)
 }
 
 /// The id `node` lists `folder`'s model under, once it is ready.

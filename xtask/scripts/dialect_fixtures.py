@@ -172,6 +172,20 @@ DIALECTS = {
 }
 
 
+# A bigram writes one route per prompt tail, so a family whose thought and call cannot share
+# one route (harmony's second header repeats the first's tokens; MiniMax's named call and its
+# opened thought both follow a line break) gets a second model for the other: the same
+# family, tokenizer and template, another route.
+DIALECTS["harmony_unasked"] = dict(DIALECTS["harmony"], routes=[
+    ("auto", WEATHER, "<|start|>assistant",
+     "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+     '{"city": "Paris"}<|call|>', "", ["get_weather", {"city": "Paris"}]),
+])
+DIALECTS["minimax_m2_thought"] = dict(DIALECTS["minimax_m2"], routes=[
+    ("auto", TIME, "]~b]ai\n<think>\n", f"{THOUGHT}</think>[e~[", THOUGHT, None),
+])
+
+
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
