@@ -71,6 +71,7 @@ pub fn dialect_fixtures(
         ));
     }
     fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write the stamp: {e}"))?;
+    step.done(&root.display().to_string());
     Ok(())
 }
 
