@@ -1,9 +1,10 @@
 //! Each model family's tool calls and thoughts, as its own model writes them, through a real
 //! node to every official client. The models (`cargo xtask setup`, see
-//! `xtask/src/dialect_fixtures.rs`): for gpt-oss harmony, Qwen3-Coder, GLM-4.7, DeepSeek V3.1,
-//! Kimi K2 and MiniMax M2, the family's architecture with random weights plus a bigram path
-//! that makes greedy decoding write a call (and a thought where the family has them), the
-//! family's special tokens as its real tokenizer declares them and its real chat template.
+//! `xtask/src/dialect_fixtures.rs`): for gpt-oss harmony, Qwen3-Coder, GLM-4.6/4.7,
+//! DeepSeek V3.1, Kimi K2 and MiniMax M2, the family's architecture with random weights plus
+//! a bigram path that makes greedy decoding write a call (and a thought where the family has
+//! them), the family's special tokens as its real tokenizer declares them and its real chat
+//! template.
 //! So each call here is the model's own token stream — prompt rendered by the real template,
 //! tokens sampled by the runner, decoded by the real detokenizer (the markup tokens are single
 //! added tokens, special or not as in the real files), parsed by the family's dialect — and
@@ -11,13 +12,14 @@
 //! Responses), `anthropic` (whole and streamed) and `ollama` clients get: the call's name and
 //! typed arguments, and the thought in each reasoning field.
 //!
-//! What each model writes (its `routes.json`; one node serves all eight):
+//! What each model writes (its `routes.json`; one node serves all ten):
 //! - harmony: a thought on the `analysis` channel after the template's prompt, and a
 //!   `get_weather({"city": "Paris"})` call when the client names the function (`tool_choice`,
 //!   which Ollama's API lacks, so that route skips Ollama); `harmony_unasked`: the same call
 //!   unasked (`<|channel|>commentary to=functions.get_weather <|constrain|>json`), so Ollama
 //!   gets it too;
-//! - GLM-4.7 and Kimi K2: a thought and the call, unasked;
+//! - GLM-4.7 (the prompt opens the thought), GLM-4.6 (the model opens it) and Kimi K2
+//!   Thinking: a thought and the call, unasked; Kimi K2 Instruct: the call;
 //! - DeepSeek V3.1: the call; with the template's thinking switch on (each API's own switch;
 //!   Responses has none), a thought first;
 //! - Qwen3-Coder and MiniMax M2: a named `get_time()` call (a bigram cannot write their XML
@@ -43,15 +45,18 @@ fn dialects_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The dialect models (`xtask/scripts/dialect_fixtures.py`'s `DIALECTS`): one per family, and
-/// a second where a bigram cannot write the family's thought and call after one prompt.
-const DIALECTS: [&str; 8] = [
+/// The dialect models (`xtask/scripts/dialect_fixtures.py`'s `DIALECTS`): one per family, one
+/// per further real template of a family (GLM-4.6, Kimi K2 Instruct), and a second where a
+/// bigram cannot write the family's thought and call after one prompt.
+const DIALECTS: [&str; 10] = [
     "harmony",
     "harmony_unasked",
     "qwen3_coder",
     "glm",
+    "glm46",
     "deepseek_v31",
     "kimi_k2",
+    "kimi_k2_instruct",
     "minimax_m2",
     "minimax_m2_thought",
 ];

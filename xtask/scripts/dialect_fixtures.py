@@ -94,6 +94,8 @@ MINIMAX_TOKENS = [
     ("</think>", F), ("<minimax:tool_call>", F), ("</minimax:tool_call>", F),
 ]
 
+GLM_CALL = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+            "</tool_call><|observation|>")
 DEEPSEEK_CALL = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
                  '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
 
@@ -130,9 +132,7 @@ DIALECTS = {
         "bos": None, "eos": "<|endoftext|>", "pad": "<|endoftext|>",
         "ends": ["<|endoftext|>", "<|user|>", "<|observation|>"],
         "routes": [
-            ("auto", WEATHER, "<|assistant|><think>",
-             f"{THOUGHT}</think><tool_call>get_weather<arg_key>city</arg_key>"
-             "<arg_value>Paris</arg_value></tool_call><|observation|>",
+            ("auto", WEATHER, "<|assistant|><think>", f"{THOUGHT}</think>{GLM_CALL}",
              THOUGHT, ["get_weather", {"city": "Paris"}]),
         ],
     },
@@ -171,6 +171,20 @@ DIALECTS = {
     },
 }
 
+
+# The families' other real templates, on the same models' tokens: GLM-4.6 (whose prompt does
+# not open the thought: the model writes `<think>`; it writes no line breaks here, which a
+# bigram could not repeat) and Kimi K2 Instruct (no thought).
+DIALECTS["glm46"] = dict(DIALECTS["glm"], template="GLM-4.6", routes=[
+    ("auto", WEATHER, "<|assistant|>", f"<think>{THOUGHT}</think>{GLM_CALL}", THOUGHT,
+     ["get_weather", {"city": "Paris"}]),
+])
+DIALECTS["kimi_k2_instruct"] = dict(DIALECTS["kimi_k2"], template="moonshotai-Kimi-K2", routes=[
+    ("auto", WEATHER, "<|im_assistant|>assistant<|im_middle|>",
+     "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+     '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+     "<|im_end|>", "", ["get_weather", {"city": "Paris"}]),
+])
 
 # A bigram writes one route per prompt tail, so a family whose thought and call cannot share
 # one route (harmony's second header repeats the first's tokens; MiniMax's named call and its
