@@ -1,5 +1,5 @@
 """Models that speak each tool-call dialect through their own token stream: for every family
-whose calls shoal parses (gpt-oss harmony, Qwen3-Coder, GLM-4.7, DeepSeek V3.1, Kimi K2,
+whose calls shoal parses (gpt-oss harmony, Qwen3-Coder, GLM-4.6/4.7, DeepSeek V3.1, Kimi K2,
 MiniMax M2), a tiny model of the family's architecture (the family fixture's config) with
 
 - a tokenizer carrying the family's special tokens as its real `tokenizer_config.json`
@@ -51,6 +51,9 @@ TIME = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {}}}}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
+# Each family's added tokens with their `special` flags, as the family's published
+# tokenizer_config.json declares them (gpt-oss's o200k_harmony: its named tokens, not the
+# reserved ones); only the ids differ.
 T, F = True, False
 QWEN_TOKENS = [
     ("<|endoftext|>", T), ("<|im_start|>", T), ("<|im_end|>", T), ("<|object_ref_start|>", T),
