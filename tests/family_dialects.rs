@@ -10,7 +10,8 @@
 //! added tokens, special or not as in the real files), parsed by the family's dialect — and
 //! `tests/family_dialects_checks.py` asserts what the `openai` (chat, whole and streamed;
 //! Responses), `anthropic` (whole and streamed) and `ollama` clients get: the call's name and
-//! typed arguments, and the thought in each reasoning field.
+//! typed arguments, and the thought in each reasoning field; where the arguments are JSON
+//! (harmony, DeepSeek, Kimi), the OpenAI stream carries them in several deltas.
 //!
 //! What each model writes (its `routes.json`; one node serves all ten):
 //! - harmony: a thought on the `analysis` channel after the template's prompt, and a
