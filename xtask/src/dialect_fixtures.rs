@@ -39,10 +39,13 @@ pub fn dialect_fixtures(
     fs::write(&script, SCRIPT).map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     let templates = crate::reference::reference_dir().join("templates");
     let stamp = format!(
-        "script_sha256={}\nfamilies_sha256={}\ntokenizer_sha256={}\n",
+        "script_sha256={}\nfamilies_sha256={}\ntokenizer_sha256={}\ntemplates={}\nmlx={}\nmlx_lm={}\n",
         sha256_file(&script)?,
         sha256_file(&families.join("family_fixtures.py"))?,
         sha256_file(&tokenizer.join("tokenizer.json"))?,
+        templates.display(),
+        crate::mlx_build::MLX_VERSION,
+        crate::mlx_lm_venv::MLX_LM_VERSION,
     );
     let stamp_path = root.join(".shoal-ok");
     if fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) && all_there(&root) {
