@@ -19,7 +19,8 @@
 //! `q4`/`q8` affine 4/8-bit with group 64, `mxfp4` (group 32) for qwen3_moe and gpt_oss,
 //! `mxfp8` (group 32) for qwen3_moe. The tokenizer comes from the SmolLM2 fixture, exported by
 //! the inference crate's `export_hf` example (the one exporter). A stamp (the script's hash, the
-//! versions, the tokenizer's hash) makes a second run free.
+//! versions, the tokenizer's hash) makes a second run free. The same step then makes a model per
+//! tool-call dialect on these architectures ([`crate::dialect_fixtures`]).
 
 use crate::mlx_lm_venv::mlx_lm_venv;
 use crate::paths::{cache_dir, default_model, target_dir};
@@ -52,7 +53,8 @@ pub fn family_fixtures(step: Step) -> Result<(), String> {
         && all_folders_there(&root)
     {
         step.cached(&root.display().to_string());
-        return Ok(());
+        let (python, _) = mlx_lm_venv()?;
+        return crate::dialect_fixtures::dialect_fixtures(&step, &root, &tokenizer, &python);
     }
     let _ = fs::remove_file(&stamp_path);
     step.progress("the pinned mlx-lm venv");
@@ -77,7 +79,8 @@ pub fn family_fixtures(step: Step) -> Result<(), String> {
     }
     fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write the stamp: {e}"))?;
     step.done(&root.display().to_string());
-    Ok(())
+    // The models that speak each tool-call dialect, on these families' architectures.
+    crate::dialect_fixtures::dialect_fixtures(&step, &root, &tokenizer, &python)
 }
 
 /// `<cache>/fixtures/families`.

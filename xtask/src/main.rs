@@ -9,6 +9,7 @@ mod bench_moe;
 mod bench_peer_copy;
 mod bench_prompt_cache;
 mod cluster;
+mod dialect_fixtures;
 mod e2e;
 mod family_fixtures;
 mod kquants;

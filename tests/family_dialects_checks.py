@@ -1,0 +1,150 @@
+"""Each dialect model's own tool call and thought, read through a real node by every API's
+official client (tests/family_dialects.rs starts the node; the models and what each writes
+come from xtask/scripts/dialect_fixtures.py).
+
+Args: OPENAI_BASE_URL (…/v1) ROOT (http://host:port) CASES_JSON, a list of
+{"dialect", "model", "kind": "auto"|"thinking"|"named", "tool": {openai tool}, "thought",
+"call": [name, arguments] or null}. Every client must get exactly the case's typed call (none
+when null) and its thought in the reasoning field ("" when none). A named case forces the call
+with each API's tool_choice; Ollama's API has none, so it is left out there. Every check runs;
+the failures are listed at the end and the exit status is 1 if any.
+"""
+
+import json
+import sys
+
+import anthropic
+import ollama
+import openai
+
+base, root, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+failures = []
+MAX = 64
+# The dialects whose calls carry JSON arguments.
+JSON_ARGUMENTS = ("harmony", "deepseek", "kimi")
+
+
+def check(case, what, ok, seen):
+    label = f"{case['dialect']} {case['kind']}: {what}"
+    if ok:
+        print(f"ok: {label}", flush=True)
+    else:
+        print(f"FAILED: {label}: {seen}", flush=True)
+        failures.append(label)
+
+
+def expected(case):
+    return [tuple(case["call"])] if case["call"] else []
+
+
+def openai_chat(case, client):
+    tool, name = case["tool"], case["tool"]["function"]["name"]
+    extra = {}
+    if case["kind"] == "named":
+        extra["tool_choice"] = {"type": "function", "function": {"name": name}}
+    body = {"chat_template_kwargs": {"enable_thinking": True}} if case["kind"] == "thinking" else {}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model=case["model"], messages=messages, tools=[tool],
+                                       temperature=0, max_tokens=MAX, extra_body=body, **extra)
+    m = r.choices[0].message
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls or []]
+    reasoning = (m.model_extra or {}).get("reasoning_content") or ""
+    want_finish = "tool_calls" if case["call"] else "stop"
+    check(case, "openai chat: the typed call, finish_reason and the thought",
+          calls == expected(case) and r.choices[0].finish_reason == want_finish
+          and reasoning == case["thought"] and not (m.content or "").strip(), r)
+    chunks = list(client.chat.completions.create(
+        model=case["model"], messages=messages, tools=[tool], temperature=0, max_tokens=MAX,
+        extra_body=body, stream=True, **extra))
+    args, names, pieces = {}, {}, 0
+    for c in chunks:
+        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            if d.function.name:
+                names.setdefault(d.index, d.function.name)
+            args[d.index] = args.get(d.index, "") + (d.function.arguments or "")
+            pieces += bool(d.function.arguments)
+    streamed = [(names.get(i), json.loads(args[i])) for i in sorted(args)]
+    said = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                   for c in chunks if c.choices)
+    check(case, "openai chat streamed: the same call and thought",
+          streamed == expected(case) and said == case["thought"], (streamed, said))
+    # JSON arguments stream as the model writes them: several deltas for a call with
+    # arguments (the XML dialects' come whole as each parameter closes).
+    if case["call"] and case["call"][1] and case["dialect"].startswith(JSON_ARGUMENTS):
+        check(case, "openai chat streamed: the arguments in several deltas", pieces >= 3, pieces)
+
+
+def responses(case, client):
+    tool = case["tool"]["function"]
+    extra = {}
+    if case["kind"] == "named":
+        extra["tool_choice"] = {"type": "function", "name": tool["name"]}
+    r = client.responses.create(model=case["model"], input="What is the weather in Paris?",
+                                temperature=0, max_output_tokens=MAX, tools=[{
+                                    "type": "function", "name": tool["name"],
+                                    "description": tool["description"],
+                                    "parameters": tool["parameters"]}], **extra)
+    calls = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
+    reasoning = "".join(c.text for o in r.output if o.type == "reasoning"
+                        for c in (o.content or []))
+    check(case, "responses: the function_call item and the reasoning item",
+          calls == expected(case) and reasoning == case["thought"], r.output)
+
+
+def anthropic_messages(case, client):
+    tool = case["tool"]["function"]
+    extra = {}
+    if case["kind"] == "named":
+        extra["tool_choice"] = {"type": "tool", "name": tool["name"]}
+    if case["kind"] == "thinking":
+        extra["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+    tools = [{"name": tool["name"], "description": tool["description"],
+              "input_schema": tool["parameters"]}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    # The pinned client takes no `temperature` argument; the API field is sent as is.
+    greedy = {"temperature": 0}
+    r = client.messages.create(model=case["model"], max_tokens=2048, messages=messages,
+                               tools=tools, extra_body=greedy, **extra)
+    uses = [(b.name, b.input) for b in r.content if b.type == "tool_use"]
+    thinking = "".join(b.thinking for b in r.content if b.type == "thinking")
+    want_stop = "tool_use" if case["call"] else "end_turn"
+    check(case, "anthropic: the tool_use block, stop_reason and the thinking block",
+          uses == expected(case) and thinking == case["thought"] and r.stop_reason == want_stop,
+          r)
+    with client.messages.stream(model=case["model"], max_tokens=2048, messages=messages,
+                                tools=tools, extra_body=greedy, **extra) as s:
+        final = s.get_final_message()
+    uses = [(b.name, b.input) for b in final.content if b.type == "tool_use"]
+    thinking = "".join(b.thinking for b in final.content if b.type == "thinking")
+    check(case, "anthropic streamed: the same tool_use and thinking",
+          uses == expected(case) and thinking == case["thought"], final.content)
+
+
+def ollama_chat(case, client):
+    think = True if case["kind"] == "thinking" else None
+    r = client.chat(model=case["model"], messages=[
+        {"role": "user", "content": "What is the weather in Paris?"}], tools=[case["tool"]],
+        stream=False, think=think, options={"temperature": 0, "num_predict": MAX})
+    calls = [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls or []]
+    check(case, "ollama: the typed call and the thinking",
+          calls == expected(case) and (r.message.thinking or "") == case["thought"], r.message)
+
+
+oa = openai.OpenAI(base_url=base, api_key="none")
+an = anthropic.Anthropic(base_url=root, api_key="none")
+ol = ollama.Client(host=root)
+for case in cases:
+    for run in (openai_chat, responses, anthropic_messages, ollama_chat):
+        if run is ollama_chat and case["kind"] == "named":
+            continue  # Ollama's API has no tool_choice
+        if run is responses and case["kind"] == "thinking":
+            continue  # the Responses API has no thinking switch (only reasoning.effort)
+        try:
+            run(case, {openai_chat: oa, responses: oa, anthropic_messages: an,
+                       ollama_chat: ol}[run])
+        except Exception as e:  # a client that raises is a failed check, not a crash
+            check(case, run.__name__, False, repr(e))
+if failures:
+    print(f"{len(failures)} failed: {failures}", flush=True)
+    sys.exit(1)
+print("all passed", flush=True)
