@@ -57,7 +57,8 @@ pub struct TemplateInput<'a> {
     pub tools: Option<&'a [ToolSpec]>,
     /// Open the assistant's turn at the end.
     pub add_generation_prompt: bool,
-    /// `enable_thinking` (Qwen3's switch), passed only when set.
+    /// The thinking switch, passed only when set, as `enable_thinking` (Qwen3's name) and
+    /// `thinking` (DeepSeek V3.1's; see [`template_variables`]).
     pub enable_thinking: Option<bool>,
     /// `reasoning_effort` (gpt-oss's `low`, `medium`, `high`), passed only when set.
     pub reasoning_effort: Option<&'a str>,
@@ -293,8 +294,12 @@ pub fn render_template(
 
 /// The variables a template is rendered with, as a JSON object (keys in order): `messages`,
 /// `tools` when tools are offered, `add_generation_prompt`, `bos_token`, `eos_token`, and
-/// `enable_thinking` and `reasoning_effort` when set. Reference renderers (the tests' jinja2) take exactly this text,
-/// so that both see the same input.
+/// `enable_thinking` and `reasoning_effort` when set. Reference renderers (the tests' jinja2)
+/// take exactly this text, so that both see the same input.
+///
+/// The thinking switch goes in under both names families read it by: `enable_thinking`
+/// (Qwen3, GLM, SmolLM3) and `thinking` (DeepSeek V3.1 and later, whose published templates
+/// read only `thinking`; llama.cpp's copies map one onto the other).
 ///
 /// Without tools, `tools` is left undefined, where `transformers` passes `None`: jinja2
 /// renders both the same for every template llama.cpp ships except three `tool_use`-only
@@ -350,6 +355,8 @@ pub fn template_variables(input: &TemplateInput) -> String {
         #[serde(skip_serializing_if = "Option::is_none")]
         enable_thinking: Option<bool>,
         #[serde(skip_serializing_if = "Option::is_none")]
+        thinking: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         reasoning_effort: Option<&'a str>,
     }
     let variables = Variables {
@@ -392,6 +399,7 @@ pub fn template_variables(input: &TemplateInput) -> String {
         bos_token: input.bos_token,
         eos_token: input.eos_token,
         enable_thinking: input.enable_thinking,
+        thinking: input.enable_thinking,
         reasoning_effort: input.reasoning_effort,
     };
     serde_json::to_string(&variables).unwrap_or_default()
@@ -452,6 +460,28 @@ fn without_generation_tags(template: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_thinking_switch_reaches_templates_under_both_names() {
+        // DeepSeek V3.1's published template reads `thinking`, Qwen3's `enable_thinking`.
+        let template = "{% if thinking %}<think>{% endif %}|{% if enable_thinking %}on{% endif %}\
+                        |{% if thinking is defined %}set{% endif %}";
+        let render = |enable_thinking| {
+            let input = TemplateInput {
+                messages: &[],
+                tools: None,
+                add_generation_prompt: true,
+                enable_thinking,
+                reasoning_effort: None,
+                bos_token: "",
+                eos_token: "",
+            };
+            render_template(template, &input, &TemplateClock::default()).unwrap()
+        };
+        assert_eq!(render(Some(true)), "<think>|on|set");
+        assert_eq!(render(Some(false)), "||set");
+        assert_eq!(render(None), "||");
+    }
 
     #[test]
     fn generation_blocks_become_plain_blocks() {
