@@ -142,31 +142,7 @@ pub struct ModelShape {
 /// One message of the conversation, its content flattened to text, with the tool calls an
 /// assistant turn made and, for a `tool` turn, the call it answers. The tool fields are left
 /// out of a forwarded chat's JSON when empty.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `developer`, `user`, `assistant` or `tool`.
-    pub role: String,
-    pub content: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
-    /// A tool result's call id.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    /// A tool result's tool name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-}
-
-impl ChatMessage {
-    /// A message with this role and text.
-    pub fn text(role: &str, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-            ..ChatMessage::default()
-        }
-    }
-}
+pub use wire::chat::ChatMessage;
 
 /// Sampling and stopping settings, passed through from the request. `None` means the
 /// engine's default.

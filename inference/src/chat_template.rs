@@ -5,36 +5,9 @@
 use crate::error::{InferenceError, Result};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// One message of a chat, with the fields `transformers`' chat templates read.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// The text (empty for an assistant turn that only called tools).
-    pub content: String,
-    /// The calls an assistant turn made; templates see each as
-    /// `{"id", "type": "function", "function": {"name", "arguments": {...}}}`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
-    /// A tool result's call id (`role: "tool"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    /// A tool result's tool name (`role: "tool"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-}
-
-/// A call an assistant turn made.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ToolCall {
-    /// The call's id, which the tool result names.
-    pub id: String,
-    /// The function called.
-    pub name: String,
-    /// The arguments as JSON text (an object); templates see it parsed, keys in order, as
-    /// `transformers` expects (text that is not JSON is passed as the string).
-    pub arguments: String,
-}
+/// One message of a chat and a call an assistant turn made, as the gateway receives them and
+/// the templates read them ([`wire::chat`]).
+pub use wire::chat::{ChatMessage, ToolCall};
 
 /// A function the model may call, as the template's `tools` list holds it:
 /// `{"type": "function", "function": {"name", "description", "parameters"}}`.

@@ -75,18 +75,18 @@ fn chosen() -> Option<KernelIsa> {
 /// with which instructions.
 pub(crate) fn product_isa(spec: QuantSpec, packed_ndim: usize, x: &Array) -> Option<KernelIsa> {
     let isa = chosen()?;
-    let QuantSpec {
-        group_size,
-        bits,
-        mode,
-    } = spec;
-    let fits = mode == QuantMode::Affine
-        && matches!(bits, 4 | 8)
-        && group_size > 0
-        && group_size % 8 == 0
-        && matches!(packed_ndim, 2 | 3)
-        && x.dtype() == Dtype::Float32;
+    let fits = serves(spec) && matches!(packed_ndim, 2 | 3) && x.dtype() == Dtype::Float32;
     fits.then_some(isa)
+}
+
+/// Whether shoal's CPU kernel serves weights quantized as `spec` (affine, 4 or 8 bits, groups
+/// of a multiple of 8): a property of the file alone, so every node decides the same
+/// ([`crate::weights::WeightFormat::preferred`] keeps such files quantized on the CPU).
+pub fn serves(spec: QuantSpec) -> bool {
+    spec.mode == QuantMode::Affine
+        && matches!(spec.bits, 4 | 8)
+        && spec.group_size > 0
+        && spec.group_size % 8 == 0
 }
 
 /// `x @ dequantize(packed, scales, biases)^T` with shoal's CPU kernel: `x` f32 `[..., k]`,

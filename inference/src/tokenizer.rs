@@ -103,17 +103,6 @@ pub struct Tokenizer {
     pub kept_controls: Vec<String>,
 }
 
-impl ChatMessage {
-    /// A message with this role and content.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-            ..ChatMessage::default()
-        }
-    }
-}
-
 fn strings(file: &GgufFile, key: &str) -> Option<Vec<String>> {
     match file.get(key)? {
         GgufValue::Array(items) => items

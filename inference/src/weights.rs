@@ -67,19 +67,28 @@ impl WeightFormat {
 
     /// The form a model runs in unless memory forbids it, the same on every node (placement
     /// counts it): the backend's default ([`Self::default_for_backend`]), except that on the
-    /// CPU backend a Mixture-of-Experts model stored quantized stays quantized. Its f32 form
-    /// holds every expert at 8 times the file for the few a token reads: the 1.9 B Qwen3-MoE
-    /// bench model at 4 bits decodes 6.9 tok/s as f32 and 4.1 quantized, but holds 9.27 GB
-    /// against 1.26 GB; and a cluster of CPU boxes could not place Qwen3-30B-A3B (17 GB at 4
-    /// bits) if placement counted its 122 GB of f32.
+    /// CPU backend a model stored quantized stays quantized when shoal's CPU kernel serves its
+    /// encoding ([`crate::cpu_kernels::serves`]: affine 4- and 8-bit), and a Mixture-of-Experts
+    /// model stored quantized stays quantized in any encoding.
+    ///
+    /// Dense: the quantized form is as fast as f32 and holds a third of the memory
+    /// (`cargo xtask bench inference`, SmolLM2-135M at 4 bits, 2026-12-05, medians of 3
+    /// interleaved rounds under load: prompt 164.8 against 166.8 tok/s, generation 12.46
+    /// against 8.85 tok/s, peak RSS 168 against 575 MB). Mixture of Experts: the f32 form holds
+    /// every expert at 8 times the file for the few a token reads (the 1.9 B Qwen3-MoE bench
+    /// model at 4 bits holds 9.27 GB as f32 against 1.26 GB), and a cluster of CPU boxes could
+    /// not place Qwen3-30B-A3B (17 GB at 4 bits) if placement counted its 122 GB of f32.
     pub fn preferred(config: &ModelConfig) -> WeightFormat {
         let default = Self::default_for_backend();
-        let stays_quantized = config.moe.is_some() && config.quantization.is_some();
-        if default == WeightFormat::F32 && stays_quantized && std::env::var_os(Self::ENV).is_none()
-        {
-            return WeightFormat::Quantized;
+        if default != WeightFormat::F32 || std::env::var_os(Self::ENV).is_some() {
+            return default;
         }
-        default
+        match &config.quantization {
+            Some(q) if config.moe.is_some() || q.specs().all(crate::cpu_kernels::serves) => {
+                WeightFormat::Quantized
+            }
+            _ => default,
+        }
     }
 
     /// The form to load layers `range` of a model in when the caller did not choose: the
@@ -611,6 +620,39 @@ mod tests {
             WeightFormat::Quantized
         );
         assert_eq!(WeightFormat::preferred(&moe), WeightFormat::Quantized);
+        // A dense model stays quantized where shoal's CPU kernel serves every encoding it
+        // uses (affine 4 and 8 bits), else runs as f32 (MLX's own CPU kernels are slower).
+        let quantized = |bits, mode, override_bits: Option<i32>| {
+            let mut dense = config(64, 2);
+            dense.quantization = Some(crate::config::QuantizationConfig {
+                group_size: 64,
+                bits,
+                mode,
+                overrides: override_bits
+                    .map(|b| {
+                        let spec = QuantSpec {
+                            group_size: 64,
+                            bits: b,
+                            mode: QuantMode::Affine,
+                        };
+                        [("lm_head".to_string(), spec)].into_iter().collect()
+                    })
+                    .unwrap_or_default(),
+            });
+            WeightFormat::preferred(&dense)
+        };
+        assert_eq!(
+            quantized(4, QuantMode::Affine, None),
+            WeightFormat::Quantized
+        );
+        assert_eq!(
+            quantized(8, QuantMode::Affine, Some(4)),
+            WeightFormat::Quantized
+        );
+        assert_eq!(quantized(3, QuantMode::Affine, None), WeightFormat::F32);
+        assert_eq!(quantized(4, QuantMode::Affine, Some(6)), WeightFormat::F32);
+        assert_eq!(quantized(4, QuantMode::Mxfp4, None), WeightFormat::F32);
+        assert_eq!(WeightFormat::preferred(&config(64, 2)), WeightFormat::F32);
         assert_eq!("BF16".parse::<WeightFormat>().unwrap(), WeightFormat::Bf16);
         assert!("int3".parse::<WeightFormat>().is_err());
     }

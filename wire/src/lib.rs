@@ -7,10 +7,13 @@
 //!   (`{"state": "loading", "done": 3, "total": 30}`). The type itself is
 //!   [`placement::RunnerStatus`], the one the replicated state and the worker plan use.
 //! - [`token_map`]: maps from token ids (`logit_bias`), read the same inside tagged messages.
+//! - [`chat`]: a chat's messages and tool calls, from the API through forwarding to the chat
+//!   template.
 //!
 //! The crate exists because `gateway` and `inference` do not depend on each other, yet both
 //! speak these shapes; both may depend on it (it depends on `placement` only).
 
+pub mod chat;
 pub mod frame;
 pub mod runner_status;
 pub mod token_map;

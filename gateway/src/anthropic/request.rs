@@ -170,7 +170,7 @@ fn parse_turn(
     let blocks = match m.get("content") {
         None | Some(Value::Null) => return Err(ApiError::missing_field(&at("content"))),
         Some(Value::String(s)) => {
-            out.push(ChatMessage::text(&role, s.clone()));
+            out.push(ChatMessage::new(&role, s.clone()));
             return Ok(());
         }
         Some(Value::Array(blocks)) => blocks,
@@ -225,7 +225,7 @@ fn parse_turn(
                 if !text.is_empty() || !calls.is_empty() {
                     out.push(ChatMessage {
                         tool_calls: std::mem::take(&mut calls),
-                        ..ChatMessage::text(&role, std::mem::take(&mut text))
+                        ..ChatMessage::new(&role, std::mem::take(&mut text))
                     });
                 }
                 let tool_call_id = block.get("tool_use_id").and_then(Value::as_str);
@@ -239,7 +239,7 @@ fn parse_turn(
                 out.push(ChatMessage {
                     tool_call_id: tool_call_id.map(str::to_string),
                     name,
-                    ..ChatMessage::text("tool", tool_result_text(block.get("content"), &param)?)
+                    ..ChatMessage::new("tool", tool_result_text(block.get("content"), &param)?)
                 });
             }
             // Thinking a client sends back is the model's own; the template drops it.
@@ -270,7 +270,7 @@ fn parse_turn(
     if !text.is_empty() || !calls.is_empty() || out.last().is_none_or(|m| m.role != "tool") {
         out.push(ChatMessage {
             tool_calls: calls,
-            ..ChatMessage::text(&role, text)
+            ..ChatMessage::new(&role, text)
         });
     }
     Ok(())

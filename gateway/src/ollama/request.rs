@@ -233,7 +233,7 @@ fn parse_messages(
         };
         let mut message = ChatMessage {
             tool_calls,
-            ..ChatMessage::text(&role, content)
+            ..ChatMessage::new(&role, content)
         };
         if role == "assistant" {
             unanswered = message.tool_calls.iter().cloned().collect();

@@ -210,7 +210,7 @@ fn parse_input(
                     Some(last) if last.role == "assistant" => last.tool_calls.push(call),
                     _ => out.push(ChatMessage {
                         tool_calls: vec![call],
-                        ..ChatMessage::text("assistant", "")
+                        ..ChatMessage::new("assistant", "")
                     }),
                 }
             }
@@ -235,7 +235,7 @@ fn parse_input(
                 out.push(ChatMessage {
                     tool_call_id: call_id.map(str::to_string),
                     name,
-                    ..ChatMessage::text("tool", output)
+                    ..ChatMessage::new("tool", output)
                 });
             }
             // Earlier reasoning is the model's own; the template drops it.
@@ -274,7 +274,7 @@ fn parse_message(at: &str, item: &Map<String, Value>) -> Result<ChatMessage, Api
             ))
         }
     };
-    Ok(ChatMessage::text(&role, content))
+    Ok(ChatMessage::new(&role, content))
 }
 
 /// Text parts (`input_text`, `output_text`), concatenated.

@@ -40,15 +40,8 @@ pub struct Tool {
 }
 
 /// A call: made by an earlier assistant turn (sent back by the client), or parsed out of
-/// this answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToolCall {
-    /// The id the tool's result refers to.
-    pub id: String,
-    pub name: String,
-    /// The arguments, JSON text of an object (keys in order).
-    pub arguments: String,
-}
+/// this answer. One type with the chat template's ([`wire::chat`]).
+pub use wire::chat::ToolCall;
 
 /// Which tools the model may call (`tool_choice`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

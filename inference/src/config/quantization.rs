@@ -76,4 +76,14 @@ impl QuantizationConfig {
             mode: self.mode,
         })
     }
+
+    /// Every encoding the checkpoint uses: its default and each per-path exception.
+    pub fn specs(&self) -> impl Iterator<Item = QuantSpec> + '_ {
+        let default = QuantSpec {
+            group_size: self.group_size,
+            bits: self.bits,
+            mode: self.mode,
+        };
+        std::iter::once(default).chain(self.overrides.values().copied())
+    }
 }
