@@ -332,7 +332,7 @@ async fn serve_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gateway::{ChatMessage, FinishReason, SamplingParams, TokenLogprob};
+    use gateway::{ChatMessage, FinishReason, RequestedSampling, TokenLogprob};
     use proptest::prelude::*;
     use wire::FrameError;
 
@@ -384,14 +384,14 @@ mod tests {
                     ..ChatMessage::default()
                 },
             ],
-            sampling: SamplingParams {
+            sampling: RequestedSampling {
                 max_tokens: Some(16),
                 temperature: Some(0.0),
                 seed: Some(7),
                 stop: vec!["\n\n".into()],
                 logprobs: Some(0),
                 ignore_eos: true,
-                ..SamplingParams::default()
+                ..RequestedSampling::default()
             },
             user: Some("u".into()),
             // Tools, a call and its result travel too (rendered where the instance runs).
@@ -515,7 +515,7 @@ mod tests {
             chat: ChatRequest {
                 model: "m".into(),
                 messages: vec![],
-                sampling: SamplingParams::default(),
+                sampling: RequestedSampling::default(),
                 user: None,
                 ..ChatRequest::default()
             },
@@ -529,7 +529,7 @@ mod tests {
         // as internal ones.
         let old = r#"{"v":1,"msg":{"instance_id":"i","chat":{"model":"m","messages":[{"role":"user","content":"hi"}]}}}"#;
         let back: Request = CODEC.decode_body(old.as_bytes()).unwrap();
-        assert_eq!(back.chat.sampling, SamplingParams::default());
+        assert_eq!(back.chat.sampling, RequestedSampling::default());
         let odd = r#"{"v":1,"msg":{"type":"failed","error":{"kind":"martian","message":"m"}}}"#;
         let Reply::Failed { error } = CODEC.decode_body::<Reply>(odd.as_bytes()).unwrap() else {
             panic!("a failure")

@@ -152,7 +152,7 @@ pub use wire::chat::ChatMessage;
 /// forwarded chat carries this one (its serde form, every field present, `null` when unset).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct SamplingParams {
+pub struct RequestedSampling {
     /// Upper bound on generated tokens (`max_completion_tokens`, else `max_tokens`). The
     /// gateway also enforces it on the events it receives.
     pub max_tokens: Option<u32>,
@@ -190,7 +190,7 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// Absent on the wire: every setting the engine's default.
     #[serde(default)]
-    pub sampling: SamplingParams,
+    pub sampling: RequestedSampling,
     /// OpenAI's end-user id, for logs.
     #[serde(default)]
     pub user: Option<String>,
@@ -461,19 +461,19 @@ mod tests {
 
     #[test]
     fn logit_bias_is_left_out_when_empty_and_read_as_none_when_absent() {
-        let plain = serde_json::to_value(SamplingParams::default()).unwrap();
+        let plain = serde_json::to_value(RequestedSampling::default()).unwrap();
         assert!(plain.get("logit_bias").is_none(), "{plain}");
-        let biased = SamplingParams {
+        let biased = RequestedSampling {
             logit_bias: [(50256, -100.0)].into(),
-            ..SamplingParams::default()
+            ..RequestedSampling::default()
         };
         let json = serde_json::to_value(&biased).unwrap();
         assert_eq!(json["logit_bias"], serde_json::json!({"50256": -100.0}));
         assert_eq!(
-            serde_json::from_value::<SamplingParams>(json).unwrap(),
+            serde_json::from_value::<RequestedSampling>(json).unwrap(),
             biased
         );
-        let old: SamplingParams = serde_json::from_str(r#"{"max_tokens":3}"#).unwrap();
+        let old: RequestedSampling = serde_json::from_str(r#"{"max_tokens":3}"#).unwrap();
         assert!(old.logit_bias.is_empty());
     }
 }

@@ -64,7 +64,7 @@ mod writers_tests;
 pub use access::{AccessPolicy, KeyError, Scope};
 pub use backend::{
     AnswerForm, Backend, BoxFuture, CancellationToken, ChatEvent, ChatEventSender, ChatMessage,
-    ChatRequest, ChatStream, FinishReason, ModelInfo, ModelShape, SamplingParams, TokenLogprob,
+    ChatRequest, ChatStream, FinishReason, ModelInfo, ModelShape, RequestedSampling, TokenLogprob,
     Tool, ToolCall, ToolChoice,
 };
 pub use config::{EventsConfig, GatewayConfig};

@@ -4,7 +4,7 @@
 //! template's `assistant`/`tool` turns), `stop_sequences` are the gateway's stop strings.
 //! Each mistake is a 400 naming its field.
 
-use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
+use crate::backend::{ChatMessage, ChatRequest, RequestedSampling, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_stop, required_string,
@@ -63,14 +63,14 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
             ))
         }
     };
-    let sampling = SamplingParams {
+    let sampling = RequestedSampling {
         max_tokens,
         // Anthropic's range is 0..1; the engine's is wider, so 1 stays 1.
         temperature: opt_f32_in(&obj, "temperature", 0.0, 1.0)?,
         top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
         top_k: opt_u64(&obj, "top_k")?.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
         stop: parse_stop(obj.get("stop_sequences"), "stop_sequences")?,
-        ..SamplingParams::default()
+        ..RequestedSampling::default()
     };
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     Ok(ParsedMessages {

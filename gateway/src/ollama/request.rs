@@ -4,7 +4,7 @@
 //! (`num_ctx`, `num_gpu`, ...) are ignored, as Ollama ignores unknown ones. Streaming is the
 //! default, as in Ollama. Each mistake is a 400 naming its field.
 
-use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
+use crate::backend::{ChatMessage, ChatRequest, RequestedSampling, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
@@ -260,7 +260,7 @@ fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
 }
 
 /// `options`, with errors naming `options.FIELD`.
-fn parse_options(o: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
+fn parse_options(o: &Map<String, Value>) -> Result<RequestedSampling, ApiError> {
     let named = |e: ApiError| match e.param.clone() {
         Some(p) => e.with_param(format!("options.{p}")),
         None => e,
@@ -279,7 +279,7 @@ fn parse_options(o: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
             Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
         },
     };
-    Ok(SamplingParams {
+    Ok(RequestedSampling {
         max_tokens,
         temperature: opt_f32_in(o, "temperature", 0.0, 2.0).map_err(named)?,
         top_p: opt_f32_in(o, "top_p", 0.0, 1.0).map_err(named)?,
@@ -291,7 +291,7 @@ fn parse_options(o: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
         stop: parse_stop(o.get("stop"), "stop").map_err(named)?,
         presence_penalty: opt_f32_in(o, "presence_penalty", -2.0, 2.0).map_err(named)?,
         frequency_penalty: opt_f32_in(o, "frequency_penalty", -2.0, 2.0).map_err(named)?,
-        ..SamplingParams::default()
+        ..RequestedSampling::default()
     })
 }
 

@@ -4,7 +4,7 @@
 //! each mistake is answered with a 400 naming the field at fault (`param`), which serde's
 //! derived errors do not do. Unknown fields are ignored, as OpenAI-compatible servers do.
 
-use crate::backend::{ChatMessage, ChatRequest, SamplingParams};
+use crate::backend::{ChatMessage, ChatRequest, RequestedSampling};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_logit_bias, parse_seed,
@@ -100,7 +100,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         (false, None) => None,
     };
 
-    let sampling = SamplingParams {
+    let sampling = RequestedSampling {
         max_tokens,
         temperature: opt_f32_in(&obj, "temperature", 0.0, 2.0)?,
         top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
@@ -282,7 +282,7 @@ mod tests {
         assert_eq!(p.request.model, "m");
         assert_eq!(p.request.messages[0].content, "hi");
         assert!(!p.stream);
-        assert_eq!(p.request.sampling, SamplingParams::default());
+        assert_eq!(p.request.sampling, RequestedSampling::default());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! `conversation` are refused with a 400 saying to send the whole conversation. Each mistake
 //! is a 400 naming its field.
 
-use crate::backend::{ChatMessage, ChatRequest, SamplingParams, ToolCall};
+use crate::backend::{ChatMessage, ChatRequest, RequestedSampling, ToolCall};
 use crate::error::ApiError;
 use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, reasoning_effort,
@@ -83,13 +83,13 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         }
         other => other.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
     };
-    let sampling = SamplingParams {
+    let sampling = RequestedSampling {
         max_tokens,
         temperature: opt_f32_in(&obj, "temperature", 0.0, 2.0)?,
         top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
         seed: parse_seed(&obj)?,
         logprobs: parse_logprobs(&obj)?,
-        ..SamplingParams::default()
+        ..RequestedSampling::default()
     };
     let reasoning_effort = match obj.get("reasoning") {
         None | Some(Value::Null) => None,
