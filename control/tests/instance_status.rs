@@ -141,12 +141,15 @@ fn instance_status_table() {
             Ok(p) => p.ranks.iter().map(|r| r.node.clone()).collect(),
             Err(_) => vec!["a".into()],
         };
-        // The first rank's node sees it; the instance is written by `a`.
-        let me = nodes[0].clone();
+        // With a runner of its own, the first rank's node sees it; else a node without a rank.
+        let me = match mine {
+            Some(_) => nodes[0].clone(),
+            None => "observer".to_string(),
+        };
         let mut snapshot = Snapshot {
             settling: false,
             me: me.clone(),
-            authors: Default::default(),
+            authors: [(me.clone(), author(true, &[]))].into(),
         };
         for (rank, node) in nodes.iter().enumerate() {
             let mut records = vec![];

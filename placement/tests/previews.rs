@@ -11,11 +11,18 @@ fn previews_cover_every_combination_in_order_each_as_place_gives_it() {
         // One node that holds it: pipeline/ring places, JACCL needs Metal and RDMA (none here),
         // tensor on one node places like pipeline.
         (&[1000], 500, &[true, false, true, false]),
-        // Two nodes, a model only both together hold: one node fails, two nodes place.
+        // Two nodes, a model only both together hold: a count is the least number of nodes,
+        // so one and two both find the two-node ring (JACCL still has no RDMA here).
         (
             &[600, 600],
             1000,
-            &[false, true, false, false, false, true, false, false],
+            &[true, true, false, false, true, true, false, false],
+        ),
+        // Two nodes that together cannot hold it: nothing places.
+        (
+            &[300, 300],
+            1000,
+            &[false, false, false, false, false, false, false, false],
         ),
     ];
     for (rams, model_mb, expected) in cases {
