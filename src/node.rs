@@ -10,7 +10,7 @@
 //!
 //! Neither face owns the other: both read and change the node through this type.
 
-pub use crate::context::NodeContext;
+use crate::context::NodeContext;
 use control::PlacementCache;
 use models::fetch::Downloads;
 use models::locate::ModelDirs;

@@ -1,6 +1,8 @@
-//! The default command: run a node. It binds the HTTP API, joins the mesh (identity,
-//! discovery, replicated state), publishes this machine's profile, probes the other nodes'
-//! addresses to record verified edges, and runs until Ctrl-C or SIGTERM.
+//! The default command: run a node (wiring). It reads the cluster secret, joins the mesh
+//! (identity, discovery, replicated state) with the binary's own protocols (chat forwarding,
+//! file copies), publishes this machine's profile, serves model files to members, starts the
+//! node itself (`serve.rs`: the API and the executor), probes the other nodes' addresses to
+//! record verified edges, and runs until Ctrl-C or SIGTERM.
 
 use crate::context::NodeContext;
 use crate::mesh_state::MeshContext;
