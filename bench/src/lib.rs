@@ -8,6 +8,9 @@
 //! Prompt tok/s is prompt tokens over the time to the first token; generation tok/s is
 //! (completion tokens − 1) over the time from the first token to the last, both as seen by
 //! the client (so they include HTTP and, through a node without rank 0, forwarding).
+//!
+//! **Why a crate of its own.** It is a client of the cluster API (over `kit`'s typed client),
+//! not part of the node: as a crate it keeps the node itself off the test kit.
 
 mod instance;
 mod prompt;
