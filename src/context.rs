@@ -1,9 +1,12 @@
-//! [`NodeContext`]: what the node's backend needs from the rest of the node (the mesh): its
-//! id, the replicated state, writes of its own records, and chats forwarded to other nodes.
-//! The mesh supplies it (src/node.rs); unit tests use [`LocalOnly`], an in-memory lone node.
+//! [`NodeContext`]: what the node needs from the rest of the process (the mesh): its id, the
+//! replicated state, writes of its own records (the part the models need too,
+//! [`models::Cluster`]), the state's changes, and connections to other nodes for chat
+//! forwarding. The mesh supplies it (`MeshContext`, src/mesh_state.rs); unit tests use
+//! [`LocalOnly`], an in-memory lone node.
 
+#[cfg(test)]
 use control::Snapshot;
-use gateway::{ApiError, BoxFuture, CancellationToken, ChatRequest, ChatStream};
+use gateway::BoxFuture;
 #[cfg(test)]
 use serde_json::json;
 use serde_json::Value;
@@ -13,38 +16,23 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// What the node knows beyond its own runners: supplied by the mesh (or a lone test node).
-pub trait NodeContext: Send + Sync + 'static {
-    /// This node's id (`GET /node_id`).
-    fn node_id(&self) -> String;
-    /// The replicated state now, with this node's liveness view.
-    fn snapshot(&self) -> Snapshot;
+pub trait NodeContext: models::Cluster {
     /// The state as `GET /state` shows it (before the instances are added).
     fn state_json(&self) -> Value;
-    /// Writes this node's record `key`.
-    fn write(&self, key: &str, value: &Value) -> Result<(), String>;
-    /// A connection to member `node` on the file-copy ALPN ([`crate::models::peer`]); a node
-    /// outside a mesh has none.
-    fn open_files(
-        &self,
-        node: String,
-    ) -> BoxFuture<'_, Result<iroh::endpoint::Connection, String>> {
-        Box::pin(async move { Err(format!("no mesh to reach node {node} through")) })
-    }
-    /// Deletes this node's record `key`; true if it existed.
-    fn remove(&self, key: &str) -> bool;
     /// Grows with every start of this node, so ids made now never repeat older ones.
     fn generation(&self) -> u64;
-    /// Changes of the state, to react at once (the reconciler also ticks).
+    /// Changes of the state, to react at once (the executor also ticks).
     fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<mesh::Event>>;
-    /// Sends `request` for instance `instance_id` to `node` (its rank 0) and streams the
-    /// events back.
-    fn forward_chat(
-        &self,
-        node: String,
-        instance_id: String,
-        request: ChatRequest,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'_, Result<ChatStream, ApiError>>;
+    /// A connection to `node` on the chat-forwarding ALPN (src/chat/forward.rs), kept
+    /// open across requests; a node outside a mesh has none.
+    fn open_chat(&self, node: String) -> BoxFuture<'_, Result<iroh::endpoint::Connection, String>> {
+        Box::pin(async move { Err(format!("no mesh to reach node {node} through")) })
+    }
+    /// Whether this node takes `node` for dead (a forwarded chat then ends at once).
+    fn is_dead(&self, node: &str) -> bool {
+        let _ = node;
+        false
+    }
 }
 
 /// A node on its own (unit tests): its records in memory, always alive, and other authors'
@@ -70,7 +58,7 @@ impl LocalOnly {
 }
 
 #[cfg(test)]
-impl NodeContext for LocalOnly {
+impl models::Cluster for LocalOnly {
     fn node_id(&self) -> String {
         self.node_id.clone()
     }
@@ -93,10 +81,6 @@ impl NodeContext for LocalOnly {
         }
     }
 
-    fn state_json(&self) -> Value {
-        json!({ "node_id": self.node_id })
-    }
-
     fn write(&self, key: &str, value: &Value) -> Result<(), String> {
         self.records
             .lock()
@@ -108,6 +92,13 @@ impl NodeContext for LocalOnly {
     fn remove(&self, key: &str) -> bool {
         self.records.lock().unwrap().remove(key).is_some()
     }
+}
+
+#[cfg(test)]
+impl NodeContext for LocalOnly {
+    fn state_json(&self) -> Value {
+        json!({ "node_id": self.node_id })
+    }
 
     fn generation(&self) -> u64 {
         1
@@ -115,15 +106,5 @@ impl NodeContext for LocalOnly {
 
     fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<mesh::Event>> {
         None
-    }
-
-    fn forward_chat(
-        &self,
-        node: String,
-        _instance_id: String,
-        _request: ChatRequest,
-        _cancel: CancellationToken,
-    ) -> BoxFuture<'_, Result<ChatStream, ApiError>> {
-        Box::pin(async move { Err(ApiError::internal(format!("no peer {node} here"))) })
     }
 }

@@ -1,24 +1,30 @@
 //! `shoal`: run it on every machine you own; they find each other and serve models together.
 
+//!
+//! `src/` is flags, wiring, and the node's two faces over its state ([`node::Node`]):
+//! - flags: this file (the node's), [`access`] (API keys), [`logging`];
+//! - wiring: [`start`] (the mesh, the profile, the probes), [`mesh_state`] (the mesh as the
+//!   node's [`context::NodeContext`]), [`serve`] (the HTTP API, the executor, `--model`);
+//! - the adapter: [`api`] (the gateway's `Backend`: instances, models, chat);
+//! - the executor: [`executor`] (applies the control plane's effects);
+//! - chat routing: [`chat`] (pick an instance, run it here or forward it);
+//! - subcommands: [`cmd`].
+//!
+//! The work itself lives in the crates: `control` decides, `placement` places, `models` finds
+//! and fetches model files, `runners` supervises runner processes, `prompt` renders prompts,
+//! `mesh` replicates the state, `gateway` speaks HTTP, `inference` runs models.
+
 mod access;
-mod backend;
-mod bench;
+mod api;
 mod chat;
+mod cmd;
 mod context;
-mod dirs;
-mod download;
-mod forward;
-mod generate;
-mod instances;
+mod executor;
 mod logging;
-mod models;
+mod mesh_state;
 mod node;
-mod reconcile;
-mod runner;
-mod secret;
 mod serve;
-mod status;
-mod view;
+mod start;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -48,7 +54,7 @@ struct Cli {
     verbose: u8,
 
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Option<CliCommand>,
 
     #[command(flatten)]
     node: NodeArgs,
@@ -62,7 +68,7 @@ pub struct NodeArgs {
     pub api_port: u16,
 
     /// UDP port of the mesh endpoint (iroh: discovery, gossip, state sync).
-    #[arg(long, env = "SHOAL_MESH_PORT", default_value_t = node::default_mesh_port())]
+    #[arg(long, env = "SHOAL_MESH_PORT", default_value_t = start::default_mesh_port())]
     pub mesh_port: u16,
 
     /// Cluster namespace: nodes only join others with the same namespace.
@@ -109,13 +115,13 @@ pub struct NodeArgs {
 
     /// Requests that may wait for room in one instance's batch; past that a request is
     /// answered 429 with `Retry-After`.
-    #[arg(long, env = "SHOAL_MAX_QUEUE", default_value_t = runner::DEFAULT_MAX_QUEUE)]
+    #[arg(long, env = "SHOAL_MAX_QUEUE", default_value_t = runners::DEFAULT_MAX_QUEUE)]
     pub max_queue: usize,
 
     /// Seconds a runner may go without finishing a step (a token or a prompt chunk) while
     /// it has requests before it is taken for hung (a rank of its ring frozen or cut off):
     /// it is then ended, its requests get an error, and the instance is placed again.
-    #[arg(long, env = "SHOAL_STEP_TIMEOUT", default_value_t = runner::DEFAULT_STEP_TIMEOUT_S)]
+    #[arg(long, env = "SHOAL_STEP_TIMEOUT", default_value_t = runners::DEFAULT_STEP_TIMEOUT_S)]
     pub step_timeout: usize,
 
     /// Seconds the answers in flight may take to finish when the node is told to stop
@@ -143,92 +149,41 @@ pub struct NodeArgs {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {
+enum CliCommand {
     /// Compute a placement from a JSON description of a cluster (no network).
-    Place(PlaceArgs),
+    Place(cmd::place::PlaceArgs),
     /// Show the cluster as a node sees it: nodes, liveness, edges (asks GET /state).
-    Status(status::StatusArgs),
+    Status(cmd::status::StatusArgs),
     /// Generate text with a model in this process, streaming it to the terminal.
-    Generate(generate::GenerateArgs),
+    Generate(cmd::generate::GenerateArgs),
     /// Download a Hugging Face model into the Hugging Face cache, with a progress bar.
-    Download(download::DownloadArgs),
+    Download(cmd::download::DownloadArgs),
     /// Make this node's cluster secret (or show it) and print how to start the other machines.
-    Secret(secret::SecretArgs),
+    Secret(cmd::secret::SecretArgs),
     /// Measure prompt and generation speed of a model on every placement (like exo_bench).
     Bench(bench::BenchArgs),
     /// Run one model instance, driven over stdin/stdout by its node (internal).
     #[command(hide = true)]
-    Runner(runner::RunnerArgs),
-}
-
-#[derive(Args, Debug)]
-struct PlaceArgs {
-    /// JSON input file, or `-` for stdin.
-    #[arg(long, short)]
-    input: PathBuf,
-}
-
-/// `shoal place`: reads the input (a file, or stdin for `-`), prints the placement or error
-/// as JSON, and exits 0, or 2 on malformed input (see the `placement` crate's docs).
-fn place_command(args: &PlaceArgs) -> ExitCode {
-    use std::io::Read;
-    let text = if args.input.as_os_str() == "-" {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).map(|_| text)
-    } else {
-        std::fs::read_to_string(&args.input)
-    };
-    let text = match text {
-        Ok(text) => text,
-        Err(error) => {
-            eprintln!("shoal place: cannot read {}: {error}", args.input.display());
-            return ExitCode::from(2);
-        }
-    };
-    let (stdout, code) = placement::cli::run(&text);
-    print!("{stdout}");
-    ExitCode::from(u8::try_from(code).unwrap_or(2))
+    Runner(cmd::runner::RunnerArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.verbose);
     match cli.command {
-        Some(Command::Place(args)) => place_command(&args),
-        Some(Command::Status(args)) => status::run(&args),
-        Some(Command::Bench(args)) => bench::run(&args),
-        Some(Command::Download(args)) => match download::run(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
-        Some(Command::Secret(args)) => match secret::run(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
-        Some(Command::Generate(args)) => match generate::run(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
-        Some(Command::Runner(args)) => {
-            inference::runner::exit_process(runner::run(args).clamp(0, 255))
+        Some(CliCommand::Place(args)) => cmd::place::run(&args),
+        Some(CliCommand::Status(args)) => cmd::status::run(&args),
+        Some(CliCommand::Bench(args)) => bench::run(&args),
+        Some(CliCommand::Download(args)) => cmd::exit(cmd::download::run(&args)),
+        Some(CliCommand::Secret(args)) => cmd::exit(cmd::secret::run(&args)),
+        Some(CliCommand::Generate(args)) => cmd::exit(cmd::generate::run(args)),
+        Some(CliCommand::Runner(args)) => {
+            inference::runner::exit_process(cmd::runner::run(args).clamp(0, 255))
         }
         None => {
-            let data_dir = cli
-                .node
-                .data_dir
-                .clone()
-                .unwrap_or_else(dirs::default_data_dir);
-            tracing::info!(data_dir = %data_dir.display(), config_dir = %dirs::config_dir().display(), "starting node");
-            node::run(&cli.node, data_dir)
+            let data_dir = cli.node.data_dir.clone().unwrap_or_else(paths::data_dir);
+            tracing::info!(data_dir = %data_dir.display(), config_dir = %paths::config_dir().display(), "starting node");
+            start::run(&cli.node, data_dir)
         }
     }
 }

@@ -1,294 +1,94 @@
-//! The default command: run a node. It binds the HTTP API, joins the mesh (identity,
-//! discovery, replicated state), publishes this machine's profile, probes the other nodes'
-//! addresses to record verified edges, and runs until Ctrl-C or SIGTERM.
+//! [`Node`]: the node's state, in one place: its context (id, replicated state, connections),
+//! its models, its runners, every instance's placement, its downloads and its runners'
+//! settings.
+//!
+//! The node has two faces over this state, each in a file of its own:
+//! - **the API** (`Api`, src/api/): the gateway's `Backend`, answering HTTP requests
+//!   (instances, the model list, chat through `chat::route`);
+//! - **the executor** (`Executor`, src/executor.rs): applies the control plane's effects
+//!   (records written, runners started, commanded and stopped).
+//!
+//! Neither face owns the other: both read and change the node through this type.
 
-use crate::backend::NodeContext;
-use crate::NodeArgs;
-use anyhow::anyhow;
-use control::Snapshot;
-use gateway::{ApiError, BoxFuture, CancellationToken, ChatRequest, ChatStream};
-use mesh::net::DEFAULT_MESH_PORT;
-use mesh::profile::{HostProfile, PROFILE_KEY};
-use mesh::{Config, Event, Mesh, MeshOptions, StaticPeer};
+use crate::context::NodeContext;
+use control::PlacementCache;
+use models::fetch::Downloads;
+use models::locate::ModelDirs;
+use models::registry::ModelRegistry;
+use models::ModelSpec;
+use runners::{RunnerCommand, Runners};
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
 
-/// How often the profile (available memory, interfaces) is refreshed.
-const PROFILE_PERIOD: Duration = Duration::from_secs(5);
-
-/// How often every advertised address of every other node is probed.
-const PROBE_PERIOD: Duration = Duration::from_secs(2);
-
-/// Exit status when another live process already uses this node's identity.
-const EXIT_DUPLICATE_ID: u8 = 3;
-
-/// Runs a node until it is stopped; returns the process exit status.
-pub fn run(args: &NodeArgs, data_dir: PathBuf) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run_node(args, data_dir)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+/// The node's state (see the module docs).
+pub struct Node {
+    /// The node's id, the replicated state, writes of its own records, connections.
+    pub context: Arc<dyn NodeContext>,
+    /// How runner processes start, with the settings the flags give.
+    pub runner_command: RunnerCommand,
+    /// This node's models.
+    pub models: ModelRegistry,
+    /// This node's runners by instance id.
+    pub runners: Runners,
+    /// Every instance's placement, computed once per (instance, epoch).
+    pub placements: PlacementCache,
+    /// Models this node is downloading (or downloaded) on its own.
+    pub downloads: Arc<Downloads>,
+    /// Counts the instances this start of the node created (part of their ids).
+    pub next_instance: AtomicU64,
+    /// Wakes the executor (a runner changed state, an instance was created or deleted).
+    pub wake: Arc<tokio::sync::Notify>,
 }
 
-fn parse_peers(peers: &[String]) -> anyhow::Result<Vec<StaticPeer>> {
-    peers
-        .iter()
-        .map(|p| p.trim())
-        .filter(|p| !p.is_empty())
-        .map(|p| p.parse::<StaticPeer>().map_err(|e| anyhow!(e)))
-        .collect()
-}
-
-async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode> {
-    // Bad keys stop the node before it joins the mesh (the API checks them again).
-    args.access.policy()?;
-    let peers = parse_peers(&args.peers)?;
-    let cluster_secret = crate::secret::resolve(args.cluster_secret.as_deref(), &data_dir)?;
-    let mut options = MeshOptions {
-        data_dir,
-        namespace: args.namespace.clone(),
-        peers,
-        port: args.mesh_port,
-        config: Config::default(),
-        extra_protocols: Vec::new(),
-        cluster_secret,
-    };
-    // The binary's protocols are scoped like the mesh's own: by namespace and secret.
-    let scoped = options.scoped_namespace();
-    let (chats, chat_connections) = tokio::sync::mpsc::channel(64);
-    let chat_alpn = crate::forward::chat_alpn(&scoped);
-    let (files, file_connections) = tokio::sync::mpsc::channel(64);
-    let files_alpn = crate::models::peer::files_alpn(&scoped);
-    options.extra_protocols = vec![(chat_alpn.clone(), chats), (files_alpn.clone(), files)];
-    let mesh = Arc::new(Mesh::start(options).await?);
-    let mut events = mesh.subscribe();
-    mesh.set(
-        PROFILE_KEY,
-        &HostProfile::gather(args.api_port, mlx_build()),
-    )?;
-    let api_port = args.api_port;
-    tokio::spawn({
-        let mesh = mesh.clone();
-        async move {
-            let mut ticker = tokio::time::interval(PROFILE_PERIOD);
-            loop {
-                ticker.tick().await;
-                let profile =
-                    tokio::task::spawn_blocking(move || HostProfile::gather(api_port, mlx_build()))
-                        .await;
-                if let Ok(profile) = profile {
-                    if let Err(e) = mesh.set(PROFILE_KEY, &profile) {
-                        tracing::warn!("cannot publish the profile: {e:#}");
-                    }
-                }
-            }
-        }
-    });
-    let shutdown = crate::serve::shutdown_on_signals();
-    let context: Arc<dyn NodeContext> = Arc::new(MeshContext {
-        mesh: mesh.clone(),
-        chat_alpn,
-        files_alpn,
-        connections: tokio::sync::Mutex::default(),
-    });
-    // Model files: served to members, and what this node's cache holds announced to them.
-    let cache = hub::HfCache::from_env();
-    crate::models::gather::advertise_cache(&*context, &cache);
-    tokio::spawn(crate::models::peer::serve(
-        file_connections,
-        context.clone(),
-        cache,
-    ));
-    let serving = crate::serve::serve_with(args, context, Some(chat_connections), shutdown.clone());
-    tokio::pin!(serving);
-    tokio::spawn(mesh::probe::run(mesh.clone(), PROBE_PERIOD));
-    tracing::info!(
-        node_id = %mesh.id(),
-        api = %format!("http://0.0.0.0:{}", args.api_port),
-        "node running"
-    );
-    loop {
-        tokio::select! {
-            // Returns once `shutdown` fired (SIGINT/SIGTERM) and the runners stopped, or when
-            // the API cannot be served at all.
-            served = &mut serving => {
-                served?;
-                break;
-            }
-            event = events.recv() => match event {
-                Ok(Event::DuplicateId { ours, other }) if other < ours => {
-                    eprintln!(
-                        "error: another running node already uses this identity (node id {}). \
-                         This happens when a data directory is copied to a second machine. \
-                         Give this machine its own identity: stop it, delete {} in its data \
-                         directory (--data-dir / SHOAL_DATA_DIR), and start it again.",
-                        mesh.id(),
-                        mesh::net::identity::KEY_FILE
-                    );
-                    shutdown.cancel();
-                    let _ = serving.await;
-                    mesh.shutdown().await;
-                    return Ok(ExitCode::from(EXIT_DUPLICATE_ID));
-                }
-                Ok(Event::DuplicateId { .. }) => {
-                    tracing::error!(
-                        "a newer process started with this node's identity (a copied data \
-                         directory); it has been told to exit"
-                    );
-                }
-                _ => {}
-            }
+impl Node {
+    /// A node with no runner yet. `runner_command` starts runner processes; `default_model`
+    /// is this node's file served as `default`; models are looked for in `dirs` (the Hugging
+    /// Face cache and `--models-dir` folders).
+    pub fn new(
+        context: Arc<dyn NodeContext>,
+        runner_command: RunnerCommand,
+        default_model: PathBuf,
+        dirs: ModelDirs,
+    ) -> Node {
+        Node {
+            context,
+            runner_command,
+            models: ModelRegistry::new(default_model, dirs),
+            runners: Runners::default(),
+            placements: PlacementCache::new(),
+            downloads: Arc::default(),
+            next_instance: AtomicU64::new(1),
+            wake: Arc::new(tokio::sync::Notify::new()),
         }
     }
-    tracing::info!("stopping");
-    mesh.shutdown().await;
-    Ok(ExitCode::SUCCESS)
-}
 
-/// The node's id and state as the mesh holds them, and connections to other nodes, for the
-/// backend.
-struct MeshContext {
-    mesh: Arc<Mesh>,
-    chat_alpn: Vec<u8>,
-    /// The file-copy ALPN.
-    files_alpn: Vec<u8>,
-    /// Open chat connections by peer, reused across requests.
-    connections:
-        tokio::sync::Mutex<std::collections::BTreeMap<mesh::NodeId, iroh::endpoint::Connection>>,
-}
+    /// The model an intent names, as this node finds it.
+    pub fn spec_of(&self, reference: &str) -> ModelSpec {
+        self.models.spec_of(reference)
+    }
 
-impl MeshContext {
-    /// A connection to `peer` on the chat ALPN: the open one, else a new one.
-    async fn chat_connection(
-        &self,
-        peer: mesh::NodeId,
-    ) -> anyhow::Result<iroh::endpoint::Connection> {
-        let mut cache = self.connections.lock().await;
-        if let Some(c) = cache.get(&peer) {
-            if c.close_reason().is_none() {
-                return Ok(c.clone());
+    /// The context as the models see it (downloads and peer copies run tasks of their own).
+    pub fn cluster(&self) -> Arc<dyn models::Cluster> {
+        self.context.clone()
+    }
+
+    /// Waits until instance `id` is ready (`Ok`) or failed (`Err` with why), polling the
+    /// state.
+    pub async fn wait_ready(&self, id: &str) -> Result<(), String> {
+        loop {
+            let snapshot = self.context.snapshot();
+            let Some(view) = snapshot.instances(&self.placements).remove(id) else {
+                return Err("the instance was deleted".into());
+            };
+            let mine = self.runners.status(id);
+            if view.is_ready(&snapshot, mine.as_ref()) {
+                return Ok(());
             }
+            if let Some(failure) = view.failure(&snapshot, mine.as_ref()) {
+                return Err(failure);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
-        let connection = self.mesh.connect(peer, &self.chat_alpn).await?;
-        cache.insert(peer, connection.clone());
-        Ok(connection)
-    }
-}
-
-impl NodeContext for MeshContext {
-    fn node_id(&self) -> String {
-        self.mesh.id().to_string()
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        self.mesh.read(crate::view::snapshot_of)
-    }
-
-    /// The replicated state (identical on every node, see its `digest`) and this node's view
-    /// of liveness.
-    fn state_json(&self) -> serde_json::Value {
-        self.mesh.state_json()
-    }
-
-    fn write(&self, key: &str, value: &serde_json::Value) -> Result<(), String> {
-        self.mesh.set(key, value).map_err(|e| format!("{e:#}"))
-    }
-
-    fn remove(&self, key: &str) -> bool {
-        self.mesh.delete(key)
-    }
-
-    fn open_files(
-        &self,
-        node: String,
-    ) -> BoxFuture<'_, Result<iroh::endpoint::Connection, String>> {
-        Box::pin(async move {
-            let peer: mesh::NodeId = node
-                .parse()
-                .map_err(|e| format!("bad node id {node}: {e}"))?;
-            self.mesh
-                .connect(peer, &self.files_alpn)
-                .await
-                .map_err(|e| format!("{e:#}"))
-        })
-    }
-
-    fn generation(&self) -> u64 {
-        self.mesh.read(|replica, _| replica.generation())
-    }
-
-    fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<Event>> {
-        Some(self.mesh.subscribe())
-    }
-
-    fn forward_chat(
-        &self,
-        node: String,
-        instance_id: String,
-        request: ChatRequest,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'_, Result<ChatStream, ApiError>> {
-        Box::pin(async move {
-            let peer: mesh::NodeId = node
-                .parse()
-                .map_err(|e| ApiError::internal(format!("bad node id {node}: {e}")))?;
-            let mesh = self.mesh.clone();
-            let alive = move || mesh.read(|replica, _| !replica.is_dead(&peer));
-            let connection = self.chat_connection(peer).await.map_err(|e| {
-                ApiError::new(
-                    gateway::ErrorKind::Unavailable,
-                    format!(
-                        "cannot reach node {} which serves instance {instance_id}: {e:#}; retry",
-                        control::short(&node)
-                    ),
-                )
-            })?;
-            let result =
-                crate::forward::forward(&connection, &instance_id, &request, cancel, alive).await;
-            if result.is_err() && connection.close_reason().is_some() {
-                self.connections.lock().await.remove(&peer);
-            }
-            result
-        })
-    }
-}
-
-/// The default mesh port, for the CLI's help text.
-pub const fn default_mesh_port() -> u16 {
-    DEFAULT_MESH_PORT
-}
-
-/// The MLX build this binary linked (`cargo xtask setup` chose it; see build.rs), so the node
-/// offers a GPU backend only when its MLX can drive that GPU.
-pub fn mlx_build() -> mesh::gpu::MlxBuild {
-    mesh::gpu::MlxBuild::parse(env!("SHOAL_MLX_BUILD")).unwrap_or(mesh::gpu::MlxBuild::Cpu)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peers_parse_and_bad_ones_explain() {
-        let id = "ab".repeat(32);
-        let ok = parse_peers(&[format!("{id}@10.0.0.2:52416"), String::new()]).unwrap();
-        assert_eq!(ok.len(), 1);
-        let err = parse_peers(&["10.0.0.2:52416".to_string()]).unwrap_err();
-        assert!(err.to_string().contains("NODE_ID@IP:PORT"), "{err}");
     }
 }

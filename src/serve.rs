@@ -1,19 +1,37 @@
-//! Serving on one node: the HTTP gateway over [`NodeBackend`], with `--model` placed on this
-//! node at start. The mesh-aware node (src/node.rs) calls into the same pieces.
+//! Serving: the [`Node`] built from the flags, its two faces started (the HTTP gateway over
+//! [`Api`], the [`Executor`]), forwarded chats served, and `--model` placed on this node at
+//! start; on shutdown the answers in flight drain and the runners stop. `start.rs`
+//! calls it once the mesh is up.
 
-use crate::backend::{NodeBackend, NodeContext};
-use crate::runner::{RunnerCommand, RunnerSettings};
+use crate::api::instances::NewInstance;
+use crate::api::Api;
+use crate::context::NodeContext;
+use crate::executor::Executor;
+use crate::node::Node;
 use crate::NodeArgs;
 use anyhow::Context;
+use runners::{RunnerCommand, RunnerSettings};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The runner command for this node's settings: this binary's `runner` subcommand, with the
-/// settings the flags give ([`RunnerSettings::from_flags`]: fast synchronisation, the batch
-/// limits `--max-sequences`, `--kv-budget-mb`, `--max-queue`, `--prompt-cache-tokens`, and
-/// `--step-timeout`).
+/// The runners' settings the node's flags give: fast synchronisation, the batch limits
+/// `--max-sequences`, `--kv-budget-mb`, `--max-queue`, `--prompt-cache-tokens`, and
+/// `--step-timeout`.
+pub fn runner_settings(args: &NodeArgs) -> RunnerSettings {
+    RunnerSettings {
+        fast_synch: args.fast_synch && !args.no_fast_synch,
+        max_sequences: args.max_sequences.max(1),
+        max_queue: args.max_queue,
+        step_timeout: Duration::from_secs(args.step_timeout.max(1) as u64),
+        kv_budget_mb: args.kv_budget_mb,
+        prompt_cache_tokens: args.prompt_cache_tokens,
+    }
+}
+
+/// The runner command for this node's settings: this binary's `runner` subcommand.
 pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
-    RunnerCommand::current_exe(RunnerSettings::from_flags(args))
+    RunnerCommand::current_exe(runner_settings(args))
         .context("cannot find this executable to start runners")
 }
 
@@ -24,7 +42,7 @@ pub fn runner_command(args: &NodeArgs) -> anyhow::Result<RunnerCommand> {
 pub async fn serve_with(
     args: &NodeArgs,
     context: Arc<dyn NodeContext>,
-    chat_connections: Option<tokio::sync::mpsc::Receiver<iroh::endpoint::Connection>>,
+    chat_connections: tokio::sync::mpsc::Receiver<iroh::endpoint::Connection>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     // Bad keys stop the node before it listens, rather than leave the API open.
@@ -41,36 +59,27 @@ pub async fn serve_with(
         .local_addr()
         .map(|a| a.port())
         .unwrap_or(args.api_port);
-    let backend = Arc::new(
-        NodeBackend::new(
-            context,
-            runner_command(args)?,
-            crate::dirs::default_model_path(),
-        )
-        .with_model_dirs(crate::models::locate::ModelDirs::from_env_trusting(
-            &args.models_dir,
-            args.model.as_deref(),
-        )),
-    );
-    tracing::info!(port, node_id = %gateway::Backend::node_id(&*backend), "HTTP API listening");
+    let node = Arc::new(Node::new(
+        context,
+        runner_command(args)?,
+        models::locate::default_model_path(),
+        models::locate::ModelDirs::from_env_trusting(&args.models_dir, args.model.as_deref()),
+    ));
+    let me = node.context.node_id();
+    tracing::info!(port, node_id = %me, "HTTP API listening");
     if !access.has_keys() {
         tracing::info!(
             "the HTTP API is open to anyone who reaches port {port}; require a key with \
              --api-key (see `shoal --help`)"
         );
     }
-    tokio::spawn(crate::reconcile::run(backend.clone(), shutdown.clone()));
-    if let Some(connections) = chat_connections {
-        tokio::spawn(crate::forward::serve(
-            connections,
-            backend.clone() as Arc<dyn crate::forward::LocalChat>,
-        ));
-    }
+    tokio::spawn(Executor::new(node.clone()).run(shutdown.clone()));
+    tokio::spawn(crate::chat::forward::serve(chat_connections, node.clone()));
+    let api = Arc::new(Api::new(node.clone()));
     if let Some(model) = &args.model {
         // On this node alone: `--model` is this machine's model.
-        let me = gateway::Backend::node_id(&*backend);
-        let instance = backend
-            .create(crate::instances::NewInstance {
+        let instance = api
+            .create(NewInstance {
                 model: model.clone(),
                 sharding: placement::Sharding::Pipeline,
                 backend: placement::CollectiveBackend::Ring,
@@ -81,7 +90,7 @@ pub async fn serve_with(
             .map_err(|e| anyhow::anyhow!("cannot place --model {model}: {}", e.message))?;
         let id = instance.instance_id;
         let model = model.clone();
-        let waiting = backend.clone();
+        let waiting = node.clone();
         tokio::spawn(async move {
             match waiting.wait_ready(&id).await {
                 Ok(()) => {
@@ -102,16 +111,16 @@ pub async fn serve_with(
     }
     let served = gateway::serve_with(
         listener,
-        backend.clone() as Arc<dyn gateway::Backend>,
+        api as Arc<dyn gateway::Backend>,
         gateway::GatewayConfig {
-            drain_grace: std::time::Duration::from_secs(args.drain_seconds),
+            drain_grace: Duration::from_secs(args.drain_seconds),
             ..gateway::GatewayConfig::default()
         },
         access,
         shutdown,
     )
     .await;
-    backend.shutdown().await;
+    node.runners.stop_all().await;
     served.context("the HTTP server failed")
 }
 

@@ -183,6 +183,29 @@ impl Author {
             .filter_map(|(k, v)| Some((DownloadKey::parse(k)?, serde_json::from_str(v).ok()?)))
     }
 
+    /// The author's download record of one rank's files of `model`: the tensor part for a
+    /// tensor-parallel rank, the part of exactly `layers` (start, end) for a pipeline rank.
+    pub fn rank_download(
+        &self,
+        model: &str,
+        sharding: placement::Sharding,
+        (start, end): (u32, u32),
+    ) -> Option<DownloadRecord> {
+        let wanted = |part: Option<Part>| match (sharding, part) {
+            (placement::Sharding::Tensor, Some(Part::Tensor)) => true,
+            (
+                placement::Sharding::Pipeline,
+                Some(Part::Layers {
+                    start: s, end: e, ..
+                }),
+            ) => (s, e) == (start as usize, end as usize),
+            _ => false,
+        };
+        self.downloads(model)
+            .find(|(key, _)| wanted(key.part))
+            .map(|(_, record)| record)
+    }
+
     /// The author's holding record of repository `repo`, if it has a readable one.
     pub fn holding(&self, repo: &str) -> Option<Holding> {
         serde_json::from_str(self.records.get(&Holding::key(repo))?).ok()
@@ -239,5 +262,44 @@ mod tests {
         assert_eq!(partial.state, DownloadState::Failed);
         assert_eq!(partial.error.as_deref(), Some("gated"));
         assert!(!partial.wants("22"));
+    }
+
+    #[test]
+    fn a_rank_finds_the_record_of_its_own_part() {
+        use placement::Sharding::{Pipeline, Tensor};
+        let layers = |start, end| Part::Layers {
+            start,
+            end,
+            n_layers: 30,
+        };
+        let record = |part: &str| DownloadRecord {
+            model: "org/m".into(),
+            part: part.into(),
+            ..DownloadRecord::default()
+        };
+        let mut author = Author::default();
+        for (part, name) in [
+            (Some(layers(0, 15)), "layers-0-15-of-30"),
+            (Some(Part::Tensor), "tensor"),
+            (None, "support"),
+        ] {
+            author.records.insert(
+                DownloadKey::new("org/m", part).to_string(),
+                serde_json::to_string(&record(name)).unwrap(),
+            );
+        }
+        let part = |sharding, layers| author.rank_download("org/m", sharding, layers);
+        // (sharding, rank's layers, the record's part or none)
+        let cases = [
+            (Pipeline, (0, 15), Some("layers-0-15-of-30")),
+            (Pipeline, (15, 30), None),
+            (Pipeline, (0, 30), None),
+            (Tensor, (0, 30), Some("tensor")),
+        ];
+        for (sharding, rank, expected) in cases {
+            let found = part(sharding, rank).map(|r| r.part);
+            assert_eq!(found.as_deref(), expected, "{sharding:?} {rank:?}");
+        }
+        assert!(author.rank_download("org/other", Tensor, (0, 30)).is_none());
     }
 }

@@ -14,7 +14,7 @@
 //! * [`files`]: the records of models' files (`download/<model>/<part>`, `files/<repo>`).
 //! * [`PlacementCache`]: each placement computed once per (instance, epoch) and kept.
 //! * [`reconcile()`] and [`publish`]: the decisions of one reconcile pass, as [`Effect`]s
-//!   that the node's executor (`src/reconcile.rs` in the binary) applies.
+//!   that the node's executor (`src/executor.rs` in the binary) applies.
 //!
 //! # DESIGN note: what lives here and what in `placement`
 //! Worker planning ([`placement::next_action`]) stays in the placement crate. It is a rule
@@ -27,7 +27,7 @@
 //! (control → placement), and both stay free of IO.
 //!
 //! The adapters that read a mesh replica into a [`Snapshot`] and mesh profiles into
-//! placement's node profiles stay in the binary (`src/view.rs`), so this crate does not
+//! placement's node profiles stay in the binary (`src/mesh_state.rs`), so this crate does not
 //! depend on the mesh (the mesh simulator is only a dev-dependency, for the simulation test).
 //!
 //! Concurrent writes are ordered without clocks: two copies of one instance are ordered by
@@ -56,7 +56,7 @@ pub use intent::{
     INSTANCE_PREFIX, RUNNER_PREFIX,
 };
 pub use reconcile::{
-    publish, reconcile, ring_hosts, Command, Effect, LocalRunners, ModelFile, RunnerFacts,
+    publish, reconcile, ring_hosts, Effect, LifecycleCommand, LocalRunners, ModelFile, RunnerFacts,
 };
 pub use snapshot::{settling, Author, Snapshot, SETTLE_AFTER_RETURN_MS};
 pub use view::{short, InstanceView};

@@ -47,7 +47,7 @@ fn has_hung_rank(view: &InstanceView, snapshot: &Snapshot, mine: Option<&RunnerF
 
 /// A lifecycle command sent to a runner; each is sent at most once per runner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Command {
+pub enum LifecycleCommand {
     /// Join the ring.
     Connect,
     /// Load the rank's layers.
@@ -68,7 +68,7 @@ pub struct RunnerFacts {
     /// Whether its process runs, so that commands can reach it.
     pub process: bool,
     /// Commands already sent.
-    pub sent: BTreeSet<Command>,
+    pub sent: BTreeSet<LifecycleCommand>,
     /// Requests queued or running on it.
     pub queued: usize,
     /// Whether its model file is on this node's disk.
@@ -215,11 +215,11 @@ pub enum Effect {
 
 impl Effect {
     /// The command this effect sends, if any (the executor adds it to the runner's `sent`).
-    pub fn command(&self) -> Option<Command> {
+    pub fn command(&self) -> Option<LifecycleCommand> {
         match self {
-            Effect::Connect { .. } => Some(Command::Connect),
-            Effect::Load { .. } => Some(Command::Load),
-            Effect::WarmUp { .. } => Some(Command::WarmUp),
+            Effect::Connect { .. } => Some(LifecycleCommand::Connect),
+            Effect::Load { .. } => Some(LifecycleCommand::Load),
+            Effect::WarmUp { .. } => Some(LifecycleCommand::WarmUp),
             _ => None,
         }
     }

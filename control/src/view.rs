@@ -4,7 +4,7 @@
 use crate::cache::PlacementCache;
 use crate::intent::{effective, InstanceRecord, RunnerRecord};
 use crate::snapshot::Snapshot;
-use placement::{PlaceError, Placement, PlanInput, RankView, RunnerStatus};
+use placement::{InstanceStatus, PlaceError, Placement, PlanInput, RankView, RunnerStatus};
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Snapshot {
@@ -155,6 +155,20 @@ impl InstanceView {
             && statuses
                 .iter()
                 .all(|(_, r)| r.as_ref().is_some_and(|r| r.status.is_serving()))
+    }
+
+    /// Where the instance stands as a whole: ready when every rank serves, unplaceable
+    /// without a placement, failed when a rank failed (or its node died), else starting.
+    pub fn status(&self, snapshot: &Snapshot, mine: Option<&RunnerStatus>) -> InstanceStatus {
+        if self.is_ready(snapshot, mine) {
+            InstanceStatus::Ready
+        } else if self.placement.is_err() {
+            InstanceStatus::Unplaceable
+        } else if self.failure(snapshot, mine).is_some() {
+            InstanceStatus::Failed
+        } else {
+            InstanceStatus::Starting
+        }
     }
 
     /// The first failure among the ranks, as "rank R on node N: reason".

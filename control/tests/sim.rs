@@ -6,8 +6,8 @@
 
 use control::fixture::named_cluster_input;
 use control::{
-    publish, reconcile, Author, Command, Effect, InstanceRecord, Intent, LocalRunners, ModelFile,
-    PlacementCache, RunnerFacts, Snapshot,
+    publish, reconcile, Author, Effect, InstanceRecord, Intent, LifecycleCommand, LocalRunners,
+    ModelFile, PlacementCache, RunnerFacts, Snapshot,
 };
 use mesh::sim::{Sim, SimConfig};
 use placement::RunnerStatus;
@@ -121,12 +121,12 @@ fn apply(sim: &mut Sim, i: usize, node: &mut Node, effects: Vec<Effect>) {
                 let command = command.expect("a command");
                 assert!(runner.sent.insert(command), "{command:?} sent twice");
                 runner.status = match command {
-                    Command::Connect => RunnerStatus::Connecting,
-                    Command::Load => RunnerStatus::Loading {
+                    LifecycleCommand::Connect => RunnerStatus::Connecting,
+                    LifecycleCommand::Load => RunnerStatus::Loading {
                         layers_loaded: 0,
                         total: 1,
                     },
-                    Command::WarmUp => RunnerStatus::WarmingUp,
+                    LifecycleCommand::WarmUp => RunnerStatus::WarmingUp,
                 };
             }
             Effect::StopRunner {

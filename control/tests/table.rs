@@ -4,7 +4,7 @@
 
 use control::fixture::{named_cluster_input, record};
 use control::{
-    reconcile, Author, Command, Effect, InstanceRecord, Intent, LocalRunners, ModelFile,
+    reconcile, Author, Effect, InstanceRecord, Intent, LifecycleCommand, LocalRunners, ModelFile,
     PlacementCache, RunnerFacts, RunnerRecord, Snapshot, DELETED_PREFIX, INSTANCE_PREFIX,
     RUNNER_PREFIX,
 };
@@ -93,7 +93,12 @@ impl World {
             rank,
             status: RunnerStatus::Ready,
             process: true,
-            sent: [Command::Connect, Command::Load, Command::WarmUp].into(),
+            sent: [
+                LifecycleCommand::Connect,
+                LifecycleCommand::Load,
+                LifecycleCommand::WarmUp,
+            ]
+            .into(),
             queued: 0,
             model_ready: true,
             hung: false,
@@ -296,7 +301,7 @@ fn the_control_plane_by_table() {
                 reason: "out of memory".into(),
             },
             process: false,
-            sent: [Command::Connect].into(),
+            sent: [LifecycleCommand::Connect].into(),
             queued: 0,
             model_ready: true,
             hung: false,

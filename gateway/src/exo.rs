@@ -260,19 +260,8 @@ pub fn placement_or_error(
     }
 }
 
-/// Where an instance stands, as `status` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InstanceStatus {
-    /// Every rank's runner is ready (or generating).
-    Ready,
-    /// No placement on the nodes there are.
-    Unplaceable,
-    /// A rank failed.
-    Failed,
-    /// On its way.
-    Starting,
-}
+/// Where an instance stands, as `status` says (placement's type: `control` decides it).
+pub use placement::InstanceStatus;
 
 /// One rank of an instance, as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]

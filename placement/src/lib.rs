@@ -152,6 +152,7 @@ pub mod node;
 pub mod pipeline_split;
 pub mod place;
 pub mod planning;
+pub mod previews;
 pub mod request;
 pub mod ring;
 pub mod split;
@@ -164,5 +165,8 @@ pub use input::Input;
 pub use model::{ModelCard, TensorDivisor};
 pub use node::{ComputeBackend, Interface, InterfaceKind, NodeId, NodeProfile};
 pub use place::{place, JacclPlan, Placement, RankPlacement};
-pub use planning::{next_action, Action, PlanInput, RankView, RunnerStatus, ShutdownReason};
+pub use planning::{
+    next_action, Action, InstanceStatus, PlanInput, RankView, RunnerStatus, ShutdownReason,
+};
+pub use previews::{previews, PreviewPlacement};
 pub use request::{CollectiveBackend, Request, Sharding, DEFAULT_INSTANCE_ID};

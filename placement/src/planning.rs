@@ -69,6 +69,21 @@ pub enum RunnerStatus {
     },
 }
 
+/// Where an instance stands as a whole, from its placement and its ranks' runners (the rule
+/// is `control`'s `InstanceView::status`; the cluster API shows it as `status`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceStatus {
+    /// Every rank's runner is ready (or generating).
+    Ready,
+    /// No placement on the nodes there are.
+    Unplaceable,
+    /// A rank failed.
+    Failed,
+    /// On its way.
+    Starting,
+}
+
 impl RunnerStatus {
     /// The state's name, as the API, the runner protocol and progress lines spell it
     /// (`idle`, `loading`, `warming_up`, `failed`, ...).

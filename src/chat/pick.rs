@@ -1,8 +1,7 @@
 //! Load balancing: which instance serves a chat for a model.
 
-use crate::models::registry::ModelRegistry;
-use crate::runner::table::RunnerTable;
-use control::{InstanceView, PlacementCache, Snapshot};
+use crate::node::Node;
+use control::InstanceView;
 use gateway::ApiError;
 
 /// The ready instance of `model` with the fewest queued requests (this node's first on a
@@ -11,13 +10,9 @@ use gateway::ApiError;
 ///
 /// Errors: an unknown model is `model_not_found` (listing the models), a known model without
 /// a ready instance `no_instance` (saying why when every instance failed).
-pub fn pick_instance(
-    snapshot: &Snapshot,
-    placements: &PlacementCache,
-    model: &str,
-    models: &ModelRegistry,
-    runners: &dyn RunnerTable,
-) -> Result<(String, String), ApiError> {
+pub fn pick_instance(node: &Node, model: &str) -> Result<(String, String), ApiError> {
+    let snapshot = &node.context.snapshot();
+    let (placements, models, runners) = (&node.placements, &node.models, &node.runners);
     let me = snapshot.me.clone();
     let candidates: Vec<InstanceView> = snapshot
         .instances(placements)
@@ -27,7 +22,7 @@ pub fn pick_instance(
     if candidates.is_empty() {
         return Err(match models.resolve(model) {
             Some(_) => ApiError::no_instance(model),
-            None => models.not_found(model, snapshot, placements, runners),
+            None => models.not_found(model, snapshot, placements, &|id| runners.status(id)),
         });
     }
     let mut failures = Vec::new();

@@ -1,0 +1,23 @@
+//! The subcommands besides running a node, one file each: `place`, `status`, `generate`,
+//! `download`, `secret`, and the hidden `runner` (one model instance's process, started by
+//! its node). `shoal bench` is its own crate (`bench`).
+
+pub mod download;
+pub mod generate;
+pub mod place;
+pub mod runner;
+pub mod secret;
+pub mod status;
+
+use std::process::ExitCode;
+
+/// A command's exit status: success, or its error (with its causes) on stderr and failure.
+pub fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
