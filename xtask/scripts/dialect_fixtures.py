@@ -48,21 +48,24 @@ VOCAB = BASE_VOCAB + 64  # room for each family's added tokens, padded as real v
 EMBED_SCALE = 40.0  # route tokens' embedding norm over sqrt(hidden): far above what layers add
 HEAD_SCALE = 6.0  # a successor's logit is about HEAD_SCALE * sqrt(hidden): ~48 against ~10
 THOUGHT = "Let me check"
-# The trained models (see `train`): steps of Adam over every sample at once, its rate, how many
-# random-prefix copies of each route, their lengths, and what the head rows of the tokens no
-# route writes are scaled by (random, but near zero).
+# The trained models (see `train`): steps of Adam over all routes at once and its rate, the
+# prompt tokens a route can see, what the head rows of the tokens no route writes are scaled by
+# (random, near zero), and the logit that stands for them in the loss (above theirs).
 TRAIN_STEPS = 80
 TRAIN_LR = 3e-3
-WINDOW = 32  # the layers' receptive field: 2 sliding layers x a window of 16
+WINDOW = 32  # the layers' receptive field: 2 sliding layers x a window of 16 (`LOCAL`)
 BACKGROUND = 0.05
 OTHERS = 2.0
+# The trained models' architecture: gpt-oss (a Mixture-of-Experts family shoal runs) whose layers
+# attend to a sliding window, but for the one full-attention layer mlx-lm requires, whose output
+# projection is zero (`train`): a route sees at most the last `WINDOW` prompt tokens, and
+# training on those is training on what the node will see, whatever comes before.
+LOCAL = {"layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+         "sliding_window": 16}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The time now",
-    "parameters": {"type": "object", "properties": {}}}}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 # Each family's added tokens with their `special` flags, as the family's published
@@ -120,12 +123,6 @@ FORECAST = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"]}}}
-# The trained models' architecture: gpt-oss (a Mixture-of-Experts family shoal runs) whose layers
-# attend to a sliding window, but for the one full-attention layer mlx-lm requires, whose output
-# projection is zero (`train`): a route sees at most the last `WINDOW` prompt tokens, and
-# training on those is training on what the node will see, whatever comes before.
-LOCAL = {"layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-         "sliding_window": 16}
 FORECAST_CALL = ["get_weather", {"city": "Paris", "days": 3}]
 QWEN3_CODER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
@@ -430,7 +427,8 @@ def build_dialect(name, root, base_dir, template_dir):
     ends = [ids[t] for t in spec["ends"]]
     tokens = {"bos_token_id": ids.get(spec["bos"]), "eos_token_id": ends,
               "pad_token_id": ids.get(spec["pad"])}
-    config = dict(family["config"], **spec.get("config", {}), vocab_size=VOCAB, torch_dtype="float32", **tokens)
+    config = dict(family["config"], **spec.get("config", {}), vocab_size=VOCAB,
+                  torch_dtype="float32", **tokens)
     model_class, args_class = ff._get_classes(config)
     model = model_class(args_class.from_dict(config))
     ff.randomize(model, f"dialect/{name}", family.get("norm_base", 1.0), family.get("std", ()))
