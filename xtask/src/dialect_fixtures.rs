@@ -9,7 +9,7 @@
 //! architecture with random weights plus a bigram path, or, for the XML dialects (Qwen3-Coder,
 //! MiniMax M2), whose calls a bigram cannot write, a sliding-window gpt-oss trained at setup
 //! (seeded, about 10 s each); then it checks with mlx-lm that greedy decoding writes each
-//! route. About 40 s and 150 MB; a stamp makes a second run free.
+//! route. About 30–40 s and 250 MB; a stamp makes a second run free.
 //!
 //! ```text
 //! <cache>/fixtures/families/dialects/<dialect>/    (kit::dirs::family_fixture_dir("dialects", d))
