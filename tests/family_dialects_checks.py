@@ -33,8 +33,11 @@ def check(case, what, ok, seen):
         failures.append(label)
 
 
-def expected(case):
-    return [tuple(case["call"])] if case["call"] else []
+def same(calls, case):
+    """Whether `calls` are exactly the case's: names and arguments, compared as JSON text so
+    that a number must come back a number of the same kind (3, not "3" nor 3.0)."""
+    want = [tuple(case["call"])] if case["call"] else []
+    return json.dumps(calls, sort_keys=True) == json.dumps(want, sort_keys=True)
 
 
 def openai_chat(case, client):
@@ -51,7 +54,7 @@ def openai_chat(case, client):
     reasoning = (m.model_extra or {}).get("reasoning_content") or ""
     want_finish = "tool_calls" if case["call"] else "stop"
     check(case, "openai chat: the typed call, finish_reason and the thought",
-          calls == expected(case) and r.choices[0].finish_reason == want_finish
+          same(calls, case) and r.choices[0].finish_reason == want_finish
           and reasoning == case["thought"] and not (m.content or "").strip(), r)
     chunks = list(client.chat.completions.create(
         model=case["model"], messages=messages, tools=[tool], temperature=0, max_tokens=MAX,
@@ -67,7 +70,7 @@ def openai_chat(case, client):
     said = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
                    for c in chunks if c.choices)
     check(case, "openai chat streamed: the same call and thought",
-          streamed == expected(case) and said == case["thought"], (streamed, said))
+          same(streamed, case) and said == case["thought"], (streamed, said))
     # JSON arguments stream as the model writes them: several deltas for a call with
     # arguments (the XML dialects' come whole as each parameter closes).
     if case["call"] and case["call"][1] and case["dialect"].startswith(JSON_ARGUMENTS):
@@ -88,7 +91,7 @@ def responses(case, client):
     reasoning = "".join(c.text for o in r.output if o.type == "reasoning"
                         for c in (o.content or []))
     check(case, "responses: the function_call item and the reasoning item",
-          calls == expected(case) and reasoning == case["thought"], r.output)
+          same(calls, case) and reasoning == case["thought"], r.output)
 
 
 def anthropic_messages(case, client):
@@ -109,7 +112,7 @@ def anthropic_messages(case, client):
     thinking = "".join(b.thinking for b in r.content if b.type == "thinking")
     want_stop = "tool_use" if case["call"] else "end_turn"
     check(case, "anthropic: the tool_use block, stop_reason and the thinking block",
-          uses == expected(case) and thinking == case["thought"] and r.stop_reason == want_stop,
+          same(uses, case) and thinking == case["thought"] and r.stop_reason == want_stop,
           r)
     with client.messages.stream(model=case["model"], max_tokens=2048, messages=messages,
                                 tools=tools, extra_body=greedy, **extra) as s:
@@ -117,7 +120,7 @@ def anthropic_messages(case, client):
     uses = [(b.name, b.input) for b in final.content if b.type == "tool_use"]
     thinking = "".join(b.thinking for b in final.content if b.type == "thinking")
     check(case, "anthropic streamed: the same tool_use and thinking",
-          uses == expected(case) and thinking == case["thought"], final.content)
+          same(uses, case) and thinking == case["thought"], final.content)
 
 
 def ollama_chat(case, client):
@@ -127,7 +130,7 @@ def ollama_chat(case, client):
         stream=False, think=think, options={"temperature": 0, "num_predict": MAX})
     calls = [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls or []]
     check(case, "ollama: the typed call and the thinking",
-          calls == expected(case) and (r.message.thinking or "") == case["thought"], r.message)
+          same(calls, case) and (r.message.thinking or "") == case["thought"], r.message)
 
 
 oa = openai.OpenAI(base_url=base, api_key="none")

@@ -1,23 +1,26 @@
 """Models that speak each tool-call dialect through their own token stream: for every family
 whose calls shoal parses (gpt-oss harmony, Qwen3-Coder, GLM-4.6/4.7, DeepSeek V3.1, Kimi K2,
-MiniMax M2), a tiny model of the family's architecture (the family fixture's config) with
+MiniMax M2), a tiny model with
 
 - a tokenizer carrying the family's special tokens as its real `tokenizer_config.json`
   declares them (the strings and `special` flags; SmolLM2's byte-level BPE underneath, the
   added tokens at ids past SmolLM2's 49152, or at SmolLM2's own id when it has that string),
 - the family's real chat template (from the pinned llama-cpp-python sdist), and
-- weights that are random except for a "bigram" path: the embedding of each token on a route
-  below is a large unit direction and the head row of the token that follows it points along
-  that direction, so greedy decoding writes the route token after token whatever the prompt
-  (every architecture here is pre-norm, so the residual stream stays dominated by the current
-  token's embedding).
+- weights that make greedy decoding write the family's call (and thought) after the prompt.
 
 A route is the text the model writes after a prompt tail: the template's own generation prompt
 (`auto`, the call or thought the model makes unasked) or the opening shoal appends for a named
-`tool_choice` (`named`). A bigram has one successor per token, so routes whose tokens would
-need two (the XML dialects' repeated `>` and line breaks) cannot be written this way; each
-family's routes below are the ones it can. Every route is checked here with mlx-lm: the chat
-template applied by transformers, greedy generation, exactly the route's tokens.
+`tool_choice` (`named`). Most families get their own architecture (the family fixture's
+config) with random weights plus a "bigram" path: the embedding of each token on a route is a
+large unit direction and the head row of the token that follows it points along that
+direction, so greedy decoding writes the route token after token whatever the prompt (every
+architecture here is pre-norm, so the residual stream stays dominated by the current token's
+embedding). A bigram has one successor per token, so routes whose tokens would need two cannot
+be written this way. The XML dialects (Qwen3-Coder, MiniMax M2) need that everywhere (`>`,
+`</`, line breaks), so their models are trained (`train`): a gpt-oss architecture with
+sliding-window attention (`LOCAL`), fine-tuned on the rendered prompt's last tokens and each
+route. Every route is checked here with mlx-lm: the chat template applied by transformers,
+greedy generation, exactly the route's tokens.
 
     python dialect_fixtures.py OUT_ROOT --tokenizer DIR --templates DIR
 
@@ -29,9 +32,12 @@ import argparse
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,13 +48,24 @@ VOCAB = BASE_VOCAB + 64  # room for each family's added tokens, padded as real v
 EMBED_SCALE = 40.0  # route tokens' embedding norm over sqrt(hidden): far above what layers add
 HEAD_SCALE = 6.0  # a successor's logit is about HEAD_SCALE * sqrt(hidden): ~48 against ~10
 THOUGHT = "Let me check"
+# The trained models (see `train`): steps of Adam over all routes at once and its rate, the
+# prompt tokens a route can see, what the head rows of the tokens no route writes are scaled by
+# (random, near zero), and the logit that stands for them in the loss (above theirs).
+TRAIN_STEPS = 80
+TRAIN_LR = 3e-3
+WINDOW = 32  # the layers' receptive field: 2 sliding layers x a window of 16 (`LOCAL`)
+BACKGROUND = 0.05
+OTHERS = 2.0
+# The trained models' architecture: gpt-oss (a Mixture-of-Experts family shoal runs) whose layers
+# attend to a sliding window, but for the one full-attention layer mlx-lm requires, whose output
+# projection is zero (`train`): a route sees at most the last `WINDOW` prompt tokens, and
+# training on those is training on what the node will see, whatever comes before.
+LOCAL = {"layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+         "sliding_window": 16}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The time now",
-    "parameters": {"type": "object", "properties": {}}}}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 # Each family's added tokens with their `special` flags, as the family's published
@@ -99,12 +116,26 @@ MINIMAX_TOKENS = [
 
 GLM_CALL = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
             "</tool_call><|observation|>")
+# The XML dialects' calls, written by trained models (a bigram cannot: their `>`, `</` and line
+# breaks recur with different successors): two parameters, the second an integer that the
+# model writes as text and shoal types by the tool's schema.
+FORECAST = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"]}}}
+FORECAST_CALL = ["get_weather", {"city": "Paris", "days": 3}]
+QWEN3_CODER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+MINIMAX_CALL = ('<minimax:tool_call>\n<invoke name="get_weather">\n'
+                '<parameter name="city">Paris</parameter>\n<parameter name="days">3</parameter>\n'
+                "</invoke>\n</minimax:tool_call>")
 DEEPSEEK_CALL = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
                  '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
 
-# Each dialect: the family fixture it is built on, its real template, its added tokens, the
-# tokenizer_config's bos/eos/pad and the generation's end tokens, and its routes: (kind, tool,
-# the prompt's tail, what the model writes, the thought in it, the call it makes). Kinds:
+# Each dialect: the family fixture it is built on (with `config`'s changes; `trained`: trained,
+# not a bigram), its real template, its added tokens, the tokenizer_config's bos/eos/pad and
+# the generation's end tokens, and its routes: (kind, tool, the prompt's tail, what the model
+# writes, the thought in it, the call it makes). Kinds:
 # `auto` (the template's generation prompt, no switch set), `thinking` (the same with the
 # template's thinking switch on), `named` (the tail is what shoal appends for a named
 # `tool_choice`).
@@ -122,12 +153,15 @@ DIALECTS = {
         ],
     },
     "qwen3_coder": {
-        "family": "qwen3_moe", "template": "Qwen3-Coder", "tokens": QWEN_TOKENS,
+        "family": "gpt_oss", "config": LOCAL, "template": "Qwen3-Coder", "tokens": QWEN_TOKENS,
         "bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>",
-        "ends": ["<|im_end|>", "<|endoftext|>"],
+        "ends": ["<|im_end|>", "<|endoftext|>"], "trained": True,
         "routes": [
-            ("named", TIME, "<tool_call>\n<function=get_time>\n",
-             "</function></tool_call><|im_end|>", "", ["get_time", {}]),
+            ("auto", FORECAST, "<|im_start|>assistant\n", f"{QWEN3_CODER_CALL}<|im_end|>", "",
+             FORECAST_CALL),
+            ("named", FORECAST, "<tool_call>\n<function=get_weather>\n",
+             QWEN3_CODER_CALL.split("<function=get_weather>\n")[1] + "<|im_end|>", "",
+             FORECAST_CALL),
         ],
     },
     "glm": {
@@ -164,12 +198,16 @@ DIALECTS = {
         ],
     },
     "minimax_m2": {
-        "family": "minimax", "template": "MiniMax-M2", "tokens": MINIMAX_TOKENS,
-        "bos": "]~!b[", "eos": "[e~[", "pad": None, "ends": ["[e~["],
+        "family": "gpt_oss", "config": LOCAL, "template": "MiniMax-M2",
+        "tokens": MINIMAX_TOKENS, "bos": "]~!b[", "eos": "[e~[", "pad": None, "ends": ["[e~["],
+        "trained": True,
         "routes": [
-            ("named", TIME,
-             '</think>\n\n<minimax:tool_call>\n<invoke name="get_time">\n',
-             "</invoke></minimax:tool_call>[e~[", "", ["get_time", {}]),
+            ("auto", FORECAST, "]~b]ai\n<think>\n",
+             f"{THOUGHT}</think>\n\n{MINIMAX_CALL}[e~[", THOUGHT, FORECAST_CALL),
+            ("named", FORECAST,
+             '</think>\n\n<minimax:tool_call>\n<invoke name="get_weather">\n',
+             MINIMAX_CALL.split('<invoke name="get_weather">\n')[1] + "[e~[", "",
+             FORECAST_CALL),
         ],
     },
 }
@@ -190,17 +228,14 @@ DIALECTS["kimi_k2_instruct"] = dict(DIALECTS["kimi_k2"], template="moonshotai-Ki
 ])
 
 # A bigram writes one route per prompt tail, so a family whose thought and call cannot share
-# one route (harmony's second header repeats the first's tokens; MiniMax's named call and its
-# opened thought both follow a line break) gets a second model for the other: the same
-# family, tokenizer and template, another route.
+# one route (harmony's second header repeats the first's tokens) gets a second model for the
+# other: the same family, tokenizer and template, another route.
 DIALECTS["harmony_unasked"] = dict(DIALECTS["harmony"], routes=[
     ("auto", WEATHER, "<|start|>assistant",
      "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
      '{"city": "Paris"}<|call|>', "", ["get_weather", {"city": "Paris"}]),
 ])
-DIALECTS["minimax_m2_thought"] = dict(DIALECTS["minimax_m2"], routes=[
-    ("auto", TIME, "]~b]ai\n<think>\n", f"{THOUGHT}</think>[e~[", THOUGHT, None),
-])
+
 
 
 def log(msg):
@@ -241,15 +276,15 @@ def write_tokenizer(spec, base_dir, template_dir, folder):
     return ids
 
 
-def route_tokens(tokenizer, spec):
+def route_tokens(tokenizer, spec, bigram=True):
     """Each route as (tail's last token, the tokens written), and the successor table of all
-    routes together; a token that would need two successors is refused."""
+    routes together; for a bigram, a token that would need two successors is refused."""
     routes, after = [], {}
     for kind, tool, tail, written, thought, call in spec["routes"]:
         last = tokenizer.encode(tail, add_special_tokens=False).ids[-1]
         tokens = tokenizer.encode(written, add_special_tokens=False).ids
         for a, b in zip([last] + tokens, tokens):
-            if after.setdefault(a, b) != b:
+            if after.setdefault(a, b) != b and bigram:
                 raise SystemExit(f"{spec['template']}: token {tokenizer.decode([a])!r} would be "
                                  f"followed by two tokens; a bigram cannot write these routes")
         routes.append((kind, tool, tail, last, tokens, thought, call))
@@ -280,6 +315,78 @@ def bigram(model, after, family):
     mx.eval(model.parameters())
 
 
+def train(model, tokenizer, routes, ends, name):
+    """Fine-tunes every layer, the final norm and the head rows of the written tokens (Adam,
+    `TRAIN_STEPS` steps over all routes at once) until greedy decoding writes each route. A
+    route sees only the last `WINDOW` tokens of its prompt (`LOCAL`), so each sample is those
+    tokens of the real prompt (the template rendered by transformers, as `check_routes` renders
+    it) followed by the route: a step costs tens of milliseconds on a CPU, where the whole
+    prompt would cost seconds. The head rows of the tokens no route writes are shrunk to near
+    zero and stand in the loss as one column of logit `OTHERS`, which each written token must
+    beat; the embedding stays random (its gradient and the whole head's product would cost
+    seconds a step). The one full-attention layer's output projection is zeroed and frozen,
+    so the prompt before the window adds nothing. Deterministic: no sampling, every initial
+    value drawn from a seeded key."""
+    targets = sorted({t for r in routes for t in r[4]} | set(ends))
+    column = {t: i for i, t in enumerate(targets)}
+    windows = []
+    for kind, tool, tail, _, tokens, _, _ in routes:
+        prompt = tokenizer.encode(render(tokenizer, kind, tool, tail), add_special_tokens=False)
+        windows.append((prompt[-WINDOW:], tokens))
+    head = model.lm_head.weight
+
+    class Trained(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = model.model
+            self.head = head[mx.array(targets)]
+
+    trained = Trained()
+    trained.body.embed_tokens.freeze()
+    for kind, layer in zip(model.args.layer_types, trained.body.layers):
+        if kind == "full_attention":
+            o_proj = layer.self_attn.o_proj
+            zero = [(k, mx.zeros_like(v)) for k, v in tree_flatten(o_proj.parameters())]
+            o_proj.update(tree_unflatten(zero))
+            o_proj.freeze()
+
+    length = max(len(c) + len(w) for c, w in windows) - 1
+    inputs, rows, cols, labels = [], [], [], []
+    for i, (context, written) in enumerate(windows):
+        seq = context + written
+        inputs.append(seq[:-1] + [0] * (length + 1 - len(seq)))
+        for p in range(len(context), len(seq)):
+            rows.append(i)
+            cols.append(p - 1)
+            labels.append(column[seq[p]])
+    batch = [mx.array(x) for x in (inputs, rows, cols, labels)]
+
+    def loss_fn(trained, inputs, rows, cols, labels):
+        logits = trained.body(inputs)[rows, cols] @ trained.head.T
+        others = mx.full((logits.shape[0], 1), OTHERS)
+        return nn.losses.cross_entropy(mx.concatenate([logits, others], axis=1), labels).mean()
+
+    step = nn.value_and_grad(trained, loss_fn)
+    opt = optim.Adam(learning_rate=TRAIN_LR)
+    for _ in range(TRAIN_STEPS):
+        loss, grads = step(trained, *batch)
+        opt.update(trained, grads)
+        mx.eval(trained.parameters(), opt.state, loss)
+    others = head * BACKGROUND
+    others[mx.array(targets)] = trained.head
+    model.lm_head.weight = others
+    model.unfreeze()
+    mx.eval(model.parameters())
+    return float(loss)
+
+
+def render(tokenizer, kind, tool, tail):
+    switch = {"enable_thinking": True} if kind == "thinking" else {}
+    text = tokenizer.apply_chat_template(QUESTION, tools=[tool], add_generation_prompt=True,
+                                         tokenize=False, **switch)
+    return text + tail if kind == "named" else text
+
+
 def check_routes(folder, routes, ends):
     """mlx-lm, from the folder: the template applied by transformers with the route's tool,
     the tail appended for a named route, greedy decoding writes exactly the route."""
@@ -291,13 +398,9 @@ def check_routes(folder, routes, ends):
     # given, and shoal passes none unless the client does.
     tokenizer = load_tokenizer(folder)._tokenizer
     for kind, tool, tail, _, tokens, _, _ in routes:
-        switch = {"enable_thinking": True} if kind == "thinking" else {}
-        text = tokenizer.apply_chat_template(QUESTION, tools=[tool], add_generation_prompt=True,
-                                             tokenize=False, **switch)
+        text = render(tokenizer, kind, tool, tail)
         if kind != "named" and not text.endswith(tail):
             raise SystemExit(f"{folder.name}: the prompt ends {text[-60:]!r}, not {tail!r}")
-        if kind == "named":
-            text += tail
         prompt = tokenizer.encode(text, add_special_tokens=False)
         got = []
         for token, _ in generate_step(mx.array(prompt), model, max_tokens=len(tokens) + 2):
@@ -311,6 +414,7 @@ def check_routes(folder, routes, ends):
 
 def build_dialect(name, root, base_dir, template_dir):
     from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
 
     spec = DIALECTS[name]
     family = ff.FAMILIES[spec["family"]]
@@ -319,15 +423,23 @@ def build_dialect(name, root, base_dir, template_dir):
     out.mkdir(parents=True)
     ids = write_tokenizer(spec, base_dir, template_dir, out)
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
-    routes, after = route_tokens(tokenizer, spec)
+    routes, after = route_tokens(tokenizer, spec, bigram=not spec.get("trained"))
     ends = [ids[t] for t in spec["ends"]]
     tokens = {"bos_token_id": ids.get(spec["bos"]), "eos_token_id": ends,
               "pad_token_id": ids.get(spec["pad"])}
-    config = dict(family["config"], vocab_size=VOCAB, torch_dtype="float32", **tokens)
+    config = dict(family["config"], **spec.get("config", {}), vocab_size=VOCAB,
+                  torch_dtype="float32", **tokens)
     model_class, args_class = ff._get_classes(config)
     model = model_class(args_class.from_dict(config))
     ff.randomize(model, f"dialect/{name}", family.get("norm_base", 1.0), family.get("std", ()))
-    bigram(model, after, name)
+    if spec.get("trained"):
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        started = time.monotonic()
+        loss = train(model, AutoTokenizer.from_pretrained(out), routes, ends, name)
+        log(f"dialect fixtures: {name} trained, loss {loss:.4f}, "
+            f"{time.monotonic() - started:.1f} s")
+    else:
+        bigram(model, after, name)
     if family.get("experts_mxfp4"):
         ff.nn.quantize(model, 32, 4, mode="mxfp4",
                        class_predicate=lambda p, m: ".experts." in p and hasattr(m, "to_quantized"))

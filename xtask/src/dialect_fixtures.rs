@@ -4,10 +4,12 @@
 //! real node and every official client.
 //!
 //! `scripts/dialect_fixtures.py` (embedded here, next to `family_fixtures.py`, whose configs
-//! it reuses) builds each on its family fixture's architecture with random weights plus a
-//! bigram path, the family's special tokens as its real tokenizer declares them and its real
-//! chat template (the reference data's `templates/`), and checks with mlx-lm that greedy
-//! decoding writes each route. About 20 s and 170 MB; a stamp makes a second run free.
+//! it reuses) builds each with the family's special tokens as its real tokenizer declares them
+//! and its real chat template (the reference data's `templates/`): on its family fixture's
+//! architecture with random weights plus a bigram path, or, for the XML dialects (Qwen3-Coder,
+//! MiniMax M2), whose calls a bigram cannot write, a sliding-window gpt-oss trained at setup
+//! (seeded, about 10 s each); then it checks with mlx-lm that greedy decoding writes each
+//! route. About 30–40 s and 250 MB; a stamp makes a second run free.
 //!
 //! ```text
 //! <cache>/fixtures/families/dialects/<dialect>/    (kit::dirs::family_fixture_dir("dialects", d))
@@ -53,7 +55,7 @@ pub fn dialect_fixtures(
         return Ok(());
     }
     let _ = fs::remove_file(&stamp_path);
-    step.progress("a model per tool-call dialect (about 20 s)");
+    step.progress("a model per tool-call dialect (about 40 s)");
     run(Command::new(python)
         .arg(&script)
         .arg(&root)
