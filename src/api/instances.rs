@@ -1,6 +1,8 @@
 //! Instances at the API: creating one (place it on the live nodes, write the intent),
 //! deleting one (write this node's deletion record), previewing every placement of a model,
-//! and each instance's answer (`GET /instance/{id}`, the shape of [`gateway::exo::Instance`]).
+//! and each instance's answer (`GET /instance/{id}`, the shape of [`gateway::exo::Instance`]);
+//! and the live nodes' profiles and verified edges as placement takes them, read out of the
+//! snapshot ([`placement_nodes`]).
 //!
 //! **Instances are intents in the state** (see [`control::intent`]): `POST /place_instance`
 //! computes a placement from the live nodes and the model's card, and writes the intent
@@ -14,9 +16,12 @@ use control::{
 };
 use gateway::exo::{self, Instance, InstancePreviews, NodeMemory, Preview};
 use gateway::{ApiError, ErrorKind};
+use mesh::probe::{EdgeRecord, EDGE_PREFIX};
+use mesh::profile::{HostProfile, PROFILE_KEY};
 use models::ModelSpec;
+use placement::Edge;
 use placement::{CollectiveBackend, Input, PlaceError, Request, RunnerStatus, Sharding};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 
 /// A placement failure as an API error: bad input is the client's (400), the rest is the
@@ -80,7 +85,7 @@ impl Instances<'_> {
             .facts(spec, &self.node.context.node_id())
             .await?;
         let snapshot = self.node.context.snapshot();
-        let (mut nodes, edges) = crate::mesh_state::placement_nodes(&snapshot);
+        let (mut nodes, edges) = placement_nodes(&snapshot);
         let instances = snapshot.instances(&self.node.placements);
         let loaded = |view: &InstanceView, rank: usize| {
             let Ok(placement) = &view.placement else {
@@ -388,6 +393,46 @@ fn previews_for(spec: &ModelSpec, base: &Input) -> Vec<Preview> {
         .collect()
 }
 
+/// The live nodes' profiles and the edges between them, as placement takes them.
+pub fn placement_nodes(snapshot: &Snapshot) -> (Vec<placement::NodeProfile>, Vec<Edge>) {
+    let live: BTreeSet<&str> = snapshot
+        .authors
+        .iter()
+        .filter(|(id, a)| a.alive || **id == snapshot.me)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let mut nodes = Vec::new();
+    let mut edges = Vec::new();
+    for (id, author) in &snapshot.authors {
+        if !live.contains(id.as_str()) {
+            continue;
+        }
+        let Some(profile) = author
+            .records
+            .get(PROFILE_KEY)
+            .and_then(|p| serde_json::from_str::<HostProfile>(p).ok())
+        else {
+            continue;
+        };
+        nodes.push(profile.placement_profile(id));
+        for edge in author
+            .records
+            .range(EDGE_PREFIX.to_string()..)
+            .take_while(|(k, _)| k.starts_with(EDGE_PREFIX))
+            .filter_map(|(_, v)| {
+                serde_json::from_str::<EdgeRecord>(v)
+                    .ok()?
+                    .placement_edge(id)
+            })
+        {
+            if live.contains(edge.to.as_str()) {
+                edges.push(edge);
+            }
+        }
+    }
+    (nodes, edges)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,5 +464,93 @@ mod tests {
         assert_eq!(facts.memory.kv_budget, 8192 * 46_080);
         assert_eq!(card.storage_bytes, facts.memory.total());
         assert!(card.storage_bytes > 1_000_000_000);
+    }
+
+    #[test]
+    fn placement_input_comes_from_live_profiles_and_edges() {
+        use control::fixture::{author, json};
+        use mesh::interfaces::Interface;
+        use placement::{ComputeBackend, InterfaceKind, Link};
+        let profile = |ip: &str| HostProfile {
+            name: "h".into(),
+            os: "linux".into(),
+            os_version: "6".into(),
+            cpu: "x".into(),
+            cpu_cores: 2,
+            memory_total: 8 << 30,
+            memory_available: 4 << 30,
+            backends: vec![ComputeBackend::MlxCpu],
+            gpus: vec![],
+            interfaces: vec![Interface::new(
+                "eth0",
+                ip.parse().unwrap(),
+                24,
+                InterfaceKind::Ethernet,
+            )],
+            api_port: 52415,
+        };
+        let edge = |from: &str, to: &str, ip: &str| EdgeRecord {
+            edge: Edge {
+                from: from.into(),
+                to: to.into(),
+                link: Link::Ip(ip.parse().unwrap()),
+            },
+            remote_interface: "eth0".into(),
+            remote_kind: InterfaceKind::Ethernet,
+            local_interface: Some("eth0".into()),
+            local_kind: Some(InterfaceKind::Ethernet),
+        };
+        let snap = Snapshot {
+            settling: false,
+            me: "a".into(),
+            authors: [
+                (
+                    "a".to_string(),
+                    author(
+                        true,
+                        &[
+                            (PROFILE_KEY.into(), json(&profile("10.0.0.1"))),
+                            ("edge/b/10.0.0.2".into(), json(&edge("a", "b", "10.0.0.2"))),
+                            ("edge/c/10.0.0.3".into(), json(&edge("a", "c", "10.0.0.3"))),
+                        ],
+                    ),
+                ),
+                (
+                    "b".to_string(),
+                    author(
+                        true,
+                        &[
+                            (PROFILE_KEY.into(), json(&profile("10.0.0.2"))),
+                            ("edge/a/10.0.0.1".into(), json(&edge("b", "a", "10.0.0.1"))),
+                        ],
+                    ),
+                ),
+                (
+                    "c".to_string(),
+                    author(false, &[(PROFILE_KEY.into(), json(&profile("10.0.0.3")))]),
+                ),
+            ]
+            .into(),
+        };
+        let (nodes, edges) = placement_nodes(&snap);
+        let ids: Vec<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"], "dead node c is left out");
+        assert_eq!(nodes[0].ram_available, 4 << 30);
+        assert_eq!(nodes[0].backends, vec![ComputeBackend::MlxCpu]);
+        assert_eq!(
+            edges,
+            vec![
+                Edge {
+                    from: "a".into(),
+                    to: "b".into(),
+                    link: Link::Ip("10.0.0.2".parse().unwrap())
+                },
+                Edge {
+                    from: "b".into(),
+                    to: "a".into(),
+                    link: Link::Ip("10.0.0.1".parse().unwrap())
+                },
+            ]
+        );
     }
 }
