@@ -15,34 +15,131 @@
 //! The gathered form (Mixture-of-Experts layers' `gather_qmm`) groups the (token, expert)
 //! rows by expert and runs one such product per expert used.
 //!
-//! `SHOAL_QMM` chooses: `auto` (default) the fastest path the CPU has, `scalar` the plain C++
-//! path, `mlx` MLX's own kernels (to compare). GPU builds always use MLX's.
+//! For fewer than 32 rows (decode) `x` is rounded to int8 per row and chunk of 32 values, so
+//! that 32 weights cost one or two byte-product instructions (`vpdpbusd` with VNNI,
+//! `vpmaddubsw` with AVX2) instead of eight float ones: each output differs from the exact
+//! sum by at most `sum |s * (q - middle)| * dx / 2` (`dx = max|x| / 127` of the chunk; the
+//! weights centred, their constant part meeting the exact sum of x), as llama.cpp's
+//! 8-bit activations do.
+//!
+//! `SHOAL_QMM` chooses: `auto` (default) the fastest path the CPU has, `exact` the fastest
+//! with x kept in f32, `scalar` the plain C++ path, `mlx` MLX's own kernels (to compare). GPU
+//! builds always use MLX's.
 
 use crate::error::Result;
 use crate::quant_spec::{QuantMode, QuantSpec};
 use crate::raw_op::raw_op;
 use mlx_rs::{Array, Dtype};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// The variable that chooses the CPU quantized kernels (see the module docs).
 pub const QMM_ENV: &str = "SHOAL_QMM";
 
-/// Which instructions shoal's kernel may use.
+/// Which path and instructions shoal's kernel uses (the numbers of
+/// `native/mlx-sys/kernels/affine_kernels.h`'s `Isa`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelIsa {
-    /// The fastest the CPU has (AVX2 + FMA on x86-64 when present), chosen at run time.
+    /// The fastest this CPU has: below 32 rows the int8-activation products (AVX-VNNI,
+    /// AVX-512 VNNI or AVX2), from 32 rows dequantized tiles through sgemm.
     Best,
-    /// Plain C++: the reference path, and what other CPUs run.
+    /// x stays f32 everywhere (sgemm for many rows, AVX2 + FMA or plain C++ for few): the
+    /// same sums as a dequantize-then-multiply, to the float rounding.
+    Exact,
+    /// Plain C++ with f32 x: the reference path, and what other CPUs run.
     Scalar,
+    /// AVX2 + FMA with f32 x (what `Exact` uses for few rows).
+    Avx2,
+    /// int8 x in plain C++: the reference for the instruction-set forms below.
+    Int8Scalar,
+    /// int8 x with AVX2's `vpmaddubsw`.
+    Int8Avx2,
+    /// int8 x with AVX-VNNI's `vpdpbusd`.
+    Int8AvxVnni,
+    /// int8 x with AVX-512 VNNI's `vpdpbusd` on 256-bit registers.
+    Int8Avx512Vnni,
 }
 
 impl KernelIsa {
+    /// Every path, for tests that check each one this CPU has.
+    pub const ALL: [KernelIsa; 8] = [
+        KernelIsa::Best,
+        KernelIsa::Exact,
+        KernelIsa::Scalar,
+        KernelIsa::Avx2,
+        KernelIsa::Int8Scalar,
+        KernelIsa::Int8Avx2,
+        KernelIsa::Int8AvxVnni,
+        KernelIsa::Int8Avx512Vnni,
+    ];
+
     fn code(self) -> i32 {
         match self {
             KernelIsa::Best => 0,
             KernelIsa::Scalar => 1,
+            KernelIsa::Avx2 => 2,
+            KernelIsa::Int8Scalar => 3,
+            KernelIsa::Int8Avx2 => 4,
+            KernelIsa::Int8AvxVnni => 5,
+            KernelIsa::Int8Avx512Vnni => 6,
+            KernelIsa::Exact => 7,
         }
     }
+
+    /// Whether this CPU runs this path (a path it lacks falls back to plain C++ with f32 x).
+    pub fn is_available(self) -> bool {
+        // SAFETY: a pure query of the CPU's features.
+        unsafe { mlx_sys::shoal_cpu_qmm_isa_available(self.code()) == 1 }
+    }
+
+    /// The paths this CPU runs.
+    pub fn available() -> Vec<KernelIsa> {
+        KernelIsa::ALL
+            .into_iter()
+            .filter(|isa| isa.is_available())
+            .collect()
+    }
+
+    /// Whether this path rounds x to int8 for a product of `rows` rows with groups of
+    /// `group_size` and `bits`-bit weights (then each output may differ from the exact sum
+    /// by up to `sum |s * (q - middle)| * dx / 2`, `dx` the row's `max|x| / 127` per chunk of
+    /// 32).
+    pub fn rounds_x(self, rows: usize, group_size: i32, bits: i32) -> bool {
+        let fits = matches!(bits, 4 | 8) && group_size % 32 == 0;
+        match self {
+            KernelIsa::Best => fits && rows < INT8_BELOW_ROWS && best_int8_exists(),
+            KernelIsa::Int8Scalar
+            | KernelIsa::Int8Avx2
+            | KernelIsa::Int8AvxVnni
+            | KernelIsa::Int8Avx512Vnni => fits && self.is_available(),
+            _ => false,
+        }
+    }
+}
+
+/// Rows from which `Best` multiplies dequantized tiles with sgemm (x in f32) instead of
+/// rounding x to int8 (`SGEMM_FROM_ROWS` in `affine_kernels.cpp`).
+const INT8_BELOW_ROWS: usize = 32;
+
+fn best_int8_exists() -> bool {
+    [
+        KernelIsa::Int8Avx2,
+        KernelIsa::Int8AvxVnni,
+        KernelIsa::Int8Avx512Vnni,
+    ]
+    .into_iter()
+    .any(KernelIsa::is_available)
+}
+
+/// Set by [`keep_x_exact`]: `Best` becomes `Exact` in products built from then on.
+static EXACT_X: AtomicBool = AtomicBool::new(false);
+
+/// Keeps x in f32 in every quantized product this process builds from now on (`SHOAL_QMM=exact`
+/// does the same from the start): for checks that compare the kernel's sums with another
+/// implementation's at float rounding (mlx-lm's logits, a dequantized checkpoint's), which
+/// the int8 rounding of the decode path would exceed.
+pub fn keep_x_exact(on: bool) {
+    EXACT_X.store(on, Ordering::Relaxed);
 }
 
 /// What `SHOAL_QMM` asks for: `None` for MLX's kernels.
@@ -58,11 +155,12 @@ fn chosen() -> Option<KernelIsa> {
         match std::env::var(QMM_ENV).as_deref().map(str::trim) {
             Ok("mlx") => None,
             Ok("scalar") => Some(KernelIsa::Scalar),
+            Ok("exact") => Some(KernelIsa::Exact),
             Ok("auto") | Ok("") | Err(_) => Some(KernelIsa::Best),
             Ok(other) => {
                 tracing::warn!(
                     value = other,
-                    "{QMM_ENV} is auto, scalar or mlx; using auto"
+                    "{QMM_ENV} is auto, exact, scalar or mlx; using auto"
                 );
                 Some(KernelIsa::Best)
             }
@@ -74,7 +172,10 @@ fn chosen() -> Option<KernelIsa> {
 /// stacked experts) for a matrix of `spec` whose packed words have `packed_ndim` axes, and
 /// with which instructions.
 pub(crate) fn product_isa(spec: QuantSpec, packed_ndim: usize, x: &Array) -> Option<KernelIsa> {
-    let isa = chosen()?;
+    let isa = match chosen()? {
+        KernelIsa::Best if EXACT_X.load(Ordering::Relaxed) => KernelIsa::Exact,
+        isa => isa,
+    };
     let fits = serves(spec) && matches!(packed_ndim, 2 | 3) && x.dtype() == Dtype::Float32;
     fits.then_some(isa)
 }

@@ -89,7 +89,40 @@ fn main() {
         .include(&mlx_c_src)
         .file("kernels/cpu_qmm.cpp")
         .file("kernels/affine_kernels.cpp")
+        .file("kernels/int8_path.cpp")
         .compile("shoal_kernels");
+    // The int8 products, one library per instruction set, each compiled for its instructions
+    // (chosen at run time by `int8_path.cpp`, so the rest of the build stays baseline x86-64),
+    // linked after the kernels that call them.
+    if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
+        let avx2: &[&str] = &["-mavx2", "-mfma", "-mf16c"];
+        let evex: &[&str] = &[
+            "-mavx512f",
+            "-mavx512vl",
+            "-mavx512bw",
+            "-mavx512vnni",
+            "-DSHOAL_EVEX_VNNI",
+        ];
+        for (library, file, extra) in [
+            ("int8_avx2", "int8_avx2", &[][..]),
+            ("int8_avxvnni", "int8_vnni", &["-mavxvnni"][..]),
+            ("int8_avx512vnni", "int8_vnni", evex),
+        ] {
+            let mut build = cc::Build::new();
+            // One object folder per library: int8_vnni.cpp is compiled twice.
+            build
+                .cpp(true)
+                .std("c++20")
+                .opt_level(3)
+                .out_dir(out.join(library));
+            for flag in avx2.iter().chain(extra) {
+                build.flag(flag);
+            }
+            build
+                .file(format!("kernels/{file}.cpp"))
+                .compile(&format!("shoal_{library}"));
+        }
+    }
 
     println!("cargo:rustc-link-search=native={}", mlx_c_lib.display());
     println!("cargo:rustc-link-lib=static=mlxc");

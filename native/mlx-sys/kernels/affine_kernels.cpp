@@ -3,6 +3,7 @@
 // product (see cpu_qmm.cpp for the primitive that runs them inside MLX's graph).
 
 #include "affine_kernels.h"
+#include "int8_path.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -355,7 +356,7 @@ bool run_sgemm(const Problem& p) {
 
 /// The whole product, shared with the crew when it is large.
 void run(const Problem& p, Isa isa) {
-  if (isa == Isa::Auto && run_sgemm(p)) {
+  if ((isa == Isa::Auto || isa == Isa::Exact) && run_sgemm(p)) {
     return;
   }
   const int m = static_cast<int>(p.rows.size());
@@ -372,9 +373,15 @@ void run(const Problem& p, Isa isa) {
       xsums[i * groups + g] = s;
     }
   }
+  Int8Plan int8;
+  const bool on_int8 = plan_int8(p, isa, int8);
   auto columns = [&](int n0, int n1) {
+    if (on_int8) {
+      int8.columns(int8.job, n0, n1);
+      return;
+    }
 #if defined(__x86_64__)
-    if (isa == Isa::Auto && has_avx2()) {
+    if ((isa == Isa::Auto || isa == Isa::Exact || isa == Isa::Avx2) && has_avx2()) {
       if (p.bits == 4) {
         product_avx2<4>(p, xsums, n0, n1);
       } else {

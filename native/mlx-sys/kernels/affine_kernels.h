@@ -12,8 +12,21 @@ namespace shoal {
 
 using mlx::core::Dtype;
 
-/// Which instructions a product may use.
-enum class Isa : int { Auto = 0, Scalar = 1 };
+/// Which path and instructions a product uses. `Auto` is the fastest this CPU has: for fewer
+/// than 32 rows the int8-activation products (int8_path.cpp) with the best of AVX-VNNI,
+/// AVX-512 VNNI and AVX2, for more dequantized tiles through sgemm. The others force one path
+/// (tests compare each with a reference); `Exact` is `Auto` with x kept in f32, as are
+/// `Scalar` and `Avx2`.
+enum class Isa : int {
+  Auto = 0,
+  Scalar = 1,
+  Avx2 = 2,
+  Int8Scalar = 3,
+  Int8Avx2 = 4,
+  Int8AvxVnni = 5,
+  Int8Avx512Vnni = 6,
+  Exact = 7,
+};
 
 /// Everything one product needs, resolved to pointers and strides.
 struct Problem {

@@ -27,6 +27,7 @@
 #include "mlx/c/private/stream.h"
 
 #include "affine_kernels.h"
+#include "int8_path.h"
 
 namespace shoal {
 
@@ -336,12 +337,21 @@ int mlx_c_entry(mlx_array* res, F&& build) {
   return 0;
 }
 
+/// The path a code names (`shoal::Isa`'s numbers); an unknown code is `Auto`.
 shoal::Isa isa_of(int code) {
-  return code == 1 ? shoal::Isa::Scalar : shoal::Isa::Auto;
+  return code >= 0 && code <= static_cast<int>(shoal::Isa::Exact)
+      ? static_cast<shoal::Isa>(code)
+      : shoal::Isa::Auto;
+}
+
+/// Whether this CPU runs the path `isa` names: 1 or 0.
+extern "C" int shoal_cpu_qmm_isa_available(int isa) {
+  return shoal::isa_available(isa_of(isa)) ? 1 : 0;
 }
 
 /// mlx-c style entry: `*res = x @ dequantize(w, scales, biases)^T`. `isa`: 0 picks the fastest
-/// the CPU has, 1 the plain C++ path (for tests).
+/// the CPU has, the others force one path (`shoal::Isa`; for tests). A forced path this CPU
+/// lacks falls back to the plain C++ f32 path.
 extern "C" int shoal_cpu_affine_qmm(
     mlx_array* res,
     const mlx_array x,

@@ -15,7 +15,7 @@ unsafe extern "C" {
     /// shoal's CPU product with MLX affine-quantized weights (`kernels/cpu_qmm.cpp`):
     /// `*res = x @ dequantize(w, scales, biases)^T` for 4- and 8-bit weights, `x` f32 `[..., k]`,
     /// `w` `[n, k * bits / 32]`, scales and biases `[n, k / group_size]`. `isa` 0 uses the
-    /// fastest instructions the CPU has, 1 the plain C++ path. Returns 0, or 1 after reporting
+    /// fastest path the CPU has, the others force one (`kernels/affine_kernels.h`'s `Isa`). Returns 0, or 1 after reporting
     /// the error through mlx-c's handler.
     pub fn shoal_cpu_affine_qmm(
         res: *mut mlx_array,
@@ -28,6 +28,10 @@ unsafe extern "C" {
         isa: ::std::os::raw::c_int,
         s: mlx_stream,
     ) -> ::std::os::raw::c_int;
+
+    /// Whether this CPU runs the kernel path `isa` (the codes of `kernels/affine_kernels.h`'s
+    /// `Isa`): 1 or 0.
+    pub fn shoal_cpu_qmm_isa_available(isa: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
 
     /// The gathered form of [`shoal_cpu_affine_qmm`] (MLX's `gather_qmm` with expert indices
     /// only): batch entry `b` of `x` `[..., m, k]`, broadcast with `indices`, uses weights
