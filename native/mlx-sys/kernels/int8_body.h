@@ -40,6 +40,9 @@ inline __m256i weights32(const uint32_t* column, int c) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(column + c / 4));
 }
 
+/// Columns ahead whose weights are fetched into the cache while this one is summed.
+constexpr int PREFETCH_AHEAD = 4;
+
 /// Output columns `[n0, n1)` of rows `first..first + ROWS`: each chunk of 32 weights is
 /// decoded once and used for every row; each chunk's integer sums become floats scaled by the
 /// weights' scale times the row's step for that chunk. The weights are centred
@@ -54,8 +57,16 @@ void int8_block(const Int8Job& job, int first, int n0, int n1) {
   for (int i = 0; i < ROWS; ++i) {
     xr[i] = job.xq + static_cast<int64_t>(first + i) * job.k;
   }
+  const int column_bytes = job.k * BITS / 8;
   for (int r = n0; r < n1; ++r) {
     const uint32_t* column = job.w + r * job.w_row;
+    if (r + PREFETCH_AHEAD < n1) {
+      // The hardware's prefetcher alone left every weight load waiting on memory.
+      const char* ahead = reinterpret_cast<const char*>(column + PREFETCH_AHEAD * job.w_row);
+      for (int offset = 0; offset < column_bytes; offset += 64) {
+        _mm_prefetch(ahead + offset, _MM_HINT_T0);
+      }
+    }
     __m256 acc[ROWS];
     float bias_acc[ROWS];
     for (int i = 0; i < ROWS; ++i) {
@@ -94,6 +105,9 @@ void int8_block(const Int8Job& job, int first, int n0, int n1) {
 template <int BITS>
 void int8_all_rows(const Int8Job& job, int n0, int n1) {
   int i = 0;
+  for (; i + 8 <= job.rows; i += 8) {
+    int8_block<BITS, 8>(job, i, n0, n1);
+  }
   for (; i + 4 <= job.rows; i += 4) {
     int8_block<BITS, 4>(job, i, n0, n1);
   }
