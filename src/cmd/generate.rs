@@ -66,6 +66,10 @@ pub struct GenerateArgs {
     /// Print only the timing line as JSON on stdout (for benchmarks) instead of the text.
     #[arg(long)]
     pub json_stats: bool,
+    /// Decode the request as this many sequences at once, through the batching loop a node
+    /// runs, and print their combined speed as JSON (benchmarks; implies --json-stats).
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub streams: Option<u16>,
 }
 
 /// Resolves `default` to the fixture path, and a Hugging Face model id (`org/name`) to its
@@ -148,6 +152,20 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
     };
     let mut stdout = std::io::stdout().lock();
+    if let Some(streams) = args.streams {
+        let stats = super::generate_streams::run_streams(&engine, &request, streams.into())?;
+        let line = serde_json::json!({
+            "streams": streams,
+            "load_seconds": load_seconds,
+            "prompt_tokens": stats.prompt_tokens,
+            "prompt_tps": stats.prompt_tps,
+            "generation_tokens": stats.generation_tokens,
+            "generation_tps": stats.generation_tps,
+            "peak_rss_mb": peak_rss_mb(),
+        });
+        writeln!(stdout, "{line}")?;
+        return Ok(());
+    }
     let quiet = args.json_stats;
     let completion = engine.generate(&request, |ev| {
         if !quiet {

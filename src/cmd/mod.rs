@@ -1,9 +1,11 @@
-//! The subcommands besides running a node, one file each: `place`, `status`, `generate`,
+//! The subcommands besides running a node, one file each: `place`, `status`, `generate` (and
+//! its several-streams form for benchmarks),
 //! `download`, `secret`, and the hidden `runner` (one model instance's process, started by
 //! its node). `shoal bench` is its own crate (`bench`).
 
 pub mod download;
 pub mod generate;
+pub mod generate_streams;
 pub mod place;
 pub mod runner;
 pub mod secret;

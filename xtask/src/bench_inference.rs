@@ -1,6 +1,7 @@
-//! `cargo xtask bench inference`: shoal against mlx-lm on the SmolLM2 fixture, and shoal's
-//! two CPU forms of the 4-bit file side by side (expanded to f32, the default, and kept 4-bit
-//! on shoal's quantized kernel).
+//! `cargo xtask bench inference`: shoal against mlx-lm (and llama.cpp) on the SmolLM2 fixture,
+//! with shoal's two CPU forms of the 4-bit file side by side (expanded to f32, and kept 4-bit
+//! on shoal's quantized kernel), one stream and [`STREAMS`] streams at once (those rows:
+//! `bench_streams.rs`).
 //!
 //! Same weights (the fixture dequantized to f32, exported as a Hugging Face folder for
 //! mlx-lm), same 128 prompt token ids, 128 generated tokens, greedy, end-of-text ignored,
@@ -16,6 +17,7 @@
 //! `llama-bench`: its version would not be the pinned one). The versions measured are printed
 //! with the table.
 
+use crate::bench_streams::{self, STREAMS};
 use crate::llama_cpp;
 use crate::mlx_build::MLX_VERSION;
 use crate::mlx_lm_venv::{mlx_lm_venv, requirements as mlx_lm_requirements, MLX_LM_VERSION};
@@ -61,16 +63,16 @@ print(json.dumps({
 
 /// One measurement.
 #[derive(Clone, Default)]
-struct Figures {
-    prompt_tps: f64,
-    generation_tps: f64,
-    peak_rss_mb: f64,
+pub(crate) struct Figures {
+    pub prompt_tps: f64,
+    pub generation_tps: f64,
+    pub peak_rss_mb: f64,
     /// The build that ran, where the contender reports one (llama.cpp).
-    build: Option<String>,
+    pub build: Option<String>,
 }
 
 /// Reads `"key": number` from a one-line JSON object (enough for the lines we print).
-fn json_number(line: &str, key: &str) -> Option<f64> {
+pub(crate) fn json_number(line: &str, key: &str) -> Option<f64> {
     let at = line.find(&format!("\"{key}\""))? + key.len() + 2;
     let rest = line[at..].trim_start().strip_prefix(':')?.trim_start();
     let end = rest
@@ -269,6 +271,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     }
     crate::setup::setup()?;
     let llama_bench = find_llama_bench(with_llama_cpp)?;
+    let batched_bench = bench_streams::find_batched_bench(with_llama_cpp)?;
     let model = default_model();
     eprintln!("bench: building shoal and the exporter (release) ...");
     run(crate::cargo().args([
@@ -311,38 +314,67 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
         .unwrap_or(3);
     let gen = GENERATED_TOKENS.to_string();
 
-    type Contender = (&'static str, Box<dyn Fn() -> Command>);
+    /// How a contender prints its figures.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Reader {
+        /// One JSON line with `prompt_tps`, `generation_tps`, `peak_rss_mb`.
+        Json,
+        LlamaBench,
+        LlamaBatchedBench,
+    }
+    type Contender = (&'static str, usize, Reader, Box<dyn Fn() -> Command>);
     // `shoal generate` on the fixture, in the weight form `dtype` names (`None`: the default).
-    let shoal_generate = |dtype: Option<&'static str>| -> Box<dyn Fn() -> Command> {
-        let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
-        Box::new(move || {
-            let mut c = Command::new(&shoal);
-            if let Some(d) = dtype {
-                c.env("SHOAL_DTYPE", d);
-            }
-            c.args([
-                "generate",
-                "--model",
-                "default",
-                "--ignore-eos",
-                "--json-stats",
-                "--max-tokens",
-                &gen,
-                "--token-ids",
-            ])
-            .arg(&ids_file);
-            c
-        })
-    };
-    let mut contenders: Vec<Contender> = vec![
-        ("shoal (no flags: f32 on CPU)", shoal_generate(None)),
+    // `streams` > 1: that many sequences at once (`--streams`).
+    let shoal_generate =
+        |dtype: Option<&'static str>, streams: usize| -> Box<dyn Fn() -> Command> {
+            let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
+            Box::new(move || {
+                let mut c = Command::new(&shoal);
+                if let Some(d) = dtype {
+                    c.env("SHOAL_DTYPE", d);
+                }
+                if streams > 1 {
+                    c.arg("--streams").arg(streams.to_string());
+                }
+                c.args([
+                    "generate",
+                    "--model",
+                    "default",
+                    "--ignore-eos",
+                    "--json-stats",
+                    "--max-tokens",
+                    &gen,
+                    "--token-ids",
+                ])
+                .arg(&ids_file);
+                c
+            })
+        };
+    let mut contenders: Vec<Contender> = Vec::new();
+    for streams in [1, STREAMS] {
+        contenders.push((
+            if streams == 1 {
+                "shoal f32 (SHOAL_DTYPE=f32)"
+            } else {
+                "shoal f32, 8 streams"
+            },
+            streams,
+            Reader::Json,
+            shoal_generate(Some("f32"), streams),
+        ));
         // The same file kept 4-bit (Q4_1 repacked as MLX affine 4-bit), its products on
         // shoal's CPU kernel (`native/mlx-sys/kernels`): an eighth of f32's weight bytes.
-        (
-            "shoal 4-bit (SHOAL_DTYPE=quantized)",
-            shoal_generate(Some("quantized")),
-        ),
-    ];
+        contenders.push((
+            if streams == 1 {
+                "shoal 4-bit (SHOAL_DTYPE=quantized)"
+            } else {
+                "shoal 4-bit, 8 streams"
+            },
+            streams,
+            Reader::Json,
+            shoal_generate(Some("quantized"), streams),
+        ));
+    }
     if let Some(py) = &mlx_python {
         for (label, dtype) in [
             ("mlx-lm f32 + OpenBLAS (fastest)", "f32"),
@@ -358,6 +390,8 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
             );
             contenders.push((
                 label,
+                1,
+                Reader::Json,
                 Box::new(move || {
                     let mut c = Command::new(&py);
                     c.arg(&script)
@@ -372,6 +406,35 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
                 }),
             ));
         }
+    }
+    if let Some(py) = &mlx_python {
+        let batch_script = bench.join("bench_mlx_lm_batch.py");
+        std::fs::write(&batch_script, bench_streams::MLX_LM_BATCH_SCRIPT)
+            .map_err(|e| e.to_string())?;
+        let (py, folder, ids_file, gen, openblas) = (
+            py.clone(),
+            folder.clone(),
+            ids_file.clone(),
+            gen.clone(),
+            openblas.clone(),
+        );
+        contenders.push((
+            "mlx-lm f32 + OpenBLAS, 8 streams",
+            STREAMS,
+            Reader::Json,
+            Box::new(move || {
+                let mut c = Command::new(&py);
+                c.arg(&batch_script)
+                    .arg(&folder)
+                    .arg(&ids_file)
+                    .arg(&gen)
+                    .arg(STREAMS.to_string());
+                if let Some(lib) = &openblas {
+                    c.env("LD_PRELOAD", lib);
+                }
+                c
+            }),
+        ));
     }
     let threads = std::env::var("OPENBLAS_NUM_THREADS").unwrap_or_else(|_| "default".into());
     let cores = std::thread::available_parallelism()
@@ -390,6 +453,8 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
             let (bin, model, gen) = (bin.clone(), model.clone(), gen.clone());
             contenders.push((
                 label,
+                1,
+                Reader::LlamaBench,
                 Box::new(move || {
                     let mut c = Command::new(&bin);
                     c.arg("-m")
@@ -401,22 +466,47 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
             ));
         }
     }
+    if let Some(bin) = &batched_bench {
+        let all: usize = threads.parse().unwrap_or(cores).max(1);
+        let mut variants: Vec<(&'static str, usize)> =
+            vec![("llama.cpp Q4_1, 8 streams, all threads", all)];
+        if all > 1 {
+            variants.push(("llama.cpp Q4_1, 8 streams, 1 thread", 1));
+        }
+        for (label, n) in variants {
+            let (bin, model) = (bin.clone(), model.clone());
+            contenders.push((
+                label,
+                STREAMS,
+                Reader::LlamaBatchedBench,
+                Box::new(move || {
+                    bench_streams::batched_bench_command(
+                        &bin,
+                        &model,
+                        PROMPT_TOKENS,
+                        GENERATED_TOKENS,
+                        n,
+                    )
+                }),
+            ));
+        }
+    }
     // Other work on the machine skews every figure: the load average goes with the table.
     let load_before = load_average();
     let mut results: Vec<Vec<Figures>> = vec![Vec::new(); contenders.len()];
     for round in 1..=runs {
-        for (i, (label, make)) in contenders.iter().enumerate() {
+        for (i, (label, _, reader, make)) in contenders.iter().enumerate() {
             eprintln!("bench: round {round}/{runs}: {label} ...");
-            let figures = if label.starts_with("llama.cpp") {
-                measure_llama_bench(&mut make())?
-            } else {
-                measure(&mut make())?
+            let figures = match reader {
+                Reader::Json => measure(&mut make())?,
+                Reader::LlamaBench => measure_llama_bench(&mut make())?,
+                Reader::LlamaBatchedBench => bench_streams::measure_batched_bench(&mut make())?,
             };
             results[i].push(figures);
         }
     }
     println!();
-    println!("SmolLM2-135M-Instruct (Q4_1 GGUF, run as f32), {PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} generated, greedy, EOS ignored");
+    println!("SmolLM2-135M-Instruct (Q4_1 GGUF), {PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} generated per stream, greedy, EOS ignored; with {STREAMS} streams, prompt and gen tok/s are all streams' together");
     println!("median of {runs} interleaved rounds; {cores} cores; OPENBLAS_NUM_THREADS={threads}; load average {load_before} before, {} after", load_average());
     let llama_cpp_build = results.iter().flatten().find_map(|f| f.build.clone());
     println!(
@@ -424,24 +514,37 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
         versions_line(mlx_versions.as_ref(), llama_cpp_build.as_deref())
     );
     println!(
-        "{:<36} {:>13} {:>13} {:>12} {:>16}",
-        "", "prompt tok/s", "gen tok/s", "peak RSS MB", "shoal gen ratio"
+        "{:<40} {:>13} {:>13} {:>12} {:>18}",
+        "", "prompt tok/s", "gen tok/s", "peak RSS MB", "shoal 4-bit / row"
     );
-    let shoal_gen = median(results[0].iter().map(|f| f.generation_tps).collect());
-    for ((label, _), figs) in contenders.iter().zip(&results) {
-        let p = median(figs.iter().map(|f| f.prompt_tps).collect());
-        let g = median(figs.iter().map(|f| f.generation_tps).collect());
-        let m = median(figs.iter().map(|f| f.peak_rss_mb).collect());
-        // llama-bench reports no memory figure.
-        let m = if m > 0.0 {
-            format!("{m:.0}")
-        } else {
-            "-".into()
+    for streams in [1, STREAMS] {
+        // Each group is compared with shoal's 4-bit form at the same number of streams.
+        let gen_of = |i: usize| median(results[i].iter().map(|f| f.generation_tps).collect());
+        let Some(reference) = contenders
+            .iter()
+            .position(|(label, s, ..)| *s == streams && label.starts_with("shoal 4-bit"))
+        else {
+            continue;
         };
-        println!(
-            "{label:<36} {p:>13.1} {g:>13.2} {m:>12} {:>15.2}x",
-            shoal_gen / g
-        );
+        let shoal_gen = gen_of(reference);
+        for (i, ((label, s, ..), figs)) in contenders.iter().zip(&results).enumerate() {
+            if *s != streams {
+                continue;
+            }
+            let p = median(figs.iter().map(|f| f.prompt_tps).collect());
+            let g = gen_of(i);
+            let m = median(figs.iter().map(|f| f.peak_rss_mb).collect());
+            // llama.cpp reports no memory figure.
+            let m = if m > 0.0 {
+                format!("{m:.0}")
+            } else {
+                "-".into()
+            };
+            println!(
+                "{label:<40} {p:>13.1} {g:>13.2} {m:>12} {:>17.2}x",
+                shoal_gen / g
+            );
+        }
     }
     if llama_bench.is_none() {
         println!("llama.cpp: not measured here (`cargo xtask bench inference --with-llama-cpp` builds llama-bench once: about 8 CPU-minutes)");

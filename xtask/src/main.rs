@@ -8,6 +8,7 @@ mod bench_inference;
 mod bench_moe;
 mod bench_peer_copy;
 mod bench_prompt_cache;
+mod bench_streams;
 mod cluster;
 mod dialect_fixtures;
 mod e2e;
