@@ -333,9 +333,6 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
                 if let Some(d) = dtype {
                     c.env("SHOAL_DTYPE", d);
                 }
-                if streams > 1 {
-                    c.arg("--streams").arg(streams.to_string());
-                }
                 c.args([
                     "generate",
                     "--model",
@@ -347,6 +344,9 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
                     "--token-ids",
                 ])
                 .arg(&ids_file);
+                if streams > 1 {
+                    c.arg("--streams").arg(streams.to_string());
+                }
                 c
             })
         };
