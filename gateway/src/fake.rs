@@ -460,7 +460,6 @@ impl Backend for FakeBackend {
                 opens_in_thought: script.opens_in_thought,
                 dialect: script.dialect,
                 primed: script.primed.clone(),
-                ..Default::default()
             });
             tokio::spawn(async move {
                 let run = async {
