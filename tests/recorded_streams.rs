@@ -23,7 +23,8 @@
 //!   and its thinking switch on (the prompt opens the thought).
 //!
 //! In these, every markup token is a single added token (asserted, and asserted to be the id
-//! the answer's encoding holds), as the models write them. Two cases keep the harder path of
+//! the answer's encoding holds), as the models write them, and shoal's ids for each answer are
+//! those the Python `tokenizers` library gives with the files as shipped (the mlx-lm venv's). Two cases keep the harder path of
 //! llama.cpp's vocab-only GGUFs (Qwen3.5's `<tool_call>`, Llama 3's `<|python_tag|>`), which
 //! lack the chat models' added tokens, so the markup arrives split over byte-level pieces.
 //!
@@ -265,9 +266,49 @@ fn load(r: &Recorded) -> (Tokenizer, AnswerForm) {
     (tokenizer, AnswerForm::of_prompt(Some(&template), &prompt))
 }
 
-/// The answer's tokens up to its end token, decoded as the runner streams them.
-fn pieces(r: &Recorded, tokenizer: &Tokenizer) -> Vec<String> {
+/// The token ids the Hugging Face `tokenizers` library (the mlx-lm venv's Python build, which
+/// vLLM and mlx-lm load a model's tokenizer with) gives each real case's answer and end token
+/// from the files as shipped; `None` for the GGUF cases.
+fn reference_ids() -> Vec<Option<Vec<u32>>> {
+    let cases: Vec<Value> = RECORDED
+        .iter()
+        .map(|r| match r.source {
+            Source::Gguf(_) => Value::Null,
+            Source::Real { .. } => json!([
+                r.source.path().join("tokenizer.json"),
+                format!("{}{}", r.answer, r.end)
+            ]),
+        })
+        .collect();
+    let script = "import json, sys\n\
+        from tokenizers import Tokenizer\n\
+        print(json.dumps([c and Tokenizer.from_file(c[0]).encode(c[1], \
+        add_special_tokens=False).ids for c in json.loads(sys.argv[1])]))";
+    let out = std::process::Command::new(mlx_lm_python())
+        .args(["-c", script])
+        .arg(Value::from(cases).to_string())
+        .output()
+        .expect("the mlx-lm venv's python starts");
+    assert!(
+        out.status.success(),
+        "tokenizers: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a list of id lists")
+}
+
+/// The venv with mlx-lm and `tokenizers` (setup's model-family fixtures step).
+fn mlx_lm_python() -> PathBuf {
+    kit::dirs::cache_dir().join("bench/mlx-lm-venv/bin/python")
+}
+
+/// The answer's tokens up to its end token, decoded as the runner streams them; the ids must
+/// be the reference's, where given.
+fn pieces(r: &Recorded, tokenizer: &Tokenizer, reference: Option<&Vec<u32>>) -> Vec<String> {
     let mut ids = tokenizer.encode(&format!("{}{}", r.answer, r.end)).unwrap();
+    if let Some(reference) = reference {
+        assert_eq!(&ids, reference, "{}: shoal's ids and `tokenizers`'", r.name);
+    }
     if !r.end.is_empty() {
         let end = tokenizer.encode(r.end).unwrap();
         assert_eq!(
@@ -314,8 +355,10 @@ fn real_tokenizers_streams_reach_every_client_as_typed_calls_and_reasoning() {
                 return Err(format!("{} is missing", r.source.path().display()));
             }
         }
-        if !kit::dirs::python().exists() {
-            return Err(format!("{} is missing", kit::dirs::python().display()));
+        for python in [kit::dirs::python(), mlx_lm_python()] {
+            if !python.exists() {
+                return Err(format!("{} is missing", python.display()));
+            }
         }
         Ok(())
     })();
@@ -334,14 +377,15 @@ fn real_tokenizers_streams_reach_every_client_as_typed_calls_and_reasoning() {
         gateway::GatewayConfig::default(),
         shutdown.clone(),
     ));
-    for r in &RECORDED {
+    let reference = reference_ids();
+    for (r, reference) in RECORDED.iter().zip(&reference) {
         let (tokenizer, form) = load(r);
         assert_eq!(
             form.dialect, r.dialect,
             "{}: the template's dialect",
             r.name
         );
-        let pieces = pieces(r, &tokenizer);
+        let pieces = pieces(r, &tokenizer, reference.as_ref());
         eprintln!(
             "{} ({} tokens in the vocabulary, {form:?}): {} pieces: {pieces:?}",
             r.name,
