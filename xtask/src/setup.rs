@@ -81,7 +81,7 @@ pub fn setup() -> Result<(), String> {
     let mlx_root = mlx_wheel(
         Step::new(
             2,
-            10,
+            11,
             &format!("MLX {MLX_VERSION} (PyPI {})", flavor.wheels()[0].spec),
         ),
         &native,
@@ -115,7 +115,7 @@ pub fn setup() -> Result<(), String> {
     crate::pyenv::pyenv(Step::new(7, 11, "Python venv (openai client, jinja2)"))?;
     crate::reference::reference_data(Step::new(
         8,
-        10,
+        11,
         "reference templates and tokenizer vectors",
     ))?;
     crate::kquants::kquant_fixtures(Step::new(9, 11, "K-quant fixtures (llama-quantize)"))?;
