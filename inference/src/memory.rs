@@ -63,10 +63,15 @@ pub fn stored_bytes_estimate(config: &ModelConfig, json: &serde_json::Value) -> 
     }
 }
 
-/// Bytes the weights take as `format` (a quantized runner keeps about the file's size).
+/// Bytes the weights take as `format` (a quantized runner keeps the file's size, or for a
+/// GGUF file its repacked size, `running_bytes`).
 pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u64) -> u64 {
     match format {
-        WeightFormat::Quantized => bytes_on_disk,
+        WeightFormat::Quantized => config
+            .quantization
+            .as_ref()
+            .and_then(|q| q.running_bytes)
+            .unwrap_or(bytes_on_disk),
         other => parameters(config) * element_bytes(other),
     }
 }

@@ -1,9 +1,11 @@
 //! shoal's CPU products with affine-quantized weights against a plain reference: the weights
 //! dequantized in f64 from the packed words (MLX's layout, read independently here) and
-//! multiplied in f64, for 4 and 8 bits, groups of 32, 64 and 128, f32/f16/bf16 scales, one
-//! to many rows, ragged output widths, strided inputs and sliced weights, on every instruction
-//! set this machine has (the best one and the plain C++ path); MLX's own `quantized_matmul`
-//! agrees with the same reference, which checks the layout. Bad operands give errors.
+//! multiplied in f64, for 2, 3, 4, 5, 6 and 8 bits, groups of 16, 32, 64 and 128, f32/f16/bf16
+//! scales, one to many rows, ragged output widths, strided inputs and sliced weights, the
+//! gathered form and the dequantization, on every instruction set this machine has (the best
+//! one and the plain C++ path); MLX's own `quantized_matmul` agrees with the same reference
+//! wherever it takes the layout (groups of 32 and more), which checks that the packing is
+//! MLX's. Bad operands give errors.
 
 use inference::cpu_kernels::{affine_product, KernelIsa};
 use inference::quantized::{QuantMode, QuantSpec};
@@ -58,11 +60,16 @@ impl Case {
         }
     }
 
-    /// Element `(r, c)` of the weights, as MLX's affine layout defines it.
+    /// Element `(r, c)` of the weights, as MLX's affine layout defines it: each row a
+    /// little-endian bit stream, value `c` in bits `bits * c ..` (read here bit by bit).
     fn weight(&self, r: usize, c: usize) -> f64 {
-        let per_word = 32 / self.bits;
-        let word = self.words[r * self.k * self.bits / 32 + c / per_word];
-        let q = (word >> (self.bits * (c % per_word))) & ((1u32 << self.bits) - 1);
+        let row = r * self.k * self.bits / 32;
+        let q: u32 = (0..self.bits)
+            .map(|b| {
+                let bit = c * self.bits + b;
+                ((self.words[row + bit / 32] >> (bit % 32)) & 1) << b
+            })
+            .sum();
         let g = r * self.k / self.group + c / self.group;
         // The scales and biases as the kernel reads them (rounded to their dtype by the caller).
         self.scales[g] as f64 * q as f64 + self.biases[g] as f64
@@ -144,16 +151,29 @@ fn check(seed: u64, m: usize, n: usize, k: usize, group: usize, bits: usize, dty
     }
 }
 
+/// Every width the kernel serves.
+const BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
+
+/// `groups` groups of `group` columns, doubled when the rows would not fill whole words.
+fn columns(groups: usize, group: usize, bits: usize) -> usize {
+    let k = groups * group;
+    if (k * bits).is_multiple_of(32) {
+        k
+    } else {
+        2 * k
+    }
+}
+
 #[test]
 fn every_layout_and_row_count_equals_the_reference() {
     let mut seed = 1;
-    for bits in [4, 8] {
-        for group in [32, 64, 128] {
+    for bits in BITS {
+        for group in [16, 32, 64, 128] {
             for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 // 32 rows and more go through dequantized tiles and the BLAS's sgemm.
                 for m in [1, 3, 4, 8, 31, 32, 45] {
                     seed += 1;
-                    check(seed, m, 37, group * 3, group, bits, dtype);
+                    check(seed, m, 37, columns(3, group, bits), group, bits, dtype);
                 }
             }
         }
@@ -162,12 +182,55 @@ fn every_layout_and_row_count_equals_the_reference() {
 
 #[test]
 fn mlx_reads_the_layout_as_the_reference_does() {
-    for bits in [4, 8] {
-        let mut case = Case::new(7, 2, 16, 128, 64, bits);
-        let (x, w, scales, biases) = case.arrays(Dtype::Float32);
-        let out = ops::quantized_matmul(&x, &w, &scales, &biases, true, 64, bits as i32).unwrap();
-        let e = worst(&case, &host(&out));
-        assert!(e < 2e-5, "MLX's product differs from the reference by {e}");
+    for bits in BITS {
+        for group in [32, 64] {
+            let mut case = Case::new(7, 2, 16, 128, group, bits);
+            let (x, w, scales, biases) = case.arrays(Dtype::Float32);
+            let out =
+                ops::quantized_matmul(&x, &w, &scales, &biases, true, group as i32, bits as i32)
+                    .unwrap();
+            let e = worst(&case, &host(&out));
+            assert!(
+                e < 2e-5,
+                "MLX's {bits}-bit product differs from the reference by {e}"
+            );
+        }
+    }
+}
+
+/// The dequantization (embedding lookups of such weights): every weight equals the
+/// reference's, for every layout, a stack of matrices included.
+#[test]
+fn dequantized_weights_equal_the_reference() {
+    use inference::cpu_kernels::affine_dequantize;
+    let mut seed = 500;
+    for bits in BITS {
+        for group in [16, 32, 128] {
+            seed += 1;
+            let (n, k) = (6, columns(2, group, bits));
+            let mut case = Case::new(seed, 1, n, k, group, bits);
+            let (_, w, scales, biases) = case.arrays(Dtype::Bfloat16);
+            let stack = |a: &Array| a.reshape(&[2, 3, -1]).unwrap();
+            for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+                for (w, s, b) in [
+                    (w.clone(), scales.clone(), biases.clone()),
+                    (stack(&w), stack(&scales), stack(&biases)),
+                ] {
+                    let got = affine_dequantize(&w, &s, &b, case.spec(), isa).unwrap();
+                    let mut want_shape = w.shape().to_vec();
+                    *want_shape.last_mut().unwrap() = k as i32;
+                    assert_eq!(got.shape(), want_shape.as_slice());
+                    let got = host(&got);
+                    for (i, &g) in got.iter().enumerate() {
+                        let want = case.weight(i / k, i % k);
+                        assert!(
+                            (g as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+                            "{isa:?} {bits} bits, groups of {group}: weight {i} is {g}, not {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -269,6 +332,7 @@ fn operands_that_do_not_fit_are_errors() {
     };
     let cases = [
         affine_product(&x, &w, &scales, &biases, with(3, 32), KernelIsa::Best),
+        affine_product(&x, &w, &scales, &biases, with(7, 32), KernelIsa::Best),
         affine_product(&x, &w, &scales, &biases, with(4, 12), KernelIsa::Best),
         affine_product(&x, &w, &scales, &biases, with(8, 32), KernelIsa::Best),
         affine_product(
@@ -310,10 +374,10 @@ proptest! {
         m in 1usize..12,
         n in 1usize..70,
         groups in 1usize..5,
-        group in prop::sample::select(vec![32usize, 64, 128]),
-        bits in prop::sample::select(vec![4usize, 8]),
+        group in prop::sample::select(vec![16usize, 32, 64, 128]),
+        bits in prop::sample::select(BITS.to_vec()),
     ) {
-        check(seed, m, n, groups * group, group, bits, Dtype::Float32);
+        check(seed, m, n, columns(groups, group, bits), group, bits, Dtype::Float32);
     }
 }
 
@@ -434,5 +498,56 @@ fn an_expert_with_many_rows_equals_mlx_gather_qmm() {
             affine_gather_product(&x, &packed, &scales, &biases, &picks, case.spec(), isa).unwrap();
         let e = max_diff(&host(&got), &host(&want));
         assert!(e < 1e-4, "{isa:?}: {e}");
+    }
+}
+
+/// The gathered form for every width (groups of 16 too, which MLX's `gather_qmm` refuses):
+/// each (token, pick) row against its expert's matrix, from the reference.
+#[test]
+fn gathered_products_of_every_width_equal_the_reference() {
+    use inference::cpu_kernels::affine_gather_product;
+    let mut seed = 900;
+    for bits in BITS {
+        for group in [16, 32] {
+            seed += 1;
+            let (experts, n, k) = (4, 12, columns(4, group, bits));
+            let mut case = Case::new(seed, 1, experts * n, k, group, bits);
+            let (_, w, scales, biases) = case.arrays(Dtype::Float32);
+            let stack = |a: &Array| a.reshape(&[experts as i32, n as i32, -1]).unwrap();
+            let (packed, scales, biases) = (stack(&w), stack(&scales), stack(&biases));
+            let mut rng = Rng(seed);
+            // Decode-shaped (one row per token) and a token whose rows take the many-rows path.
+            for (tokens, m) in [(3usize, 1usize), (2, 40)] {
+                let xs: Vec<f32> = (0..tokens * m * k).map(|_| rng.uniform()).collect();
+                let x = Array::from_slice(&xs, &[tokens as i32, 1, m as i32, k as i32]);
+                let picks: Vec<u32> = (0..tokens * 2).map(|i| (i * 3 % experts) as u32).collect();
+                let picks_array = Array::from_slice(&picks, &[tokens as i32, 2]);
+                for isa in [KernelIsa::Best, KernelIsa::Scalar] {
+                    let got = affine_gather_product(
+                        &x,
+                        &packed,
+                        &scales,
+                        &biases,
+                        &picks_array,
+                        case.spec(),
+                        isa,
+                    )
+                    .unwrap();
+                    assert_eq!(got.shape(), [tokens as i32, 2, m as i32, n as i32]);
+                    let got = host(&got);
+                    for (o, &g) in got.iter().enumerate() {
+                        let (t, j, i, r) = (o / (2 * m * n), o / (m * n) % 2, o / n % m, o % n);
+                        let e = picks[t * 2 + j] as usize;
+                        let want: f64 = (0..k)
+                            .map(|c| xs[(t * m + i) * k + c] as f64 * case.weight(e * n + r, c))
+                            .sum();
+                        assert!(
+                            (g as f64 - want).abs() < 1e-4,
+                            "{isa:?} {bits} bits, groups of {group}, {m} rows: {g} != {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
