@@ -193,7 +193,7 @@ const KERNEL_BOUND: f32 = 1e-3;
 
 #[test]
 fn k_quant_files_run_quantized_on_the_cpu() {
-    for quant in ANSWERING.iter().chain(["Q2_K"].iter()) {
+    for quant in ANSWERING.iter().chain(["Q2_K", "Q2_K_pure"].iter()) {
         let path = fixture(quant);
         let opened = inference::loader::open_model(&path).unwrap();
         let q = opened
