@@ -9,13 +9,13 @@
 //! and runs inside MLX's graph like any other operation (no evaluation barrier). It serves 2-,
 //! 3-, 4-, 5-, 6- and 8-bit affine weights in MLX's packing with groups of any multiple of 8
 //! (the 16 of GGUF's repacked K-quants included, which MLX's own kernels refuse), for any
-//! number of rows: even a
-//! prefill's 64 rows run 3x faster than dequantizing (MLX's CPU `dequantize` is as slow as
-//! its product) and multiplying in f32 (`cargo run --release -p inference --example
-//! qmm_bench`).
+//! number of rows: from 32 rows (a prefill) it dequantizes tiles of weights and multiplies
+//! them with the BLAS's sgemm (`cargo run --release -p inference --example qmm_bench`).
 //!
 //! The gathered form (Mixture-of-Experts layers' `gather_qmm`) groups the (token, expert)
-//! rows by expert and runs one such product per expert used.
+//! rows by expert and runs one such product per expert used. A second primitive dequantizes
+//! (embedding lookups of quantized embeddings; MLX's CPU `dequantize` unpacks one weight at a
+//! time and refuses groups of 16).
 //!
 //! `SHOAL_QMM` chooses: `auto` (default) the fastest path the CPU has, `scalar` the plain C++
 //! path, `mlx` MLX's own kernels (to compare). GPU builds always use MLX's.

@@ -83,8 +83,16 @@ impl QuantizationConfig {
     /// weights as the default and the others as overrides by GGML type, and
     /// [`Self::running_bytes`]. `None` when the file holds no quantized matrix, or one that
     /// does not repack (IQ4_NL): such a file runs dequantized. Read from the tensor directory
-    /// alone, so every node decides the same.
+    /// alone, so every node decides the same; only the byte count depends on the node's kind:
+    /// where shoal's CPU kernel does not run (GPUs, `SHOAL_QMM=mlx`), the groups of 16 that
+    /// MLX's kernels refuse load as floats of the quantized form's compute dtype, and count
+    /// so.
     pub fn of_gguf(file: &GgufFile) -> Option<QuantizationConfig> {
+        let kernel_runs = crate::cpu_kernels::active().is_some();
+        let float_bytes = match crate::weights::WeightFormat::Quantized.compute_dtype() {
+            mlx_rs::Dtype::Float32 => 4,
+            _ => 2,
+        };
         let mut weights: BTreeMap<(i32, i32), u64> = BTreeMap::new();
         let mut overrides = BTreeMap::new();
         let mut running = 0u64;
@@ -98,13 +106,17 @@ impl QuantizationConfig {
                 continue;
             }
             let (bits, group_size) = crate::kquant_repack::repacked_layout(ty)?;
-            running += elements * bits as u64 / 8 + 8 * elements / group_size as u64;
-            *weights.entry((bits, group_size)).or_default() += elements;
             let spec = QuantSpec {
                 group_size,
                 bits,
                 mode: QuantMode::Affine,
             };
+            running += if kernel_runs || crate::cpu_kernels::mlx_reads(spec) {
+                elements * bits as u64 / 8 + 8 * elements / group_size as u64
+            } else {
+                float_bytes * elements
+            };
+            *weights.entry((bits, group_size)).or_default() += elements;
             overrides.insert(format!("gguf:{}", ty.name()), spec);
         }
         let (&(bits, group_size), _) = weights.iter().max_by_key(|&(layout, n)| (n, *layout))?;
