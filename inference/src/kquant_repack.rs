@@ -29,6 +29,7 @@
 use crate::gguf::GgmlType;
 use crate::gguf_kquant as kq;
 use crate::quant::MlxQuantized;
+use crate::quant_spec::{QuantMode, QuantSpec};
 use half::f16;
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -48,6 +49,21 @@ pub fn repacked_layout(ty: GgmlType) -> Option<(i32, i32)> {
         GgmlType::Q6K => Some((6, 16)),
         _ => None,
     }
+}
+
+/// Whether a quantized matrix of `ty` runs repacked on this node: it repacks, and MLX's own
+/// kernels read its layout or shoal's CPU kernel runs here. Groups of 16 (Q2_K, Q3_K, Q6_K)
+/// where that kernel does not run (GPUs, `SHOAL_QMM=mlx`) are dequantized instead, since
+/// MLX's kernels refuse them.
+pub fn runs_repacked(ty: GgmlType) -> bool {
+    repacked_layout(ty).is_some_and(|(bits, group_size)| {
+        let spec = QuantSpec {
+            group_size,
+            bits,
+            mode: QuantMode::Affine,
+        };
+        crate::cpu_kernels::mlx_reads(spec) || crate::cpu_kernels::active().is_some()
+    })
 }
 
 /// Appends `values` (each below `2^bits`) to `out` in MLX's packing: a little-endian bit

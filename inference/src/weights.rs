@@ -299,21 +299,9 @@ impl TensorSource for GgufSource {
                 reason: format!("expected a matrix, found shape {:?}", info.shape),
             });
         }
-        // Quantized types that repack into MLX's affine layout stay quantized, except groups
-        // of 16 (Q2_K, Q3_K, Q6_K) where shoal's CPU kernel does not run (GPUs,
-        // `SHOAL_QMM=mlx`): MLX's own kernels refuse them, so those are dequantized there.
         let stays_quantized = info
             .ggml_type
-            .ok()
-            .and_then(crate::kquant_repack::repacked_layout)
-            .is_some_and(|(bits, group_size)| {
-                let spec = QuantSpec {
-                    group_size,
-                    bits,
-                    mode: QuantMode::Affine,
-                };
-                crate::cpu_kernels::mlx_reads(spec) || crate::cpu_kernels::active().is_some()
-            });
+            .is_ok_and(crate::kquant_repack::runs_repacked);
         if format != WeightFormat::Quantized || !stays_quantized {
             return Ok(Matrix::Dense(self.dense(&name, format.compute_dtype())?));
         }

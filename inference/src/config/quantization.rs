@@ -88,7 +88,6 @@ impl QuantizationConfig {
     /// MLX's kernels refuse load as floats of the quantized form's compute dtype, and count
     /// so.
     pub fn of_gguf(file: &GgufFile) -> Option<QuantizationConfig> {
-        let kernel_runs = crate::cpu_kernels::active().is_some();
         let float_bytes = match crate::weights::WeightFormat::Quantized.compute_dtype() {
             mlx_rs::Dtype::Float32 => 4,
             _ => 2,
@@ -106,17 +105,17 @@ impl QuantizationConfig {
                 continue;
             }
             let (bits, group_size) = crate::kquant_repack::repacked_layout(ty)?;
-            let spec = QuantSpec {
-                group_size,
-                bits,
-                mode: QuantMode::Affine,
-            };
-            running += if kernel_runs || crate::cpu_kernels::mlx_reads(spec) {
+            running += if crate::kquant_repack::runs_repacked(ty) {
                 elements * bits as u64 / 8 + 8 * elements / group_size as u64
             } else {
                 float_bytes * elements
             };
             *weights.entry((bits, group_size)).or_default() += elements;
+            let spec = QuantSpec {
+                group_size,
+                bits,
+                mode: QuantMode::Affine,
+            };
             overrides.insert(format!("gguf:{}", ty.name()), spec);
         }
         let (&(bits, group_size), _) = weights.iter().max_by_key(|&(layout, n)| (n, *layout))?;
