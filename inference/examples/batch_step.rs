@@ -5,7 +5,8 @@
 //!
 //! `SIZES=1,4,8,16` picks the batch sizes, `STEPS=20` the timed steps per size;
 //! `SHOAL_DTYPE=quantized` runs the fixture's weights quantized (its Q4_1 repacked as 4-bit
-//! affine), with shoal's CPU kernels unless `SHOAL_QMM=mlx` asks for MLX's.
+//! affine), with shoal's CPU kernels unless `SHOAL_QMM=mlx` asks for MLX's. `MODEL=path` runs
+//! another model file (a K-quant fixture, say) instead of the fixture.
 
 use inference::batch::{BatchForward, BatchPart, LocalBatch};
 use inference::{Engine, WeightFormat};
@@ -20,7 +21,8 @@ fn list(name: &str, default: &[usize]) -> Vec<usize> {
 
 fn main() -> inference::Result<()> {
     let format = WeightFormat::default_for_backend();
-    let engine = Engine::load(kit::dirs::default_model_path(), Some(format))?;
+    let model = std::env::var_os("MODEL").map_or_else(kit::dirs::default_model_path, Into::into);
+    let engine = Engine::load(model, Some(format))?;
     println!("{format:?} weights");
     let steps = list("STEPS", &[20])[0].max(1);
     let prompt: Vec<u32> = (0..128).map(|i| 100 + i).collect();

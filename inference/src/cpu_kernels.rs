@@ -6,14 +6,16 @@
 //! bandwidth f32 products reach would take under 1 ms. The primitive decodes eight weights per
 //! AVX2 instruction and uses each decoded vector for up to eight rows of `x` (the decode rows
 //! of a batch, a prefill's positions), shares large products with a helper thread per core,
-//! and runs inside MLX's graph like any other operation (no evaluation barrier). It serves 4-
-//! and 8-bit affine weights with groups of any multiple of 8, for any number of rows: even a
-//! prefill's 64 rows run 3x faster than dequantizing (MLX's CPU `dequantize` is as slow as
-//! its product) and multiplying in f32 (`cargo run --release -p inference --example
-//! qmm_bench`).
+//! and runs inside MLX's graph like any other operation (no evaluation barrier). It serves 2-,
+//! 3-, 4-, 5-, 6- and 8-bit affine weights in MLX's packing with groups of any multiple of 8
+//! (the 16 of GGUF's repacked K-quants included, which MLX's own kernels refuse), for any
+//! number of rows: from 32 rows (a prefill) it dequantizes tiles of weights and multiplies
+//! them with the BLAS's sgemm (`cargo run --release -p inference --example qmm_bench`).
 //!
 //! The gathered form (Mixture-of-Experts layers' `gather_qmm`) groups the (token, expert)
-//! rows by expert and runs one such product per expert used.
+//! rows by expert and runs one such product per expert used. A second primitive dequantizes
+//! (embedding lookups of quantized embeddings; MLX's CPU `dequantize` unpacks one weight at a
+//! time and refuses groups of 16).
 //!
 //! For fewer than 32 rows (decode) `x` is rounded to int8 per row and chunk of 32 values, so
 //! that 32 weights cost one or two byte-product instructions (`vpdpbusd` with VNNI,
@@ -180,14 +182,50 @@ pub(crate) fn product_isa(spec: QuantSpec, packed_ndim: usize, x: &Array) -> Opt
     fits.then_some(isa)
 }
 
-/// Whether shoal's CPU kernel serves weights quantized as `spec` (affine, 4 or 8 bits, groups
-/// of a multiple of 8): a property of the file alone, so every node decides the same
-/// ([`crate::weights::WeightFormat::preferred`] keeps such files quantized on the CPU).
+/// Whether shoal's CPU kernel serves weights quantized as `spec` (affine, 2, 3, 4, 5, 6 or 8
+/// bits, groups of a multiple of 8): a property of the file alone, so every node decides the
+/// same ([`crate::weights::WeightFormat::preferred`] keeps such files quantized on the CPU).
 pub fn serves(spec: QuantSpec) -> bool {
     spec.mode == QuantMode::Affine
-        && matches!(spec.bits, 4 | 8)
+        && matches!(spec.bits, 2 | 3 | 4 | 5 | 6 | 8)
         && spec.group_size > 0
         && spec.group_size % 8 == 0
+}
+
+/// Whether MLX's own kernels (`quantized_matmul`, `dequantize`: used on GPUs and with
+/// `SHOAL_QMM=mlx`) read weights of `spec`: MLX 0.32 takes groups of 32, 64 and 128 only.
+pub fn mlx_reads(spec: QuantSpec) -> bool {
+    matches!(spec.group_size, 32 | 64 | 128)
+}
+
+/// The instructions shoal's kernel runs with in this process, `None` where MLX's kernels run
+/// instead (a GPU device, or `SHOAL_QMM=mlx`).
+pub fn active() -> Option<KernelIsa> {
+    chosen()
+}
+
+/// `dequantize(packed, scales, biases)` as f32 with shoal's CPU kernel (the layouts
+/// [`serves`] names, of any leading axes): MLX's `dequantize` refuses groups of 16 and unpacks
+/// one weight at a time.
+pub fn affine_dequantize(
+    packed: &Array,
+    scales: &Array,
+    biases: &Array,
+    spec: QuantSpec,
+    isa: KernelIsa,
+) -> Result<Array> {
+    raw_op("shoal_cpu_affine_dequantize", |res, stream| unsafe {
+        mlx_sys::shoal_cpu_affine_dequantize(
+            res,
+            packed.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            spec.group_size,
+            spec.bits,
+            isa.code(),
+            stream,
+        )
+    })
 }
 
 /// `x @ dequantize(packed, scales, biases)^T` with shoal's CPU kernel: `x` f32 `[..., k]`,

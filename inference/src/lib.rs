@@ -27,6 +27,7 @@ pub mod export;
 pub mod generate;
 pub mod gguf;
 pub mod gguf_kquant;
+pub mod kquant_repack;
 pub mod kv_cache;
 pub mod kv_rows;
 pub mod linear;

@@ -1,6 +1,7 @@
 //! What an instance of a model holds in memory while it runs, as placement must count it: the
 //! weights in the representation the runner computes with (not the file: the Q4_1 SmolLM2
-//! fixture is 98 MB on disk and 538 MB as the f32 weights the CPU backend runs), the KV-cache
+//! fixture is 98 MB on disk and 538 MB as f32 weights, and a GGUF file run quantized is
+//! repacked with f32 scales, e.g. Q4_K_M's 100 MB as 125 MB: `running_bytes`), the KV-cache
 //! budget of its batch, and what a runner process holds besides (MLX, activations, the
 //! tokenizer, the process itself).
 //!
@@ -63,10 +64,15 @@ pub fn stored_bytes_estimate(config: &ModelConfig, json: &serde_json::Value) -> 
     }
 }
 
-/// Bytes the weights take as `format` (a quantized runner keeps about the file's size).
+/// Bytes the weights take as `format` (a quantized runner keeps the file's size, or for a
+/// GGUF file its repacked size, `running_bytes`).
 pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u64) -> u64 {
     match format {
-        WeightFormat::Quantized => bytes_on_disk,
+        WeightFormat::Quantized => config
+            .quantization
+            .as_ref()
+            .and_then(|q| q.running_bytes)
+            .unwrap_or(bytes_on_disk),
         other => parameters(config) * element_bytes(other),
     }
 }

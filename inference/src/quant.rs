@@ -3,7 +3,8 @@
 //! MLX's affine quantization stores, per group of `group_size` consecutive weights of a row,
 //! a scale and a bias (`w = scale * q + bias`) and packs the unsigned integers `q` into
 //! little-endian `u32` words, element 0 in the lowest bits. GGML's Q4_0, Q4_1 and Q8_0 are the
-//! same idea with groups of 32, so they convert without loss.
+//! same idea with groups of 32, so they convert without loss; the 5-bit types and K-quants
+//! repack too ([`crate::kquant_repack`]).
 
 use crate::gguf::GgmlType;
 use crate::gguf_kquant as kq;
@@ -77,20 +78,21 @@ pub struct MlxQuantized {
     pub scales: Vec<f32>,
     /// One bias per group.
     pub biases: Vec<f32>,
-    /// Bits per weight (4 or 8).
+    /// Bits per weight (2, 3, 4, 5, 6 or 8).
     pub bits: i32,
-    /// Weights per group (32 for GGML types).
+    /// Weights per group (32, or 16 for Q2_K, Q3_K and Q6_K).
     pub group_size: i32,
 }
 
-/// Converts a GGML quantized tensor into MLX's layout; `None` for float types.
+/// Converts a GGML quantized tensor into MLX's layout
+/// ([`crate::kquant_repack::repacked_layout`] says which); `None` for float types and IQ4_NL.
 pub fn to_mlx_quantized(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
     let (_, block_bytes) = ty.block();
     let blocks = bytes.len() / block_bytes;
     let (bits, words_per_block) = match ty {
         GgmlType::Q4_0 | GgmlType::Q4_1 => (4, 4),
         GgmlType::Q8_0 => (8, 8),
-        _ => return None,
+        _ => return crate::kquant_repack::repack(ty, bytes),
     };
     let mut q = MlxQuantized {
         packed: Vec::with_capacity(blocks * words_per_block),

@@ -200,7 +200,14 @@ impl QuantizedMatrix {
                  choose a ring size whose slices are multiples of {g} columns"
             )));
         }
-        let words = |c: usize| c * self.spec.bits as usize / 32;
+        let bits = self.spec.bits as usize;
+        if !(start * bits).is_multiple_of(32) || !(end * bits).is_multiple_of(32) {
+            return Err(InferenceError::BadSplit(format!(
+                "{what}: columns {start}..{end} do not start and end on whole packed words of \
+                 {bits}-bit weights; choose a ring size whose slices are multiples of 32 columns"
+            )));
+        }
+        let words = |c: usize| c * bits / 32;
         let (g0, g1) = (start / g, end / g);
         Ok(QuantizedMatrix {
             packed: slice_axis(&self.packed, -1, words(start), words(end))?,
@@ -240,6 +247,14 @@ pub(crate) fn dequantize_parts(
         let biases = biases.ok_or_else(|| {
             InferenceError::InvalidRequest("an affine quantized matrix has no biases".into())
         })?;
+        if let Some(isa) = crate::cpu_kernels::active().filter(|_| crate::cpu_kernels::serves(spec))
+        {
+            // In the scales' dtype, as MLX's `dequantize` gives it.
+            return Ok(
+                crate::cpu_kernels::affine_dequantize(packed, scales, biases, spec, isa)?
+                    .as_dtype(scales.dtype())?,
+            );
+        }
         return Ok(ops::dequantize(
             packed,
             scales,

@@ -6,7 +6,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::gguf::{GgmlType, GgufFile};
+use crate::gguf::GgufFile;
 use crate::linear::{Linear, Matrix};
 use crate::quant;
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
@@ -68,8 +68,10 @@ impl WeightFormat {
     /// The form a model runs in unless memory forbids it, the same on every node (placement
     /// counts it): the backend's default ([`Self::default_for_backend`]), except that on the
     /// CPU backend a model stored quantized stays quantized when shoal's CPU kernel serves its
-    /// encoding ([`crate::cpu_kernels::serves`]: affine 4- and 8-bit), and a Mixture-of-Experts
-    /// model stored quantized stays quantized in any encoding.
+    /// encoding ([`crate::cpu_kernels::serves`]: affine 2- to 8-bit, which GGUF files' Q4_0,
+    /// Q4_1, Q8_0, Q5_0, Q5_1 and K-quants repack into, see
+    /// [`crate::config::QuantizationConfig::of_gguf`]), and a Mixture-of-Experts model stored
+    /// quantized stays quantized in any encoding.
     ///
     /// Dense: the quantized form is as fast as f32 and holds a third of the memory
     /// (`cargo xtask bench inference`, SmolLM2-135M at 4 bits, 2026-12-05, medians of 3
@@ -297,11 +299,10 @@ impl TensorSource for GgufSource {
                 reason: format!("expected a matrix, found shape {:?}", info.shape),
             });
         }
-        let quantized_type = matches!(
-            info.ggml_type,
-            Ok(GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
-        );
-        if format != WeightFormat::Quantized || !quantized_type {
+        let stays_quantized = info
+            .ggml_type
+            .is_ok_and(crate::kquant_repack::runs_repacked);
+        if format != WeightFormat::Quantized || !stays_quantized {
             return Ok(Matrix::Dense(self.dense(&name, format.compute_dtype())?));
         }
         let (info, bytes) = self.file.read_tensor_bytes(&gname)?;
@@ -614,6 +615,7 @@ mod tests {
             bits: 4,
             mode: QuantMode::Affine,
             overrides: Default::default(),
+            running_bytes: None,
         });
         assert_eq!(
             WeightFormat::choose(&moe, &(0..2), 1 << 20),
@@ -621,37 +623,46 @@ mod tests {
         );
         assert_eq!(WeightFormat::preferred(&moe), WeightFormat::Quantized);
         // A dense model stays quantized where shoal's CPU kernel serves every encoding it
-        // uses (affine 4 and 8 bits), else runs as f32 (MLX's own CPU kernels are slower).
-        let quantized = |bits, mode, override_bits: Option<i32>| {
+        // uses (affine 2, 3, 4, 5, 6 and 8 bits, groups of a multiple of 8: a GGUF file's
+        // repacked K-quants use groups of 16), else runs as f32 (MLX's own CPU kernels are
+        // slower).
+        let quantized = |bits, group, mode, override_bits: Option<i32>| {
             let mut dense = config(64, 2);
             dense.quantization = Some(crate::config::QuantizationConfig {
-                group_size: 64,
+                group_size: group,
                 bits,
                 mode,
                 overrides: override_bits
                     .map(|b| {
                         let spec = QuantSpec {
-                            group_size: 64,
+                            group_size: 16,
                             bits: b,
                             mode: QuantMode::Affine,
                         };
-                        [("lm_head".to_string(), spec)].into_iter().collect()
+                        [("gguf:Q6_K".to_string(), spec)].into_iter().collect()
                     })
                     .unwrap_or_default(),
+                running_bytes: None,
             });
             WeightFormat::preferred(&dense)
         };
-        assert_eq!(
-            quantized(4, QuantMode::Affine, None),
-            WeightFormat::Quantized
-        );
-        assert_eq!(
-            quantized(8, QuantMode::Affine, Some(4)),
-            WeightFormat::Quantized
-        );
-        assert_eq!(quantized(3, QuantMode::Affine, None), WeightFormat::F32);
-        assert_eq!(quantized(4, QuantMode::Affine, Some(6)), WeightFormat::F32);
-        assert_eq!(quantized(4, QuantMode::Mxfp4, None), WeightFormat::F32);
+        let q = WeightFormat::Quantized;
+        for (bits, group, mode, override_bits, want) in [
+            (4, 64, QuantMode::Affine, None, q),
+            (8, 64, QuantMode::Affine, Some(4), q),
+            (3, 64, QuantMode::Affine, None, q),
+            (4, 32, QuantMode::Affine, Some(6), q),
+            (5, 32, QuantMode::Affine, Some(6), q),
+            (2, 16, QuantMode::Affine, Some(3), q),
+            (4, 64, QuantMode::Affine, Some(7), WeightFormat::F32),
+            (4, 32, QuantMode::Mxfp4, None, WeightFormat::F32),
+        ] {
+            assert_eq!(
+                quantized(bits, group, mode, override_bits),
+                want,
+                "{bits} bits, groups of {group}, {mode:?}, override {override_bits:?}"
+            );
+        }
         assert_eq!(WeightFormat::preferred(&config(64, 2)), WeightFormat::F32);
         assert_eq!("BF16".parse::<WeightFormat>().unwrap(), WeightFormat::Bf16);
         assert!("int3".parse::<WeightFormat>().is_err());

@@ -1,134 +1,22 @@
 //! shoal's CPU products with affine-quantized weights against a plain reference: the weights
 //! dequantized in f64 from the packed words (MLX's layout, read independently here) and
-//! multiplied in f64, for 4 and 8 bits, groups of 32, 64 and 128, f32/f16/bf16 scales, one
-//! to many rows, ragged output widths, strided inputs and sliced weights, on every instruction
-//! set this machine has (the best one and the plain C++ path); MLX's own `quantized_matmul`
-//! agrees with the same reference, which checks the layout. Bad operands give errors.
+//! multiplied in f64, for 2, 3, 4, 5, 6 and 8 bits, groups of 16, 32, 64 and 128, f32/f16/bf16
+//! scales, one to many rows, ragged output widths, strided inputs and sliced weights, the
+//! gathered form and the dequantization, with x kept in f32 (`KernelIsa::Exact`, the fastest
+//! such path this machine has, and the plain C++ one; the int8-x paths of decode-sized
+//! products are `cpu_qmm_int8.rs`); MLX's own `quantized_matmul` agrees with the same reference
+//! wherever it takes the layout (groups of 32 and more), which checks that the packing is
+//! MLX's. Bad operands give errors.
 
 use inference::cpu_kernels::{affine_product, KernelIsa};
-use inference::quantized::{QuantMode, QuantSpec};
+use inference::quantized::QuantSpec;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
 use proptest::prelude::*;
 
-/// A small deterministic generator (xorshift), so each case is reproducible from its seed.
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-struct Case {
-    x: Vec<f32>,
-    words: Vec<u32>,
-    scales: Vec<f32>,
-    biases: Vec<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    group: usize,
-    bits: usize,
-}
-
-impl Case {
-    fn new(seed: u64, m: usize, n: usize, k: usize, group: usize, bits: usize) -> Case {
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        let words = (0..n * k * bits / 32).map(|_| rng.next() as u32).collect();
-        let scales = (0..n * k / group).map(|_| rng.uniform() * 0.05).collect();
-        let biases = (0..n * k / group).map(|_| rng.uniform() * 0.2).collect();
-        let x = (0..m * k).map(|_| rng.uniform()).collect();
-        Case {
-            x,
-            words,
-            scales,
-            biases,
-            m,
-            n,
-            k,
-            group,
-            bits,
-        }
-    }
-
-    /// Element `(r, c)` of the weights, as MLX's affine layout defines it.
-    fn weight(&self, r: usize, c: usize) -> f64 {
-        let per_word = 32 / self.bits;
-        let word = self.words[r * self.k * self.bits / 32 + c / per_word];
-        let q = (word >> (self.bits * (c % per_word))) & ((1u32 << self.bits) - 1);
-        let g = r * self.k / self.group + c / self.group;
-        // The scales and biases as the kernel reads them (rounded to their dtype by the caller).
-        self.scales[g] as f64 * q as f64 + self.biases[g] as f64
-    }
-
-    fn reference(&self) -> Vec<f64> {
-        let mut out = vec![0.0; self.m * self.n];
-        for i in 0..self.m {
-            for r in 0..self.n {
-                out[i * self.n + r] = (0..self.k)
-                    .map(|c| self.x[i * self.k + c] as f64 * self.weight(r, c))
-                    .sum();
-            }
-        }
-        out
-    }
-
-    fn spec(&self) -> QuantSpec {
-        QuantSpec {
-            group_size: self.group as i32,
-            bits: self.bits as i32,
-            mode: QuantMode::Affine,
-        }
-    }
-
-    /// The operands as MLX arrays, scales and biases in `dtype` (and the case's own values
-    /// rounded the same way, so the reference sees what the kernel sees).
-    fn arrays(&mut self, dtype: Dtype) -> (Array, Array, Array, Array) {
-        let groups = (self.n as i32, (self.k / self.group) as i32);
-        let round = |v: &[f32]| -> (Array, Vec<f32>) {
-            let a = Array::from_slice(v, &[groups.0, groups.1])
-                .as_dtype(dtype)
-                .unwrap();
-            let back = a.as_dtype(Dtype::Float32).unwrap();
-            back.eval().unwrap();
-            (a, back.as_slice::<f32>().to_vec())
-        };
-        let (scales, s) = round(&self.scales);
-        let (biases, b) = round(&self.biases);
-        self.scales = s;
-        self.biases = b;
-        let x = Array::from_slice(&self.x, &[self.m as i32, self.k as i32]);
-        let w = Array::from_slice(
-            &self.words,
-            &[self.n as i32, (self.k * self.bits / 32) as i32],
-        );
-        (x, w, scales, biases)
-    }
-}
-
-fn host(a: &Array) -> Vec<f32> {
-    let a = a.as_dtype(Dtype::Float32).unwrap();
-    a.eval().unwrap();
-    a.as_slice::<f32>().to_vec()
-}
-
-/// The worst difference from the reference, relative to the size of the terms summed.
-fn worst(case: &Case, got: &[f32]) -> f64 {
-    let want = case.reference();
-    assert_eq!(got.len(), want.len());
-    let scale = (case.k as f64).sqrt() * 0.5;
-    want.iter()
-        .zip(got)
-        .map(|(w, &g)| (w - g as f64).abs() / scale.max(1.0))
-        .fold(0.0, f64::max)
-}
+use common::qmm_case::{host, max_diff, worst, Case, Rng};
 
 fn check(seed: u64, m: usize, n: usize, k: usize, group: usize, bits: usize, dtype: Dtype) {
     let mut case = Case::new(seed, m, n, k, group, bits);
@@ -144,16 +32,29 @@ fn check(seed: u64, m: usize, n: usize, k: usize, group: usize, bits: usize, dty
     }
 }
 
+/// Every width the kernel serves.
+const BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
+
+/// `groups` groups of `group` columns, doubled when the rows would not fill whole words.
+fn columns(groups: usize, group: usize, bits: usize) -> usize {
+    let k = groups * group;
+    if (k * bits).is_multiple_of(32) {
+        k
+    } else {
+        2 * k
+    }
+}
+
 #[test]
 fn every_layout_and_row_count_equals_the_reference() {
     let mut seed = 1;
-    for bits in [4, 8] {
-        for group in [32, 64, 128] {
+    for bits in BITS {
+        for group in [16, 32, 64, 128] {
             for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 // 32 rows and more go through dequantized tiles and the BLAS's sgemm.
                 for m in [1, 3, 4, 8, 31, 32, 45] {
                     seed += 1;
-                    check(seed, m, 37, group * 3, group, bits, dtype);
+                    check(seed, m, 37, columns(3, group, bits), group, bits, dtype);
                 }
             }
         }
@@ -162,12 +63,55 @@ fn every_layout_and_row_count_equals_the_reference() {
 
 #[test]
 fn mlx_reads_the_layout_as_the_reference_does() {
-    for bits in [4, 8] {
-        let mut case = Case::new(7, 2, 16, 128, 64, bits);
-        let (x, w, scales, biases) = case.arrays(Dtype::Float32);
-        let out = ops::quantized_matmul(&x, &w, &scales, &biases, true, 64, bits as i32).unwrap();
-        let e = worst(&case, &host(&out));
-        assert!(e < 2e-5, "MLX's product differs from the reference by {e}");
+    for bits in BITS {
+        for group in [32, 64] {
+            let mut case = Case::new(7, 2, 16, 128, group, bits);
+            let (x, w, scales, biases) = case.arrays(Dtype::Float32);
+            let out =
+                ops::quantized_matmul(&x, &w, &scales, &biases, true, group as i32, bits as i32)
+                    .unwrap();
+            let e = worst(&case, &host(&out));
+            assert!(
+                e < 2e-5,
+                "MLX's {bits}-bit product differs from the reference by {e}"
+            );
+        }
+    }
+}
+
+/// The dequantization (embedding lookups of such weights): every weight equals the
+/// reference's, for every layout, a stack of matrices included.
+#[test]
+fn dequantized_weights_equal_the_reference() {
+    use inference::cpu_kernels::affine_dequantize;
+    let mut seed = 500;
+    for bits in BITS {
+        for group in [16, 32, 128] {
+            seed += 1;
+            let (n, k) = (6, columns(2, group, bits));
+            let mut case = Case::new(seed, 1, n, k, group, bits);
+            let (_, w, scales, biases) = case.arrays(Dtype::Bfloat16);
+            let stack = |a: &Array| a.reshape(&[2, 3, -1]).unwrap();
+            for isa in [KernelIsa::Exact, KernelIsa::Scalar] {
+                for (w, s, b) in [
+                    (w.clone(), scales.clone(), biases.clone()),
+                    (stack(&w), stack(&scales), stack(&biases)),
+                ] {
+                    let got = affine_dequantize(&w, &s, &b, case.spec(), isa).unwrap();
+                    let mut want_shape = w.shape().to_vec();
+                    *want_shape.last_mut().unwrap() = k as i32;
+                    assert_eq!(got.shape(), want_shape.as_slice());
+                    let got = host(&got);
+                    for (i, &g) in got.iter().enumerate() {
+                        let want = case.weight(i / k, i % k);
+                        assert!(
+                            (g as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+                            "{isa:?} {bits} bits, groups of {group}: weight {i} is {g}, not {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -269,6 +213,7 @@ fn operands_that_do_not_fit_are_errors() {
     };
     let cases = [
         affine_product(&x, &w, &scales, &biases, with(3, 32), KernelIsa::Best),
+        affine_product(&x, &w, &scales, &biases, with(7, 32), KernelIsa::Best),
         affine_product(&x, &w, &scales, &biases, with(4, 12), KernelIsa::Best),
         affine_product(&x, &w, &scales, &biases, with(8, 32), KernelIsa::Best),
         affine_product(
@@ -310,18 +255,11 @@ proptest! {
         m in 1usize..12,
         n in 1usize..70,
         groups in 1usize..5,
-        group in prop::sample::select(vec![32usize, 64, 128]),
-        bits in prop::sample::select(vec![4usize, 8]),
+        group in prop::sample::select(vec![16usize, 32, 64, 128]),
+        bits in prop::sample::select(BITS.to_vec()),
     ) {
-        check(seed, m, n, groups * group, group, bits, Dtype::Float32);
+        check(seed, m, n, columns(groups, group, bits), group, bits, Dtype::Float32);
     }
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// The gathered product: each batch entry's rows against its expert's matrix, as MLX's
@@ -437,202 +375,53 @@ fn an_expert_with_many_rows_equals_mlx_gather_qmm() {
     }
 }
 
-/// The most an int8-x product may differ from the exact sum at output column `r` for the row
-/// `x`: each x is rounded to a step of `dx = max|x| / 127` of its chunk of 32, so by at most
-/// `dx / 2`, and multiplies the centred weight `scale * (q - middle)` (the kernel gives the
-/// rest, `bias + scale * middle`, the exact sum of x). Plus the float rounding every path has.
-fn int8_bound(case: &Case, x: &[f32], r: usize) -> f64 {
-    let per_word = 32 / case.bits;
-    let mut bound = 0.0;
-    for chunk in 0..case.k / 32 {
-        let cols = chunk * 32..(chunk + 1) * 32;
-        let dx = cols.clone().map(|c| x[c].abs()).fold(0.0f32, f32::max) as f64 / 127.0;
-        let scale = case.scales[r * case.k / case.group + chunk * 32 / case.group].abs() as f64;
-        let middle = (1u32 << (case.bits - 1)) as f64;
-        let q_sum: f64 = cols
-            .map(|c| {
-                let word = case.words[r * case.k * case.bits / 32 + c / per_word];
-                let q = (word >> (case.bits * (c % per_word))) & ((1u32 << case.bits) - 1);
-                (q as f64 - middle).abs()
-            })
-            .sum();
-        bound += scale * q_sum * dx / 2.0;
-    }
-    bound + 2e-5 * (case.k as f64).sqrt() * 0.5
-}
-
-/// The int8 paths this CPU runs, the plain C++ one first.
-fn int8_paths() -> Vec<KernelIsa> {
-    let paths: Vec<KernelIsa> = KernelIsa::available()
-        .into_iter()
-        .filter(|isa| isa.rounds_x(1, 32, 4) && *isa != KernelIsa::Best)
-        .collect();
-    assert_eq!(paths.first(), Some(&KernelIsa::Int8Scalar));
-    if cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2") {
-        assert!(paths.contains(&KernelIsa::Int8Avx2), "{paths:?}");
-    }
-    paths
-}
-
-/// Every output of `isa` within [`int8_bound`] of the reference; returns the largest
-/// difference from the exact sum (zero would mean x was not rounded at all).
-fn check_int8(case: &mut Case, dtype: Dtype, isa: KernelIsa) -> f64 {
-    let (x, w, scales, biases) = case.arrays(dtype);
-    let got = host(&affine_product(&x, &w, &scales, &biases, case.spec(), isa).unwrap());
-    let want = case.reference();
-    let mut largest: f64 = 0.0;
-    for i in 0..case.m {
-        let row = &case.x[i * case.k..(i + 1) * case.k];
-        for r in 0..case.n {
-            let off = (got[i * case.n + r] as f64 - want[i * case.n + r]).abs();
-            let bound = int8_bound(case, row, r);
-            assert!(
-                off <= bound,
-                "{isa:?} m {} n {} k {} group {} bits {} {dtype:?}: output ({i}, {r}) off by \
-                 {off}, bound {bound}",
-                case.m,
-                case.n,
-                case.k,
-                case.group,
-                case.bits
-            );
-            largest = largest.max(off);
-        }
-    }
-    largest
-}
-
-/// Decode-sized products on int8 x (every int8 path this CPU has, and `Best`, which takes one
-/// below 32 rows): within the rounding bound for every layout and row count, and really
-/// rounded (so the bound is what is tested, not an exact path by accident).
+/// The gathered form for every width (groups of 16 too, which MLX's `gather_qmm` refuses):
+/// each (token, pick) row against its expert's matrix, from the reference.
 #[test]
-fn int8_paths_stay_within_the_rounding_bound() {
-    let mut seed = 500;
-    let mut paths = int8_paths();
-    paths.push(KernelIsa::Best);
-    for isa in paths {
-        for bits in [4, 8] {
-            for group in [32, 64, 128] {
-                for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                    for m in [1, 2, 3, 4, 5, 8, 31] {
-                        seed += 1;
-                        assert!(isa.rounds_x(m, group as i32, bits as i32), "{isa:?}");
-                        let mut case = Case::new(seed, m, 37, group * 3, group, bits);
-                        let largest = check_int8(&mut case, dtype, isa);
-                        assert!(largest > 1e-6, "{isa:?} {bits}-bit: x was not rounded");
+fn gathered_products_of_every_width_equal_the_reference() {
+    use inference::cpu_kernels::affine_gather_product;
+    let mut seed = 900;
+    for bits in BITS {
+        for group in [16, 32] {
+            seed += 1;
+            let (experts, n, k) = (4, 12, columns(4, group, bits));
+            let mut case = Case::new(seed, 1, experts * n, k, group, bits);
+            let (_, w, scales, biases) = case.arrays(Dtype::Float32);
+            let stack = |a: &Array| a.reshape(&[experts as i32, n as i32, -1]).unwrap();
+            let (packed, scales, biases) = (stack(&w), stack(&scales), stack(&biases));
+            let mut rng = Rng(seed);
+            // Decode-shaped (one row per token) and a token whose rows take the many-rows path.
+            for (tokens, m) in [(3usize, 1usize), (2, 40)] {
+                let xs: Vec<f32> = (0..tokens * m * k).map(|_| rng.uniform()).collect();
+                let x = Array::from_slice(&xs, &[tokens as i32, 1, m as i32, k as i32]);
+                let picks: Vec<u32> = (0..tokens * 2).map(|i| (i * 3 % experts) as u32).collect();
+                let picks_array = Array::from_slice(&picks, &[tokens as i32, 2]);
+                for isa in [KernelIsa::Exact, KernelIsa::Scalar] {
+                    let got = affine_gather_product(
+                        &x,
+                        &packed,
+                        &scales,
+                        &biases,
+                        &picks_array,
+                        case.spec(),
+                        isa,
+                    )
+                    .unwrap();
+                    assert_eq!(got.shape(), [tokens as i32, 2, m as i32, n as i32]);
+                    let got = host(&got);
+                    for (o, &g) in got.iter().enumerate() {
+                        let (t, j, i, r) = (o / (2 * m * n), o / (m * n) % 2, o / n % m, o % n);
+                        let e = picks[t * 2 + j] as usize;
+                        let want: f64 = (0..k)
+                            .map(|c| xs[(t * m + i) * k + c] as f64 * case.weight(e * n + r, c))
+                            .sum();
+                        assert!(
+                            (g as f64 - want).abs() < 1e-4,
+                            "{isa:?} {bits} bits, groups of {group}, {m} rows: {g} != {want}"
+                        );
                     }
                 }
             }
-        }
-    }
-}
-
-/// The instruction-set forms compute the same integer sums as the plain C++ int8 path: only
-/// the order of the float additions differs.
-#[test]
-fn int8_instruction_sets_equal_the_plain_int8_path() {
-    let paths = int8_paths();
-    println!("int8 paths on this CPU: {paths:?}");
-    for bits in [4, 8] {
-        for (m, group) in [(1, 32), (3, 64), (8, 128), (13, 32)] {
-            let mut case = Case::new(77 + m as u64, m, 53, group * 4, group, bits);
-            let (x, w, scales, biases) = case.arrays(Dtype::Float16);
-            let plain = host(
-                &affine_product(&x, &w, &scales, &biases, case.spec(), KernelIsa::Int8Scalar)
-                    .unwrap(),
-            );
-            for &isa in &paths[1..] {
-                let got =
-                    host(&affine_product(&x, &w, &scales, &biases, case.spec(), isa).unwrap());
-                let e = max_diff(&got, &plain);
-                assert!(
-                    e < 1e-4,
-                    "{isa:?} {bits}-bit m {m}: {e} from the plain int8 path"
-                );
-            }
-        }
-    }
-}
-
-/// Groups that int8 x does not serve (not a multiple of 32) stay exact on every path.
-#[test]
-fn groups_below_32_keep_x_exact() {
-    for (group, bits) in [(16, 4), (8, 8), (16, 8)] {
-        let mut case = Case::new(900 + group as u64, 2, 19, group * 3, group, bits);
-        let (x, w, scales, biases) = case.arrays(Dtype::Float32);
-        for isa in KernelIsa::available() {
-            assert!(!isa.rounds_x(2, group as i32, bits as i32), "{isa:?}");
-            let out = affine_product(&x, &w, &scales, &biases, case.spec(), isa).unwrap();
-            let e = worst(&case, &host(&out));
-            assert!(e < 2e-5, "{isa:?} group {group} {bits}-bit: off by {e}");
-        }
-    }
-}
-
-/// The gathered product on int8 x: each (token, expert) row within the rounding bound of its
-/// expert's exact product.
-#[test]
-fn gathered_int8_products_stay_within_the_rounding_bound() {
-    use inference::cpu_kernels::affine_gather_product;
-    let (experts, n, k, group) = (4, 24, 128, 32);
-    for bits in [4, 8] {
-        let mut case = Case::new(61 + bits as u64, 1, experts * n, k, group, bits);
-        let (_, w, scales, biases) = case.arrays(Dtype::Bfloat16);
-        let packed = w.reshape(&[experts as i32, n as i32, -1]).unwrap();
-        let scales = scales.reshape(&[experts as i32, n as i32, -1]).unwrap();
-        let biases = biases.reshape(&[experts as i32, n as i32, -1]).unwrap();
-        let mut rng = Rng(17);
-        let tokens = 3;
-        let xs: Vec<f32> = (0..tokens * k).map(|_| rng.uniform()).collect();
-        let x = Array::from_slice(&xs, &[tokens as i32, 1, 1, k as i32]);
-        let picks = [3u32, 0, 2, 2, 1, 3];
-        let pick_array = Array::from_slice(&picks, &[tokens as i32, 2]);
-        for isa in int8_paths() {
-            let got = host(
-                &affine_gather_product(
-                    &x,
-                    &packed,
-                    &scales,
-                    &biases,
-                    &pick_array,
-                    case.spec(),
-                    isa,
-                )
-                .unwrap(),
-            );
-            assert_eq!(got.len(), tokens * 2 * n);
-            for (slot, &expert) in picks.iter().enumerate() {
-                let row = &xs[(slot / 2) * k..(slot / 2 + 1) * k];
-                for r in 0..n {
-                    let column = expert as usize * n + r;
-                    let want: f64 = (0..k).map(|c| row[c] as f64 * case.weight(column, c)).sum();
-                    let off = (got[slot * n + r] as f64 - want).abs();
-                    let bound = int8_bound(&case, row, column);
-                    assert!(
-                        off <= bound,
-                        "{isa:?} {bits}-bit pick {slot}: {off} > {bound}"
-                    );
-                }
-            }
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(40))]
-    /// Random shapes on every int8 path, ragged widths included.
-    #[test]
-    fn int8_random_shapes_stay_within_the_rounding_bound(
-        seed in 0u64..1_000_000,
-        m in 1usize..32,
-        n in 1usize..70,
-        groups in 1usize..5,
-        group in prop::sample::select(vec![32usize, 64, 128]),
-        bits in prop::sample::select(vec![4usize, 8]),
-    ) {
-        for isa in int8_paths() {
-            let mut case = Case::new(seed, m, n, groups * group, group, bits);
-            check_int8(&mut case, Dtype::Float32, isa);
         }
     }
 }

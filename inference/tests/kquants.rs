@@ -7,13 +7,20 @@
 //!   dequantization (`gguf.quants.dequantize`, PyPI `gguf`, pinned in the venv). Both compute
 //!   the same f32 operations in the same order, so the tolerance is tight: |ours − gguf-py| ≤
 //!   1e-6 · |gguf-py| per value (measured: every value bit-identical).
-//! - Q4_K_M, Q5_K_M and Q6_K load and complete "The capital of France is" with "Paris".
+//! - Q4_K_M, Q5_K_M and Q6_K load and complete "The capital of France is" with "Paris", as
+//!   f32 and quantized: on the CPU every file stays quantized by default, each tensor repacked
+//!   into MLX's affine layout (2 to 8 bits, groups of 16 or 32) and multiplied by shoal's
+//!   kernel; their logits are within [`KERNEL_BOUND`] of the same file dequantized to f32
+//!   (the same weights, summed in another order), and placement counts the repacked bytes.
 //!
 //! SmolLM2-135M's rows of 576 weights are not a multiple of 256, so `llama-quantize` stores
 //! those tensors in its fallback types (Q5_0, Q5_1, Q8_0, Q4_0); only the FFN down
 //! projections (rows of 1536) are K-quants. Between them the files hold every type the
 //! loader reads beyond Q4_1 and F16/BF16, which the test checks.
 
+mod common;
+
+use common::{max_abs_diff, prompt_logits};
 use inference::gguf::{GgmlType, GgufFile};
 use inference::quant::dequantize;
 use inference::{Engine, GenerateRequest, Prompt, WeightFormat};
@@ -161,15 +168,93 @@ fn every_tensor_matches_gguf_py() {
 /// City of Light) is the capital of France.", as llama.cpp does on the Q4_1 file.
 #[test]
 fn k_quant_files_answer_paris() {
-    let prompt = Prompt::Text("The capital of France is".into());
     for quant in ANSWERING {
         let engine = Engine::load(fixture(quant), Some(WeightFormat::F32)).unwrap();
-        let c = engine
-            .generate(&GenerateRequest::new(prompt.clone(), 3), |_| {
-                ControlFlow::Continue(())
-            })
-            .unwrap();
-        eprintln!("{quant}: {:?}", c.text);
-        assert!(c.text.contains("Paris"), "{quant} answered {:?}", c.text);
+        assert_answers_paris(&engine, quant);
+    }
+}
+
+/// Three greedy tokens after "The capital of France is" name Paris.
+fn assert_answers_paris(engine: &Engine, what: &str) {
+    let prompt = Prompt::Text("The capital of France is".into());
+    let c = engine
+        .generate(&GenerateRequest::new(prompt, 3), |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    eprintln!("{what}: {:?}", c.text);
+    assert!(c.text.contains("Paris"), "{what} answered {:?}", c.text);
+}
+
+/// The bound on max |logit difference| between a K-quant file run quantized and the same file
+/// dequantized to f32: the same weight values (repacked exactly, see `kquant_repack`), summed
+/// in another order (logits are of order 25). Measured: see the test's output.
+const KERNEL_BOUND: f32 = 1e-3;
+
+/// The bound on max |logit difference| that rounding x to int8 in the decode-sized products
+/// (the CPU default below 32 rows, see `inference::cpu_kernels`) adds to a K-quant file's
+/// exact-x logits: about twice the largest measured over these files (0.47 Q4_K_M, 0.32
+/// Q5_K_M, 0.61 Q6_K, 0.46 Q2_K, 1.15 Q2_K `--pure`; most of their matrices are 576 wide, so
+/// they fall back to Q4_0/Q5_0/Q8_0, which run on int8 x; logits are of order 25).
+const INT8_BOUND: f32 = 2.4;
+
+#[test]
+fn k_quant_files_run_quantized_on_the_cpu() {
+    for quant in ANSWERING.iter().chain(["Q2_K", "Q2_K_pure"].iter()) {
+        let path = fixture(quant);
+        let opened = inference::loader::open_model(&path).unwrap();
+        let q = opened
+            .config
+            .quantization
+            .clone()
+            .expect("a K-quant file runs quantized");
+        if std::env::var_os(WeightFormat::ENV).is_none() {
+            assert_eq!(
+                WeightFormat::preferred(&opened.config),
+                WeightFormat::Quantized,
+                "{quant}: quantized by default on the CPU"
+            );
+        }
+        // Placement counts the repacked bytes, not the file's nor f32's.
+        let memory = inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk);
+        let f32_bytes = inference::memory::weight_bytes(
+            &opened.config,
+            WeightFormat::F32,
+            opened.bytes_on_disk,
+        );
+        eprintln!(
+            "{quant}: file {} MB, quantized as run {} MB, f32 {} MB; {q:?}",
+            opened.bytes_on_disk >> 20,
+            memory.weights >> 20,
+            f32_bytes >> 20
+        );
+        assert_eq!(Some(memory.weights), q.running_bytes);
+        assert!(memory.weights > opened.bytes_on_disk && memory.weights < f32_bytes / 2);
+        drop(opened);
+
+        let dequantized = prompt_logits(&Engine::load(&path, Some(WeightFormat::F32)).unwrap());
+        let engine = Engine::load(&path, Some(WeightFormat::Quantized)).unwrap();
+        // x kept in f32 for the kernel check; the int8 x of decode-sized products is checked
+        // against it below.
+        inference::cpu_kernels::keep_x_exact(true);
+        let quantized = prompt_logits(&engine);
+        inference::cpu_kernels::keep_x_exact(false);
+        let diff = max_abs_diff(&dequantized, &quantized);
+        eprintln!("{quant}: max |quantized logit - f32 logit| = {diff}");
+        assert!(
+            diff < KERNEL_BOUND,
+            "{quant}: quantized logits differ from f32 by {diff}"
+        );
+        // The quantized path really ran (f32 would be bit-identical).
+        assert!(diff > 0.0, "{quant}: the same logits as f32");
+        let rounding = max_abs_diff(&quantized, &prompt_logits(&engine));
+        eprintln!("{quant}: int8 x moves the logits by {rounding}");
+        assert!(
+            rounding < INT8_BOUND,
+            "{quant}: int8 x moved the logits by {rounding} (bound {INT8_BOUND})"
+        );
+        if ANSWERING.contains(quant) {
+            assert_answers_paris(&engine, &format!("{quant} quantized"));
+        }
     }
 }

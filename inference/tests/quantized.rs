@@ -16,17 +16,16 @@
 
 mod common;
 
-use common::{argmax, max_abs_diff, smollm2, temp_dir, SMOLLM2_PROMPT};
+use common::{argmax, max_abs_diff, smollm2, temp_dir};
 use inference::export::{export_hf_folder_as, ExportWeights};
-use inference::sequence_forward::last_logits_to_host;
-use inference::{Engine, ShardInput, WeightFormat};
+use inference::{Engine, WeightFormat};
 use mlx_rs::Array;
 use std::path::Path;
 
 const GROUP_SIZE: i32 = 64;
 
 /// Per bit width: the bound on max |logit difference| from the f32 model (logits are of order
-/// 25), about twice the error measured on the fixture (prompt [`SMOLLM2_PROMPT`]): 0.60 for
+/// 25), about twice the error measured on the fixture (prompt [`common::SMOLLM2_PROMPT`]): 0.60 for
 /// 8-bit, 7.06 for 4-bit (the fixture's 4-bit weights, groups of 32, requantized in groups of
 /// 64). Quantization error, not a check of the kernels: a 25% error in one layer's scales
 /// moved the 4-bit logits by 8.93, within this bound.
@@ -46,25 +45,9 @@ const INT8_BOUNDS: [(i32, f32); 2] = [(8, 1.4), (4, 1.3)];
 /// The deliberately wrong scale: one layer's `down_proj` scales x1.25.
 const WRONG_SCALE: (&str, f32) = ("model.layers.0.mlp.down_proj.scales", 1.25);
 
-fn prompt() -> Vec<u32> {
-    SMOLLM2_PROMPT
-        .split(',')
-        .map(|t| t.parse().unwrap())
-        .collect()
-}
-
 /// The last position's logits of `model` loaded as `format`.
 fn logits(model: &Path, format: WeightFormat) -> Vec<f32> {
-    let engine = Engine::load(model, Some(format)).unwrap();
-    let mut cache = engine.model.new_cache();
-    let ids = prompt();
-    last_logits_to_host(
-        &engine
-            .model
-            .forward(ShardInput::Tokens(&ids), &mut cache, true)
-            .unwrap(),
-    )
-    .unwrap()
+    common::prompt_logits(&Engine::load(model, Some(format)).unwrap())
 }
 
 /// A copy of the checkpoint at `from` whose tensor `name` is multiplied by `factor`.

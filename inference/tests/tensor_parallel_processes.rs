@@ -324,3 +324,18 @@ fn gemma3_4bit_two_ranks_match_one_node() {
         "quantized",
     );
 }
+
+/// A K-quant GGUF file (the Q4_K_M fixture, see `tests/kquants.rs`) run quantized, as CPU
+/// nodes run it by default: 3 ranks slice its repacked 4-, 5-, 6- and 8-bit matrices (groups
+/// of 16 and 32) and batch like one node alone.
+#[test]
+fn smollm2_q4_k_m_quantized_three_ranks_batch_like_one_node_alone() {
+    run_tensor_parallel_as(
+        &kit::dirs::kquant_fixture_path("Q4_K_M"),
+        3,
+        common::SMOLLM2_PROMPT,
+        15,
+        "batched",
+        "quantized",
+    );
+}

@@ -2,6 +2,7 @@
 //! exceptions `mlx_lm.convert` writes.
 
 use crate::error::{InferenceError, Result};
+use crate::gguf::{GgmlType, GgufFile};
 use crate::quantized::{QuantMode, QuantSpec};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -19,9 +20,17 @@ pub struct QuantizationConfig {
     /// The encoding of the default.
     #[serde(default = "affine")]
     pub mode: QuantMode,
-    /// Per-path exceptions (`model.layers.0.mlp.gate` → 8-bit), by module path.
+    /// Per-path exceptions (`model.layers.0.mlp.gate` → 8-bit), by module path; for a GGUF
+    /// file, every other encoding it uses, by GGML type (`gguf:Q6_K`).
     #[serde(default)]
     pub overrides: BTreeMap<String, QuantSpec>,
+    /// For a GGUF file: the bytes its weights take as they run quantized, repacked into MLX's
+    /// layout with f32 scales and biases (more than the file: a Q4_K group of 32 carries 8
+    /// bytes of f32 scale and bias where the file has 1.5 bytes of sub-block scales), the
+    /// tensors that do not repack counted as f32. `None` for MLX checkpoints, which run as
+    /// stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_bytes: Option<u64>,
 }
 
 fn affine() -> QuantMode {
@@ -65,6 +74,58 @@ impl QuantizationConfig {
             bits: default.bits,
             mode: default.mode,
             overrides,
+            running_bytes: None,
+        })
+    }
+
+    /// How a GGUF file runs quantized: its quantized matrices repacked into MLX's affine
+    /// layout ([`crate::kquant_repack::repacked_layout`]), the encoding holding the most
+    /// weights as the default and the others as overrides by GGML type, and
+    /// [`Self::running_bytes`]. `None` when the file holds no quantized matrix, or one that
+    /// does not repack (IQ4_NL): such a file runs dequantized. Read from the tensor directory
+    /// alone, so every node decides the same; only the byte count depends on the node's kind:
+    /// where shoal's CPU kernel does not run (GPUs, `SHOAL_QMM=mlx`), the groups of 16 that
+    /// MLX's kernels refuse load as floats of the quantized form's compute dtype, and count
+    /// so.
+    pub fn of_gguf(file: &GgufFile) -> Option<QuantizationConfig> {
+        let float_bytes = match crate::weights::WeightFormat::Quantized.compute_dtype() {
+            mlx_rs::Dtype::Float32 => 4,
+            _ => 2,
+        };
+        let mut weights: BTreeMap<(i32, i32), u64> = BTreeMap::new();
+        let mut overrides = BTreeMap::new();
+        let mut running = 0u64;
+        for info in file.tensors.values() {
+            let elements = info.elements() as u64;
+            let ty = info.ggml_type.ok()?;
+            let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16);
+            if float || info.shape.len() != 2 {
+                // Floats, and quantized vectors or stacks, load as f32.
+                running += 4 * elements;
+                continue;
+            }
+            let (bits, group_size) = crate::kquant_repack::repacked_layout(ty)?;
+            running += if crate::kquant_repack::runs_repacked(ty) {
+                elements * bits as u64 / 8 + 8 * elements / group_size as u64
+            } else {
+                float_bytes * elements
+            };
+            *weights.entry((bits, group_size)).or_default() += elements;
+            let spec = QuantSpec {
+                group_size,
+                bits,
+                mode: QuantMode::Affine,
+            };
+            overrides.insert(format!("gguf:{}", ty.name()), spec);
+        }
+        let (&(bits, group_size), _) = weights.iter().max_by_key(|&(layout, n)| (n, *layout))?;
+        overrides.retain(|_, s| (s.bits, s.group_size) != (bits, group_size));
+        Some(QuantizationConfig {
+            group_size,
+            bits,
+            mode: QuantMode::Affine,
+            overrides,
+            running_bytes: Some(running),
         })
     }
 

@@ -218,7 +218,7 @@ impl ModelConfig {
             max_position_embeddings: req("context_length").unwrap_or(4096),
             tie_word_embeddings: !file.tensors.contains_key("output.weight"),
             attention_bias: file.tensors.contains_key("blk.0.attn_q.bias"),
-            quantization: None,
+            quantization: super::QuantizationConfig::of_gguf(file),
             moe: None,
             sliding_window: None,
             family_params: FamilyParams::None,

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod batched;
+pub mod qmm_case;
 
 pub use kit::netns;
 
@@ -177,6 +178,20 @@ pub fn smollm2() -> std::path::PathBuf {
 
 /// "<|im_start|>user\nWhat is the capital of France?" as SmolLM2 token ids.
 pub const SMOLLM2_PROMPT: &str = "1,4093,198,1780,314,260,3575,282,4649,47";
+
+/// The last position's logits of `engine` on [`SMOLLM2_PROMPT`].
+pub fn prompt_logits(engine: &inference::Engine) -> Vec<f32> {
+    let ids: Vec<u32> = SMOLLM2_PROMPT
+        .split(',')
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let mut cache = engine.model.new_cache();
+    let logits = engine
+        .model
+        .forward(inference::ShardInput::Tokens(&ids), &mut cache, true)
+        .unwrap();
+    inference::sequence_forward::last_logits_to_host(&logits).unwrap()
+}
 
 /// Namespaces of these tests are named `shi<pid><tag>-...`.
 const NETNS_PREFIX: &str = "shi";

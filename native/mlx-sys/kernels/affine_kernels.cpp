@@ -1,15 +1,18 @@
-// shoal: the arithmetic of the CPU products with MLX affine-quantized weights: a plain C++
-// path, an AVX2 + FMA path chosen at run time, and the helper threads that share a large
-// product (see cpu_qmm.cpp for the primitive that runs them inside MLX's graph).
+// shoal: the arithmetic of the CPU products with MLX affine-quantized weights (2, 3, 4, 5, 6
+// and 8 bits, as packed_bits.h reads them): a plain C++ path, an AVX2 + FMA path chosen at
+// run time, and the helper threads that share a large product (see cpu_qmm.cpp for the
+// primitive that runs them inside MLX's graph).
 
 #include "affine_kernels.h"
 #include "int8_path.h"
+#include "packed_bits.h"
 
 #include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include <dlfcn.h>
 
@@ -43,11 +46,9 @@ inline float scale_bias(const Problem& p, const void* base, int64_t i) {
 void product_scalar(const Problem& p, const std::vector<float>& xsums, int n0, int n1) {
   const int m = static_cast<int>(p.rows.size());
   const int groups = p.k / p.group;
-  const int per_word = 32 / p.bits;
-  const uint32_t mask = (1u << p.bits) - 1;
   std::vector<double> acc(m);
   for (int r = n0; r < n1; ++r) {
-    const uint32_t* wr = p.w + r * p.w_row;
+    const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w + r * p.w_row);
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int g = 0; g < groups; ++g) {
       const float s = scale_bias(p, p.scales, r * p.sb_row + g);
@@ -56,8 +57,7 @@ void product_scalar(const Problem& p, const std::vector<float>& xsums, int n0, i
         const float* xr = p.x + p.rows[i];
         float dot = 0.0f;
         for (int c = g * p.group; c < (g + 1) * p.group; ++c) {
-          const uint32_t q = (wr[c / per_word] >> (p.bits * (c % per_word))) & mask;
-          dot += static_cast<float>(q) * xr[c];
+          dot += static_cast<float>(packed_value(wr, c, p.bits)) * xr[c];
         }
         acc[i] += s * dot + b * xsums[i * groups + g];
       }
@@ -69,16 +69,24 @@ void product_scalar(const Problem& p, const std::vector<float>& xsums, int n0, i
 }
 
 #if defined(__x86_64__)
-/// The eight quantized values of weights `c..c + 8` of row `wr`, as integers.
+/// The eight quantized values of weights `c..c + 8` of row `wr`, as integers: 4 and 8 bits
+/// straight from their words, the other widths through `any` ([`Decoder`]).
 template <int BITS>
-__attribute__((target("avx2,fma"))) inline __m256i
-decode8(const uint32_t* wr, int c, __m256i shifts, __m256i nibble) {
-  if (BITS == 4) {
+__attribute__((target("avx2,fma"))) inline __m256i decode8(
+    const uint32_t* wr,
+    int c,
+    __m256i shifts,
+    __m256i nibble,
+    const Decoder<BITS>& any) {
+  if constexpr (BITS == 4) {
     const __m256i word = _mm256_set1_epi32(static_cast<int>(wr[c / 8]));
     return _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
+  } else if constexpr (BITS == 8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 4));
+    return _mm256_cvtepu8_epi32(bytes);
+  } else {
+    return any(reinterpret_cast<const uint8_t*>(wr), c);
   }
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 4));
-  return _mm256_cvtepu8_epi32(bytes);
 }
 
 /// Output columns `[n0, n1)` with AVX2 + FMA: eight weights decoded per instruction, each
@@ -90,6 +98,7 @@ block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int
   const __m256i shifts = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
                                    : _mm256_setzero_si256();
   const __m256i nibble = _mm256_set1_epi32(0xF);
+  const Decoder<BITS> any(p.k);
   const float* xr[ROWS];
   for (int i = 0; i < ROWS; ++i) {
     xr[i] = p.x + p.rows[first_row + i];
@@ -108,7 +117,7 @@ block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int
       const __m256 sv = _mm256_set1_ps(s);
       const int c0 = g * p.group;
       for (int c = c0; c < c0 + p.group; c += 8) {
-        const __m256i q = decode8<BITS>(wr, c, shifts, nibble);
+        const __m256i q = decode8<BITS>(wr, c, shifts, nibble, any);
         const __m256 qs = _mm256_mul_ps(_mm256_cvtepi32_ps(q), sv);
         for (int i = 0; i < ROWS; ++i) {
           acc[i] = _mm256_fmadd_ps(qs, _mm256_loadu_ps(xr[i] + c), acc[i]);
@@ -147,6 +156,25 @@ void product_avx2(const Problem& p, const std::vector<float>& xsums, int n0, int
 bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
+}
+
+/// Calls `f` with `bits` (2, 3, 4, 5, 6 or 8; checked when the node is built) as a constant.
+template <typename F>
+void with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
 }
 #endif
 
@@ -244,21 +272,14 @@ Sgemm find_sgemm() {
 /// Weights of output columns `[n0, n1)` as floats, row after row of `k` (what sgemm reads).
 void dequantize_tile(const Problem& p, int n0, int n1, float* out) {
   const int groups = p.k / p.group;
-  const int per_word = 32 / p.bits;
-  const uint32_t mask = (1u << p.bits) - 1;
   for (int r = n0; r < n1; ++r) {
-    const uint32_t* wr = p.w + r * p.w_row;
+    const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w + r * p.w_row);
     float* o = out + static_cast<int64_t>(r - n0) * p.k;
     for (int g = 0; g < groups; ++g) {
       const float s = scale_bias(p, p.scales, r * p.sb_row + g);
       const float b = scale_bias(p, p.biases, r * p.sb_row + g);
-      const int c0 = g * p.group;
-      for (int c = c0; c < c0 + p.group; c += per_word) {
-        uint32_t word = wr[c / per_word];
-        for (int j = 0; j < per_word; ++j) {
-          o[c + j] = static_cast<float>(word & mask) * s + b;
-          word >>= p.bits;
-        }
+      for (int c = g * p.group; c < (g + 1) * p.group; ++c) {
+        o[c] = static_cast<float>(packed_value(wr, c, p.bits)) * s + b;
       }
     }
   }
@@ -273,6 +294,7 @@ __attribute__((target("avx2,fma"))) void dequantize_tile_avx2(const Problem& p, 
   const __m256i shifts = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
                                    : _mm256_setzero_si256();
   const __m256i nibble = _mm256_set1_epi32(0xF);
+  const Decoder<BITS> any(p.k);
   for (int r = n0; r < n1; ++r) {
     const uint32_t* wr = p.w + r * p.w_row;
     float* o = out + static_cast<int64_t>(r - n0) * p.k;
@@ -281,7 +303,7 @@ __attribute__((target("avx2,fma"))) void dequantize_tile_avx2(const Problem& p, 
       const __m256 bv = _mm256_set1_ps(scale_bias(p, p.biases, r * p.sb_row + g));
       const int c0 = g * p.group;
       for (int c = c0; c < c0 + p.group; c += 8) {
-        const __m256i q = decode8<BITS>(wr, c, shifts, nibble);
+        const __m256i q = decode8<BITS>(wr, c, shifts, nibble, any);
         _mm256_storeu_ps(o + c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), sv, bv));
       }
     }
@@ -293,11 +315,7 @@ __attribute__((target("avx2,fma"))) void dequantize_tile_avx2(const Problem& p, 
 void dequantize_tile_best(const Problem& p, int n0, int n1, float* out) {
 #if defined(__x86_64__)
   if (has_avx2()) {
-    if (p.bits == 4) {
-      dequantize_tile_avx2<4>(p, n0, n1, out);
-    } else {
-      dequantize_tile_avx2<8>(p, n0, n1, out);
-    }
+    with_bits(p.bits, [&](auto bits) { dequantize_tile_avx2<decltype(bits)::value>(p, n0, n1, out); });
     return;
   }
 #endif
@@ -354,6 +372,37 @@ bool run_sgemm(const Problem& p) {
   return true;
 }
 
+/// Runs `part(n0, n1)` over output columns `[0, n)`, shared with the crew when the weights
+/// (`bytes`) are large.
+template <typename F>
+void share_columns(int n, int64_t bytes, F&& part) {
+  Crew& crew = Crew::get();
+  if (bytes < SHARE_ABOVE_BYTES || crew.helpers() == 0 || n < 2) {
+    part(0, n);
+    return;
+  }
+  const int parts = std::min(crew.helpers() + 1, n);
+  crew.run([&](int i) {
+    if (i < parts) {
+      part(static_cast<int>(static_cast<int64_t>(n) * i / parts),
+           static_cast<int>(static_cast<int64_t>(n) * (i + 1) / parts));
+    }
+  });
+}
+
+/// Every weight of `p` as floats, row after row of `k`, into `out`.
+void dequantize(const Problem& p, float* out, Isa isa) {
+  const int64_t bytes = static_cast<int64_t>(p.n) * p.k * p.bits / 8;
+  share_columns(p.n, bytes, [&](int n0, int n1) {
+    float* o = out + static_cast<int64_t>(n0) * p.k;
+    if (isa == Isa::Auto || isa == Isa::Exact || isa == Isa::Avx2) {
+      dequantize_tile_best(p, n0, n1, o);
+    } else {
+      dequantize_tile(p, n0, n1, o);
+    }
+  });
+}
+
 /// The whole product, shared with the crew when it is large.
 void run(const Problem& p, Isa isa) {
   if ((isa == Isa::Auto || isa == Isa::Exact) && run_sgemm(p)) {
@@ -382,29 +431,13 @@ void run(const Problem& p, Isa isa) {
     }
 #if defined(__x86_64__)
     if ((isa == Isa::Auto || isa == Isa::Exact || isa == Isa::Avx2) && has_avx2()) {
-      if (p.bits == 4) {
-        product_avx2<4>(p, xsums, n0, n1);
-      } else {
-        product_avx2<8>(p, xsums, n0, n1);
-      }
+      with_bits(p.bits, [&](auto bits) { product_avx2<decltype(bits)::value>(p, xsums, n0, n1); });
       return;
     }
 #endif
     product_scalar(p, xsums, n0, n1);
   };
-  const int64_t bytes = static_cast<int64_t>(p.n) * p.k * p.bits / 8;
-  Crew& crew = Crew::get();
-  if (bytes < SHARE_ABOVE_BYTES || crew.helpers() == 0 || p.n < 2) {
-    columns(0, p.n);
-    return;
-  }
-  const int parts = std::min(crew.helpers() + 1, p.n);
-  crew.run([&](int i) {
-    if (i < parts) {
-      columns(static_cast<int>(static_cast<int64_t>(p.n) * i / parts),
-              static_cast<int>(static_cast<int64_t>(p.n) * (i + 1) / parts));
-    }
-  });
+  share_columns(p.n, static_cast<int64_t>(p.n) * p.k * p.bits / 8, columns);
 }
 
 } // namespace shoal

@@ -40,11 +40,15 @@ struct Problem {
   Dtype sb_type = mlx::core::float32;
   float* out;
   std::vector<int64_t> out_rows; // output row of each row of x (its offset / n)
-  int n, k, group, bits;
+  int n, k, group, bits; // bits: 2, 3, 4, 5, 6 or 8 (MLX's packing, see packed_bits.h)
 };
 
 /// The whole product `out = x @ dequantize(w)^T` for the rows and weights `p` describes, shared
 /// with a helper thread per core when it is large.
 void run(const Problem& p, Isa isa);
+
+/// Every weight `p` describes as floats, `[n, k]` row-major, into `out` (`x` and the rows are
+/// not read).
+void dequantize(const Problem& p, float* out, Isa isa);
 
 } // namespace shoal

@@ -2,15 +2,17 @@
 //
 // MLX's own CPU kernel for `quantized_matmul` unpacks one weight at a time and runs at about
 // a tenth of what the memory allows (0.7 GB/s on a 4-bit 2048 x 5632 product, where OpenBLAS
-// reads f32 at 8.6 GB/s). This primitive computes `out = x @ dequantize(w)^T` for 4- and 8-bit
-// affine weights (any group size that is a multiple of 8) reading each packed word once for
-// every row of `x`: AVX2 + FMA where the CPU has them (chosen at run time), plain C++
-// elsewhere. Being a primitive, it runs inside MLX's graph on the CPU stream like any other
-// operation: no evaluation barrier is added.
+// reads f32 at 8.6 GB/s). This primitive computes `out = x @ dequantize(w)^T` for 2-, 3-, 4-,
+// 5-, 6- and 8-bit affine weights (any group size that is a multiple of 8, 16 included, which
+// MLX's own kernels refuse) reading each packed word once for every row of `x`: AVX2 + FMA
+// where the CPU has them (chosen at run time), plain C++ elsewhere. Being a primitive, it runs
+// inside MLX's graph on the CPU stream like any other operation: no evaluation barrier is
+// added. A second primitive dequantizes (embedding lookups of such weights).
 //
-// Layout (MLX's): `w` is `[n, k * bits / 32]` uint32, element `j` of a word in bits
-// `bits * j ..`; `scales` and `biases` are `[n, k / group]` (f32, f16 or bf16); `x` is
-// `[..., k]` f32. The value of element `(r, c)` is `scales[r, c / g] * q + biases[r, c / g]`.
+// Layout (MLX's): `w` is `[n, k * bits / 32]` uint32, each row a little-endian bit stream with
+// value `c` in bits `bits * c ..` (packed_bits.h); `scales` and `biases` are `[n, k / group]`
+// (f32, f16 or bf16); `x` is `[..., k]` f32. The value of element `(r, c)` is
+// `scales[r, c / g] * q + biases[r, c / g]`.
 
 #include <cstdint>
 #include <stdexcept>
@@ -86,6 +88,18 @@ const float* rows_of(const array& x, std::vector<int64_t>& rows, std::vector<flo
   return copy.data();
 }
 
+/// Allocates `out` and runs `job` on the CPU stream `stream`'s encoder, after `inputs`.
+template <typename F>
+void dispatch(Stream stream, const std::vector<array>& inputs, array& out, F&& job) {
+  out.set_data(allocator::malloc(out.nbytes()));
+  auto& encoder = cpu::get_command_encoder(stream);
+  for (const array& a : inputs) {
+    encoder.set_input_array(a);
+  }
+  encoder.set_output_array(out);
+  encoder.dispatch(std::forward<F>(job));
+}
+
 /// One output per row of `x` per weight row: `x @ dequantize(w)^T` on the CPU (see the file's
 /// comment); with `gather`, batch entry `b` of `x` (`[b..., m, k]`) uses the matrix
 /// `indices[b]` of stacked weights `[experts, n, k']`, as MLX's `gather_qmm` does.
@@ -95,14 +109,8 @@ class AffineProduct : public UnaryPrimitive {
       : UnaryPrimitive(stream), group_(group), bits_(bits), isa_(isa), gather_(gather) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (const array& a : inputs) {
-      encoder.set_input_array(a);
-    }
-    encoder.set_output_array(out);
-    encoder.dispatch([inputs, out, group = group_, bits = bits_, isa = isa_,
-                      gather = gather_]() mutable {
+    dispatch(stream(), inputs, out, [inputs, out, group = group_, bits = bits_, isa = isa_,
+                                     gather = gather_]() mutable {
       const array& x = inputs[0];
       const array& w = inputs[1];
       const array& scales = inputs[2];
@@ -229,8 +237,8 @@ int check_operands(
     int group,
     int bits,
     int weight_axes) {
-  if (bits != 4 && bits != 8) {
-    fail("only 4- and 8-bit weights; got " + std::to_string(bits));
+  if (bits < 2 || bits > 8 || bits == 7) {
+    fail("only 2-, 3-, 4-, 5-, 6- and 8-bit weights; got " + std::to_string(bits));
   }
   if (group <= 0 || group % 8 != 0) {
     fail("the group size must be a positive multiple of 8; got " + std::to_string(group));
@@ -322,6 +330,78 @@ array affine_gather_product(
        broadcast_to(indices, batch, stream)});
 }
 
+/// Every weight of a row-contiguous `[..., n, k * bits / 32]` stack as f32 `[..., n, k]`.
+class AffineDequantize : public UnaryPrimitive {
+ public:
+  AffineDequantize(Stream stream, int group, int bits, Isa isa)
+      : UnaryPrimitive(stream), group_(group), bits_(bits), isa_(isa) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    dispatch(stream(), inputs, out, [inputs, out, group = group_, bits = bits_,
+                                     isa = isa_]() mutable {
+      const array& w = inputs[0];
+      Problem p;
+      p.k = out.shape(-1);
+      p.n = p.k == 0 ? 0 : static_cast<int>(out.size() / p.k);
+      p.group = group;
+      p.bits = bits;
+      p.w = w.data<uint32_t>();
+      p.w_row = w.shape(-1);
+      p.scales = inputs[1].data<void>();
+      p.biases = inputs[2].data<void>();
+      p.sb_row = inputs[1].shape(-1);
+      p.sb_type = inputs[1].dtype();
+      dequantize(p, out.data<float>(), isa);
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("shoal's CPU dequantization runs on the CPU only");
+  }
+
+  const char* name() const override {
+    return "ShoalAffineDequantize";
+  }
+
+  bool is_equivalent(const Primitive& other) const override {
+    auto* o = dynamic_cast<const AffineDequantize*>(&other);
+    return o && o->group_ == group_ && o->bits_ == bits_ && o->isa_ == isa_;
+  }
+
+ private:
+  int group_;
+  int bits_;
+  Isa isa_;
+};
+
+/// Builds the dequantization's node (operands as for a product; any leading axes).
+array affine_dequantize(
+    const array& w,
+    const array& scales,
+    const array& biases,
+    int group,
+    int bits,
+    Isa isa,
+    Stream stream) {
+  if (w.ndim() < 2) {
+    fail("w must have at least two axes");
+  }
+  const int k = static_cast<int>(static_cast<int64_t>(w.shape(-1)) * 32 / bits);
+  Shape x_shape = {1, k};
+  check_operands(
+      zeros(x_shape, float32, stream), w, scales, biases, group, bits, static_cast<int>(w.ndim()));
+  Shape shape = w.shape();
+  shape.back() = k;
+  auto dense = [&](const array& a) {
+    return a.flags().row_contiguous ? a : contiguous(a, false, stream);
+  };
+  return array(
+      std::move(shape),
+      float32,
+      std::make_shared<AffineDequantize>(stream, group, bits, isa),
+      {dense(w), dense(scales), dense(biases)});
+}
+
 } // namespace shoal
 
 /// Runs `build` into `*res` the way mlx-c's entries do: 0, or 1 after reporting the error
@@ -387,5 +467,23 @@ extern "C" int shoal_cpu_affine_gather_qmm(
     return shoal::affine_gather_product(
         mlx_array_get_(x), mlx_array_get_(w), mlx_array_get_(scales), mlx_array_get_(biases),
         mlx_array_get_(indices), group_size, bits, isa_of(isa), mlx_stream_get_(s));
+  });
+}
+
+/// `*res = dequantize(w, scales, biases)` as f32, for the layouts the products read (groups of
+/// 16 included, which MLX's `dequantize` refuses).
+extern "C" int shoal_cpu_affine_dequantize(
+    mlx_array* res,
+    const mlx_array w,
+    const mlx_array scales,
+    const mlx_array biases,
+    int group_size,
+    int bits,
+    int isa,
+    const mlx_stream s) {
+  return mlx_c_entry(res, [&] {
+    return shoal::affine_dequantize(
+        mlx_array_get_(w), mlx_array_get_(scales), mlx_array_get_(biases), group_size, bits,
+        isa_of(isa), mlx_stream_get_(s));
   });
 }

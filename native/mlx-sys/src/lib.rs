@@ -13,7 +13,8 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
 unsafe extern "C" {
     /// shoal's CPU product with MLX affine-quantized weights (`kernels/cpu_qmm.cpp`):
-    /// `*res = x @ dequantize(w, scales, biases)^T` for 4- and 8-bit weights, `x` f32 `[..., k]`,
+    /// `*res = x @ dequantize(w, scales, biases)^T` for 2-, 3-, 4-, 5-, 6- and 8-bit weights (MLX's
+    /// packing; groups of any multiple of 8), `x` f32 `[..., k]`,
     /// `w` `[n, k * bits / 32]`, scales and biases `[n, k / group_size]`. `isa` 0 uses the
     /// fastest path the CPU has, the others force one (`kernels/affine_kernels.h`'s `Isa`). Returns 0, or 1 after reporting
     /// the error through mlx-c's handler.
@@ -43,6 +44,19 @@ unsafe extern "C" {
         scales: mlx_array,
         biases: mlx_array,
         indices: mlx_array,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        isa: ::std::os::raw::c_int,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
+
+    /// The weights [`shoal_cpu_affine_qmm`] reads, as f32 `[..., n, k]`: MLX's `dequantize`
+    /// refuses groups of 16, which GGUF's K-quants repack into.
+    pub fn shoal_cpu_affine_dequantize(
+        res: *mut mlx_array,
+        w: mlx_array,
+        scales: mlx_array,
+        biases: mlx_array,
         group_size: ::std::os::raw::c_int,
         bits: ::std::os::raw::c_int,
         isa: ::std::os::raw::c_int,
