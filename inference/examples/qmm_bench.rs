@@ -4,7 +4,8 @@
 //! Q3_K 3-bit/16, Q2_K 2-bit/16, f32 scales and biases), MLX's CPU `quantized_matmul` where
 //! MLX takes the layout, and the f32 product with resident f32 weights (OpenBLAS), at 1, 8 and
 //! 64 rows. GB/s is the bytes each form reads (packed words, scales and biases; f32 weights)
-//! over its time. Medians of 15 rounds, each a fresh evaluation.
+//! over its time. Medians of 15 rounds, each a fresh evaluation. "shoal" is the default path
+//! (int8 x below 32 rows for 4 and 8 bits), "exact x" the same product with x kept in f32.
 //!
 //! `cargo run --release -p inference --example qmm_bench` (not in CI: timings).
 
@@ -30,8 +31,8 @@ fn main() {
     w32.eval().unwrap();
     let f32_bytes = w32.nbytes() as f64;
     println!("{k} → {n}; f32 weights {:.1} MB", f32_bytes / 1e6);
-    println!("| layout | bytes MB | rows | shoal ms | shoal GB/s | MLX qmm ms | f32 BLAS ms | f32 GB/s | shoal / f32 time |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| layout | bytes MB | rows | shoal ms | shoal GB/s | exact x ms | MLX qmm ms | f32 BLAS ms | f32 GB/s | shoal / f32 time |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let layouts = [
         ("MLX 4-bit/64", 4, 64),
         ("MLX 8-bit/64", 8, 64),
@@ -65,10 +66,13 @@ fn main() {
         for rows in [1, 8, 64] {
             let x = random::normal::<f32>(&[rows, k], None, None, None).unwrap();
             x.eval().unwrap();
-            let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut a, mut b, mut c, mut e) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..15 {
                 b.push(time(&|| {
                     affine_product(&x, &packed, &scales, &biases, spec, KernelIsa::Best).unwrap()
+                }));
+                e.push(time(&|| {
+                    affine_product(&x, &packed, &scales, &biases, spec, KernelIsa::Exact).unwrap()
                 }));
                 if mlx_reads {
                     a.push(time(&|| {
@@ -80,14 +84,14 @@ fn main() {
                     ops::matmul(&x, w32.transpose_axes(&[1, 0]).unwrap()).unwrap()
                 }));
             }
-            let (b, c) = (median(b), median(c));
+            let (b, c, e) = (median(b), median(c), median(e));
             let mlx = if mlx_reads {
                 format!("{:.2}", median(a))
             } else {
                 "—".to_owned()
             };
             println!(
-                "| {name} | {:.1} | {rows} | {b:.2} | {:.1} | {mlx} | {c:.2} | {:.1} | {:.2} |",
+                "| {name} | {:.1} | {rows} | {b:.2} | {:.1} | {e:.2} | {mlx} | {c:.2} | {:.1} | {:.2} |",
                 bytes / 1e6,
                 bytes / b / 1e6,
                 f32_bytes / c / 1e6,
