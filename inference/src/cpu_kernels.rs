@@ -172,10 +172,16 @@ fn chosen() -> Option<KernelIsa> {
 
 /// Whether shoal's kernel serves `x @ matrix^T` (a 2-D matrix) or the gathered product (3-D,
 /// stacked experts) for a matrix of `spec` whose packed words have `packed_ndim` axes, and
-/// with which instructions.
-pub(crate) fn product_isa(spec: QuantSpec, packed_ndim: usize, x: &Array) -> Option<KernelIsa> {
+/// with which instructions. `exact_x`: this product keeps x in f32 (the output head, see
+/// [`crate::linear::Matrix::apply_to_hidden_state`]).
+pub(crate) fn product_isa(
+    spec: QuantSpec,
+    packed_ndim: usize,
+    x: &Array,
+    exact_x: bool,
+) -> Option<KernelIsa> {
     let isa = match chosen()? {
-        KernelIsa::Best if EXACT_X.load(Ordering::Relaxed) => KernelIsa::Exact,
+        KernelIsa::Best if exact_x || EXACT_X.load(Ordering::Relaxed) => KernelIsa::Exact,
         isa => isa,
     };
     let fits = serves(spec) && matches!(packed_ndim, 2 | 3) && x.dtype() == Dtype::Float32;

@@ -1,10 +1,11 @@
-//! GGML block formats: dequantization to f32 and repacking into MLX's affine quantized layout.
+//! GGML block formats: dequantization to f32 (repacking into MLX's affine layout is
+//! `ggml_repack.rs`), and the row order of GGUF's attention weights.
 //!
 //! MLX's affine quantization stores, per group of `group_size` consecutive weights of a row,
 //! a scale and a bias (`w = scale * q + bias`) and packs the unsigned integers `q` into
 //! little-endian `u32` words, element 0 in the lowest bits. GGML's Q4_0, Q4_1 and Q8_0 are the
 //! same idea with groups of 32, so they convert without loss; the 5-bit types and K-quants
-//! repack too ([`crate::kquant_repack`]).
+//! repack too ([`crate::ggml_repack`]).
 
 use crate::gguf::GgmlType;
 use crate::gguf_kquant as kq;
@@ -69,82 +70,6 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
     out
 }
 
-/// A matrix in MLX's affine quantized layout, on the host.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MlxQuantized {
-    /// Packed integers, `rows * cols * bits / 32` words.
-    pub packed: Vec<u32>,
-    /// One scale per group, `rows * cols / group_size`.
-    pub scales: Vec<f32>,
-    /// One bias per group.
-    pub biases: Vec<f32>,
-    /// Bits per weight (2, 3, 4, 5, 6 or 8).
-    pub bits: i32,
-    /// Weights per group (32, or 16 for Q2_K, Q3_K and Q6_K).
-    pub group_size: i32,
-}
-
-/// Converts a GGML quantized tensor into MLX's layout
-/// ([`crate::kquant_repack::repacked_layout`] says which); `None` for float types and IQ4_NL.
-pub fn to_mlx_quantized(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
-    let (_, block_bytes) = ty.block();
-    let blocks = bytes.len() / block_bytes;
-    let (bits, words_per_block) = match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 => (4, 4),
-        GgmlType::Q8_0 => (8, 8),
-        _ => return crate::kquant_repack::repack(ty, bytes),
-    };
-    let mut q = MlxQuantized {
-        packed: Vec::with_capacity(blocks * words_per_block),
-        scales: Vec::with_capacity(blocks),
-        biases: Vec::with_capacity(blocks),
-        bits,
-        group_size: 32,
-    };
-    let mut values = [0u8; 32];
-    for b in bytes.chunks_exact(block_bytes) {
-        match ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                let (d, m, qs) = if ty == GgmlType::Q4_0 {
-                    let d = f16_at(b, 0);
-                    (d, -8.0 * d, &b[2..18])
-                } else {
-                    (f16_at(b, 0), f16_at(b, 2), &b[4..20])
-                };
-                for (j, &byte) in qs.iter().enumerate() {
-                    values[j] = byte & 0x0f;
-                    values[j + 16] = byte >> 4;
-                }
-                q.scales.push(d);
-                q.biases.push(m);
-                for word in values.chunks_exact(8) {
-                    q.packed.push(
-                        word.iter()
-                            .enumerate()
-                            .fold(0u32, |acc, (k, &v)| acc | (v as u32) << (4 * k)),
-                    );
-                }
-            }
-            _ => {
-                let d = f16_at(b, 0);
-                for (j, &byte) in b[2..34].iter().enumerate() {
-                    values[j] = (byte as i8 as i16 + 128) as u8;
-                }
-                q.scales.push(d);
-                q.biases.push(-128.0 * d);
-                for word in values.chunks_exact(4) {
-                    q.packed.push(
-                        word.iter()
-                            .enumerate()
-                            .fold(0u32, |acc, (k, &v)| acc | (v as u32) << (8 * k)),
-                    );
-                }
-            }
-        }
-    }
-    Some(q)
-}
-
 /// Reorders rows: row `i` of the result is row `source_row(i)` of `data` (rows of `row_len`).
 pub fn gather_rows<T: Copy>(
     data: &[T],
@@ -171,10 +96,11 @@ pub fn llama_unpermute_source_row(hf_row: usize, head_dim: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn q4_1_block(d: f32, m: f32, q: &[u8; 32]) -> Vec<u8> {
+    /// A Q4_1 block of `d`, `m` and the 4-bit values `q` (also for `ggml_repack`'s tests).
+    pub(crate) fn q4_1_block(d: f32, m: f32, q: &[u8; 32]) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend(f16::from_f32(d).to_le_bytes());
         b.extend(f16::from_f32(m).to_le_bytes());
@@ -206,37 +132,6 @@ mod tests {
         assert_eq!(w[0], -16.0);
         assert_eq!(w[3], -10.0);
         assert_eq!(w[16], 14.0);
-    }
-
-    #[test]
-    fn repacked_blocks_dequantize_to_the_same_values() {
-        let q: [u8; 32] = std::array::from_fn(|i| ((i * 7) % 16) as u8);
-        for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
-            let bytes = match ty {
-                GgmlType::Q4_1 => q4_1_block(0.125, 0.5, &q),
-                GgmlType::Q4_0 => {
-                    let mut b = q4_1_block(0.125, 0.0, &q);
-                    b.drain(2..4);
-                    b
-                }
-                _ => {
-                    let mut b = f16::from_f32(0.125).to_le_bytes().to_vec();
-                    b.extend(q.iter().map(|&v| (v as i8 * 7 - 50) as u8));
-                    b
-                }
-            };
-            let want = dequantize(ty, &bytes);
-            let m = to_mlx_quantized(ty, &bytes).unwrap();
-            let per_word = 32 / m.bits as usize;
-            let mask = (1u32 << m.bits) - 1;
-            let got: Vec<f32> = (0..32)
-                .map(|i| {
-                    let v = (m.packed[i / per_word] >> (m.bits as usize * (i % per_word))) & mask;
-                    m.scales[0] * v as f32 + m.biases[0]
-                })
-                .collect();
-            assert_eq!(got, want, "{ty:?}");
-        }
     }
 
     #[test]

@@ -54,6 +54,16 @@ impl QuantizedMatrix {
 
     /// `x @ W^T` for a 2-D weight.
     pub fn matmul(&self, x: &Array) -> Result<Array> {
+        self.product(x, false)
+    }
+
+    /// [`Self::matmul`] with x kept in f32 on shoal's CPU kernel, where decode-sized products
+    /// would round it to int8 (see [`crate::cpu_kernels`]): for the output head.
+    pub fn matmul_exact_x(&self, x: &Array) -> Result<Array> {
+        self.product(x, true)
+    }
+
+    fn product(&self, x: &Array, exact_x: bool) -> Result<Array> {
         let QuantSpec {
             group_size,
             bits,
@@ -63,8 +73,9 @@ impl QuantizedMatrix {
             let biases = self.biases.as_ref().ok_or_else(|| {
                 InferenceError::InvalidRequest("an affine quantized matrix has no biases".into())
             })?;
-            if let Some(isa) = crate::cpu_kernels::product_isa(self.spec, self.packed.ndim(), x)
-                .filter(|_| self.packed.ndim() == 2)
+            if let Some(isa) =
+                crate::cpu_kernels::product_isa(self.spec, self.packed.ndim(), x, exact_x)
+                    .filter(|_| self.packed.ndim() == 2)
             {
                 return crate::cpu_kernels::affine_product(
                     x,
@@ -111,7 +122,7 @@ impl QuantizedMatrix {
         } = self.spec;
         if mode == QuantMode::Affine {
             if let (Some(isa), Some(biases)) = (
-                crate::cpu_kernels::product_isa(self.spec, self.packed.ndim(), x),
+                crate::cpu_kernels::product_isa(self.spec, self.packed.ndim(), x, false),
                 self.biases.as_ref(),
             ) {
                 if self.packed.ndim() == 3 {

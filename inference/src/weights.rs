@@ -299,15 +299,13 @@ impl TensorSource for GgufSource {
                 reason: format!("expected a matrix, found shape {:?}", info.shape),
             });
         }
-        let stays_quantized = info
-            .ggml_type
-            .is_ok_and(crate::kquant_repack::runs_repacked);
+        let stays_quantized = info.ggml_type.is_ok_and(crate::ggml_repack::runs_repacked);
         if format != WeightFormat::Quantized || !stays_quantized {
             return Ok(Matrix::Dense(self.dense(&name, format.compute_dtype())?));
         }
         let (info, bytes) = self.file.read_tensor_bytes(&gname)?;
         let ty = info.ggml_type.expect("checked by read_tensor_bytes");
-        let mut q = quant::to_mlx_quantized(ty, &bytes).expect("a quantized type");
+        let mut q = crate::ggml_repack::to_mlx_quantized(ty, &bytes).expect("a quantized type");
         let (rows, cols) = (info.shape[0], info.shape[1]);
         if self.needs_unpermute(&name) {
             let hd = self.head_dim;

@@ -187,14 +187,14 @@ fn assert_answers_paris(engine: &Engine, what: &str) {
 }
 
 /// The bound on max |logit difference| between a K-quant file run quantized and the same file
-/// dequantized to f32: the same weight values (repacked exactly, see `kquant_repack`), summed
+/// dequantized to f32: the same weight values (repacked exactly, see `ggml_repack`), summed
 /// in another order (logits are of order 25). Measured: see the test's output.
 const KERNEL_BOUND: f32 = 1e-3;
 
 /// The bound on max |logit difference| that rounding x to int8 in the decode-sized products
 /// (the CPU default below 32 rows, see `inference::cpu_kernels`) adds to a K-quant file's
-/// exact-x logits: about twice the largest measured over these files (0.47 Q4_K_M, 0.32
-/// Q5_K_M, 0.61 Q6_K, 0.46 Q2_K, 1.15 Q2_K `--pure`; most of their matrices are 576 wide, so
+/// exact-x logits: about twice the largest measured over these files (0.39 Q4_K_M, 0.26
+/// Q5_K_M, 0.53 Q6_K, 0.42 Q2_K, 1.14 Q2_K `--pure`; most of their matrices are 576 wide, so
 /// they fall back to Q4_0/Q5_0/Q8_0, which run on int8 x; logits are of order 25).
 const INT8_BOUND: f32 = 2.4;
 

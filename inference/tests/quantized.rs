@@ -38,9 +38,9 @@ const KERNEL_BOUND: f32 = 1e-3;
 
 /// Per bit width: the bound on max |logit difference| that rounding x to int8 (per chunk of 32,
 /// against centred weights) may add to the exact-x quantized logits, about twice what was
-/// measured on the fixture's prompt: 0.70 for 8-bit, 0.64 for 4-bit (logits of order 25; the
+/// measured on the fixture's prompt: 0.72 for 8-bit, 0.76 for 4-bit (logits of order 25; the
 /// 8-bit weights themselves cost 0.60).
-const INT8_BOUNDS: [(i32, f32); 2] = [(8, 1.4), (4, 1.3)];
+const INT8_BOUNDS: [(i32, f32); 2] = [(8, 1.4), (4, 1.5)];
 
 /// The deliberately wrong scale: one layer's `down_proj` scales x1.25.
 const WRONG_SCALE: (&str, f32) = ("model.layers.0.mlp.down_proj.scales", 1.25);

@@ -4,7 +4,7 @@
 //! (`llama-batched-bench`, built from the pinned sources like `llama-bench`). Each reports the
 //! prompt speed of all streams together and their combined decode speed.
 
-use crate::bench_inference::{json_number, Figures};
+use crate::bench_figures::{json_number, Figures};
 use crate::llama_cpp;
 use crate::util::Step;
 use std::path::PathBuf;

@@ -3,6 +3,7 @@
 mod bench_cluster;
 mod bench_concurrency;
 mod bench_download;
+mod bench_figures;
 mod bench_forward;
 mod bench_inference;
 mod bench_moe;

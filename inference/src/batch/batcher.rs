@@ -10,7 +10,7 @@
 //! batch: its logits differ only by float rounding (a batch's rows go through operations of
 //! other shapes). On the CPU with 4- or 8-bit weights, where decode-sized products round x to
 //! int8 (`crate::cpu_kernels`), such a rounding difference can move an x across a rounding
-//! step, so its logits may differ by up to that rounding's own size (0.6 of logits of order 25
+//! step, so its logits may differ by up to that rounding's own size (about half a logit of order 25
 //! on the SmolLM2 fixture) and a near tie may go the other way; `SHOAL_QMM=exact` keeps the
 //! float-rounding promise.
 //!

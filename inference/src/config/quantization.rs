@@ -79,7 +79,7 @@ impl QuantizationConfig {
     }
 
     /// How a GGUF file runs quantized: its quantized matrices repacked into MLX's affine
-    /// layout ([`crate::kquant_repack::repacked_layout`]), the encoding holding the most
+    /// layout ([`crate::ggml_repack::repacked_layout`]), the encoding holding the most
     /// weights as the default and the others as overrides by GGML type, and
     /// [`Self::running_bytes`]. `None` when the file holds no quantized matrix, or one that
     /// does not repack (IQ4_NL): such a file runs dequantized. Read from the tensor directory
@@ -104,8 +104,8 @@ impl QuantizationConfig {
                 running += 4 * elements;
                 continue;
             }
-            let (bits, group_size) = crate::kquant_repack::repacked_layout(ty)?;
-            running += if crate::kquant_repack::runs_repacked(ty) {
+            let (bits, group_size) = crate::ggml_repack::repacked_layout(ty)?;
+            running += if crate::ggml_repack::runs_repacked(ty) {
                 elements * bits as u64 / 8 + 8 * elements / group_size as u64
             } else {
                 float_bytes * elements

@@ -246,7 +246,7 @@ impl ModelShard {
             h.clone()
         };
         let h = fast::rms_norm(&h, Some(norm), self.config.rms_norm_eps)?;
-        head.apply(&h)
+        head.apply_to_hidden_state(&h)
     }
 
     /// The whole shard: embedding if first, layers, head if last. Returns hidden states for

@@ -1,7 +1,9 @@
-//! GGML's 5-bit types and K-quants repacked into MLX's affine layout, so that a GGUF file's
-//! weights stay quantized on the CPU and run on shoal's kernel (`cpu_kernels`).
+//! GGML's quantized blocks repacked into MLX's affine layout, so that a GGUF file's weights stay
+//! quantized on the CPU and run on shoal's kernel (`cpu_kernels`): Q4_0, Q4_1 and Q8_0 (groups
+//! of 32 with one scale and offset, [`to_mlx_quantized`] writes them directly), and the 5-bit
+//! types and K-quants ([`repack`]). (IQ4_NL's non-uniform levels have no affine form.)
 //!
-//! Every one of these types is, per group of 16 or 32 weights, `w = s * u + b` for an unsigned
+//! Every one of the 5-bit types and K-quants is, per group of 16 or 32 weights, `w = s * u + b` for an unsigned
 //! integer `u` once its offset is folded into the bias:
 //!
 //! | type | bits | group | scale `s` | bias `b` |
@@ -28,7 +30,6 @@
 
 use crate::gguf::GgmlType;
 use crate::gguf_kquant as kq;
-use crate::quant::MlxQuantized;
 use crate::quant_spec::{QuantMode, QuantSpec};
 use half::f16;
 
@@ -178,6 +179,82 @@ fn q6_k(b: &[u8], out: Block) {
     }
 }
 
+/// A matrix in MLX's affine quantized layout, on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlxQuantized {
+    /// Packed integers, `rows * cols * bits / 32` words.
+    pub packed: Vec<u32>,
+    /// One scale per group, `rows * cols / group_size`.
+    pub scales: Vec<f32>,
+    /// One bias per group.
+    pub biases: Vec<f32>,
+    /// Bits per weight (2, 3, 4, 5, 6 or 8).
+    pub bits: i32,
+    /// Weights per group (32, or 16 for Q2_K, Q3_K and Q6_K).
+    pub group_size: i32,
+}
+
+/// Converts a GGML quantized tensor into MLX's layout
+/// ([`repacked_layout`] says which); `None` for float types and IQ4_NL.
+pub fn to_mlx_quantized(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
+    let (_, block_bytes) = ty.block();
+    let blocks = bytes.len() / block_bytes;
+    let (bits, words_per_block) = match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => (4, 4),
+        GgmlType::Q8_0 => (8, 8),
+        _ => return repack(ty, bytes),
+    };
+    let mut q = MlxQuantized {
+        packed: Vec::with_capacity(blocks * words_per_block),
+        scales: Vec::with_capacity(blocks),
+        biases: Vec::with_capacity(blocks),
+        bits,
+        group_size: 32,
+    };
+    let mut values = [0u8; 32];
+    for b in bytes.chunks_exact(block_bytes) {
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let (d, m, qs) = if ty == GgmlType::Q4_0 {
+                    let d = f16_at(b, 0);
+                    (d, -8.0 * d, &b[2..18])
+                } else {
+                    (f16_at(b, 0), f16_at(b, 2), &b[4..20])
+                };
+                for (j, &byte) in qs.iter().enumerate() {
+                    values[j] = byte & 0x0f;
+                    values[j + 16] = byte >> 4;
+                }
+                q.scales.push(d);
+                q.biases.push(m);
+                for word in values.chunks_exact(8) {
+                    q.packed.push(
+                        word.iter()
+                            .enumerate()
+                            .fold(0u32, |acc, (k, &v)| acc | (v as u32) << (4 * k)),
+                    );
+                }
+            }
+            _ => {
+                let d = f16_at(b, 0);
+                for (j, &byte) in b[2..34].iter().enumerate() {
+                    values[j] = (byte as i8 as i16 + 128) as u8;
+                }
+                q.scales.push(d);
+                q.biases.push(-128.0 * d);
+                for word in values.chunks_exact(4) {
+                    q.packed.push(
+                        word.iter()
+                            .enumerate()
+                            .fold(0u32, |acc, (k, &v)| acc | (v as u32) << (8 * k)),
+                    );
+                }
+            }
+        }
+    }
+    Some(q)
+}
+
 /// Repacks a tensor of the 5-bit types or K-quants (whole blocks; rows of whole blocks) into
 /// MLX's affine layout ([`repacked_layout`]); `None` for other types.
 pub fn repack(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
@@ -216,6 +293,7 @@ pub fn repack(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {
 mod tests {
     use super::*;
     use crate::quant::dequantize;
+    use crate::quant::tests::q4_1_block;
 
     /// Random bytes for `blocks` blocks of `ty`, with sane f16 factors (the random bits of
     /// an f16 may be a NaN or huge).
@@ -306,5 +384,36 @@ mod tests {
         // 0 | 1 << 3 | 2 << 6 = 0x88; then 2 >> 2 | 3 << 1 | 4 << 4 | 5 << 7 ...
         assert_eq!(&bytes[..3], &[0x88, 0xc6, 0xfa]);
         assert_eq!(&bytes[3..6], &[0x88, 0xc6, 0xfa]);
+    }
+
+    #[test]
+    fn repacked_blocks_dequantize_to_the_same_values() {
+        let q: [u8; 32] = std::array::from_fn(|i| ((i * 7) % 16) as u8);
+        for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+            let bytes = match ty {
+                GgmlType::Q4_1 => q4_1_block(0.125, 0.5, &q),
+                GgmlType::Q4_0 => {
+                    let mut b = q4_1_block(0.125, 0.0, &q);
+                    b.drain(2..4);
+                    b
+                }
+                _ => {
+                    let mut b = f16::from_f32(0.125).to_le_bytes().to_vec();
+                    b.extend(q.iter().map(|&v| (v as i8 * 7 - 50) as u8));
+                    b
+                }
+            };
+            let want = dequantize(ty, &bytes);
+            let m = to_mlx_quantized(ty, &bytes).unwrap();
+            let per_word = 32 / m.bits as usize;
+            let mask = (1u32 << m.bits) - 1;
+            let got: Vec<f32> = (0..32)
+                .map(|i| {
+                    let v = (m.packed[i / per_word] >> (m.bits as usize * (i % per_word))) & mask;
+                    m.scales[0] * v as f32 + m.biases[0]
+                })
+                .collect();
+            assert_eq!(got, want, "{ty:?}");
+        }
     }
 }
