@@ -116,7 +116,7 @@ fn run_stages(stages: &[ModelShard], reference: &Reference) -> (Vec<Vec<f32>>, V
 fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
     // mlx-lm's quantized products keep x in f32; so do shoal's here (the int8 decode path's
     // rounding is bounded in `cpu_qmm.rs` and on SmolLM2 in `quantized.rs`).
-    inference::cpu_kernels::keep_x_exact(true);
+    inference::cpu_kernels::round_x_to_int8(false);
     let dir = fixture(family, layout);
     let reference = Reference::read(&dir);
     let whole = load(&dir, None, format);

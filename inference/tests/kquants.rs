@@ -192,7 +192,7 @@ fn assert_answers_paris(engine: &Engine, what: &str) {
 const KERNEL_BOUND: f32 = 1e-3;
 
 /// The bound on max |logit difference| that rounding x to int8 in the decode-sized products
-/// (the CPU default below 32 rows, see `inference::cpu_kernels`) adds to a K-quant file's
+/// (`SHOAL_QMM=int8`, see `inference::cpu_kernels`) adds to a K-quant file's
 /// exact-x logits: about twice the largest measured over these files (0.39 Q4_K_M, 0.26
 /// Q5_K_M, 0.53 Q6_K, 0.42 Q2_K, 1.14 Q2_K `--pure`; most of their matrices are 576 wide, so
 /// they fall back to Q4_0/Q5_0/Q8_0, which run on int8 x; logits are of order 25).
@@ -234,11 +234,10 @@ fn k_quant_files_run_quantized_on_the_cpu() {
 
         let dequantized = prompt_logits(&Engine::load(&path, Some(WeightFormat::F32)).unwrap());
         let engine = Engine::load(&path, Some(WeightFormat::Quantized)).unwrap();
-        // x kept in f32 for the kernel check; the int8 x of decode-sized products is checked
-        // against it below.
-        inference::cpu_kernels::keep_x_exact(true);
+        // x kept in f32 (the default) for the kernel check; the int8 x of decode-sized
+        // products (`SHOAL_QMM=int8`) is checked against it below.
+        inference::cpu_kernels::round_x_to_int8(false);
         let quantized = prompt_logits(&engine);
-        inference::cpu_kernels::keep_x_exact(false);
         let diff = max_abs_diff(&dequantized, &quantized);
         eprintln!("{quant}: max |quantized logit - f32 logit| = {diff}");
         assert!(
@@ -247,7 +246,10 @@ fn k_quant_files_run_quantized_on_the_cpu() {
         );
         // The quantized path really ran (f32 would be bit-identical).
         assert!(diff > 0.0, "{quant}: the same logits as f32");
-        let rounding = max_abs_diff(&quantized, &prompt_logits(&engine));
+        inference::cpu_kernels::round_x_to_int8(true);
+        let int8 = prompt_logits(&engine);
+        inference::cpu_kernels::round_x_to_int8(false);
+        let rounding = max_abs_diff(&quantized, &int8);
         eprintln!("{quant}: int8 x moves the logits by {rounding}");
         assert!(
             rounding < INT8_BOUND,

@@ -9,7 +9,7 @@
 //!   one layer's `down_proj` scales 25% off falls far outside it.
 //! - They stay within [`BOUNDS`] of the f32 model's: how much quantizing costs, about twice
 //!   the error measured.
-//! - With x rounded to int8 in the decode-sized products (the CPU default below 32 rows, see
+//! - With x rounded to int8 in the decode-sized products (`SHOAL_QMM=int8`, see
 //!   `inference::cpu_kernels`), they stay within [`INT8_BOUNDS`] of the same checkpoint's
 //!   exact-x logits, and the greedy next token is one the exact logits rank within that
 //!   rounding of the best.
@@ -94,11 +94,11 @@ fn affine_quantized_logits_match_the_dequantized_checkpoint_and_a_wrong_scale_do
             &[576, 1536 * bits / 32]
         );
 
-        // x rounded to int8, as decoding runs on the CPU.
+        // x rounded to int8 (`SHOAL_QMM=int8`), then kept in f32 (the default).
+        inference::cpu_kernels::round_x_to_int8(true);
         let int8 = logits(&checkpoint, WeightFormat::Quantized);
-        inference::cpu_kernels::keep_x_exact(true);
+        inference::cpu_kernels::round_x_to_int8(false);
         let quantized = logits(&checkpoint, WeightFormat::Quantized);
-        inference::cpu_kernels::keep_x_exact(false);
         // The same checkpoint, its weights dequantized to f32 when loaded.
         let dequantized = logits(&checkpoint, WeightFormat::F32);
         let rounding = max_abs_diff(&quantized, &int8);
@@ -145,9 +145,7 @@ fn affine_quantized_logits_match_the_dequantized_checkpoint_and_a_wrong_scale_do
         let wrong = dir.join("wrong-scale");
         let (name, factor) = WRONG_SCALE;
         with_scaled_tensor(&checkpoint, &wrong, name, factor);
-        inference::cpu_kernels::keep_x_exact(true);
         let off = max_abs_diff(&dequantized, &logits(&wrong, WeightFormat::Quantized));
-        inference::cpu_kernels::keep_x_exact(false);
         eprintln!("{bits}-bit with {name} x{factor}: {off} from the dequantized checkpoint");
         assert!(
             off > 10.0 * KERNEL_BOUND,

@@ -37,7 +37,7 @@ fn tensor_parallel_child() {
     // The ranks' logits are compared with one process's to float rounding: x stays f32 (the
     // int8 x of decode-sized CPU products turns a float-order difference into a different
     // rounding step, up to its bound: see `inference::cpu_kernels`).
-    inference::cpu_kernels::keep_x_exact(true);
+    inference::cpu_kernels::round_x_to_int8(false);
     let spec = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
         panic!("a rank's process: run only by its parent test, with {CHILD_ENV} set")
     });

@@ -271,33 +271,37 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
         LlamaBatchedBench,
     }
     type Contender = (&'static str, usize, Reader, Box<dyn Fn() -> Command>);
-    // `shoal generate` on the fixture, in the weight form `dtype` names (`None`: the default).
-    // `streams` > 1: that many sequences at once (`--streams`).
-    let shoal_generate =
-        |dtype: Option<&'static str>, streams: usize| -> Box<dyn Fn() -> Command> {
-            let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
-            Box::new(move || {
-                let mut c = Command::new(&shoal);
-                if let Some(d) = dtype {
-                    c.env("SHOAL_DTYPE", d);
-                }
-                c.args([
-                    "generate",
-                    "--model",
-                    "default",
-                    "--ignore-eos",
-                    "--json-stats",
-                    "--max-tokens",
-                    &gen,
-                    "--token-ids",
-                ])
-                .arg(&ids_file);
-                if streams > 1 {
-                    c.arg("--streams").arg(streams.to_string());
-                }
-                c
-            })
-        };
+    // `shoal generate` on the fixture, in the weight form `dtype` names, with the CPU kernel's
+    // x rounding `qmm` names (`SHOAL_QMM`: `None` the default, x in f32). `streams` > 1: that
+    // many sequences at once (`--streams`).
+    let shoal_generate = |dtype: &'static str,
+                          qmm: Option<&'static str>,
+                          streams: usize|
+     -> Box<dyn Fn() -> Command> {
+        let (shoal, ids_file, gen) = (shoal.clone(), ids_file.clone(), gen.clone());
+        Box::new(move || {
+            let mut c = Command::new(&shoal);
+            c.env("SHOAL_DTYPE", dtype);
+            if let Some(q) = qmm {
+                c.env("SHOAL_QMM", q);
+            }
+            c.args([
+                "generate",
+                "--model",
+                "default",
+                "--ignore-eos",
+                "--json-stats",
+                "--max-tokens",
+                &gen,
+                "--token-ids",
+            ])
+            .arg(&ids_file);
+            if streams > 1 {
+                c.arg("--streams").arg(streams.to_string());
+            }
+            c
+        })
+    };
     let mut contenders: Vec<Contender> = Vec::new();
     for streams in [1, STREAMS] {
         contenders.push((
@@ -308,19 +312,30 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
             },
             streams,
             Reader::Json,
-            shoal_generate(Some("f32"), streams),
+            shoal_generate("f32", None, streams),
         ));
         // The same file kept 4-bit (Q4_1 repacked as MLX affine 4-bit), its products on
         // shoal's CPU kernel (`native/mlx-sys/kernels`): an eighth of f32's weight bytes.
         contenders.push((
             if streams == 1 {
-                "shoal 4-bit (SHOAL_DTYPE=quantized)"
+                "shoal 4-bit (the default)"
             } else {
                 "shoal 4-bit, 8 streams"
             },
             streams,
             Reader::Json,
-            shoal_generate(Some("quantized"), streams),
+            shoal_generate("quantized", None, streams),
+        ));
+        // Decode-sized products on int8 x (`inference::cpu_kernels`).
+        contenders.push((
+            if streams == 1 {
+                "shoal 4-bit, SHOAL_QMM=int8"
+            } else {
+                "shoal 4-bit, int8 x, 8 streams"
+            },
+            streams,
+            Reader::Json,
+            shoal_generate("quantized", Some("int8"), streams),
         ));
     }
     if let Some(py) = &mlx_python {

@@ -8,11 +8,10 @@
 //! own sampler (and seed, `logit_bias` and `top_logprobs`), stop strings, `max_tokens` and
 //! log-probabilities, and its own KV cache, so a request gives the same tokens alone or in a
 //! batch: its logits differ only by float rounding (a batch's rows go through operations of
-//! other shapes). On the CPU with 4- or 8-bit weights, where decode-sized products round x to
-//! int8 (`crate::cpu_kernels`), such a rounding difference can move an x across a rounding
+//! other shapes). On the CPU with 4- or 8-bit weights and `SHOAL_QMM=int8`, where decode-sized
+//! products round x to int8 (`crate::cpu_kernels`), such a rounding difference can move an x across a rounding
 //! step, so its logits may differ by up to that rounding's own size (about half a logit of order 25
-//! on the SmolLM2 fixture) and a near tie may go the other way; `SHOAL_QMM=exact` keeps the
-//! float-rounding promise.
+//! on the SmolLM2 fixture) and a near tie may go the other way.
 //!
 //! Limits ([`BatchLimits`]): at most `max_sequences` run at once; the others wait in arrival
 //! order. The KV cache of all running sequences stays within `kv_tokens` positions: a waiting

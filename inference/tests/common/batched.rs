@@ -97,7 +97,7 @@ pub fn check_batched(
     tolerance: f32,
 ) -> (usize, f32) {
     // Batched against alone to float rounding: x stays f32 (see `inference::cpu_kernels`).
-    inference::cpu_kernels::keep_x_exact(true);
+    inference::cpu_kernels::round_x_to_int8(false);
     let scripts = scripts(prompt);
     let mut running: Vec<Running> = Vec::new();
     let mut finished: Vec<Running> = Vec::new();
