@@ -120,14 +120,15 @@ fn runner_process_reports_failures_and_exits() {
     );
     assert_eq!(child.wait().unwrap().code(), Some(1));
 
-    // A load timeout of (almost) zero: the watchdog reports and exits the process. (Kept
-    // quantized, the fixture's 98 MB add nothing to the base; as f32 they would add 5 s.)
+    // A load timeout of (almost) zero: the watchdog reports and exits the process. (One of the
+    // fixture's 30 layers, kept quantized: its 4 MB add nothing to the base, where the whole
+    // model's 115 MB as run would add a second, and the load would finish in it.)
     let (mut child, mut stdin, mut stdout) = spawn(&[("SHOAL_MODEL_LOAD_TIMEOUT", "0.000001")]);
     write_frame(
         &mut stdin,
         &NodeCommand::Load {
             model: fixture(),
-            layers: None,
+            layers: Some((0, 1)),
             format: Some(inference::WeightFormat::Quantized),
             sharding: Sharding::Pipeline,
         },
