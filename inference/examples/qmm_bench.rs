@@ -4,8 +4,9 @@
 //! Q3_K 3-bit/16, Q2_K 2-bit/16, f32 scales and biases), MLX's CPU `quantized_matmul` where
 //! MLX takes the layout, and the f32 product with resident f32 weights (OpenBLAS), at 1, 8 and
 //! 64 rows. GB/s is the bytes each form reads (packed words, scales and biases; f32 weights)
-//! over its time. Medians of 15 rounds, each a fresh evaluation. "shoal" is the default path
-//! (int8 x below 32 rows for 4 and 8 bits), "exact x" the same product with x kept in f32.
+//! over its time. Medians of 15 rounds, each a fresh evaluation. "shoal" is the fastest path
+//! (int8 x below 32 rows for 4 and 8 bits, as `SHOAL_QMM=int8` runs), "exact x" the same
+//! product with x kept in f32 (the default).
 //!
 //! `cargo run --release -p inference --example qmm_bench` (not in CI: timings).
 
