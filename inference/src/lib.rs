@@ -20,6 +20,7 @@ pub mod batch;
 pub mod chat_template;
 pub mod config;
 pub mod cpu_kernels;
+pub mod cpu_layer_ops;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;

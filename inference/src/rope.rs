@@ -1,8 +1,9 @@
 //! Rotary position embeddings (RoPE), with the scalings long-context models use.
 
 use crate::config::RopeScaling;
+use crate::cpu_layer_ops::RopePositions;
 use crate::error::Result;
-use mlx_rs::{fast, ops, Array};
+use mlx_rs::{ops, Array};
 
 /// RoPE over the full head width, in the Hugging Face ("half split") layout.
 #[derive(Debug, Clone)]
@@ -145,29 +146,27 @@ impl Rope {
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
-        Ok(fast::rope(
-            self.scaled(x)?,
+        crate::cpu_layer_ops::rope(
+            &self.scaled(x)?,
             self.dims,
-            false,
             self.base,
             self.scale,
-            offset as i32,
+            RopePositions::From(offset as i32),
             self.periods.as_ref(),
-        )?)
+        )
     }
 
     /// Rotates `x` of shape `[rows, heads, 1, head_dim]`, row `r`'s position being
     /// `positions[r]` (`[rows]`, int32): one op for every decoding sequence of a step.
     pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
-        Ok(fast::rope_dynamic(
-            self.scaled(x)?,
+        crate::cpu_layer_ops::rope(
+            &self.scaled(x)?,
             self.dims,
-            false,
             self.base,
             self.scale,
-            positions,
+            RopePositions::PerEntry(positions),
             self.periods.as_ref(),
-        )?)
+        )
     }
 }
 

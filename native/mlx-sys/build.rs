@@ -90,6 +90,7 @@ fn main() {
         .file("kernels/cpu_qmm.cpp")
         .file("kernels/affine_kernels.cpp")
         .file("kernels/int8_path.cpp")
+        .file("kernels/cpu_layer_ops.cpp")
         .compile("shoal_kernels");
     // The int8 products, one library per instruction set, each compiled for its instructions
     // (chosen at run time by `int8_path.cpp`, so the rest of the build stays baseline x86-64),

@@ -13,7 +13,7 @@ use crate::quantized::slice_axis;
 use crate::ring::RingGroup;
 use crate::rope::Rope;
 use crate::weights::{TensorSource, WeightFormat};
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use std::sync::Arc;
@@ -72,7 +72,7 @@ impl HeadNorms {
         reduce: &Option<Arc<RingGroup>>,
     ) -> Result<Array> {
         let Some(group) = reduce else {
-            return Ok(fast::rms_norm(t, Some(w), eps)?);
+            return Ok(crate::cpu_layer_ops::rms_norm(t, Some(w), eps)?);
         };
         let width = *t.shape().last().unwrap_or(&1) * group.size() as i32;
         let squares = group.all_sum(&t.square()?.sum_axis(-1, true)?)?;
@@ -223,9 +223,11 @@ impl Attention {
                         self.head_dim,
                     ])?
                 }
-                (Some(w), _) => {
-                    fast::rms_norm(&t.reshape(&[b, l, n, self.head_dim])?, Some(w), self.eps)?
-                }
+                (Some(w), _) => crate::cpu_layer_ops::rms_norm(
+                    &t.reshape(&[b, l, n, self.head_dim])?,
+                    Some(w),
+                    self.eps,
+                )?,
                 (None, _) => t.reshape(&[b, l, n, self.head_dim])?,
             };
             Ok(t.transpose_axes(&[0, 2, 1, 3])?)
@@ -304,14 +306,7 @@ impl Attention {
         v: &Array,
         mask: Option<ScaledDotProductAttentionMask<'_>>,
     ) -> Result<Array> {
-        Ok(fast::scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            self.scale,
-            mask,
-            self.sinks.as_ref(),
-        )?)
+        crate::cpu_layer_ops::attention(q, k, v, self.scale, mask, self.sinks.as_ref())
     }
 
     /// Attention of the decoding rows' new positions (`[1, heads, rows, head_dim]`, one per

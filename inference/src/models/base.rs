@@ -15,7 +15,6 @@ use crate::kv_rows::LayerKv;
 use crate::linear::Matrix;
 use crate::ring::RingGroup;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
-use mlx_rs::fast;
 use mlx_rs::{ops, Array};
 use std::sync::Arc;
 
@@ -44,7 +43,7 @@ pub trait Family: GgufNames {
         Ok(())
     }
 
-    /// The final norm's weight as [`fast::rms_norm`] takes it (Gemma stores `w` of `1 + w`).
+    /// The final norm's weight as [`crate::cpu_layer_ops::rms_norm`] takes it (Gemma stores `w` of `1 + w`).
     fn final_norm(&self, source: &mut dyn TensorSource, dtype: mlx_rs::Dtype) -> Result<Array> {
         source.dense("model.norm.weight", dtype)
     }
@@ -293,7 +292,7 @@ impl DecoderLayer {
     /// The block over several sequences' positions at once (see
     /// [`Attention::forward_segments`]).
     pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
-        let norm = |t: &Array, w: &Array| fast::rms_norm(t, Some(w), self.eps);
+        let norm = |t: &Array, w: &Array| crate::cpu_layer_ops::rms_norm(t, Some(w), self.eps);
         let out = self.output_norms.as_ref();
         let a = self
             .attention

@@ -56,11 +56,9 @@ impl QueryProjection {
     fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             QueryProjection::Direct(q) => q.forward(x),
-            QueryProjection::LowRank { down, norm, up } => up.forward(&fast::rms_norm(
-                down.forward(x)?,
-                Some(norm),
-                LATENT_NORM_EPS,
-            )?),
+            QueryProjection::LowRank { down, norm, up } => up.forward(
+                &crate::cpu_layer_ops::rms_norm(down.forward(x)?, Some(norm), LATENT_NORM_EPS)?,
+            ),
         }
     }
 
@@ -239,7 +237,7 @@ impl LatentAttention {
             .reshape(&[b, l, self.num_heads, nope + rope])?
             .transpose_axes(&[0, 2, 1, 3])?;
         let kv = self.kv_down.forward(x)?;
-        let latent = fast::rms_norm(
+        let latent = crate::cpu_layer_ops::rms_norm(
             kv.index((.., .., ..lora)),
             Some(&self.kv_norm),
             LATENT_NORM_EPS,

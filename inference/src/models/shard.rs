@@ -12,7 +12,7 @@ use crate::kv_cache::KvCache;
 use crate::kv_rows::{LayerKv, StepKv};
 use crate::linear::Matrix;
 use crate::weights::{TensorSource, WeightFormat};
-use mlx_rs::{fast, Array, Dtype};
+use mlx_rs::{Array, Dtype};
 use std::ops::Range;
 
 /// What a shard's forward pass takes.
@@ -245,7 +245,7 @@ impl ModelShard {
         } else {
             h.clone()
         };
-        let h = fast::rms_norm(&h, Some(norm), self.config.rms_norm_eps)?;
+        let h = crate::cpu_layer_ops::rms_norm(&h, Some(norm), self.config.rms_norm_eps)?;
         head.apply_to_hidden_state(&h)
     }
 

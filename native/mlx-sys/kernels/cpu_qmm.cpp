@@ -29,29 +29,12 @@
 #include "mlx/c/private/stream.h"
 
 #include "affine_kernels.h"
+#include "mlx_glue.h"
 #include "int8_path.h"
 
 namespace shoal {
 
 using namespace mlx::core;
-
-/// Offsets (in elements) of every row of `a` (`[..., k]`, any strides): the last axis walks
-/// one row, the others enumerate rows in order.
-std::vector<int64_t> row_offsets(const array& a) {
-  const int nd = static_cast<int>(a.ndim());
-  const int64_t k = nd == 0 ? 1 : a.shape(-1);
-  const int64_t count = k == 0 ? 0 : static_cast<int64_t>(a.size()) / k;
-  std::vector<int64_t> out(count);
-  for (int64_t r = 0; r < count; ++r) {
-    int64_t rest = r, offset = 0;
-    for (int d = nd - 2; d >= 0; --d) {
-      offset += (rest % a.shape(d)) * a.strides()[d];
-      rest /= a.shape(d);
-    }
-    out[r] = offset;
-  }
-  return out;
-}
 
 /// Offsets (in elements) of every element of `a`, in order, for any strides.
 std::vector<int64_t> element_offsets(const array& a) {
@@ -86,18 +69,6 @@ const float* rows_of(const array& x, std::vector<int64_t>& rows, std::vector<flo
     rows[r] = static_cast<int64_t>(r) * k;
   }
   return copy.data();
-}
-
-/// Allocates `out` and runs `job` on the CPU stream `stream`'s encoder, after `inputs`.
-template <typename F>
-void dispatch(Stream stream, const std::vector<array>& inputs, array& out, F&& job) {
-  out.set_data(allocator::malloc(out.nbytes()));
-  auto& encoder = cpu::get_command_encoder(stream);
-  for (const array& a : inputs) {
-    encoder.set_input_array(a);
-  }
-  encoder.set_output_array(out);
-  encoder.dispatch(std::forward<F>(job));
 }
 
 /// One output per row of `x` per weight row: `x @ dequantize(w)^T` on the CPU (see the file's
@@ -403,19 +374,6 @@ array affine_dequantize(
 }
 
 } // namespace shoal
-
-/// Runs `build` into `*res` the way mlx-c's entries do: 0, or 1 after reporting the error
-/// through mlx-c's handler.
-template <typename F>
-int mlx_c_entry(mlx_array* res, F&& build) {
-  try {
-    mlx_array_set_(*res, build());
-  } catch (std::exception& e) {
-    mlx_error("%s", e.what());
-    return 1;
-  }
-  return 0;
-}
 
 /// The path a code names (`shoal::Isa`'s numbers); an unknown code is `Auto`.
 shoal::Isa isa_of(int code) {

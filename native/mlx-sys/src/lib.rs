@@ -62,6 +62,47 @@ unsafe extern "C" {
         isa: ::std::os::raw::c_int,
         s: mlx_stream,
     ) -> ::std::os::raw::c_int;
+
+    /// RMS norm on the CPU as one primitive (`kernels/cpu_layer_ops.cpp`): `*res = x /
+    /// sqrt(mean(x²) + eps) * w` over the last axis; float32, `w` `[x.shape[-1]]`.
+    pub fn shoal_cpu_rms_norm(
+        res: *mut mlx_array,
+        x: mlx_array,
+        w: mlx_array,
+        eps: f32,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
+
+    /// Rotary embeddings on the CPU as one primitive, half-split layout: `x` float32 `[B, H, L,
+    /// D]`, its first `dims` features rotated; positions from `offset`, or from `starts[b]`
+    /// (int32 `[B]`) when `starts` holds an array; frequencies `base^(-2i/dims)`, or `1 /
+    /// periods[i]` when `periods` holds an array.
+    pub fn shoal_cpu_rope(
+        res: *mut mlx_array,
+        x: mlx_array,
+        dims: ::std::os::raw::c_int,
+        base: f32,
+        scale: f32,
+        offset: ::std::os::raw::c_int,
+        starts: mlx_array,
+        periods: mlx_array,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
+
+    /// Attention on the CPU as one primitive: float32 queries `[B, Hq, L, D]` over keys `[B,
+    /// Hkv, T, D]` and values `[B, Hkv, T, Dv]` (grouped heads), scores scaled by `scale`;
+    /// `mask_mode` 1 is causal, otherwise `mask`, when it holds an array, is a boolean or
+    /// additive float32 mask broadcast to `[B, Hq, L, T]`.
+    pub fn shoal_cpu_attention(
+        res: *mut mlx_array,
+        q: mlx_array,
+        k: mlx_array,
+        v: mlx_array,
+        scale: f32,
+        mask_mode: ::std::os::raw::c_int,
+        mask: mlx_array,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
 }
 
 /// mlx-rs seeds its random generator with macOS's `mach_approximate_time`. Off Apple
