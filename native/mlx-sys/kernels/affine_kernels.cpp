@@ -8,7 +8,10 @@
 #include "packed_bits.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -128,11 +131,40 @@ block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int
       const float b = scale_bias(p, p.biases, r * p.sb_row + g);
       const __m256 sv = _mm256_set1_ps(s);
       const int c0 = g * p.group;
-      for (int c = c0; c < c0 + p.group; c += 8) {
-        const __m256i q = decode8<BITS>(wr, c, shifts, nibble, any);
-        const __m256 qs = _mm256_mul_ps(_mm256_cvtepi32_ps(q), sv);
+      if constexpr (ROWS <= 4) {
+        // Few rows: a group's sums go to two fresh accumulators per row, scaled once at its
+        // end. One accumulator per row, scaled per vector, chained every product on the
+        // last one's latency (4 cycles for 8 weights, half what the loads allow).
+        __m256 part[ROWS][2];
         for (int i = 0; i < ROWS; ++i) {
-          acc[i] = _mm256_fmadd_ps(qs, _mm256_loadu_ps(xr[i] + c), acc[i]);
+          part[i][0] = _mm256_setzero_ps();
+          part[i][1] = _mm256_setzero_ps();
+        }
+        int c = c0;
+        for (; c + 16 <= c0 + p.group; c += 16) {
+          const __m256 q0 = _mm256_cvtepi32_ps(decode8<BITS>(wr, c, shifts, nibble, any));
+          const __m256 q1 = _mm256_cvtepi32_ps(decode8<BITS>(wr, c + 8, shifts, nibble, any));
+          for (int i = 0; i < ROWS; ++i) {
+            part[i][0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xr[i] + c), part[i][0]);
+            part[i][1] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xr[i] + c + 8), part[i][1]);
+          }
+        }
+        if (c < c0 + p.group) {
+          const __m256 q0 = _mm256_cvtepi32_ps(decode8<BITS>(wr, c, shifts, nibble, any));
+          for (int i = 0; i < ROWS; ++i) {
+            part[i][0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xr[i] + c), part[i][0]);
+          }
+        }
+        for (int i = 0; i < ROWS; ++i) {
+          acc[i] = _mm256_fmadd_ps(_mm256_add_ps(part[i][0], part[i][1]), sv, acc[i]);
+        }
+      } else {
+        for (int c = c0; c < c0 + p.group; c += 8) {
+          const __m256i q = decode8<BITS>(wr, c, shifts, nibble, any);
+          const __m256 qs = _mm256_mul_ps(_mm256_cvtepi32_ps(q), sv);
+          for (int i = 0; i < ROWS; ++i) {
+            acc[i] = _mm256_fmadd_ps(qs, _mm256_loadu_ps(xr[i] + c), acc[i]);
+          }
         }
       }
       for (int i = 0; i < ROWS; ++i) {
@@ -190,9 +222,49 @@ void with_bits(int bits, F&& f) {
 }
 #endif
 
+/// How long a helper keeps checking for the next product before it sleeps, and the caller
+/// for the helpers' shares before it does: a decode step's products come a few tens of
+/// microseconds apart, and waking a sleeping thread costs about as much (a futex wake and a
+/// context switch; on virtual machines an interrupt between cores too). `SHOAL_CREW_SPIN_US`
+/// overrides it; 0 sleeps at once.
+int64_t spin_ns() {
+  static const int64_t ns = [] {
+    const char* v = std::getenv("SHOAL_CREW_SPIN_US");
+    const long us = v != nullptr ? std::strtol(v, nullptr, 10) : 50;
+    return static_cast<int64_t>(std::clamp(us, 0L, 10000L)) * 1000;
+  }();
+  return ns;
+}
+
+/// Spins until `done()` or `spin_ns()` have passed; whether `done()` held.
+template <typename F>
+bool spin_until(F&& done) {
+  const int64_t budget = spin_ns();
+  if (budget == 0) {
+    return done();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    if (done()) {
+      return true;
+    }
+#if defined(__x86_64__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+    if ((i & 63) == 63 &&
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                             start)
+                .count() > budget) {
+      return done();
+    }
+  }
+}
+
 /// Helper threads that take a share of a large product, one per core beside the caller's,
-/// started once and parked between products (waking one costs microseconds; starting one
-/// costs tens).
+/// started once; between products each checks for the next one for a while ([`spin_ns`]),
+/// then sleeps (starting a thread costs tens of microseconds).
 class Crew {
  public:
   static Crew& get() {
@@ -209,16 +281,25 @@ class Crew {
   /// when all are done. Products from several threads take turns.
   void run(const std::function<void(int)>& job) {
     std::lock_guard<std::mutex> one_at_a_time(running_);
+    job_ = &job;
+    pending_.store(helpers(), std::memory_order_relaxed);
     {
+      // Under the lock, so that a helper about to sleep either sees the new generation or is
+      // counted in `sleeping_` and woken.
       std::lock_guard<std::mutex> lock(mutex_);
-      job_ = &job;
-      pending_ = helpers();
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
+      if (sleeping_ > 0) {
+        wake_.notify_all();
+      }
     }
-    wake_.notify_all();
     job(0);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    const auto all_done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (!spin_until(all_done)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++waiting_;
+      done_.wait(lock, all_done);
+      --waiting_;
+    }
     job_ = nullptr;
   }
 
@@ -234,19 +315,21 @@ class Crew {
   void work(int index) {
     uint64_t seen = 0;
     for (;;) {
-      const std::function<void(int)>* job;
-      {
+      const auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+      if (!spin_until(fresh)) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        job = job_;
+        ++sleeping_;
+        wake_.wait(lock, fresh);
+        --sleeping_;
       }
-      (*job)(index);
-      {
+      seen = generation_.load(std::memory_order_acquire);
+      (*job_)(index);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard<std::mutex> lock(mutex_);
-        --pending_;
+        if (waiting_ > 0) {
+          done_.notify_one();
+        }
       }
-      done_.notify_one();
     }
   }
 
@@ -255,8 +338,10 @@ class Crew {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const std::function<void(int)>* job_ = nullptr;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  int sleeping_ = 0; // helpers asleep on `wake_` (under `mutex_`)
+  int waiting_ = 0;  // callers asleep on `done_` (under `mutex_`)
 };
 
 /// Weight bytes below which a product stays on one thread (sharing costs more than it saves).

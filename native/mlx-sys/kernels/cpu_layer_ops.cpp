@@ -72,39 +72,65 @@ inline float sum_of_squares(const float* x, int64_t n, int64_t step) {
   return total;
 }
 
-/// `a · b` over `n` floats, `b`'s `step` apart: eight running sums, which the compiler keeps
-/// in vector registers.
-inline float dot(const float* a, const float* b, int64_t n, int64_t step) {
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t c = 0;
-  if (step == 1) {
-    for (; c + 8 <= n; c += 8) {
-      for (int j = 0; j < 8; ++j) {
-        lanes[j] += a[c + j] * b[c + j];
+/// `out[t] = q · k[t]` for `t < T`, key `t` at `k + t * kt`, its floats `kd` apart. With
+/// contiguous keys, four keys at a time in eight running sums each, which the compiler keeps
+/// in vector registers (one sum per key would wait on the previous addition at every step).
+inline void scores_of(const float* q, const float* k, int64_t kt, int64_t kd, int64_t D,
+                      int64_t T, float* out) {
+  int64_t t = 0;
+  if (kd == 1 && D % 8 == 0) {
+    for (; t + 4 <= T; t += 4) {
+      float lanes[4][8] = {};
+      for (int64_t c = 0; c < D; c += 8) {
+        for (int u = 0; u < 4; ++u) {
+          const float* kr = k + (t + u) * kt + c;
+          for (int j = 0; j < 8; ++j) {
+            lanes[u][j] += q[c + j] * kr[j];
+          }
+        }
+      }
+      for (int u = 0; u < 4; ++u) {
+        float total = 0.0f;
+        for (int j = 0; j < 8; ++j) {
+          total += lanes[u][j];
+        }
+        out[t + u] = total;
       }
     }
   }
-  float total = 0.0f;
-  for (; c < n; ++c) {
-    total += a[c] * b[c * step];
+  for (; t < T; ++t) {
+    float total = 0.0f;
+    for (int64_t c = 0; c < D; ++c) {
+      total += q[c] * k[t * kt + c * kd];
+    }
+    out[t] = total;
   }
-  for (float l : lanes) {
-    total += l;
-  }
-  return total;
 }
 
-/// `acc += p · x` over `n` floats, `x`'s `step` apart.
-inline void add_scaled(float* acc, float p, const float* x, int64_t n,
-                                           int64_t step) {
-  if (step == 1) {
-    for (int64_t c = 0; c < n; ++c) {
-      acc[c] += p * x[c];
+/// `out = Σ_t p[t] · v[t]` over `Dv` floats, value `t` at `v + t * vt`, its floats `vd` apart.
+/// With contiguous values, 32 outputs at a time held in registers across every `t`.
+inline void weighted_sum(const float* p, const float* v, int64_t vt, int64_t vd, int64_t Dv,
+                         int64_t T, float* out) {
+  int64_t c = 0;
+  if (vd == 1) {
+    for (; c + 32 <= Dv; c += 32) {
+      float acc[32] = {};
+      for (int64_t t = 0; t < T; ++t) {
+        const float pt = p[t];
+        const float* vr = v + t * vt + c;
+        for (int j = 0; j < 32; ++j) {
+          acc[j] += pt * vr[j];
+        }
+      }
+      std::copy(acc, acc + 32, out + c);
     }
-    return;
   }
-  for (int64_t c = 0; c < n; ++c) {
-    acc[c] += p * x[c * step];
+  for (; c < Dv; ++c) {
+    float total = 0.0f;
+    for (int64_t t = 0; t < T; ++t) {
+      total += p[t] * v[t * vt + c * vd];
+    }
+    out[c] = total;
   }
 }
 
@@ -297,7 +323,8 @@ array rope(
 }
 
 /// The attention `AttentionOp` describes, for every batch entry and key/value head: the
-/// queries of that head's group read each key and value row once.
+/// queries of that head's group one after another, its keys and values still in the cache
+/// from the first.
 SHOAL_VECTOR_CLONES void attend(const std::vector<array>& inputs, array& out, float scale, int mask) {
   const array& q = inputs[0];
   const array& k = inputs[1];
@@ -309,7 +336,7 @@ SHOAL_VECTOR_CLONES void attend(const std::vector<array>& inputs, array& out, fl
   const int64_t kt = k.strides()[2], vt = v.strides()[2];
   std::vector<float> qs(queries * D), scores(queries * T), acc(queries * Dv);
   std::vector<char> visible(queries * T);
-  std::vector<float> top(queries), total(queries);
+  std::vector<float> top(queries);
   std::vector<char> any(queries);
   float* o = out.data<float>();
   for (int64_t b = 0; b < B; ++b) {
@@ -325,10 +352,12 @@ SHOAL_VECTOR_CLONES void attend(const std::vector<array>& inputs, array& out, fl
         top[i] = -FLT_MAX;
         any[i] = 0;
       }
+      for (int64_t i = 0; i < queries; ++i) {
+        scores_of(&qs[i * D], kb, kt, kd, D, T, &scores[i * T]);
+      }
       for (int64_t t = 0; t < T; ++t) {
-        const float* kr = kb + t * kt;
         for (int64_t i = 0; i < queries; ++i) {
-          float s = dot(&qs[i * D], kr, D, kd);
+          float s = scores[i * T + t];
           const int64_t l = i % L;
           bool seen = true;
           if (mask == 1) {
@@ -364,15 +393,8 @@ SHOAL_VECTOR_CLONES void attend(const std::vector<array>& inputs, array& out, fl
           si[t] /= sum;
         }
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t t = 0; t < T; ++t) {
-        const float* vr = vb + t * vt;
-        for (int64_t i = 0; i < queries; ++i) {
-          const float p = scores[i * T + t];
-          if (p != 0.0f) {
-            add_scaled(&acc[i * Dv], p, vr, Dv, vd);
-          }
-        }
+      for (int64_t i = 0; i < queries; ++i) {
+        weighted_sum(&scores[i * T], vb, vt, vd, Dv, T, &acc[i * Dv]);
       }
       for (int64_t i = 0; i < queries; ++i) {
         const int64_t h = g * repeats + i / L;
