@@ -182,12 +182,125 @@ block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int
   }
 }
 
+/// 4-bit weights with few rows: sixteen bytes hold 32 weights, their low nibbles the even
+/// columns and their high nibbles the odd ones, so two masks and a shift decode them all,
+/// multiplied with x's even and odd columns (`pairs`: each row's blocks of 32 as 16 even then
+/// 16 odd values, made once per product by `pair_columns`). Decoding eight weights from a
+/// word took a variable shift, a mask and a conversion each, and those instructions, not the
+/// memory, bounded the f32-x product.
+template <int ROWS>
+__attribute__((target("avx2,fma"))) void block4_avx2(
+    const Problem& p,
+    const std::vector<float>& xsums,
+    const float* pairs,
+    int first_row,
+    int n0,
+    int n1) {
+  const int groups = p.k / p.group;
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const float* xr[ROWS];
+  for (int i = 0; i < ROWS; ++i) {
+    xr[i] = pairs + static_cast<int64_t>(first_row + i) * p.k;
+  }
+  const int column_bytes = p.k / 2;
+  for (int r = n0; r < n1; ++r) {
+    const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w + r * p.w_row);
+    if (r + PREFETCH_AHEAD < n1) {
+      const char* ahead = reinterpret_cast<const char*>(p.w + (r + PREFETCH_AHEAD) * p.w_row);
+      for (int offset = 0; offset < column_bytes; offset += 64) {
+        _mm_prefetch(ahead + offset, _MM_HINT_T0);
+      }
+    }
+    __m256 acc[ROWS];
+    float bias_acc[ROWS];
+    for (int i = 0; i < ROWS; ++i) {
+      acc[i] = _mm256_setzero_ps();
+      bias_acc[i] = 0.0f;
+    }
+    for (int g = 0; g < groups; ++g) {
+      const __m256 sv = _mm256_set1_ps(scale_bias(p, p.scales, r * p.sb_row + g));
+      const float b = scale_bias(p, p.biases, r * p.sb_row + g);
+      __m256 part[ROWS][2];
+      for (int i = 0; i < ROWS; ++i) {
+        part[i][0] = _mm256_setzero_ps();
+        part[i][1] = _mm256_setzero_ps();
+      }
+      for (int c = g * p.group; c < (g + 1) * p.group; c += 32) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + c / 2));
+        const __m128i even = _mm_and_si128(bytes, low);
+        const __m128i odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+        const __m256 e0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(even));
+        const __m256 e1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(even, 8)));
+        const __m256 o0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(odd));
+        const __m256 o1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(odd, 8)));
+        for (int i = 0; i < ROWS; ++i) {
+          const float* x = xr[i] + c;
+          part[i][0] = _mm256_fmadd_ps(e0, _mm256_loadu_ps(x), part[i][0]);
+          part[i][1] = _mm256_fmadd_ps(e1, _mm256_loadu_ps(x + 8), part[i][1]);
+          part[i][0] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(x + 16), part[i][0]);
+          part[i][1] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(x + 24), part[i][1]);
+        }
+      }
+      for (int i = 0; i < ROWS; ++i) {
+        acc[i] = _mm256_fmadd_ps(_mm256_add_ps(part[i][0], part[i][1]), sv, acc[i]);
+        bias_acc[i] += b * xsums[(first_row + i) * groups + g];
+      }
+    }
+    for (int i = 0; i < ROWS; ++i) {
+      const __m128 lo = _mm256_castps256_ps128(acc[i]);
+      const __m128 hi = _mm256_extractf128_ps(acc[i], 1);
+      __m128 v = _mm_add_ps(lo, hi);
+      v = _mm_hadd_ps(v, v);
+      v = _mm_hadd_ps(v, v);
+      p.out[p.out_rows[first_row + i] * p.n + r] = _mm_cvtss_f32(v) + bias_acc[i];
+    }
+  }
+}
+
+/// `pairs` for [`block4_avx2`]: x's rows with each block of 32 columns as its 16 even columns,
+/// then its 16 odd ones. Empty where that path does not serve (`k` not in blocks of 32).
+std::vector<float> pair_columns(const Problem& p) {
+  std::vector<float> pairs;
+  if (p.bits != 4 || p.group % 32 != 0) {
+    return pairs;
+  }
+  const int m = static_cast<int>(p.rows.size());
+  pairs.resize(static_cast<size_t>(m) * p.k);
+  for (int i = 0; i < m; ++i) {
+    const float* xr = p.x + p.rows[i];
+    float* out = pairs.data() + static_cast<int64_t>(i) * p.k;
+    for (int c = 0; c < p.k; c += 32) {
+      for (int j = 0; j < 16; ++j) {
+        out[c + j] = xr[c + 2 * j];
+        out[c + 16 + j] = xr[c + 2 * j + 1];
+      }
+    }
+  }
+  return pairs;
+}
+
+/// Output columns `[n0, n1)` of every row: eight rows at a time, then four, then one, 4-bit
+/// weights of fewer than eight rows through [`block4_avx2`] when `pairs` is made.
 template <int BITS>
-void product_avx2(const Problem& p, const std::vector<float>& xsums, int n0, int n1) {
+void product_avx2(
+    const Problem& p,
+    const std::vector<float>& xsums,
+    const std::vector<float>& pairs,
+    int n0,
+    int n1) {
   const int m = static_cast<int>(p.rows.size());
   int i = 0;
   for (; i + 8 <= m; i += 8) {
     block_avx2<BITS, 8>(p, xsums, i, n0, n1);
+  }
+  if (BITS == 4 && !pairs.empty()) {
+    for (; i + 4 <= m; i += 4) {
+      block4_avx2<4>(p, xsums, pairs.data(), i, n0, n1);
+    }
+    for (; i < m; ++i) {
+      block4_avx2<1>(p, xsums, pairs.data(), i, n0, n1);
+    }
+    return;
   }
   for (; i + 4 <= m; i += 4) {
     block_avx2<BITS, 4>(p, xsums, i, n0, n1);
@@ -521,6 +634,9 @@ void run(const Problem& p, Isa isa) {
   }
   Int8Plan int8;
   const bool on_int8 = plan_int8(p, isa, int8);
+#if defined(__x86_64__)
+  const std::vector<float> pairs = on_int8 || m >= 8 ? std::vector<float>() : pair_columns(p);
+#endif
   auto columns = [&](int n0, int n1) {
     if (on_int8) {
       int8.columns(int8.job, n0, n1);
@@ -528,7 +644,8 @@ void run(const Problem& p, Isa isa) {
     }
 #if defined(__x86_64__)
     if ((isa == Isa::Auto || isa == Isa::Exact || isa == Isa::Avx2) && has_avx2()) {
-      with_bits(p.bits, [&](auto bits) { product_avx2<decltype(bits)::value>(p, xsums, n0, n1); });
+      with_bits(p.bits, [&](auto bits) { product_avx2<decltype(bits)::value>(p, xsums, pairs, n0, n1);
+      });
       return;
     }
 #endif
