@@ -194,6 +194,31 @@ pub struct MlxQuantized {
     pub group_size: i32,
 }
 
+/// Whether a tensor of `ty` keeps its scales and biases as f16 where shoal's CPU kernel runs:
+/// Q4_0, Q4_1 and Q8_0 store f16 factors, and their repacked biases (`m`, `-8·d`, `-128·d`)
+/// are exact in f16 too, so the matrix takes its file's bytes (f32 would add 4 bytes per 32
+/// weights: 17 MB on SmolLM2-135M's 98 MB). The K-quants' products of two factors are not.
+pub fn keeps_f16_scales(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        && crate::cpu_kernels::active().is_some()
+}
+
+/// Bytes of one group's scale and bias as a tensor of `ty` runs repacked (see
+/// [`keeps_f16_scales`]).
+pub fn scale_bias_bytes(ty: GgmlType) -> u64 {
+    if keeps_f16_scales(ty) {
+        4
+    } else {
+        8
+    }
+}
+
+/// Whether every value of `values` is exactly an f16 (a bias `-128·d` of a huge `d` would
+/// overflow).
+pub fn exact_in_f16(values: &[f32]) -> bool {
+    values.iter().all(|&v| f16::from_f32(v).to_f32() == v)
+}
+
 /// Converts a GGML quantized tensor into MLX's layout
 /// ([`repacked_layout`] says which); `None` for float types and IQ4_NL.
 pub fn to_mlx_quantized(ty: GgmlType, bytes: &[u8]) -> Option<MlxQuantized> {

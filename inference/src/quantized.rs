@@ -260,10 +260,17 @@ pub(crate) fn dequantize_parts(
         })?;
         if let Some(isa) = crate::cpu_kernels::active().filter(|_| crate::cpu_kernels::serves(spec))
         {
-            // In the scales' dtype, as MLX's `dequantize` gives it.
+            // In the scales' dtype, as MLX's `dequantize` gives it, except f16: on the CPU only
+            // GGUF files' Q4_0/Q4_1/Q8_0 keep f16 scales (the file's own, for memory), while
+            // their weights run in f32; f16 rows would round the embedding (2.6e-3 on the
+            // logits of a Q4_K_M file).
+            let dtype = match scales.dtype() {
+                Dtype::Float16 => Dtype::Float32,
+                other => other,
+            };
             return Ok(
                 crate::cpu_kernels::affine_dequantize(packed, scales, biases, spec, isa)?
-                    .as_dtype(scales.dtype())?,
+                    .as_dtype(dtype)?,
             );
         }
         return Ok(ops::dequantize(

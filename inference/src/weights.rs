@@ -315,7 +315,14 @@ impl TensorSource for GgufSource {
             q.biases = quant::gather_rows(&q.biases, q.biases.len() / rows, map);
         }
         let groups = (cols / q.group_size as usize) as i32;
-        let dtype = format.compute_dtype();
+        let f16_scales = crate::ggml_repack::keeps_f16_scales(ty)
+            && crate::ggml_repack::exact_in_f16(&q.scales)
+            && crate::ggml_repack::exact_in_f16(&q.biases);
+        let dtype = if f16_scales {
+            Dtype::Float16
+        } else {
+            format.compute_dtype()
+        };
         let words = (cols * q.bits as usize / 32) as i32;
         Ok(Matrix::Quantized(QuantizedMatrix {
             packed: Array::from_slice(&q.packed, &[rows as i32, words]),

@@ -106,7 +106,8 @@ impl QuantizationConfig {
             }
             let (bits, group_size) = crate::ggml_repack::repacked_layout(ty)?;
             running += if crate::ggml_repack::runs_repacked(ty) {
-                elements * bits as u64 / 8 + 8 * elements / group_size as u64
+                elements * bits as u64 / 8
+                    + crate::ggml_repack::scale_bias_bytes(ty) * elements / group_size as u64
             } else {
                 float_bytes * elements
             };
