@@ -122,7 +122,7 @@ fn runner_process_reports_failures_and_exits() {
 
     // A load timeout of (almost) zero: the watchdog reports and exits the process. (One of the
     // fixture's 30 layers, kept quantized: its 4 MB add nothing to the base, where the whole
-    // model's 115 MB as run would add a second, and the load would finish in it.)
+    // model's 98 MB as run would add a second, and the load would finish in it.)
     let (mut child, mut stdin, mut stdout) = spawn(&[("SHOAL_MODEL_LOAD_TIMEOUT", "0.000001")]);
     write_frame(
         &mut stdin,

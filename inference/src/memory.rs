@@ -1,7 +1,7 @@
 //! What an instance of a model holds in memory while it runs, as placement must count it: the
 //! weights in the representation the runner computes with (not the file: the Q4_1 SmolLM2
 //! fixture is 98 MB on disk and 538 MB as f32 weights, and a GGUF file run quantized is
-//! repacked with f32 scales, e.g. Q4_K_M's 100 MB as 125 MB: `running_bytes`), the KV-cache
+//! repacked, K-quants with f32 scales, e.g. Q4_K_M's 100 MB as 122 MB: `running_bytes`), the KV-cache
 //! budget of its batch, and what a runner process holds besides (MLX, activations, the
 //! tokenizer, the process itself).
 //!

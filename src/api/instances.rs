@@ -459,9 +459,10 @@ mod tests {
         let facts = models::ModelFacts::read(&path).expect("the SmolLM2 fixture");
         let card = facts.card("default");
         assert!(facts.bytes_on_disk < 110_000_000, "{}", facts.bytes_on_disk);
-        // Weights as the CPU runs them (its Q4_1 repacked, f32 scales: 115 MB; 538 MB as f32),
-        // 8192 positions of KV (377 MB), a runner's overhead (160 MB).
-        assert_eq!(facts.memory.weights, 115_156_224);
+        // Weights as the CPU runs them (its Q4_1 and Q8_0 repacked with their f16 scales: the
+        // file's 98 MB; 538 MB as f32), 8192 positions of KV (377 MB), a runner's overhead
+        // (160 MB).
+        assert_eq!(facts.memory.weights, 98_346_240);
         assert_eq!(facts.memory.kv_budget, 8192 * 46_080);
         assert_eq!(card.storage_bytes, facts.memory.total());
         assert!(card.storage_bytes > 600_000_000);

@@ -25,9 +25,11 @@ pub struct QuantizationConfig {
     #[serde(default)]
     pub overrides: BTreeMap<String, QuantSpec>,
     /// For a GGUF file: the bytes its weights take as they run quantized, repacked into MLX's
-    /// layout with f32 scales and biases (more than the file: a Q4_K group of 32 carries 8
-    /// bytes of f32 scale and bias where the file has 1.5 bytes of sub-block scales), the
-    /// tensors that do not repack counted as f32. `None` for MLX checkpoints, which run as
+    /// layout: K-quants and 5-bit types with f32 scales and biases (more than the file: a Q4_K
+    /// group of 32 carries 8 bytes of f32 scale and bias where the file has 1.5 bytes of
+    /// sub-block scales), Q4_0/Q4_1/Q8_0 with their f16 ones where shoal's CPU kernel runs
+    /// (the file's bytes, [`crate::ggml_repack::keeps_f16_scales`]), the tensors that do not
+    /// repack counted as f32. `None` for MLX checkpoints, which run as
     /// stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_bytes: Option<u64>,
