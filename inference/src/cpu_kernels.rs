@@ -298,3 +298,45 @@ pub fn affine_gather_product(
         )
     })
 }
+
+/// `silu(x @ gate^T) * (x @ up^T)` as one primitive (SwiGLU's two products and their
+/// combination) where shoal's CPU kernel serves both matrices alike: quantized, 2-D, one
+/// layout, no bias, f32 `x`. `None` where it does not: the caller composes the operations.
+pub fn swiglu_product(
+    x: &Array,
+    gate: &crate::linear::Linear,
+    up: &crate::linear::Linear,
+) -> Result<Option<Array>> {
+    use crate::linear::Matrix;
+    let (Matrix::Quantized(g), Matrix::Quantized(u), None, None) =
+        (&gate.weight, &up.weight, &gate.bias, &up.bias)
+    else {
+        return Ok(None);
+    };
+    let (Some(gb), Some(ub)) = (g.biases.as_ref(), u.biases.as_ref()) else {
+        return Ok(None);
+    };
+    let Some(isa) = product_isa(g.spec, g.packed.ndim(), x, false)
+        .filter(|_| g.spec == u.spec && g.packed.ndim() == 2 && u.packed.ndim() == 2)
+    else {
+        return Ok(None);
+    };
+    raw_op("shoal_cpu_swiglu_qmm", |res, stream| unsafe {
+        // SAFETY: live handles, which the entry only reads; it fills `res` or reports.
+        mlx_sys::shoal_cpu_swiglu_qmm(
+            res,
+            x.as_ptr(),
+            g.packed.as_ptr(),
+            g.scales.as_ptr(),
+            gb.as_ptr(),
+            u.packed.as_ptr(),
+            u.scales.as_ptr(),
+            ub.as_ptr(),
+            g.spec.group_size,
+            g.spec.bits,
+            isa.code(),
+            stream,
+        )
+    })
+    .map(Some)
+}

@@ -71,6 +71,12 @@ impl Mlp {
 
     /// Applies the block.
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        if self.activation == GateActivation::Silu {
+            if let Some(h) = crate::cpu_kernels::swiglu_product(x, &self.gate_proj, &self.up_proj)?
+            {
+                return all_sum(self.down_proj.forward(&h)?, &self.reduce);
+            }
+        }
         let gate = self.gate_proj.forward(x)?;
         let gate = match self.activation {
             GateActivation::Silu => nn::silu(gate)?,

@@ -14,6 +14,7 @@
 // (f32, f16 or bf16); `x` is `[..., k]` f32. The value of element `(r, c)` is
 // `scales[r, c / g] * q + biases[r, c / g]`.
 
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -71,6 +72,40 @@ const float* rows_of(const array& x, std::vector<int64_t>& rows, std::vector<flo
   return copy.data();
 }
 
+/// The product `out = x @ dequantize(w)^T` of `x`'s rows (`xs` + `rows`, `k` wide) with the
+/// 2-D weights `w` (or the last two axes of stacked ones, from their start).
+Problem plain_problem(
+    const float* xs,
+    std::vector<int64_t> rows,
+    int k,
+    const array& w,
+    const array& scales,
+    const array& biases,
+    int group,
+    int bits,
+    float* out) {
+  Problem p;
+  p.k = k;
+  p.group = group;
+  p.bits = bits;
+  p.x = xs;
+  p.sb_type = scales.dtype();
+  p.out = out;
+  const int wd = static_cast<int>(w.ndim());
+  p.n = w.shape(wd - 2);
+  p.w_row = w.strides()[wd - 2];
+  p.sb_row = scales.strides()[wd - 2];
+  p.rows = std::move(rows);
+  p.out_rows.resize(p.rows.size());
+  for (size_t i = 0; i < p.out_rows.size(); ++i) {
+    p.out_rows[i] = static_cast<int64_t>(i);
+  }
+  p.w = w.data<uint32_t>();
+  p.scales = scales.data<void>();
+  p.biases = biases.data<void>();
+  return p;
+}
+
 /// One output per row of `x` per weight row: `x @ dequantize(w)^T` on the CPU (see the file's
 /// comment); with `gather`, batch entry `b` of `x` (`[b..., m, k]`) uses the matrix
 /// `indices[b]` of stacked weights `[experts, n, k']`, as MLX's `gather_qmm` does.
@@ -86,31 +121,17 @@ class AffineProduct : public UnaryPrimitive {
       const array& w = inputs[1];
       const array& scales = inputs[2];
       const array& biases = inputs[3];
-      Problem p;
-      p.k = x.shape(-1);
-      p.group = group;
-      p.bits = bits;
       std::vector<float> copy;
       std::vector<int64_t> rows;
-      p.x = rows_of(x, rows, copy);
-      p.sb_type = scales.dtype();
-      p.out = out.data<float>();
-      const int wd = static_cast<int>(w.ndim());
-      p.n = w.shape(wd - 2);
-      p.w_row = w.strides()[wd - 2];
-      p.sb_row = scales.strides()[wd - 2];
+      const float* xs = rows_of(x, rows, copy);
       if (!gather) {
-        p.rows = std::move(rows);
-        p.out_rows.resize(p.rows.size());
-        for (size_t i = 0; i < p.out_rows.size(); ++i) {
-          p.out_rows[i] = static_cast<int64_t>(i);
-        }
-        p.w = w.data<uint32_t>();
-        p.scales = scales.data<void>();
-        p.biases = biases.data<void>();
-        run(p, isa);
+        run(plain_problem(xs, rows, x.shape(-1), w, scales, biases, group, bits,
+                          out.data<float>()),
+            isa);
         return;
       }
+      Problem p = plain_problem(xs, {}, x.shape(-1), w, scales, biases, group, bits,
+                                out.data<float>());
       // Gathered: group the rows by the matrix they use, one product per matrix.
       const array& indices = inputs[4];
       const int experts = w.shape(0);
@@ -184,6 +205,54 @@ class AffineProduct : public UnaryPrimitive {
   int bits_;
   Isa isa_;
   bool gather_;
+};
+
+/// SwiGLU's two products and their combination as one primitive: `silu(x @ G^T) * (x @ U^T)`
+/// for a gate `G` and an up projection `U` of one layout (MLX's `silu(g) = g · sigmoid(g)`,
+/// in that order). One array instead of four (two products, the activation, the product of
+/// the two) in every MLP of a decode step.
+class SwigluProduct : public UnaryPrimitive {
+ public:
+  SwigluProduct(Stream stream, int group, int bits, Isa isa)
+      : UnaryPrimitive(stream), group_(group), bits_(bits), isa_(isa) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    dispatch(stream(), inputs, out, [inputs, out, group = group_, bits = bits_,
+                                     isa = isa_]() mutable {
+      const array& x = inputs[0];
+      std::vector<float> copy;
+      std::vector<int64_t> rows;
+      const float* xs = rows_of(x, rows, copy);
+      const int k = x.shape(-1);
+      float* gate = out.data<float>();
+      std::vector<float> up(out.size());
+      run(plain_problem(xs, rows, k, inputs[1], inputs[2], inputs[3], group, bits, gate), isa);
+      run(plain_problem(xs, rows, k, inputs[4], inputs[5], inputs[6], group, bits, up.data()),
+          isa);
+      for (size_t i = 0; i < up.size(); ++i) {
+        const float g = gate[i];
+        gate[i] = g * (1.0f / (1.0f + std::exp(-g))) * up[i];
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("shoal's CPU SwiGLU product runs on the CPU only");
+  }
+
+  const char* name() const override {
+    return "ShoalSwigluProduct";
+  }
+
+  bool is_equivalent(const Primitive& other) const override {
+    auto* o = dynamic_cast<const SwigluProduct*>(&other);
+    return o && o->group_ == group_ && o->bits_ == bits_ && o->isa_ == isa_;
+  }
+
+ private:
+  int group_;
+  int bits_;
+  Isa isa_;
 };
 
 [[noreturn]] void fail(const std::string& what) {
@@ -265,6 +334,32 @@ array affine_product(
 
 /// Builds the gathered product's node: `x` `[..., m, k]`, `indices` `[...]` (broadcast
 /// together), weights `[experts, n, k']`; the output is `[broadcast..., m, n]`.
+array swiglu_product(
+    const array& x,
+    const array& wg,
+    const array& sg,
+    const array& bg,
+    const array& wu,
+    const array& su,
+    const array& bu,
+    int group,
+    int bits,
+    Isa isa,
+    Stream stream) {
+  const int n = check_operands(x, wg, sg, bg, group, bits, 2);
+  if (check_operands(x, wu, su, bu, group, bits, 2) != n) {
+    fail("the gate and up projections must have as many rows");
+  }
+  Shape shape = x.shape();
+  shape.back() = n;
+  return array(
+      std::move(shape),
+      float32,
+      std::make_shared<SwigluProduct>(stream, group, bits, isa),
+      {x, readable(wg, stream), readable(sg, stream), readable(bg, stream), readable(wu, stream),
+       readable(su, stream), readable(bu, stream)});
+}
+
 array affine_gather_product(
     const array& x,
     const array& w,
@@ -382,6 +477,15 @@ shoal::Isa isa_of(int code) {
       : shoal::Isa::Auto;
 }
 
+/// The message of the last error a shoal entry reported on this thread, then forgets it (""
+/// when there is none); valid until the thread's next call.
+extern "C" const char* shoal_take_last_error() {
+  static thread_local std::string taken;
+  taken = std::move(shoal::last_error);
+  shoal::last_error.clear();
+  return taken.c_str();
+}
+
 /// Whether this CPU runs the path `isa` names: 1 or 0.
 extern "C" int shoal_cpu_qmm_isa_available(int isa) {
   return shoal::isa_available(isa_of(isa)) ? 1 : 0;
@@ -442,6 +546,29 @@ extern "C" int shoal_cpu_affine_dequantize(
   return mlx_c_entry(res, [&] {
     return shoal::affine_dequantize(
         mlx_array_get_(w), mlx_array_get_(scales), mlx_array_get_(biases), group_size, bits,
+        isa_of(isa), mlx_stream_get_(s));
+  });
+}
+
+/// `*res = silu(x @ dequantize(wg, sg, bg)^T) * (x @ dequantize(wu, su, bu)^T)`: SwiGLU's gate
+/// and up projections, of one layout, as one primitive.
+extern "C" int shoal_cpu_swiglu_qmm(
+    mlx_array* res,
+    const mlx_array x,
+    const mlx_array wg,
+    const mlx_array sg,
+    const mlx_array bg,
+    const mlx_array wu,
+    const mlx_array su,
+    const mlx_array bu,
+    int group_size,
+    int bits,
+    int isa,
+    const mlx_stream s) {
+  return mlx_c_entry(res, [&] {
+    return shoal::swiglu_product(
+        mlx_array_get_(x), mlx_array_get_(wg), mlx_array_get_(sg), mlx_array_get_(bg),
+        mlx_array_get_(wu), mlx_array_get_(su), mlx_array_get_(bu), group_size, bits,
         isa_of(isa), mlx_stream_get_(s));
   });
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,13 +52,22 @@ inline std::vector<int64_t> row_offsets(const mlx::core::array& a) {
 
 } // namespace shoal
 
+namespace shoal {
+
+/// The message of the last error a shoal entry reported on this thread (`shoal_last_error`):
+/// mlx-rs's handler keeps mlx-c's messages to itself, so the Rust side reads shoal's here.
+inline thread_local std::string last_error;
+
+} // namespace shoal
+
 /// Runs `build` into `*res` the way mlx-c's entries do: 0, or 1 after reporting the error
-/// through mlx-c's handler.
+/// through mlx-c's handler (and keeping its message in `shoal::last_error`).
 template <typename F>
 int mlx_c_entry(mlx_array* res, F&& build) {
   try {
     mlx_array_set_(*res, build());
   } catch (std::exception& e) {
+    shoal::last_error = e.what();
     mlx_error("%s", e.what());
     return 1;
   }

@@ -63,6 +63,28 @@ unsafe extern "C" {
         s: mlx_stream,
     ) -> ::std::os::raw::c_int;
 
+    /// SwiGLU's gate and up projections as one primitive (`kernels/cpu_qmm.cpp`): `*res =
+    /// silu(x @ dequantize(wg, sg, bg)^T) * (x @ dequantize(wu, su, bu)^T)`, both of one layout
+    /// as [`shoal_cpu_affine_qmm`] takes it.
+    pub fn shoal_cpu_swiglu_qmm(
+        res: *mut mlx_array,
+        x: mlx_array,
+        wg: mlx_array,
+        sg: mlx_array,
+        bg: mlx_array,
+        wu: mlx_array,
+        su: mlx_array,
+        bu: mlx_array,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        isa: ::std::os::raw::c_int,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
+
+    /// The message of the last error one of shoal's entries (`shoal_cpu_*`) reported on this
+    /// thread, and forgets it: `""` when there is none. Valid until the thread's next call.
+    pub fn shoal_take_last_error() -> *const ::std::os::raw::c_char;
+
     /// RMS norm on the CPU as one primitive (`kernels/cpu_layer_ops.cpp`): `*res = x /
     /// sqrt(mean(x²) + eps) * w` over the last axis; float32, `w` `[x.shape[-1]]`.
     pub fn shoal_cpu_rms_norm(
