@@ -46,7 +46,8 @@ const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea3
 /// python3-venv holds the openai client's venv; curl is what `cargo xtask run` and the README
 /// suggest for a first request (the tests and the xtask use the kit's cluster-API client);
 /// Chromium and its chromedriver run the dashboard's browser tests (headless, driven by
-/// Selenium from the venv).
+/// Selenium from the venv); the aarch64 cross compiler and qemu-user run the CPU kernel's NEON
+/// paths (`native/mlx-sys/tests/aarch64_under_qemu.rs`).
 const DEBIAN_PACKAGES: &[&str] = &[
     "cmake",
     "g++",
@@ -60,6 +61,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "curl",
     "chromium",
     "chromium-driver",
+    "g++-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "qemu-user",
 ];
 
 pub fn setup() -> Result<(), String> {

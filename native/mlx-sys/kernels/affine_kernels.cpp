@@ -23,6 +23,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 namespace shoal {
@@ -37,9 +39,9 @@ inline float at(const void* p, int64_t i) {
 inline float scale_bias(const Problem& p, const void* base, int64_t i) {
   switch (p.sb_type) {
     case float16:
-      return at<float16_t>(base, i);
+      return at<mlx::core::float16_t>(base, i);
     case bfloat16:
-      return at<bfloat16_t>(base, i);
+      return at<mlx::core::bfloat16_t>(base, i);
     default:
       return at<float>(base, i);
   }
@@ -279,28 +281,6 @@ __attribute__((target("avx2,fma,f16c"))) void block4_avx2(
   }
 }
 
-/// `pairs` for [`block4_avx2`]: x's rows with each block of 32 columns as its 16 even columns,
-/// then its 16 odd ones. Empty where that path does not serve (`k` not in blocks of 32).
-std::vector<float> pair_columns(const Problem& p) {
-  std::vector<float> pairs;
-  if (p.bits != 4 || p.group % 32 != 0) {
-    return pairs;
-  }
-  const int m = static_cast<int>(p.rows.size());
-  pairs.resize(static_cast<size_t>(m) * p.k);
-  for (int i = 0; i < m; ++i) {
-    const float* xr = p.x + p.rows[i];
-    float* out = pairs.data() + static_cast<int64_t>(i) * p.k;
-    for (int c = 0; c < p.k; c += 32) {
-      for (int j = 0; j < 16; ++j) {
-        out[c + j] = xr[c + 2 * j];
-        out[c + 16 + j] = xr[c + 2 * j + 1];
-      }
-    }
-  }
-  return pairs;
-}
-
 /// Output columns `[n0, n1)` of every row: eight rows at a time, then four, then one, 4-bit
 /// weights of fewer than eight rows through [`block4_avx2`] when `pairs` is made.
 template <int BITS>
@@ -357,6 +337,66 @@ void with_bits(int bits, F&& f) {
   }
 }
 #endif
+/// `pairs` for `block4_avx2` and `block4_neon`: x's rows with each block of 32 columns as its 16 even columns,
+/// then its 16 odd ones. Empty where that path does not serve (`k` not in blocks of 32).
+std::vector<float> pair_columns(const Problem& p) {
+  std::vector<float> pairs;
+  if (p.bits != 4 || p.group % 32 != 0) {
+    return pairs;
+  }
+  const int m = static_cast<int>(p.rows.size());
+  pairs.resize(static_cast<size_t>(m) * p.k);
+  for (int i = 0; i < m; ++i) {
+    const float* xr = p.x + p.rows[i];
+    float* out = pairs.data() + static_cast<int64_t>(i) * p.k;
+    for (int c = 0; c < p.k; c += 32) {
+      for (int j = 0; j < 16; ++j) {
+        out[c + j] = xr[c + 2 * j];
+        out[c + 16 + j] = xr[c + 2 * j + 1];
+      }
+    }
+  }
+  return pairs;
+}
+
+
+#if defined(__aarch64__)
+/// [`block4_avx2`] with NEON for one row: sixteen bytes give 32 weights as even and odd
+/// nibbles, widened to four vectors of four floats each, multiplied with x's paired columns.
+void block4_neon(const Problem& p, const std::vector<float>& xsums, const float* pairs, int row,
+                 int n0, int n1) {
+  const int groups = p.k / p.group;
+  const uint8x16_t low = vdupq_n_u8(0x0F);
+  const float* x = pairs + static_cast<int64_t>(row) * p.k;
+  for (int r = n0; r < n1; ++r) {
+    const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w + r * p.w_row);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    float bias_acc = 0.0f;
+    for (int g = 0; g < groups; ++g) {
+      const float s = scale_bias(p, p.scales, r * p.sb_row + g);
+      const float b = scale_bias(p, p.biases, r * p.sb_row + g);
+      float32x4_t part0 = vdupq_n_f32(0.0f), part1 = vdupq_n_f32(0.0f);
+      for (int c = g * p.group; c < (g + 1) * p.group; c += 32) {
+        const uint8x16_t bytes = vld1q_u8(wr + c / 2);
+        const uint8x16_t halves[2] = {vandq_u8(bytes, low), vshrq_n_u8(bytes, 4)};
+        for (int h = 0; h < 2; ++h) {
+          const uint16x8_t lo = vmovl_u8(vget_low_u8(halves[h]));
+          const uint16x8_t hi = vmovl_u8(vget_high_u8(halves[h]));
+          const float* xh = x + c + 16 * h;
+          part0 = vfmaq_f32(part0, vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo))), vld1q_f32(xh));
+          part1 = vfmaq_f32(part1, vcvtq_f32_u32(vmovl_u16(vget_high_u16(lo))), vld1q_f32(xh + 4));
+          part0 = vfmaq_f32(part0, vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi))), vld1q_f32(xh + 8));
+          part1 = vfmaq_f32(part1, vcvtq_f32_u32(vmovl_u16(vget_high_u16(hi))), vld1q_f32(xh + 12));
+        }
+      }
+      acc = vfmaq_n_f32(acc, vaddq_f32(part0, part1), s);
+      bias_acc += b * xsums[row * groups + g];
+    }
+    p.out[p.out_rows[row] * p.n + r] = vaddvq_f32(acc) + bias_acc;
+  }
+}
+#endif
+
 
 /// How long a helper keeps checking for the next product before it sleeps, and the caller
 /// for the helpers' shares before it does: a decode step's products come a few tens of
@@ -663,6 +703,10 @@ void run(const Problem& p, Isa isa) {
   const bool on_int8 = plan_int8(p, isa, int8);
 #if defined(__x86_64__)
   const std::vector<float> pairs = on_int8 || m >= 8 ? std::vector<float>() : pair_columns(p);
+#elif defined(__aarch64__)
+  const std::vector<float> pairs = on_int8 || (isa != Isa::Auto && isa != Isa::Exact)
+      ? std::vector<float>()
+      : pair_columns(p);
 #endif
   auto columns = [&](int n0, int n1) {
     if (on_int8) {
@@ -673,6 +717,13 @@ void run(const Problem& p, Isa isa) {
     if ((isa == Isa::Auto || isa == Isa::Exact || isa == Isa::Avx2) && has_avx2()) {
       with_bits(p.bits, [&](auto bits) { product_avx2<decltype(bits)::value>(p, xsums, pairs, n0, n1);
       });
+      return;
+    }
+#elif defined(__aarch64__)
+    if (!pairs.empty()) {
+      for (int i = 0; i < m; ++i) {
+        block4_neon(p, xsums, pairs.data(), i, n0, n1);
+      }
       return;
     }
 #endif
