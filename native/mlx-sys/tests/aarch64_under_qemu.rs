@@ -11,7 +11,7 @@ use std::process::Command;
 
 /// MLX's headers, as `cargo xtask setup` recorded the prepared MLX (`native/READY`).
 fn mlx_include() -> PathBuf {
-    let stamp = shoal_paths::cache_dir().join("native").join("READY");
+    let stamp = paths::cache_dir().join("native").join("READY");
     let text = std::fs::read_to_string(&stamp)
         .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask setup`", stamp.display()));
     let lib = text
