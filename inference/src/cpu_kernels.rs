@@ -299,44 +299,42 @@ pub fn affine_gather_product(
     })
 }
 
-/// `silu(x @ gate^T) * (x @ up^T)` as one primitive (SwiGLU's two products and their
-/// combination) where shoal's CPU kernel serves both matrices alike: quantized, 2-D, one
-/// layout, no bias, f32 `x`. `None` where it does not: the caller composes the operations.
+/// One quantized matrix's arrays as shoal's kernel reads them (`[n, k * bits / 32]` packed
+/// words, `[n, k / group]` scales and biases).
+pub struct AffineOperands<'a> {
+    /// The packed words.
+    pub packed: &'a Array,
+    /// Per-group scales.
+    pub scales: &'a Array,
+    /// Per-group biases.
+    pub biases: &'a Array,
+}
+
+/// `silu(x @ gate^T) * (x @ up^T)` with shoal's CPU kernel, as one primitive (SwiGLU's two
+/// products and their combination): both matrices of `spec`, `x` f32 `[..., k]`. Errors name
+/// what does not fit; [`crate::linear::swiglu`] says when a layer's projections fit.
 pub fn swiglu_product(
     x: &Array,
-    gate: &crate::linear::Linear,
-    up: &crate::linear::Linear,
-) -> Result<Option<Array>> {
-    use crate::linear::Matrix;
-    let (Matrix::Quantized(g), Matrix::Quantized(u), None, None) =
-        (&gate.weight, &up.weight, &gate.bias, &up.bias)
-    else {
-        return Ok(None);
-    };
-    let (Some(gb), Some(ub)) = (g.biases.as_ref(), u.biases.as_ref()) else {
-        return Ok(None);
-    };
-    let Some(isa) = product_isa(g.spec, g.packed.ndim(), x, false)
-        .filter(|_| g.spec == u.spec && g.packed.ndim() == 2 && u.packed.ndim() == 2)
-    else {
-        return Ok(None);
-    };
+    gate: AffineOperands<'_>,
+    up: AffineOperands<'_>,
+    spec: QuantSpec,
+    isa: KernelIsa,
+) -> Result<Array> {
     raw_op("shoal_cpu_swiglu_qmm", |res, stream| unsafe {
         // SAFETY: live handles, which the entry only reads; it fills `res` or reports.
         mlx_sys::shoal_cpu_swiglu_qmm(
             res,
             x.as_ptr(),
-            g.packed.as_ptr(),
-            g.scales.as_ptr(),
-            gb.as_ptr(),
-            u.packed.as_ptr(),
-            u.scales.as_ptr(),
-            ub.as_ptr(),
-            g.spec.group_size,
-            g.spec.bits,
+            gate.packed.as_ptr(),
+            gate.scales.as_ptr(),
+            gate.biases.as_ptr(),
+            up.packed.as_ptr(),
+            up.scales.as_ptr(),
+            up.biases.as_ptr(),
+            spec.group_size,
+            spec.bits,
             isa.code(),
             stream,
         )
     })
-    .map(Some)
 }

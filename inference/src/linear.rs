@@ -244,6 +244,17 @@ impl Linear {
     }
 }
 
+/// `silu(gate(x)) * up(x)` (SwiGLU's gate and up projections and their combination) as one
+/// primitive where shoal's CPU kernel serves both projections alike (quantized, one layout,
+/// no bias): one array for four in every MLP of a decode step. `None` where it does not: the
+/// caller composes the operations.
+pub fn swiglu(x: &Array, gate: &Linear, up: &Linear) -> Result<Option<Array>> {
+    match (&gate.weight, &up.weight, &gate.bias, &up.bias) {
+        (Matrix::Quantized(g), Matrix::Quantized(u), None, None) => g.swiglu_with(u, x),
+        _ => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -112,6 +112,33 @@ impl QuantizedMatrix {
         })
     }
 
+    /// `silu(x @ self^T) * (x @ up^T)` as one primitive on shoal's CPU kernel, with `self` the
+    /// gate: `None` where the kernel does not serve both alike (2-D, affine, one layout, f32
+    /// `x`), and the caller composes the operations.
+    pub fn swiglu_with(&self, up: &QuantizedMatrix, x: &Array) -> Result<Option<Array>> {
+        let (Some(gate_biases), Some(up_biases)) = (self.biases.as_ref(), up.biases.as_ref())
+        else {
+            return Ok(None);
+        };
+        let alike = self.spec == up.spec && self.packed.ndim() == 2 && up.packed.ndim() == 2;
+        let Some(isa) = crate::cpu_kernels::product_isa(self.spec, 2, x, false).filter(|_| alike)
+        else {
+            return Ok(None);
+        };
+        use crate::cpu_kernels::AffineOperands;
+        let gate = AffineOperands {
+            packed: &self.packed,
+            scales: &self.scales,
+            biases: gate_biases,
+        };
+        let up = AffineOperands {
+            packed: &up.packed,
+            scales: &up.scales,
+            biases: up_biases,
+        };
+        crate::cpu_kernels::swiglu_product(x, gate, up, self.spec, isa).map(Some)
+    }
+
     /// `x @ W[e]^T` for each expert `e` in `experts` (a 3-D weight), as `gather_qmm` does it:
     /// `x` `[..., 1, in]` broadcast against `experts` `[...]`.
     pub fn gather_matmul(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {

@@ -426,14 +426,13 @@ fn gathered_products_of_every_width_equal_the_reference() {
     }
 }
 
-/// SwiGLU's gate and up products as one primitive (`cpu_kernels::swiglu_product`) give what
+/// SwiGLU's gate and up products as one primitive (`linear::swiglu`) give what
 /// the two products and MLX's `silu` and product give, for decode rows, a few rows and a
 /// prompt's (the sgemm path), 4 and 8 bits, f32 and f16 scales; a dense or biased projection
 /// is not served (the MLP composes the operations then).
 #[test]
 fn swiglu_product_equals_its_composition() {
-    use inference::cpu_kernels::swiglu_product;
-    use inference::linear::{Linear, Matrix};
+    use inference::linear::{swiglu as swiglu_product, Linear, Matrix};
     use inference::quantized::QuantizedMatrix;
     let linear = |w: Array, scales: Array, biases: Array, spec| Linear {
         weight: Matrix::Quantized(QuantizedMatrix {

@@ -72,8 +72,7 @@ impl Mlp {
     /// Applies the block.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         if self.activation == GateActivation::Silu {
-            if let Some(h) = crate::cpu_kernels::swiglu_product(x, &self.gate_proj, &self.up_proj)?
-            {
+            if let Some(h) = crate::linear::swiglu(x, &self.gate_proj, &self.up_proj)? {
                 return all_sum(self.down_proj.forward(&h)?, &self.reduce);
             }
         }
