@@ -119,6 +119,27 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i decode8(
 /// Columns ahead whose weights are fetched into the cache while this one is summed.
 constexpr int PREFETCH_AHEAD = 4;
 
+/// Fetches into the cache the `column_bytes` packed weights of the column `PREFETCH_AHEAD`
+/// after row `r` of `p` when there is one before `n1`: as the int8 products do (int8_body.h),
+/// since the hardware's prefetcher alone leaves the weight loads waiting on memory.
+__attribute__((target("avx2,fma,f16c"))) inline void
+prefetch_ahead(const Problem& p, int r, int n1, int column_bytes) {
+  if (r + PREFETCH_AHEAD < n1) {
+    const char* ahead = reinterpret_cast<const char*>(p.w + (r + PREFETCH_AHEAD) * p.w_row);
+    for (int offset = 0; offset < column_bytes; offset += 64) {
+      _mm_prefetch(ahead + offset, _MM_HINT_T0);
+    }
+  }
+}
+
+/// The sum of `v`'s eight lanes.
+__attribute__((target("avx2,fma,f16c"))) inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
 /// Output columns `[n0, n1)` with AVX2 + FMA: eight weights decoded per instruction, each
 /// decoded (and scaled) vector used for every row of `x`.
 template <int BITS, int ROWS>
@@ -136,14 +157,7 @@ block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int
   const int column_bytes = p.k * BITS / 8;
   for (int r = n0; r < n1; ++r) {
     const uint32_t* wr = p.w + r * p.w_row;
-    if (r + PREFETCH_AHEAD < n1) {
-      // As the int8 products do (int8_body.h): the hardware's prefetcher alone leaves the
-      // weight loads waiting on memory.
-      const char* ahead = reinterpret_cast<const char*>(wr + PREFETCH_AHEAD * p.w_row);
-      for (int offset = 0; offset < column_bytes; offset += 64) {
-        _mm_prefetch(ahead + offset, _MM_HINT_T0);
-      }
-    }
+    prefetch_ahead(p, r, n1, column_bytes);
     __m256 acc[ROWS];
     float bias_acc[ROWS];
     for (int i = 0; i < ROWS; ++i) {
@@ -196,12 +210,7 @@ block_avx2(const Problem& p, const std::vector<float>& xsums, int first_row, int
       }
     }
     for (int i = 0; i < ROWS; ++i) {
-      const __m128 lo = _mm256_castps256_ps128(acc[i]);
-      const __m128 hi = _mm256_extractf128_ps(acc[i], 1);
-      __m128 v = _mm_add_ps(lo, hi);
-      v = _mm_hadd_ps(v, v);
-      v = _mm_hadd_ps(v, v);
-      p.out[p.out_rows[first_row + i] * p.n + r] = _mm_cvtss_f32(v) + bias_acc[i];
+      p.out[p.out_rows[first_row + i] * p.n + r] = horizontal_sum(acc[i]) + bias_acc[i];
     }
   }
 }
@@ -229,12 +238,7 @@ __attribute__((target("avx2,fma,f16c"))) void block4_avx2(
   const int column_bytes = p.k / 2;
   for (int r = n0; r < n1; ++r) {
     const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w + r * p.w_row);
-    if (r + PREFETCH_AHEAD < n1) {
-      const char* ahead = reinterpret_cast<const char*>(p.w + (r + PREFETCH_AHEAD) * p.w_row);
-      for (int offset = 0; offset < column_bytes; offset += 64) {
-        _mm_prefetch(ahead + offset, _MM_HINT_T0);
-      }
-    }
+    prefetch_ahead(p, r, n1, column_bytes);
     __m256 acc[ROWS];
     float bias_acc[ROWS];
     for (int i = 0; i < ROWS; ++i) {
@@ -271,12 +275,7 @@ __attribute__((target("avx2,fma,f16c"))) void block4_avx2(
       }
     }
     for (int i = 0; i < ROWS; ++i) {
-      const __m128 lo = _mm256_castps256_ps128(acc[i]);
-      const __m128 hi = _mm256_extractf128_ps(acc[i], 1);
-      __m128 v = _mm_add_ps(lo, hi);
-      v = _mm_hadd_ps(v, v);
-      v = _mm_hadd_ps(v, v);
-      p.out[p.out_rows[first_row + i] * p.n + r] = _mm_cvtss_f32(v) + bias_acc[i];
+      p.out[p.out_rows[first_row + i] * p.n + r] = horizontal_sum(acc[i]) + bias_acc[i];
     }
   }
 }
