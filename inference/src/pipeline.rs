@@ -132,6 +132,10 @@ impl PipelineStage {
         }
         let (plan, _) = StepPlan::decode(message.as_slice::<i32>())?;
         let hidden = self.shard.config.hidden_size as i32;
+        // The plan comes at once, the hidden state only when the ranks before this one have
+        // run their layers: sleep until it is there, or MLX's receive spins a core meanwhile
+        // (taking it from the rank that computes, where ranks share a machine).
+        self.group.wait_for_peer()?;
         let h = self
             .group
             .recv(&[1, plan.tokens() as i32, hidden], Dtype::Float32, left)?;

@@ -398,7 +398,7 @@ void block4_neon(const Problem& p, const std::vector<float>& xsums, const float*
 
 
 /// How long a helper keeps checking for the next product before it sleeps, and the caller
-/// for the helpers' shares before it does: a decode step's products come a few tens of
+/// for the helpers' last chunks before it does: a decode step's products come a few tens of
 /// microseconds apart, and waking a sleeping thread costs about as much (a futex wake and a
 /// context switch; on virtual machines an interrupt between cores too). `SHOAL_CREW_SPIN_US`
 /// overrides it; 0 sleeps at once.
@@ -412,6 +412,10 @@ int64_t spin_ns() {
 }
 
 /// Spins until `done()` or `spin_ns()` have passed; whether `done()` held.
+///
+/// It never calls `sched_yield`: on a busy machine that hands the core to whatever else is
+/// runnable for the rest of its time slice (milliseconds), and a spinning thread that yields
+/// is switched out thousands of times a second. Past the budget the caller sleeps instead.
 template <typename F>
 bool spin_until(F&& done) {
   const int64_t budget = spin_ns();
@@ -428,22 +432,23 @@ bool spin_until(F&& done) {
 #elif defined(__aarch64__)
     asm volatile("yield");
 #endif
-    if ((i & 63) == 63) {
-      if (std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                               start)
-              .count() > budget) {
-        return done();
-      }
-      // Where the thread awaited shares this core (a busy machine), let it run: spinning
-      // through the time slice doubled a product's time in such runs.
-      std::this_thread::yield();
+    if ((i & 63) == 63 &&
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                             start)
+                .count() > budget) {
+      return done();
     }
   }
 }
 
-/// Helper threads that take a share of a large product, one per core beside the caller's,
-/// started once; between products each checks for the next one for a while ([`spin_ns`]),
-/// then sleeps (starting a thread costs tens of microseconds).
+/// Helper threads that share large products with the calling thread, one per core beside
+/// the caller's, started once; between products each checks for the next one for a while
+/// ([`spin_ns`]), then sleeps (starting a thread costs tens of microseconds).
+///
+/// A product is cut into more chunks than there are threads, and each thread claims the next
+/// chunk until none is left. So a helper that is asleep, slow to wake or switched out (other
+/// processes want the cores) costs the product at most the chunk it holds: the caller does
+/// the rest itself instead of waiting for a fixed share.
 class Crew {
  public:
   static Crew& get() {
@@ -456,23 +461,36 @@ class Crew {
     return static_cast<int>(threads_.size());
   }
 
-  /// Runs `job(i)` for `i` in `0..=helpers()`: 0 on the caller, the others on helpers; returns
+  /// Runs `job(c)` for every chunk `c` in `0..chunks`, on the caller and the helpers; returns
   /// when all are done. Products from several threads take turns.
-  void run(const std::function<void(int)>& job) {
+  void run(int chunks, const std::function<void(int)>& job) {
+    if (chunks > 0xFFFF) {
+      // More than a claim can count: never asked for (products cut in at most a few
+      // thousand), but correct if it were.
+      for (int c = 0; c < chunks; ++c) {
+        job(c);
+      }
+      return;
+    }
     std::lock_guard<std::mutex> one_at_a_time(running_);
+    chunks = std::max(chunks, 0);
     job_ = &job;
-    pending_.store(helpers(), std::memory_order_relaxed);
+    finished_.store(0, std::memory_order_relaxed);
+    uint64_t generation;
     {
       // Under the lock, so that a helper about to sleep either sees the new generation or is
       // counted in `sleeping_` and woken.
       std::lock_guard<std::mutex> lock(mutex_);
-      generation_.fetch_add(1, std::memory_order_release);
+      // 32 bits: it wraps after 2^32 products, still different from the last one.
+      generation = ((claims_.load(std::memory_order_relaxed) >> 32) + 1) & 0xFFFFFFFFu;
+      claims_.store(generation << 32 | static_cast<uint64_t>(chunks) << 16,
+                    std::memory_order_release);
       if (sleeping_ > 0) {
         wake_.notify_all();
       }
     }
-    job(0);
-    const auto all_done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    work_on(generation);
+    const auto all_done = [&] { return finished_.load(std::memory_order_acquire) == chunks; };
     if (!spin_until(all_done)) {
       std::unique_lock<std::mutex> lock(mutex_);
       ++waiting_;
@@ -486,29 +504,51 @@ class Crew {
   Crew() {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     for (unsigned i = 1; i < cores; ++i) {
-      threads_.emplace_back([this, i] { work(static_cast<int>(i)); });
+      threads_.emplace_back([this] { work(); });
       threads_.back().detach();
     }
   }
 
-  void work(int index) {
-    uint64_t seen = 0;
+  /// Claims and runs chunks of product `generation` until none is left (or a newer product
+  /// replaced it: then this one is finished). `claims_` holds the generation (high 32 bits),
+  /// the chunk count (16) and the next chunk (low 16): a claim is one compare-and-swap that
+  /// fails if the product changed, so no thread runs a chunk of a product that has returned.
+  void work_on(uint64_t generation) {
+    uint64_t seen = claims_.load(std::memory_order_acquire);
     for (;;) {
-      const auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+      const uint64_t chunks = (seen >> 16) & 0xFFFF, next = seen & 0xFFFF;
+      if ((seen >> 32) != generation || next >= chunks) {
+        return;
+      }
+      if (!claims_.compare_exchange_weak(seen, seen + 1, std::memory_order_acq_rel,
+                                         std::memory_order_acquire)) {
+        continue; // `seen` now holds the current value
+      }
+      (*job_)(static_cast<int>(next));
+      if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<int>(chunks)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (waiting_ > 0) {
+          done_.notify_one();
+        }
+      }
+      seen = claims_.load(std::memory_order_acquire);
+    }
+  }
+
+  void work() {
+    uint64_t last = 0;
+    for (;;) {
+      const auto fresh = [&] {
+        return (claims_.load(std::memory_order_acquire) >> 32) != last;
+      };
       if (!spin_until(fresh)) {
         std::unique_lock<std::mutex> lock(mutex_);
         ++sleeping_;
         wake_.wait(lock, fresh);
         --sleeping_;
       }
-      seen = generation_.load(std::memory_order_acquire);
-      (*job_)(index);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (waiting_ > 0) {
-          done_.notify_one();
-        }
-      }
+      last = claims_.load(std::memory_order_acquire) >> 32;
+      work_on(last);
     }
   }
 
@@ -517,8 +557,10 @@ class Crew {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const std::function<void(int)>* job_ = nullptr;
-  std::atomic<int> pending_{0};
-  std::atomic<uint64_t> generation_{0};
+  /// Generation, chunk count and next chunk of the current product (see [`work_on`]).
+  std::atomic<uint64_t> claims_{0};
+  /// Chunks of the current product that have run.
+  std::atomic<int> finished_{0};
   int sleeping_ = 0; // helpers asleep on `wake_` (under `mutex_`)
   int waiting_ = 0;  // callers asleep on `done_` (under `mutex_`)
 };
@@ -526,14 +568,45 @@ class Crew {
 /// Weight bytes below which a product stays on one thread (sharing costs more than it saves).
 constexpr int64_t SHARE_ABOVE_BYTES = 128 * 1024;
 
+/// Chunks a shared product is cut into per thread: enough that a thread the machine switched
+/// out leaves little for the others to wait on, few enough that each is still a long run.
+constexpr int CHUNKS_PER_THREAD = 4;
+
+/// Runs `part(n0, n1)` over output columns `[0, n)`, shared with the crew when the weights
+/// (`bytes`) are large. Chunks start at multiples of 8 columns (the vector width).
+template <typename F>
+void share_columns(int n, int64_t bytes, F&& part) {
+  Crew& crew = Crew::get();
+  if (bytes < SHARE_ABOVE_BYTES || crew.helpers() == 0 || n < 16) {
+    part(0, n);
+    return;
+  }
+  const int chunks = std::min((crew.helpers() + 1) * CHUNKS_PER_THREAD, n / 8);
+  const auto bound = [&](int c) {
+    return c == chunks ? n : static_cast<int>(static_cast<int64_t>(n) * c / chunks) & ~7;
+  };
+  crew.run(chunks, [&](int c) {
+    const int n0 = bound(c), n1 = bound(c + 1);
+    if (n0 < n1) {
+      part(n0, n1);
+    }
+  });
+}
+
 /// Rows of `x` from which a product dequantizes tiles of the weights and multiplies them with
 /// the BLAS's sgemm (prefill): below, decoding each weight vector once per eight rows is
 /// cheaper; above, sgemm's blocking wins (64 rows of a 2048 -> 5632 product: 38 ms on the
 /// kernel, against tens of ms of f32 sgemm).
 constexpr int SGEMM_FROM_ROWS = 32;
 
-/// Output columns dequantized at once: a tile of `TILE * k` floats (2 MiB at k = 2048).
+/// Most output columns dequantized at once by one thread: a tile of `TILE * k` floats (2 MiB
+/// at k = 2048), and never more than 2 MiB ([`tile_columns`]).
 constexpr int TILE = 256;
+
+/// Columns of one tile for rows of `k` weights: [`TILE`], fewer where `k` is large.
+int tile_columns(int k) {
+  return std::clamp(((1 << 19) / std::max(k, 1)) & ~7, 8, TILE);
+}
 
 /// The row-major `cblas_sgemm` of the BLAS MLX links (OpenBLAS on Linux), found at run time so
 /// that this file links without it; null where there is none (then the kernel's rows serve).
@@ -543,6 +616,25 @@ using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, c
 Sgemm find_sgemm() {
   static const Sgemm sgemm = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
   return sgemm;
+}
+
+/// Puts the BLAS (OpenBLAS) on one thread in this process, once: shoal's kernels share their
+/// products with the crew instead, tile by tile. OpenBLAS cuts a product into one fixed share
+/// per thread and its threads wait for each other by yielding the core; where the cores are
+/// busy (other processes, or ranks of a ring on one machine) a yield hands the core away for
+/// a time slice, and a waiting share holds the product for as long. Three ranks of the
+/// fixture on this 2-core machine beside two busy processes: steps took over 5 s with
+/// OpenBLAS's threads, chats took ~1 s on one (tests/partition_under_load.rs's load).
+/// Nothing happens where the BLAS is another one (Accelerate on macOS).
+void blas_on_one_thread() {
+  static const bool done = [] {
+    using SetThreads = void (*)(int);
+    if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+      set(1);
+    }
+    return true;
+  }();
+  (void)done;
 }
 
 /// Weights of output columns `[n0, n1)` as floats, row after row of `k` (what sgemm reads).
@@ -632,12 +724,26 @@ bool run_sgemm(const Problem& p) {
     out_copy.resize(static_cast<size_t>(m) * p.n);
     out = out_copy.data();
   }
-  std::vector<float> tile(static_cast<size_t>(std::min(TILE, p.n)) * p.k);
-  for (int n0 = 0; n0 < p.n; n0 += TILE) {
-    const int n1 = std::min(p.n, n0 + TILE);
+  blas_on_one_thread();
+  const int columns = tile_columns(p.k);
+  const int tiles = (p.n + columns - 1) / columns;
+  const auto tile_product = [&](int t) {
+    // Each thread's tile buffer is kept (at most 2 MiB): allocating it per tile would fault
+    // its pages in again every time.
+    thread_local std::vector<float> tile;
+    const int n0 = t * columns, n1 = std::min(p.n, n0 + columns);
+    tile.resize(static_cast<size_t>(n1 - n0) * p.k);
     dequantize_tile_best(p, n0, n1, tile.data());
     sgemm(ROW_MAJOR, NO_TRANS, TRANS, m, n1 - n0, p.k, 1.0f, x, ldx, tile.data(), p.k, 0.0f,
           out + n0, p.n);
+  };
+  Crew& crew = Crew::get();
+  if (crew.helpers() == 0 || tiles < 2) {
+    for (int t = 0; t < tiles; ++t) {
+      tile_product(t);
+    }
+  } else {
+    crew.run(tiles, tile_product);
   }
   if (!out_even) {
     for (int i = 0; i < m; ++i) {
@@ -646,24 +752,6 @@ bool run_sgemm(const Problem& p) {
     }
   }
   return true;
-}
-
-/// Runs `part(n0, n1)` over output columns `[0, n)`, shared with the crew when the weights
-/// (`bytes`) are large.
-template <typename F>
-void share_columns(int n, int64_t bytes, F&& part) {
-  Crew& crew = Crew::get();
-  if (bytes < SHARE_ABOVE_BYTES || crew.helpers() == 0 || n < 2) {
-    part(0, n);
-    return;
-  }
-  const int parts = std::min(crew.helpers() + 1, n);
-  crew.run([&](int i) {
-    if (i < parts) {
-      part(static_cast<int>(static_cast<int64_t>(n) * i / parts),
-           static_cast<int>(static_cast<int64_t>(n) * (i + 1) / parts));
-    }
-  });
 }
 
 /// Every weight of `p` as floats, row after row of `k`, into `out`.
