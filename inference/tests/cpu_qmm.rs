@@ -201,6 +201,32 @@ fn many_rows_with_strided_inputs_and_several_tiles_equal_the_reference() {
     }
 }
 
+/// Products large enough to be shared with the crew (chunks claimed by each thread, the
+/// dequantized tiles of many-row products too), back to back with changing shapes so that a
+/// helper still busy with, or late for, one product meets the next: each equals the reference.
+/// Ragged widths (not a multiple of the 8-column chunk alignment) and a large `k` (narrower
+/// tiles) included.
+#[test]
+fn shared_products_back_to_back_equal_the_reference() {
+    let shapes = [
+        (1, 520, 512),
+        (3, 300, 4096),
+        (40, 520, 512),
+        (40, 300, 4096),
+        (7, 1000, 512),
+    ];
+    for round in 0..12u64 {
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            let mut case = Case::new(100 + round * 8 + i as u64, m, n, k, 64, 4);
+            let (x, w, scales, biases) = case.arrays(Dtype::Float32);
+            let out =
+                affine_product(&x, &w, &scales, &biases, case.spec(), KernelIsa::Exact).unwrap();
+            let e = worst(&case, &host(&out));
+            assert!(e < 2e-5, "round {round}, m {m} n {n} k {k}: off by {e}");
+        }
+    }
+}
+
 #[test]
 fn operands_that_do_not_fit_are_errors() {
     let mut case = Case::new(3, 2, 8, 64, 32, 4);
