@@ -461,6 +461,12 @@ class Crew {
     return static_cast<int>(threads_.size());
   }
 
+  /// Which thread of a product runs this: 0 for the caller, `1..=helpers()` for the helpers
+  /// (for buffers of one product, one per thread).
+  static int thread_index() {
+    return index_;
+  }
+
   /// Runs `job(c)` for every chunk `c` in `0..chunks`, on the caller and the helpers; returns
   /// when all are done. Products from several threads take turns.
   void run(int chunks, const std::function<void(int)>& job) {
@@ -504,7 +510,10 @@ class Crew {
   Crew() {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     for (unsigned i = 1; i < cores; ++i) {
-      threads_.emplace_back([this] { work(); });
+      threads_.emplace_back([this, i] {
+        index_ = static_cast<int>(i);
+        work();
+      });
       threads_.back().detach();
     }
   }
@@ -563,7 +572,10 @@ class Crew {
   std::atomic<int> finished_{0};
   int sleeping_ = 0; // helpers asleep on `wake_` (under `mutex_`)
   int waiting_ = 0;  // callers asleep on `done_` (under `mutex_`)
+  static thread_local int index_;
 };
+
+thread_local int Crew::index_ = 0;
 
 /// Weight bytes below which a product stays on one thread (sharing costs more than it saves).
 constexpr int64_t SHARE_ABOVE_BYTES = 128 * 1024;
@@ -725,19 +737,19 @@ bool run_sgemm(const Problem& p) {
     out = out_copy.data();
   }
   blas_on_one_thread();
+  Crew& crew = Crew::get();
   const int columns = tile_columns(p.k);
   const int tiles = (p.n + columns - 1) / columns;
+  // A tile buffer per thread, for this product only (the weights' floats never stay).
+  std::vector<std::vector<float>> buffers(crew.helpers() + 1);
   const auto tile_product = [&](int t) {
-    // Each thread's tile buffer is kept (at most 2 MiB): allocating it per tile would fault
-    // its pages in again every time.
-    thread_local std::vector<float> tile;
+    std::vector<float>& tile = buffers[Crew::thread_index()];
     const int n0 = t * columns, n1 = std::min(p.n, n0 + columns);
-    tile.resize(static_cast<size_t>(n1 - n0) * p.k);
+    tile.resize(static_cast<size_t>(columns) * p.k);
     dequantize_tile_best(p, n0, n1, tile.data());
     sgemm(ROW_MAJOR, NO_TRANS, TRANS, m, n1 - n0, p.k, 1.0f, x, ldx, tile.data(), p.k, 0.0f,
           out + n0, p.n);
   };
-  Crew& crew = Crew::get();
   if (crew.helpers() == 0 || tiles < 2) {
     for (int t = 0; t < tiles; ++t) {
       tile_product(t);
