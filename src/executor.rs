@@ -401,6 +401,7 @@ mod tests {
                     format!("{DELETED_PREFIX}{id}"),
                     serde_json::to_string(&DeletedRecord {
                         instance_id: id.clone(),
+                        seq: 1,
                     })
                     .unwrap(),
                 )]

@@ -9,7 +9,8 @@
 //!   the instance outlives its creator. Every node takes the same copy as authoritative
 //!   ([`effective`]).
 //! - `deleted/<id>` → [`DeletedRecord`]: the instance was deleted, by whichever node wrote it.
-//!   Every node honours a deletion by any author.
+//!   Every node honours a deletion by any author. The author keeps it while copies exist and
+//!   then among its newest [`KEEP_DELETIONS`].
 //! - `runner/<id>` → [`RunnerRecord`]: the writer's runner for its rank of the instance.
 //!
 //! # Re-placement
@@ -64,7 +65,22 @@ pub struct InstanceRecord {
 pub struct DeletedRecord {
     /// The deleted instance.
     pub instance_id: String,
+    /// The author's count of deletions when it wrote this one (1 for its first): its newest
+    /// [`KEEP_DELETIONS`] are kept once no copy of their instance is left (0 in records from
+    /// before the count: the oldest).
+    #[serde(default)]
+    pub seq: u64,
 }
+
+/// Deletion records an author keeps after the last copy of their instances is gone.
+///
+/// Removing a deletion as soon as its author sees no copy let a deleted instance come back:
+/// another node could hear of the deletion's removal before a third node's removal of its
+/// copy, take that stale copy for a live instance and, holding a rank of it, write its own
+/// copy again (seen in `tests/moe_cluster.rs`: all three runners created again 0.5 s after the
+/// deletion). Instance ids are never reused, so a kept deletion costs only its bytes (~100):
+/// kept this long, every copy is long gone everywhere, and the state stays bounded.
+pub const KEEP_DELETIONS: usize = 256;
 
 /// The `runner/<id>` record: the author's runner for its rank of instance `<id>`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

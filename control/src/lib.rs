@@ -53,7 +53,7 @@ pub use files::{
 };
 pub use intent::{
     effective, instance_slug, DeletedRecord, InstanceRecord, Intent, RunnerRecord, DELETED_PREFIX,
-    INSTANCE_PREFIX, RUNNER_PREFIX,
+    INSTANCE_PREFIX, KEEP_DELETIONS, RUNNER_PREFIX,
 };
 pub use reconcile::{
     publish, reconcile, ring_hosts, Effect, LifecycleCommand, LocalRunners, ModelFile, RunnerFacts,

@@ -24,7 +24,10 @@
 
 use crate::cache::PlacementCache;
 use crate::fetch::{Fetch, FetchState, Part};
-use crate::intent::{InstanceRecord, RunnerRecord, DELETED_PREFIX, INSTANCE_PREFIX, RUNNER_PREFIX};
+use crate::intent::{
+    DeletedRecord, InstanceRecord, RunnerRecord, DELETED_PREFIX, INSTANCE_PREFIX, KEEP_DELETIONS,
+    RUNNER_PREFIX,
+};
 use crate::snapshot::Snapshot;
 use crate::view::{short, InstanceView};
 use placement::{next_action, Action, Placement, RunnerStatus, Sharding, ShutdownReason};
@@ -282,23 +285,33 @@ pub fn reconcile(
         });
     }
 
-    // 2. This node's own records of deleted instances.
+    // 2. This node's own records of deleted instances: its copies go at once, its deletions
+    //    once no copy is left and newer ones are [`KEEP_DELETIONS`] (see there why).
     let deleted = snapshot.deleted();
     let copies = snapshot.instance_copies();
     if let Some(own) = snapshot.authors.get(me) {
-        for key in own.records.keys() {
-            let gone = match (
-                key.strip_prefix(INSTANCE_PREFIX),
-                key.strip_prefix(DELETED_PREFIX),
-            ) {
-                (Some(id), _) => deleted.contains(id),
-                (_, Some(id)) => !copies.contains_key(id),
-                _ => false,
-            };
-            if gone {
-                effects.push(Effect::RemoveRecord { key: key.clone() });
+        let mut settled: Vec<(u64, &String)> = Vec::new();
+        for (key, text) in &own.records {
+            if let Some(id) = key.strip_prefix(INSTANCE_PREFIX) {
+                if deleted.contains(id) {
+                    effects.push(Effect::RemoveRecord { key: key.clone() });
+                }
+            } else if let Some(id) = key.strip_prefix(DELETED_PREFIX) {
+                if !copies.contains_key(id) {
+                    let seq = serde_json::from_str::<DeletedRecord>(text).map_or(0, |d| d.seq);
+                    settled.push((seq, key));
+                }
             }
         }
+        settled.sort();
+        let excess = settled.len().saturating_sub(KEEP_DELETIONS);
+        effects.extend(
+            settled[..excess]
+                .iter()
+                .map(|(_, key)| Effect::RemoveRecord {
+                    key: (*key).clone(),
+                }),
+        );
     }
 
     // 3. Stale runners.

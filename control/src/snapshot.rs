@@ -66,6 +66,16 @@ impl Snapshot {
         node != self.me && self.authors.get(node).is_some_and(|a| a.dead)
     }
 
+    /// The `seq` of this node's next deletion record: one more than its newest.
+    pub fn next_deletion_seq(&self) -> u64 {
+        self.records::<DeletedRecord>(DELETED_PREFIX)
+            .filter(|(author, _, _)| *author == self.me)
+            .map(|(_, _, record)| record.seq)
+            .max()
+            .unwrap_or(0)
+            + 1
+    }
+
     /// Ids of instances some node deleted.
     pub fn deleted(&self) -> BTreeSet<String> {
         self.records::<DeletedRecord>(DELETED_PREFIX)

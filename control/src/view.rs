@@ -296,6 +296,7 @@ mod tests {
             format!("{DELETED_PREFIX}{}", r.id()),
             json(&DeletedRecord {
                 instance_id: r.id().into(),
+                seq: 1,
             }),
         );
         assert!(snap.instances(&cache).is_empty());

@@ -328,13 +328,16 @@ fn the_control_plane_by_table() {
     }
 
     // 4. Deleted by another node: d writes the deletion; every rank node drops its runner and
-    //    its copy; d removes its deletion once no copy is left.
+    //    its copy; d keeps its deletion after the last copy is gone (a stale copy elsewhere
+    //    must not bring the instance back), until it has KEEP_DELETIONS newer settled ones:
+    //    then the oldest go first.
     let (mut deleted, _) = steady();
     deleted.write(
         "d",
         &format!("{DELETED_PREFIX}{ID}"),
         json(&control::DeletedRecord {
             instance_id: ID.into(),
+            seq: 1,
         }),
     );
     let gone = vec![Effect::RemoveRecord { key: key(ID) }, drop_runner(ID)];
@@ -345,13 +348,34 @@ fn the_control_plane_by_table() {
     );
     apply_records(&mut deleted);
     check(
-        "instance deleted, copies gone",
+        "instance deleted, copies gone: d keeps its deletion",
+        &deleted,
+        &BTreeMap::new(),
+    );
+    for seq in 2..=(control::KEEP_DELETIONS as u64 + 2) {
+        let id = format!("older-{seq:04}");
+        deleted.write(
+            "d",
+            &format!("{DELETED_PREFIX}{id}"),
+            json(&control::DeletedRecord {
+                instance_id: id.clone(),
+                seq,
+            }),
+        );
+    }
+    check(
+        "more settled deletions than d keeps: its two oldest go",
         &deleted,
         &[(
             "d",
-            vec![Effect::RemoveRecord {
-                key: format!("{DELETED_PREFIX}{ID}"),
-            }],
+            vec![
+                Effect::RemoveRecord {
+                    key: format!("{DELETED_PREFIX}{ID}"),
+                },
+                Effect::RemoveRecord {
+                    key: format!("{DELETED_PREFIX}older-0002"),
+                },
+            ],
         )]
         .into(),
     );

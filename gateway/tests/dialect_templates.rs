@@ -37,8 +37,12 @@ fn templates() -> PathBuf {
 
 /// Renders `jobs` with jinja2 (the inference tests' renderer): text, or jinja2's error.
 fn jinja2(jobs: &[Value]) -> Vec<Result<String, String>> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../inference/tests/reference/jinja2_render.py");
+    // Where cargo says this package is now (a binary reused from another checkout carries
+    // that checkout's path in `env!`).
+    let package = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let script = package.join("../inference/tests/reference/jinja2_render.py");
     let mut child = Command::new(kit::dirs::python())
         .arg(script)
         .stdin(Stdio::piped())

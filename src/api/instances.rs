@@ -196,6 +196,7 @@ impl Instances<'_> {
         let answer = self.get(id)?;
         let record = serde_json::to_value(DeletedRecord {
             instance_id: id.to_string(),
+            seq: self.node.context.snapshot().next_deletion_seq(),
         })
         .map_err(|e| ApiError::internal(e.to_string()))?;
         self.node

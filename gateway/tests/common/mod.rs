@@ -207,9 +207,7 @@ pub async fn python_script(name: &str, args: &[String], limit: Duration) -> Stri
          (or just `cargo xtask pyenv`); run it, then this test again",
         python.display()
     );
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join(name);
+    let script = package_dir().join("tests").join(name);
     let mut command = tokio::process::Command::new(&python);
     command.arg(&script).args(args).kill_on_drop(true);
     // Loopback only: no proxy may intercept.
@@ -236,4 +234,13 @@ pub async fn python_script(name: &str, args: &[String], limit: Duration) -> Stri
         output.status
     );
     stdout
+}
+
+/// This package's folder, as cargo names it to the running test (a test binary reused from
+/// another checkout of the same sources, in a shared target folder, carries that checkout's
+/// path in `env!`), else as it was at compile time.
+pub fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
