@@ -195,6 +195,34 @@ fn an_edited_config_is_an_error_or_a_model_never_a_crash() {
     assert!(loaded * 4 > case, "only {loaded} of {case} loaded");
 }
 
+/// Latent attention's widths set far too large are refused before anything is sized by them
+/// (a `qk_rope_head_dim` of 2^40 once aborted the process allocating YaRN's periods: the
+/// property above found it).
+#[test]
+fn huge_latent_widths_are_refused() {
+    let huge = values()
+        .iter()
+        .position(|v| v == &json!(1u64 << 40))
+        .unwrap();
+    for name in [
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+        "v_head_dim",
+    ] {
+        let key = KEYS.iter().position(|k| *k == name).unwrap();
+        for folder in [5, 6] {
+            assert_eq!(FOLDERS[folder].0, "deepseek_v3");
+            assert!(
+                !edited(folder, &[(key, huge)], 10_000 + key * 2 + folder),
+                "{name} = 2^40 loaded in {:?}",
+                FOLDERS[folder]
+            );
+        }
+    }
+}
+
 /// The fixtures themselves load (the property above would pass vacuously without them).
 #[test]
 fn the_unedited_folders_load() {

@@ -56,6 +56,22 @@ impl ModelConfig {
                 ));
             }
         }
+        if let Some(latent) = &self.attention.latent {
+            // Each width sizes tables and projections before any weight is read (YaRN's
+            // periods: half the rotated width): an edited config once asked for 2 TiB.
+            let heads = [
+                latent.qk_nope_head_dim,
+                latent.qk_rope_head_dim,
+                latent.v_head_dim,
+            ];
+            let ranks = [latent.kv_lora_rank, latent.q_lora_rank.unwrap_or(0)];
+            if heads.iter().any(|&w| w > 1024) || ranks.iter().any(|&r| r > 1 << 16) {
+                return bad(format!(
+                    "latent attention of {latent:?}: implausibly large widths (heads' at most \
+                     1024, ranks at most 65536)"
+                ));
+            }
+        }
         if let Some(moe) = &self.moe {
             if moe.num_experts == 0
                 || moe.experts_per_token == 0
