@@ -50,8 +50,9 @@ use support::{call, logs, runner_pids, three_rank_pipeline_beside, wait_for, Sho
 
 /// The step deadline the nodes run with: a ring cut in the middle of a step ends by it. Far
 /// below the default (60 s) so that a stalled ring ends within [`REQUEST_LIMIT`], and well above
-/// a step under the delay phase (under 1 s), also where this 2-core machine runs other work
-/// beside the test's seven processes (two busy processes beside it: passed).
+/// a step under the delay phase (a chat of ~10 tokens completes every 4–7 s), also where this
+/// 2-core machine runs other work beside the test's seven processes (two busy processes beside
+/// it: passed).
 const STEP_TIMEOUT_S: u64 = 10;
 
 /// The loss on node 3's link in the second phase, and for how long.

@@ -16,6 +16,8 @@
 //! Needs the reference templates and jinja2 (`cargo xtask setup`): fails otherwise, or with
 //! `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
+mod common;
+
 use gateway::answer::{AnswerForm, AnswerSplitter};
 use gateway::answer_part::AnswerPart;
 use gateway::tools::dialect::Dialect;
@@ -37,12 +39,7 @@ fn templates() -> PathBuf {
 
 /// Renders `jobs` with jinja2 (the inference tests' renderer): text, or jinja2's error.
 fn jinja2(jobs: &[Value]) -> Vec<Result<String, String>> {
-    // Where cargo says this package is now (a binary reused from another checkout carries
-    // that checkout's path in `env!`).
-    let package = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    let script = package.join("../inference/tests/reference/jinja2_render.py");
+    let script = common::package_dir().join("../inference/tests/reference/jinja2_render.py");
     let mut child = Command::new(kit::dirs::python())
         .arg(script)
         .stdin(Stdio::piped())

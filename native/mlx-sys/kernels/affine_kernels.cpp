@@ -336,8 +336,10 @@ void with_bits(int bits, F&& f) {
   }
 }
 #endif
-/// `pairs` for `block4_avx2` and `block4_neon`: x's rows with each block of 32 columns as its 16 even columns,
-/// then its 16 odd ones. Empty where that path does not serve (`k` not in blocks of 32).
+
+/// `pairs` for `block4_avx2` and `block4_neon`: x's rows with each block of 32 columns as its
+/// 16 even columns, then its 16 odd ones. Empty where that path does not serve (`k` not in
+/// blocks of 32).
 std::vector<float> pair_columns(const Problem& p) {
   std::vector<float> pairs;
   if (p.bits != 4 || p.group % 32 != 0) {
@@ -357,7 +359,6 @@ std::vector<float> pair_columns(const Problem& p) {
   }
   return pairs;
 }
-
 
 #if defined(__aarch64__)
 /// [`block4_avx2`] with NEON for one row: sixteen bytes give 32 weights as even and odd
@@ -395,7 +396,6 @@ void block4_neon(const Problem& p, const std::vector<float>& xsums, const float*
   }
 }
 #endif
-
 
 /// How long a helper keeps checking for the next product before it sleeps, and the caller
 /// for the helpers' last chunks before it does: a decode step's products come a few tens of
@@ -635,8 +635,9 @@ Sgemm find_sgemm() {
 /// per thread and its threads wait for each other by yielding the core; where the cores are
 /// busy (other processes, or ranks of a ring on one machine) a yield hands the core away for
 /// a time slice, and a waiting share holds the product for as long. Three ranks of the
-/// fixture on this 2-core machine beside two busy processes: steps took over 5 s with
-/// OpenBLAS's threads, chats took ~1 s on one (tests/partition_under_load.rs's load).
+/// fixture on this 2-core machine beside two busy processes (tests/partition_under_load.rs):
+/// with OpenBLAS's threads no step finished within 5 s; on one thread each client completed
+/// 5 chats in the 20 s of the delay phase.
 /// Nothing happens where the BLAS is another one (Accelerate on macOS).
 void blas_on_one_thread() {
   static const bool done = [] {

@@ -332,8 +332,8 @@ array affine_product(
       {x, readable(w, stream), readable(scales, stream), readable(biases, stream)});
 }
 
-/// Builds the gathered product's node: `x` `[..., m, k]`, `indices` `[...]` (broadcast
-/// together), weights `[experts, n, k']`; the output is `[broadcast..., m, n]`.
+/// Builds SwiGLU's node: `x` `[..., k]` and a gate and an up projection `[n, k']` of one
+/// layout; the output is `[..., n]`.
 array swiglu_product(
     const array& x,
     const array& wg,
@@ -360,6 +360,8 @@ array swiglu_product(
        readable(su, stream), readable(bu, stream)});
 }
 
+/// Builds the gathered product's node: `x` `[..., m, k]`, `indices` `[...]` (broadcast
+/// together), weights `[experts, n, k']`; the output is `[broadcast..., m, n]`.
 array affine_gather_product(
     const array& x,
     const array& w,

@@ -50,11 +50,7 @@ inline std::vector<int64_t> row_offsets(const mlx::core::array& a) {
   return out;
 }
 
-} // namespace shoal
-
-namespace shoal {
-
-/// The message of the last error a shoal entry reported on this thread (`shoal_last_error`):
+/// The message of the last error a shoal entry reported on this thread (`shoal_take_last_error`):
 /// mlx-rs's handler keeps mlx-c's messages to itself, so the Rust side reads shoal's here.
 inline thread_local std::string last_error;
 
