@@ -5,6 +5,7 @@
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use std::collections::HashMap;
 use std::fmt;
 
 /// A JSON value whose objects keep their keys in order.
@@ -128,11 +129,18 @@ impl<'de> Visitor<'de> for OrderedVisitor {
         Ok(Ordered::Array(items))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
+        // A repeated key is found through an index of the keys seen, not by scanning the
+        // entries: a scan made one object of n keys cost n²/2 comparisons (100,000 keys held a
+        // serving thread for 14 s).
         let mut entries: Vec<(String, Ordered)> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
         while let Some((k, v)) = map.next_entry::<String, Ordered>()? {
-            match entries.iter_mut().find(|(key, _)| *key == k) {
-                Some(entry) => entry.1 = v,
-                None => entries.push((k, v)),
+            match index.get(&k) {
+                Some(&at) => entries[at].1 = v,
+                None => {
+                    index.insert(k.clone(), entries.len());
+                    entries.push((k, v));
+                }
             }
         }
         Ok(Ordered::Object(entries))
@@ -159,5 +167,32 @@ mod tests {
             Some("s")
         );
         assert!(Ordered::parse(b"{\"a\": ").is_none());
+    }
+
+    /// One object of many keys parses in time linear in its keys (the repeated-key scan was
+    /// quadratic: 100,000 keys took 14 s), and a repeated key still keeps its last value in its
+    /// first place.
+    #[test]
+    fn many_keys_parse_in_linear_time() {
+        let keys = 200_000;
+        let mut text = String::from("{");
+        for i in 0..keys {
+            text.push_str(&format!("\"k{i}\":{i},"));
+        }
+        text.push_str("\"k7\":\"last\"}");
+        let started = std::time::Instant::now();
+        let v = Ordered::parse(text.as_bytes()).unwrap();
+        let took = started.elapsed();
+        let Ordered::Object(entries) = &v else {
+            panic!("an object")
+        };
+        assert_eq!(entries.len(), keys);
+        assert_eq!(
+            entries[7],
+            ("k7".to_owned(), Ordered::String("last".into()))
+        );
+        assert_eq!(v.get("k199999"), Some(&Ordered::Number(199_999.into())));
+        // Linear: ~0.1 s in a debug build on 2 cores; the quadratic scan took minutes.
+        assert!(took.as_secs_f64() < 5.0, "200,000 keys took {took:?}");
     }
 }
