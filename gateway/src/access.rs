@@ -22,7 +22,7 @@
 //! rebinding) sends its own domain as `Host`, which is refused. `--cors-origin '*'` restores
 //! the old open behaviour.
 
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{echo, ApiError, ErrorKind};
 use hyper::header::{HeaderValue, AUTHORIZATION, HOST, ORIGIN};
 use hyper::HeaderMap;
 use sha2::{Digest, Sha256};
@@ -292,6 +292,7 @@ fn is_local_host(host: &str) -> bool {
 }
 
 fn foreign_origin(origin: &str) -> ApiError {
+    let origin = echo(origin);
     ApiError::new(
         ErrorKind::Forbidden,
         format!(

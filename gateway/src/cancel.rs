@@ -13,7 +13,7 @@
 
 use crate::access::Caller;
 use crate::body::{json_response, GatewayBody};
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{echo, ApiError, ErrorKind};
 use hyper::{Response, StatusCode};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -64,9 +64,10 @@ impl Running {
             return Err(ApiError::new(
                 ErrorKind::NotFound,
                 format!(
-                    "no request `{id}` of yours is running on this node; cancel a request on \
+                    "no request `{}` of yours is running on this node; cancel a request on \
                      the node that received it, with the id its answer carries and the API key \
-                     that started it"
+                     that started it",
+                    echo(id)
                 ),
             )
             .with_code("request_not_found"));

@@ -3,7 +3,7 @@
 //! typed in [`crate::exo`].
 
 use crate::backend::Backend;
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{echo, ApiError, ErrorKind};
 use serde_json::Value;
 
 /// `GET /state/{path}`: the subtree of `state` at a slash-separated path. Object keys match
@@ -16,7 +16,7 @@ pub fn state_subtree<'a>(state: &'a Value, path: &str) -> Result<&'a Value, ApiE
         let segment = percent_decode(raw).ok_or_else(|| {
             ApiError::new(
                 ErrorKind::InvalidRequest,
-                format!("bad percent-encoding in path segment `{raw}`"),
+                format!("bad percent-encoding in path segment `{}`", echo(raw)),
             )
         })?;
         let next = match node {
@@ -30,7 +30,7 @@ pub fn state_subtree<'a>(state: &'a Value, path: &str) -> Result<&'a Value, ApiE
                 ErrorKind::NotFound,
                 format!(
                     "no `{}` in the state; GET /state shows what exists",
-                    walked.join("/")
+                    echo(&walked.join("/"))
                 ),
             )
             .with_code("state_path_not_found")

@@ -3,7 +3,38 @@
 
 use hyper::StatusCode;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::fmt;
+
+/// Most bytes of a client's own input (a model name, a path, a field's value) that an error
+/// message repeats: enough to recognise it, and a 1 MB model name no longer comes back as a
+/// 1 MB 404.
+pub const MAX_ECHO_BYTES: usize = 200;
+
+/// Most bytes of an error message's own text that a client is sent, whoever wrote it: the
+/// bound behind [`echo`] for messages built outside the gateway (a node's "every instance
+/// failed" list, the model registry's errors) that may repeat input without it.
+pub const MAX_MESSAGE_BYTES: usize = 8192;
+
+/// `text` cut to at most `max_bytes` (at a character boundary), marked with "…" and its whole
+/// length, when it is longer: the one bound every repeated input and every answered message
+/// goes through.
+pub fn bounded(text: &str, max_bytes: usize) -> Cow<'_, str> {
+    if text.len() <= max_bytes {
+        return Cow::Borrowed(text);
+    }
+    let mut cut = max_bytes;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Cow::Owned(format!("{}… ({} bytes in all)", &text[..cut], text.len()))
+}
+
+/// A client's own input as an error message repeats it: whole up to [`MAX_ECHO_BYTES`], else
+/// its start and its length ([`bounded`]).
+pub fn echo(input: &str) -> Cow<'_, str> {
+    bounded(input, MAX_ECHO_BYTES)
+}
 
 /// What kind of failure an [`ApiError`] is; it decides the HTTP status and the `type` field.
 ///
@@ -133,6 +164,7 @@ impl ApiError {
     /// 404: the model is not known to the cluster; the message lists the models that exist so
     /// the user can pick one.
     pub fn model_not_found(model: &str, available: &[String]) -> ApiError {
+        let model = echo(model);
         let list = if available.is_empty() {
             "none yet: place an instance with POST /place_instance".to_string()
         } else {
@@ -148,6 +180,7 @@ impl ApiError {
 
     /// 503: the model is known but no instance of it is running (or ready) yet.
     pub fn no_instance(model: &str) -> ApiError {
+        let model = echo(model);
         ApiError::new(
             ErrorKind::Unavailable,
             format!(
@@ -197,11 +230,17 @@ impl ApiError {
         self.kind.status()
     }
 
+    /// The message as a client is sent it: at most [`MAX_MESSAGE_BYTES`] of its text
+    /// ([`bounded`]), whichever crate built it. Every API's error body takes it from here.
+    pub fn client_message(&self) -> Cow<'_, str> {
+        bounded(&self.message, MAX_MESSAGE_BYTES)
+    }
+
     /// The `{"error": {...}}` body; absent param and code are omitted, as clients expect
     /// no null fields.
     pub fn to_json(&self) -> Value {
         let mut inner = Map::new();
-        inner.insert("message".into(), Value::String(self.message.clone()));
+        inner.insert("message".into(), self.client_message().into());
         inner.insert("type".into(), Value::String(self.kind.type_name().into()));
         if let Some(param) = &self.param {
             inner.insert("param".into(), Value::String(param.clone()));
@@ -233,6 +272,46 @@ mod tests {
         assert_eq!(j["error"]["code"], "model_not_found");
         assert_eq!(j["error"]["param"], "model");
         assert!(j["error"]["message"].as_str().unwrap().contains("a, b"));
+    }
+
+    /// Echoed input keeps its first 200 bytes (cut at a character boundary) and its length;
+    /// a 1 MB model name makes a 404 of a few hundred bytes, not of 1 MB.
+    #[test]
+    fn echoed_input_is_bounded() {
+        assert_eq!(echo("short"), "short");
+        let exact = "a".repeat(MAX_ECHO_BYTES);
+        assert_eq!(echo(&exact), exact.as_str());
+        let long = "é".repeat(150); // 300 bytes; byte 200 is a boundary, 201 is not
+        assert_eq!(
+            echo(&long),
+            format!("{}… (300 bytes in all)", "é".repeat(100))
+        );
+        let odd = format!("a{}", "é".repeat(150)); // byte 200 falls inside a character
+        assert_eq!(
+            echo(&odd),
+            format!("a{}… (301 bytes in all)", "é".repeat(99))
+        );
+
+        let huge = "m".repeat(1 << 20);
+        let body = ApiError::model_not_found(&huge, &["a".into()])
+            .to_json()
+            .to_string();
+        assert!(body.len() < 600, "{} bytes", body.len());
+        assert!(body.contains(&format!("`{}… (1048576 bytes in all)`", &huge[..200])));
+        let body = ApiError::no_instance(&huge).to_json().to_string();
+        assert!(body.len() < 1000, "{} bytes", body.len());
+    }
+
+    /// A message built elsewhere that repeats input whole is still bounded when answered.
+    #[test]
+    fn answered_messages_are_bounded() {
+        let e = ApiError::internal("x".repeat(1 << 20));
+        let sent = e.to_json()["error"]["message"].as_str().unwrap().to_owned();
+        assert_eq!(
+            sent,
+            format!("{}… (1048576 bytes in all)", "x".repeat(MAX_MESSAGE_BYTES))
+        );
+        assert_eq!(e.client_message(), sent);
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::backend::{
     Backend, BoxFuture, CancellationToken, ChatEvent, ChatRequest, ChatStream,
     CreateInstanceRequest, FinishReason, ModelInfo, PlaceInstanceRequest, TokenLogprob,
 };
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{echo, ApiError, ErrorKind};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -377,7 +377,7 @@ impl Backend for FakeBackend {
             if instances.contains_key(&id) {
                 return Err(ApiError::new(
                     ErrorKind::Conflict,
-                    format!("instance `{id}` exists already"),
+                    format!("instance `{}` exists already", echo(&id)),
                 ));
             }
             instances.insert(id, instance.clone());
@@ -402,7 +402,9 @@ impl Backend for FakeBackend {
     fn instance(&self, id: String) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
             let found = self.instances.lock().ok().and_then(|i| i.get(&id).cloned());
-            found.ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no instance `{id}`")))
+            found.ok_or_else(|| {
+                ApiError::new(ErrorKind::NotFound, format!("no instance `{}`", echo(&id)))
+            })
         })
     }
 
@@ -411,7 +413,9 @@ impl Backend for FakeBackend {
             let removed = self.instances.lock().ok().and_then(|mut i| i.remove(&id));
             removed
                 .map(|instance| json!({ "deleted": id, "instance": instance }))
-                .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no instance `{id}`")))
+                .ok_or_else(|| {
+                    ApiError::new(ErrorKind::NotFound, format!("no instance `{}`", echo(&id)))
+                })
         })
     }
 
@@ -426,7 +430,7 @@ impl Backend for FakeBackend {
                 )),
                 _ => Err(ApiError::new(
                     ErrorKind::NotFound,
-                    format!("this node holds no copy of `{model}`"),
+                    format!("this node holds no copy of `{}`", echo(&model)),
                 )),
             }
         })

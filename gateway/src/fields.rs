@@ -2,7 +2,7 @@
 //! has the wrong type or range. Shared by every API's parser, so that each states its
 //! limits the same way.
 
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{echo, ApiError, ErrorKind};
 use serde_json::{Map, Value};
 
 /// A request body as a JSON object: 400 `invalid_json` when it is not JSON, 400 when it is
@@ -146,7 +146,8 @@ pub fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiE
             Some(v) => Ok(Some(v)),
             // Accept integral floats such as 16.0, which some clients send.
             None => match n.as_f64() {
-                Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => {
+                // `u64::MAX as f64` is 2^64, which does not fit: the bound is exclusive.
+                Some(f) if f >= 0.0 && f.fract() == 0.0 && f < u64::MAX as f64 => {
                     Ok(Some(f as u64))
                 }
                 _ => Err(ApiError::invalid_field(
@@ -159,6 +160,43 @@ pub fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiE
             name,
             format!("`{name}` must be a non-negative integer"),
         )),
+    }
+}
+
+/// An optional non-negative integer that must fit in 32 bits (token counts, `top_k`): a
+/// larger one is a 400 stating the bound, not clamped, so that a client's mistake (2^64
+/// `max_tokens`) is not silently answered as something else.
+pub fn opt_u32(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
+    let too_large = |n: &dyn std::fmt::Display| {
+        ApiError::invalid_field(
+            name,
+            format!("`{name}` must be at most {}, not {n}", u32::MAX),
+        )
+    };
+    // Integral floats (16.0) are integers too: anything from 2^32 up is refused, however
+    // written (2^64 and 1e300 included, which `opt_u64` would call "not an integer").
+    if let Some(Value::Number(n)) = obj.get(name) {
+        if n.as_f64()
+            .is_some_and(|f| f.fract() == 0.0 && f > f64::from(u32::MAX))
+        {
+            return Err(too_large(n));
+        }
+    }
+    match opt_u64(obj, name)? {
+        Some(v) => u32::try_from(v).map(Some).map_err(|_| too_large(&v)),
+        None => Ok(None),
+    }
+}
+
+/// A bound on the tokens to generate (`max_tokens`, `max_completion_tokens`,
+/// `max_output_tokens`): at least 1 and at most `u32::MAX` ([`opt_u32`]).
+pub fn opt_max_tokens(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
+    match opt_u32(obj, name)? {
+        Some(0) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be at least 1"),
+        )),
+        n => Ok(n),
     }
 }
 
@@ -223,7 +261,10 @@ pub fn parse_logit_bias(
         let Ok(token) = key.parse::<u32>() else {
             return Err(ApiError::invalid_field(
                 name,
-                format!("`{name}` keys must be token ids (non-negative integers such as \"50256\"), not {key:?}"),
+                format!(
+                    "`{name}` keys must be token ids (non-negative integers such as \"50256\"), not {:?}",
+                    echo(key)
+                ),
             ));
         };
         match bias.as_f64() {
@@ -233,7 +274,10 @@ pub fn parse_logit_bias(
             _ => {
                 return Err(ApiError::invalid_field(
                     name,
-                    format!("`{name}` of token {key} must be a number between -{MAX_BIAS} and {MAX_BIAS}, not {bias}"),
+                    format!(
+                        "`{name}` of token {key} must be a number between -{MAX_BIAS} and {MAX_BIAS}, not {}",
+                        echo(&bias.to_string())
+                    ),
                 ))
             }
         }

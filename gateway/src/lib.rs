@@ -68,7 +68,7 @@ pub use backend::{
     Tool, ToolCall, ToolChoice,
 };
 pub use config::{EventsConfig, GatewayConfig};
-pub use error::{ApiError, ErrorKind};
+pub use error::{echo, ApiError, ErrorKind};
 pub use exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use router::Router;
 pub use server::{serve, serve_with, DEFAULT_API_PORT};

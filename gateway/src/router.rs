@@ -9,7 +9,7 @@ use crate::cancel::Running;
 use crate::chat::chat_completions;
 use crate::cluster;
 use crate::config::GatewayConfig;
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{echo, ApiError, ErrorKind};
 use crate::generation::Ctx;
 use crate::openai::response::models_json;
 use crate::request_body::{read_body, BODY_BUDGET_CODE};
@@ -320,7 +320,11 @@ impl Router {
         let Some((route, rest)) = Route::find(path) else {
             return Err(ApiError::new(
                 ErrorKind::NotFound,
-                format!("no route for {} {path}", parts.method),
+                format!(
+                    "no route for {} {}; see the README for the API's routes",
+                    echo(parts.method.as_str()),
+                    echo(path)
+                ),
             )
             .with_code("unknown_route"));
         };
@@ -448,14 +452,22 @@ impl Router {
                 Some(file) => Ok(crate::dashboard::response(file)),
                 None => Err(ApiError::new(
                     ErrorKind::NotFound,
-                    format!("the dashboard has no file `{rest}`; open / for its page"),
+                    format!(
+                        "the dashboard has no file `{}`; open / for its page",
+                        echo(rest)
+                    ),
                 )
                 .with_code("unknown_route")),
             },
             (Route::Events, &Method::GET) => self.events.open(),
             _ => Err(ApiError::new(
                 ErrorKind::MethodNotAllowed,
-                format!("{method} is not allowed on {path}; use {}", route.methods()),
+                format!(
+                    "{} is not allowed on {}; use {}",
+                    echo(method.as_str()),
+                    echo(path),
+                    route.methods()
+                ),
             )),
         }
     }

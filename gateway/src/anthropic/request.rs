@@ -5,9 +5,10 @@
 //! Each mistake is a 400 naming its field.
 
 use crate::backend::{ChatMessage, ChatRequest, RequestedSampling, ToolCall};
-use crate::error::ApiError;
+use crate::error::{echo, ApiError};
 use crate::fields::{
-    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_stop, required_string,
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, opt_u32, parse_stop,
+    required_string,
 };
 use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_anthropic_tool_choice, parse_tools, ToolShape};
@@ -28,16 +29,10 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
     let ordered = Ordered::parse(body);
     let ordered_at = |key: &str| ordered.as_ref().and_then(|o| o.get(key));
     let model = required_string(obj.get("model"), "model")?;
-    let max_tokens = match opt_u64(&obj, "max_tokens")? {
+    let max_tokens = match opt_max_tokens(&obj, "max_tokens")? {
         None if counting => None,
         None => return Err(ApiError::missing_field("max_tokens")),
-        Some(0) => {
-            return Err(ApiError::invalid_field(
-                "max_tokens",
-                "`max_tokens` must be at least 1",
-            ))
-        }
-        Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        n => n,
     };
     let mut messages = parse_system(obj.get("system"))?;
     messages.extend(parse_turns(obj.get("messages"), ordered_at("messages"))?);
@@ -68,7 +63,7 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
         // Anthropic's range is 0..1; the engine's is wider, so 1 stays 1.
         temperature: opt_f32_in(&obj, "temperature", 0.0, 1.0)?,
         top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
-        top_k: opt_u64(&obj, "top_k")?.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+        top_k: opt_u32(&obj, "top_k")?,
         stop: parse_stop(obj.get("stop_sequences"), "stop_sequences")?,
         ..RequestedSampling::default()
     };
@@ -256,7 +251,11 @@ fn parse_turn(
             Some(other) => {
                 return Err(ApiError::invalid_field(
                     &param,
-                    format!("unknown content block type `{other}`"),
+                    format!(
+                        "unknown content block type `{}`; send text, tool_use, tool_result \
+                         or thinking blocks",
+                        echo(other)
+                    ),
                 ))
             }
             None => {
@@ -305,11 +304,29 @@ fn tool_result_text(value: Option<&Value>, param: &str) -> Result<String, ApiErr
 
 /// `thinking`, as the template's switch: on for `enabled`, off for `disabled`, the model's
 /// default for `adaptive`.
+/// Smallest `thinking.budget_tokens` accepted: Anthropic's own minimum.
+pub const MIN_THINKING_BUDGET: u32 = 1024;
+
+/// `thinking`: on, off, or the model's default (`adaptive`). shoal does not cut thinking at
+/// `budget_tokens` (`max_tokens` bounds the whole answer), but a budget no client of
+/// Anthropic's API could send (-1, 0, 2^64) is a 400, as there, not a silent success.
 fn parse_thinking(value: Option<&Value>) -> Result<Option<bool>, ApiError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(t)) if t.get("type").and_then(Value::as_str) == Some("enabled") => {
-            Ok(Some(true))
+            match crate::fields::opt_u32(t, "budget_tokens") {
+                Ok(None) => Ok(Some(true)),
+                Ok(Some(n)) if n >= MIN_THINKING_BUDGET => Ok(Some(true)),
+                _ => Err(ApiError::invalid_field(
+                    "thinking.budget_tokens",
+                    format!(
+                        "`thinking.budget_tokens` must be an integer from {MIN_THINKING_BUDGET} \
+                         to {} (Anthropic's bounds); shoal does not stop thinking at the \
+                         budget, `max_tokens` bounds the whole answer",
+                        u32::MAX
+                    ),
+                )),
+            }
         }
         Some(Value::Object(t)) if t.get("type").and_then(Value::as_str) == Some("disabled") => {
             Ok(Some(false))
@@ -332,6 +349,80 @@ mod tests {
 
     fn parse(v: Value) -> Result<ParsedMessages, ApiError> {
         parse_messages_request(v.to_string().as_bytes(), false)
+    }
+
+    /// `tool_choice` of type `any` or `tool` with no `tools` is a 400 naming `tool_choice`, as
+    /// Anthropic answers; `any` used to be ignored and answered with text.
+    #[test]
+    fn a_forced_call_needs_tools() {
+        let base = || json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+        for choice in [json!({"type": "any"}), json!({"type": "tool", "name": "f"})] {
+            for tools in [None, Some(json!([]))] {
+                let mut v = base();
+                v["tool_choice"] = choice.clone();
+                if let Some(t) = &tools {
+                    v["tools"] = t.clone();
+                }
+                let e = parse(v).unwrap_err();
+                assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{choice}");
+                assert_eq!(e.param.as_deref(), Some("tool_choice"));
+                assert!(
+                    e.message.contains(
+                        "of type `any` or `tool` forces a tool call, but the \
+                                        request offers no `tools`"
+                    ),
+                    "{}",
+                    e.message
+                );
+            }
+            let mut v = base();
+            v["tool_choice"] = choice.clone();
+            v["tools"] = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+            assert!(parse(v).is_ok(), "{choice}");
+        }
+        for choice in [json!({"type": "auto"}), json!({"type": "none"})] {
+            let mut v = base();
+            v["tool_choice"] = choice.clone();
+            assert!(parse(v).is_ok(), "{choice}");
+        }
+    }
+
+    /// `thinking.budget_tokens` below Anthropic's 1024, negative, fractional, beyond 32 bits or
+    /// not a number is a 400 naming it; -1 used to be accepted.
+    #[test]
+    fn thinking_budget_is_bounded() {
+        let with = |budget: &str| {
+            let body = format!(
+                r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}],"thinking":{{"type":"enabled","budget_tokens":{budget}}}}}"#
+            );
+            parse_messages_request(body.as_bytes(), false)
+        };
+        for bad in [
+            "-1",
+            "0",
+            "1023",
+            "1024.5",
+            "4294967296",
+            "18446744073709551616",
+            "\"1024\"",
+        ] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(e.param.as_deref(), Some("thinking.budget_tokens"), "{bad}");
+            assert!(
+                e.message
+                    .contains("must be an integer from 1024 to 4294967295"),
+                "{}",
+                e.message
+            );
+        }
+        for good in ["1024", "4294967295", "null"] {
+            assert_eq!(
+                with(good).unwrap().request.enable_thinking,
+                Some(true),
+                "{good}"
+            );
+        }
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub fn error_json(e: &ApiError) -> Value {
         Busy => "rate_limit_error",
         Internal => "api_error",
     };
-    json!({"type": "error", "error": {"type": kind, "message": e.message}})
+    json!({"type": "error", "error": {"type": kind, "message": e.client_message()}})
 }
 
 /// The stream of one message: a `thinking` block when the model thinks, then a text block,

@@ -9,7 +9,7 @@ pub mod response;
 
 use crate::backend::{Backend, ModelInfo};
 use crate::body::{json_response, GatewayBody};
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{echo, ApiError, ErrorKind};
 use crate::generation::{accept, Ctx};
 use hyper::{Response, StatusCode};
 use request::{model_name, parse_ollama_request, Endpoint, ParsedOllama};
@@ -100,8 +100,11 @@ async fn find_model(backend: &dyn Backend, name: &str) -> Result<ModelInfo, ApiE
         .into_iter()
         .find(|m| m.id == id)
         .ok_or_else(|| {
-            ApiError::new(ErrorKind::NotFound, format!("model '{name}' not found"))
-                .with_param("model")
-                .with_code("model_not_found")
+            ApiError::new(
+                ErrorKind::NotFound,
+                format!("model '{}' not found", echo(name)),
+            )
+            .with_param("model")
+            .with_code("model_not_found")
         })
 }

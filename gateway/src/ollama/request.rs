@@ -1,13 +1,14 @@
 //! Parsing Ollama's `/api/chat` and `/api/generate` bodies into the gateway's
 //! [`ChatRequest`]. `options` carries the sampling settings (`num_predict`, `temperature`,
 //! `top_p`, `top_k`, `min_p`, `seed`, `stop`, the penalties); options shoal has no use for
-//! (`num_ctx`, `num_gpu`, ...) are ignored, as Ollama ignores unknown ones. Streaming is the
+//! (`num_gpu`, ...) are ignored, as Ollama ignores unknown ones, and `num_ctx` is only checked
+//! to be a context some model could have ([`MAX_NUM_CTX`]). Streaming is the
 //! default, as in Ollama. Each mistake is a 400 naming its field.
 
 use crate::backend::{ChatMessage, ChatRequest, RequestedSampling, ToolCall};
-use crate::error::ApiError;
+use crate::error::{echo, ApiError};
 use crate::fields::{
-    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, parse_stop,
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u32, parse_seed, parse_stop,
     reasoning_effort, required_string,
 };
 use crate::tools::json::Ordered;
@@ -259,6 +260,9 @@ fn parse_logprobs(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
     Ok((asked || top > 0).then_some(top))
 }
 
+/// Largest `options.num_ctx` accepted: 2^24 tokens (16 M), beyond any model's context today.
+pub const MAX_NUM_CTX: u32 = 1 << 24;
+
 /// `options`, with errors naming `options.FIELD`.
 fn parse_options(o: &Map<String, Value>) -> Result<RequestedSampling, ApiError> {
     let named = |e: ApiError| match e.param.clone() {
@@ -269,23 +273,41 @@ fn parse_options(o: &Map<String, Value>) -> Result<RequestedSampling, ApiError> 
         None | Some(Value::Null) => None,
         // -1: no limit, -2: fill the context; both are the context's limit here.
         Some(Value::Number(n)) if n.as_i64().is_some_and(|v| v < 0) => None,
-        Some(_) => match opt_u64(o, "num_predict").map_err(named)? {
+        Some(_) => match opt_u32(o, "num_predict").map_err(named)? {
             Some(0) | None => {
                 return Err(ApiError::invalid_field(
                     "options.num_predict",
                     "`num_predict` must be at least 1 (or -1 for no limit)",
                 ))
             }
-            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+            n => n,
         },
     };
+    // shoal does not size a context per request (an instance's is the model's), so `num_ctx`
+    // changes nothing; a value no model could have is still a mistake worth a 400, not a
+    // silent success (1e12 was accepted).
+    match o.get("num_ctx") {
+        None | Some(Value::Null) => {}
+        Some(Value::Number(n))
+            if n.as_f64().is_some_and(|f| {
+                f.fract() == 0.0 && (1.0..=f64::from(MAX_NUM_CTX)).contains(&f)
+            }) => {}
+        Some(other) => {
+            return Err(ApiError::invalid_field(
+                "options.num_ctx",
+                format!(
+                    "`num_ctx` must be an integer between 1 and {MAX_NUM_CTX}, not {}; shoal \
+                     uses the model's own context whatever it is, so it may be left out",
+                    echo(&other.to_string())
+                ),
+            ));
+        }
+    }
     Ok(RequestedSampling {
         max_tokens,
         temperature: opt_f32_in(o, "temperature", 0.0, 2.0).map_err(named)?,
         top_p: opt_f32_in(o, "top_p", 0.0, 1.0).map_err(named)?,
-        top_k: opt_u64(o, "top_k")
-            .map_err(named)?
-            .map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+        top_k: opt_u32(o, "top_k").map_err(named)?,
         min_p: opt_f32_in(o, "min_p", 0.0, 1.0).map_err(named)?,
         seed: parse_seed(o).map_err(named)?,
         stop: parse_stop(o.get("stop"), "stop").map_err(named)?,
@@ -329,6 +351,48 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.request.sampling.max_tokens, p.stream), (None, false));
+    }
+
+    /// `options.num_ctx` beyond any model's context (1e12, 2^24 + 1) or 0 is a 400 naming it
+    /// and stating the bound (1e12 used to be accepted); `num_predict` beyond 32 bits too.
+    #[test]
+    fn num_ctx_and_num_predict_are_bounded() {
+        let with = |options: Value| {
+            parse(
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                       "options": options}),
+                Endpoint::Chat,
+            )
+        };
+        for bad in [
+            json!(1e12),
+            json!(MAX_NUM_CTX + 1),
+            json!(0),
+            json!(-1),
+            json!(8192.5),
+        ] {
+            let e = with(json!({"num_ctx": bad})).unwrap_err();
+            assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(e.param.as_deref(), Some("options.num_ctx"), "{bad}");
+        }
+        for (bad, shown) in [
+            (json!(1e12), "1000000000000.0"),
+            (json!(MAX_NUM_CTX + 1), "16777217"),
+        ] {
+            let e = with(json!({"num_ctx": bad})).unwrap_err();
+            assert!(
+                e.message
+                    .contains(&format!("an integer between 1 and 16777216, not {shown}")),
+                "{}",
+                e.message
+            );
+        }
+        assert!(with(json!({"num_ctx": MAX_NUM_CTX})).is_ok());
+        let e = with(json!({"num_predict": 1e12})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("options.num_predict"));
+        assert!(e.message.contains("at most 4294967295"), "{}", e.message);
+        let p = with(json!({"num_predict": u32::MAX})).unwrap();
+        assert_eq!(p.request.sampling.max_tokens, Some(u32::MAX));
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub const OLLAMA_API_VERSION: &str = "0.12.0";
 
 /// Ollama's error body.
 pub fn error_json(e: &ApiError) -> Value {
-    json!({ "error": e.message })
+    json!({ "error": e.client_message() })
 }
 
 /// Which endpoint an answer is for: chat answers carry a `message`, generate a `response`.

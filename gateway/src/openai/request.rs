@@ -5,10 +5,10 @@
 //! derived errors do not do. Unknown fields are ignored, as OpenAI-compatible servers do.
 
 use crate::backend::{ChatMessage, ChatRequest, RequestedSampling};
-use crate::error::ApiError;
+use crate::error::{echo, ApiError};
 use crate::fields::{
-    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_logit_bias, parse_seed,
-    parse_stop, reasoning_effort, required_string,
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, opt_u32, opt_u64,
+    parse_logit_bias, parse_seed, parse_stop, reasoning_effort, required_string,
 };
 use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
@@ -72,19 +72,10 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         }
     }
 
-    let max_tokens = match opt_u64(&obj, "max_completion_tokens")? {
-        Some(v) => Some(("max_completion_tokens", v)),
-        None => opt_u64(&obj, "max_tokens")?.map(|v| ("max_tokens", v)),
-    };
-    let max_tokens = match max_tokens {
-        Some((name, 0)) => {
-            return Err(ApiError::invalid_field(
-                name,
-                format!("`{name}` must be at least 1"),
-            ))
-        }
-        Some((_, v)) => Some(u32::try_from(v).unwrap_or(u32::MAX)),
-        None => None,
+    // The newer name wins; both are checked (at least 1, at most u32::MAX: never clamped).
+    let max_tokens = match opt_max_tokens(&obj, "max_completion_tokens")? {
+        Some(v) => Some(v),
+        None => opt_max_tokens(&obj, "max_tokens")?,
     };
 
     let logprobs = opt_bool(&obj, "logprobs")?.unwrap_or(false);
@@ -104,7 +95,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         max_tokens,
         temperature: opt_f32_in(&obj, "temperature", 0.0, 2.0)?,
         top_p: opt_f32_in(&obj, "top_p", 0.0, 1.0)?,
-        top_k: opt_u64(&obj, "top_k")?.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+        top_k: opt_u32(&obj, "top_k")?,
         min_p: opt_f32_in(&obj, "min_p", 0.0, 1.0)?,
         seed: parse_seed(&obj)?,
         stop: parse_stop(obj.get("stop"), "stop")?,
@@ -212,7 +203,8 @@ fn parse_message(
                         return Err(ApiError::invalid_field(
                             &param,
                             format!(
-                                "content parts of type `{other}` are not supported; only `text`"
+                                "content parts of type `{}` are not supported; only `text`",
+                                echo(other)
                             ),
                         ))
                     }
@@ -502,6 +494,94 @@ mod tests {
             took < std::time::Duration::from_secs(3),
             "100,000 keys took {took:?}"
         );
+    }
+
+    /// `tool_choice` that forces a call (`"required"`, a named function) with no `tools` is a
+    /// 400 naming `tool_choice`, as OpenAI answers; it used to be ignored and answered with text.
+    #[test]
+    fn a_forced_call_needs_tools() {
+        let tool = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let named = serde_json::json!({"type": "function", "function": {"name": "f"}});
+        for choice in [Value::from("required"), named.clone()] {
+            for tools in [None, Some(serde_json::json!([]))] {
+                let mut v = minimal();
+                v["tool_choice"] = choice.clone();
+                if let Some(t) = &tools {
+                    v["tools"] = t.clone();
+                }
+                let e = parse(v).unwrap_err();
+                assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{choice}");
+                assert_eq!(e.param.as_deref(), Some("tool_choice"));
+                assert_eq!(e.to_json()["error"]["type"], "invalid_request_error");
+                assert!(
+                    e.message
+                        .contains("forces a tool call, but the request offers no `tools`"),
+                    "{}",
+                    e.message
+                );
+            }
+            let mut v = minimal();
+            v["tool_choice"] = choice.clone();
+            v["tools"] = tool.clone();
+            assert!(parse(v).unwrap().request.tool_choice != crate::tools::ToolChoice::Auto);
+        }
+        for choice in ["auto", "none"] {
+            let mut v = minimal();
+            v["tool_choice"] = choice.into();
+            assert!(parse(v).is_ok(), "{choice}");
+        }
+    }
+
+    /// `max_completion_tokens` and `max_tokens` beyond 32 bits (2^32, 1e12, 2^64 - 1, 2^64) are
+    /// a 400 stating the bound; they used to be clamped to `u32::MAX` silently.
+    #[test]
+    fn max_tokens_beyond_32_bits_are_refused_not_clamped() {
+        for name in ["max_completion_tokens", "max_tokens"] {
+            for huge in [
+                "4294967296",
+                "1e12",
+                "18446744073709551615",
+                "18446744073709551616",
+            ] {
+                let body = format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"{name}":{huge}}}"#
+                );
+                let e = parse_chat_request(body.as_bytes()).unwrap_err();
+                assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{name}={huge}");
+                assert_eq!(e.param.as_deref(), Some(name), "{huge}");
+                assert!(
+                    e.message
+                        .contains(&format!("`{name}` must be at most 4294967295")),
+                    "{}",
+                    e.message
+                );
+            }
+            let mut v = minimal();
+            v[name] = u32::MAX.into();
+            assert_eq!(
+                parse(v).unwrap().request.sampling.max_tokens,
+                Some(u32::MAX)
+            );
+            let mut v = minimal();
+            v[name] = 16.0.into();
+            assert_eq!(parse(v).unwrap().request.sampling.max_tokens, Some(16));
+        }
+        let mut v = minimal();
+        v["top_k"] = 1e12.into();
+        assert_eq!(parse(v).unwrap_err().param.as_deref(), Some("top_k"));
+    }
+
+    /// A 1 MB content part type comes back cut to 200 bytes and its length.
+    #[test]
+    fn an_unknown_part_type_is_echoed_bounded() {
+        let kind = "x".repeat(1 << 20);
+        let mut v = minimal();
+        v["messages"][0]["content"] = serde_json::json!([{"type": kind}]);
+        let e = parse(v).unwrap_err();
+        assert!(e.message.len() < 400, "{} bytes", e.message.len());
+        assert!(e
+            .message
+            .contains(&format!("`{}… (1048576 bytes in all)`", &kind[..200])));
     }
 
     #[test]

@@ -6,10 +6,10 @@
 //! is a 400 naming its field.
 
 use crate::backend::{ChatMessage, ChatRequest, RequestedSampling, ToolCall};
-use crate::error::ApiError;
+use crate::error::{echo, ApiError};
 use crate::fields::{
-    json_object, non_empty_array, opt_bool, opt_f32_in, opt_u64, parse_seed, reasoning_effort,
-    required_string,
+    json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, parse_seed,
+    reasoning_effort, required_string,
 };
 use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_openai_tool_choice, parse_tools, ToolShape};
@@ -21,8 +21,8 @@ pub struct ParsedResponses {
     pub request: ChatRequest,
     pub stream: bool,
     pub instructions: Option<String>,
-    /// `max_output_tokens` as asked (the request's own bound saturates at `u32::MAX`); the
-    /// response echoes this.
+    /// `max_output_tokens` as asked (at most `u32::MAX`: a larger one is refused, not
+    /// clamped); the response echoes this.
     pub max_output_tokens: Option<u64>,
 }
 
@@ -73,16 +73,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
     let tools = parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Flat)?;
     let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Flat, &tools)?;
     check_text_format(obj.get("text"))?;
-    let asked_max = opt_u64(&obj, "max_output_tokens")?;
-    let max_tokens = match asked_max {
-        Some(0) => {
-            return Err(ApiError::invalid_field(
-                "max_output_tokens",
-                "`max_output_tokens` must be at least 1",
-            ))
-        }
-        other => other.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
-    };
+    let max_tokens = opt_max_tokens(&obj, "max_output_tokens")?;
     let sampling = RequestedSampling {
         max_tokens,
         temperature: opt_f32_in(&obj, "temperature", 0.0, 2.0)?,
@@ -118,7 +109,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         },
         stream: opt_bool(&obj, "stream")?.unwrap_or(false),
         instructions,
-        max_output_tokens: asked_max,
+        max_output_tokens: max_tokens.map(u64::from),
     })
 }
 
@@ -244,8 +235,9 @@ fn parse_input(
                 return Err(ApiError::invalid_field(
                     &format!("{at}.type"),
                     format!(
-                        "input items of type `{other}` are not supported; use message, \
-                         function_call or function_call_output"
+                        "input items of type `{}` are not supported; use message, \
+                         function_call or function_call_output",
+                        echo(other)
                     ),
                 ))
             }
@@ -315,8 +307,9 @@ fn check_text_format(value: Option<&Value>) -> Result<(), ApiError> {
         Some(other) => Err(ApiError::invalid_field(
             "text.format",
             format!(
-                "`text.format` `{other}` is not supported: shoal does not constrain decoding; \
-                 ask for JSON in the prompt"
+                "`text.format` `{}` is not supported: shoal does not constrain decoding; \
+                 ask for JSON in the prompt",
+                echo(other)
             ),
         )),
     }
@@ -331,13 +324,38 @@ mod tests {
         parse_responses_request(v.to_string().as_bytes())
     }
 
+    /// The largest `max_output_tokens` is echoed as asked; one that does not fit 32 bits is a
+    /// 400 stating the bound (it used to be clamped to `u32::MAX` silently).
     #[test]
-    fn a_huge_max_output_tokens_is_echoed_as_asked() {
-        let p =
-            parse(json!({"model": "m", "input": "x", "max_output_tokens": 1_000_000_000_000u64}))
-                .unwrap();
-        assert_eq!(p.max_output_tokens, Some(1_000_000_000_000));
+    fn max_output_tokens_is_echoed_as_asked_within_its_bound() {
+        let p = parse(json!({"model": "m", "input": "x", "max_output_tokens": u32::MAX})).unwrap();
+        assert_eq!(p.max_output_tokens, Some(u64::from(u32::MAX)));
         assert_eq!(p.request.sampling.max_tokens, Some(u32::MAX));
+        for huge in [json!(1_000_000_000_000u64), json!(1e12), json!(u64::MAX)] {
+            let e =
+                parse(json!({"model": "m", "input": "x", "max_output_tokens": huge})).unwrap_err();
+            assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{huge}");
+            assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
+            assert!(e.message.contains("at most 4294967295"), "{}", e.message);
+        }
+    }
+
+    /// `tool_choice: "required"` or a named function with no `tools` is a 400 naming
+    /// `tool_choice`, as in chat completions.
+    #[test]
+    fn a_forced_call_needs_tools() {
+        for choice in [json!("required"), json!({"type": "function", "name": "f"})] {
+            let e = parse(json!({"model": "m", "input": "x", "tool_choice": choice.clone()}))
+                .unwrap_err();
+            assert_eq!(e.status(), hyper::StatusCode::BAD_REQUEST, "{choice}");
+            assert_eq!(e.param.as_deref(), Some("tool_choice"));
+            assert!(e.message.contains("offers no `tools`"), "{}", e.message);
+            let tools = json!([{"type": "function", "name": "f"}]);
+            assert!(parse(
+                json!({"model": "m", "input": "x", "tool_choice": choice, "tools": tools})
+            )
+            .is_ok());
+        }
     }
 
     #[test]

@@ -419,7 +419,7 @@ impl Encoder for ResponsesEncoder {
 
     fn fail(&mut self, error: &ApiError) -> Vec<Bytes> {
         let mut body = error.to_json();
-        body["message"] = json!(error.message);
+        body["message"] = json!(error.client_message());
         body["code"] = json!(error.code);
         vec![self.event("error", body)]
     }

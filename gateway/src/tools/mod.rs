@@ -23,7 +23,7 @@ mod parse_tests;
 pub mod schema;
 pub mod stream;
 
-use crate::error::ApiError;
+use crate::error::{echo, ApiError};
 use json::Ordered;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -234,7 +234,7 @@ pub fn parse_openai_tool_choice(
         }
         Some(_) => return Err(bad()),
     };
-    check_named(choice, tools)
+    check_choice(choice, tools, "\"required\" or a named function")
 }
 
 /// Anthropic's `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name"?}`.
@@ -261,7 +261,7 @@ pub fn parse_anthropic_tool_choice(
         },
         Some(_) => return Err(anthropic_choice_error()),
     };
-    check_named(choice, tools)
+    check_choice(choice, tools, "of type `any` or `tool`")
 }
 
 fn anthropic_choice_error() -> ApiError {
@@ -271,13 +271,29 @@ fn anthropic_choice_error() -> ApiError {
     )
 }
 
-/// A named function must be one of the tools.
-fn check_named(choice: ToolChoice, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+/// A choice that forces a call (`spelled` as the API writes it) needs tools to call, as
+/// OpenAI and Anthropic both answer 400 without them (silently answering with text would
+/// break a client that relies on getting a call); a named function must be one of the tools.
+fn check_choice(choice: ToolChoice, tools: &[Tool], spelled: &str) -> Result<ToolChoice, ApiError> {
+    let forces = matches!(choice, ToolChoice::Required | ToolChoice::Function(_));
+    if forces && tools.is_empty() {
+        return Err(ApiError::invalid_field(
+            "tool_choice",
+            format!(
+                "`tool_choice` {spelled} forces a tool call, but the request offers no `tools`; \
+                 list the functions the model may call in `tools`, or leave `tool_choice` out"
+            ),
+        ));
+    }
     if let ToolChoice::Function(name) = &choice {
         if !tools.iter().any(|t| &t.name == name) {
             return Err(ApiError::invalid_field(
                 "tool_choice",
-                format!("`tool_choice` names `{name}`, which is not among `tools`"),
+                format!(
+                    "`tool_choice` names `{}`, which is not among `tools`; name one of \
+                     the tools, or add it to `tools`",
+                    echo(name)
+                ),
             ));
         }
     }
