@@ -368,6 +368,11 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/glm4-moe-tiny-4bit", "glm4_moe", "q4"),
     ("shoal-fixtures/minimax-m2-tiny-4bit", "minimax", "q4"),
     ("shoal-fixtures/deepseek-v3-tiny-4bit", "deepseek_v3", "q4"),
+    (
+        "shoal-fixtures/glm4-moe-lite-tiny-4bit",
+        "glm4_moe_lite",
+        "q4",
+    ),
     ("shoal-fixtures/gpt-oss-tiny-4bit", "gpt_oss", "q4"),
     ("shoal-fixtures/gpt-oss-tiny-mxfp4", "gpt_oss", "mxfp4"),
     ("shoal-fixtures/gemma3-tiny-4bit", "gemma3_text", "q4"),

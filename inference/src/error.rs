@@ -30,8 +30,13 @@ pub enum InferenceError {
         reason: String,
     },
     /// The model's architecture is not one this crate implements.
-    #[error("unsupported model architecture `{0}` (supported: llama, qwen2, qwen3)")]
-    UnsupportedArchitecture(String),
+    #[error("unsupported model architecture `{name}` (supported model_types: {supported})")]
+    UnsupportedArchitecture {
+        /// The `model_type` or GGUF architecture asked for.
+        name: String,
+        /// Every name that would load, from the family registry.
+        supported: String,
+    },
     /// A configuration value is missing or out of range.
     #[error("bad model configuration: {0}")]
     BadConfig(String),

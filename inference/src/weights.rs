@@ -345,7 +345,7 @@ mod tests {
 
     fn config(hidden: usize, layers: usize) -> ModelConfig {
         ModelConfig {
-            architecture: Architecture::Llama,
+            architecture: Architecture::parse("llama").unwrap(),
             hidden_size: hidden,
             num_layers: layers,
             intermediate_size: 4 * hidden,

@@ -193,7 +193,7 @@ fn a_gguf_of_an_unknown_architecture_is_refused() {
     std::fs::write(&path, small_llama_gguf("mamba")).unwrap();
     let err = Engine::load(&path, Some(WeightFormat::F32)).err().unwrap();
     assert!(
-        matches!(err, InferenceError::UnsupportedArchitecture(ref a) if a == "mamba"),
+        matches!(err, InferenceError::UnsupportedArchitecture { ref name, .. } if name == "mamba"),
         "{err}"
     );
     assert!(

@@ -313,6 +313,18 @@ fn deepseek_v3_8bit() {
     check("deepseek_v3", "q8", WeightFormat::Quantized, 1e-3);
 }
 
+/// GLM-4.7-Flash: DeepSeek V3's block with its bottleneck norms at `rms_norm_eps` (0.05 in
+/// the fixture: DeepSeek's fixed 1e-6 there changes the logits).
+#[test]
+fn glm4_moe_lite_hf_f32() {
+    check("glm4_moe_lite", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn glm4_moe_lite_4bit() {
+    check("glm4_moe_lite", "q4", WeightFormat::Quantized, 1e-3);
+}
+
 /// The released OpenAI layout (experts as mxfp4 `*_blocks`, gate and up interleaved),
 /// experts dequantized to f32 (mlx-lm runs them as mxfp4 with `gather_qmm`: the same values).
 #[test]

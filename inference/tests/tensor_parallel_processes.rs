@@ -284,6 +284,20 @@ fn deepseek_v3_4bit_two_ranks_batch_like_one_node_alone() {
     );
 }
 
+/// GLM-4.7-Flash at 4 bits: DeepSeek V3's cut (query heads and their latent slices; the
+/// latent whole) with its own bottleneck norms.
+#[test]
+fn glm4_moe_lite_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("glm4_moe_lite"),
+        2,
+        "3,17,42,5,88",
+        16,
+        "single",
+        "quantized",
+    );
+}
+
 /// gpt-oss as `mlx_lm.convert` wrote it in mxfp4 (experts, attention, embeddings; routers at 8
 /// bits affine): every rank keeps its heads with their sinks and every expert at half its
 /// width with its gate/up biases, the down projection's bias halved.

@@ -284,7 +284,7 @@ fn bad_models_give_clear_errors() {
         .err()
         .unwrap();
     assert!(
-        matches!(err, InferenceError::UnsupportedArchitecture(ref a) if a == "gpt_neox"),
+        matches!(err, InferenceError::UnsupportedArchitecture { ref name, .. } if name == "gpt_neox"),
         "{err}"
     );
 

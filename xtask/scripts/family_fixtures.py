@@ -102,6 +102,24 @@ FAMILIES = {
         },
         "layouts": ["q4", "q8"],
     },
+    "glm4_moe_lite": {
+        # GLM-4.7-Flash: DeepSeek V3's block; its bottleneck norms take rms_norm_eps (large
+        # here, so that reading them with DeepSeek's fixed 1e-6 would change the logits).
+        "config": {
+            "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "intermediate_size": 256, "moe_intermediate_size": 128,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+            "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8,
+            "norm_topk_prob": True, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+            "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+            "qk_nope_head_dim": 64, "v_head_dim": 64, "rms_norm_eps": 0.05,
+            "rope_theta": 1000000.0, "rope_scaling": None, "partial_rotary_factor": 1.0,
+            "num_nextn_predict_layers": 1, "max_position_embeddings": 202752,
+            "attention_bias": False, "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+    },
     "gpt_oss": {
         # The released layout: experts in mxfp4 (`*_blocks`, `*_scales`, gate/up interleaved),
         # everything else dense; mlx-lm reads it through `quantization_config`.
@@ -318,10 +336,15 @@ def hf_gpt_oss(weights, cfg):
 
 
 def hf_glm4_moe(weights, cfg):
-    """Per-expert tensors, plus what the released GLM-4.5/4.6 files carry and mlx-lm drops: a
-    multi-token-prediction layer at index `num_hidden_layers` (a whole decoder layer plus
-    `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`), random too."""
-    weights = unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+    """Per-expert tensors, plus the multi-token-prediction layer the releases carry."""
+    return add_mtp_layer(unstack_experts(weights, "mlp.switch_mlp", "mlp.experts"), cfg,
+                         "glm4_moe")
+
+
+def add_mtp_layer(weights, cfg, family):
+    """What the released GLM-4.5/4.6/4.7 files carry and mlx-lm drops: a multi-token-prediction
+    layer at index `num_hidden_layers` (a whole decoder layer plus `eh_proj`, `enorm`, `hnorm`,
+    `shared_head.norm`), random too."""
     n, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
     last, mtp = f"model.layers.{n - 1}.", f"model.layers.{n}."
     extra = {mtp + k[len(last):]: v.shape for k, v in weights.items() if k.startswith(last)}
@@ -332,8 +355,13 @@ def hf_glm4_moe(weights, cfg):
         mtp + "shared_head.norm.weight": (hidden,),
     })
     for name, shape in extra.items():
-        weights[name] = 0.05 * mx.random.normal(shape, key=key_for("glm4_moe", name))
+        weights[name] = 0.05 * mx.random.normal(shape, key=key_for(family, name))
     return weights
+
+
+def hf_glm4_moe_lite(weights, cfg):
+    """DeepSeek V3's `kv_b_proj`, plus the multi-token-prediction layer the releases carry."""
+    return add_mtp_layer(hf_deepseek_v3(weights, cfg), cfg, "glm4_moe_lite")
 
 
 def hf_minimax(weights, cfg):
@@ -347,6 +375,7 @@ HF_LAYOUT = {
     "deepseek_v3": hf_deepseek_v3,
     "gpt_oss": hf_gpt_oss,
     "glm4_moe": hf_glm4_moe,
+    "glm4_moe_lite": hf_glm4_moe_lite,
     "minimax": hf_minimax,
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
 }

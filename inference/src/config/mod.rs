@@ -13,73 +13,47 @@ mod quantization;
 mod read;
 mod validate;
 
-/// The decoder families this crate runs; each has its file in [`crate::models`], holding its
-/// block and its tensor names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Architecture {
-    /// Llama 2/3, SmolLM2, Mistral-style decoders.
-    Llama,
-    /// Qwen2 / Qwen2.5: biases on the Q, K and V projections.
-    Qwen2,
-    /// Qwen3: RMS norms on each head's queries and keys.
-    Qwen3,
-    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B, Qwen3-Coder-480B): Qwen3's attention with a
-    /// softmax-routed Mixture-of-Experts feed-forward.
-    #[serde(rename = "qwen3_moe")]
-    Qwen3Moe,
-    /// gpt-oss (20b, 120b): attention sinks, alternating sliding-window and full layers, YaRN,
-    /// experts in mxfp4 routed top-k then softmax ([`crate::models::gpt_oss`]).
-    #[serde(rename = "gpt_oss")]
-    GptOss,
-    /// Gemma 3 (text): local/global layers, `1 + w` norms around attention and MLP, scaled
-    /// embeddings ([`crate::models::gemma3`]).
-    #[serde(rename = "gemma3_text")]
-    Gemma3Text,
-    /// GLM-4.5/4.6/4.7 (`glm4_moe`): partial rotary, Q/K norms and biases, a sigmoid-routed
-    /// Mixture of Experts with a shared expert.
-    #[serde(rename = "glm4_moe")]
-    Glm4Moe,
-    /// MiniMax M2 (`minimax_m2`): one Q and one K norm over all heads, partial rotary, a
-    /// sigmoid-routed Mixture of Experts on every layer.
-    #[serde(rename = "minimax_m2")]
-    MiniMax,
-    /// DeepSeek V3 / R1 / V3.1 and Kimi K2 (`deepseek_v3`): multi-head latent attention with
-    /// YaRN, a sigmoid-routed, group-limited Mixture of Experts with a shared expert.
-    #[serde(rename = "deepseek_v3")]
-    DeepseekV3,
-}
+/// Which family a model is: the key it is registered under in
+/// [`crate::models::registry`] (mlx-lm's module name, e.g. `llama`, `minimax`). Made only by
+/// [`Architecture::parse`], so it always names a registered family; serialized as its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Architecture(&'static str);
 
 impl Architecture {
-    /// Parses a `model_type` or GGUF `general.architecture`.
+    /// Parses a `model_type` (mlx-lm's remapping applied, e.g. `kimi_k2` is `deepseek_v3`) or a
+    /// GGUF `general.architecture`; an unknown name's error lists every supported one.
     pub fn parse(name: &str) -> Result<Architecture> {
-        match name {
-            "llama" | "mistral" => Ok(Architecture::Llama),
-            "qwen2" => Ok(Architecture::Qwen2),
-            "qwen3" => Ok(Architecture::Qwen3),
-            "qwen3_moe" | "qwen3moe" => Ok(Architecture::Qwen3Moe),
-            "gpt_oss" | "gpt-oss" => Ok(Architecture::GptOss),
-            "gemma3_text" => Ok(Architecture::Gemma3Text),
-            "glm4_moe" => Ok(Architecture::Glm4Moe),
-            "minimax_m2" => Ok(Architecture::MiniMax),
-            "deepseek_v3" | "kimi_k2" => Ok(Architecture::DeepseekV3),
-            other => Err(InferenceError::UnsupportedArchitecture(other.to_owned())),
-        }
+        crate::models::registry::resolve(name).map(Architecture)
     }
 
-    /// The `model_type` and the class name (`architectures`) of a Hugging Face config.json.
+    /// The registry key (mlx-lm's module name).
+    pub fn key(self) -> &'static str {
+        self.0
+    }
+
+    /// The `model_type` and the class name (`architectures`) of a Hugging Face config.json, as
+    /// an export writes them.
     pub fn hf_names(self) -> (&'static str, &'static str) {
-        match self {
-            Architecture::Llama => ("llama", "LlamaForCausalLM"),
-            Architecture::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
-            Architecture::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
-            Architecture::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
-            Architecture::GptOss => ("gpt_oss", "GptOssForCausalLM"),
-            Architecture::Gemma3Text => ("gemma3_text", "Gemma3ForCausalLM"),
-            Architecture::Glm4Moe => ("glm4_moe", "Glm4MoeForCausalLM"),
-            Architecture::MiniMax => ("minimax_m2", "MiniMaxM2ForCausalLM"),
-            Architecture::DeepseekV3 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
-        }
+        crate::models::family(self).hf_names()
+    }
+}
+
+impl std::fmt::Display for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl serde::Serialize for Architecture {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Architecture {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Architecture::parse(&name).map_err(serde::de::Error::custom)
     }
 }
 
@@ -175,33 +149,30 @@ pub struct ModelConfig {
     pub attention: AttentionConfig,
 }
 
-/// Numbers only one family's configuration has (its own file in [`crate::models`] reads them
-/// from config.json).
+/// What only one family's configuration holds, kept as that family's own serde struct
+/// serialized to JSON: the family's file defines the struct, writes it in
+/// [`crate::models::base::Family::configure`] ([`FamilyParams::of`]) and reads it back where it
+/// builds its blocks ([`FamilyParams::get`]); nothing outside the family knows its fields.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum FamilyParams {
-    /// Nothing beyond the shared numbers.
-    #[default]
-    None,
-    /// gpt-oss's.
-    GptOss(GptOssParams),
-    /// Gemma 3's.
-    Gemma3(Gemma3Params),
-}
+pub struct FamilyParams(serde_json::Value);
 
-/// What gpt-oss's configuration holds beyond the shared numbers.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct GptOssParams {
-    /// `swiglu_limit`: where the experts' gate (from above) and up (both sides) are clamped.
-    pub swiglu_limit: f32,
-}
+impl FamilyParams {
+    /// The family's parameters `params`.
+    pub fn of(params: &impl serde::Serialize) -> Result<FamilyParams> {
+        serde_json::to_value(params)
+            .map(FamilyParams)
+            .map_err(|e| InferenceError::BadConfig(format!("family parameters: {e}")))
+    }
 
-/// What Gemma 3's configuration holds beyond the shared numbers.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Gemma3Params {
-    /// Queries are scaled by `query_pre_attn_scalar^-1/2` (not `head_dim^-1/2`).
-    pub query_pre_attn_scalar: f32,
-    /// RoPE base of the local (sliding) layers.
-    pub rope_local_base_freq: f32,
+    /// The family's parameters as its struct `T`; an error names the family when they are
+    /// missing (a configuration not read by the family's `configure`).
+    pub fn get<T: serde::de::DeserializeOwned>(&self, family: &str) -> Result<T> {
+        serde_json::from_value(self.0.clone()).map_err(|e| {
+            InferenceError::BadConfig(format!(
+                "a {family} configuration without its own parameters ({e})"
+            ))
+        })
+    }
 }
 
 /// What a family's attention has beyond grouped-query heads of `head_dim`, filled in by the
@@ -230,6 +201,9 @@ pub struct LatentConfig {
     pub qk_rope_head_dim: usize,
     /// Per-head value width (`v_head_dim`).
     pub v_head_dim: usize,
+    /// Epsilon of the bottlenecks' RMS norms (`q_a_layernorm`, `kv_a_layernorm`): DeepSeek V3's
+    /// reference fixes it at 1e-6, GLM-4.7-Flash's takes `rms_norm_eps`.
+    pub norm_eps: f32,
 }
 
 impl LatentConfig {

@@ -7,10 +7,17 @@ use crate::gguf::{GgufFile, GgufValue};
 use serde_json::Value;
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map(|x| x as usize)
-        .ok_or_else(|| InferenceError::BadConfig(format!("config.json has no integer `{key}`")))
+    match v.get(key) {
+        Some(n) => n.as_u64().map(|x| x as usize).ok_or_else(|| {
+            let shown: String = n.to_string().chars().take(40).collect();
+            InferenceError::BadConfig(format!(
+                "config.json's `{key}` is {shown}; it must be a non-negative integer"
+            ))
+        }),
+        None => Err(InferenceError::BadConfig(format!(
+            "config.json has no `{key}`"
+        ))),
+    }
 }
 
 impl ModelConfig {
@@ -79,36 +86,6 @@ impl ModelConfig {
             .filter(|q| q.is_object())
             .map(QuantizationConfig::from_json)
             .transpose()?;
-        let moe = match architecture {
-            Architecture::Qwen3Moe => Some(MoeConfig {
-                num_experts: req_usize(v, "num_experts")?,
-                experts_per_token: req_usize(v, "num_experts_per_tok")?,
-                expert_width: req_usize(v, "moe_intermediate_size")?,
-                router: RouterKind::SoftmaxTopK {
-                    normalize: v
-                        .get("norm_topk_prob")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                },
-                dense_layers: v
-                    .get("mlp_only_layers")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_u64)
-                            .map(|x| x as usize)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                sparse_step: v
-                    .get("decoder_sparse_step")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(1) as usize,
-                first_dense: 0,
-                shared_width: 0,
-            }),
-            _ => None,
-        };
         let mut config = ModelConfig {
             architecture,
             hidden_size,
@@ -129,17 +106,14 @@ impl ModelConfig {
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
-            attention_bias: match architecture {
-                Architecture::Qwen2 => true,
-                _ => v
-                    .get("attention_bias")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-            },
+            attention_bias: v
+                .get("attention_bias")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             quantization,
-            moe,
+            moe: None,
             sliding_window: None,
-            family_params: FamilyParams::None,
+            family_params: FamilyParams::default(),
             attention: AttentionConfig::default(),
         };
         crate::models::family(architecture).configure(v, &mut config)?;
@@ -221,7 +195,7 @@ impl ModelConfig {
             quantization: super::QuantizationConfig::of_gguf(file),
             moe: None,
             sliding_window: None,
-            family_params: FamilyParams::None,
+            family_params: FamilyParams::default(),
             attention: AttentionConfig::default(),
         };
         config.validate()?;

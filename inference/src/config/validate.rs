@@ -8,13 +8,22 @@ impl ModelConfig {
     /// Checks that the numbers make a buildable model.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(InferenceError::BadConfig(m));
-        if self.hidden_size == 0
-            || self.num_layers == 0
-            || self.num_heads == 0
-            || self.num_kv_heads == 0
-            || self.vocab_size == 0
-        {
-            return bad(format!("zero-sized model: {self:?}"));
+        let zero: Vec<&str> = [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("vocab_size", self.vocab_size),
+        ]
+        .iter()
+        .filter(|(_, n)| *n == 0)
+        .map(|(name, _)| *name)
+        .collect();
+        if !zero.is_empty() {
+            return bad(format!(
+                "a zero-sized model: {} must be positive",
+                zero.join(", ")
+            ));
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(

@@ -20,7 +20,16 @@ use std::sync::Arc;
 
 /// What makes a model family: how one of its decoder blocks is read from its tensors, and the
 /// names those tensors carry (in Hugging Face folders; in GGUF files through [`GgufNames`]).
-pub trait Family: GgufNames {
+pub trait Family: GgufNames + Sync {
+    /// The `model_type` and class name (`architectures`) an export writes in config.json.
+    fn hf_names(&self) -> (&'static str, &'static str);
+
+    /// The names llama.cpp gives this family in a GGUF's `general.architecture` (none: its
+    /// GGUF files are not read).
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Reads layer `layer` from `source`. The default is the plain Llama block (Qwen2's Q/K/V
     /// biases come with the projections, `TensorSource::linear`); a family with more in its
     /// block (Qwen3's Q/K norms) reads it itself.

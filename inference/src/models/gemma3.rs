@@ -13,7 +13,7 @@ use super::base::{
     gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation,
     HeadNorms, Mlp, OutputNorms, LAYER_TENSORS,
 };
-use crate::config::{FamilyParams, Gemma3Params, ModelConfig, RopeScaling, SlidingWindow};
+use crate::config::{FamilyParams, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
@@ -44,7 +44,20 @@ fn round_to_bf16(x: f32) -> f32 {
     f32::from_bits(rounded)
 }
 
+/// What Gemma 3's configuration holds beyond the shared numbers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Gemma3Params {
+    /// Queries are scaled by `query_pre_attn_scalar^-1/2` (not `head_dim^-1/2`).
+    query_pre_attn_scalar: f32,
+    /// RoPE base of the local (sliding) layers.
+    rope_local_base_freq: f32,
+}
+
 impl Family for Gemma3 {
+    fn hf_names(&self) -> (&'static str, &'static str) {
+        ("gemma3_text", "Gemma3ForCausalLM")
+    }
+
     fn configure(&self, json: &Value, config: &mut ModelConfig) -> Result<()> {
         let f = |key: &str, default: f64| json.get(key).and_then(Value::as_f64).unwrap_or(default);
         // mlx-lm decides which layers slide by `sliding_window_pattern` (every pattern-th layer
@@ -69,10 +82,10 @@ impl Family for Gemma3 {
                 .map(|l| !(l + 1).is_multiple_of(pattern))
                 .collect(),
         });
-        config.family_params = FamilyParams::Gemma3(Gemma3Params {
+        config.family_params = FamilyParams::of(&Gemma3Params {
             query_pre_attn_scalar: f("query_pre_attn_scalar", 256.0) as f32,
             rope_local_base_freq: f("rope_local_base_freq", 10_000.0) as f32,
-        });
+        })?;
         // Gemma's head is its embedding (mlx-lm ties them whenever `lm_head` is absent).
         config.tie_word_embeddings = json
             .get("tie_word_embeddings")
@@ -88,11 +101,7 @@ impl Family for Gemma3 {
         layer: usize,
         format: WeightFormat,
     ) -> Result<DecoderLayer> {
-        let FamilyParams::Gemma3(params) = &config.family_params else {
-            return Err(InferenceError::BadConfig(
-                "a gemma3_text configuration without its own parameters".into(),
-            ));
-        };
+        let params: Gemma3Params = config.family_params.get("gemma3_text")?;
         let dtype = format.compute_dtype();
         let name = |part: &str| layer_tensor(layer, &format!("{part}.weight"));
         let head_norms = HeadNorms::each_head(

@@ -17,8 +17,9 @@ use super::base::{
     gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, HeadNorms, Mlp,
     LAYER_TENSORS,
 };
-use super::moe::{Experts, MoeBlock, PROJ_NAMES};
-use crate::config::{ModelConfig, MoeConfig, RouterKind};
+use super::moe::PROJ_NAMES;
+use super::sigmoid_moe::{load_sigmoid_moe, sigmoid_moe_config, sigmoid_moe_tensor_names};
+use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use serde_json::Value;
@@ -32,122 +33,11 @@ const HEAD_NORMS: &[(&str, &str)] = &[
 /// The GLM-4 MoE family.
 pub struct Glm4Moe;
 
-/// An integer of config.json, or `default` when absent or null.
-pub(crate) fn usize_or(v: &Value, key: &str, default: usize) -> usize {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map_or(default, |x| x as usize)
-}
-
-/// A required integer of config.json.
-pub(crate) fn required(v: &Value, key: &str) -> Result<usize> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map(|x| x as usize)
-        .ok_or_else(|| InferenceError::BadConfig(format!("config.json has no integer `{key}`")))
-}
-
-/// The sigmoid-routed experts DeepSeek V3 and GLM-4.5 configure alike: `n_routed_experts`,
-/// `num_experts_per_tok`, `moe_intermediate_size`, `n_group` / `topk_group`,
-/// `norm_topk_prob`, `routed_scaling_factor`, `n_shared_experts`, `first_k_dense_replace`.
-/// Only the reference's `noaux_tc` selection over sigmoid scores is known.
-pub(crate) fn sigmoid_moe_config(v: &Value) -> Result<MoeConfig> {
-    for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
-        match v.get(key).and_then(Value::as_str) {
-            None => {}
-            Some(got) if got == want => {}
-            Some(got) => {
-                return Err(InferenceError::BadConfig(format!(
-                    "`{key}` is `{got}`; only `{want}` routing is supported for this family"
-                )))
-            }
-        }
-    }
-    let experts_per_token = required(v, "num_experts_per_tok")?;
-    let expert_width = required(v, "moe_intermediate_size")?;
-    Ok(MoeConfig {
-        num_experts: required(v, "n_routed_experts")?,
-        experts_per_token,
-        expert_width,
-        router: RouterKind::SigmoidGroupedTopK {
-            groups: usize_or(v, "n_group", 1),
-            top_groups: usize_or(v, "topk_group", 1),
-            // The reference divides by the sum only when more than one expert is chosen.
-            normalize: experts_per_token > 1
-                && v.get("norm_topk_prob")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-            scale: v
-                .get("routed_scaling_factor")
-                .and_then(Value::as_f64)
-                .unwrap_or(1.0) as f32,
-        },
-        dense_layers: Vec::new(),
-        sparse_step: 1,
-        first_dense: usize_or(v, "first_k_dense_replace", 0),
-        shared_width: usize_or(v, "n_shared_experts", 0) * expert_width,
-    })
-}
-
-/// Reads layer `layer`'s Mixture of Experts under `prefix` (`model.layers.N.mlp`): the router
-/// `gate` with its `gate.e_score_correction_bias`, the experts and, when configured, the
-/// shared expert `shared_experts` (DeepSeek V3 and GLM-4.5 name them alike).
-pub(crate) fn load_sigmoid_moe(
-    config: &ModelConfig,
-    moe: &MoeConfig,
-    source: &mut dyn TensorSource,
-    prefix: &str,
-    format: WeightFormat,
-) -> Result<MoeBlock> {
-    let router = source.linear(&format!("{prefix}.gate"), format)?;
-    // The correction stays f32 in every checkpoint layout: it only decides ties of choice.
-    let correction = source.dense(
-        &format!("{prefix}.gate.e_score_correction_bias"),
-        mlx_rs::Dtype::Float32,
-    )?;
-    let experts = Experts::load(config, moe, source, prefix, PROJ_NAMES, format)?;
-    let shared = if moe.shared_width > 0 {
-        let at = format!("{prefix}.shared_experts");
-        Some(Mlp::load_at(config, source, &at, moe.shared_width, format)?)
-    } else {
-        None
-    };
-    MoeBlock::from_parts(
-        moe,
-        router,
-        Some(correction),
-        experts,
-        shared,
-        &format!("{prefix}.gate.weight"),
-    )
-}
-
-/// Hugging Face names of a sigmoid-routed MoE layer's tensors under `mlp`.
-pub(crate) fn sigmoid_moe_tensor_names(moe: &MoeConfig, layer: usize) -> Vec<String> {
-    let mut names = vec![
-        layer_tensor(layer, "mlp.gate.weight"),
-        layer_tensor(layer, "mlp.gate.e_score_correction_bias"),
-    ];
-    for e in 0..moe.num_experts {
-        for proj in PROJ_NAMES {
-            names.push(layer_tensor(
-                layer,
-                &format!("mlp.experts.{e}.{proj}.weight"),
-            ));
-        }
-    }
-    if moe.shared_width > 0 {
-        for proj in PROJ_NAMES {
-            names.push(layer_tensor(
-                layer,
-                &format!("mlp.shared_experts.{proj}.weight"),
-            ));
-        }
-    }
-    names
-}
-
 impl Family for Glm4Moe {
+    fn hf_names(&self) -> (&'static str, &'static str) {
+        ("glm4_moe", "Glm4MoeForCausalLM")
+    }
+
     fn configure(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {
         config.moe = Some(sigmoid_moe_config(v)?);
         let factor = v

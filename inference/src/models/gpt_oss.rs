@@ -17,9 +17,7 @@ use super::base::{gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, F
 use super::moe::{ExpertActivation, ExpertBiases, Experts, MoeBlock};
 #[cfg(test)]
 use crate::config::RopeScaling;
-use crate::config::{
-    FamilyParams, GptOssParams, ModelConfig, MoeConfig, RouterKind, SlidingWindow,
-};
+use crate::config::{FamilyParams, ModelConfig, MoeConfig, RouterKind, SlidingWindow};
 use crate::error::{InferenceError, Result};
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
 use crate::tensor_divisors::TensorDivisor;
@@ -56,7 +54,22 @@ fn bad(message: String) -> InferenceError {
     InferenceError::BadConfig(message)
 }
 
+/// What gpt-oss's configuration holds beyond the shared numbers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct GptOssParams {
+    /// `swiglu_limit`: where the experts' gate (from above) and up (both sides) are clamped.
+    swiglu_limit: f32,
+}
+
 impl Family for GptOss {
+    fn hf_names(&self) -> (&'static str, &'static str) {
+        ("gpt_oss", "GptOssForCausalLM")
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["gpt-oss"]
+    }
+
     fn configure(&self, json: &Value, config: &mut ModelConfig) -> Result<()> {
         let count = |key: &str| json.get(key).and_then(Value::as_u64).map(|n| n as usize);
         let num_experts = count("num_local_experts")
@@ -87,7 +100,7 @@ impl Family for GptOss {
             .get("swiglu_limit")
             .and_then(Value::as_f64)
             .unwrap_or(7.0) as f32;
-        config.family_params = FamilyParams::GptOss(GptOssParams { swiglu_limit });
+        config.family_params = FamilyParams::of(&GptOssParams { swiglu_limit })?;
         config.attention_bias = true;
         Ok(())
     }
@@ -99,11 +112,10 @@ impl Family for GptOss {
         layer: usize,
         format: WeightFormat,
     ) -> Result<DecoderLayer> {
-        let (Some(moe), FamilyParams::GptOss(params)) = (&config.moe, &config.family_params) else {
-            return Err(bad(
-                "a gpt_oss configuration without its experts or swiglu_limit".into(),
-            ));
+        let Some(moe) = &config.moe else {
+            return Err(bad("a gpt_oss configuration without its experts".into()));
         };
+        let params: GptOssParams = config.family_params.get("gpt_oss")?;
         let sinks = source.dense(
             &layer_tensor(layer, "self_attn.sinks"),
             format.compute_dtype(),
@@ -343,8 +355,8 @@ mod tests {
         assert_eq!(c.sliding_window, gpt_oss_120b(true).sliding_window);
         assert!(matches!(c.rope_scaling, RopeScaling::Yarn { factor, .. } if factor == 32.0));
         assert_eq!(
-            c.family_params,
-            FamilyParams::GptOss(GptOssParams { swiglu_limit: 7.0 })
+            c.family_params.get::<GptOssParams>("gpt_oss").unwrap(),
+            GptOssParams { swiglu_limit: 7.0 }
         );
         // A layer_types entry this build does not know is refused with its name.
         let mut bad = serde_json::to_value(vec!["sliding_attention"; 35]).unwrap();

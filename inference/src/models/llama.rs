@@ -12,6 +12,14 @@ use crate::weights::GgufNames;
 pub struct Llama;
 
 impl Family for Llama {
+    fn hf_names(&self) -> (&'static str, &'static str) {
+        ("llama", "LlamaForCausalLM")
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["llama"]
+    }
+
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
         let mut names: Vec<String> = LAYER_TENSORS
             .iter()

@@ -16,7 +16,7 @@ use super::base::{
     gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, HeadNorms,
     LAYER_TENSORS,
 };
-use super::glm4_moe::required;
+use super::config_keys::required;
 use super::moe::{ExpertNames, Experts, MoeBlock};
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
@@ -39,6 +39,10 @@ const MOE: &str = "block_sparse_moe";
 pub struct MiniMax;
 
 impl Family for MiniMax {
+    fn hf_names(&self) -> (&'static str, &'static str) {
+        ("minimax_m2", "MiniMaxM2ForCausalLM")
+    }
+
     fn configure(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {
         if v.get("scoring_func")
             .and_then(Value::as_str)

@@ -33,9 +33,6 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use std::sync::Arc;
 
-/// The reference normalizes both bottlenecks with this epsilon, whatever `rms_norm_eps` says.
-const LATENT_NORM_EPS: f32 = 1e-6;
-
 /// How the queries are made.
 #[derive(Debug, Clone)]
 pub enum QueryProjection {
@@ -53,11 +50,11 @@ pub enum QueryProjection {
 }
 
 impl QueryProjection {
-    fn forward(&self, x: &Array) -> Result<Array> {
+    fn forward(&self, x: &Array, eps: f32) -> Result<Array> {
         match self {
             QueryProjection::Direct(q) => q.forward(x),
             QueryProjection::LowRank { down, norm, up } => up.forward(
-                &crate::cpu_layer_ops::rms_norm(down.forward(x)?, Some(norm), LATENT_NORM_EPS)?,
+                &crate::cpu_layer_ops::rms_norm(down.forward(x)?, Some(norm), eps)?,
             ),
         }
     }
@@ -233,14 +230,14 @@ impl LatentAttention {
         );
         let q = self
             .query
-            .forward(x)?
+            .forward(x, s.norm_eps)?
             .reshape(&[b, l, self.num_heads, nope + rope])?
             .transpose_axes(&[0, 2, 1, 3])?;
         let kv = self.kv_down.forward(x)?;
         let latent = crate::cpu_layer_ops::rms_norm(
             kv.index((.., .., ..lora)),
             Some(&self.kv_norm),
-            LATENT_NORM_EPS,
+            s.norm_eps,
         )?
         .expand_dims(1)?;
         let k_pe = kv

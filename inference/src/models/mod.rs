@@ -6,15 +6,21 @@
 //! the MoE families share ([`moe`]), and the shard that runs a layer range of any of
 //! them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
 //!
-//! A family ([`base::Family`]) is chosen once, from the configuration's [`Architecture`],
-//! through [`family`]; the shared code never asks which family it runs.
+//! A family ([`base::Family`]) is registered under mlx-lm's module name in [`registry`] (one
+//! line per family) and chosen once, from the configuration's [`Architecture`], through
+//! [`family`]; the shared code never asks which family it runs. A family reads its own
+//! `config.json` keys ([`config_keys`]); the pieces several families share (attention kinds,
+//! the MLP, experts and their routers, the sigmoid-routed MoE) are a library they call.
 
 pub mod attention;
 pub mod base;
+mod config_keys;
 pub mod deepseek_v3;
 pub mod gemma3;
 pub mod glm4_moe;
+pub mod glm4_moe_lite;
 pub mod gpt_oss;
+mod latent_moe;
 pub mod llama;
 pub mod minimax;
 pub mod mla;
@@ -24,7 +30,9 @@ mod parts;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod registry;
 pub mod shard;
+mod sigmoid_moe;
 mod tensor_parallel;
 
 use crate::config::{Architecture, ModelConfig};
@@ -32,17 +40,8 @@ use base::Family;
 
 /// The family of `architecture`.
 pub fn family(architecture: Architecture) -> &'static dyn Family {
-    match architecture {
-        Architecture::Llama => &llama::Llama,
-        Architecture::Qwen2 => &qwen2::Qwen2,
-        Architecture::Qwen3 => &qwen3::Qwen3,
-        Architecture::Qwen3Moe => &qwen3_moe::Qwen3Moe,
-        Architecture::GptOss => &gpt_oss::GptOss,
-        Architecture::Gemma3Text => &gemma3::Gemma3,
-        Architecture::Glm4Moe => &glm4_moe::Glm4Moe,
-        Architecture::MiniMax => &minimax::MiniMax,
-        Architecture::DeepseekV3 => &deepseek_v3::DeepseekV3,
-    }
+    registry::by_key(architecture.key())
+        .expect("an Architecture is made only from a registered family's key")
 }
 
 /// Hugging Face names of every tensor of a model with this configuration.
@@ -66,8 +65,8 @@ mod tests {
 
     #[test]
     fn gguf_names_follow_llama_cpp() {
-        let llama = family(Architecture::Llama);
-        let qwen3 = family(Architecture::Qwen3);
+        let llama = family(Architecture::parse("llama").unwrap());
+        let qwen3 = family(Architecture::parse("qwen3").unwrap());
         assert_eq!(
             gguf_name(llama, "model.layers.3.self_attn.q_proj.weight").as_deref(),
             Some("blk.3.attn_q.weight")

@@ -18,6 +18,14 @@ const HEAD_NORMS: &[(&str, &str)] = &[
 pub struct Qwen3;
 
 impl Family for Qwen3 {
+    fn hf_names(&self) -> (&'static str, &'static str) {
+        ("qwen3", "Qwen3ForCausalLM")
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["qwen3"]
+    }
+
     fn block(
         &self,
         config: &ModelConfig,

@@ -8,8 +8,9 @@ use super::base::{
     gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, HeadNorms, Mlp,
     LAYER_TENSORS,
 };
+use super::config_keys::family_keys;
 use super::moe::MoeBlock;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 
@@ -35,7 +36,50 @@ const ATTENTION_AND_NORMS: &[&str] = &[
 /// The Qwen3-MoE family.
 pub struct Qwen3Moe;
 
+/// The keys of a `qwen3_moe` config.json beyond the shared ones.
+#[derive(serde::Deserialize)]
+struct Qwen3MoeKeys {
+    num_experts: usize,
+    num_experts_per_tok: usize,
+    moe_intermediate_size: usize,
+    #[serde(default)]
+    norm_topk_prob: bool,
+    #[serde(default)]
+    mlp_only_layers: Vec<usize>,
+    #[serde(default = "one")]
+    decoder_sparse_step: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
 impl Family for Qwen3Moe {
+    fn hf_names(&self) -> (&'static str, &'static str) {
+        ("qwen3_moe", "Qwen3MoeForCausalLM")
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["qwen3moe"]
+    }
+
+    fn configure(&self, json: &serde_json::Value, config: &mut ModelConfig) -> Result<()> {
+        let keys: Qwen3MoeKeys = family_keys(json, "qwen3_moe")?;
+        config.moe = Some(MoeConfig {
+            num_experts: keys.num_experts,
+            experts_per_token: keys.num_experts_per_tok,
+            expert_width: keys.moe_intermediate_size,
+            router: RouterKind::SoftmaxTopK {
+                normalize: keys.norm_topk_prob,
+            },
+            dense_layers: keys.mlp_only_layers,
+            sparse_step: keys.decoder_sparse_step,
+            first_dense: 0,
+            shared_width: 0,
+        });
+        Ok(())
+    }
+
     fn block(
         &self,
         config: &ModelConfig,

@@ -1,0 +1,111 @@
+//! The families shoal runs, keyed as mlx-lm keys them: by the module name a `config.json`'s
+//! `model_type` resolves to (through mlx-lm's remapping table, [`MODEL_REMAPPING`]), or a GGUF
+//! file's `general.architecture`. Adding a family is its file in [`super`] and one line in
+//! [`FAMILIES`]; every list of supported names (errors, `--help`, the README's table check)
+//! is read from here.
+
+use super::base::Family;
+use super::{
+    deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_moe,
+};
+use crate::error::{InferenceError, Result};
+
+/// Every family, under its registry key (mlx-lm's module name).
+pub const FAMILIES: &[(&str, &dyn Family)] = &[
+    ("llama", &llama::Llama),
+    ("qwen2", &qwen2::Qwen2),
+    ("qwen3", &qwen3::Qwen3),
+    ("qwen3_moe", &qwen3_moe::Qwen3Moe),
+    ("gpt_oss", &gpt_oss::GptOss),
+    ("gemma3_text", &gemma3::Gemma3),
+    ("glm4_moe", &glm4_moe::Glm4Moe),
+    ("minimax", &minimax::MiniMax),
+    ("deepseek_v3", &deepseek_v3::DeepseekV3),
+    ("glm4_moe_lite", &glm4_moe_lite::Glm4MoeLite),
+];
+
+/// `model_type`s real checkpoints carry that mlx-lm runs with another module (its
+/// `MODEL_REMAPPING` in `mlx_lm/utils.py`), limited to the modules registered here.
+pub const MODEL_REMAPPING: &[(&str, &str)] = &[
+    ("mistral", "llama"),
+    ("iquestcoder", "llama"),
+    ("xverse", "llama"),
+    ("joyai_llm_flash", "deepseek_v3"),
+    ("kimi_k2", "deepseek_v3"),
+    ("minimax_m2", "minimax"),
+];
+
+/// The registry key of a `model_type` (after mlx-lm's remapping) or GGUF architecture name.
+pub fn resolve(name: &str) -> Result<&'static str> {
+    let remapped = MODEL_REMAPPING
+        .iter()
+        .find(|(from, _)| *from == name)
+        .map_or(name, |(_, to)| *to);
+    if let Some((key, _)) = FAMILIES.iter().find(|(key, _)| *key == remapped) {
+        return Ok(key);
+    }
+    FAMILIES
+        .iter()
+        .find(|(_, family)| family.gguf_architectures().contains(&name))
+        .map(|(key, _)| *key)
+        .ok_or_else(|| InferenceError::UnsupportedArchitecture {
+            name: name.to_owned(),
+            supported: supported_names(),
+        })
+}
+
+/// The family registered under `key` (a key [`resolve`] returned).
+pub fn by_key(key: &str) -> Option<&'static dyn Family> {
+    FAMILIES
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, family)| *family)
+}
+
+/// Every `model_type` accepted, sorted and comma-separated (registry keys and their aliases),
+/// for messages that tell a user what would load.
+pub fn supported_names() -> String {
+    let mut names: Vec<&str> = FAMILIES
+        .iter()
+        .map(|(key, _)| *key)
+        .chain(MODEL_REMAPPING.iter().map(|(from, _)| *from))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remapped_and_gguf_names_resolve_to_their_family() {
+        assert_eq!(resolve("mistral").unwrap(), "llama");
+        assert_eq!(resolve("kimi_k2").unwrap(), "deepseek_v3");
+        assert_eq!(resolve("minimax_m2").unwrap(), "minimax");
+        assert_eq!(resolve("qwen3moe").unwrap(), "qwen3_moe");
+        assert_eq!(resolve("gpt-oss").unwrap(), "gpt_oss");
+        assert_eq!(resolve("qwen3").unwrap(), "qwen3");
+    }
+
+    #[test]
+    fn an_unknown_name_lists_every_supported_one() {
+        let err = resolve("gpt_neox").unwrap_err().to_string();
+        for (key, _) in FAMILIES {
+            assert!(err.contains(key), "{key} missing from: {err}");
+        }
+        assert!(err.contains("minimax_m2"), "{err}");
+        assert!(err.contains("`gpt_neox`"), "{err}");
+    }
+
+    #[test]
+    fn keys_are_unique_and_every_export_name_resolves_back() {
+        for (i, (key, family)) in FAMILIES.iter().enumerate() {
+            assert!(FAMILIES[..i].iter().all(|(k, _)| k != key), "{key} twice");
+            let (model_type, class) = family.hf_names();
+            assert_eq!(resolve(model_type).unwrap(), *key, "{model_type}");
+            assert!(class.ends_with("ForCausalLM"), "{class}");
+        }
+    }
+}
