@@ -188,9 +188,10 @@ struct HubCluster {
 impl HubCluster {
     /// `None` when the test cannot run here (no namespaces, or setup's fixtures missing: a
     /// counted skip). `exact_x`: the nodes keep x in f32 in quantized CPU products
-    /// (`SHOAL_QMM=exact`), for answers compared token for token with mlx-lm's (int8 x, the
-    /// default, is bounded in `inference/tests/cpu_qmm_int8.rs`; on random-weight models its
-    /// rounding changes a greedy path within a few tokens).
+    /// (`SHOAL_QMM=exact`, also the default; said explicitly so that a changed default cannot
+    /// loosen this test), for answers compared token for token with mlx-lm's (int8 x, opt-in
+    /// through `SHOAL_QMM=int8`, is bounded in `inference/tests/cpu_qmm_int8.rs`; on
+    /// random-weight models its rounding changes a greedy path within a few tokens).
     fn start(
         tag: &str,
         workers: usize,
