@@ -37,8 +37,8 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Within this a cancelled stream must end with `[DONE]`.
 const CANCEL_ENDS_WITHIN: Duration = Duration::from_secs(5);
 /// At most this many tokens may reach the client after its cancel answered (those already
-/// decoded and on their way through the node and the forward).
-const TOKENS_AFTER_CANCEL: usize = 8;
+/// decoded and on their way through the node, the forward and the pipeline's ranks).
+const TOKENS_AFTER_CANCEL: usize = 16;
 
 /// Within this a new chat must answer once a stream was stopped.
 const SLOT_FREE: Duration = Duration::from_secs(15);
@@ -98,6 +98,11 @@ fn stop_and_check(client: &ShoalNode, pids: &[u64], how: Stop, nodes: &[ShoalNod
         busy.iter().all(|b| *b > BUSY_CPU),
         "{how:?}: the runners used only {busy:.2?} CPU s in {IDLE_WINDOW:?} while generating"
     );
+    // What arrived while the runners were watched is read now, so that the count below is of
+    // tokens sent after the cancel, not of tokens waiting unread in the socket.
+    if matches!(how, Stop::Cancel) {
+        while let Next::Event(_) = stream.next(Duration::from_millis(2)) {}
+    }
     let stopped = Instant::now();
     match how {
         Stop::Cancel => {

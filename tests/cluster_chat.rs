@@ -141,15 +141,26 @@ fn greedy_other_apis(node: &ShoalNode) -> Vec<(&'static str, String)> {
         "/v1/responses",
         json!({"model": "default", "temperature": 0, "max_output_tokens": 16, "input": question}),
     );
-    // A limit beyond any context is echoed as asked (it came back as 4294967295, the
-    // saturated bound the request runs with), and the answer ends on its own.
+    // A limit beyond any context (but within 32 bits) is echoed as asked and the answer ends
+    // on its own; one beyond 32 bits is refused, not clamped (it once came back clamped).
     let huge = post(
         "/v1/responses",
-        json!({"model": "default", "temperature": 0, "max_output_tokens": 1_000_000_000_000u64,
+        json!({"model": "default", "temperature": 0, "max_output_tokens": 4_000_000_000u64,
                "input": question}),
     );
-    assert_eq!(huge["max_output_tokens"], 1_000_000_000_000u64, "{huge}");
+    assert_eq!(huge["max_output_tokens"], 4_000_000_000u64, "{huge}");
     assert_eq!(huge["status"], "completed", "{huge}");
+    let (status, refused) = json_of(
+        node,
+        "POST",
+        "/v1/responses",
+        Some(
+            &json!({"model": "default", "max_output_tokens": 1_000_000_000_000u64,
+                     "input": question}),
+        ),
+    );
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "max_output_tokens", "{refused}");
     let t = post(
         "/v1/chat/completions",
         json!({"model": "default", "max_tokens": 16, "temperature": 0,
