@@ -370,4 +370,28 @@ mod tests {
             .unwrap();
         assert!(full.truncate(0));
     }
+
+    #[test]
+    fn a_recurrent_state_truncates_only_to_where_it_is() {
+        let mut cache = KvCache::new(2);
+        assert!(!cache.is_recurrent(), "a fresh cache holds no state yet");
+        cache.layers[0]
+            .append(positions(0, 5), positions(0, 5))
+            .unwrap();
+        let state = RecurrentState {
+            conv: Array::from_slice(&[1.0f32; 6], &[1, 3, 2]),
+            matrix: Array::from_slice(&[2.0f32; 4], &[1, 1, 2, 2]),
+        };
+        cache.layers[1].set_state(state, 5);
+        assert!(cache.is_recurrent());
+        assert_eq!(cache.len(), 5);
+        // Its own length (a prompt cache entry reused whole) and beyond are fine…
+        assert!(cache.can_truncate(5) && cache.can_truncate(9));
+        // …anything shorter is not: the state has folded those positions in.
+        assert!(!cache.can_truncate(4) && !cache.can_truncate(0));
+        assert!(!cache.truncate(3));
+        assert_eq!(cache.len(), 5, "a refused truncation changes nothing");
+        assert!(cache.truncate(5));
+        assert_eq!(cache.layers[1].arrays().count(), 2, "the state is evaluated with a step");
+    }
 }
