@@ -392,6 +392,10 @@ mod tests {
         assert!(!cache.truncate(3));
         assert_eq!(cache.len(), 5, "a refused truncation changes nothing");
         assert!(cache.truncate(5));
-        assert_eq!(cache.layers[1].arrays().count(), 2, "the state is evaluated with a step");
+        assert_eq!(
+            cache.layers[1].arrays().count(),
+            2,
+            "the state is evaluated with a step"
+        );
     }
 }

@@ -329,6 +329,46 @@ fn qwen3_5_4bit() {
     check("qwen3_5", "q4", WeightFormat::Quantized, 1e-3);
 }
 
+/// What Qwen3.5's released configuration makes: every second layer attention, a quarter of
+/// each head rotated at `rope_parameters`' theta, memory per position only for the attention
+/// layers and a fixed state per sequence for the linear ones, and tensor parallelism refused
+/// with what to do instead.
+#[test]
+fn qwen3_5_configuration_is_read_from_text_config() {
+    use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
+    for layout in ["hf", "q4"] {
+        let dir = fixture("qwen3_5", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(config.architecture.key(), "qwen3_5");
+        assert_eq!(
+            (config.hidden_size, config.num_layers, config.vocab_size),
+            (64, 4, 49152)
+        );
+        let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+        assert_eq!(linear, [true, false, true, false]);
+        assert_eq!(config.attention.rotary_dim, Some(8));
+        assert_eq!(config.rope_theta, 1e7);
+        // Keys and values of 2 attention layers (2 heads of 32), f32.
+        assert_eq!(
+            kv_bytes_per_token(&config, WeightFormat::F32),
+            2 * 2 * 2 * 32 * 4
+        );
+        // 2 linear layers: 3 kept inputs of 256 channels, 4 matrices of 32 x 32 (f32).
+        assert_eq!(
+            state_bytes_per_sequence(&config, WeightFormat::F32),
+            2 * (3 * 256 * 4 + 4 * 32 * 32 * 4)
+        );
+        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
+        assert!(
+            refusal.contains("Gated DeltaNet") && refusal.contains("pipeline"),
+            "{refusal}"
+        );
+    }
+}
+
 /// GLM-4.7-Flash: DeepSeek V3's block with its bottleneck norms at `rms_norm_eps` (0.05 in
 /// the fixture: DeepSeek's fixed 1e-6 there changes the logits).
 #[test]

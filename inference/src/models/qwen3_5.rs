@@ -289,8 +289,8 @@ pub(crate) fn hybrid_tensor_divisors(
 ) -> Vec<crate::tensor_divisors::TensorDivisor> {
     let mut out = crate::tensor_divisors::standard_divisors(config);
     out.push(crate::tensor_divisors::TensorDivisor {
-        what: "linear-attention layers (not split by tensor parallelism yet; run as a \
-               pipeline)"
+        what: "linear-attention state (tensor parallelism does not split Gated DeltaNet \
+               layers yet: run this model as a pipeline or on one node)"
             .into(),
         count: 1,
     });
