@@ -150,7 +150,12 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             // Returns once `shutdown` fired (SIGINT/SIGTERM) and the runners stopped, or when
             // the API cannot be served at all.
             served = &mut serving => {
-                served?;
+                if let Err(e) = served {
+                    // Close the endpoint before failing (a dropped one logs an error of its
+                    // own that hides this one: "Endpoint dropped without calling close").
+                    mesh.shutdown().await;
+                    return Err(e);
+                }
                 break;
             }
             event = events.recv() => match event {

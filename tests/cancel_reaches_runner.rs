@@ -34,6 +34,12 @@ const IDLE_WINDOW: Duration = Duration::from_secs(2);
 const BUSY_CPU: f64 = 0.2;
 /// The tests of this file measure CPU time: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Within this a cancelled stream must end with `[DONE]`.
+const CANCEL_ENDS_WITHIN: Duration = Duration::from_secs(5);
+/// At most this many tokens may reach the client after its cancel answered (those already
+/// decoded and on their way through the node and the forward).
+const TOKENS_AFTER_CANCEL: usize = 8;
+
 /// Within this a new chat must answer once a stream was stopped.
 const SLOT_FREE: Duration = Duration::from_secs(15);
 
@@ -97,17 +103,38 @@ fn stop_and_check(client: &ShoalNode, pids: &[u64], how: Stop, nodes: &[ShoalNod
         Stop::Cancel => {
             let (status, answer) = call(client, "POST", &format!("/v1/cancel/{id}"), None);
             assert_eq!(status, 200, "{how:?}: cancel {id}: {answer}");
-            // The stream ends at once, with a finish and [DONE].
-            let mut ended = false;
-            while let Next::Event(event) = stream.next(Duration::from_secs(10)) {
-                if event == SseEvent::Done {
-                    ended = true;
-                    break;
+            // The stream ends at once, with [DONE]: within a few seconds of the cancel and
+            // after at most a step's worth of tokens already on their way (a cancel that
+            // reached only the client would go on through the 2,000 tokens).
+            let deadline = stopped + CANCEL_ENDS_WITHIN;
+            let (mut ended, mut tokens_after) = (false, 0);
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                match stream.next(left) {
+                    Next::Event(SseEvent::Done) => {
+                        ended = true;
+                        break;
+                    }
+                    Next::Event(SseEvent::Data(data)) => {
+                        let event: Value = serde_json::from_str(&data).unwrap_or_default();
+                        let delta = &event["choices"][0]["delta"]["content"];
+                        tokens_after += usize::from(delta.as_str().is_some_and(|t| !t.is_empty()));
+                    }
+                    Next::Silent => {}
+                    Next::End { .. } | Next::Broken(_) => break,
                 }
             }
+            let took = stopped.elapsed();
+            eprintln!(
+                "{how:?}: [DONE] {took:.2?} after the cancel, {tokens_after} tokens after it"
+            );
             assert!(
                 ended,
-                "{how:?}: the cancelled stream did not end with [DONE]"
+                "{how:?}: the cancelled stream did not end with [DONE] within \
+                 {CANCEL_ENDS_WITHIN:?} ({tokens_after} tokens after the cancel)"
+            );
+            assert!(
+                tokens_after <= TOKENS_AFTER_CANCEL,
+                "{how:?}: {tokens_after} tokens arrived after the cancel"
             );
         }
         Stop::GoAway => drop(stream),

@@ -405,7 +405,11 @@ fn chat_through_either_node_and_delete_from_the_other() {
     let text = with_chat_key["choices"][0]["message"]["content"]
         .as_str()
         .unwrap_or_default();
-    assert!(forwarded.starts_with(text), "{text:?} vs {forwarded:?}");
+    // Not empty: every string starts with "".
+    assert!(
+        !text.is_empty() && forwarded.starts_with(text),
+        "{text:?} vs {forwarded:?}"
+    );
     assert_eq!(user(None).0, 401);
     let (through_b, through_a) = (sampling_controls(b), sampling_controls(a));
     eprintln!("top_logprobs and logit_bias through B (forwarded): {through_b:?}");

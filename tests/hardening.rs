@@ -439,6 +439,13 @@ fn an_offline_node_does_not_repeat_discovery_warnings() {
         repeated.len(),
         repeated.join("\n")
     );
+    // At least one: a filter that matched nothing (a renamed target, say) would pass below.
+    assert!(
+        !repeated.is_empty(),
+        "no discovery warning at all in 10 s offline: is the filter still the library's \
+         target?\n{}",
+        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+    );
     assert!(
         repeated.len() <= 4,
         "{} discovery warnings in 10 s:\n{}",

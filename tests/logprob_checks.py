@@ -71,6 +71,10 @@ r = oa.chat.completions.create(model=model, messages=question, temperature=0, ma
 answer = r.choices[0].message.content
 chat = [plain(c) for c in r.choices[0].logprobs.content]
 seen["chat_split_tokens"] = entries_ok("chat", chat, answer)
+# The question asks for 日本, which SmolLM2's byte-level vocabulary spells in pieces of
+# characters: without one, the bytes check above would have checked nothing of them.
+check("chat: some tokens are pieces of a character", seen["chat_split_tokens"] > 0,
+      (answer, [e["token"] for e in chat]))
 reference = [(e["token"], [t["token"] for t in e["top_logprobs"]]) for e in chat]
 shape = lambda entries: [(e["token"], [t["token"] for t in e["top_logprobs"]]) for e in entries]
 

@@ -122,9 +122,8 @@ fn place_and_wait(
     wait_for(Duration::from_secs(240), || {
         let (_, instance) = call(&nodes[0], "GET", &format!("/instance/{id}"), None);
         assert_ne!(instance["status"], "failed", "{instance}\n{}", logs(nodes));
-        serving
-            .iter()
-            .all(|&i| ready(&nodes[i], repo))
+        // This instance, not any instance of the repo, must be the one ready.
+        (instance["status"] == "ready" && serving.iter().all(|&i| ready(&nodes[i], repo)))
             .then_some(())
     })
     .unwrap_or_else(|| {
@@ -133,7 +132,24 @@ fn place_and_wait(
             logs(nodes)
         )
     });
+    // The answers that follow come from this instance: the only one of the repo.
+    for node in nodes {
+        let of_repo = instances_of(node, repo);
+        assert_eq!(of_repo, vec![id.clone()], "instances of {repo} in /state");
+    }
     created
+}
+
+/// The ids of the instances of `repo` in `node`'s `/state`.
+fn instances_of(node: &ShoalNode, repo: &str) -> Vec<String> {
+    let (_, state) = call(node, "GET", "/state", None);
+    state["instances"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, i)| i["model_id"] == repo)
+        .map(|(id, _)| id.clone())
+        .collect()
 }
 
 /// Deletes the instance `created` of `repo` and waits until no node reports it ready.
@@ -150,6 +166,20 @@ fn delete(nodes: &[ShoalNode], repo: &str, created: &Value) {
             logs(nodes)
         )
     });
+    // And it stays gone: several gossip rounds later no node holds it or its runners (a
+    // deleted instance once came back 0.5 s after, its runners created again).
+    std::thread::sleep(Duration::from_secs(3));
+    for node in nodes {
+        assert!(
+            instances_of(node, repo).is_empty(),
+            "instance {id} came back after its deletion\n{}",
+            logs(nodes)
+        );
+        assert!(
+            !ready(node, repo),
+            "{repo} is ready again after the deletion"
+        );
+    }
 }
 
 /// The node ids of `created`'s ranks with their layer ranges.
@@ -188,9 +218,10 @@ struct HubCluster {
 impl HubCluster {
     /// `None` when the test cannot run here (no namespaces, or setup's fixtures missing: a
     /// counted skip). `exact_x`: the nodes keep x in f32 in quantized CPU products
-    /// (`SHOAL_QMM=exact`), for answers compared token for token with mlx-lm's (int8 x, the
-    /// default, is bounded in `inference/tests/cpu_qmm_int8.rs`; on random-weight models its
-    /// rounding changes a greedy path within a few tokens).
+    /// (`SHOAL_QMM=exact`, also the default; said explicitly so that a changed default cannot
+    /// loosen this test), for answers compared token for token with mlx-lm's (int8 x, opt-in
+    /// through `SHOAL_QMM=int8`, is bounded in `inference/tests/cpu_qmm_int8.rs`; on
+    /// random-weight models its rounding changes a greedy path within a few tokens).
     fn start(
         tag: &str,
         workers: usize,

@@ -6,7 +6,9 @@
 //!
 //! shoal must give the same logits from the same folder: as one shard, as a 2- and 3-stage
 //! layer split, and inside a batch with other sequences joining and leaving. Floats within
-//! 1e-4; quantized weights run on MLX's own quantized kernels (as mlx-lm's do), within 1e-3.
+//! 1e-4; quantized weights within 1e-3. On the CPU the quantized products are shoal's own
+//! kernels (`inference::cpu_kernels`, x kept in f32 here), not MLX's: the test compares them
+//! with mlx-lm running MLX's.
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! The quantized weight path (the default on Apple GPUs) on the SmolLM2 fixture: the model
-//! written as an MLX-community checkpoint (affine 8-bit and 4-bit weights, groups of 64, f32
-//! scales and biases, as `mlx_lm.convert -q` writes it) and loaded as quantized matrices
+//! written as an MLX-community checkpoint by shoal's own exporter (affine 8-bit and 4-bit
+//! weights, groups of 64, f32 scales and biases: the layout `mlx_lm.convert -q` writes; the
+//! exporter is not mlx-lm, and mlx-lm's own quantized folders are checked against mlx-lm's
+//! logits in `families.rs`) and loaded as quantized matrices
 //! (`quantized_matmul`, quantized embedding rows).
 //!
 //! - Its first-step logits match the same checkpoint dequantized to f32 (the same numbers,

@@ -88,13 +88,18 @@ impl ModelRegistry {
         if let Ok(mut read_from) = self.read_from.lock() {
             read_from.insert(spec.id.clone(), spec.path.clone());
         }
+        // Only the default model is made by setup; a user's own folder gets no such hint.
+        let hint = if spec.id == crate::DEFAULT_MODEL_ID {
+            " (for the default model, run `cargo xtask setup`)"
+        } else {
+            ""
+        };
         let unreadable = |e: String| {
             ApiError::new(
                 ErrorKind::Unavailable,
                 format!(
-                    "cannot read model `{}` at {} on node {}: {e} (for the default model, run \
-                     `cargo xtask setup`)",
-                    spec.id,
+                    "cannot read model `{}` at {} on node {}: {e}{hint}",
+                    gateway::echo(&spec.id),
                     spec.path.display(),
                     short(node)
                 ),

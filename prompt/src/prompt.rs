@@ -26,6 +26,33 @@ pub fn generate_request(
     // Every text the client sent, marked so that none can become a control token (see
     // `inference::untrusted_text`): contents, names, call ids, arguments, tool specs.
     let offered = request.tool_choice.offered(&request.tools);
+    // A conversation whose text alone surely exceeds the context is refused before it is
+    // rendered and tokenized (which would cost memory in proportion to its size).
+    let sent_bytes: usize = request
+        .messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.arguments.len() + c.name.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    if facts
+        .tokenizer
+        .surely_longer_than(sent_bytes, facts.context_length)
+    {
+        return Err(ApiError::invalid_field(
+            "messages",
+            format!(
+                "the conversation is {sent_bytes} bytes, far more than the model's context of \
+                 {} tokens holds; shorten the conversation",
+                facts.context_length
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
     let client_texts = request
         .messages
         .iter()

@@ -59,7 +59,9 @@ pub fn family_fixtures(step: Step) -> Result<(), String> {
     let _ = fs::remove_file(&stamp_path);
     step.progress("the pinned mlx-lm venv");
     let (python, _) = mlx_lm_venv()?;
-    step.progress("building each family with mlx-lm (about 15 s)");
+    step.progress(
+        "building each family with mlx-lm (6 minutes measured on a fresh 2-core machine)",
+    );
     run(Command::new(&python)
         .arg(&script)
         .arg(&root)
