@@ -408,10 +408,14 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/gpt-oss-tiny-mxfp4", "gpt_oss", "mxfp4"),
     ("shoal-fixtures/gemma3-tiny-4bit", "gemma3_text", "q4"),
     ("shoal-fixtures/qwen3.5-tiny-4bit", "qwen3_5", "q4"),
+    ("shoal-fixtures/qwen3.5-moe-tiny-4bit", "qwen3_5_moe", "q4"),
 ];
 
 /// Families whose tensor-parallel cut is refused for now, with the reason placement gives.
-const NO_TENSOR: &[(&str, &str)] = &[("qwen3_5", "Gated DeltaNet")];
+const NO_TENSOR: &[(&str, &str)] = &[
+    ("qwen3_5", "Gated DeltaNet"),
+    ("qwen3_5_moe", "Gated DeltaNet"),
+];
 
 /// Each of [`FAMILY_REPOS`] as a one-file repo under `dir`.
 fn family_repos(dir: &Path) -> Result<BTreeMap<String, ServedRepo>, String> {

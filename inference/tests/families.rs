@@ -331,6 +331,21 @@ fn qwen3_5_4bit() {
     check("qwen3_5", "q4", WeightFormat::Quantized, 1e-3);
 }
 
+/// Qwen3.5-MoE as released by Qwen (Qwen3.5's layout, each layer's experts fused as
+/// `experts.gate_up_proj`): the hybrid layers with Qwen3-Next's sparse block on every layer
+/// (softmax top-2 of 8 experts, a shared expert scaled by `sigmoid(shared_expert_gate(x))`).
+#[test]
+fn qwen3_5_moe_hf_f32() {
+    check("qwen3_5_moe", "hf", WeightFormat::F32, 1e-4);
+}
+
+/// Qwen3.5-MoE as mlx-community publishes it: experts stacked at 4 bits, the routers and
+/// shared-expert gates at 8 (mlx-lm's `quant_predicate` for this family).
+#[test]
+fn qwen3_5_moe_4bit() {
+    check("qwen3_5_moe", "q4", WeightFormat::Quantized, 1e-3);
+}
+
 /// What Qwen3.5's released configuration makes: every second layer attention, a quarter of
 /// each head rotated at `rope_parameters`' theta, memory per position only for the attention
 /// layers and a fixed state per sequence for the linear ones, and tensor parallelism refused
@@ -368,6 +383,34 @@ fn qwen3_5_configuration_is_read_from_text_config() {
             refusal.contains("Gated DeltaNet") && refusal.contains("pipeline"),
             "{refusal}"
         );
+    }
+}
+
+/// What Qwen3.5-MoE's released configuration makes (no `intermediate_size`, as released):
+/// experts on every layer, softmax top-2 renormalized, the shared expert's width, the hybrid
+/// layers of Qwen3.5, and the tensor ring refused for its Gated DeltaNet layers.
+#[test]
+fn qwen3_5_moe_configuration_is_read_from_text_config() {
+    use inference::config::RouterKind;
+    for layout in ["hf", "q4"] {
+        let dir = fixture("qwen3_5_moe", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(config.architecture.key(), "qwen3_5_moe");
+        let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+        assert_eq!(linear, [true, false, true, false]);
+        let moe = config.moe.as_ref().unwrap();
+        assert!((0..4).all(|l| moe.is_moe_layer(l)));
+        assert_eq!(
+            (moe.num_experts, moe.experts_per_token, moe.expert_width),
+            (8, 2, 64)
+        );
+        assert_eq!(moe.shared_width, 128);
+        assert_eq!(moe.router, RouterKind::SoftmaxTopK { normalize: true });
+        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
+        assert!(refusal.contains("Gated DeltaNet"), "{refusal}");
     }
 }
 

@@ -223,6 +223,37 @@ FAMILIES = {
         # Decays and write strengths spread over heads; a convolution that passes its input.
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5)],
     },
+    "qwen3_5_moe": {
+        # Qwen3.5-35B-A3B as released: Qwen3.5's layers with Qwen3-Next's sparse block on every
+        # layer (softmax top-k over 8 experts, a shared expert scaled by
+        # sigmoid(shared_expert_gate(x))), experts stored fused as `experts.gate_up_proj`.
+        # mlx-lm's quant_predicate keeps the routers and shared-expert gates at 8 bits in q4.
+        "config": {
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "qwen3_5_moe_text", "hidden_size": 64, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
+                "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+                "tie_word_embeddings": False, "attention_bias": False, "attn_output_gate": True,
+                "layer_types": ["linear_attention", "full_attention"] * 2,
+                "rope_parameters": {
+                    "rope_type": "default", "rope_theta": 10000000.0,
+                    "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                    "mrope_interleaved": True,
+                },
+            },
+            "vision_config": {"model_type": "qwen3_5_moe", "depth": 1, "hidden_size": 64},
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
+                ("shared_expert_gate", 0.3)],
+    },
 }
 
 
@@ -426,8 +457,23 @@ def hf_qwen3_5(weights, cfg):
     return out
 
 
+def hf_qwen3_5_moe(weights, cfg):
+    """Qwen3.5-MoE's own layout: Qwen3.5's, each layer's experts fused as
+    `experts.gate_up_proj` [E, 2 x moe_intermediate, hidden] (gate rows first) and
+    `experts.down_proj` [E, hidden, moe_intermediate], no `.weight` suffix."""
+    for key in [k for k in weights if k.endswith(".switch_mlp.gate_proj.weight")]:
+        prefix = key[: -len(".switch_mlp.gate_proj.weight")]
+        gate = weights.pop(key)
+        up = weights.pop(f"{prefix}.switch_mlp.up_proj.weight")
+        weights[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        weights[f"{prefix}.experts.down_proj"] = weights.pop(
+            f"{prefix}.switch_mlp.down_proj.weight")
+    return hf_qwen3_5(weights, cfg)
+
+
 HF_LAYOUT = {
     "qwen3_5": hf_qwen3_5,
+    "qwen3_5_moe": hf_qwen3_5_moe,
     "qwen3_moe": hf_qwen3_moe,
     "deepseek_v3": hf_deepseek_v3,
     "gpt_oss": hf_gpt_oss,

@@ -119,7 +119,12 @@ impl ModelConfig {
             architecture,
             hidden_size,
             num_layers: req_usize(v, "num_hidden_layers")?,
-            intermediate_size: req_usize(v, "intermediate_size")?,
+            // An MoE model whose every layer has experts may leave it out, as Qwen3.5-MoE's
+            // releases do: no dense MLP reads it.
+            intermediate_size: match (v.get("intermediate_size"), v.get("moe_intermediate_size")) {
+                (None, Some(_)) => 0,
+                _ => req_usize(v, "intermediate_size")?,
+            },
             num_heads,
             num_kv_heads,
             head_dim,

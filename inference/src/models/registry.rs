@@ -7,7 +7,7 @@
 use super::base::Family;
 use super::{
     deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_5,
-    qwen3_moe,
+    qwen3_5_moe, qwen3_moe,
 };
 use crate::error::{InferenceError, Result};
 
@@ -24,6 +24,7 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("deepseek_v3", &deepseek_v3::DeepseekV3),
     ("glm4_moe_lite", &glm4_moe_lite::Glm4MoeLite),
     ("qwen3_5", &qwen3_5::Qwen3_5),
+    ("qwen3_5_moe", &qwen3_5_moe::Qwen3_5Moe),
 ];
 
 /// `model_type`s real checkpoints carry that mlx-lm runs with another module (its
