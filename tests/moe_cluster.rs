@@ -409,12 +409,14 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/gemma3-tiny-4bit", "gemma3_text", "q4"),
     ("shoal-fixtures/qwen3.5-tiny-4bit", "qwen3_5", "q4"),
     ("shoal-fixtures/qwen3.5-moe-tiny-4bit", "qwen3_5_moe", "q4"),
+    ("shoal-fixtures/qwen3-next-tiny-4bit", "qwen3_next", "q4"),
 ];
 
 /// Families whose tensor-parallel cut is refused for now, with the reason placement gives.
 const NO_TENSOR: &[(&str, &str)] = &[
     ("qwen3_5", "Gated DeltaNet"),
     ("qwen3_5_moe", "Gated DeltaNet"),
+    ("qwen3_next", "Gated DeltaNet"),
 ];
 
 /// Each of [`FAMILY_REPOS`] as a one-file repo under `dir`.

@@ -386,6 +386,22 @@ fn qwen3_5_configuration_is_read_from_text_config() {
     }
 }
 
+/// Qwen3-Next as released by Qwen (top-level keys, experts one matrix each, zero-centred
+/// norms, convolutions `[channels, 1, kernel]`): Gated DeltaNet with its fused per-key-head
+/// projections (`in_proj_qkvz`, `in_proj_ba`), the sparse block on every layer but layer 2
+/// (`mlp_only_layers`, a dense MLP).
+#[test]
+fn qwen3_next_hf_f32() {
+    check("qwen3_next", "hf", WeightFormat::F32, 1e-4);
+}
+
+/// Qwen3-Next as mlx-community publishes it (experts stacked at 4 bits, routers and
+/// shared-expert gates at 8).
+#[test]
+fn qwen3_next_4bit() {
+    check("qwen3_next", "q4", WeightFormat::Quantized, 1e-3);
+}
+
 /// What Qwen3.5-MoE's released configuration makes (no `intermediate_size`, as released):
 /// experts on every layer, softmax top-2 renormalized, the shared expert's width, the hybrid
 /// layers of Qwen3.5, and the tensor ring refused for its Gated DeltaNet layers.
@@ -408,6 +424,32 @@ fn qwen3_5_moe_configuration_is_read_from_text_config() {
             (8, 2, 64)
         );
         assert_eq!(moe.shared_width, 128);
+        assert_eq!(moe.router, RouterKind::SoftmaxTopK { normalize: true });
+        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
+        assert!(refusal.contains("Gated DeltaNet"), "{refusal}");
+    }
+}
+
+/// What Qwen3-Next's configuration makes (its keys at the top level): the sparse block on
+/// every layer but `mlp_only_layers`, RoPE from `rope_theta` and `partial_rotary_factor`.
+#[test]
+fn qwen3_next_configuration_is_read_from_top_level_keys() {
+    use inference::config::RouterKind;
+    for layout in ["hf", "q4"] {
+        let dir = fixture("qwen3_next", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(config.architecture.key(), "qwen3_next");
+        let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+        assert_eq!(linear, [true, false, true, false]);
+        assert_eq!(config.attention.rotary_dim, Some(8));
+        assert_eq!(config.rope_theta, 1e7);
+        let moe = config.moe.as_ref().unwrap();
+        let sparse: Vec<bool> = (0..4).map(|l| moe.is_moe_layer(l)).collect();
+        assert_eq!(sparse, [true, true, false, true]);
+        assert_eq!((moe.shared_width, config.intermediate_size), (128, 128));
         assert_eq!(moe.router, RouterKind::SoftmaxTopK { normalize: true });
         let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
         assert!(refusal.contains("Gated DeltaNet"), "{refusal}");

@@ -254,6 +254,28 @@ FAMILIES = {
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
                 ("shared_expert_gate", 0.3)],
     },
+    "qwen3_next": {
+        # Qwen3-Next-80B-A3B's shape: the keys at the top level, Gated DeltaNet's projections
+        # fused per key head, the sparse block on every layer but `mlp_only_layers` (layer 2
+        # here, a dense MLP, to run that path too), norm_topk_prob as released.
+        "config": {
+            "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
+            "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+            "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+            "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
+            "decoder_sparse_step": 1, "mlp_only_layers": [2],
+            "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+            "rope_scaling": None, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False, "attention_bias": False,
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
+                ("shared_expert_gate", 0.3)],
+    },
 }
 
 
@@ -471,7 +493,23 @@ def hf_qwen3_5_moe(weights, cfg):
     return hf_qwen3_5(weights, cfg)
 
 
+def hf_qwen3_next(weights, cfg):
+    """Qwen's own layout: experts one matrix each, convolutions `[channels, 1, kernel]`, block
+    norms zero-centred; plus an MTP layer a text model never reads."""
+    weights = unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+    out = {}
+    for key, value in weights.items():
+        if "conv1d.weight" in key:
+            value = value.moveaxis(1, 2)
+        if key.endswith(QWEN3_5_NORMS) and value.ndim == 1:
+            value = value - 1.0
+        out[key] = value
+    out["mtp.fc.weight"] = 0.05 * mx.random.normal((64, 128), key=key_for("qwen3_next", "mtp"))
+    return out
+
+
 HF_LAYOUT = {
+    "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
     "qwen3_5_moe": hf_qwen3_5_moe,
     "qwen3_moe": hf_qwen3_moe,

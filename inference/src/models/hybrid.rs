@@ -1,13 +1,14 @@
-//! The hybrid layer pattern of Qwen3.5 (dense and MoE) as mlx-lm's `qwen3_5.py` builds it:
+//! The hybrid layer pattern of Qwen3-Next and Qwen3.5 (dense and MoE) as mlx-lm's
+//! `qwen3_next.py` and `qwen3_5.py` build it:
 //! Gated DeltaNet layers ([`super::gated_delta`]) and, every `full_attention_interval`-th
 //! layer, Qwen3-Next's gated attention (`q_proj` gives each head's queries and a gate, per-head
 //! Q/K RMS norms, RoPE over `partial_rotary_factor` of each head, the output times
 //! `sigmoid(gate)`); the block norms around them; the configuration keys that lay them out.
-//! A library both Qwen3.5 families call with their own feed-forward.
+//! A library the three families call with their own feed-forward and [`HybridLayout`].
 //!
 //! Hugging Face's own files store the block norms zero-centred (`1 + w`) and the convolution
-//! as `[channels, 1, kernel]`; mlx-lm converts both when it sees that convolution shape, and
-//! so does this file. RoPE parameters come from `rope_parameters` (its `mrope_section` places
+//! as `[channels, 1, kernel]`; mlx-lm converts both when it sees that convolution shape (or,
+//! for Qwen3-Next, experts stored one matrix each), and so does this file. RoPE parameters come from `rope_parameters` (its `mrope_section` places
 //! image positions, which text alone does not use: plain RoPE).
 
 use super::base::{layer_tensor, DecoderLayer, FeedForward, HeadNorms, SelfAttention};
@@ -73,9 +74,37 @@ mod defaults {
     }
 }
 
-/// Reads the hybrid layout shared by Qwen3.5 and its MoE sibling: which layers are linear,
-/// their shape, the gated attention and its RoPE.
-pub(crate) fn configure_hybrid(json: &Value, config: &mut ModelConfig, family: &str) -> Result<()> {
+/// What differs between the families' hybrid layers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HybridLayout {
+    /// Gated DeltaNet's projections fused per key head (`in_proj_qkvz`, `in_proj_ba`:
+    /// Qwen3-Next) rather than split (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`).
+    pub fused: bool,
+    /// RoPE from `rope_parameters` (Qwen3.5's, with mlx-lm's default when absent) rather than
+    /// the top-level `rope_theta`, `partial_rotary_factor` and `rope_scaling` (Qwen3-Next).
+    pub rope_parameters: bool,
+}
+
+/// Qwen3.5's, dense and MoE.
+pub(crate) const QWEN3_5: HybridLayout = HybridLayout {
+    fused: false,
+    rope_parameters: true,
+};
+
+/// Qwen3-Next's.
+pub(crate) const QWEN3_NEXT: HybridLayout = HybridLayout {
+    fused: true,
+    rope_parameters: false,
+};
+
+/// Reads the hybrid layout: which layers are linear, their shape, the gated attention and
+/// its RoPE.
+pub(crate) fn configure_hybrid(
+    json: &Value,
+    config: &mut ModelConfig,
+    family: &str,
+    layout: HybridLayout,
+) -> Result<()> {
     let keys: HybridKeys = family_keys(json, family)?;
     let shape = DeltaNetShape {
         k_heads: keys.linear_num_key_heads,
@@ -100,7 +129,7 @@ pub(crate) fn configure_hybrid(json: &Value, config: &mut ModelConfig, family: &
     config.attention.output_gate = true;
     config.attention.qk_norm = true;
     let (kind, theta, partial, scaling) = match &keys.rope_parameters {
-        Value::Object(p) => {
+        Value::Object(p) if layout.rope_parameters => {
             let kind = p
                 .get("type")
                 .or_else(|| p.get("rope_type"))
@@ -151,9 +180,15 @@ pub(crate) fn configure_hybrid(json: &Value, config: &mut ModelConfig, family: &
 
 /// Whether the checkpoint is Hugging Face's own layout (convolution `[channels, 1, kernel]`,
 /// block norms stored as `w` of `1 + w`), told as mlx-lm tells it: by a linear layer's
-/// convolution. A source holding no linear layer (a pipeline rank of attention layers only)
-/// is taken as mlx-lm's layout.
+/// convolution (Qwen3.5) or by experts stored one matrix each (Qwen3-Next, whose sanitize
+/// converts the norms whenever it stacks experts). A source holding neither (a pipeline rank
+/// of attention layers only, Qwen3.5) is taken as mlx-lm's layout.
 fn zero_centred_norms(config: &ModelConfig, source: &mut dyn TensorSource) -> Result<bool> {
+    let per_expert = (0..config.num_layers)
+        .any(|l| source.contains(&layer_tensor(l, "mlp.experts.0.up_proj.weight")));
+    if per_expert {
+        return Ok(true);
+    }
     for layer in (0..config.num_layers).filter(|&l| config.is_linear_layer(l)) {
         let name = layer_tensor(layer, "linear_attn.conv1d.weight");
         if source.contains(&name) {
@@ -181,12 +216,13 @@ fn block_norm(
 
 /// Layer `layer`'s mixer: Gated DeltaNet or gated attention, with its norms read as
 /// `zero_centred` says.
-pub(crate) fn hybrid_mixer(
+fn hybrid_mixer(
     config: &ModelConfig,
     source: &mut dyn TensorSource,
     layer: usize,
     format: WeightFormat,
     zero_centred: bool,
+    layout: HybridLayout,
 ) -> Result<SelfAttention> {
     let dtype = format.compute_dtype();
     if let Some(linear) = config
@@ -202,7 +238,7 @@ pub(crate) fn hybrid_mixer(
             source,
             layer,
             format,
-            false,
+            layout.fused,
         )?;
         return Ok(SelfAttention::Linear(net));
     }
@@ -223,9 +259,10 @@ pub(crate) fn hybrid_block(
     layer: usize,
     format: WeightFormat,
     ffn: FeedForward,
+    layout: HybridLayout,
 ) -> Result<DecoderLayer> {
     let zero_centred = zero_centred_norms(config, source)?;
-    let mixer = hybrid_mixer(config, source, layer, format, zero_centred)?;
+    let mixer = hybrid_mixer(config, source, layer, format, zero_centred, layout)?;
     let dtype = format.compute_dtype();
     let mut norm = |part: &str| block_norm(source, &layer_tensor(layer, part), dtype, zero_centred);
     let input = norm("input_layernorm.weight")?;
@@ -244,8 +281,22 @@ pub(crate) fn hybrid_final_norm(
 }
 
 /// Names of layer `layer`'s mixer tensors and block norms (mlx-lm's names under `model.`).
-pub(crate) fn hybrid_tensor_names(config: &ModelConfig, layer: usize) -> Vec<String> {
-    let parts: &[&str] = if config.is_linear_layer(layer) {
+pub(crate) fn hybrid_tensor_names(
+    config: &ModelConfig,
+    layer: usize,
+    layout: HybridLayout,
+) -> Vec<String> {
+    let parts: &[&str] = if config.is_linear_layer(layer) && layout.fused {
+        &[
+            "linear_attn.in_proj_qkvz.weight",
+            "linear_attn.in_proj_ba.weight",
+            "linear_attn.conv1d.weight",
+            "linear_attn.dt_bias",
+            "linear_attn.A_log",
+            "linear_attn.norm.weight",
+            "linear_attn.out_proj.weight",
+        ]
+    } else if config.is_linear_layer(layer) {
         &[
             "linear_attn.in_proj_qkv.weight",
             "linear_attn.in_proj_z.weight",

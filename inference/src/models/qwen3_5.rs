@@ -18,6 +18,7 @@
 use super::base::{layer_tensor, DecoderLayer, Family, FeedForward, Mlp};
 use super::hybrid::{
     configure_hybrid, hybrid_block, hybrid_final_norm, hybrid_tensor_divisors, hybrid_tensor_names,
+    QWEN3_5,
 };
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -34,7 +35,7 @@ impl Family for Qwen3_5 {
     }
 
     fn configure(&self, json: &Value, config: &mut ModelConfig) -> Result<()> {
-        configure_hybrid(json, config, "qwen3_5")
+        configure_hybrid(json, config, "qwen3_5", QWEN3_5)
     }
 
     fn block(
@@ -45,7 +46,7 @@ impl Family for Qwen3_5 {
         format: WeightFormat,
     ) -> Result<DecoderLayer> {
         let mlp = FeedForward::Dense(Mlp::load(config, source, layer, format)?);
-        hybrid_block(config, source, layer, format, mlp)
+        hybrid_block(config, source, layer, format, mlp, QWEN3_5)
     }
 
     fn final_norm(
@@ -58,7 +59,7 @@ impl Family for Qwen3_5 {
     }
 
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
-        let mut names = hybrid_tensor_names(config, layer);
+        let mut names = hybrid_tensor_names(config, layer, QWEN3_5);
         for proj in ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
             names.push(layer_tensor(layer, &format!("{proj}.weight")));
         }

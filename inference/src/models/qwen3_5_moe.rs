@@ -13,6 +13,7 @@
 use super::base::{DecoderLayer, Family, FeedForward};
 use super::hybrid::{
     configure_hybrid, hybrid_block, hybrid_final_norm, hybrid_tensor_divisors, hybrid_tensor_names,
+    QWEN3_5,
 };
 use super::sparse_moe::{
     load_sparse_block, sparse_block_tensor_names, sparse_moe_config, SparseLayers,
@@ -34,7 +35,7 @@ impl Family for Qwen3_5Moe {
     }
 
     fn configure(&self, json: &Value, config: &mut ModelConfig) -> Result<()> {
-        configure_hybrid(json, config, FAMILY)?;
+        configure_hybrid(json, config, FAMILY, QWEN3_5)?;
         config.moe = Some(sparse_moe_config(json, FAMILY, SparseLayers::All, true)?);
         Ok(())
     }
@@ -50,7 +51,7 @@ impl Family for Qwen3_5Moe {
             InferenceError::BadConfig(format!("a {FAMILY} configuration without its experts"))
         })?;
         let ffn = FeedForward::Experts(load_sparse_block(config, moe, source, layer, format)?);
-        hybrid_block(config, source, layer, format, ffn)
+        hybrid_block(config, source, layer, format, ffn, QWEN3_5)
     }
 
     fn final_norm(
@@ -63,7 +64,7 @@ impl Family for Qwen3_5Moe {
     }
 
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
-        let mut names = hybrid_tensor_names(config, layer);
+        let mut names = hybrid_tensor_names(config, layer, QWEN3_5);
         if let Some(moe) = &config.moe {
             names.extend(sparse_block_tensor_names(moe, layer, true));
         }

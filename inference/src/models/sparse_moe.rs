@@ -45,7 +45,6 @@ pub(crate) enum SparseLayers {
     All,
     /// Every `decoder_sparse_step`-th layer not in `mlp_only_layers` (Qwen3-Next); the others
     /// keep a dense MLP of `intermediate_size`.
-    #[allow(dead_code)] // Qwen3-Next's, which comes next.
     BySparseStep,
 }
 
