@@ -9,6 +9,11 @@
 //! `window - 1` (the next query's window, itself aside) and makes room for `window` more, so
 //! it holds at most `2·window - 1` positions plus one step's new ones ([`held_bound`]),
 //! however long the sequence, and copies `window - 1` positions once per `window` steps.
+//!
+//! A linear-attention layer (Gated DeltaNet: Qwen3.5, Qwen3-Next) holds no keys or values but a
+//! recurrent state of fixed size ([`RecurrentState`]: the short convolution's last inputs and
+//! one matrix per value head), replaced at every step. It summarizes every position so far and
+//! cannot be taken back: such a layer truncates only to its own length.
 
 use crate::error::Result;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
@@ -23,8 +28,19 @@ pub fn held_bound(window: usize) -> usize {
     2 * window.max(1) - 1
 }
 
+/// The state a recurrent (linear-attention) layer carries from one step to the next, as
+/// mlx-lm's `ArraysCache(size=2)` holds it for Gated DeltaNet.
+#[derive(Debug, Clone)]
+pub struct RecurrentState {
+    /// The last `kernel - 1` inputs of the causal convolution, `[batch, kernel - 1, channels]`.
+    pub conv: Array,
+    /// Per value head, the delta rule's matrix, `[batch, v_heads, v_dim, k_dim]` (float32).
+    pub matrix: Array,
+}
+
 /// Keys and values of one layer, `[batch, kv_heads, capacity, head_dim]`. Column `c` holds
 /// position `dropped + c`: a sliding layer forgets its oldest positions (see the module docs).
+/// A recurrent layer holds its [`RecurrentState`] instead.
 #[derive(Debug, Default, Clone)]
 pub struct LayerCache {
     keys: Option<Array>,
@@ -34,6 +50,8 @@ pub struct LayerCache {
     dropped: usize,
     /// The layer's window, once a windowed append said so.
     window: Option<usize>,
+    /// A recurrent layer's state, once it has seen a position.
+    state: Option<RecurrentState>,
 }
 
 fn grow(buffer: Option<Array>, like: &Array, used: i32, needed: i32) -> Result<Array> {
@@ -76,6 +94,22 @@ impl LayerCache {
     /// Positions held now (`len - dropped`).
     pub fn held(&self) -> usize {
         self.len - self.dropped
+    }
+
+    /// A recurrent layer's state (`None` before its first position, or for a KV layer).
+    pub fn state(&self) -> Option<&RecurrentState> {
+        self.state.as_ref()
+    }
+
+    /// Replaces a recurrent layer's state with the one after `new` more positions.
+    pub fn set_state(&mut self, state: RecurrentState, new: usize) {
+        self.state = Some(state);
+        self.len += new;
+    }
+
+    /// Whether this layer holds a recurrent state (which cannot be truncated).
+    pub fn is_recurrent(&self) -> bool {
+        self.state.is_some()
     }
 
     /// Appends new keys/values `[batch, kv_heads, new, head_dim]` and returns all of them.
@@ -158,8 +192,12 @@ impl LayerCache {
     }
 
     /// Whether [`LayerCache::truncate`] to `len` would succeed: the layer still holds the
-    /// window of the next query at `len` (a full-attention layer always does).
+    /// window of the next query at `len` (a full-attention layer always does); a recurrent
+    /// state only where it is, since it has folded in every position it saw.
     pub fn can_truncate(&self, len: usize) -> bool {
+        if self.state.is_some() {
+            return len >= self.len;
+        }
         len >= self.len
             || self.dropped <= len.saturating_sub(self.window.unwrap_or(1).saturating_sub(1))
     }
@@ -180,6 +218,7 @@ impl LayerCache {
             len,
             dropped,
             window,
+            state: None,
         }
     }
 
@@ -191,7 +230,10 @@ impl LayerCache {
 
     /// The cached arrays (to evaluate them together with a step's output).
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
-        self.keys.iter().chain(self.values.iter())
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .chain(self.state.iter().flat_map(|s| [&s.conv, &s.matrix]))
     }
 }
 
@@ -232,6 +274,12 @@ impl KvCache {
     /// Whether [`KvCache::truncate`] to `len` would succeed.
     pub fn can_truncate(&self, len: usize) -> bool {
         self.layers.iter().all(|l| l.can_truncate(len))
+    }
+
+    /// Whether a layer holds a recurrent state: such a cache decodes on its own rather than
+    /// in the shared decode rows ([`crate::kv_rows`], which hold keys and values).
+    pub fn is_recurrent(&self) -> bool {
+        self.layers.iter().any(LayerCache::is_recurrent)
     }
 }
 
@@ -321,5 +369,33 @@ mod tests {
             .append(positions(0, 10), positions(0, 10))
             .unwrap();
         assert!(full.truncate(0));
+    }
+
+    #[test]
+    fn a_recurrent_state_truncates_only_to_where_it_is() {
+        let mut cache = KvCache::new(2);
+        assert!(!cache.is_recurrent(), "a fresh cache holds no state yet");
+        cache.layers[0]
+            .append(positions(0, 5), positions(0, 5))
+            .unwrap();
+        let state = RecurrentState {
+            conv: Array::from_slice(&[1.0f32; 6], &[1, 3, 2]),
+            matrix: Array::from_slice(&[2.0f32; 4], &[1, 1, 2, 2]),
+        };
+        cache.layers[1].set_state(state, 5);
+        assert!(cache.is_recurrent());
+        assert_eq!(cache.len(), 5);
+        // Its own length (a prompt cache entry reused whole) and beyond are fine…
+        assert!(cache.can_truncate(5) && cache.can_truncate(9));
+        // …anything shorter is not: the state has folded those positions in.
+        assert!(!cache.can_truncate(4) && !cache.can_truncate(0));
+        assert!(!cache.truncate(3));
+        assert_eq!(cache.len(), 5, "a refused truncation changes nothing");
+        assert!(cache.truncate(5));
+        assert_eq!(
+            cache.layers[1].arrays().count(),
+            2,
+            "the state is evaluated with a step"
+        );
     }
 }

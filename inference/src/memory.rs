@@ -78,13 +78,33 @@ pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u
 }
 
 /// Bytes of KV cache one position takes over every layer (keys and values) in `format`.
-/// Latent attention caches one latent and one rotated key per layer, for all heads.
+/// Latent attention caches one latent and one rotated key per layer, for all heads. A
+/// linear-attention layer caches nothing per position (its state is per sequence:
+/// [`state_bytes_per_sequence`]).
 pub fn kv_bytes_per_token(config: &ModelConfig, format: WeightFormat) -> u64 {
+    let layers = config.kv_layers();
     if let Some(latent) = &config.attention.latent {
-        return (config.num_layers * latent.cached_width()) as u64 * element_bytes(format);
+        return (layers * latent.cached_width()) as u64 * element_bytes(format);
     }
-    2 * (config.num_layers * config.num_kv_heads * config.head_dim) as u64 * element_bytes(format)
+    2 * (layers * config.num_kv_heads * config.head_dim) as u64 * element_bytes(format)
 }
+
+/// Bytes of recurrent state one sequence holds over every linear-attention layer, whatever
+/// its length (the convolution's inputs in `format`, the delta rule's matrices in float32);
+/// 0 for a model without such layers.
+pub fn state_bytes_per_sequence(config: &ModelConfig, format: WeightFormat) -> u64 {
+    let Some(linear) = &config.attention.linear else {
+        return 0;
+    };
+    let s = &linear.shape;
+    let conv = ((s.kernel - 1) * s.conv_channels()) as u64 * element_bytes(format);
+    let matrix = (s.v_heads * s.v_dim * s.k_dim) as u64 * 4;
+    linear.count() as u64 * (conv + matrix)
+}
+
+/// Sequences whose recurrent state placement counts for a hybrid model (the state is fixed
+/// bytes per sequence, beside the per-position KV budget).
+pub const STATE_SEQUENCES: u64 = 16;
 
 /// How a sequence's KV cache grows with its length, in positions of every layer (the unit of
 /// [`KvBudget`]): a full-attention layer holds every position, a sliding-window layer at most
@@ -146,7 +166,8 @@ impl InstanceMemory {
         let tokens = DEFAULT_KV_TOKENS.min(config.max_position_embeddings as u64);
         InstanceMemory {
             weights: weight_bytes(config, format, bytes_on_disk),
-            kv_budget: tokens * kv_bytes_per_token(config, format),
+            kv_budget: tokens * kv_bytes_per_token(config, format)
+                + STATE_SEQUENCES * state_bytes_per_sequence(config, format),
             overhead: RUNNER_OVERHEAD_BYTES,
         }
     }

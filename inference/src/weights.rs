@@ -14,6 +14,25 @@ use mlx_rs::{Array, Dtype};
 use std::str::FromStr;
 
 mod safetensors;
+
+/// The name a tensor of a multimodal release's language model has in a text model:
+/// `model.language_model.X` (Hugging Face's `*ForConditionalGeneration`) and
+/// `language_model.model.X` (mlx-lm's save of it, what mlx-community publishes) are
+/// `model.X`, `language_model.lm_head.X` is `lm_head.X`. Other names (the vision tower's
+/// among them, which a text model never asks for) stay as they are.
+pub fn text_model_name(name: &str) -> std::borrow::Cow<'_, str> {
+    for (from, to) in [
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head", "lm_head"),
+    ] {
+        if let Some(rest) = name.strip_prefix(from) {
+            return format!("{to}{rest}").into();
+        }
+    }
+    name.into()
+}
+
 pub use safetensors::{safetensors_files, weight_bytes_of_folder, SafetensorsSource};
 
 /// The in-memory form of the weight matrices.

@@ -424,3 +424,56 @@ fn a_sliding_window_model_reuses_what_its_cache_still_holds() {
     let (tokens3, _) = alone(&e, &turn3);
     assert_eq!(c3.tokens, tokens3);
 }
+
+/// Qwen3.5's linear layers hold a recurrent state that cannot be taken back: the prompt cache
+/// reuses an entry only where it ends. A second request that extends the first one's tokens
+/// starts from its state; one that shares only part of them runs from scratch (the state
+/// has folded in what follows). Both answer exactly as alone.
+#[test]
+fn a_hybrid_model_reuses_a_cached_state_only_where_it_ends() {
+    let dir = kit::dirs::family_fixture_dir("qwen3_5", "hf");
+    assert!(
+        dir.join("reference.safetensors").exists(),
+        "{} is missing: run `cargo xtask setup`",
+        dir.display()
+    );
+    let e = Engine::load(dir, Some(WeightFormat::F32)).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7919) % 48000 + 100).collect();
+    let mut turn1 = GenerateRequest::new(Prompt::Tokens(prompt.clone()), 6);
+    turn1.ignore_eos = true;
+    let mut cache: PromptCache<KvCache> = PromptCache::new(4096);
+    let (c1, none) = run_cached(&e, &mut cache, &turn1);
+    assert_eq!(none, None);
+    assert_eq!(cache.len(), 1, "the first request's state is kept");
+    // The entry holds the prompt and every generated token but the last (never fed).
+    let held = prompt.len() + c1.tokens.len() - 1;
+    assert_eq!(cache.tokens(), held);
+
+    // Extends the entry: its state is reused whole.
+    let mut extended = prompt.clone();
+    extended.extend(&c1.tokens[..c1.tokens.len() - 1]);
+    extended.extend([500, 9000, 31000]);
+    let mut turn2 = GenerateRequest::new(Prompt::Tokens(extended), 6);
+    turn2.ignore_eos = true;
+    let (c2, reused) = run_cached(&e, &mut cache, &turn2);
+    assert_eq!(reused, Some(held), "the state at the entry's end is reused");
+    let (tokens2, fresh2) = alone(&e, &turn2);
+    assert_eq!(c2.tokens, tokens2);
+    for (a, b) in c2.logprobs.iter().zip(&fresh2.logprobs) {
+        assert!(
+            (a - b).abs() < 1e-4,
+            "logprob {a} with the state vs {b} without"
+        );
+    }
+
+    // Shares 30 of the prompt's tokens with the entries, then parts: no state is at 30.
+    let mut parted = prompt[..30].to_vec();
+    parted.extend([777, 888]);
+    let mut turn3 = GenerateRequest::new(Prompt::Tokens(parted), 6);
+    turn3.ignore_eos = true;
+    let (c3, reused3) = run_cached(&e, &mut cache, &turn3);
+    assert_eq!(reused3, None, "a recurrent state is not cut back");
+    assert_eq!(c3.cached_tokens, 0);
+    let (tokens3, _) = alone(&e, &turn3);
+    assert_eq!(c3.tokens, tokens3);
+}

@@ -138,8 +138,12 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
 
     if layout == "hf" {
         // The names the hub picks each pipeline rank's files by are the checkpoint's names.
-        let stored: HashMap<String, Array> =
-            Array::load_safetensors(dir.join("model.safetensors")).unwrap();
+        // A multimodal release's language model is read under its text model's names.
+        let stored: HashMap<String, Array> = Array::load_safetensors(dir.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (inference::weights::text_model_name(&k).into_owned(), v))
+            .collect();
         for name in inference::models::tensor_names(&whole.config) {
             assert!(
                 stored.contains_key(&name),
@@ -182,8 +186,9 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
 
     // Sliding layers forget what their window no longer sees: in small chunks the caches
     // trim many times over the reference's positions, and the decode rows too over a longer
-    // batched run.
-    let decode = if whole.config.sliding_window.is_some() {
+    // batched run. Recurrent layers carry their state from chunk to chunk.
+    let chunked = whole.config.sliding_window.is_some() || whole.config.attention.linear.is_some();
+    let decode = if chunked {
         for chunk in [1, 5] {
             let worst = in_chunks(&whole, &reference, chunk);
             println!("{family}/{layout} in chunks of {chunk}: {worst:.2e}");
@@ -218,11 +223,7 @@ fn in_chunks(whole: &ModelShard, reference: &Reference, chunk: usize) -> f32 {
         .chain(&reference.decode)
         .cloned()
         .collect();
-    let window = whole
-        .config
-        .sliding_window
-        .as_ref()
-        .expect("a sliding model");
+    let window = whole.config.sliding_window.as_ref();
     let mut cache = whole.new_cache();
     let mut got = Vec::new();
     for part in tokens.chunks(chunk) {
@@ -231,6 +232,7 @@ fn in_chunks(whole: &ModelShard, reference: &Reference, chunk: usize) -> f32 {
             .unwrap();
         got.extend(rows_of(&out));
         for (layer, held) in cache.layers.iter().enumerate() {
+            let Some(window) = window else { break };
             if window.of_layer(layer).is_some() {
                 assert!(
                     held.held() <= inference::kv_cache::held_bound(window.size) + chunk,
@@ -241,7 +243,7 @@ fn in_chunks(whole: &ModelShard, reference: &Reference, chunk: usize) -> f32 {
         }
     }
     assert!(
-        cache.layers.iter().any(|l| l.dropped() > 0),
+        window.is_none() || cache.layers.iter().any(|l| l.dropped() > 0),
         "no sliding layer forgot anything over {} positions",
         tokens.len()
     );
@@ -313,6 +315,145 @@ fn deepseek_v3_4bit() {
 #[test]
 fn deepseek_v3_8bit() {
     check("deepseek_v3", "q8", WeightFormat::Quantized, 1e-3);
+}
+
+/// Qwen3.5 as released by Qwen (`model.language_model.*`, zero-centred norms, convolutions
+/// `[channels, 1, kernel]`): Gated DeltaNet layers and gated attention; the 2-stage split at
+/// layer 1 leaves the first rank only a linear layer.
+#[test]
+fn qwen3_5_hf_f32() {
+    check("qwen3_5", "hf", WeightFormat::F32, 1e-4);
+}
+
+/// Qwen3.5 as mlx-community publishes it (`language_model.model.*`, 4-bit).
+#[test]
+fn qwen3_5_4bit() {
+    check("qwen3_5", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// Qwen3.5-MoE as released by Qwen (Qwen3.5's layout, each layer's experts fused as
+/// `experts.gate_up_proj`): the hybrid layers with Qwen3-Next's sparse block on every layer
+/// (softmax top-2 of 8 experts, a shared expert scaled by `sigmoid(shared_expert_gate(x))`).
+#[test]
+fn qwen3_5_moe_hf_f32() {
+    check("qwen3_5_moe", "hf", WeightFormat::F32, 1e-4);
+}
+
+/// Qwen3.5-MoE as mlx-community publishes it: experts stacked at 4 bits, the routers and
+/// shared-expert gates at 8 (mlx-lm's `quant_predicate` for this family).
+#[test]
+fn qwen3_5_moe_4bit() {
+    check("qwen3_5_moe", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// What Qwen3.5's released configuration makes: every second layer attention, a quarter of
+/// each head rotated at `rope_parameters`' theta, memory per position only for the attention
+/// layers and a fixed state per sequence for the linear ones, and tensor parallelism refused
+/// with what to do instead.
+#[test]
+fn qwen3_5_configuration_is_read_from_text_config() {
+    use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
+    for layout in ["hf", "q4"] {
+        let dir = fixture("qwen3_5", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(config.architecture.key(), "qwen3_5");
+        assert_eq!(
+            (config.hidden_size, config.num_layers, config.vocab_size),
+            (64, 4, 49152)
+        );
+        let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+        assert_eq!(linear, [true, false, true, false]);
+        assert_eq!(config.attention.rotary_dim, Some(8));
+        assert_eq!(config.rope_theta, 1e7);
+        // Keys and values of 2 attention layers (2 heads of 32), f32.
+        assert_eq!(
+            kv_bytes_per_token(&config, WeightFormat::F32),
+            2 * 2 * 2 * 32 * 4
+        );
+        // 2 linear layers: 3 kept inputs of 256 channels, 4 matrices of 32 x 32 (f32).
+        assert_eq!(
+            state_bytes_per_sequence(&config, WeightFormat::F32),
+            2 * (3 * 256 * 4 + 4 * 32 * 32 * 4)
+        );
+        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
+        assert!(
+            refusal.contains("Gated DeltaNet") && refusal.contains("pipeline"),
+            "{refusal}"
+        );
+    }
+}
+
+/// Qwen3-Next as released by Qwen (top-level keys, experts one matrix each, zero-centred
+/// norms, convolutions `[channels, 1, kernel]`): Gated DeltaNet with its fused per-key-head
+/// projections (`in_proj_qkvz`, `in_proj_ba`), the sparse block on every layer but layer 2
+/// (`mlp_only_layers`, a dense MLP).
+#[test]
+fn qwen3_next_hf_f32() {
+    check("qwen3_next", "hf", WeightFormat::F32, 1e-4);
+}
+
+/// Qwen3-Next as mlx-community publishes it (experts stacked at 4 bits, routers and
+/// shared-expert gates at 8).
+#[test]
+fn qwen3_next_4bit() {
+    check("qwen3_next", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// What Qwen3.5-MoE's released configuration makes (no `intermediate_size`, as released):
+/// experts on every layer, softmax top-2 renormalized, the shared expert's width, the hybrid
+/// layers of Qwen3.5, and the tensor ring refused for its Gated DeltaNet layers.
+#[test]
+fn qwen3_5_moe_configuration_is_read_from_text_config() {
+    use inference::config::RouterKind;
+    for layout in ["hf", "q4"] {
+        let dir = fixture("qwen3_5_moe", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(config.architecture.key(), "qwen3_5_moe");
+        let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+        assert_eq!(linear, [true, false, true, false]);
+        let moe = config.moe.as_ref().unwrap();
+        assert!((0..4).all(|l| moe.is_moe_layer(l)));
+        assert_eq!(
+            (moe.num_experts, moe.experts_per_token, moe.expert_width),
+            (8, 2, 64)
+        );
+        assert_eq!(moe.shared_width, 128);
+        assert_eq!(moe.router, RouterKind::SoftmaxTopK { normalize: true });
+        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
+        assert!(refusal.contains("Gated DeltaNet"), "{refusal}");
+    }
+}
+
+/// What Qwen3-Next's configuration makes (its keys at the top level): the sparse block on
+/// every layer but `mlp_only_layers`, RoPE from `rope_theta` and `partial_rotary_factor`.
+#[test]
+fn qwen3_next_configuration_is_read_from_top_level_keys() {
+    use inference::config::RouterKind;
+    for layout in ["hf", "q4"] {
+        let dir = fixture("qwen3_next", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(config.architecture.key(), "qwen3_next");
+        let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+        assert_eq!(linear, [true, false, true, false]);
+        assert_eq!(config.attention.rotary_dim, Some(8));
+        assert_eq!(config.rope_theta, 1e7);
+        let moe = config.moe.as_ref().unwrap();
+        let sparse: Vec<bool> = (0..4).map(|l| moe.is_moe_layer(l)).collect();
+        assert_eq!(sparse, [true, true, false, true]);
+        assert_eq!((moe.shared_width, config.intermediate_size), (128, 128));
+        assert_eq!(moe.router, RouterKind::SoftmaxTopK { normalize: true });
+        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
+        assert!(refusal.contains("Gated DeltaNet"), "{refusal}");
+    }
 }
 
 /// GLM-4.7-Flash: DeepSeek V3's block with its bottleneck norms at `rms_norm_eps` (0.05 in

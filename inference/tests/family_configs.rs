@@ -27,6 +27,8 @@ const FOLDERS: &[(&str, &str)] = &[
     ("gpt_oss", "mxfp4"),
     ("gpt_oss", "hf"),
     ("gemma3_text", "q4"),
+    ("qwen3_5", "hf"),
+    ("qwen3_5", "q4"),
 ];
 
 /// The configuration keys the families read.
@@ -75,6 +77,13 @@ const KEYS: &[&str] = &[
     "rms_norm_eps",
     "quantization",
     "query_pre_attn_scalar",
+    "linear_num_value_heads",
+    "linear_num_key_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "full_attention_interval",
+    "rope_parameters",
 ];
 
 /// What a key may be set to.
@@ -155,7 +164,12 @@ fn edited(folder: usize, edits: &[(usize, usize)], case: usize) -> bool {
     let mut json: Value = serde_json::from_str(&text).unwrap();
     let values = values();
     for &(key, value) in edits {
-        json[KEYS[key]] = values[value].clone();
+        // A multimodal release's text model keeps its numbers under `text_config`.
+        let target = match json.get("text_config") {
+            Some(_) if KEYS[key] != "quantization" => &mut json["text_config"],
+            _ => &mut json,
+        };
+        target[KEYS[key]] = values[value].clone();
     }
     let dir = folder_with(&fixture, &json, case);
     let format = if layout == "hf" {

@@ -193,6 +193,89 @@ FAMILIES = {
         "std": [("embed_tokens", 0.1)],  # x sqrt(hidden) in; tied: larger echoes the input token
         "tied": True,
     },
+    "qwen3_5": {
+        # Qwen3.5 as released (Qwen3_5ForConditionalGeneration): the text model under
+        # `text_config`, Gated DeltaNet layers with gated attention every second layer (a
+        # 2-stage split at layer 1 leaves rank 0 only a linear layer), more value heads than
+        # key heads, a quarter of each attention head rotated.
+        "config": {
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                "intermediate_size": 128, "linear_num_value_heads": 4,
+                "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+                "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4,
+                "full_attention_interval": 2, "rms_norm_eps": 1e-6,
+                "max_position_embeddings": 262144, "tie_word_embeddings": False,
+                "attention_bias": False, "attn_output_gate": True,
+                "layer_types": ["linear_attention", "full_attention"] * 2,
+                "rope_parameters": {
+                    "rope_type": "default", "rope_theta": 10000000.0,
+                    "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                    "mrope_interleaved": True,
+                },
+            },
+            "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 64},
+        },
+        "layouts": ["q4"],
+        # Decays and write strengths spread over heads; a convolution that passes its input.
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5)],
+    },
+    "qwen3_5_moe": {
+        # Qwen3.5-35B-A3B as released: Qwen3.5's layers with Qwen3-Next's sparse block on every
+        # layer (softmax top-k over 8 experts, a shared expert scaled by
+        # sigmoid(shared_expert_gate(x))), experts stored fused as `experts.gate_up_proj`.
+        # mlx-lm's quant_predicate keeps the routers and shared-expert gates at 8 bits in q4.
+        "config": {
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "qwen3_5_moe_text", "hidden_size": 64, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
+                "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+                "tie_word_embeddings": False, "attention_bias": False, "attn_output_gate": True,
+                "layer_types": ["linear_attention", "full_attention"] * 2,
+                "rope_parameters": {
+                    "rope_type": "default", "rope_theta": 10000000.0,
+                    "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                    "mrope_interleaved": True,
+                },
+            },
+            "vision_config": {"model_type": "qwen3_5_moe", "depth": 1, "hidden_size": 64},
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
+                ("shared_expert_gate", 0.3)],
+    },
+    "qwen3_next": {
+        # Qwen3-Next-80B-A3B's shape: the keys at the top level, Gated DeltaNet's projections
+        # fused per key head, the sparse block on every layer but `mlp_only_layers` (layer 2
+        # here, a dense MLP, to run that path too), norm_topk_prob as released.
+        "config": {
+            "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
+            "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+            "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+            "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
+            "decoder_sparse_step": 1, "mlp_only_layers": [2],
+            "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+            "rope_scaling": None, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False, "attention_bias": False,
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
+                ("shared_expert_gate", 0.3)],
+    },
 }
 
 
@@ -370,7 +453,65 @@ def hf_minimax(weights, cfg):
                            names)
 
 
+# Qwen3.5's block norms, which Hugging Face's files store zero-centred (`w` of `1 + w`).
+QWEN3_5_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
+                 "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
+
+
+def hf_qwen3_5(weights, cfg):
+    """Qwen's own layout: `model.language_model.*` and a top-level `lm_head`, convolutions
+    `[channels, 1, kernel]`, block norms zero-centred; plus a vision tower and an MTP layer that
+    a text model never reads."""
+    out = {}
+    for key, value in weights.items():
+        if "conv1d.weight" in key:
+            value = value.moveaxis(1, 2)
+        if key.endswith(QWEN3_5_NORMS) and value.ndim == 1:
+            value = value - 1.0
+        if key.startswith("language_model.model."):
+            key = "model.language_model." + key[len("language_model.model."):]
+        elif key.startswith("language_model."):
+            key = key[len("language_model."):]
+        out[key] = value
+    for name, shape in {"model.visual.patch_embed.proj.weight": (64, 3, 2, 16, 16),
+                        "mtp.fc.weight": (64, 128)}.items():
+        out[name] = 0.05 * mx.random.normal(shape, key=key_for("qwen3_5", name))
+    return out
+
+
+def hf_qwen3_5_moe(weights, cfg):
+    """Qwen3.5-MoE's own layout: Qwen3.5's, each layer's experts fused as
+    `experts.gate_up_proj` [E, 2 x moe_intermediate, hidden] (gate rows first) and
+    `experts.down_proj` [E, hidden, moe_intermediate], no `.weight` suffix."""
+    for key in [k for k in weights if k.endswith(".switch_mlp.gate_proj.weight")]:
+        prefix = key[: -len(".switch_mlp.gate_proj.weight")]
+        gate = weights.pop(key)
+        up = weights.pop(f"{prefix}.switch_mlp.up_proj.weight")
+        weights[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        weights[f"{prefix}.experts.down_proj"] = weights.pop(
+            f"{prefix}.switch_mlp.down_proj.weight")
+    return hf_qwen3_5(weights, cfg)
+
+
+def hf_qwen3_next(weights, cfg):
+    """Qwen's own layout: experts one matrix each, convolutions `[channels, 1, kernel]`, block
+    norms zero-centred; plus an MTP layer a text model never reads."""
+    weights = unstack_experts(weights, "mlp.switch_mlp", "mlp.experts")
+    out = {}
+    for key, value in weights.items():
+        if "conv1d.weight" in key:
+            value = value.moveaxis(1, 2)
+        if key.endswith(QWEN3_5_NORMS) and value.ndim == 1:
+            value = value - 1.0
+        out[key] = value
+    out["mtp.fc.weight"] = 0.05 * mx.random.normal((64, 128), key=key_for("qwen3_next", "mtp"))
+    return out
+
+
 HF_LAYOUT = {
+    "qwen3_next": hf_qwen3_next,
+    "qwen3_5": hf_qwen3_5,
+    "qwen3_5_moe": hf_qwen3_5_moe,
     "qwen3_moe": hf_qwen3_moe,
     "deepseek_v3": hf_deepseek_v3,
     "gpt_oss": hf_gpt_oss,
@@ -500,6 +641,8 @@ def build_family(family, root, tokenizer):
     spec = FAMILIES[family]
     started = time.perf_counter()
     config = dict(spec["config"], vocab_size=VOCAB, torch_dtype="float32", **TOKENS)
+    if "text_config" in config:  # a multimodal release: the text model's numbers are there
+        config["text_config"] = dict(config["text_config"], vocab_size=VOCAB)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     randomize(model, family, spec.get("norm_base", 1.0), spec.get("std", ()))

@@ -75,7 +75,7 @@ pub fn setup() -> Result<(), String> {
     if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
         return Err(
             "cargo xtask setup prepares MLX for Linux x86_64 only so far; on macOS see README \
-             (\"Platforms\")"
+             (\"Limits and platforms\")"
                 .into(),
         );
     }

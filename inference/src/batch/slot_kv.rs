@@ -4,7 +4,8 @@
 //! A sequence that decodes (one new position per step, with something cached) joins the
 //! shared decode rows ([`KvRows`]), so its attention costs nothing per sequence; a sequence in
 //! prefill, or one whose joining would pad the rows past half their real positions
-//! ([`KvRows::fits`]), keeps its own cache. Inside the layers the rows come first, in row order, then the other sequences in the
+//! ([`KvRows::fits`]), or one with a recurrent layer's state ([`KvCache::is_recurrent`]),
+//! keeps its own cache. Inside the layers the rows come first, in row order, then the other sequences in the
 //! step's order: [`SlotKv::forward`] permutes the activations into that layout and back, so
 //! callers see the step's order only.
 //!
@@ -206,7 +207,9 @@ impl SlotKv {
             let Some(cache) = self.own.get(&slot) else {
                 continue;
             };
-            if len != 1 || cache.is_empty() || joining.contains(&slot) {
+            // A recurrent layer's state is not keys and values: such a sequence decodes on
+            // its own cache (each one alone, exactly as it would outside a batch).
+            if len != 1 || cache.is_empty() || cache.is_recurrent() || joining.contains(&slot) {
                 continue;
             }
             lens.push(cache.len());

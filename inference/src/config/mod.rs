@@ -99,6 +99,26 @@ pub enum RopeScaling {
     },
 }
 
+impl ModelConfig {
+    /// Whether layer `layer` is a linear-attention layer (no keys and values).
+    pub fn is_linear_layer(&self, layer: usize) -> bool {
+        self.attention
+            .linear
+            .as_ref()
+            .is_some_and(|l| l.is_linear(layer))
+    }
+
+    /// Layers that cache keys and values (every layer but the linear ones).
+    pub fn kv_layers(&self) -> usize {
+        self.num_layers
+            - self
+                .attention
+                .linear
+                .as_ref()
+                .map_or(0, LinearLayers::count)
+    }
+}
+
 /// Everything needed to build a decoder.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
@@ -186,6 +206,35 @@ pub struct AttentionConfig {
     pub qk_norm: bool,
     /// Multi-head latent attention (DeepSeek V3): its ranks and head widths.
     pub latent: Option<LatentConfig>,
+    /// `q_proj` also gives a gate per query (Qwen3-Next's gated attention): twice the rows.
+    #[serde(default)]
+    pub output_gate: bool,
+    /// The layers that are linear attention with a recurrent state instead of attention
+    /// (Qwen3.5, Qwen3-Next), and their shape.
+    #[serde(default)]
+    pub linear: Option<LinearLayers>,
+}
+
+/// Which layers of a hybrid model are Gated DeltaNet layers ([`crate::models::gated_delta`]):
+/// they hold a fixed-size state per sequence, no keys and values.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinearLayers {
+    /// Per layer, whether it is linear.
+    pub layers: Vec<bool>,
+    /// Their shape.
+    pub shape: crate::models::gated_delta::DeltaNetShape,
+}
+
+impl LinearLayers {
+    /// Whether layer `layer` is linear.
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// Linear layers in all.
+    pub fn count(&self) -> usize {
+        self.layers.iter().filter(|&&l| l).count()
+    }
 }
 
 /// The shape of multi-head latent attention ([`crate::models::mla`]).

@@ -7,9 +7,17 @@ impl ModelConfig {
     /// Parameters of layer `layer` (every expert counted), for memory and watchdog estimates
     /// and for splitting layers by their bytes.
     pub fn parameters_of_layer(&self, layer: usize) -> usize {
-        let attn = match &self.attention.latent {
-            Some(latent) => latent.parameters(self.hidden_size, self.num_heads),
-            None => self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads),
+        let gate = usize::from(self.attention.output_gate);
+        let attn = match (&self.attention.latent, &self.attention.linear) {
+            (_, Some(linear)) if linear.is_linear(layer) => {
+                linear.shape.parameters(self.hidden_size)
+            }
+            (Some(latent), _) => latent.parameters(self.hidden_size, self.num_heads),
+            _ => {
+                self.hidden_size
+                    * self.head_dim
+                    * ((2 + gate) * self.num_heads + 2 * self.num_kv_heads)
+            }
         };
         let ffn = match &self.moe {
             Some(moe) if moe.is_moe_layer(layer) => moe.parameters(self.hidden_size),

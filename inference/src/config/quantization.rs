@@ -58,7 +58,9 @@ impl QuantizationConfig {
         if let Some(map) = q.as_object() {
             for (path, entry) in map {
                 if entry.is_object() {
-                    overrides.insert(path.clone(), spec(entry, QuantMode::Affine)?);
+                    // Paths of a multimodal release's language model as a text model's.
+                    let path = crate::weights::text_model_name(path).into_owned();
+                    overrides.insert(path, spec(entry, QuantMode::Affine)?);
                 }
             }
         }

@@ -20,9 +20,38 @@ fn req_usize(v: &Value, key: &str) -> Result<usize> {
     }
 }
 
+/// A multimodal configuration's language model: `text_config` with the outer `model_type`
+/// (the family mlx-lm loads) and the outer quantization entries; `None` without one.
+fn text_model_config(v: &Value) -> Option<Value> {
+    let mut text = v.get("text_config")?.as_object()?.clone();
+    for key in ["model_type", "quantization", "quantization_config"] {
+        match (v.get(key), key) {
+            (Some(outer), "model_type") => {
+                text.insert(key.to_owned(), outer.clone());
+            }
+            (Some(outer), _) if !text.contains_key(key) => {
+                text.insert(key.to_owned(), outer.clone());
+            }
+            _ => {}
+        }
+    }
+    Some(Value::Object(text))
+}
+
 impl ModelConfig {
-    /// Reads a Hugging Face `config.json` (already parsed).
+    /// Reads a Hugging Face `config.json` (already parsed). A multimodal release's
+    /// (`*ForConditionalGeneration` with a `text_config`, e.g. Qwen3.5) is read as its
+    /// language model, as mlx-lm does: the numbers are `text_config`'s, the family is the
+    /// outer `model_type`'s, and the quantization (saved beside it) applies.
     pub fn from_hf_json(v: &Value) -> Result<ModelConfig> {
+        let text;
+        let v = match text_model_config(v) {
+            Some(t) => {
+                text = t;
+                &text
+            }
+            None => v,
+        };
         let model_type = v
             .get("model_type")
             .and_then(Value::as_str)
@@ -90,7 +119,12 @@ impl ModelConfig {
             architecture,
             hidden_size,
             num_layers: req_usize(v, "num_hidden_layers")?,
-            intermediate_size: req_usize(v, "intermediate_size")?,
+            // An MoE model whose every layer has experts may leave it out, as Qwen3.5-MoE's
+            // releases do: no dense MLP reads it.
+            intermediate_size: match (v.get("intermediate_size"), v.get("moe_intermediate_size")) {
+                (None, Some(_)) => 0,
+                _ => req_usize(v, "intermediate_size")?,
+            },
             num_heads,
             num_kv_heads,
             head_dim,

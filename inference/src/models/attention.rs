@@ -121,6 +121,10 @@ pub struct Attention {
     /// Tensor parallel: the ring whose ranks each hold a slice of the heads; the output
     /// projection's partial sums are added up over it.
     pub(crate) reduce: Option<Arc<RingGroup>>,
+    /// Qwen3-Next's gated attention: each head's query row block is followed by as many gate
+    /// rows in `q_proj`, and the heads' outputs are multiplied by `sigmoid(gate)` before the
+    /// output projection.
+    pub(crate) output_gate: bool,
 }
 
 impl Attention {
@@ -134,9 +138,22 @@ impl Attention {
         format: WeightFormat,
         head_norms: Option<HeadNorms>,
     ) -> Result<Attention> {
+        Attention::load_gated(config, source, layer, format, head_norms, false)
+    }
+
+    /// As [`Attention::load`]; with `output_gate`, `q_proj` holds each head's queries and
+    /// then its gate (Qwen3-Next, Qwen3.5).
+    pub(crate) fn load_gated(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+        output_gate: bool,
+    ) -> Result<Attention> {
         let p = |part: &str| layer_tensor(layer, part);
         let (q_rows, kv_rows) = (
-            config.num_heads * config.head_dim,
+            config.num_heads * config.head_dim * if output_gate { 2 } else { 1 },
             config.num_kv_heads * config.head_dim,
         );
         let mut proj = |part: &str, rows: usize| -> Result<Linear> {
@@ -166,6 +183,7 @@ impl Attention {
                 .as_ref()
                 .and_then(|w| w.of_layer(layer)),
             reduce: None,
+            output_gate,
         })
     }
 
@@ -233,7 +251,21 @@ impl Attention {
             Ok(t.transpose_axes(&[0, 2, 1, 3])?)
         };
         let norms = self.head_norms.as_ref();
-        let q = heads(self.q_proj.forward(x)?, self.num_heads, norms.map(|n| &n.q))?;
+        let (queries, gate) = if self.output_gate {
+            let both = self
+                .q_proj
+                .forward(x)?
+                .reshape(&[b, l, self.num_heads, -1])?;
+            let d = self.head_dim;
+            let half = |from: i32| {
+                both.index((.., .., .., from..from + d))
+                    .reshape(&[b, l, self.num_heads * d])
+            };
+            (half(0)?, Some(half(d)?))
+        } else {
+            (self.q_proj.forward(x)?, None)
+        };
+        let q = heads(queries, self.num_heads, norms.map(|n| &n.q))?;
         let k = heads(
             self.k_proj.forward(x)?,
             self.num_kv_heads,
@@ -269,6 +301,10 @@ impl Attention {
         let o =
             o.transpose_axes(&[0, 2, 1, 3])?
                 .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        let o = match gate {
+            Some(g) => ops::multiply(&o, &ops::sigmoid(&g)?)?,
+            None => o,
+        };
         all_sum(self.o_proj.forward(&o)?, &self.reduce)
     }
 
@@ -373,8 +409,10 @@ impl Attention {
         let (q0, q1) = (rank * heads * d, (rank + 1) * heads * d);
         let (k0, k1) = (rank * kv_heads * d, (rank + 1) * kv_heads * d);
         let name = |n: &str| format!("{what} {n}");
+        // A gated q_proj holds each head's gate rows right after its query rows.
+        let gated = if self.output_gate { 2 } else { 1 };
         Ok(Attention {
-            q_proj: self.q_proj.slice_rows(q0, q1)?,
+            q_proj: self.q_proj.slice_rows(gated * q0, gated * q1)?,
             k_proj: self.k_proj.slice_rows(k0, k1)?,
             v_proj: self.v_proj.slice_rows(k0, k1)?,
             o_proj: self.o_proj.slice_columns(q0, q1, size, &name("o_proj"))?,
@@ -396,6 +434,7 @@ impl Attention {
                 .transpose()?,
             window: self.window,
             reduce: Some(group.clone()),
+            output_gate: self.output_gate,
         })
     }
 

@@ -53,7 +53,13 @@ pub trait Family: GgufNames + Sync {
     }
 
     /// The final norm's weight as [`crate::cpu_layer_ops::rms_norm`] takes it (Gemma stores `w` of `1 + w`).
-    fn final_norm(&self, source: &mut dyn TensorSource, dtype: mlx_rs::Dtype) -> Result<Array> {
+    fn final_norm(
+        &self,
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        dtype: mlx_rs::Dtype,
+    ) -> Result<Array> {
+        let _ = config;
         source.dense("model.norm.weight", dtype)
     }
 
@@ -156,6 +162,8 @@ pub enum SelfAttention {
     Heads(Attention),
     /// Multi-head latent attention (DeepSeek V3).
     Latent(super::mla::LatentAttention),
+    /// Linear attention with a recurrent state (Gated DeltaNet: Qwen3.5, Qwen3-Next).
+    Linear(super::gated_delta::GatedDeltaNet),
 }
 
 impl From<Attention> for SelfAttention {
@@ -169,6 +177,7 @@ impl SelfAttention {
         match self {
             SelfAttention::Heads(a) => a.forward_segments(x, segments),
             SelfAttention::Latent(a) => a.forward_segments(x, segments),
+            SelfAttention::Linear(a) => a.forward_segments(x, segments),
         }
     }
 
@@ -182,6 +191,7 @@ impl SelfAttention {
         Ok(match self {
             SelfAttention::Heads(a) => SelfAttention::Heads(a.cut(rank, size, group, what)?),
             SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
+            SelfAttention::Linear(a) => SelfAttention::Linear(a.cut(size, what)?),
         })
     }
 
@@ -189,6 +199,7 @@ impl SelfAttention {
         match self {
             SelfAttention::Heads(a) => a.arrays(),
             SelfAttention::Latent(a) => a.arrays(),
+            SelfAttention::Linear(a) => a.arrays(),
         }
     }
 }

@@ -136,7 +136,12 @@ impl Family for Gemma3 {
         .with_output_norms(output_norms))
     }
 
-    fn final_norm(&self, source: &mut dyn TensorSource, dtype: Dtype) -> Result<Array> {
+    fn final_norm(
+        &self,
+        _config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        dtype: Dtype,
+    ) -> Result<Array> {
         offset_norm(source, "model.norm.weight", dtype)
     }
 

@@ -1,10 +1,11 @@
 //! The decoders, laid out as mlx-lm lays out its models: a small shared base ([`base`]:
 //! attention, MLP, the pre-norm block), one file per family, each with its own block and tensor
 //! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`], [`gemma3`], [`glm4_moe`],
-//! [`minimax`], [`deepseek_v3`] with its latent attention [`mla`]), the Mixture-of-Experts
-//! feed-forward
-//! the MoE families share ([`moe`]), and the shard that runs a layer range of any of
-//! them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
+//! [`minimax`], [`deepseek_v3`] with its latent attention [`mla`], [`qwen3_5`], [`qwen3_5_moe`],
+//! [`qwen3_next`] with their hybrid layers `hybrid` and Gated DeltaNet [`gated_delta`]), the
+//! Mixture-of-Experts feed-forward the MoE families share ([`moe`]; Qwen3-Next's sparse block
+//! with its gated shared expert in `sparse_moe`), and the shard that runs a layer range of any
+//! of them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
 //!
 //! A family ([`base::Family`]) is registered under mlx-lm's module name in [`registry`] (one
 //! line per family) and chosen once, from the configuration's [`Architecture`], through
@@ -16,10 +17,12 @@ pub mod attention;
 pub mod base;
 mod config_keys;
 pub mod deepseek_v3;
+pub mod gated_delta;
 pub mod gemma3;
 pub mod glm4_moe;
 pub mod glm4_moe_lite;
 pub mod gpt_oss;
+mod hybrid;
 mod latent_moe;
 pub mod llama;
 pub mod minimax;
@@ -29,10 +32,14 @@ pub mod moe;
 mod parts;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
+pub mod qwen3_5_moe;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod registry;
 pub mod shard;
 mod sigmoid_moe;
+mod sparse_moe;
 mod tensor_parallel;
 
 use crate::config::{Architecture, ModelConfig};

@@ -346,6 +346,9 @@ pub struct MoeBlock {
     /// The shared expert, added to the routed sum (it never reduces itself: the block adds
     /// both up over the ring at once). Boxed: most blocks have none.
     shared: Option<Box<Mlp>>,
+    /// Qwen3-Next's gate on the shared expert, `[1, hidden]`: its output is scaled per token
+    /// by `sigmoid(gate(x))`. Every rank keeps it whole, so each scales its partial sum alike.
+    shared_gate: Option<Linear>,
     /// Tensor parallel: the ring whose ranks each hold a slice of every expert.
     reduce: Option<Arc<RingGroup>>,
 }
@@ -379,6 +382,7 @@ impl MoeBlock {
             experts_per_token: moe.experts_per_token as i32,
             experts: Experts::load(config, moe, source, &prefix, PROJ_NAMES, format)?,
             shared: None,
+            shared_gate: None,
             reduce: None,
         })
     }
@@ -422,7 +426,26 @@ impl MoeBlock {
             experts_per_token: moe.experts_per_token as i32,
             experts,
             shared: shared.map(Box::new),
+            shared_gate: None,
             reduce: None,
+        })
+    }
+
+    /// The block with `gate` (`[1, hidden]`) scaling its shared expert by `sigmoid(gate(x))`
+    /// (Qwen3-Next, Qwen3.5-MoE); `what` names the gate in errors.
+    pub(crate) fn with_shared_gate(self, gate: Linear, what: &str) -> Result<MoeBlock> {
+        if self.shared.is_none() || gate.weight.out_rows() != 1 {
+            return Err(InferenceError::BadTensor {
+                name: what.to_owned(),
+                reason: format!(
+                    "a shared-expert gate of {} rows (one wanted, and a shared expert)",
+                    gate.weight.out_rows()
+                ),
+            });
+        }
+        Ok(MoeBlock {
+            shared_gate: Some(gate),
+            ..self
         })
     }
 
@@ -481,7 +504,11 @@ impl MoeBlock {
         let y = self.experts.forward(x, &picked)?;
         let mut y = ops::multiply(&y, &weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
         if let Some(shared) = &self.shared {
-            y = ops::add(&y, &shared.forward(x)?)?;
+            let mut s = shared.forward(x)?;
+            if let Some(gate) = &self.shared_gate {
+                s = ops::multiply(&s, &ops::sigmoid(&gate.forward(x)?)?)?;
+            }
+            y = ops::add(&y, &s)?;
         }
         match &self.reduce {
             Some(group) => Ok(group.all_sum(&y)?),
@@ -519,6 +546,7 @@ impl MoeBlock {
             experts_per_token: self.experts_per_token,
             experts: self.experts.cut(start, end, size, what)?,
             shared,
+            shared_gate: self.shared_gate.clone(),
             reduce: Some(group.clone()),
         })
     }
@@ -529,6 +557,7 @@ impl MoeBlock {
         v.extend(&self.correction);
         v.extend(self.experts.arrays());
         v.extend(self.shared.iter().flat_map(|m| m.arrays()));
+        v.extend(self.shared_gate.iter().flat_map(Linear::arrays));
         v
     }
 }

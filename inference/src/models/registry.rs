@@ -6,7 +6,8 @@
 
 use super::base::Family;
 use super::{
-    deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_moe,
+    deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_5,
+    qwen3_5_moe, qwen3_moe, qwen3_next,
 };
 use crate::error::{InferenceError, Result};
 
@@ -22,6 +23,9 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("minimax", &minimax::MiniMax),
     ("deepseek_v3", &deepseek_v3::DeepseekV3),
     ("glm4_moe_lite", &glm4_moe_lite::Glm4MoeLite),
+    ("qwen3_5", &qwen3_5::Qwen3_5),
+    ("qwen3_5_moe", &qwen3_5_moe::Qwen3_5Moe),
+    ("qwen3_next", &qwen3_next::Qwen3Next),
 ];
 
 /// `model_type`s real checkpoints carry that mlx-lm runs with another module (its

@@ -83,7 +83,7 @@ impl ModelShard {
             progress(done + 2, total);
         }
         let (norm, head) = if last {
-            let norm = family.final_norm(source, dtype)?;
+            let norm = family.final_norm(config, source, dtype)?;
             let head = if config.tie_word_embeddings || !source.contains("lm_head.weight") {
                 embed.clone().ok_or_else(|| {
                     InferenceError::MissingTensor("model.embed_tokens.weight".into())

@@ -34,7 +34,11 @@ impl SafetensorsSource {
                 path: f.clone(),
                 reason: format!("cannot read safetensors: {e}"),
             })?;
-            tensors.extend(loaded);
+            tensors.extend(
+                loaded
+                    .into_iter()
+                    .map(|(name, t)| (super::text_model_name(&name).into_owned(), t)),
+            );
         }
         Ok(SafetensorsSource {
             tensors,

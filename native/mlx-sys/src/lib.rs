@@ -1,5 +1,6 @@
 //! Raw bindings to mlx-c, generated at build time from the mlx-sys 0.7.0 sources that
-//! `cargo xtask setup` downloaded and patched (see `native/README.md`).
+//! `cargo xtask setup` downloaded and patched (see "How MLX is built on Linux" in
+//! `docs/architecture.md`).
 //!
 //! This crate replaces the published `mlx-sys` through `[patch.crates-io]`, because the
 //! published build script only knows how to build for Apple platforms with network access.
