@@ -314,12 +314,17 @@ pub fn reconcile(
         );
     }
 
-    // 3. Stale runners.
+    // 3. Stale runners. Not while settling, unless the instance is gone: right after a peer
+    //    returns, the effective copy may be a passing one (the cut-off side's epoch, before
+    //    the larger side's news arrives), and dropping for it killed the larger side's ring
+    //    8 ms after the heal (partition_under_load: both sides' runners stopped, the instance
+    //    failed). Once settled, the loser's runners go.
     let stale: BTreeSet<&str> = local
         .runners
         .iter()
         .filter(|(id, r)| match instances.get(*id) {
             None => true,
+            Some(_) if snapshot.settling => false,
             Some(v) => v.record.epoch != r.epoch || v.rank_of(me) != Some(r.rank),
         })
         .map(|(id, _)| id.as_str())
@@ -333,6 +338,16 @@ pub fn reconcile(
         let (Some(rank), Ok(placement)) = (view.rank_of(me), &view.placement) else {
             continue;
         };
+        // While settling, a runner of another epoch or rank is kept (step 3): leave it be
+        // rather than drive it as this view's runner.
+        if snapshot.settling
+            && local
+                .runners
+                .get(id)
+                .is_some_and(|r| r.epoch != view.record.epoch || r.rank != rank)
+        {
+            continue;
+        }
         let reference = &view.record.intent.model;
         let model = local.models.get(reference);
         let runner = local

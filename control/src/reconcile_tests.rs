@@ -179,3 +179,55 @@ fn an_instance_whose_runner_hung_is_placed_again_and_other_failures_are_not() {
         .collect();
     assert!(published.len() == 1 && published[0].hung, "{published:?}");
 }
+
+/// Right after a peer returns (settling), a runner of another epoch than the effective copy is
+/// kept and left alone: the copy may be the cut-off side's passing one (partition_under_load
+/// saw the larger side's runner dropped 8 ms after the heal, and the instance failed). Once
+/// settled it is dropped; a runner of a deleted instance is dropped at once either way.
+#[test]
+fn while_settling_a_runner_of_another_epoch_is_kept() {
+    let r = record(1, 4_000_000_000, 1);
+    let snapshot = |settling: bool| Snapshot {
+        settling,
+        me: "a".into(),
+        authors: [(
+            "a".to_string(),
+            crate::fixture::author(true, &[(r.key(), crate::fixture::json(&r))]),
+        )]
+        .into(),
+    };
+    let running = |id: &str, epoch: u32| LocalRunners {
+        runners: [(
+            id.to_string(),
+            RunnerFacts {
+                epoch,
+                rank: 0,
+                status: RunnerStatus::Ready,
+                process: true,
+                sent: BTreeSet::new(),
+                queued: 0,
+                model_ready: true,
+                hung: false,
+            },
+        )]
+        .into(),
+        models: BTreeMap::new(),
+    };
+    let cache = PlacementCache::new();
+    let effects = |settling: bool, local: &LocalRunners| {
+        reconcile(&snapshot(settling), local, &cache)
+            .into_iter()
+            .filter(|e| !matches!(e, Effect::WriteRecord { .. }))
+            .map(|e| format!("{e:?}"))
+            .collect::<Vec<_>>()
+    };
+    let other_epoch = running(r.id(), r.epoch + 1);
+    assert_eq!(effects(true, &other_epoch), Vec::<String>::new());
+    let settled = effects(false, &other_epoch);
+    assert!(
+        settled.iter().any(|e| e.starts_with("DropRunner")),
+        "{settled:?}"
+    );
+    let gone = effects(true, &running("deleted-instance", 0));
+    assert!(gone.iter().any(|e| e.starts_with("DropRunner")), "{gone:?}");
+}
