@@ -4,21 +4,8 @@
 
 use super::*;
 use crate::gguf::{GgufFile, GgufValue};
+use crate::models::config_keys::required;
 use serde_json::Value;
-
-fn req_usize(v: &Value, key: &str) -> Result<usize> {
-    match v.get(key) {
-        Some(n) => n.as_u64().map(|x| x as usize).ok_or_else(|| {
-            let shown: String = n.to_string().chars().take(40).collect();
-            InferenceError::BadConfig(format!(
-                "config.json's `{key}` is {shown}; it must be a non-negative integer"
-            ))
-        }),
-        None => Err(InferenceError::BadConfig(format!(
-            "config.json has no `{key}`"
-        ))),
-    }
-}
 
 /// A multimodal configuration's language model: `text_config` with the outer `model_type`
 /// (the family mlx-lm loads) and the outer quantization entries; `None` without one.
@@ -57,8 +44,8 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .ok_or_else(|| InferenceError::BadConfig("config.json has no `model_type`".into()))?;
         let architecture = Architecture::parse(model_type)?;
-        let hidden_size = req_usize(v, "hidden_size")?;
-        let num_heads = req_usize(v, "num_attention_heads")?;
+        let hidden_size = required(v, "hidden_size")?;
+        let num_heads = required(v, "num_attention_heads")?;
         let num_kv_heads = v
             .get("num_key_value_heads")
             .and_then(Value::as_u64)
@@ -118,17 +105,17 @@ impl ModelConfig {
         let mut config = ModelConfig {
             architecture,
             hidden_size,
-            num_layers: req_usize(v, "num_hidden_layers")?,
+            num_layers: required(v, "num_hidden_layers")?,
             // An MoE model whose every layer has experts may leave it out, as Qwen3.5-MoE's
             // releases do: no dense MLP reads it.
             intermediate_size: match (v.get("intermediate_size"), v.get("moe_intermediate_size")) {
                 (None, Some(_)) => 0,
-                _ => req_usize(v, "intermediate_size")?,
+                _ => required(v, "intermediate_size")?,
             },
             num_heads,
             num_kv_heads,
             head_dim,
-            vocab_size: req_usize(v, "vocab_size")?,
+            vocab_size: required(v, "vocab_size")?,
             rms_norm_eps: f("rms_norm_eps", 1e-6),
             rope_theta: f("rope_theta", 10000.0),
             rope_scaling,

@@ -18,10 +18,18 @@ pub(crate) fn usize_or(v: &Value, key: &str, default: usize) -> usize {
         .map_or(default, |x| x as usize)
 }
 
-/// A required integer of config.json.
+/// A required integer of config.json; an error names the key and, when it is there but not
+/// a non-negative integer, what it holds.
 pub(crate) fn required(v: &Value, key: &str) -> Result<usize> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map(|x| x as usize)
-        .ok_or_else(|| InferenceError::BadConfig(format!("config.json has no integer `{key}`")))
+    match v.get(key) {
+        Some(n) => n.as_u64().map(|x| x as usize).ok_or_else(|| {
+            let shown: String = n.to_string().chars().take(40).collect();
+            InferenceError::BadConfig(format!(
+                "config.json's `{key}` is {shown}; it must be a non-negative integer"
+            ))
+        }),
+        None => Err(InferenceError::BadConfig(format!(
+            "config.json has no `{key}`"
+        ))),
+    }
 }

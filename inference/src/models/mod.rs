@@ -15,7 +15,7 @@
 
 pub mod attention;
 pub mod base;
-mod config_keys;
+pub(crate) mod config_keys;
 pub mod deepseek_v3;
 pub mod gated_delta;
 pub mod gemma3;
