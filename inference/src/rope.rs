@@ -106,6 +106,30 @@ impl Rope {
         }
     }
 
+    /// RoPE over `dims` features whose `i`-th pair turns with period `periods[i]` (an infinite
+    /// period leaves the pair as it is: Gemma 4's proportional RoPE rotates only a part).
+    pub fn from_periods(dims: usize, periods: &[f32]) -> Rope {
+        Rope {
+            dims: dims as i32,
+            base: None,
+            scale: 1.0,
+            periods: Some(Array::from_slice(periods, &[periods.len() as i32])),
+            mscale: 1.0,
+        }
+    }
+
+    /// No rotation at all: the layers of a family that leaves some layers without positions
+    /// (Llama 4's NoPE layers) keep queries and keys as they are.
+    pub fn none() -> Rope {
+        Rope {
+            dims: 0,
+            base: None,
+            scale: 1.0,
+            periods: None,
+            mscale: 1.0,
+        }
+    }
+
     /// YaRN (mlx-lm's `YarnRoPE`): [`yarn_periods`] over the whole head, queries and keys
     /// scaled by the ratio of the `mscale` and `mscale_all_dim` corrections.
     #[allow(clippy::too_many_arguments)]
@@ -146,6 +170,9 @@ impl Rope {
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
+        if self.dims == 0 {
+            return Ok(x.clone());
+        }
         crate::cpu_layer_ops::rope(
             &self.scaled(x)?,
             self.dims,
@@ -159,6 +186,9 @@ impl Rope {
     /// Rotates `x` of shape `[rows, heads, 1, head_dim]`, row `r`'s position being
     /// `positions[r]` (`[rows]`, int32): one op for every decoding sequence of a step.
     pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        if self.dims == 0 {
+            return Ok(x.clone());
+        }
         crate::cpu_layer_ops::rope(
             &self.scaled(x)?,
             self.dims,

@@ -567,3 +567,25 @@ fn a_folder_without_its_weights_is_described_from_its_configuration() {
         std::fs::remove_dir_all(&support).unwrap();
     }
 }
+
+#[test]
+fn llama4_text_hf_f32() {
+    check("llama4_text", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn llama4_text_4bit() {
+    check("llama4_text", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// Gemma 4 in the 26B-A4B shape: sliding and wider full layers (keys as values, proportional
+/// RoPE), the GELU MLP beside the experts, layer scalars, soft-capped logits.
+#[test]
+fn gemma4_text_hf_f32() {
+    check("gemma4_text", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn gemma4_text_4bit() {
+    check("gemma4_text", "q4", WeightFormat::Quantized, 1e-3);
+}

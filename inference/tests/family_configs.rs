@@ -29,6 +29,9 @@ const FOLDERS: &[(&str, &str)] = &[
     ("gemma3_text", "q4"),
     ("qwen3_5", "hf"),
     ("qwen3_5", "q4"),
+    ("gemma4_text", "hf"),
+    ("gemma4_text", "q4"),
+    ("llama4_text", "q4"),
 ];
 
 /// The configuration keys the families read.
@@ -84,6 +87,16 @@ const KEYS: &[&str] = &[
     "linear_conv_kernel_dim",
     "full_attention_interval",
     "rope_parameters",
+    "global_head_dim",
+    "num_global_key_value_heads",
+    "attention_k_eq_v",
+    "enable_moe_block",
+    "top_k_experts",
+    "final_logit_softcapping",
+    "num_kv_shared_layers",
+    "hidden_size_per_layer_input",
+    "intermediate_size_mlp",
+    "no_rope_layers",
 ];
 
 /// What a key may be set to.

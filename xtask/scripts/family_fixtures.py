@@ -276,6 +276,47 @@ FAMILIES = {
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
                 ("shared_expert_gate", 0.3)],
     },
+    "llama4_text": {
+        # Llama 4's dense text model: NoPE layers among interleaved-RoPE ones (layer 1 has no
+        # rotation), weightless per-head Q/K norms, the MLP `intermediate_size_mlp` wide under
+        # `feed_forward`, the head named `output`.
+        "config": {
+            "architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
+            "intermediate_size_mlp": 128, "no_rope_layers": [1, 0, 1], "use_qk_norm": True,
+            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 32768,
+            "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+        "std": [("output", 0.3)],
+    },
+    "gemma4_text": {
+        # Gemma 4 in the 26B-A4B shape: sliding and full layers (full ones twice as wide, with
+        # proportional RoPE over a quarter of the head, keys as values), a GELU MLP beside 8
+        # experts, layer scalars, soft-capped logits (a cap of 2 bends them), tied embeddings.
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_global_key_value_heads": 2, "head_dim": 32,
+            "global_head_dim": 64, "intermediate_size": 128, "attention_k_eq_v": True,
+            "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2,
+            "moe_intermediate_size": 128, "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0, "vocab_size_per_layer_input": VOCAB,
+            "use_double_wide_mlp": False, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                   "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },
+            "final_logit_softcapping": 2.0, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        },
+        "layouts": ["q4"],
+        "std": [("embed_tokens", 0.1), ("router.scale", 1.0), ("router.proj", 1.0),
+                ("per_expert_scale", 1.0)],
+    },
 }
 
 
@@ -307,6 +348,8 @@ def randomize(model, family, norm_base=1.0, std_overrides=()):
             value = 0.1 * noise
         elif leaf == "sinks":
             value = noise
+        elif leaf == "layer_scalar":
+            value = 1.0 + 0.1 * noise  # Gemma 4 scales each block's output
         elif leaf == "bias":
             value = 0.05 * noise
         elif "embed_tokens" in name:
@@ -508,6 +551,18 @@ def hf_qwen3_next(weights, cfg):
     return out
 
 
+def hf_gemma4_text(weights, cfg):
+    """Gemma 4's own layout: each layer's experts fused as `experts.gate_up_proj` [E, 2 x width,
+    hidden] (gate rows first) and `experts.down_proj`, no `.weight` suffix."""
+    for key in [k for k in weights if k.endswith(".experts.switch_glu.gate_proj.weight")]:
+        prefix = key[: -len(".switch_glu.gate_proj.weight")]
+        gate = weights.pop(key)
+        up = weights.pop(f"{prefix}.switch_glu.up_proj.weight")
+        weights[f"{prefix}.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        weights[f"{prefix}.down_proj"] = weights.pop(f"{prefix}.switch_glu.down_proj.weight")
+    return weights
+
+
 HF_LAYOUT = {
     "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
@@ -519,6 +574,8 @@ HF_LAYOUT = {
     "glm4_moe_lite": hf_glm4_moe_lite,
     "minimax": hf_minimax,
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
+    "llama4_text": lambda weights, cfg: weights,  # no sanitize
+    "gemma4_text": hf_gemma4_text,
 }
 
 

@@ -125,6 +125,9 @@ pub struct Attention {
     /// rows in `q_proj`, and the heads' outputs are multiplied by `sigmoid(gate)` before the
     /// output projection.
     pub(crate) output_gate: bool,
+    /// Gemma 4: each head's values are RMS-normalized (without a weight) before they are
+    /// cached.
+    pub(crate) value_norm: bool,
 }
 
 impl Attention {
@@ -151,6 +154,38 @@ impl Attention {
         head_norms: Option<HeadNorms>,
         output_gate: bool,
     ) -> Result<Attention> {
+        Attention::read(
+            config,
+            source,
+            layer,
+            format,
+            head_norms,
+            output_gate,
+            false,
+        )
+    }
+
+    /// As [`Attention::load`] for a layer without `v_proj`, whose values are its keys before
+    /// the key norm and RoPE (Gemma 4's full-attention layers, `attention_k_eq_v`).
+    pub(crate) fn load_keys_as_values(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+    ) -> Result<Attention> {
+        Attention::read(config, source, layer, format, head_norms, false, true)
+    }
+
+    fn read(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+        output_gate: bool,
+        keys_are_values: bool,
+    ) -> Result<Attention> {
         let p = |part: &str| layer_tensor(layer, part);
         let (q_rows, kv_rows) = (
             config.num_heads * config.head_dim * if output_gate { 2 } else { 1 },
@@ -161,10 +196,15 @@ impl Attention {
             check_shape(&linear.weight, &p(part), rows)?;
             Ok(linear)
         };
+        let k_proj = proj("self_attn.k_proj", kv_rows)?;
         Ok(Attention {
             q_proj: proj("self_attn.q_proj", q_rows)?,
-            k_proj: proj("self_attn.k_proj", kv_rows)?,
-            v_proj: proj("self_attn.v_proj", kv_rows)?,
+            v_proj: if keys_are_values {
+                k_proj.clone()
+            } else {
+                proj("self_attn.v_proj", kv_rows)?
+            },
+            k_proj,
             o_proj: proj("self_attn.o_proj", config.hidden_size)?,
             head_norms,
             num_heads: config.num_heads as i32,
@@ -184,7 +224,16 @@ impl Attention {
                 .and_then(|w| w.of_layer(layer)),
             reduce: None,
             output_gate,
+            value_norm: false,
         })
+    }
+
+    /// With each head's values RMS-normalized without a weight (Gemma 4).
+    pub(crate) fn with_value_norm(self) -> Attention {
+        Attention {
+            value_norm: true,
+            ..self
+        }
     }
 
     /// With per-head attention sinks `[heads]`.
@@ -271,7 +320,13 @@ impl Attention {
             self.num_kv_heads,
             norms.map(|n| &n.k),
         )?;
-        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
+        let v = if self.value_norm {
+            let v = self.v_proj.forward(x)?;
+            let v = v.reshape(&[b, l, self.num_kv_heads, self.head_dim])?;
+            crate::cpu_layer_ops::rms_norm(&v, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?
+        } else {
+            heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?
+        };
         let o = if let [LayerKv::Own(_, cache)] = segments {
             self.attend(q, k, v, cache)?
         } else {
@@ -435,6 +490,7 @@ impl Attention {
             window: self.window,
             reduce: Some(group.clone()),
             output_gate: self.output_gate,
+            value_norm: self.value_norm,
         })
     }
 

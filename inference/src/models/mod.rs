@@ -17,14 +17,18 @@ pub mod attention;
 pub mod base;
 pub(crate) mod config_keys;
 pub mod deepseek_v3;
+mod dense_and_experts;
+mod expert_activation;
 pub mod gated_delta;
 pub mod gemma3;
+pub mod gemma4_text;
 pub mod glm4_moe;
 pub mod glm4_moe_lite;
 pub mod gpt_oss;
 mod hybrid;
 mod latent_moe;
 pub mod llama;
+pub mod llama4_text;
 pub mod minimax;
 pub mod mla;
 pub mod mlp;
@@ -60,7 +64,7 @@ pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
     }
     names.push("model.norm.weight".to_owned());
     if !config.tie_word_embeddings {
-        names.push("lm_head.weight".to_owned());
+        names.push(format!("{}.weight", family.head_tensor()));
     }
     names
 }

@@ -9,6 +9,7 @@ use super::{
     deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_5,
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
+use super::{gemma4_text, llama4_text};
 use crate::error::{InferenceError, Result};
 
 /// Every family, under its registry key (mlx-lm's module name).
@@ -26,6 +27,8 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("qwen3_5", &qwen3_5::Qwen3_5),
     ("qwen3_5_moe", &qwen3_5_moe::Qwen3_5Moe),
     ("qwen3_next", &qwen3_next::Qwen3Next),
+    ("llama4_text", &llama4_text::Llama4Text),
+    ("gemma4_text", &gemma4_text::Gemma4Text),
 ];
 
 /// `model_type`s real checkpoints carry that mlx-lm runs with another module (its
@@ -37,6 +40,9 @@ pub const MODEL_REMAPPING: &[(&str, &str)] = &[
     ("joyai_llm_flash", "deepseek_v3"),
     ("kimi_k2", "deepseek_v3"),
     ("minimax_m2", "minimax"),
+    // Not in mlx-lm's table, but the same load: its `gemma4` module runs `gemma4_text` on a
+    // release's `text_config` and `language_model` weights, as shoal reads any such release.
+    ("gemma4", "gemma4_text"),
 ];
 
 /// The registry key of a `model_type` (after mlx-lm's remapping) or GGUF architecture name.
