@@ -3,6 +3,7 @@
 use crate::config::RopeScaling;
 use crate::cpu_layer_ops::RopePositions;
 use crate::error::Result;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
 /// RoPE over the full head width, in the Hugging Face ("half split") layout.
@@ -159,13 +160,23 @@ impl Rope {
         }
     }
 
-    /// `x` times the YaRN magnitude factor, when there is one.
+    /// `x` with its rotated features (the first `dims`) times the YaRN magnitude factor, when
+    /// there is one; features past `dims` (partial rotation) keep their scale, as mlx-lm's
+    /// `YarnRoPE` leaves them.
     fn scaled(&self, x: &Array) -> Result<Array> {
-        Ok(if self.mscale == 1.0 {
-            x.clone()
-        } else {
-            ops::multiply(x, Array::from_f32(self.mscale).as_dtype(x.dtype())?)?
-        })
+        if self.mscale == 1.0 {
+            return Ok(x.clone());
+        }
+        let factor = Array::from_f32(self.mscale).as_dtype(x.dtype())?;
+        let width = *x.shape().last().unwrap_or(&0);
+        if width <= self.dims {
+            return Ok(ops::multiply(x, &factor)?);
+        }
+        let rotated = ops::multiply(x.index((.., .., .., ..self.dims)), &factor)?;
+        Ok(ops::concatenate(
+            &[rotated, x.index((.., .., .., self.dims..))],
+            -1,
+        )?)
     }
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.

@@ -589,3 +589,16 @@ fn gemma4_text_hf_f32() {
 fn gemma4_text_4bit() {
     check("gemma4_text", "q4", WeightFormat::Quantized, 1e-3);
 }
+
+/// Step 3.5 Flash: per-layer head counts, RoPE bases, rotated fractions and clamps, YaRN on
+/// the full layers, head-wise gates; StepFun's layout (experts under `moe.`, zero-centred
+/// norms) and MLX's.
+#[test]
+fn step3p5_hf_f32() {
+    check("step3p5", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn step3p5_4bit() {
+    check("step3p5", "q4", WeightFormat::Quantized, 1e-3);
+}

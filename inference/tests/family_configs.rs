@@ -32,6 +32,8 @@ const FOLDERS: &[(&str, &str)] = &[
     ("gemma4_text", "hf"),
     ("gemma4_text", "q4"),
     ("llama4_text", "q4"),
+    ("step3p5", "hf"),
+    ("step3p5", "q4"),
 ];
 
 /// The configuration keys the families read.
@@ -97,6 +99,15 @@ const KEYS: &[&str] = &[
     "hidden_size_per_layer_input",
     "intermediate_size_mlp",
     "no_rope_layers",
+    "num_attention_groups",
+    "attention_other_setting",
+    "partial_rotary_factors",
+    "moe_layers_enum",
+    "moe_num_experts",
+    "moe_top_k",
+    "share_expert_dim",
+    "swiglu_limits",
+    "yarn_only_types",
 ];
 
 /// What a key may be set to.

@@ -385,3 +385,17 @@ fn llama4_text_4bit_two_ranks_match_one_node() {
         "quantized",
     );
 }
+
+/// Step 3.5 at 4 bits: each layer's heads (sliding layers have more) and their head-wise
+/// gates cut together; experts and the shared expert by units.
+#[test]
+fn step3p5_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("step3p5"),
+        2,
+        "3,17,42,5,88",
+        4,
+        "single",
+        "quantized",
+    );
+}

@@ -317,6 +317,32 @@ FAMILIES = {
         "std": [("embed_tokens", 0.1), ("router.scale", 1.0), ("router.proj", 1.0),
                 ("per_expert_scale", 1.0)],
     },
+    "step3p5": {
+        # Step 3.5 Flash's shape: sliding layers with their own head counts, per-layer RoPE
+        # bases and rotated fractions, YaRN on the full layers only, head-wise gates, the
+        # sigmoid-routed experts from layer 1 with a shared expert, SwiGLUs clamped at 0.5 on
+        # some layers (small enough to clip).
+        "config": {
+            "architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5",
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_attention_groups": 2, "head_dim": 32, "intermediate_size": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 8,
+            "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+            "rope_theta": [10000.0, 500000.0, 10000.0, 500000.0],
+            "partial_rotary_factors": [1.0, 0.5, 1.0, 0.5],
+            "yarn_only_types": ["full_attention"],
+            "rope_scaling": {"rope_type": "yarn", "factor": 2.0,
+                             "original_max_position_embeddings": 131072, "beta_fast": 32,
+                             "beta_slow": 1},
+            "use_head_wise_attn_gate": True, "moe_num_experts": 8, "moe_top_k": 2,
+            "moe_intermediate_size": 128, "share_expert_dim": 128, "moe_layers_enum": "1,2,3",
+            "moe_router_scaling_factor": 2.5, "norm_expert_weight": True,
+            "swiglu_limits": [None, 0.5, 0, 0.5], "swiglu_limits_shared": [0.5, 0, 0.5, 0],
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+    },
 }
 
 
@@ -563,6 +589,26 @@ def hf_gemma4_text(weights, cfg):
     return weights
 
 
+STEP3P5_NAMES = [(".mlp.switch_mlp.", ".moe."), (".mlp.gate.gate.", ".moe.gate."),
+                 (".mlp.gate.router_bias", ".moe.router_bias"),
+                 (".mlp.share_expert.", ".share_expert.")]
+
+
+def hf_step3p5(weights, cfg):
+    """StepFun's own layout ("vanilla" to mlx-lm's sanitize): experts under `moe.`, the shared
+    expert at the layer's level, every norm stored zero-centred."""
+    out = {}
+    for key, value in weights.items():
+        for mine, theirs in STEP3P5_NAMES:
+            if mine in key:
+                key = key.replace(mine, theirs)
+                break
+        if key.endswith(".weight") and "norm" in key:
+            value = value - 1.0
+        out[key] = value
+    return out
+
+
 HF_LAYOUT = {
     "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
@@ -576,6 +622,7 @@ HF_LAYOUT = {
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
     "llama4_text": lambda weights, cfg: weights,  # no sanitize
     "gemma4_text": hf_gemma4_text,
+    "step3p5": hf_step3p5,
 }
 
 

@@ -128,6 +128,9 @@ pub struct Attention {
     /// Gemma 4: each head's values are RMS-normalized (without a weight) before they are
     /// cached.
     pub(crate) value_norm: bool,
+    /// Step 3.5's head-wise gate (`g_proj`, one row per head): each head's output times
+    /// `sigmoid(g_proj(x))` of its row. Cut with the heads.
+    pub(crate) head_gate: Option<Linear>,
 }
 
 impl Attention {
@@ -225,6 +228,16 @@ impl Attention {
             reduce: None,
             output_gate,
             value_norm: false,
+            head_gate: None,
+        })
+    }
+
+    /// With a head-wise gate `g_proj` (`[heads, hidden]`), `name` naming it in errors.
+    pub(crate) fn with_head_gate(self, gate: Linear, name: &str) -> Result<Attention> {
+        check_shape(&gate.weight, name, self.num_heads as usize)?;
+        Ok(Attention {
+            head_gate: Some(gate),
+            ..self
         })
     }
 
@@ -353,9 +366,12 @@ impl Attention {
                 ops::concatenate(&outs, 2)?
             }
         };
-        let o =
-            o.transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        let o = o.transpose_axes(&[0, 2, 1, 3])?;
+        let o = match &self.head_gate {
+            Some(g) => ops::multiply(&o, &ops::sigmoid(&g.forward(x)?)?.expand_dims(-1)?)?,
+            None => o,
+        };
+        let o = o.reshape(&[b, l, self.num_heads * self.head_dim])?;
         let o = match gate {
             Some(g) => ops::multiply(&o, &ops::sigmoid(&g)?)?,
             None => o,
@@ -491,6 +507,11 @@ impl Attention {
             reduce: Some(group.clone()),
             output_gate: self.output_gate,
             value_norm: self.value_norm,
+            head_gate: self
+                .head_gate
+                .as_ref()
+                .map(|g| g.slice_rows(rank * heads, (rank + 1) * heads))
+                .transpose()?,
         })
     }
 
@@ -501,6 +522,7 @@ impl Attention {
             .flat_map(Linear::arrays)
             .collect();
         v.extend(self.head_norms.iter().flat_map(|n| [&n.q, &n.k]));
+        v.extend(self.head_gate.iter().flat_map(Linear::arrays));
         v.extend(self.sinks.iter());
         v
     }

@@ -11,6 +11,11 @@ pub enum ExpertActivation {
     SwiGlu,
     /// `gelu(gate) * up`, GELU's tanh approximation (Gemma 4).
     GeGlu,
+    /// Step 3.5's: `min(silu(gate), limit) · clip(up, -limit, limit)`.
+    ClampedSilu {
+        /// The layer's `swiglu_limits` entry.
+        limit: f32,
+    },
     /// gpt-oss's: the gate clamped from above and the up projection on both sides at `limit`,
     /// then `(up + 1) * gate * sigmoid(alpha * gate)`.
     ClampedSwiGlu {
@@ -27,6 +32,7 @@ impl ExpertActivation {
         Ok(match self {
             ExpertActivation::SwiGlu => ops::multiply(&nn::silu(gate)?, &up)?,
             ExpertActivation::GeGlu => ops::multiply(&nn::gelu_approximate(gate)?, &up)?,
+            ExpertActivation::ClampedSilu { limit } => super::mlp::clamped_silu(gate, up, limit)?,
             ExpertActivation::ClampedSwiGlu { alpha, limit } => {
                 let gate = ops::minimum(&gate, Array::from_f32(limit))?;
                 let up = ops::maximum(

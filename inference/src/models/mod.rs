@@ -44,6 +44,7 @@ pub mod registry;
 pub mod shard;
 mod sigmoid_moe;
 mod sparse_moe;
+pub mod step3p5;
 mod tensor_parallel;
 
 use crate::config::{Architecture, ModelConfig};

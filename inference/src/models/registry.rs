@@ -9,7 +9,7 @@ use super::{
     deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_5,
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
-use super::{gemma4_text, llama4_text};
+use super::{gemma4_text, llama4_text, step3p5};
 use crate::error::{InferenceError, Result};
 
 /// Every family, under its registry key (mlx-lm's module name).
@@ -29,6 +29,7 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("qwen3_next", &qwen3_next::Qwen3Next),
     ("llama4_text", &llama4_text::Llama4Text),
     ("gemma4_text", &gemma4_text::Gemma4Text),
+    ("step3p5", &step3p5::Step3p5),
 ];
 
 /// `model_type`s real checkpoints carry that mlx-lm runs with another module (its
