@@ -187,7 +187,15 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
     // Sliding layers forget what their window no longer sees: in small chunks the caches
     // trim many times over the reference's positions, and the decode rows too over a longer
     // batched run. Recurrent layers carry their state from chunk to chunk.
-    let chunked = whole.config.sliding_window.is_some() || whole.config.attention.linear.is_some();
+    // Sparse attention's indexer keys are cache state too: chunks exercise their append.
+    let chunked = whole.config.sliding_window.is_some()
+        || whole.config.attention.linear.is_some()
+        || whole
+            .config
+            .attention
+            .latent
+            .as_ref()
+            .is_some_and(|l| l.indexer.is_some());
     let decode = if chunked {
         for chunk in [1, 5] {
             let worst = in_chunks(&whole, &reference, chunk);
@@ -566,4 +574,28 @@ fn a_folder_without_its_weights_is_described_from_its_configuration() {
         );
         std::fs::remove_dir_all(&support).unwrap();
     }
+}
+
+/// DeepSeek V3.2: latent attention reading only the indexer's `index_topk` (4 of up to 18)
+/// positions, YaRN's factor on the indexer's rotated part.
+#[test]
+fn deepseek_v32_hf_f32() {
+    check("deepseek_v32", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn deepseek_v32_4bit() {
+    check("deepseek_v32", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// GLM-5: DeepSeek V3.2's model under GLM's keys (RoPE from `rope_parameters`, the indexer's
+/// RoPE interleaved).
+#[test]
+fn glm_moe_dsa_hf_f32() {
+    check("glm_moe_dsa", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn glm_moe_dsa_4bit() {
+    check("glm_moe_dsa", "q4", WeightFormat::Quantized, 1e-3);
 }

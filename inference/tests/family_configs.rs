@@ -29,6 +29,8 @@ const FOLDERS: &[(&str, &str)] = &[
     ("gemma3_text", "q4"),
     ("qwen3_5", "hf"),
     ("qwen3_5", "q4"),
+    ("deepseek_v32", "q4"),
+    ("glm_moe_dsa", "hf"),
 ];
 
 /// The configuration keys the families read.
@@ -84,6 +86,10 @@ const KEYS: &[&str] = &[
     "linear_conv_kernel_dim",
     "full_attention_interval",
     "rope_parameters",
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
+    "indexer_rope_interleave",
 ];
 
 /// What a key may be set to.

@@ -70,6 +70,19 @@ YARN_GPT_OSS = {
     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
 }
 
+# DeepSeek V3.2's and GLM-5's shared tiny shape: 8 indexer heads of 64 (each rotating its first
+# 32), a dense first layer, then 8 sigmoid-routed experts with a shared one.
+DSA_TINY = {
+    "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "intermediate_size": 256, "moe_intermediate_size": 128,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "topk_group": 1, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc", "norm_topk_prob": True, "first_k_dense_replace": 1,
+    "moe_layer_freq": 1, "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+    "qk_nope_head_dim": 64, "index_n_heads": 8, "index_head_dim": 64,
+    "num_nextn_predict_layers": 1, "attention_bias": False, "tie_word_embeddings": False,
+}
+
 # Each family: its config.json (before the common keys), the quantized layouts made from its hf
 # folder, and the base value of its norm weights (Gemma's norms compute x * (1 + w)).
 FAMILIES = {
@@ -275,6 +288,33 @@ FAMILIES = {
         "layouts": ["q4"],
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
                 ("shared_expert_gate", 0.3)],
+    },
+    "deepseek_v32": {
+        # DeepSeek V3.2: DeepSeek V3's block with the DSA indexer. index_topk (4) is below the
+        # prompt (12), so prefill's later rows and every decode step read only the chosen
+        # positions; YaRN's magnitude factor (mscale / mscale_all_dim != 1) scales the
+        # indexer's rotated part too. The released layout: kv_b_proj, experts one matrix
+        # each, an MTP layer.
+        "config": {
+            **DSA_TINY,
+            "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+            "n_group": 2, "v_head_dim": 32, "rms_norm_eps": 1e-6, "index_topk": 4,
+            "rope_theta": 10000.0, "rope_scaling": YARN_DEEPSEEK,
+            "max_position_embeddings": 163840,
+        },
+        "layouts": ["q4"],
+    },
+    "glm_moe_dsa": {
+        # GLM-5: DeepSeek V3.2's model under GLM's keys (RoPE from rope_parameters, the
+        # indexer's RoPE interleaved), index_topk below the prompt.
+        "config": {
+            **DSA_TINY,
+            "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+            "n_group": 1, "v_head_dim": 64, "rms_norm_eps": 1e-5, "index_topk": 5,
+            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+            "max_position_embeddings": 202752,
+        },
+        "layouts": ["q4"],
     },
 }
 
@@ -508,6 +548,12 @@ def hf_qwen3_next(weights, cfg):
     return out
 
 
+def hf_dsa(family):
+    """DeepSeek V3.2's and GLM-5's layout: DeepSeek V3's `kv_b_proj` and per-expert
+    tensors (the indexer's keep their names), plus the multi-token-prediction layer."""
+    return lambda weights, cfg: add_mtp_layer(hf_deepseek_v3(weights, cfg), cfg, family)
+
+
 HF_LAYOUT = {
     "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
@@ -519,6 +565,8 @@ HF_LAYOUT = {
     "glm4_moe_lite": hf_glm4_moe_lite,
     "minimax": hf_minimax,
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
+    "deepseek_v32": hf_dsa("deepseek_v32"),
+    "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
 }
 
 
