@@ -187,7 +187,8 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
     // Sliding layers forget what their window no longer sees: in small chunks the caches
     // trim many times over the reference's positions, and the decode rows too over a longer
     // batched run. Recurrent layers carry their state from chunk to chunk.
-    // Sparse attention's indexer keys are cache state too: chunks exercise their append.
+    // Sparse attention's indexer keys are cache state too, and Llama 4's query scale depends
+    // on each position: chunks exercise their offsets.
     let chunked = whole.config.sliding_window.is_some()
         || whole.config.attention.linear.is_some()
         || whole
@@ -195,7 +196,7 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
             .attention
             .latent
             .as_ref()
-            .is_some_and(|l| l.indexer.is_some());
+            .is_some_and(|l| l.indexer.is_some() || l.position_scale.is_some());
     let decode = if chunked {
         for chunk in [1, 5] {
             let worst = in_chunks(&whole, &reference, chunk);
@@ -598,4 +599,17 @@ fn glm_moe_dsa_hf_f32() {
 #[test]
 fn glm_moe_dsa_4bit() {
     check("glm_moe_dsa", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// Mistral Small 4 as released (`mistral3` around a `mistral4` text model): latent attention
+/// with YaRN from `rope_parameters` and Llama 4's query scale past position 8, softmax-routed
+/// grouped experts.
+#[test]
+fn mistral4_hf_f32() {
+    check("mistral4", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn mistral4_4bit() {
+    check("mistral4", "q4", WeightFormat::Quantized, 1e-3);
 }

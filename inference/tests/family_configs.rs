@@ -31,6 +31,7 @@ const FOLDERS: &[(&str, &str)] = &[
     ("qwen3_5", "q4"),
     ("deepseek_v32", "q4"),
     ("glm_moe_dsa", "hf"),
+    ("mistral4", "q4"),
 ];
 
 /// The configuration keys the families read.
@@ -90,6 +91,7 @@ const KEYS: &[&str] = &[
     "index_head_dim",
     "index_topk",
     "indexer_rope_interleave",
+    "rope_interleave",
 ];
 
 /// What a key may be set to.

@@ -398,3 +398,18 @@ fn glm_moe_dsa_4bit_two_ranks_match_one_node() {
         "quantized",
     );
 }
+
+/// Mistral Small 4 at 4 bits: DeepSeek V3's cut (query heads and their latent slices, the
+/// latent whole), the softmax router whole, experts at half width; the prompt runs past the
+/// fixture's original_max_position_embeddings (8), so Llama 4's query scale is not 1.
+#[test]
+fn mistral4_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("mistral4"),
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        24,
+        "single",
+        "quantized",
+    );
+}

@@ -316,6 +316,38 @@ FAMILIES = {
         },
         "layouts": ["q4"],
     },
+    "mistral4": {
+        # Mistral Small 4 as released (Mistral3ForConditionalGeneration): the text model under
+        # `text_config` (model_type mistral4): latent attention with YaRN from
+        # rope_parameters, Llama 4's attention scale on the queries (its
+        # original_max_position_embeddings of 8 makes positions 8.. of the prompt scale by
+        # 1 + beta log 2), softmax-routed grouped experts with a shared expert, a dense
+        # first layer; experts one matrix each, a vision tower the text model never reads.
+        "config": {
+            "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+            "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "mistral4", "hidden_size": 64, "num_hidden_layers": 3,
+                "num_attention_heads": 4, "num_key_value_heads": 4,
+                "intermediate_size": 256, "moe_intermediate_size": 128,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5,
+                "norm_topk_prob": True, "first_k_dense_replace": 1,
+                "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+                "qk_nope_head_dim": 64, "v_head_dim": 64, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                "attention_bias": False,
+                "rope_parameters": {
+                    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                    "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.7,
+                    "llama_4_scaling_beta": 0.4,
+                },
+            },
+            "vision_config": {"model_type": "pixtral", "hidden_size": 64},
+        },
+        "layouts": ["q4"],
+    },
 }
 
 
@@ -554,6 +586,22 @@ def hf_dsa(family):
     return lambda weights, cfg: add_mtp_layer(hf_deepseek_v3(weights, cfg), cfg, family)
 
 
+def hf_mistral4(weights, cfg):
+    """Mistral's own layout: `model.language_model.*` and a top-level `lm_head`, DeepSeek
+    V3's `kv_b_proj`, experts one matrix each; plus a vision tower the text model never
+    reads."""
+    inner = {k[len("language_model."):]: v for k, v in weights.items()}
+    inner = hf_deepseek_v3(inner, cfg["text_config"])
+    out = {}
+    for key, value in inner.items():
+        if key.startswith("model."):
+            key = "model.language_model." + key[len("model."):]
+        out[key] = value
+    name = "model.vision_tower.patch_conv.weight"
+    out[name] = 0.05 * mx.random.normal((64, 3, 16, 16), key=key_for("mistral4", name))
+    return out
+
+
 HF_LAYOUT = {
     "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
@@ -567,6 +615,7 @@ HF_LAYOUT = {
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
     "deepseek_v32": hf_dsa("deepseek_v32"),
     "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
+    "mistral4": hf_mistral4,
 }
 
 

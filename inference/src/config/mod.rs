@@ -256,6 +256,9 @@ pub struct LatentConfig {
     /// DeepSeek Sparse Attention's indexer (DeepSeek V3.2, GLM-5): its keys are cached too.
     #[serde(default)]
     pub indexer: Option<crate::models::dsa_indexer::IndexerShape>,
+    /// Llama 4's attention scale on the queries by position (Mistral 4).
+    #[serde(default)]
+    pub position_scale: Option<crate::models::mla::PositionScale>,
 }
 
 impl LatentConfig {

@@ -36,6 +36,7 @@ pub(crate) fn configure_latent(v: &Value, config: &mut ModelConfig, norm_eps: f3
         v_head_dim: required(v, "v_head_dim")?,
         norm_eps,
         indexer: None,
+        position_scale: None,
     };
     if [
         latent.kv_lora_rank,
@@ -168,6 +169,7 @@ fn load_latent_attention(
         rope,
         reduce: None,
         indexer,
+        position_scale: latent.position_scale,
     })
 }
 

@@ -225,6 +225,39 @@ pub struct LatentAttention {
     /// DeepSeek Sparse Attention's indexer (DeepSeek V3.2, GLM-5): which positions each query
     /// reads. Its keys are cached after the rotated key, in the cache's values.
     pub(crate) indexer: Option<Box<Indexer>>,
+    /// Llama 4's attention scale on the queries by position (Mistral 4).
+    pub(crate) position_scale: Option<PositionScale>,
+}
+
+/// Llama 4's attention scale (Mistral 4): the queries at position p are multiplied by
+/// `1 + beta · ln(1 + floor(p / original_max_position))`, 1 within the trained length, so
+/// that attention does not flatten over longer contexts.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PositionScale {
+    /// `llama_4_scaling_beta`.
+    pub beta: f32,
+    /// `original_max_position_embeddings`.
+    pub original_max_position: f32,
+}
+
+impl PositionScale {
+    /// `q` times the factor at `positions` (int32), shaped to broadcast against it.
+    fn apply(&self, q: &Array, positions: &Array, shape: &[i32]) -> Result<Array> {
+        let p = positions.as_dtype(mlx_rs::Dtype::Float32)?;
+        let periods = ops::floor(&ops::divide(
+            &p,
+            Array::from_f32(self.original_max_position),
+        )?)?;
+        let growth = ops::log(&ops::add(&periods, Array::from_f32(1.0))?)?;
+        let factor = ops::add(
+            &ops::multiply(&growth, Array::from_f32(self.beta))?,
+            Array::from_f32(1.0),
+        )?;
+        Ok(ops::multiply(
+            q,
+            &factor.reshape(shape)?.as_dtype(q.dtype())?,
+        )?)
+    }
 }
 
 impl LatentAttention {
@@ -343,7 +376,14 @@ impl LatentAttention {
     /// One sequence's new positions over its latent cache.
     fn attend(&self, new: New, cache: &mut LayerCache) -> Result<Array> {
         let (l, offset) = (new.q.shape()[2], cache.len());
-        let (q_nope, q_pe) = self.split(&new.q);
+        let q = match &self.position_scale {
+            Some(s) => {
+                let positions = ops::arange::<_, i32>(offset as i32, offset as i32 + l, None)?;
+                s.apply(&new.q, &positions, &[1, 1, l, 1])?
+            }
+            None => new.q,
+        };
+        let (q_nope, q_pe) = self.split(&q);
         let q_pe = self.rope.apply(&q_pe, offset)?;
         let k_pe = self.rope.apply(&new.k_pe, offset)?;
         let (index, index_k) = match (&self.indexer, new.index) {
@@ -406,7 +446,11 @@ impl LatentAttention {
     /// The decoding rows' new positions (one per row) over their shared latent buffers.
     fn attend_rows(&self, new: New, layer: &mut RowLayer, step: &RowStep) -> Result<Array> {
         let by_row = |t: &Array| t.transpose_axes(&[2, 1, 0, 3]);
-        let (q_nope, q_pe) = self.split(&by_row(&new.q)?);
+        let mut q = by_row(&new.q)?;
+        if let Some(s) = &self.position_scale {
+            q = s.apply(&q, &step.positions, &[step.rows() as i32, 1, 1, 1])?;
+        }
+        let (q_nope, q_pe) = self.split(&q);
         let q_pe = self.rope.apply_at(&q_pe, &step.positions)?;
         let k_pe = self.rope.apply_at(&by_row(&new.k_pe)?, &step.positions)?;
         let (index, index_k) = match (&self.indexer, new.index) {
@@ -464,6 +508,7 @@ impl LatentAttention {
             rope: self.rope.clone(),
             reduce: Some(group.clone()),
             indexer: self.indexer.clone(),
+            position_scale: self.position_scale,
         })
     }
 

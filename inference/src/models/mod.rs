@@ -30,6 +30,7 @@ mod hybrid;
 mod latent_moe;
 pub mod llama;
 pub mod minimax;
+pub mod mistral4;
 pub mod mla;
 pub mod mlp;
 pub mod moe;
