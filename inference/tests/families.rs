@@ -187,7 +187,16 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
     // Sliding layers forget what their window no longer sees: in small chunks the caches
     // trim many times over the reference's positions, and the decode rows too over a longer
     // batched run. Recurrent layers carry their state from chunk to chunk.
-    let chunked = whole.config.sliding_window.is_some() || whole.config.attention.linear.is_some();
+    // Sparse attention's indexer keys are cache state too, and Llama 4's query scale depends
+    // on each position: chunks exercise their offsets.
+    let chunked = whole.config.sliding_window.is_some()
+        || whole.config.attention.linear.is_some()
+        || whole
+            .config
+            .attention
+            .latent
+            .as_ref()
+            .is_some_and(|l| l.indexer.is_some() || l.position_scale.is_some());
     let decode = if chunked {
         for chunk in [1, 5] {
             let worst = in_chunks(&whole, &reference, chunk);
@@ -601,4 +610,41 @@ fn step3p5_hf_f32() {
 #[test]
 fn step3p5_4bit() {
     check("step3p5", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// DeepSeek V3.2: latent attention reading only the indexer's `index_topk` (4 of up to 18)
+/// positions, YaRN's factor on the indexer's rotated part.
+#[test]
+fn deepseek_v32_hf_f32() {
+    check("deepseek_v32", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn deepseek_v32_4bit() {
+    check("deepseek_v32", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// GLM-5: DeepSeek V3.2's model under GLM's keys (RoPE from `rope_parameters`, the indexer's
+/// RoPE interleaved).
+#[test]
+fn glm_moe_dsa_hf_f32() {
+    check("glm_moe_dsa", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn glm_moe_dsa_4bit() {
+    check("glm_moe_dsa", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// Mistral Small 4 as released (`mistral3` around a `mistral4` text model): latent attention
+/// with YaRN from `rope_parameters` and Llama 4's query scale past position 8, softmax-routed
+/// grouped experts.
+#[test]
+fn mistral4_hf_f32() {
+    check("mistral4", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn mistral4_4bit() {
+    check("mistral4", "q4", WeightFormat::Quantized, 1e-3);
 }

@@ -34,6 +34,9 @@ const FOLDERS: &[(&str, &str)] = &[
     ("llama4_text", "q4"),
     ("step3p5", "hf"),
     ("step3p5", "q4"),
+    ("deepseek_v32", "q4"),
+    ("glm_moe_dsa", "hf"),
+    ("mistral4", "q4"),
 ];
 
 /// The configuration keys the families read.
@@ -108,6 +111,11 @@ const KEYS: &[&str] = &[
     "share_expert_dim",
     "swiglu_limits",
     "yarn_only_types",
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
+    "indexer_rope_interleave",
+    "rope_interleave",
 ];
 
 /// What a key may be set to.

@@ -399,3 +399,59 @@ fn step3p5_4bit_two_ranks_match_one_node() {
         "quantized",
     );
 }
+
+/// DeepSeek V3.2 at 4 bits: DeepSeek V3's cut with the sparse attention's indexer replicated
+/// (whole on every rank, so every rank reads the same `index_topk` positions); the prompt is
+/// longer than `index_topk`, so prefill and decode both read a chosen subset.
+#[test]
+fn deepseek_v32_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v32"),
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        21,
+        "single",
+        "quantized",
+    );
+}
+
+/// The same through the batched path (the indexer's keys in the shared latent buffers).
+#[test]
+fn deepseek_v32_4bit_two_ranks_batch_like_one_node_alone() {
+    run_tensor_parallel_as(
+        &family_4bit("deepseek_v32"),
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        22,
+        "batched",
+        "quantized",
+    );
+}
+
+/// GLM-5 at 4 bits: the same cut, the indexer's RoPE interleaved.
+#[test]
+fn glm_moe_dsa_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("glm_moe_dsa"),
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        23,
+        "single",
+        "quantized",
+    );
+}
+
+/// Mistral Small 4 at 4 bits: DeepSeek V3's cut (query heads and their latent slices, the
+/// latent whole), the softmax router whole, experts at half width; the prompt runs past the
+/// fixture's original_max_position_embeddings (8), so Llama 4's query scale is not 1.
+#[test]
+fn mistral4_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("mistral4"),
+        2,
+        "3,17,42,5,88,7,9,11,13,15",
+        24,
+        "single",
+        "quantized",
+    );
+}

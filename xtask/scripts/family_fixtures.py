@@ -70,6 +70,19 @@ YARN_GPT_OSS = {
     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
 }
 
+# DeepSeek V3.2's and GLM-5's shared tiny shape: 8 indexer heads of 64 (each rotating its first
+# 32), a dense first layer, then 8 sigmoid-routed experts with a shared one.
+DSA_TINY = {
+    "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "intermediate_size": 256, "moe_intermediate_size": 128,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "topk_group": 1, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc", "norm_topk_prob": True, "first_k_dense_replace": 1,
+    "moe_layer_freq": 1, "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+    "qk_nope_head_dim": 64, "index_n_heads": 8, "index_head_dim": 64,
+    "num_nextn_predict_layers": 1, "attention_bias": False, "tie_word_embeddings": False,
+}
+
 # Each family: its config.json (before the common keys), the quantized layouts made from its hf
 # folder, and the base value of its norm weights (Gemma's norms compute x * (1 + w)).
 FAMILIES = {
@@ -343,6 +356,65 @@ FAMILIES = {
         },
         "layouts": ["q4"],
     },
+    "deepseek_v32": {
+        # DeepSeek V3.2: DeepSeek V3's block with the DSA indexer. index_topk (4) is below the
+        # prompt (12), so prefill's later rows and every decode step read only the chosen
+        # positions; YaRN's magnitude factor (mscale / mscale_all_dim != 1) scales the
+        # indexer's rotated part too. The released layout: kv_b_proj, experts one matrix
+        # each, an MTP layer.
+        "config": {
+            **DSA_TINY,
+            "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+            "n_group": 2, "v_head_dim": 32, "rms_norm_eps": 1e-6, "index_topk": 4,
+            "rope_theta": 10000.0, "rope_scaling": YARN_DEEPSEEK,
+            "max_position_embeddings": 163840,
+        },
+        "layouts": ["q4"],
+    },
+    "glm_moe_dsa": {
+        # GLM-5: DeepSeek V3.2's model under GLM's keys (RoPE from rope_parameters, the
+        # indexer's RoPE interleaved), index_topk below the prompt.
+        "config": {
+            **DSA_TINY,
+            "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+            "n_group": 1, "v_head_dim": 64, "rms_norm_eps": 1e-5, "index_topk": 5,
+            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+            "max_position_embeddings": 202752,
+        },
+        "layouts": ["q4"],
+    },
+    "mistral4": {
+        # Mistral Small 4 as released (Mistral3ForConditionalGeneration): the text model under
+        # `text_config` (model_type mistral4): latent attention with YaRN from
+        # rope_parameters, Llama 4's attention scale on the queries (its
+        # original_max_position_embeddings of 8 makes positions 8.. of the prompt scale by
+        # 1 + beta log 2), softmax-routed grouped experts with a shared expert, a dense
+        # first layer; experts one matrix each, a vision tower the text model never reads.
+        "config": {
+            "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+            "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "mistral4", "hidden_size": 64, "num_hidden_layers": 3,
+                "num_attention_heads": 4, "num_key_value_heads": 4,
+                "intermediate_size": 256, "moe_intermediate_size": 128,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5,
+                "norm_topk_prob": True, "first_k_dense_replace": 1,
+                "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+                "qk_nope_head_dim": 64, "v_head_dim": 64, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 131072, "tie_word_embeddings": False,
+                "attention_bias": False,
+                "rope_parameters": {
+                    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                    "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.7,
+                    "llama_4_scaling_beta": 0.4,
+                },
+            },
+            "vision_config": {"model_type": "pixtral", "hidden_size": 64},
+        },
+        "layouts": ["q4"],
+    },
 }
 
 
@@ -609,6 +681,28 @@ def hf_step3p5(weights, cfg):
     return out
 
 
+def hf_dsa(family):
+    """DeepSeek V3.2's and GLM-5's layout: DeepSeek V3's `kv_b_proj` and per-expert
+    tensors (the indexer's keep their names), plus the multi-token-prediction layer."""
+    return lambda weights, cfg: add_mtp_layer(hf_deepseek_v3(weights, cfg), cfg, family)
+
+
+def hf_mistral4(weights, cfg):
+    """Mistral's own layout: `model.language_model.*` and a top-level `lm_head`, DeepSeek
+    V3's `kv_b_proj`, experts one matrix each; plus a vision tower the text model never
+    reads."""
+    inner = {k[len("language_model."):]: v for k, v in weights.items()}
+    inner = hf_deepseek_v3(inner, cfg["text_config"])
+    out = {}
+    for key, value in inner.items():
+        if key.startswith("model."):
+            key = "model.language_model." + key[len("model."):]
+        out[key] = value
+    name = "model.vision_tower.patch_conv.weight"
+    out[name] = 0.05 * mx.random.normal((64, 3, 16, 16), key=key_for("mistral4", name))
+    return out
+
+
 HF_LAYOUT = {
     "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
@@ -623,6 +717,9 @@ HF_LAYOUT = {
     "llama4_text": lambda weights, cfg: weights,  # no sanitize
     "gemma4_text": hf_gemma4_text,
     "step3p5": hf_step3p5,
+    "deepseek_v32": hf_dsa("deepseek_v32"),
+    "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
+    "mistral4": hf_mistral4,
 }
 
 

@@ -253,6 +253,12 @@ pub struct LatentConfig {
     /// Epsilon of the bottlenecks' RMS norms (`q_a_layernorm`, `kv_a_layernorm`): DeepSeek V3's
     /// reference fixes it at 1e-6, GLM-4.7-Flash's takes `rms_norm_eps`.
     pub norm_eps: f32,
+    /// DeepSeek Sparse Attention's indexer (DeepSeek V3.2, GLM-5): its keys are cached too.
+    #[serde(default)]
+    pub indexer: Option<crate::models::dsa_indexer::IndexerShape>,
+    /// Llama 4's attention scale on the queries by position (Mistral 4).
+    #[serde(default)]
+    pub position_scale: Option<crate::models::mla::PositionScale>,
 }
 
 impl LatentConfig {
@@ -268,10 +274,18 @@ impl LatentConfig {
             + self.kv_lora_rank
             + heads * self.kv_lora_rank * (self.qk_nope_head_dim + self.v_head_dim)
             + heads * self.v_head_dim * hidden
+            + self.indexer.as_ref().map_or(0, |i| {
+                crate::models::dsa_indexer::Indexer::parameters(
+                    i,
+                    hidden,
+                    self.q_lora_rank.unwrap_or(0),
+                )
+            })
     }
 
-    /// Numbers one position keeps in one layer's cache: the latent and the rotated key.
+    /// Numbers one position keeps in one layer's cache: the latent and the rotated key (and
+    /// the indexer's key).
     pub fn cached_width(&self) -> usize {
-        self.kv_lora_rank + self.qk_rope_head_dim
+        self.kv_lora_rank + self.qk_rope_head_dim + self.indexer.as_ref().map_or(0, |i| i.head_dim)
     }
 }

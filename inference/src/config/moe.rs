@@ -28,6 +28,19 @@ pub enum RouterKind {
         /// `routed_scaling_factor`.
         scale: f32,
     },
+    /// Softmax scores, otherwise as [`RouterKind::SigmoidGroupedTopK`] with no correction
+    /// (Mistral 4): groups ranked by their two best scores, the top k in the kept ones, their
+    /// scores divided by their sum when `normalize` (whatever k), times `scale`.
+    SoftmaxGroupedTopK {
+        /// `n_group` (1: no grouping).
+        groups: usize,
+        /// `topk_group`: groups whose experts may be chosen.
+        top_groups: usize,
+        /// Divide the k weights by their sum (`norm_topk_prob`).
+        normalize: bool,
+        /// `routed_scaling_factor`.
+        scale: f32,
+    },
 }
 
 /// The Mixture-of-Experts part of a configuration.

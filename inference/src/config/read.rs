@@ -13,6 +13,16 @@ fn text_model_config(v: &Value) -> Option<Value> {
     let mut text = v.get("text_config")?.as_object()?.clone();
     for key in ["model_type", "quantization", "quantization_config"] {
         match (v.get(key), key) {
+            // mlx-lm's `mistral3` runs the text model `text_config` names (Mistral 4's
+            // `mistral4`; `llama` for any other but `ministral3`).
+            (Some(outer), "model_type") if outer == "mistral3" => {
+                let inner = text.get(key).and_then(Value::as_str).unwrap_or_default();
+                let family = match inner {
+                    "mistral4" | "ministral3" => inner,
+                    _ => "llama",
+                };
+                text.insert(key.to_owned(), Value::from(family));
+            }
             (Some(outer), "model_type") => {
                 text.insert(key.to_owned(), outer.clone());
             }

@@ -96,6 +96,9 @@ impl ModelConfig {
             }
             if let RouterKind::SigmoidGroupedTopK {
                 groups, top_groups, ..
+            }
+            | RouterKind::SoftmaxGroupedTopK {
+                groups, top_groups, ..
             } = moe.router
             {
                 let per_group = moe.num_experts.checked_div(groups).unwrap_or(0);

@@ -3,10 +3,13 @@
 //! tensor names (its up-projection split from `kv_b_proj`, or stored split as mlx-lm writes
 //! it), its RoPE and YaRN scale, and the block around it with a dense SwiGLU on the first
 //! `first_k_dense_replace` layers and the sigmoid-routed experts ([`super::sigmoid_moe`]) on
-//! the rest. A family says only what differs (its bottleneck norms' epsilon, its keys).
+//! the rest; with an indexer in the configuration (DeepSeek V3.2, GLM-5) the attention is
+//! sparse ([`super::dsa_indexer`], read under `self_attn.indexer.*`). A family says only what
+//! differs (its bottleneck norms' epsilon, its keys).
 
 use super::base::{layer_tensor, DecoderLayer, FeedForward, Mlp, SelfAttention};
 use super::config_keys::required;
+use super::dsa_indexer::Indexer;
 use super::mla::{LatentAttention, LatentRope, PerHead, QueryProjection};
 use super::moe::PROJ_NAMES;
 use super::sigmoid_moe::{load_sigmoid_moe, sigmoid_moe_tensor_names};
@@ -32,6 +35,8 @@ pub(crate) fn configure_latent(v: &Value, config: &mut ModelConfig, norm_eps: f3
         qk_rope_head_dim: required(v, "qk_rope_head_dim")?,
         v_head_dim: required(v, "v_head_dim")?,
         norm_eps,
+        indexer: None,
+        position_scale: None,
     };
     if [
         latent.kv_lora_rank,
@@ -89,11 +94,8 @@ pub(crate) fn latent_moe_block(
 
 /// Hugging Face names of layer `layer`'s tensors in a block of [`latent_moe_block`].
 pub(crate) fn latent_moe_tensor_names(config: &ModelConfig, layer: usize) -> Vec<String> {
-    let low_rank = config
-        .attention
-        .latent
-        .as_ref()
-        .is_some_and(|l| l.q_lora_rank.is_some());
+    let latent = config.attention.latent.as_ref();
+    let low_rank = latent.is_some_and(|l| l.q_lora_rank.is_some());
     let query: &[&str] = if low_rank {
         &["q_a_proj", "q_a_layernorm", "q_b_proj"]
     } else {
@@ -109,6 +111,9 @@ pub(crate) fn latent_moe_tensor_names(config: &ModelConfig, layer: usize) -> Vec
         ])
         .map(|part| layer_tensor(layer, &format!("self_attn.{part}.weight")))
         .collect();
+    if latent.is_some_and(|l| l.indexer.is_some()) {
+        names.extend(Indexer::tensor_names(layer));
+    }
     for norm in ["input_layernorm", "post_attention_layernorm"] {
         names.push(layer_tensor(layer, &format!("{norm}.weight")));
     }
@@ -143,6 +148,14 @@ fn load_latent_attention(
     };
     let (embed_q, unembed_out) = latent_up(config, latent, source, layer, format)?;
     let (rope, scale) = rope_and_scale(config, latent)?;
+    let indexer = latent
+        .indexer
+        .as_ref()
+        .map(|shape| {
+            let rope = (rope.dims, rope.periods.clone(), rope.mscale);
+            Indexer::load(shape, source, layer, format, rope).map(Box::new)
+        })
+        .transpose()?;
     Ok(LatentAttention {
         query,
         kv_down: source.linear(&p("kv_a_proj_with_mqa"), format)?,
@@ -155,6 +168,8 @@ fn load_latent_attention(
         scale,
         rope,
         reduce: None,
+        indexer,
+        position_scale: latent.position_scale,
     })
 }
 

@@ -11,14 +11,18 @@
 //!
 //! The cache keeps only `c` and `k_pe` per position (`kv_lora_rank + qk_rope_head_dim` numbers
 //! for every head together): the keys of [`LayerCache`] hold `c` as `[b, 1, len, kv_lora]`,
-//! its values `k_pe` as `[b, 1, len, rope]`. A prompt expands the latent into per-head keys
+//! its values `k_pe` as `[b, 1, len, rope]` (with DeepSeek Sparse Attention's indexer,
+//! [`super::dsa_indexer`], its key after `k_pe`: `[b, 1, len, rope + index_head_dim]`, so the
+//! indexer's keys live, and are trimmed, joined and reused, with the latent). A prompt expands the latent into per-head keys
 //! and values (`k = c · W_uk`, `v = c · W_uv^T`); a decode step instead absorbs `W_uk` into the
 //! query and attends in latent space, as the reference does for one token (the two differ by
 //! rounding only).
 //!
 //! Tensor parallel: each rank keeps its heads (`q_b_proj` rows, `embed_q`/`unembed_out` heads,
-//! `o_proj` columns); the latent projection and the latent cache are whole on every rank.
+//! `o_proj` columns); the latent projection, the latent cache and the indexer are whole on
+//! every rank.
 
+use super::dsa_indexer::{Indexer, IndexerInputs};
 use super::parts::all_sum;
 use crate::config::LatentConfig;
 use crate::error::{InferenceError, Result};
@@ -50,12 +54,15 @@ pub enum QueryProjection {
 }
 
 impl QueryProjection {
-    fn forward(&self, x: &Array, eps: f32) -> Result<Array> {
+    /// The queries, and the normalized bottleneck they come from (the indexer's input; `None`
+    /// for one matrix).
+    fn forward(&self, x: &Array, eps: f32) -> Result<(Array, Option<Array>)> {
         match self {
-            QueryProjection::Direct(q) => q.forward(x),
-            QueryProjection::LowRank { down, norm, up } => up.forward(
-                &crate::cpu_layer_ops::rms_norm(down.forward(x)?, Some(norm), eps)?,
-            ),
+            QueryProjection::Direct(q) => Ok((q.forward(x)?, None)),
+            QueryProjection::LowRank { down, norm, up } => {
+                let qr = crate::cpu_layer_ops::rms_norm(down.forward(x)?, Some(norm), eps)?;
+                Ok((up.forward(&qr)?, Some(qr)))
+            }
         }
     }
 
@@ -215,6 +222,42 @@ pub struct LatentAttention {
     pub(crate) scale: f32,
     pub(crate) rope: LatentRope,
     pub(crate) reduce: Option<Arc<RingGroup>>,
+    /// DeepSeek Sparse Attention's indexer (DeepSeek V3.2, GLM-5): which positions each query
+    /// reads. Its keys are cached after the rotated key, in the cache's values.
+    pub(crate) indexer: Option<Box<Indexer>>,
+    /// Llama 4's attention scale on the queries by position (Mistral 4).
+    pub(crate) position_scale: Option<PositionScale>,
+}
+
+/// Llama 4's attention scale (Mistral 4): the queries at position p are multiplied by
+/// `1 + beta · ln(1 + floor(p / original_max_position))`, 1 within the trained length, so
+/// that attention does not flatten over longer contexts.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PositionScale {
+    /// `llama_4_scaling_beta`.
+    pub beta: f32,
+    /// `original_max_position_embeddings`.
+    pub original_max_position: f32,
+}
+
+impl PositionScale {
+    /// `q` times the factor at `positions` (int32), shaped to broadcast against it.
+    fn apply(&self, q: &Array, positions: &Array, shape: &[i32]) -> Result<Array> {
+        let p = positions.as_dtype(mlx_rs::Dtype::Float32)?;
+        let periods = ops::floor(&ops::divide(
+            &p,
+            Array::from_f32(self.original_max_position),
+        )?)?;
+        let growth = ops::log(&ops::add(&periods, Array::from_f32(1.0))?)?;
+        let factor = ops::add(
+            &ops::multiply(&growth, Array::from_f32(self.beta))?,
+            Array::from_f32(1.0),
+        )?;
+        Ok(ops::multiply(
+            q,
+            &factor.reshape(shape)?.as_dtype(q.dtype())?,
+        )?)
+    }
 }
 
 impl LatentAttention {
@@ -228,11 +271,19 @@ impl LatentAttention {
             s.qk_rope_head_dim as i32,
             s.kv_lora_rank as i32,
         );
-        let q = self
-            .query
-            .forward(x, s.norm_eps)?
+        let (q, qr) = self.query.forward(x, s.norm_eps)?;
+        let q = q
             .reshape(&[b, l, self.num_heads, nope + rope])?
             .transpose_axes(&[0, 2, 1, 3])?;
+        let index = match (&self.indexer, &qr) {
+            (Some(indexer), Some(qr)) => Some(indexer.project(x, qr)?),
+            (Some(_), None) => {
+                return Err(InferenceError::BadConfig(
+                    "a sparse attention indexer needs the query bottleneck (q_lora_rank)".into(),
+                ))
+            }
+            (None, _) => None,
+        };
         let kv = self.kv_down.forward(x)?;
         let latent = crate::cpu_layer_ops::rms_norm(
             kv.index((.., .., ..lora)),
@@ -253,13 +304,20 @@ impl LatentAttention {
             };
             let end = at + len;
             let part = |t: &Array| t.index((.., .., at..end, ..));
+            let index = index.as_ref().map(|i| IndexerInputs {
+                q: part(&i.q),
+                k: part(&i.k),
+                w: part(&i.w),
+            });
+            let new = New {
+                q: part(&q),
+                latent: part(&latent),
+                k_pe: part(&k_pe),
+                index,
+            };
             outs.push(match segment {
-                LayerKv::Own(_, cache) => {
-                    self.attend(&part(&q), part(&latent), part(&k_pe), cache)?
-                }
-                LayerKv::Rows(layer, step) => {
-                    self.attend_rows(&part(&q), part(&latent), part(&k_pe), layer, step)?
-                }
+                LayerKv::Own(_, cache) => self.attend(new, cache)?,
+                LayerKv::Rows(layer, step) => self.attend_rows(new, layer, step)?,
             });
             at = end;
         }
@@ -282,21 +340,66 @@ impl LatentAttention {
         (q.index((.., .., .., ..nope)), q.index((.., .., .., nope..)))
     }
 
-    /// One sequence's new positions over its latent cache.
-    fn attend(
+    /// What the cache's values hold per position: the rotated key, then the indexer's key.
+    fn cached_values(&self, k_pe: Array, index_k: Option<Array>) -> Result<Array> {
+        Ok(match index_k {
+            Some(k) => ops::concatenate(&[k_pe, k], -1)?,
+            None => k_pe,
+        })
+    }
+
+    /// The cache's values split back into the rotated keys and the indexer's keys.
+    fn split_values(&self, values: Array) -> (Array, Option<Array>) {
+        if self.indexer.is_none() {
+            return (values, None);
+        }
+        let rope = self.shape.qk_rope_head_dim as i32;
+        (
+            values.index((.., .., .., ..rope)),
+            Some(values.index((.., .., .., rope..))),
+        )
+    }
+
+    /// The positions each new query reads: the indexer's choice within `visible`, or `visible`.
+    fn readable(
         &self,
-        q: &Array,
-        latent: Array,
-        k_pe: Array,
-        cache: &mut LayerCache,
-    ) -> Result<Array> {
-        let (l, offset) = (q.shape()[2], cache.len());
-        let (q_nope, q_pe) = self.split(q);
+        index: Option<(Array, Array)>,
+        keys: Option<Array>,
+        visible: Option<Array>,
+    ) -> Result<Option<Array>> {
+        let (Some(indexer), Some((q, w)), Some(keys)) = (&self.indexer, index, keys) else {
+            return Ok(visible);
+        };
+        Ok(indexer.select(&q, &w, &keys, visible.as_ref())?.or(visible))
+    }
+
+    /// One sequence's new positions over its latent cache.
+    fn attend(&self, new: New, cache: &mut LayerCache) -> Result<Array> {
+        let (l, offset) = (new.q.shape()[2], cache.len());
+        let q = match &self.position_scale {
+            Some(s) => {
+                let positions = ops::arange::<_, i32>(offset as i32, offset as i32 + l, None)?;
+                s.apply(&new.q, &positions, &[1, 1, l, 1])?
+            }
+            None => new.q,
+        };
+        let (q_nope, q_pe) = self.split(&q);
         let q_pe = self.rope.apply(&q_pe, offset)?;
-        let k_pe = self.rope.apply(&k_pe, offset)?;
-        let (latent, k_pe) = cache.append(latent, k_pe)?;
+        let k_pe = self.rope.apply(&new.k_pe, offset)?;
+        let (index, index_k) = match (&self.indexer, new.index) {
+            (Some(indexer), Some(i)) => (
+                Some((indexer.rotate(&i.q, offset)?, i.w)),
+                Some(indexer.rotate(&i.k, offset)?),
+            ),
+            _ => (None, None),
+        };
+        let (latent, values) = cache.append(new.latent, self.cached_values(k_pe, index_k)?)?;
+        let (k_pe, index_keys) = self.split_values(values);
         let mut pe_scores = self.position_scores(&q_pe, &k_pe)?;
         if l == 1 {
+            if let Some(read) = self.readable(index, index_keys, None)? {
+                pe_scores = mask_scores(&pe_scores, &read)?;
+            }
             return self.attend_latent(&q_nope, &latent, &pe_scores);
         }
         // Causal: new position i (at offset + i) sees columns up to offset + i.
@@ -304,7 +407,9 @@ impl LatentAttention {
         let rows = ops::arange::<_, i32>(offset as i32, offset as i32 + l, None)?;
         let cols = ops::arange::<_, i32>(0, total, None)?;
         let visible = rows.expand_dims(1)?.ge(cols.expand_dims(0)?)?;
-        pe_scores = mask_scores(&pe_scores, &visible)?;
+        if let Some(read) = self.readable(index, index_keys, Some(visible))? {
+            pe_scores = mask_scores(&pe_scores, &read)?;
+        }
         let k = self.embed_q.apply(&latent, false)?;
         let v = self.unembed_out.apply(&latent, true)?;
         Ok(fast::scaled_dot_product_attention(
@@ -339,22 +444,31 @@ impl LatentAttention {
     }
 
     /// The decoding rows' new positions (one per row) over their shared latent buffers.
-    fn attend_rows(
-        &self,
-        q: &Array,
-        latent: Array,
-        k_pe: Array,
-        layer: &mut RowLayer,
-        step: &RowStep,
-    ) -> Result<Array> {
+    fn attend_rows(&self, new: New, layer: &mut RowLayer, step: &RowStep) -> Result<Array> {
         let by_row = |t: &Array| t.transpose_axes(&[2, 1, 0, 3]);
-        let (q_nope, q_pe) = self.split(&by_row(q)?);
+        let mut q = by_row(&new.q)?;
+        if let Some(s) = &self.position_scale {
+            q = s.apply(&q, &step.positions, &[step.rows() as i32, 1, 1, 1])?;
+        }
+        let (q_nope, q_pe) = self.split(&q);
         let q_pe = self.rope.apply_at(&q_pe, &step.positions)?;
-        let k_pe = self.rope.apply_at(&by_row(&k_pe)?, &step.positions)?;
-        let (latent, k_pe, _) = layer.write(&by_row(&latent)?, &k_pe, step)?;
+        let k_pe = self.rope.apply_at(&by_row(&new.k_pe)?, &step.positions)?;
+        let (index, index_k) = match (&self.indexer, new.index) {
+            (Some(indexer), Some(i)) => (
+                Some((
+                    indexer.rotate_at(&by_row(&i.q)?, &step.positions)?,
+                    by_row(&i.w)?,
+                )),
+                Some(indexer.rotate_at(&by_row(&i.k)?, &step.positions)?),
+            ),
+            _ => (None, None),
+        };
+        let values = self.cached_values(k_pe, index_k)?;
+        let (latent, values, _) = layer.write(&by_row(&new.latent)?, &values, step)?;
+        let (k_pe, index_keys) = self.split_values(values);
         let mut pe_scores = self.position_scores(&q_pe, &k_pe)?;
-        if let Some(mask) = &step.mask {
-            pe_scores = mask_scores(&pe_scores, mask)?;
+        if let Some(read) = self.readable(index, index_keys, step.mask.clone())? {
+            pe_scores = mask_scores(&pe_scores, &read)?;
         }
         let o = self.attend_latent(&q_nope, &latent, &pe_scores)?;
         Ok(by_row(&o)?)
@@ -393,6 +507,8 @@ impl LatentAttention {
             scale: self.scale,
             rope: self.rope.clone(),
             reduce: Some(group.clone()),
+            indexer: self.indexer.clone(),
+            position_scale: self.position_scale,
         })
     }
 
@@ -404,8 +520,21 @@ impl LatentAttention {
         v.extend(self.embed_q.arrays());
         v.extend(self.unembed_out.arrays());
         v.extend(self.o_proj.arrays());
+        if let Some(indexer) = &self.indexer {
+            v.extend(indexer.arrays());
+        }
         v
     }
+}
+
+/// One segment's new positions as the attention reads them: queries `[b, heads, l, nope +
+/// rope]`, the normalized latent `[b, 1, l, kv_lora]`, the rotated key before rotation
+/// `[b, 1, l, rope]`, and the indexer's view of them.
+struct New {
+    q: Array,
+    latent: Array,
+    k_pe: Array,
+    index: Option<IndexerInputs>,
 }
 
 /// `scores` where `visible` (booleans broadcasting against it), the lowest float elsewhere

@@ -1,7 +1,8 @@
 //! The decoders, laid out as mlx-lm lays out its models: a small shared base ([`base`]:
 //! attention, MLP, the pre-norm block), one file per family, each with its own block and tensor
 //! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`], [`gemma3`], [`glm4_moe`],
-//! [`minimax`], [`deepseek_v3`] with its latent attention [`mla`], [`qwen3_5`], [`qwen3_5_moe`],
+//! [`minimax`], [`deepseek_v3`] with its latent attention [`mla`] (sparse in [`deepseek_v32`] and
+//! [`glm_moe_dsa`], through the indexer [`dsa_indexer`]), [`qwen3_5`], [`qwen3_5_moe`],
 //! [`qwen3_next`] with their hybrid layers `hybrid` and Gated DeltaNet [`gated_delta`]), the
 //! Mixture-of-Experts feed-forward the MoE families share ([`moe`]; Qwen3-Next's sparse block
 //! with its gated shared expert in `sparse_moe`), and the shard that runs a layer range of any
@@ -17,19 +18,23 @@ pub mod attention;
 pub mod base;
 pub(crate) mod config_keys;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
 mod dense_and_experts;
+pub mod dsa_indexer;
 mod expert_activation;
 pub mod gated_delta;
 pub mod gemma3;
 pub mod gemma4_text;
 pub mod glm4_moe;
 pub mod glm4_moe_lite;
+pub mod glm_moe_dsa;
 pub mod gpt_oss;
 mod hybrid;
 mod latent_moe;
 pub mod llama;
 pub mod llama4_text;
 pub mod minimax;
+pub mod mistral4;
 pub mod mla;
 pub mod mlp;
 pub mod moe;

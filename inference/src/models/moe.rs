@@ -468,8 +468,17 @@ impl MoeBlock {
                 top_groups,
                 normalize,
                 scale,
+            }
+            | RouterKind::SoftmaxGroupedTopK {
+                groups,
+                top_groups,
+                normalize,
+                scale,
             } => {
-                let scores = ops::sigmoid(&logits)?;
+                let scores = match self.kind {
+                    RouterKind::SoftmaxGroupedTopK { .. } => ops::softmax_axis(&logits, -1, true)?,
+                    _ => ops::sigmoid(&logits)?,
+                };
                 let mut choice = match &self.correction {
                     Some(c) => ops::add(&scores, c)?,
                     None => scores.clone(),

@@ -9,6 +9,7 @@ use super::{
     deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_5,
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
+use super::{deepseek_v32, glm_moe_dsa, mistral4};
 use super::{gemma4_text, llama4_text, step3p5};
 use crate::error::{InferenceError, Result};
 
@@ -30,6 +31,9 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("llama4_text", &llama4_text::Llama4Text),
     ("gemma4_text", &gemma4_text::Gemma4Text),
     ("step3p5", &step3p5::Step3p5),
+    ("deepseek_v32", &deepseek_v32::DeepseekV32),
+    ("glm_moe_dsa", &glm_moe_dsa::GlmMoeDsa),
+    ("mistral4", &mistral4::Mistral4),
 ];
 
 /// `model_type`s real checkpoints carry that mlx-lm runs with another module (its

@@ -66,10 +66,15 @@ pub(crate) fn load_sigmoid_moe(
 ) -> Result<MoeBlock> {
     let router = source.linear(&format!("{prefix}.gate"), format)?;
     // The correction stays f32 in every checkpoint layout: it only decides ties of choice.
-    let correction = source.dense(
-        &format!("{prefix}.gate.e_score_correction_bias"),
-        mlx_rs::Dtype::Float32,
-    )?;
+    // A softmax router (Mistral 4) has none.
+    let correction = if has_correction(moe) {
+        Some(source.dense(
+            &format!("{prefix}.gate.e_score_correction_bias"),
+            mlx_rs::Dtype::Float32,
+        )?)
+    } else {
+        None
+    };
     let experts = Experts::load(config, moe, source, prefix, PROJ_NAMES, format)?;
     let shared = if moe.shared_width > 0 {
         let at = format!("{prefix}.shared_experts");
@@ -80,7 +85,7 @@ pub(crate) fn load_sigmoid_moe(
     MoeBlock::from_parts(
         moe,
         router,
-        Some(correction),
+        correction,
         experts,
         shared,
         &format!("{prefix}.gate.weight"),
@@ -89,10 +94,10 @@ pub(crate) fn load_sigmoid_moe(
 
 /// Hugging Face names of a sigmoid-routed MoE layer's tensors under `mlp`.
 pub(crate) fn sigmoid_moe_tensor_names(moe: &MoeConfig, layer: usize) -> Vec<String> {
-    let mut names = vec![
-        layer_tensor(layer, "mlp.gate.weight"),
-        layer_tensor(layer, "mlp.gate.e_score_correction_bias"),
-    ];
+    let mut names = vec![layer_tensor(layer, "mlp.gate.weight")];
+    if has_correction(moe) {
+        names.push(layer_tensor(layer, "mlp.gate.e_score_correction_bias"));
+    }
     for e in 0..moe.num_experts {
         for proj in PROJ_NAMES {
             names.push(layer_tensor(
@@ -110,4 +115,9 @@ pub(crate) fn sigmoid_moe_tensor_names(moe: &MoeConfig, layer: usize) -> Vec<Str
         }
     }
     names
+}
+
+/// Whether the router has a score correction (`e_score_correction_bias`): sigmoid routers do.
+fn has_correction(moe: &MoeConfig) -> bool {
+    matches!(moe.router, RouterKind::SigmoidGroupedTopK { .. })
 }
