@@ -413,6 +413,7 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/gemma4-tiny-4bit", "gemma4_text", "q4"),
     ("shoal-fixtures/llama4-text-tiny-4bit", "llama4_text", "q4"),
     ("shoal-fixtures/step3p5-tiny-4bit", "step3p5", "q4"),
+    ("shoal-fixtures/nemotron-h-tiny-4bit", "nemotron_h", "q4"),
 ];
 
 /// Families whose tensor-parallel cut is refused for now, with the reason placement gives.
@@ -420,6 +421,7 @@ const NO_TENSOR: &[(&str, &str)] = &[
     ("qwen3_5", "Gated DeltaNet"),
     ("qwen3_5_moe", "Gated DeltaNet"),
     ("qwen3_next", "Gated DeltaNet"),
+    ("nemotron_h", "Mamba-2"),
 ];
 
 /// Each of [`FAMILY_REPOS`] as a one-file repo under `dir`.

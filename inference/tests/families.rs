@@ -648,3 +648,15 @@ fn mistral4_hf_f32() {
 fn mistral4_4bit() {
     check("mistral4", "q4", WeightFormat::Quantized, 1e-3);
 }
+
+/// Nemotron-H: Mamba-2 mixers, attention without positions, relu² MLP and experts, each a
+/// block of its own (the split [0, 1, 2, 5] leaves rank 1 only an MLP layer).
+#[test]
+fn nemotron_h_hf_f32() {
+    check("nemotron_h", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn nemotron_h_4bit() {
+    check("nemotron_h", "q4", WeightFormat::Quantized, 1e-3);
+}
