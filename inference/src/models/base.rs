@@ -164,6 +164,8 @@ pub enum SelfAttention {
     Latent(super::mla::LatentAttention),
     /// Linear attention with a recurrent state (Gated DeltaNet: Qwen3.5, Qwen3-Next).
     Linear(super::gated_delta::GatedDeltaNet),
+    /// Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel.
+    Kda(Box<super::kda::KimiDeltaAttention>),
 }
 
 impl From<Attention> for SelfAttention {
@@ -178,6 +180,7 @@ impl SelfAttention {
             SelfAttention::Heads(a) => a.forward_segments(x, segments),
             SelfAttention::Latent(a) => a.forward_segments(x, segments),
             SelfAttention::Linear(a) => a.forward_segments(x, segments),
+            SelfAttention::Kda(a) => a.forward_segments(x, segments),
         }
     }
 
@@ -192,6 +195,7 @@ impl SelfAttention {
             SelfAttention::Heads(a) => SelfAttention::Heads(a.cut(rank, size, group, what)?),
             SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
             SelfAttention::Linear(a) => SelfAttention::Linear(a.cut(size, what)?),
+            SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(size, what)?)),
         })
     }
 
@@ -200,6 +204,7 @@ impl SelfAttention {
             SelfAttention::Heads(a) => a.arrays(),
             SelfAttention::Latent(a) => a.arrays(),
             SelfAttention::Linear(a) => a.arrays(),
+            SelfAttention::Kda(a) => a.arrays(),
         }
     }
 }
