@@ -410,6 +410,9 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/qwen3.5-tiny-4bit", "qwen3_5", "q4"),
     ("shoal-fixtures/qwen3.5-moe-tiny-4bit", "qwen3_5_moe", "q4"),
     ("shoal-fixtures/qwen3-next-tiny-4bit", "qwen3_next", "q4"),
+    ("shoal-fixtures/gemma4-tiny-4bit", "gemma4_text", "q4"),
+    ("shoal-fixtures/llama4-text-tiny-4bit", "llama4_text", "q4"),
+    ("shoal-fixtures/step3p5-tiny-4bit", "step3p5", "q4"),
 ];
 
 /// Families whose tensor-parallel cut is refused for now, with the reason placement gives.

@@ -177,6 +177,23 @@ impl Matrix {
         })
     }
 
+    /// The output rows in the order `order` (row `i` of the result is row `order[i]`): how a
+    /// family whose reference rotates interleaved pairs lays its query and key rows out for
+    /// the half-split RoPE every attention runs (see [`interleaved_to_half_split`]).
+    pub fn reorder_rows(&self, order: &[i32]) -> Result<Matrix> {
+        let idx = Array::from_slice(order, &[order.len() as i32]);
+        let take = |a: &Array| -> Result<Array> { Ok(a.take_axis(&idx, -2)?) };
+        Ok(match self {
+            Matrix::Dense(w) => Matrix::Dense(take(w)?),
+            Matrix::Quantized(q) => Matrix::Quantized(QuantizedMatrix {
+                packed: take(&q.packed)?,
+                scales: take(&q.scales)?,
+                biases: q.biases.as_ref().map(take).transpose()?,
+                spec: q.spec,
+            }),
+        })
+    }
+
     /// Input columns `[start, end)` (a row-parallel slice; quantized, at group boundaries).
     pub fn slice_columns(&self, start: usize, end: usize, what: &str) -> Result<Matrix> {
         Ok(match self {
@@ -217,6 +234,19 @@ impl Linear {
         })
     }
 
+    /// The output rows (and bias entries) in the order `order` (see [`Matrix::reorder_rows`]).
+    pub fn reorder_rows(&self, order: &[i32]) -> Result<Linear> {
+        let idx = Array::from_slice(order, &[order.len() as i32]);
+        Ok(Linear {
+            weight: self.weight.reorder_rows(order)?,
+            bias: self
+                .bias
+                .as_ref()
+                .map(|b| b.take_axis(&idx, 0))
+                .transpose()?,
+        })
+    }
+
     /// Input columns `[start, end)` of one of `ranks` row-parallel slices. The ranks' partial
     /// outputs are summed, so each keeps `bias / ranks` and the sum adds it once.
     pub fn slice_columns(
@@ -242,6 +272,22 @@ impl Linear {
         v.extend(self.bias.iter());
         v
     }
+}
+
+/// The row order that turns `heads` heads of `head_dim` rows laid out for interleaved
+/// ("traditional") RoPE, which rotates features `(2i, 2i + 1)` together, into the half-split
+/// layout, which rotates `(i, i + head_dim / 2)`: each head's even rows, then its odd rows.
+/// Queries and keys reordered alike give the same products, so attention is unchanged.
+pub fn interleaved_to_half_split(heads: usize, head_dim: usize) -> Vec<i32> {
+    (0..heads)
+        .flat_map(|h| {
+            let base = (h * head_dim) as i32;
+            (0..head_dim as i32)
+                .step_by(2)
+                .chain((1..head_dim as i32).step_by(2))
+                .map(move |r| base + r)
+        })
+        .collect()
 }
 
 /// `silu(gate(x)) * up(x)` (SwiGLU's gate and up projections and their combination) as one

@@ -3,6 +3,7 @@
 use crate::config::RopeScaling;
 use crate::cpu_layer_ops::RopePositions;
 use crate::error::Result;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
 /// RoPE over the full head width, in the Hugging Face ("half split") layout.
@@ -106,6 +107,30 @@ impl Rope {
         }
     }
 
+    /// RoPE over `dims` features whose `i`-th pair turns with period `periods[i]` (an infinite
+    /// period leaves the pair as it is: Gemma 4's proportional RoPE rotates only a part).
+    pub fn from_periods(dims: usize, periods: &[f32]) -> Rope {
+        Rope {
+            dims: dims as i32,
+            base: None,
+            scale: 1.0,
+            periods: Some(Array::from_slice(periods, &[periods.len() as i32])),
+            mscale: 1.0,
+        }
+    }
+
+    /// No rotation at all: the layers of a family that leaves some layers without positions
+    /// (Llama 4's NoPE layers) keep queries and keys as they are.
+    pub fn none() -> Rope {
+        Rope {
+            dims: 0,
+            base: None,
+            scale: 1.0,
+            periods: None,
+            mscale: 1.0,
+        }
+    }
+
     /// YaRN (mlx-lm's `YarnRoPE`): [`yarn_periods`] over the whole head, queries and keys
     /// scaled by the ratio of the `mscale` and `mscale_all_dim` corrections.
     #[allow(clippy::too_many_arguments)]
@@ -135,17 +160,30 @@ impl Rope {
         }
     }
 
-    /// `x` times the YaRN magnitude factor, when there is one.
+    /// `x` with its rotated features (the first `dims`) times the YaRN magnitude factor, when
+    /// there is one; features past `dims` (partial rotation) keep their scale, as mlx-lm's
+    /// `YarnRoPE` leaves them.
     fn scaled(&self, x: &Array) -> Result<Array> {
-        Ok(if self.mscale == 1.0 {
-            x.clone()
-        } else {
-            ops::multiply(x, Array::from_f32(self.mscale).as_dtype(x.dtype())?)?
-        })
+        if self.mscale == 1.0 {
+            return Ok(x.clone());
+        }
+        let factor = Array::from_f32(self.mscale).as_dtype(x.dtype())?;
+        let width = *x.shape().last().unwrap_or(&0);
+        if width <= self.dims {
+            return Ok(ops::multiply(x, &factor)?);
+        }
+        let rotated = ops::multiply(x.index((.., .., .., ..self.dims)), &factor)?;
+        Ok(ops::concatenate(
+            &[rotated, x.index((.., .., .., self.dims..))],
+            -1,
+        )?)
     }
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.
     pub fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
+        if self.dims == 0 {
+            return Ok(x.clone());
+        }
         crate::cpu_layer_ops::rope(
             &self.scaled(x)?,
             self.dims,
@@ -159,6 +197,9 @@ impl Rope {
     /// Rotates `x` of shape `[rows, heads, 1, head_dim]`, row `r`'s position being
     /// `positions[r]` (`[rows]`, int32): one op for every decoding sequence of a step.
     pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        if self.dims == 0 {
+            return Ok(x.clone());
+        }
         crate::cpu_layer_ops::rope(
             &self.scaled(x)?,
             self.dims,

@@ -577,6 +577,41 @@ fn a_folder_without_its_weights_is_described_from_its_configuration() {
     }
 }
 
+#[test]
+fn llama4_text_hf_f32() {
+    check("llama4_text", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn llama4_text_4bit() {
+    check("llama4_text", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// Gemma 4 in the 26B-A4B shape: sliding and wider full layers (keys as values, proportional
+/// RoPE), the GELU MLP beside the experts, layer scalars, soft-capped logits.
+#[test]
+fn gemma4_text_hf_f32() {
+    check("gemma4_text", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn gemma4_text_4bit() {
+    check("gemma4_text", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// Step 3.5 Flash: per-layer head counts, RoPE bases, rotated fractions and clamps, YaRN on
+/// the full layers, head-wise gates; StepFun's layout (experts under `moe.`, zero-centred
+/// norms) and MLX's.
+#[test]
+fn step3p5_hf_f32() {
+    check("step3p5", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn step3p5_4bit() {
+    check("step3p5", "q4", WeightFormat::Quantized, 1e-3);
+}
+
 /// DeepSeek V3.2: latent attention reading only the indexer's `index_topk` (4 of up to 18)
 /// positions, YaRN's factor on the indexer's rotated part.
 #[test]

@@ -358,6 +358,48 @@ fn smollm2_q4_k_m_quantized_three_ranks_batch_like_one_node_alone() {
     );
 }
 
+/// Gemma 4 at 4 bits: sliding and wider full layers cut by heads (a full layer's values are
+/// its keys, cut with them), the dense MLP and every expert by units, each summed over the
+/// ring before its own output norm.
+#[test]
+fn gemma4_text_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("gemma4_text"),
+        2,
+        "3,17,42,5,88",
+        17,
+        "single",
+        "quantized",
+    );
+}
+
+/// Llama 4's text model at 4 bits: heads reordered for RoPE at load, then cut as any.
+#[test]
+fn llama4_text_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("llama4_text"),
+        2,
+        "3,17,42,5,88",
+        18,
+        "single",
+        "quantized",
+    );
+}
+
+/// Step 3.5 at 4 bits: each layer's heads (sliding layers have more) and their head-wise
+/// gates cut together; experts and the shared expert by units.
+#[test]
+fn step3p5_4bit_two_ranks_match_one_node() {
+    run_tensor_parallel_as(
+        &family_4bit("step3p5"),
+        2,
+        "3,17,42,5,88",
+        4,
+        "single",
+        "quantized",
+    );
+}
+
 /// DeepSeek V3.2 at 4 bits: DeepSeek V3's cut with the sparse attention's indexer replicated
 /// (whole on every rank, so every rank reads the same `index_topk` positions); the prompt is
 /// longer than `index_topk`, so prefill and decode both read a chosen subset.

@@ -289,6 +289,73 @@ FAMILIES = {
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5),
                 ("shared_expert_gate", 0.3)],
     },
+    "llama4_text": {
+        # Llama 4's dense text model: NoPE layers among interleaved-RoPE ones (layer 1 has no
+        # rotation), weightless per-head Q/K norms, the MLP `intermediate_size_mlp` wide under
+        # `feed_forward`, the head named `output`.
+        "config": {
+            "architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
+            "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
+            "intermediate_size_mlp": 128, "no_rope_layers": [1, 0, 1], "use_qk_norm": True,
+            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 32768,
+            "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+        "std": [("output", 0.3)],
+    },
+    "gemma4_text": {
+        # Gemma 4 in the 26B-A4B shape: sliding and full layers (full ones twice as wide, with
+        # proportional RoPE over a quarter of the head, keys as values), a GELU MLP beside 8
+        # experts, layer scalars, soft-capped logits (a cap of 2 bends them), tied embeddings.
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_global_key_value_heads": 2, "head_dim": 32,
+            "global_head_dim": 64, "intermediate_size": 128, "attention_k_eq_v": True,
+            "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2,
+            "moe_intermediate_size": 128, "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0, "vocab_size_per_layer_input": VOCAB,
+            "use_double_wide_mlp": False, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                   "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },
+            "final_logit_softcapping": 2.0, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        },
+        "layouts": ["q4"],
+        "std": [("embed_tokens", 0.1), ("router.scale", 1.0), ("router.proj", 1.0),
+                ("per_expert_scale", 1.0)],
+    },
+    "step3p5": {
+        # Step 3.5 Flash's shape: sliding layers with their own head counts, per-layer RoPE
+        # bases and rotated fractions, YaRN on the full layers only, head-wise gates, the
+        # sigmoid-routed experts from layer 1 with a shared expert, SwiGLUs clamped at 0.5 on
+        # some layers (small enough to clip).
+        "config": {
+            "architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5",
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_attention_groups": 2, "head_dim": 32, "intermediate_size": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 8,
+            "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+            "rope_theta": [10000.0, 500000.0, 10000.0, 500000.0],
+            "partial_rotary_factors": [1.0, 0.5, 1.0, 0.5],
+            "yarn_only_types": ["full_attention"],
+            "rope_scaling": {"rope_type": "yarn", "factor": 2.0,
+                             "original_max_position_embeddings": 131072, "beta_fast": 32,
+                             "beta_slow": 1},
+            "use_head_wise_attn_gate": True, "moe_num_experts": 8, "moe_top_k": 2,
+            "moe_intermediate_size": 128, "share_expert_dim": 128, "moe_layers_enum": "1,2,3",
+            "moe_router_scaling_factor": 2.5, "norm_expert_weight": True,
+            "swiglu_limits": [None, 0.5, 0, 0.5], "swiglu_limits_shared": [0.5, 0, 0.5, 0],
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 262144,
+            "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+    },
     "deepseek_v32": {
         # DeepSeek V3.2: DeepSeek V3's block with the DSA indexer. index_topk (4) is below the
         # prompt (12), so prefill's later rows and every decode step read only the chosen
@@ -406,6 +473,8 @@ def randomize(model, family, norm_base=1.0, std_overrides=()):
             value = 0.1 * noise
         elif leaf == "sinks":
             value = noise
+        elif leaf == "layer_scalar":
+            value = 1.0 + 0.1 * noise  # Gemma 4 scales each block's output
         elif leaf == "bias":
             value = 0.05 * noise
         elif "embed_tokens" in name:
@@ -607,6 +676,38 @@ def hf_qwen3_next(weights, cfg):
     return out
 
 
+def hf_gemma4_text(weights, cfg):
+    """Gemma 4's own layout: each layer's experts fused as `experts.gate_up_proj` [E, 2 x width,
+    hidden] (gate rows first) and `experts.down_proj`, no `.weight` suffix."""
+    for key in [k for k in weights if k.endswith(".experts.switch_glu.gate_proj.weight")]:
+        prefix = key[: -len(".switch_glu.gate_proj.weight")]
+        gate = weights.pop(key)
+        up = weights.pop(f"{prefix}.switch_glu.up_proj.weight")
+        weights[f"{prefix}.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        weights[f"{prefix}.down_proj"] = weights.pop(f"{prefix}.switch_glu.down_proj.weight")
+    return weights
+
+
+STEP3P5_NAMES = [(".mlp.switch_mlp.", ".moe."), (".mlp.gate.gate.", ".moe.gate."),
+                 (".mlp.gate.router_bias", ".moe.router_bias"),
+                 (".mlp.share_expert.", ".share_expert.")]
+
+
+def hf_step3p5(weights, cfg):
+    """StepFun's own layout ("vanilla" to mlx-lm's sanitize): experts under `moe.`, the shared
+    expert at the layer's level, every norm stored zero-centred."""
+    out = {}
+    for key, value in weights.items():
+        for mine, theirs in STEP3P5_NAMES:
+            if mine in key:
+                key = key.replace(mine, theirs)
+                break
+        if key.endswith(".weight") and "norm" in key:
+            value = value - 1.0
+        out[key] = value
+    return out
+
+
 def hf_dsa(family):
     """DeepSeek V3.2's and GLM-5's layout: DeepSeek V3's `kv_b_proj` and per-expert
     tensors (the indexer's keep their names), plus the multi-token-prediction layer."""
@@ -664,6 +765,9 @@ HF_LAYOUT = {
     "glm4_moe_lite": hf_glm4_moe_lite,
     "minimax": hf_minimax,
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
+    "llama4_text": lambda weights, cfg: weights,  # no sanitize
+    "gemma4_text": hf_gemma4_text,
+    "step3p5": hf_step3p5,
     "deepseek_v32": hf_dsa("deepseek_v32"),
     "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
     "mistral4": hf_mistral4,

@@ -125,6 +125,12 @@ pub struct Attention {
     /// rows in `q_proj`, and the heads' outputs are multiplied by `sigmoid(gate)` before the
     /// output projection.
     pub(crate) output_gate: bool,
+    /// Gemma 4: each head's values are RMS-normalized (without a weight) before they are
+    /// cached.
+    pub(crate) value_norm: bool,
+    /// Step 3.5's head-wise gate (`g_proj`, one row per head): each head's output times
+    /// `sigmoid(g_proj(x))` of its row. Cut with the heads.
+    pub(crate) head_gate: Option<Linear>,
 }
 
 impl Attention {
@@ -151,6 +157,38 @@ impl Attention {
         head_norms: Option<HeadNorms>,
         output_gate: bool,
     ) -> Result<Attention> {
+        Attention::read(
+            config,
+            source,
+            layer,
+            format,
+            head_norms,
+            output_gate,
+            false,
+        )
+    }
+
+    /// As [`Attention::load`] for a layer without `v_proj`, whose values are its keys before
+    /// the key norm and RoPE (Gemma 4's full-attention layers, `attention_k_eq_v`).
+    pub(crate) fn load_keys_as_values(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+    ) -> Result<Attention> {
+        Attention::read(config, source, layer, format, head_norms, false, true)
+    }
+
+    fn read(
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        layer: usize,
+        format: WeightFormat,
+        head_norms: Option<HeadNorms>,
+        output_gate: bool,
+        keys_are_values: bool,
+    ) -> Result<Attention> {
         let p = |part: &str| layer_tensor(layer, part);
         let (q_rows, kv_rows) = (
             config.num_heads * config.head_dim * if output_gate { 2 } else { 1 },
@@ -161,10 +199,15 @@ impl Attention {
             check_shape(&linear.weight, &p(part), rows)?;
             Ok(linear)
         };
+        let k_proj = proj("self_attn.k_proj", kv_rows)?;
         Ok(Attention {
             q_proj: proj("self_attn.q_proj", q_rows)?,
-            k_proj: proj("self_attn.k_proj", kv_rows)?,
-            v_proj: proj("self_attn.v_proj", kv_rows)?,
+            v_proj: if keys_are_values {
+                k_proj.clone()
+            } else {
+                proj("self_attn.v_proj", kv_rows)?
+            },
+            k_proj,
             o_proj: proj("self_attn.o_proj", config.hidden_size)?,
             head_norms,
             num_heads: config.num_heads as i32,
@@ -184,7 +227,26 @@ impl Attention {
                 .and_then(|w| w.of_layer(layer)),
             reduce: None,
             output_gate,
+            value_norm: false,
+            head_gate: None,
         })
+    }
+
+    /// With a head-wise gate `g_proj` (`[heads, hidden]`), `name` naming it in errors.
+    pub(crate) fn with_head_gate(self, gate: Linear, name: &str) -> Result<Attention> {
+        check_shape(&gate.weight, name, self.num_heads as usize)?;
+        Ok(Attention {
+            head_gate: Some(gate),
+            ..self
+        })
+    }
+
+    /// With each head's values RMS-normalized without a weight (Gemma 4).
+    pub(crate) fn with_value_norm(self) -> Attention {
+        Attention {
+            value_norm: true,
+            ..self
+        }
     }
 
     /// With per-head attention sinks `[heads]`.
@@ -271,7 +333,13 @@ impl Attention {
             self.num_kv_heads,
             norms.map(|n| &n.k),
         )?;
-        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
+        let v = if self.value_norm {
+            let v = self.v_proj.forward(x)?;
+            let v = v.reshape(&[b, l, self.num_kv_heads, self.head_dim])?;
+            crate::cpu_layer_ops::rms_norm(&v, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?
+        } else {
+            heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?
+        };
         let o = if let [LayerKv::Own(_, cache)] = segments {
             self.attend(q, k, v, cache)?
         } else {
@@ -298,9 +366,12 @@ impl Attention {
                 ops::concatenate(&outs, 2)?
             }
         };
-        let o =
-            o.transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        let o = o.transpose_axes(&[0, 2, 1, 3])?;
+        let o = match &self.head_gate {
+            Some(g) => ops::multiply(&o, &ops::sigmoid(&g.forward(x)?)?.expand_dims(-1)?)?,
+            None => o,
+        };
+        let o = o.reshape(&[b, l, self.num_heads * self.head_dim])?;
         let o = match gate {
             Some(g) => ops::multiply(&o, &ops::sigmoid(&g)?)?,
             None => o,
@@ -435,6 +506,12 @@ impl Attention {
             window: self.window,
             reduce: Some(group.clone()),
             output_gate: self.output_gate,
+            value_norm: self.value_norm,
+            head_gate: self
+                .head_gate
+                .as_ref()
+                .map(|g| g.slice_rows(rank * heads, (rank + 1) * heads))
+                .transpose()?,
         })
     }
 
@@ -445,6 +522,7 @@ impl Attention {
             .flat_map(Linear::arrays)
             .collect();
         v.extend(self.head_norms.iter().flat_map(|n| [&n.q, &n.k]));
+        v.extend(self.head_gate.iter().flat_map(Linear::arrays));
         v.extend(self.sinks.iter());
         v
     }

@@ -63,6 +63,19 @@ pub trait Family: GgufNames + Sync {
         source.dense("model.norm.weight", dtype)
     }
 
+    /// The output head's tensor name, without `.weight`, when the embedding is not tied: mlx-lm
+    /// names it `lm_head` in every family but Llama 4's text model (`output`).
+    fn head_tensor(&self) -> &'static str {
+        "lm_head"
+    }
+
+    /// The cap of the logits' soft capping, `tanh(logits / cap) · cap` (Gemma 4's
+    /// `final_logit_softcapping`), `None` for none.
+    fn logit_softcap(&self, config: &ModelConfig) -> Option<f32> {
+        let _ = config;
+        None
+    }
+
     /// The factor on token embeddings (Gemma: `sqrt(hidden)`), `None` for none.
     fn embedding_scale(&self, config: &ModelConfig) -> Option<f32> {
         let _ = config;
@@ -109,6 +122,8 @@ pub enum FeedForward {
     Dense(Mlp),
     /// Routed experts.
     Experts(MoeBlock),
+    /// A dense MLP and routed experts side by side, each with its own norms (Gemma 4).
+    DenseAndExperts(Box<super::dense_and_experts::DenseAndExperts>),
 }
 
 impl FeedForward {
@@ -117,6 +132,7 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.forward(x),
             FeedForward::Experts(m) => m.forward(x),
+            FeedForward::DenseAndExperts(m) => m.forward(x),
         }
     }
 
@@ -131,6 +147,9 @@ impl FeedForward {
         Ok(match self {
             FeedForward::Dense(m) => FeedForward::Dense(m.cut(rank, size, group, what)?),
             FeedForward::Experts(m) => FeedForward::Experts(m.cut(rank, size, group, what)?),
+            FeedForward::DenseAndExperts(m) => {
+                FeedForward::DenseAndExperts(Box::new(m.cut(rank, size, group, what)?))
+            }
         })
     }
 
@@ -142,7 +161,7 @@ impl FeedForward {
                 Matrix::Dense(w) => Some(w),
                 Matrix::Quantized(_) => None,
             },
-            FeedForward::Experts(_) => None,
+            FeedForward::Experts(_) | FeedForward::DenseAndExperts(_) => None,
         }
     }
 
@@ -150,6 +169,7 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.arrays(),
             FeedForward::Experts(m) => m.arrays(),
+            FeedForward::DenseAndExperts(m) => m.arrays(),
         }
     }
 }
@@ -220,6 +240,9 @@ pub struct DecoderLayer {
     /// Norms on the attention's and the feed-forward's outputs before they join the residual
     /// (Gemma's sandwich), when the family has them.
     pub(crate) output_norms: Option<OutputNorms>,
+    /// A learned factor on the block's whole output, residual included (Gemma 4's
+    /// `layer_scalar`, `[1]`).
+    pub(crate) output_scale: Option<Array>,
 }
 
 /// Norms on a block's attention and feed-forward outputs (Gemma's `post_attention_layernorm`
@@ -278,6 +301,7 @@ impl DecoderLayer {
             ffn,
             eps: config.rms_norm_eps,
             output_norms: None,
+            output_scale: None,
         }
     }
 
@@ -285,6 +309,14 @@ impl DecoderLayer {
     pub(crate) fn with_output_norms(self, norms: OutputNorms) -> DecoderLayer {
         DecoderLayer {
             output_norms: Some(norms),
+            ..self
+        }
+    }
+
+    /// With a learned factor `[1]` on the block's output.
+    pub(crate) fn with_output_scale(self, scale: Array) -> DecoderLayer {
+        DecoderLayer {
+            output_scale: Some(scale),
             ..self
         }
     }
@@ -305,6 +337,7 @@ impl DecoderLayer {
             ffn: self.ffn.cut(rank, size, group, what)?,
             eps: self.eps,
             output_norms: self.output_norms.clone(),
+            output_scale: self.output_scale.clone(),
         })
     }
 
@@ -332,7 +365,11 @@ impl DecoderLayer {
             Some(n) => norm(&m, &n.ffn)?,
             None => m,
         };
-        Ok(ops::add(&h, &m)?)
+        let h = ops::add(&h, &m)?;
+        Ok(match &self.output_scale {
+            Some(scale) => ops::multiply(&h, scale)?,
+            None => h,
+        })
     }
 
     /// Every array of the block (to evaluate them eagerly).
@@ -345,6 +382,7 @@ impl DecoderLayer {
                 .iter()
                 .flat_map(|n| [&n.attention, &n.ffn]),
         );
+        v.extend(self.output_scale.iter());
         v
     }
 }

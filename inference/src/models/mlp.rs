@@ -11,12 +11,27 @@ use mlx_rs::{nn, ops, Array};
 use std::sync::Arc;
 
 /// What a gated MLP applies to its gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GateActivation {
     /// `silu` (SwiGLU: Llama, Qwen).
     Silu,
     /// The tanh approximation of GELU (GeGLU: Gemma's `gelu_pytorch_tanh`).
     GeluApprox,
+    /// Step 3.5's clamped SwiGLU: `min(silu(gate), limit) · clip(up, -limit, limit)`.
+    ClampedSilu {
+        /// The layer's `swiglu_limits` entry.
+        limit: f32,
+    },
+}
+
+/// `gate` and `up` combined by `activation`, the clamped forms clipping as they do.
+pub(crate) fn clamped_silu(gate: Array, up: Array, limit: f32) -> Result<Array> {
+    let gate = ops::minimum(&nn::silu(gate)?, Array::from_f32(limit))?;
+    let up = ops::maximum(
+        ops::minimum(&up, Array::from_f32(limit))?,
+        Array::from_f32(-limit),
+    )?;
+    Ok(ops::multiply(&gate, &up)?)
 }
 
 /// The gated feed-forward: `down(act(gate(x)) * up(x))`, SwiGLU unless the family says.
@@ -76,12 +91,12 @@ impl Mlp {
                 return all_sum(self.down_proj.forward(&h)?, &self.reduce);
             }
         }
-        let gate = self.gate_proj.forward(x)?;
-        let gate = match self.activation {
-            GateActivation::Silu => nn::silu(gate)?,
-            GateActivation::GeluApprox => nn::gelu_approximate(gate)?,
+        let (gate, up) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
+        let h = match self.activation {
+            GateActivation::Silu => ops::multiply(&nn::silu(gate)?, &up)?,
+            GateActivation::GeluApprox => ops::multiply(&nn::gelu_approximate(gate)?, &up)?,
+            GateActivation::ClampedSilu { limit } => clamped_silu(gate, up, limit)?,
         };
-        let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
         all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }
 

@@ -20,9 +20,12 @@ pub mod base;
 pub(crate) mod config_keys;
 pub mod deepseek_v3;
 pub mod deepseek_v32;
+mod dense_and_experts;
 pub mod dsa_indexer;
+mod expert_activation;
 pub mod gated_delta;
 pub mod gemma3;
+pub mod gemma4_text;
 pub mod glm4_moe;
 pub mod glm4_moe_lite;
 pub mod glm_moe_dsa;
@@ -32,6 +35,7 @@ pub mod kda;
 pub mod kimi_linear;
 mod latent_moe;
 pub mod llama;
+pub mod llama4_text;
 pub mod minimax;
 pub mod mistral4;
 pub mod mla;
@@ -48,6 +52,7 @@ pub mod registry;
 pub mod shard;
 mod sigmoid_moe;
 mod sparse_moe;
+pub mod step3p5;
 mod tensor_parallel;
 
 use crate::config::{Architecture, ModelConfig};
@@ -68,7 +73,7 @@ pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
     }
     names.push("model.norm.weight".to_owned());
     if !config.tie_word_embeddings {
-        names.push("lm_head.weight".to_owned());
+        names.push(format!("{}.weight", family.head_tensor()));
     }
     names
 }

@@ -11,6 +11,7 @@
 //! rows, down by input columns) and the whole router, so the ranks route alike and one
 //! `all_sum` adds the partial outputs.
 
+pub use super::expert_activation::ExpertActivation;
 use super::mlp::Mlp;
 use super::parts::layer_tensor;
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
@@ -21,7 +22,7 @@ use crate::ring::RingGroup;
 use crate::weights::{Stacked, TensorSource, WeightFormat};
 use mlx_rs::ops::argpartition_axis;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{nn, ops, Array};
+use mlx_rs::{ops, Array};
 use std::sync::Arc;
 
 /// (token, expert) pairs from which the pairs are sorted by expert before the products, as
@@ -109,41 +110,6 @@ fn load_projection(
         }
     }
     Ok(Stacked::Dense(ops::stack(&parts, 0)?))
-}
-
-/// How an expert combines its gate and up projections.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ExpertActivation {
-    /// `silu(gate) * up`.
-    SwiGlu,
-    /// gpt-oss's: the gate clamped from above and the up projection on both sides at `limit`,
-    /// then `(up + 1) * gate * sigmoid(alpha * gate)`.
-    ClampedSwiGlu {
-        /// `alpha` (1.702).
-        alpha: f32,
-        /// `swiglu_limit` (7).
-        limit: f32,
-    },
-}
-
-impl ExpertActivation {
-    fn apply(self, gate: Array, up: Array) -> Result<Array> {
-        Ok(match self {
-            ExpertActivation::SwiGlu => ops::multiply(&nn::silu(gate)?, &up)?,
-            ExpertActivation::ClampedSwiGlu { alpha, limit } => {
-                let gate = ops::minimum(&gate, Array::from_f32(limit))?;
-                let up = ops::maximum(
-                    ops::minimum(&up, Array::from_f32(limit))?,
-                    Array::from_f32(-limit),
-                )?;
-                let glu = ops::multiply(
-                    &gate,
-                    ops::sigmoid(ops::multiply(&gate, Array::from_f32(alpha))?)?,
-                )?;
-                ops::multiply(ops::add(&up, Array::from_f32(1.0))?, &glu)?
-            }
-        })
-    }
 }
 
 /// Per-expert biases of the three projections, `[experts, out]` (gpt-oss).
@@ -351,6 +317,8 @@ pub struct MoeBlock {
     shared_gate: Option<Linear>,
     /// Tensor parallel: the ring whose ranks each hold a slice of every expert.
     reduce: Option<Arc<RingGroup>>,
+    /// A learned factor per expert on its routing weight (Gemma 4's `per_expert_scale`).
+    expert_scale: Option<Array>,
 }
 
 impl MoeBlock {
@@ -384,6 +352,7 @@ impl MoeBlock {
             shared: None,
             shared_gate: None,
             reduce: None,
+            expert_scale: None,
         })
     }
 
@@ -428,6 +397,7 @@ impl MoeBlock {
             shared: shared.map(Box::new),
             shared_gate: None,
             reduce: None,
+            expert_scale: None,
         })
     }
 
@@ -449,8 +419,29 @@ impl MoeBlock {
         })
     }
 
+    /// The block with each expert's routing weight multiplied by `scale[expert]`
+    /// (`[experts]`).
+    pub(crate) fn with_expert_scale(self, scale: Array) -> MoeBlock {
+        MoeBlock {
+            expert_scale: Some(scale),
+            ..self
+        }
+    }
+
     /// The experts each token picks, `[..., k]`, and their weights, `[..., k]`.
     fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let (picked, weights) = self.route_unscaled(x)?;
+        Ok(match &self.expert_scale {
+            Some(scale) => {
+                let scale = scale.take_axis(&picked.flatten(None, None)?, 0)?;
+                let w = ops::multiply(&weights, &scale.reshape(picked.shape())?)?;
+                (picked, w)
+            }
+            None => (picked, weights),
+        })
+    }
+
+    fn route_unscaled(&self, x: &Array) -> Result<(Array, Array)> {
         let logits = self.router.forward(x)?;
         let k = self.experts_per_token;
         match self.kind {
@@ -509,7 +500,13 @@ impl MoeBlock {
 
     /// Applies the block to `x` `[batch, seq, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (picked, weights) = self.route(x)?;
+        self.forward_routed(x, x)
+    }
+
+    /// The block over `x`, its experts chosen from `router_x` (Gemma 4 routes from another
+    /// norm of the same hidden state than the experts see).
+    pub fn forward_routed(&self, router_x: &Array, x: &Array) -> Result<Array> {
+        let (picked, weights) = self.route(router_x)?;
         let y = self.experts.forward(x, &picked)?;
         let mut y = ops::multiply(&y, &weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
         if let Some(shared) = &self.shared {
@@ -557,6 +554,7 @@ impl MoeBlock {
             shared,
             shared_gate: self.shared_gate.clone(),
             reduce: Some(group.clone()),
+            expert_scale: self.expert_scale.clone(),
         })
     }
 
@@ -567,6 +565,7 @@ impl MoeBlock {
         v.extend(self.experts.arrays());
         v.extend(self.shared.iter().flat_map(|m| m.arrays()));
         v.extend(self.shared_gate.iter().flat_map(Linear::arrays));
+        v.extend(&self.expert_scale);
         v
     }
 }

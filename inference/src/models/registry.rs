@@ -10,6 +10,7 @@ use super::{
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
 use super::{deepseek_v32, glm_moe_dsa, kimi_linear, mistral4};
+use super::{gemma4_text, llama4_text, step3p5};
 use crate::error::{InferenceError, Result};
 
 /// Every family, under its registry key (mlx-lm's module name).
@@ -27,6 +28,9 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("qwen3_5", &qwen3_5::Qwen3_5),
     ("qwen3_5_moe", &qwen3_5_moe::Qwen3_5Moe),
     ("qwen3_next", &qwen3_next::Qwen3Next),
+    ("llama4_text", &llama4_text::Llama4Text),
+    ("gemma4_text", &gemma4_text::Gemma4Text),
+    ("step3p5", &step3p5::Step3p5),
     ("deepseek_v32", &deepseek_v32::DeepseekV32),
     ("glm_moe_dsa", &glm_moe_dsa::GlmMoeDsa),
     ("mistral4", &mistral4::Mistral4),
@@ -42,6 +46,9 @@ pub const MODEL_REMAPPING: &[(&str, &str)] = &[
     ("joyai_llm_flash", "deepseek_v3"),
     ("kimi_k2", "deepseek_v3"),
     ("minimax_m2", "minimax"),
+    // Not in mlx-lm's table, but the same load: its `gemma4` module runs `gemma4_text` on a
+    // release's `text_config` and `language_model` weights, as shoal reads any such release.
+    ("gemma4", "gemma4_text"),
 ];
 
 /// The registry key of a `model_type` (after mlx-lm's remapping) or GGUF architecture name.

@@ -84,15 +84,17 @@ impl ModelShard {
         }
         let (norm, head) = if last {
             let norm = family.final_norm(config, source, dtype)?;
-            let head = if config.tie_word_embeddings || !source.contains("lm_head.weight") {
-                embed.clone().ok_or_else(|| {
-                    InferenceError::MissingTensor("model.embed_tokens.weight".into())
-                })?
-            } else {
-                let h = source.matrix("lm_head", format)?;
-                check_shape(&h, "lm_head", config.vocab_size)?;
-                h
-            };
+            let head_name = family.head_tensor();
+            let head =
+                if config.tie_word_embeddings || !source.contains(&format!("{head_name}.weight")) {
+                    embed.clone().ok_or_else(|| {
+                        InferenceError::MissingTensor("model.embed_tokens.weight".into())
+                    })?
+                } else {
+                    let h = source.matrix(head_name, format)?;
+                    check_shape(&h, head_name, config.vocab_size)?;
+                    h
+                };
             let mut arrays = head.arrays();
             arrays.push(&norm);
             mlx_rs::transforms::eval(arrays)?;
@@ -246,7 +248,15 @@ impl ModelShard {
             h.clone()
         };
         let h = crate::cpu_layer_ops::rms_norm(&h, Some(norm), self.config.rms_norm_eps)?;
-        head.apply_to_hidden_state(&h)
+        let logits = head.apply_to_hidden_state(&h)?;
+        match super::family(self.config.architecture).logit_softcap(&self.config) {
+            Some(cap) => {
+                let cap = Array::from_f32(cap).as_dtype(logits.dtype())?;
+                let capped = mlx_rs::ops::tanh(&mlx_rs::ops::divide(&logits, &cap)?)?;
+                Ok(mlx_rs::ops::multiply(&capped, &cap)?)
+            }
+            None => Ok(logits),
+        }
     }
 
     /// The whole shard: embedding if first, layers, head if last. Returns hidden states for

@@ -92,10 +92,32 @@ fn load_experts(
     prefix: &str,
     format: WeightFormat,
 ) -> Result<Experts> {
-    let fused = format!("{prefix}.experts.gate_up_proj");
-    if !source.contains(&fused) {
+    if !source.contains(&format!("{prefix}.experts.gate_up_proj")) {
         return Experts::load(config, moe, source, prefix, PROJ_NAMES, format);
     }
+    let experts = format!("{prefix}.experts");
+    fused_experts(
+        config,
+        moe,
+        source,
+        &experts,
+        format,
+        ExpertActivation::SwiGlu,
+    )
+}
+
+/// Experts stored fused as Qwen3.5-MoE's and Gemma 4's Hugging Face files store them:
+/// `<experts>.gate_up_proj` `[experts, 2 x width, hidden]` (the gate's rows first) and
+/// `<experts>.down_proj` `[experts, hidden, width]`, neither with a `.weight` suffix.
+pub(crate) fn fused_experts(
+    config: &ModelConfig,
+    moe: &MoeConfig,
+    source: &mut dyn TensorSource,
+    experts_prefix: &str,
+    format: WeightFormat,
+    activation: ExpertActivation,
+) -> Result<Experts> {
+    let fused = format!("{experts_prefix}.gate_up_proj");
     let dtype = format.compute_dtype();
     let gate_up = source.dense(&fused, dtype)?;
     let (experts, width) = (moe.num_experts, moe.expert_width);
@@ -108,17 +130,9 @@ fn load_experts(
     }
     let gate = slice_axis(&gate_up, 1, 0, width)?;
     let up = slice_axis(&gate_up, 1, width, 2 * width)?;
-    let down = source.dense(&format!("{prefix}.experts.down_proj"), dtype)?;
+    let down = source.dense(&format!("{experts_prefix}.down_proj"), dtype)?;
     let projections = [gate, up, down].map(Stacked::Dense);
-    let what = format!("{prefix}.experts");
-    Experts::new(
-        config,
-        moe,
-        &what,
-        projections,
-        None,
-        ExpertActivation::SwiGlu,
-    )
+    Experts::new(config, moe, experts_prefix, projections, None, activation)
 }
 
 /// Layer `layer`'s sparse block: router, experts, shared expert and its gate.

@@ -1,0 +1,50 @@
+//! How an expert of a Mixture-of-Experts layer combines its gate and up projections (each
+//! family's activation, applied to the gathered products of the picked experts).
+
+use crate::error::Result;
+use mlx_rs::{nn, ops, Array};
+
+/// How an expert combines its gate and up projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    SwiGlu,
+    /// `gelu(gate) * up`, GELU's tanh approximation (Gemma 4).
+    GeGlu,
+    /// Step 3.5's: `min(silu(gate), limit) · clip(up, -limit, limit)`.
+    ClampedSilu {
+        /// The layer's `swiglu_limits` entry.
+        limit: f32,
+    },
+    /// gpt-oss's: the gate clamped from above and the up projection on both sides at `limit`,
+    /// then `(up + 1) * gate * sigmoid(alpha * gate)`.
+    ClampedSwiGlu {
+        /// `alpha` (1.702).
+        alpha: f32,
+        /// `swiglu_limit` (7).
+        limit: f32,
+    },
+}
+
+impl ExpertActivation {
+    /// `gate` and `up` combined (`[..., width]` each).
+    pub(crate) fn apply(self, gate: Array, up: Array) -> Result<Array> {
+        Ok(match self {
+            ExpertActivation::SwiGlu => ops::multiply(&nn::silu(gate)?, &up)?,
+            ExpertActivation::GeGlu => ops::multiply(&nn::gelu_approximate(gate)?, &up)?,
+            ExpertActivation::ClampedSilu { limit } => super::mlp::clamped_silu(gate, up, limit)?,
+            ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                let gate = ops::minimum(&gate, Array::from_f32(limit))?;
+                let up = ops::maximum(
+                    ops::minimum(&up, Array::from_f32(limit))?,
+                    Array::from_f32(-limit),
+                )?;
+                let glu = ops::multiply(
+                    &gate,
+                    ops::sigmoid(ops::multiply(&gate, Array::from_f32(alpha))?)?,
+                )?;
+                ops::multiply(ops::add(&up, Array::from_f32(1.0))?, &glu)?
+            }
+        })
+    }
+}
