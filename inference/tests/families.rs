@@ -660,3 +660,44 @@ fn nemotron_h_hf_f32() {
 fn nemotron_h_4bit() {
     check("nemotron_h", "q4", WeightFormat::Quantized, 1e-3);
 }
+
+/// Kimi Linear: Kimi Delta Attention (a decay per key channel) on layers 1, 2 and 4, NoPE
+/// latent attention on layer 3 (a 2-stage split at 1 leaves rank 0 only a KDA layer).
+#[test]
+fn kimi_linear_hf_f32() {
+    check("kimi_linear", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn kimi_linear_4bit() {
+    check("kimi_linear", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// What Kimi Linear's configuration makes: KDA on the layers `kda_layers` names (from 1), a
+/// latent cache per position only for the attention layer, a fixed state per sequence for
+/// the KDA ones, and tensor parallelism refused with what to do instead.
+#[test]
+fn kimi_linear_configuration_reads_its_layer_kinds() {
+    use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
+    let dir = fixture("kimi_linear", "hf");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+    let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+    assert_eq!(linear, [true, true, false, true]);
+    // One latent attention layer: the latent (64) and the unrotated key part (32), f32.
+    assert_eq!(
+        kv_bytes_per_token(&config, WeightFormat::F32),
+        (64 + 32) * 4
+    );
+    // 3 KDA layers: 3 kept inputs of 3 x 128 channels, 2 matrices of 64 x 64 (f32).
+    assert_eq!(
+        state_bytes_per_sequence(&config, WeightFormat::F32),
+        3 * (3 * 384 * 4 + 2 * 64 * 64 * 4)
+    );
+    let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
+    assert!(
+        refusal.contains("Kimi Delta Attention") && refusal.contains("pipeline"),
+        "{refusal}"
+    );
+}

@@ -39,6 +39,7 @@ const FOLDERS: &[(&str, &str)] = &[
     ("deepseek_v32", "q4"),
     ("glm_moe_dsa", "hf"),
     ("mistral4", "q4"),
+    ("kimi_linear", "q4"),
 ];
 
 /// The configuration keys the families read.
@@ -127,6 +128,11 @@ const KEYS: &[&str] = &[
     "index_topk",
     "indexer_rope_interleave",
     "rope_interleave",
+    "linear_attn_config",
+    "num_experts_per_token",
+    "num_shared_experts",
+    "num_expert_group",
+    "moe_renormalize",
 ];
 
 /// What a key may be set to.

@@ -436,6 +436,33 @@ FAMILIES = {
         "layouts": ["q4"],
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5), ("embeddings", 1.0)],
     },
+    "kimi_linear": {
+        # Kimi Linear (48B-A3B's shape): Kimi Delta Attention on layers 1, 2 and 4 (1-based
+        # `kda_layers`; a 2-stage split at layer 1 leaves rank 0 only a linear layer), NoPE
+        # latent attention on layer 3, a dense first layer, then sigmoid-routed experts with a
+        # correction and a shared expert. Moonshot's layout: `block_sparse_moe.*` with
+        # w1/w2/w3 experts, `q_conv1d` etc. `[channels, 1, kernel]`, `kv_b_proj`.
+        "config": {
+            "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear",
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "head_dim": 64, "intermediate_size": 256,
+            "moe_intermediate_size": 128, "num_experts": 8, "num_experts_per_token": 2,
+            "num_shared_experts": 1, "moe_router_activation_func": "sigmoid",
+            "moe_renormalize": True, "routed_scaling_factor": 2.5,
+            "first_k_dense_replace": 1, "moe_layer_freq": 1, "use_grouped_topk": True,
+            "num_expert_group": 2, "topk_group": 1,
+            "kv_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+            "v_head_dim": 64, "mla_use_nope": True, "q_lora_rank": None,
+            "linear_attn_config": {
+                "kda_layers": [1, 2, 4], "full_attn_layers": [3], "num_heads": 2,
+                "head_dim": 64, "short_conv_kernel_size": 4,
+            },
+            "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "model_max_length": 1048576,
+            "max_position_embeddings": 1048576, "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv", 0.5)],
+    },
 }
 
 
@@ -732,6 +759,30 @@ def hf_nemotron_h(weights, cfg):
     return {k: (v.moveaxis(1, 2) if "conv1d.weight" in k else v) for k, v in weights.items()}
 
 
+def hf_kimi_linear(weights, cfg):
+    """Moonshot's layout: experts one matrix each as w1/w2/w3 under `block_sparse_moe` with
+    its router, correction and shared expert, convolutions `[channels, 1, kernel]` named
+    `q_conv1d`/`k_conv1d`/`v_conv1d`, `dt_bias` `[heads, head_dim]`, DeepSeek's `kv_b_proj`."""
+    names = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+    weights = unstack_experts(weights, "mlp.switch_mlp", "block_sparse_moe.experts", names)
+    heads = cfg["linear_attn_config"]["num_heads"]
+    out = {}
+    for key, value in weights.items():
+        moe = key.split(".mlp.")
+        if len(moe) == 2 and (moe[1].startswith(("gate.", "shared_experts."))
+                              or moe[1] == "e_score_correction_bias"):
+            rest = "gate.e_score_correction_bias" if moe[1] == "e_score_correction_bias" else moe[1]
+            key = f"{moe[0]}.block_sparse_moe.{rest}"
+        for c in ("q", "k", "v"):
+            if key.endswith(f".{c}_conv.conv.weight"):
+                key = key.replace(f".{c}_conv.conv.weight", f".{c}_conv1d.weight")
+                value = value.moveaxis(1, 2)
+        if key.endswith(".dt_bias"):
+            value = value.reshape(heads, -1)
+        out[key] = value
+    return hf_deepseek_v3(out, cfg)
+
+
 HF_LAYOUT = {
     "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
@@ -750,6 +801,7 @@ HF_LAYOUT = {
     "deepseek_v32": hf_dsa("deepseek_v32"),
     "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
     "mistral4": hf_mistral4,
+    "kimi_linear": hf_kimi_linear,
 }
 
 

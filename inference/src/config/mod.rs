@@ -259,6 +259,9 @@ pub struct LatentConfig {
     /// Llama 4's attention scale on the queries by position (Mistral 4).
     #[serde(default)]
     pub position_scale: Option<crate::models::mla::PositionScale>,
+    /// No position encoding: the "rotated" part is used as it comes (Kimi Linear).
+    #[serde(default)]
+    pub no_rope: bool,
 }
 
 impl LatentConfig {

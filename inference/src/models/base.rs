@@ -194,6 +194,8 @@ pub enum SelfAttention {
     /// None: the block is its feed-forward alone (Nemotron-H's MLP and MoE layers). The
     /// layer's cache only counts the positions it has seen.
     Absent,
+    /// Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel.
+    Kda(Box<super::kda::KimiDeltaAttention>),
 }
 
 impl From<Attention> for SelfAttention {
@@ -212,6 +214,7 @@ impl SelfAttention {
             SelfAttention::Absent => Err(InferenceError::InvalidRequest(
                 "a block without attention has no attention to run".into(),
             )),
+            SelfAttention::Kda(a) => a.forward_segments(x, segments),
         }
     }
 
@@ -228,6 +231,7 @@ impl SelfAttention {
             SelfAttention::Linear(a) => SelfAttention::Linear(a.cut(size, what)?),
             SelfAttention::Mamba(a) => SelfAttention::Mamba(a.cut(size, what)?),
             SelfAttention::Absent => SelfAttention::Absent,
+            SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(size, what)?)),
         })
     }
 
@@ -238,6 +242,7 @@ impl SelfAttention {
             SelfAttention::Linear(a) => a.arrays(),
             SelfAttention::Mamba(a) => a.arrays(),
             SelfAttention::Absent => Vec::new(),
+            SelfAttention::Kda(a) => a.arrays(),
         }
     }
 }

@@ -320,22 +320,7 @@ impl GatedDeltaNet {
         let s = &self.shape;
         let n = p.qkv.shape()[1];
         let channels = s.conv_channels() as i32;
-        let keep = (s.kernel - 1) as i32;
-        let (conv_state, matrix) = match cache.state() {
-            Some(st) => (st.conv.clone(), st.matrix.clone()),
-            None => (
-                ops::zeros_dtype(&[1, keep, channels], p.qkv.dtype())?,
-                ops::zeros_dtype(
-                    &[1, s.v_heads as i32, s.v_dim as i32, s.k_dim as i32],
-                    Dtype::Float32,
-                )?,
-            ),
-        };
-        let input = ops::concatenate(&[conv_state, p.qkv], 1)?;
-        let total = keep + n;
-        let next_conv = input.index((.., total - keep..total, ..));
-        let conv = ops::conv1d(&input, &self.conv, 1, 0, 1, channels)?;
-        let conv = mlx_rs::nn::silu(&conv)?;
+        let (conv, next_conv, matrix) = short_conv(s, &self.conv, p.qkv, cache)?;
         let kd = (s.k_heads * s.k_dim) as i32;
         let heads = |from: i32, to: i32, h: usize, d: usize| {
             conv.index((.., .., from..to))
@@ -394,10 +379,39 @@ impl GatedDeltaNet {
     }
 }
 
+/// The causal depthwise convolution (weights `[channels, kernel, 1]`) of one sequence's new
+/// `inputs` `[1, n, channels]` after the inputs `cache` kept, with SiLU; returns it, the
+/// inputs to keep for the next step, and the delta rule's matrices to continue from (zeros
+/// before the sequence's first position).
+pub(crate) fn short_conv(
+    s: &DeltaNetShape,
+    weights: &Array,
+    inputs: Array,
+    cache: &LayerCache,
+) -> Result<(Array, Array, Array)> {
+    let (n, channels) = (inputs.shape()[1], s.conv_channels() as i32);
+    let keep = (s.kernel - 1) as i32;
+    let (conv_state, matrix) = match cache.state() {
+        Some(st) => (st.conv.clone(), st.matrix.clone()),
+        None => (
+            ops::zeros_dtype(&[1, keep, channels], inputs.dtype())?,
+            ops::zeros_dtype(
+                &[1, s.v_heads as i32, s.v_dim as i32, s.k_dim as i32],
+                Dtype::Float32,
+            )?,
+        ),
+    };
+    let input = ops::concatenate(&[conv_state, inputs], 1)?;
+    let total = keep + n;
+    let next_conv = input.index((.., total - keep..total, ..));
+    let conv = ops::conv1d(&input, weights, 1, 0, 1, channels)?;
+    Ok((mlx_rs::nn::silu(&conv)?, next_conv, matrix))
+}
+
 /// `q` and `k` (`[.., k_dim]`) l2-normalized over each head, `q` also scaled by `1/k_dim`
 /// (the readout's `1/√k_dim` folded in twice over the norm's `√k_dim`), as mlx-lm's
 /// `normalize_qk`: an RMS norm whose epsilon is the l2 norm's 1e-6 over `k_dim`.
-fn normalize_qk(q: &Array, k: &Array, k_dim: usize) -> Result<(Array, Array)> {
+pub(crate) fn normalize_qk(q: &Array, k: &Array, k_dim: usize) -> Result<(Array, Array)> {
     let inv = 1.0 / (k_dim as f32).sqrt();
     let eps = 1e-6 * inv * inv;
     let q = crate::cpu_layer_ops::rms_norm(q, None, eps)?;
@@ -408,17 +422,19 @@ fn normalize_qk(q: &Array, k: &Array, k_dim: usize) -> Result<(Array, Array)> {
     ))
 }
 
-/// The per-head decay `exp(−exp(A_log)·softplus(a + dt_bias))`, float32 `[1, n, v_heads]`.
-fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
+/// The decay `exp(−exp(A_log)·softplus(a + dt_bias))`, float32: `[1, n, v_heads]` per head,
+/// or `[1, n, heads, k_dim]` per key channel (Kimi Delta Attention's `a` and `dt_bias`).
+pub(crate) fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
     let softplus = ops::logaddexp(ops::add(a, dt_bias)?, Array::from_f32(0.0))?;
     let rate = ops::multiply(&ops::negative(&ops::exp(a_log)?)?, &softplus)?;
     Ok(ops::exp(&rate)?)
 }
 
 /// The delta rule over `n` positions: `q`, `k` `[1, n, heads, k_dim]`, `v` `[1, n, heads,
-/// v_dim]`, `g`, `beta` `[1, n, heads]`, from `state` `[1, heads, v_dim, k_dim]`. Returns the
-/// outputs `[1, n, heads, v_dim]` (in `q`'s dtype) and the state after the last position.
-fn delta_rule(
+/// v_dim]`, `beta` `[1, n, heads]`, the decay `g` `[1, n, heads]` or, per key channel,
+/// `[1, n, heads, k_dim]`, from `state` `[1, heads, v_dim, k_dim]`. Returns the outputs
+/// `[1, n, heads, v_dim]` (in `q`'s dtype) and the state after the last position.
+pub(crate) fn delta_rule(
     q: &Array,
     k: &Array,
     v: &Array,
@@ -432,7 +448,12 @@ fn delta_rule(
         let at = |x: &Array| x.index((.., t));
         let (q_t, k_t, v_t) = (at(q), at(k), at(v));
         let (g_t, beta_t) = (at(g), at(beta));
-        state = ops::multiply(&state, &g_t.reshape(&[1, -1, 1, 1])?)?;
+        let g_t = if g.ndim() == 4 {
+            g_t.expand_dims(-2)?
+        } else {
+            g_t.reshape(&[1, -1, 1, 1])?
+        };
+        state = ops::multiply(&state, &g_t)?;
         let k_row = ops::expand_dims(&k_t, -2)?;
         let remembered = ops::multiply(&state, &k_row)?.sum_axis(-1, false)?;
         let delta = ops::multiply(

@@ -37,6 +37,7 @@ pub(crate) fn configure_latent(v: &Value, config: &mut ModelConfig, norm_eps: f3
         norm_eps,
         indexer: None,
         position_scale: None,
+        no_rope: false,
     };
     if [
         latent.kv_lora_rank,
@@ -129,7 +130,7 @@ pub(crate) fn latent_moe_tensor_names(config: &ModelConfig, layer: usize) -> Vec
 }
 
 /// Layer `layer`'s latent attention under DeepSeek's tensor names.
-fn load_latent_attention(
+pub(crate) fn load_latent_attention(
     config: &ModelConfig,
     latent: &LatentConfig,
     source: &mut dyn TensorSource,
@@ -166,7 +167,7 @@ fn load_latent_attention(
         num_heads: config.num_heads as i32,
         shape: latent.clone(),
         scale,
-        rope,
+        rope: (!latent.no_rope).then_some(rope),
         reduce: None,
         indexer,
         position_scale: latent.position_scale,

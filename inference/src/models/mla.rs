@@ -220,7 +220,8 @@ pub struct LatentAttention {
     pub(crate) shape: LatentConfig,
     /// Softmax scale: `(nope + rope)^-1/2`, times YaRN's `mscale_all_dim` correction squared.
     pub(crate) scale: f32,
-    pub(crate) rope: LatentRope,
+    /// `None`: the rotated part is not rotated (Kimi Linear's NoPE attention).
+    pub(crate) rope: Option<LatentRope>,
     pub(crate) reduce: Option<Arc<RingGroup>>,
     /// DeepSeek Sparse Attention's indexer (DeepSeek V3.2, GLM-5): which positions each query
     /// reads. Its keys are cached after the rotated key, in the cache's values.
@@ -334,6 +335,22 @@ impl LatentAttention {
         all_sum(self.o_proj.forward(&o)?, &self.reduce)
     }
 
+    /// `x` rotated at positions `offset..` (unrotated without RoPE).
+    fn rotate(&self, x: &Array, offset: usize) -> Result<Array> {
+        match &self.rope {
+            Some(rope) => rope.apply(x, offset),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// `x` rotated, each row at its own position (unrotated without RoPE).
+    fn rotate_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        match &self.rope {
+            Some(rope) => rope.apply_at(x, positions),
+            None => Ok(x.clone()),
+        }
+    }
+
     /// `q` `[b, heads, new, nope + rope]` split into its two parts.
     fn split(&self, q: &Array) -> (Array, Array) {
         let nope = self.shape.qk_nope_head_dim as i32;
@@ -384,8 +401,8 @@ impl LatentAttention {
             None => new.q,
         };
         let (q_nope, q_pe) = self.split(&q);
-        let q_pe = self.rope.apply(&q_pe, offset)?;
-        let k_pe = self.rope.apply(&new.k_pe, offset)?;
+        let q_pe = self.rotate(&q_pe, offset)?;
+        let k_pe = self.rotate(&new.k_pe, offset)?;
         let (index, index_k) = match (&self.indexer, new.index) {
             (Some(indexer), Some(i)) => (
                 Some((indexer.rotate(&i.q, offset)?, i.w)),
@@ -451,8 +468,8 @@ impl LatentAttention {
             q = s.apply(&q, &step.positions, &[step.rows() as i32, 1, 1, 1])?;
         }
         let (q_nope, q_pe) = self.split(&q);
-        let q_pe = self.rope.apply_at(&q_pe, &step.positions)?;
-        let k_pe = self.rope.apply_at(&by_row(&new.k_pe)?, &step.positions)?;
+        let q_pe = self.rotate_at(&q_pe, &step.positions)?;
+        let k_pe = self.rotate_at(&by_row(&new.k_pe)?, &step.positions)?;
         let (index, index_k) = match (&self.indexer, new.index) {
             (Some(indexer), Some(i)) => (
                 Some((

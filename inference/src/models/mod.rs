@@ -3,7 +3,8 @@
 //! names ([`llama`], [`qwen2`], [`qwen3`], [`qwen3_moe`], [`gpt_oss`], [`gemma3`], [`glm4_moe`],
 //! [`minimax`], [`deepseek_v3`] with its latent attention [`mla`] (sparse in [`deepseek_v32`] and
 //! [`glm_moe_dsa`], through the indexer [`dsa_indexer`]), [`qwen3_5`], [`qwen3_5_moe`],
-//! [`qwen3_next`] with their hybrid layers `hybrid` and Gated DeltaNet [`gated_delta`]), the
+//! [`qwen3_next`] with their hybrid layers `hybrid` and Gated DeltaNet [`gated_delta`],
+//! [`kimi_linear`] with Kimi Delta Attention [`kda`]), the
 //! Mixture-of-Experts feed-forward the MoE families share ([`moe`]; Qwen3-Next's sparse block
 //! with its gated shared expert in `sparse_moe`), and the shard that runs a layer range of any
 //! of them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
@@ -30,6 +31,8 @@ pub mod glm4_moe_lite;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 mod hybrid;
+pub mod kda;
+pub mod kimi_linear;
 mod latent_moe;
 pub mod llama;
 pub mod llama4_text;

@@ -9,7 +9,7 @@ use super::{
     deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_5,
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
-use super::{deepseek_v32, glm_moe_dsa, mistral4};
+use super::{deepseek_v32, glm_moe_dsa, kimi_linear, mistral4};
 use super::{gemma4_text, llama4_text, nemotron_h, step3p5};
 use crate::error::{InferenceError, Result};
 
@@ -35,6 +35,7 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("deepseek_v32", &deepseek_v32::DeepseekV32),
     ("glm_moe_dsa", &glm_moe_dsa::GlmMoeDsa),
     ("mistral4", &mistral4::Mistral4),
+    ("kimi_linear", &kimi_linear::KimiLinear),
 ];
 
 /// `model_type`s real checkpoints carry that mlx-lm runs with another module (its

@@ -5,7 +5,7 @@
 
 use super::config_keys::{required, usize_or};
 use super::mlp::Mlp;
-use super::moe::{Experts, MoeBlock, PROJ_NAMES};
+use super::moe::{ExpertNames, Experts, MoeBlock, PROJ_NAMES};
 use super::parts::layer_tensor;
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
@@ -64,18 +64,29 @@ pub(crate) fn load_sigmoid_moe(
     prefix: &str,
     format: WeightFormat,
 ) -> Result<MoeBlock> {
+    let correction = format!("{prefix}.gate.e_score_correction_bias");
+    let correction = has_correction(moe).then_some(correction.as_str());
+    load_sigmoid_moe_named(config, moe, source, prefix, correction, PROJ_NAMES, format)
+}
+
+/// The same block under another checkpoint's names: the correction at `correction` (when the
+/// router has one) and the experts' projections named `names` (Kimi's `w1`, `w3`, `w2`).
+pub(crate) fn load_sigmoid_moe_named(
+    config: &ModelConfig,
+    moe: &MoeConfig,
+    source: &mut dyn TensorSource,
+    prefix: &str,
+    correction: Option<&str>,
+    names: ExpertNames,
+    format: WeightFormat,
+) -> Result<MoeBlock> {
     let router = source.linear(&format!("{prefix}.gate"), format)?;
     // The correction stays f32 in every checkpoint layout: it only decides ties of choice.
     // A softmax router (Mistral 4) has none.
-    let correction = if has_correction(moe) {
-        Some(source.dense(
-            &format!("{prefix}.gate.e_score_correction_bias"),
-            mlx_rs::Dtype::Float32,
-        )?)
-    } else {
-        None
-    };
-    let experts = Experts::load(config, moe, source, prefix, PROJ_NAMES, format)?;
+    let correction = correction
+        .map(|name| source.dense(name, mlx_rs::Dtype::Float32))
+        .transpose()?;
+    let experts = Experts::load(config, moe, source, prefix, names, format)?;
     let shared = if moe.shared_width > 0 {
         let at = format!("{prefix}.shared_experts");
         Some(Mlp::load_at(config, source, &at, moe.shared_width, format)?)
