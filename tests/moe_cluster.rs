@@ -448,7 +448,14 @@ fn every_family_at_4_bits_answers_as_mlx_lm_on_one_node_a_pipeline_and_a_tensor_
         return;
     };
     let nodes = &cluster.nodes;
-    for (repo, family, layout) in FAMILY_REPOS {
+    // While working on one family: SHOAL_TEST_FAMILIES=nemotron_h,... runs only those (CI runs
+    // every one).
+    let only = std::env::var("SHOAL_TEST_FAMILIES").ok();
+    let chosen = |family: &str| {
+        only.as_deref()
+            .is_none_or(|list| list.split(',').any(|f| f == family))
+    };
+    for (repo, family, layout) in FAMILY_REPOS.iter().filter(|(_, f, _)| chosen(f)) {
         let reference = kit::dirs::family_fixture_dir(family, layout).join("chat_reference.json");
         for (sharding, min_nodes, serving) in [
             ("Pipeline", 2, &[0, 1][..]),

@@ -113,6 +113,13 @@ impl LayerCache {
         self.len += new;
     }
 
+    /// Whether this layer has counted positions without keeping anything of them (a block
+    /// without attention): its sequence cannot join the shared decode rows, which hold keys
+    /// and values for every layer.
+    pub fn counts_only(&self) -> bool {
+        self.len > 0 && self.keys.is_none() && self.state.is_none()
+    }
+
     /// Whether this layer holds a recurrent state (which cannot be truncated).
     pub fn is_recurrent(&self) -> bool {
         self.state.is_some()
@@ -287,11 +294,41 @@ impl KvCache {
     pub fn is_recurrent(&self) -> bool {
         self.layers.iter().any(LayerCache::is_recurrent)
     }
+
+    /// Whether this cache must decode on its own: a layer holds a recurrent state, or keeps
+    /// nothing of its positions (a pipeline stage of Nemotron-H may hold only attention and
+    /// such layers); the shared decode rows hold keys and values for every layer.
+    pub fn decodes_alone(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.is_recurrent() || l.counts_only())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A layer without attention counts positions and keeps nothing: its cache decodes on its
+    /// own (the shared decode rows would find no keys for it, which failed a Nemotron-H
+    /// pipeline rank holding only attention and MoE layers on a real node).
+    #[test]
+    fn a_cache_with_a_counting_layer_decodes_alone() {
+        let mut cache = KvCache::new(2);
+        cache.layers[0]
+            .append(positions(0, 3), positions(0, 3))
+            .unwrap();
+        cache.layers[1].advance(3);
+        assert_eq!(cache.len(), 3);
+        assert!(cache.layers[1].counts_only() && !cache.layers[0].counts_only());
+        assert!(cache.decodes_alone() && !cache.is_recurrent());
+        let mut plain = KvCache::new(1);
+        plain.layers[0]
+            .append(positions(0, 3), positions(0, 3))
+            .unwrap();
+        assert!(!plain.decodes_alone());
+        assert!(cache.truncate(2) && cache.layers[1].len() == 2);
+    }
 
     /// Position `p`'s key is `p` (one head of width 1).
     fn positions(from: usize, to: usize) -> Array {

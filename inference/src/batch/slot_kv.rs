@@ -207,9 +207,10 @@ impl SlotKv {
             let Some(cache) = self.own.get(&slot) else {
                 continue;
             };
-            // A recurrent layer's state is not keys and values: such a sequence decodes on
-            // its own cache (each one alone, exactly as it would outside a batch).
-            if len != 1 || cache.is_empty() || cache.is_recurrent() || joining.contains(&slot) {
+            // A recurrent layer's state is not keys and values, and a layer without attention
+            // keeps nothing: such a sequence decodes on its own cache (each one alone, exactly
+            // as it would outside a batch).
+            if len != 1 || cache.is_empty() || cache.decodes_alone() || joining.contains(&slot) {
                 continue;
             }
             lens.push(cache.len());
