@@ -29,9 +29,9 @@ use kit::blocking::{Blocking, Next};
 use kit::client::Api;
 use kit::sse::SseEvent;
 use serde_json::{json, Value};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-use support::{logs, netns, wait_for, ShoalNode, TestNet, API_PORT};
+use support::{logs, netns, run_script, wait_for, ShoalNode, TestNet, API_PORT};
 
 const ADMIN_KEY: &str = "shoal-test-admin-key-0123456789";
 const KEY_A: &str = "shoal-test-chat-key-a-0123456789";
@@ -193,27 +193,9 @@ fn one_keyed_node_reports_logprobs_batches_cancels_by_key_and_drains() {
 }
 
 fn logprobs_in_every_api(node: &ShoalNode) {
-    let python = kit::dirs::python();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/logprob_checks.py");
     let root = format!("http://{}:{API_PORT}", node.node.ip());
-    let mut child = node
-        .node
-        .command(&python.display().to_string())
-        .arg(&script)
-        .args([root.as_str(), "default", KEY_A])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run the venv's python");
-    let started = Instant::now();
-    while child.try_wait().expect("wait").is_none() && started.elapsed() < Duration::from_secs(300)
-    {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    if child.try_wait().expect("wait").is_none() {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().expect("the script's output");
+    let args = [root.as_str(), "default", KEY_A];
+    let out = run_script(node, "logprob_checks.py", &args, Duration::from_secs(300));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("all passed"),

@@ -28,6 +28,7 @@
 pub use crate::answer::AnswerForm;
 use crate::error::ApiError;
 pub use crate::exo::{CreateInstanceRequest, PlaceInstanceRequest};
+pub use crate::response_format::ResponseFormat;
 pub use crate::tools::{Tool, ToolCall, ToolChoice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -209,6 +210,11 @@ pub struct ChatRequest {
     /// since the template prints it into the prompt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<String>,
+    /// Structured output: the answer decoded under a JSON Schema or as any JSON object
+    /// ([`crate::response_format`]). Left out of the JSON when absent, so that peers without
+    /// it read the same bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// An accepted chat: its prompt size and the events to come.

@@ -52,6 +52,7 @@ pub mod ollama;
 pub mod openai;
 pub mod reasoning;
 mod request_body;
+pub mod response_format;
 pub mod responses;
 pub mod router;
 pub mod server;

@@ -54,6 +54,25 @@ pub fn check_request(
     Ok(prompt)
 }
 
+/// The sampler of `request`: its sampling parameters, and its output constraint compiled
+/// over the tokenizer's vocabulary (an unenforceable one is the request's error).
+pub fn sampler_for(
+    config: &ModelConfig,
+    tokenizer: &Tokenizer,
+    request: &GenerateRequest,
+) -> Result<Sampler> {
+    let sampler = Sampler::new(request.sampling.clone());
+    match &request.constraint {
+        None => Ok(sampler),
+        Some(constraint) => {
+            let grammar = tokenizer
+                .grammar_compiler(config.vocab_size)?
+                .start(constraint)?;
+            Ok(sampler.with_grammar(grammar))
+        }
+    }
+}
+
 /// Generates a completion of `request` over `forward` (see [`crate::Engine::generate`]): the one
 /// generation loop, whatever runs the model. The sequence is reset first; the prompt is
 /// prefilled in chunks of `forward.max_chunk()` tokens.
@@ -66,7 +85,7 @@ pub fn generate(
     let prompt = check_request(forward.config(), tokenizer, request)?;
     let context_length = forward.config().max_position_embeddings;
     let max_tokens = request.max_tokens.min(context_length - prompt.len());
-    let mut sampler = Sampler::new(request.sampling.clone());
+    let mut sampler = sampler_for(forward.config(), tokenizer, request)?;
     let mut context = prompt.clone();
     let mut output = SequenceOutput::new(request, prompt.len(), max_tokens);
     if max_tokens == 0 {
@@ -101,7 +120,7 @@ pub fn generate(
                 }
                 choice.read()?
             }
-            None => sampler.sample(&logits, &context, output.generated()),
+            None => sampler.sample(&logits, &context, output.generated())?,
         };
         let token = s.token;
         context.push(token);

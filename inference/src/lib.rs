@@ -19,6 +19,7 @@
 pub mod batch;
 pub mod chat_template;
 pub mod config;
+pub mod constraint;
 pub mod cpu_kernels;
 pub mod cpu_layer_ops;
 pub mod detokenizer;
@@ -61,6 +62,7 @@ pub mod weights;
 
 pub use chat_template::{DateTime, TemplateClock, TemplateInput, ToolCall, ToolSpec};
 pub use config::{Architecture, ModelConfig};
+pub use constraint::OutputConstraint;
 pub use engine::Engine;
 pub use error::{InferenceError, Result};
 pub use loader::LoadOptions;

@@ -1,6 +1,7 @@
 //! What a caller asks for and gets back: the prompt, the request's controls, streamed tokens
 //! and the finished completion (also the runner protocol's payloads).
 
+use crate::constraint::OutputConstraint;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
 
@@ -35,6 +36,10 @@ pub struct GenerateRequest {
     /// Keep going past the model's end tokens (for benchmarks).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// What the output must match (a JSON Schema, any JSON object, a grammar): decoded under
+    /// it, see [`crate::constraint`]. Left out of the runner protocol's JSON when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<OutputConstraint>,
 }
 
 impl GenerateRequest {
@@ -47,6 +52,7 @@ impl GenerateRequest {
             stop: vec![],
             stop_token_ids: vec![],
             ignore_eos: false,
+            constraint: None,
         }
     }
 }

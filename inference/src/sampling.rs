@@ -2,6 +2,7 @@
 //! min-p, and a seeded random generator so that a seeded request always gives the same text;
 //! and the most likely tokens of each step with their log-probabilities (`top_logprobs`).
 
+use crate::constraint::Grammar;
 use crate::error::{InferenceError, Result};
 use std::collections::BTreeMap;
 
@@ -148,6 +149,8 @@ impl Rng {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
+    /// The output constraint's state, when the request has one.
+    grammar: Option<Grammar>,
 }
 
 /// The chosen token and its log-probability under the model (before bias, penalties and
@@ -234,7 +237,19 @@ impl Sampler {
         Sampler {
             params,
             rng: Rng::new(seed),
+            grammar: None,
         }
+    }
+
+    /// The same sampler, choosing only tokens `grammar` allows (see [`Sampler::sample`]).
+    pub fn with_grammar(mut self, grammar: Grammar) -> Sampler {
+        self.grammar = Some(grammar);
+        self
+    }
+
+    /// The output constraint's state, when there is one (to compute its next mask ahead).
+    pub fn grammar_mut(&mut self) -> Option<&mut Grammar> {
+        self.grammar.as_mut()
     }
 
     /// True when sampling never looks at anything but the argmax of the model's logits (and
@@ -247,17 +262,28 @@ impl Sampler {
             && p.frequency_penalty == 0.0
             && p.top_logprobs == 0
             && p.logit_bias.is_empty()
+            && self.grammar.is_none()
     }
 
     /// Chooses the next token. `context` is the prompt followed by the generated tokens,
     /// `generated` the number of generated tokens at its end.
-    pub fn sample(&mut self, logits: &[f32], context: &[u32], generated: usize) -> Sampled {
+    ///
+    /// The logits pass, in this order: the repetition penalty, the presence and frequency
+    /// penalties, `logit_bias`, then the output constraint's mask (every token its grammar
+    /// does not allow becomes `-inf`), then temperature and the top-k, top-p and min-p
+    /// cut-offs (or the argmax, when greedy). The mask comes after the bias so that no bias
+    /// can bring back a token the grammar forbids, and before the cut-offs so that they pick
+    /// among allowed tokens only (top-p's nucleus is then a nucleus of what may be written).
+    /// The chosen token is committed to the grammar. The log-probabilities reported stay the
+    /// model's own. Errors come only from the constraint (see [`Grammar::mask`]).
+    pub fn sample(&mut self, logits: &[f32], context: &[u32], generated: usize) -> Result<Sampled> {
         let p = &self.params;
         let mut adjusted: Option<Vec<f32>> = None;
         if !p.logit_bias.is_empty()
             || p.repetition_penalty != 1.0
             || p.presence_penalty != 0.0
             || p.frequency_penalty != 0.0
+            || self.grammar.is_some()
         {
             let mut l = logits.to_vec();
             if p.repetition_penalty != 1.0 {
@@ -291,6 +317,9 @@ impl Sampler {
                     *v += b;
                 }
             }
+            if let Some(grammar) = self.grammar.as_mut() {
+                grammar.mask(&mut l)?;
+            }
             adjusted = Some(l);
         }
         let scores: &[f32] = adjusted.as_deref().unwrap_or(logits);
@@ -299,12 +328,15 @@ impl Sampler {
         } else {
             self.draw(scores)
         };
+        if let Some(grammar) = self.grammar.as_mut() {
+            grammar.commit(token as u32)?;
+        }
         let norm = log_normaliser(logits);
-        Sampled {
+        Ok(Sampled {
             token: token as u32,
             logprob: logprob_of(logits[token], norm),
             top: top_logprobs_under(logits, self.params.top_logprobs, norm),
-        }
+        })
     }
 
     fn draw(&mut self, scores: &[f32]) -> usize {
@@ -382,7 +414,7 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax_and_reports_its_logprob() {
         let mut s = Sampler::new(params(|_| {}));
-        let out = s.sample(&[0.0, 2.0, 1.0], &[], 0);
+        let out = s.sample(&[0.0, 2.0, 1.0], &[], 0).unwrap();
         assert_eq!(out.token, 1);
         let want = 2.0 - (1f64 + 2f64.exp() + 1f64.exp()).ln() as f32;
         assert!((out.logprob - want).abs() < 1e-6);
@@ -395,7 +427,7 @@ mod tests {
             p.top_k = 1;
         }));
         for _ in 0..50 {
-            assert_eq!(s.sample(&[0.1, 0.3, 0.2], &[], 0).token, 1);
+            assert_eq!(s.sample(&[0.1, 0.3, 0.2], &[], 0).unwrap().token, 1);
         }
     }
 
@@ -411,8 +443,8 @@ mod tests {
             p.top_p = 0.5;
         }));
         for _ in 0..200 {
-            assert!(s.sample(&logits, &[], 0).token < 2);
-            assert_eq!(s2.sample(&logits, &[], 0).token, 0);
+            assert!(s.sample(&logits, &[], 0).unwrap().token < 2);
+            assert_eq!(s2.sample(&logits, &[], 0).unwrap().token, 0);
         }
     }
 
@@ -425,7 +457,7 @@ mod tests {
                 p.seed = Some(seed);
             }));
             (0..64)
-                .map(|_| s.sample(&logits, &[], 0).token)
+                .map(|_| s.sample(&logits, &[], 0).unwrap().token)
                 .collect::<Vec<_>>()
         };
         assert_eq!(run(3), run(3));
@@ -440,14 +472,14 @@ mod tests {
     fn penalties_change_the_greedy_choice() {
         let logits = [2.0, 1.9, -1.0];
         let mut rep = Sampler::new(params(|p| p.repetition_penalty = 1.5));
-        assert_eq!(rep.sample(&logits, &[0], 0).token, 1);
+        assert_eq!(rep.sample(&logits, &[0], 0).unwrap().token, 1);
         let mut pres = Sampler::new(params(|p| p.presence_penalty = 0.5));
-        assert_eq!(pres.sample(&logits, &[5, 0], 1).token, 1);
+        assert_eq!(pres.sample(&logits, &[5, 0], 1).unwrap().token, 1);
         // The prompt does not count for presence: token 0 only appears before the generated part.
-        assert_eq!(pres.sample(&logits, &[0, 5], 1).token, 0);
+        assert_eq!(pres.sample(&logits, &[0, 5], 1).unwrap().token, 0);
         let mut freq = Sampler::new(params(|p| p.frequency_penalty = 0.06));
-        assert_eq!(freq.sample(&logits, &[0], 1).token, 0);
-        assert_eq!(freq.sample(&logits, &[0, 0], 2).token, 1);
+        assert_eq!(freq.sample(&logits, &[0], 1).unwrap().token, 0);
+        assert_eq!(freq.sample(&logits, &[0, 0], 2).unwrap().token, 1);
     }
 
     #[test]
@@ -533,13 +565,15 @@ mod tests {
         let logits = [0.5, 2.0, -1.0, 1.5];
         let mut s = Sampler::new(params(|p| p.top_logprobs = 3));
         assert!(!s.is_greedy(), "top_logprobs needs the logits on the host");
-        let out = s.sample(&logits, &[], 0);
+        let out = s.sample(&logits, &[], 0).unwrap();
         assert_eq!(out.token, 1);
         let ids: Vec<u32> = out.top.iter().map(|t| t.0).collect();
         assert_eq!(ids, vec![1, 3, 0]);
         assert_eq!(out.top[0].1, out.logprob);
         assert!(out.top.iter().all(|t| t.1 <= 0.0));
-        let plain = Sampler::new(params(|_| {})).sample(&logits, &[], 0);
+        let plain = Sampler::new(params(|_| {}))
+            .sample(&logits, &[], 0)
+            .unwrap();
         assert!(plain.top.is_empty());
         assert_eq!(plain.logprob, out.logprob);
     }
@@ -552,22 +586,22 @@ mod tests {
             p.top_logprobs = 2;
         }));
         assert!(!force.is_greedy());
-        let out = force.sample(&logits, &[], 0);
+        let out = force.sample(&logits, &[], 0).unwrap();
         assert_eq!(out.token, 2);
         assert_eq!(out.logprob, top_logprobs(&logits, 4)[3].1);
         assert_eq!(out.top, top_logprobs(&logits, 2));
         let mut ban = Sampler::new(params(|p| p.logit_bias = [(1, -100.0)].into()));
-        assert_eq!(ban.sample(&logits, &[], 0).token, 3);
+        assert_eq!(ban.sample(&logits, &[], 0).unwrap().token, 3);
         // With temperature, a banned token is never drawn and a forced one always is.
         let mut hot = Sampler::new(params(|p| {
             p.temperature = 1.0;
             p.logit_bias = [(1, -100.0), (3, -100.0), (0, -100.0)].into();
         }));
         for _ in 0..100 {
-            assert_eq!(hot.sample(&logits, &[], 0).token, 2);
+            assert_eq!(hot.sample(&logits, &[], 0).unwrap().token, 2);
         }
         // Ids past the logits (a vocabulary padded differently) are ignored, never a panic.
         let mut past = Sampler::new(params(|p| p.logit_bias = [(99, 100.0)].into()));
-        assert_eq!(past.sample(&logits, &[], 0).token, 1);
+        assert_eq!(past.sample(&logits, &[], 0).unwrap().token, 1);
     }
 }

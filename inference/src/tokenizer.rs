@@ -90,6 +90,11 @@ pub struct Tokenizer {
     /// The longest vocabulary piece in bytes (made on first use, see
     /// [`Tokenizer::surely_longer_than`]).
     pub(crate) longest_piece: std::sync::OnceLock<usize>,
+    /// The grammar compiler over this vocabulary (made on first use, see
+    /// [`Tokenizer::grammar_compiler`]).
+    pub(crate) grammar: std::sync::OnceLock<
+        std::result::Result<std::sync::Arc<crate::constraint::GrammarCompiler>, String>,
+    >,
     /// Beginning-of-sequence token, if the model has one.
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation.
@@ -282,6 +287,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             plain: std::sync::OnceLock::new(),
             longest_piece: std::sync::OnceLock::new(),
+            grammar: std::sync::OnceLock::new(),
             inner,
             bos_token_id,
             eos_token_ids,
@@ -370,6 +376,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             plain: std::sync::OnceLock::new(),
             longest_piece: std::sync::OnceLock::new(),
+            grammar: std::sync::OnceLock::new(),
             inner,
             bos_token_id,
             eos_token_ids,

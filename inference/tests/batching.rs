@@ -14,23 +14,10 @@ use inference::{
 };
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
-fn engine() -> MutexGuard<'static, Engine> {
-    static ENGINE: OnceLock<Mutex<Engine>> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let p = kit::dirs::default_model_path();
-            assert!(
-                p.exists(),
-                "{} is missing: run `cargo xtask setup`",
-                p.display()
-            );
-            Mutex::new(Engine::load(p, Some(WeightFormat::F32)).unwrap())
-        })
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-}
+mod common;
+
+use common::smollm2_f32 as engine;
 
 fn chat(text: &str, max_tokens: usize) -> GenerateRequest {
     let mut r = GenerateRequest::new(

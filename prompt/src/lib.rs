@@ -7,6 +7,7 @@
 //! ([`models::ModelFacts`]) so that the binary keeps only chat routing.
 
 mod prompt;
+mod structured;
 mod tools_prompt;
 
 pub use prompt::generate_request;

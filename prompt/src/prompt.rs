@@ -145,7 +145,14 @@ pub fn generate_request(
     let template = facts.tokenizer.chat_template.as_deref();
     let mut form = AnswerForm::of_prompt(template, &text);
     // `tool_choice` required or named: the answer opens with the call.
-    gateway::tools::forced::apply(request, template, &mut text, &mut form, &mark);
+    let call_grammar =
+        gateway::tools::forced::apply(request, template, &mut text, &mut form, &mark);
+    // Structured output (or the forced call's arguments): decoded under a grammar.
+    let constraint = super::structured::output_constraint(
+        request.response_format.as_ref(),
+        call_grammar,
+        facts,
+    )?;
     // Only the template's markup may become control tokens, never a client's text.
     let ids = match &marks {
         Some(marks) => facts.tokenizer.encode_marked(&text, marks),
@@ -170,6 +177,7 @@ pub fn generate_request(
         .unwrap_or(facts.context_length);
     let mut out = GenerateRequest::new(Prompt::Tokens(ids), max_tokens);
     out.ignore_eos = s.ignore_eos;
+    out.constraint = constraint;
     let p = &mut out.sampling;
     if let Some(t) = s.temperature {
         p.temperature = t;

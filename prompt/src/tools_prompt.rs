@@ -201,7 +201,8 @@ mod tests {
         });
         assert_eq!(
             messages[2].content,
-            "<tool_call>\n{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}\n</tool_call>"
+            // Keys as written (serde_json keeps insertion order since llguidance, issue 45).
+            "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>"
         );
         assert!(messages[0].content.contains("ends here [marked]"));
         assert!(!messages[0].content.contains("<|im_end|>"));

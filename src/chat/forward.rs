@@ -418,6 +418,11 @@ mod tests {
             tool_choice: gateway::ToolChoice::Function("get_weather".into()),
             enable_thinking: Some(false),
             reasoning_effort: Some("high".into()),
+            // A structured output's schema travels to the node that renders the prompt.
+            response_format: Some(gateway::response_format::ResponseFormat::JsonSchema {
+                schema: r#"{"type":"object","properties":{"b":{},"a":{}}}"#.into(),
+                field: "response_format.json_schema.schema".into(),
+            }),
         }
     }
 

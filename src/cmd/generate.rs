@@ -2,7 +2,9 @@
 
 use clap::Args;
 use inference::loader::{load_shard, LoadOptions};
-use inference::{ChatMessage, Engine, GenerateRequest, Prompt, SamplingParams, WeightFormat};
+use inference::{
+    ChatMessage, Engine, GenerateRequest, OutputConstraint, Prompt, SamplingParams, WeightFormat,
+};
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -59,6 +61,10 @@ pub struct GenerateArgs {
     /// Keep generating past the end-of-text token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Decode under this JSON Schema (a file; `json` for any JSON object): structured
+    /// output, and with `--streams` the cost of constraints in a batch (issue 45).
+    #[arg(long)]
+    pub json_schema: Option<PathBuf>,
     /// Weight representation: f32, f16, bf16 or quantized (default: fastest for the backend;
     /// env SHOAL_DTYPE).
     #[arg(long)]
@@ -150,6 +156,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stop: args.stop.clone(),
         stop_token_ids: vec![],
         ignore_eos: args.ignore_eos,
+        constraint: match &args.json_schema {
+            None => None,
+            Some(path) if path.as_os_str() == "json" => Some(OutputConstraint::JsonObject),
+            Some(path) => Some(OutputConstraint::JsonSchema {
+                schema: std::fs::read_to_string(path)?,
+            }),
+        },
     };
     let mut stdout = std::io::stdout().lock();
     if let Some(streams) = args.streams {

@@ -167,6 +167,38 @@ pub fn call(
     }
 }
 
+/// Runs `tests/SCRIPT` with the venv's Python (`kit::dirs::python`) inside `node`'s
+/// namespace, with `args`, for at most `limit` (then killed): its output, for the official
+/// clients' checks of a real node.
+pub fn run_script(
+    node: &ShoalNode,
+    script: &str,
+    args: &[&str],
+    limit: Duration,
+) -> std::process::Output {
+    let python = kit::dirs::python();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let mut child = node
+        .node
+        .command(&python.display().to_string())
+        .arg(&script)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the venv's python");
+    let started = Instant::now();
+    while child.try_wait().expect("wait").is_none() && started.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if child.try_wait().expect("wait").is_none() {
+        let _ = child.kill();
+    }
+    child.wait_with_output().expect("the script's output")
+}
+
 /// Whether `node` lists the model `default` (the fixture) as ready in `GET /v1/models`.
 pub fn default_ready(node: &ShoalNode) -> bool {
     let (200, models) = call(node, "GET", "/v1/models", None) else {

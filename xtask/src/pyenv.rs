@@ -68,6 +68,12 @@ pub const PYTHON_REQUIREMENTS: &[&str] = &[
     // the K-quant tests compare shoal's dequantization with; and what it pulls beyond the above.
     "gguf==0.19.0",
     "numpy==2.4.6",
+    // jsonschema, which validates every structured output against the schema sent (issue
+    // 45), and what it pulls beyond the above.
+    "jsonschema==4.26.0",
+    "jsonschema-specifications==2025.9.1",
+    "referencing==0.37.0",
+    "rpds-py==2026.9.1",
     "requests==2.34.2",
     "charset-normalizer==3.4.7",
 ];

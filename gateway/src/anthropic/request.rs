@@ -78,6 +78,7 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
             tool_choice,
             enable_thinking,
             reasoning_effort: None,
+            response_format: None,
         },
         stream,
     })

@@ -11,6 +11,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u32, parse_seed, parse_stop,
     reasoning_effort, required_string,
 };
+use crate::response_format::parse_ollama_format;
 use crate::tools::json::Ordered;
 use crate::tools::{parse_tool_calls, parse_tools, ToolShape};
 use serde_json::{Map, Value};
@@ -76,17 +77,10 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
         Some(level @ Value::String(_)) => reasoning_effort(Some(level), "think")?,
         _ => None,
     };
-    match obj.get("format") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "format",
-                "`format` (JSON mode or a schema) is not supported: shoal does not constrain \
-                 decoding; leave it out and ask for JSON in the prompt",
-            ))
-        }
-    }
+    let response_format = parse_ollama_format(
+        obj.get("format"),
+        ordered.as_ref().and_then(|o| o.get("format")),
+    )?;
     let options = match obj.get("options") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(o)) => o.clone(),
@@ -108,6 +102,7 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
             tools,
             enable_thinking,
             reasoning_effort,
+            response_format,
             ..ChatRequest::default()
         },
         stream,
@@ -471,7 +466,7 @@ mod tests {
                 "raw",
             ),
             (
-                json!({"model": "m", "prompt": "x", "format": "json"}),
+                json!({"model": "m", "prompt": "x", "format": "xml"}),
                 Endpoint::Generate,
                 "format",
             ),

@@ -10,6 +10,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, opt_u32, opt_u64,
     parse_logit_bias, parse_seed, parse_stop, reasoning_effort, required_string,
 };
+use crate::response_format::parse_chat_response_format;
 use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
 use serde_json::Value;
@@ -42,6 +43,10 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         ToolShape::Nested,
     )?;
     let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Nested, &tools)?;
+    let response_format = parse_chat_response_format(
+        obj.get("response_format"),
+        ordered.as_ref().and_then(|o| o.get("response_format")),
+    )?;
     let mut reasoning_effort_value = obj.get("reasoning_effort");
     let mut effort_param = "reasoning_effort";
     let enable_thinking = match obj.get("chat_template_kwargs") {
@@ -135,6 +140,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
             tool_choice,
             enable_thinking,
             reasoning_effort,
+            response_format,
         },
         stream,
         include_usage: stream && include_usage,

@@ -11,6 +11,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, parse_seed,
     reasoning_effort, required_string,
 };
+use crate::response_format::parse_text_format;
 use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_openai_tool_choice, parse_tools, ToolShape};
 use serde_json::{Map, Value};
@@ -72,7 +73,10 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
     messages.extend(parse_input(obj.get("input"), ordered_at("input"))?);
     let tools = parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Flat)?;
     let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Flat, &tools)?;
-    check_text_format(obj.get("text"))?;
+    let response_format = parse_text_format(
+        obj.get("text"),
+        ordered.as_ref().and_then(|o| o.get("text")),
+    )?;
     let max_tokens = opt_max_tokens(&obj, "max_output_tokens")?;
     let sampling = RequestedSampling {
         max_tokens,
@@ -106,6 +110,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
             tool_choice,
             enable_thinking: None,
             reasoning_effort,
+            response_format,
         },
         stream: opt_bool(&obj, "stream")?.unwrap_or(false),
         instructions,
@@ -297,24 +302,6 @@ fn content_text(at: &str, value: &Value) -> Result<String, ApiError> {
     Ok(text)
 }
 
-fn check_text_format(value: Option<&Value>) -> Result<(), ApiError> {
-    let kind = value
-        .and_then(|t| t.get("format"))
-        .and_then(|f| f.get("type"))
-        .and_then(Value::as_str);
-    match kind {
-        None | Some("text") => Ok(()),
-        Some(other) => Err(ApiError::invalid_field(
-            "text.format",
-            format!(
-                "`text.format` `{}` is not supported: shoal does not constrain decoding; \
-                 ask for JSON in the prompt",
-                echo(other)
-            ),
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,7 +431,7 @@ mod tests {
             ),
             (
                 json!({"model": "m", "input": "x", "text": {"format": {"type": "json_schema"}}}),
-                "text.format",
+                "text.format.schema",
             ),
             (
                 json!({"model": "m", "input": "x", "top_logprobs": 21}),

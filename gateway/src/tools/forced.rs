@@ -5,9 +5,10 @@
 //! named function, also the start of that function's call, up to its arguments (and their
 //! opening `{` where they are JSON).
 //! The answer's parser reads the same text first ([`crate::answer::AnswerForm::primed`]), so
-//! it sees the whole call. This is the opening part of constrained decoding (what llama.cpp's
-//! lazy grammars trigger on and what vLLM's guided decoding enforces), without a grammar over
-//! the arguments: those stay the model's, and are checked as every call's are.
+//! it sees the whole call. For the Hermes-style families the rest of the call (the function
+//! for `required`, the arguments under the tool's schema, the close) is then decoded under a
+//! grammar ([`super::call_grammar`]); for the others the arguments stay the model's, and are
+//! checked as every call's are.
 //!
 //! Every family forces: each opening below is exactly what the family's template renders for
 //! an earlier call (`gateway/tests/dialect_templates.rs` checks it against the real templates),
@@ -171,17 +172,19 @@ pub fn opening(
 
 /// Forces `request`'s `tool_choice` on a prompt rendered by `template`: appends the opening
 /// to `prompt` and primes `form` with it. Nothing when the choice is `auto` or `none`, or no
-/// tool is offered. `mark`: how a client's text is written into the prompt.
+/// tool is offered. `mark`: how a client's text is written into the prompt. Answers the
+/// grammar (llguidance's Lark) the rest of the call must be decoded under, for the families
+/// that have one ([`super::call_grammar`]); the opening then leaves the arguments to it.
 pub fn apply(
     request: &ChatRequest,
     template: Option<&str>,
     prompt: &mut String,
     form: &mut AnswerForm,
     mark: &dyn Fn(&str) -> String,
-) {
+) -> Option<String> {
     let offered = request.tool_choice.offered(&request.tools);
     if offered.is_empty() {
-        return;
+        return None;
     }
     // `required` with one tool offered can only call that one: its name is forced too (what
     // a grammar over the names would allow), but not the end after it (`required` may call
@@ -193,10 +196,19 @@ pub fn apply(
     let earlier_calls = request.messages.iter().map(|m| m.tool_calls.len()).sum();
     let opener = Opener::of_template(template);
     let forced = opening(opener, &choice, earlier_calls, form.opens_in_thought, mark);
-    if let Some(forced) = forced {
+    let grammar = super::call_grammar::call_grammar(opener, &choice, &offered);
+    if let Some(mut forced) = forced {
+        if grammar.as_ref().is_some_and(|g| g.without_brace) {
+            for text in [&mut forced.prompt, &mut forced.primed] {
+                if text.ends_with('{') {
+                    text.pop();
+                }
+            }
+        }
         prompt.push_str(&forced.prompt);
         form.primed = forced.primed;
     }
+    grammar.map(|g| g.lark)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! the model) wrote them ([`json::Ordered`]): the model reads them in its prompt.
 
 pub mod block;
+pub mod call_grammar;
 pub mod dialect;
 pub mod dialects;
 pub mod forced;

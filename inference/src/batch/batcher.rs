@@ -30,8 +30,9 @@
 use super::batch_forward::{BatchForward, BatchPart};
 use super::prompt_cache::PromptCache;
 use super::slot_kv::Slot;
+use crate::constraint::Grammar;
 use crate::error::{InferenceError, Result};
-use crate::generate::check_request;
+use crate::generate::{check_request, sampler_for};
 use crate::kv_cache::KvCache;
 use crate::memory::KvGrowth;
 use crate::request::{Completion, GenerateRequest, TokenEvent, TokenLogprobs};
@@ -180,6 +181,7 @@ impl<'a> Batcher<'a> {
     /// step on.
     pub fn submit(&mut self, id: u64, request: &GenerateRequest) -> Result<()> {
         let prompt = check_request(self.forward.config(), self.tokenizer, request)?;
+        let sampler = sampler_for(self.forward.config(), self.tokenizer, request)?;
         let context_length = self.forward.config().max_position_embeddings;
         let max_tokens = request.max_tokens.min(context_length - prompt.len());
         let output = SequenceOutput::new(request, prompt.len(), max_tokens);
@@ -194,7 +196,7 @@ impl<'a> Batcher<'a> {
             prompt_len: prompt.len(),
             context: prompt,
             fed: 0,
-            sampler: Sampler::new(request.sampling.clone()),
+            sampler,
             output,
             cancelled: false,
             admitted: None,
@@ -276,23 +278,11 @@ impl<'a> Batcher<'a> {
         if plan.is_empty() {
             return Ok(events);
         }
-        let logits = {
-            let parts: Vec<BatchPart<'_>> = plan
-                .iter()
-                .map(|&(i, n)| {
-                    let s = &self.active[i];
-                    BatchPart {
-                        slot: s.slot.expect("an active sequence has a slot"),
-                        tokens: &s.context[s.fed..s.fed + n],
-                        wants_logits: n == s.pending(),
-                    }
-                })
-                .collect();
-            self.forward.step(&parts)?
-        };
+        let logits = self.run_step(&plan)?;
         self.stats.steps += 1;
         let mut logits = logits.into_iter();
         let mut finished = Vec::new();
+        let mut failed = Vec::new();
         let mut sampled_here = 0;
         for &(i, n) in &plan {
             let s = &mut self.active[i];
@@ -305,7 +295,14 @@ impl<'a> Batcher<'a> {
                     "a step returned fewer logits than asked".into(),
                 ));
             };
-            let sampled = s.sampler.sample(&row, &s.context, s.output.generated());
+            // Only an output constraint fails here: it ends its own request, not the batch.
+            let sampled = match s.sampler.sample(&row, &s.context, s.output.generated()) {
+                Ok(sampled) => sampled,
+                Err(e) => {
+                    failed.push((i, e.to_string()));
+                    continue;
+                }
+            };
             sampled_here += 1;
             s.context.push(sampled.token);
             let now = Instant::now();
@@ -327,11 +324,72 @@ impl<'a> Batcher<'a> {
         }
         self.stats.tokens += sampled_here;
         self.stats.decode_steps += u64::from(sampled_here > 0);
-        for i in finished.into_iter().rev() {
-            let s = self.active.remove(i);
-            self.end(s, &mut events)?;
+        let mut leaving: Vec<(usize, Option<String>)> = finished
+            .into_iter()
+            .map(|i| (i, None))
+            .chain(failed.into_iter().map(|(i, m)| (i, Some(m))))
+            .collect();
+        leaving.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, failure) in leaving {
+            let mut s = self.active.remove(i);
+            match failure {
+                None => self.end(s, &mut events)?,
+                Some(message) => {
+                    if let Some(slot) = s.slot.take() {
+                        self.forward.close(slot);
+                    }
+                    let ring_lost = false;
+                    events.push((s.id, BatchEvent::Failed { message, ring_lost }));
+                }
+            }
         }
         Ok(events)
+    }
+
+    /// Runs the forward pass of `plan` (sequence index, tokens to feed). The output
+    /// constraints' masks for the rows that will sample are computed meanwhile on other
+    /// threads, so that constrained rows cost the step little more than unconstrained ones.
+    fn run_step(&mut self, plan: &[(usize, usize)]) -> Result<Vec<Vec<f32>>> {
+        let mut parts: Vec<BatchPart<'_>> = Vec::with_capacity(plan.len());
+        let mut grammars: Vec<&mut Grammar> = Vec::new();
+        let mut planned = plan.iter().peekable();
+        for (i, s) in self.active.iter_mut().enumerate() {
+            let Some(&&(at, n)) = planned.peek() else {
+                break;
+            };
+            if at != i {
+                continue;
+            }
+            planned.next();
+            let wants_logits = n == s.pending();
+            let Sequence {
+                slot,
+                context,
+                fed,
+                sampler,
+                ..
+            } = s;
+            parts.push(BatchPart {
+                slot: slot.expect("an active sequence has a slot"),
+                tokens: &context[*fed..*fed + n],
+                wants_logits,
+            });
+            if let Some(grammar) = sampler.grammar_mut().filter(|_| wants_logits) {
+                grammars.push(grammar);
+            }
+        }
+        let forward = &mut self.forward;
+        if grammars.is_empty() {
+            return forward.step(&parts);
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per_thread = grammars.len().div_ceil(threads.clamp(1, 8));
+        std::thread::scope(|scope| {
+            for chunk in grammars.chunks_mut(per_thread) {
+                scope.spawn(move || chunk.iter_mut().for_each(|g| g.prepare()));
+            }
+            forward.step(&parts)
+        })
     }
 
     /// Ends every request (waiting or running) with `message`: after a failed step.

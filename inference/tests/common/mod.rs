@@ -176,6 +176,20 @@ pub fn smollm2() -> std::path::PathBuf {
     path
 }
 
+/// The SmolLM2 fixture loaded once per test binary in f32 (tests of one binary run on threads
+/// and take turns with it).
+pub fn smollm2_f32() -> std::sync::MutexGuard<'static, inference::Engine> {
+    static ENGINE: std::sync::OnceLock<std::sync::Mutex<inference::Engine>> =
+        std::sync::OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let engine = inference::Engine::load(smollm2(), Some(inference::WeightFormat::F32));
+            std::sync::Mutex::new(engine.unwrap())
+        })
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
 /// "<|im_start|>user\nWhat is the capital of France?" as SmolLM2 token ids.
 pub const SMOLLM2_PROMPT: &str = "1,4093,198,1780,314,260,3575,282,4649,47";
 
