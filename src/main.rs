@@ -162,6 +162,9 @@ enum CliCommand {
     Secret(cmd::secret::SecretArgs),
     /// Measure prompt and generation speed of a model on every placement (like exo_bench).
     Bench(bench::BenchArgs),
+    /// Run this node as a service of your user (systemd; launchd on macOS): `shoal service
+    /// install -- NODE FLAGS`, `shoal service uninstall`.
+    Service(cmd::service::ServiceArgs),
     /// Run one model instance, driven over stdin/stdout by its node (internal).
     #[command(hide = true)]
     Runner(cmd::runner::RunnerArgs),
@@ -176,6 +179,7 @@ fn main() -> ExitCode {
         Some(CliCommand::Bench(args)) => bench::run(&args),
         Some(CliCommand::Download(args)) => cmd::exit(cmd::download::run(&args)),
         Some(CliCommand::Secret(args)) => cmd::exit(cmd::secret::run(&args)),
+        Some(CliCommand::Service(args)) => cmd::exit(cmd::service::run(&args)),
         Some(CliCommand::Generate(args)) => cmd::exit(cmd::generate::run(args)),
         Some(CliCommand::Runner(args)) => {
             inference::runner::exit_process(cmd::runner::run(args).clamp(0, 255))

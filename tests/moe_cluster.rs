@@ -421,6 +421,7 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/glm-5-tiny-4bit", "glm_moe_dsa", "q4"),
     ("shoal-fixtures/mistral-small-4-tiny-4bit", "mistral4", "q4"),
     ("shoal-fixtures/kimi-linear-tiny-4bit", "kimi_linear", "q4"),
+    ("shoal-fixtures/nemotron-h-tiny-4bit", "nemotron_h", "q4"),
 ];
 
 /// Families whose tensor-parallel cut is refused for now, with the reason placement gives.
@@ -429,6 +430,7 @@ const NO_TENSOR: &[(&str, &str)] = &[
     ("qwen3_5_moe", "Gated DeltaNet"),
     ("qwen3_next", "Gated DeltaNet"),
     ("kimi_linear", "Kimi Delta Attention"),
+    ("nemotron_h", "Mamba-2"),
 ];
 
 /// Each of [`FAMILY_REPOS`] as a one-file repo under `dir`.

@@ -138,7 +138,11 @@ pub fn weight_files(index_json: &[u8], shard: Shard) -> Result<BTreeSet<String>,
     for (tensor, file) in &index.weight_map {
         let needed = match layer_of(tensor) {
             Some(layer) => (start..end).contains(&layer),
-            None if tensor.contains("embed_tokens") => first || (last && tied),
+            None if tensor.contains("embed_tokens")
+                || tensor.starts_with("backbone.embeddings") =>
+            {
+                first || (last && tied)
+            }
             None => last,
         };
         if needed {

@@ -107,6 +107,12 @@ impl LayerCache {
         self.len += new;
     }
 
+    /// Counts `new` more positions in a layer that keeps nothing of them (a block without
+    /// attention: Nemotron-H's MLP and MoE layers), so its length stays the sequence's.
+    pub fn advance(&mut self, new: usize) {
+        self.len += new;
+    }
+
     /// Whether this layer holds a recurrent state (which cannot be truncated).
     pub fn is_recurrent(&self) -> bool {
         self.state.is_some()

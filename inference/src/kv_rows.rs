@@ -42,6 +42,23 @@ pub enum LayerKv<'a> {
     Rows(&'a mut RowLayer, &'a RowStep),
 }
 
+impl LayerKv<'_> {
+    /// Counts this entry's new positions in a layer that keeps nothing of them (a block
+    /// without attention); shared decode rows hold keys and values only, so such a layer is
+    /// never given them (its model has recurrent layers: each sequence decodes on its own).
+    pub fn advance(&mut self) -> crate::error::Result<()> {
+        match self {
+            LayerKv::Own(len, cache) => {
+                cache.advance(*len);
+                Ok(())
+            }
+            LayerKv::Rows(..) => Err(crate::error::InferenceError::InvalidRequest(
+                "a block without attention was given shared decode rows".into(),
+            )),
+        }
+    }
+}
+
 impl StepKv<'_> {
     /// New positions this entry covers in the step's activations.
     pub fn positions(&self) -> usize {

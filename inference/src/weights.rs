@@ -25,6 +25,10 @@ pub fn text_model_name(name: &str) -> std::borrow::Cow<'_, str> {
         ("model.language_model.", "model."),
         ("language_model.model.", "model."),
         ("language_model.lm_head", "lm_head"),
+        // Nemotron-H's backbone, under the names every family's shard reads.
+        ("backbone.embeddings.", "model.embed_tokens."),
+        ("backbone.norm_f.", "model.norm."),
+        ("backbone.", "model."),
     ] {
         if let Some(rest) = name.strip_prefix(from) {
             return format!("{to}{rest}").into();

@@ -689,3 +689,15 @@ fn kimi_linear_configuration_reads_its_layer_kinds() {
         "{refusal}"
     );
 }
+
+/// Nemotron-H: Mamba-2 mixers, attention without positions, relu² MLP and experts, each a
+/// block of its own (the split [0, 1, 2, 5] leaves rank 1 only an MLP layer).
+#[test]
+fn nemotron_h_hf_f32() {
+    check("nemotron_h", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn nemotron_h_4bit() {
+    check("nemotron_h", "q4", WeightFormat::Quantized, 1e-3);
+}

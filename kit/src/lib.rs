@@ -8,6 +8,8 @@
 //! - [`dirs`]: the one resolver of shoal's cache, data and config directories, the default
 //!   model and the Python venv (the node uses it too).
 //! - [`netns`]: local clusters in Linux network namespaces.
+//! - [`release_tarball`]: the relocatable release `cargo xtask dist` writes and its test
+//!   unpacks.
 //! - [`skip`]: how a test that cannot run says so: it fails, or is skipped visibly and counted.
 //! - [`node_process`]: a `shoal` node process in a namespace, as the tests and the xtask's
 //!   testbed start it.
@@ -22,6 +24,7 @@
 
 pub mod dirs;
 pub mod netns;
+pub mod release_tarball;
 pub mod skip;
 
 #[cfg(feature = "api")]

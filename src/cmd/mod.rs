@@ -1,6 +1,6 @@
 //! The subcommands besides running a node, one file each: `place`, `status`, `generate` (and
 //! its several-streams form for benchmarks),
-//! `download`, `secret`, and the hidden `runner` (one model instance's process, started by
+//! `download`, `secret`, `service` (a user service of the node), and the hidden `runner` (one model instance's process, started by
 //! its node). `shoal bench` is its own crate (`bench`).
 
 pub mod download;
@@ -9,6 +9,7 @@ pub mod generate_streams;
 pub mod place;
 pub mod runner;
 pub mod secret;
+pub mod service;
 pub mod status;
 
 use std::process::ExitCode;

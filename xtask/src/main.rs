@@ -29,6 +29,7 @@ mod testbed;
 mod util;
 
 use paths::{target_dir, workspace_root};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use util::run;
 
@@ -39,6 +40,10 @@ Commands:
   setup            prepare native dependencies (Debian packages, MLX, patched mlx-sys,
                    model fixture) into the cache; idempotent
   build            setup, then build the release binary; prints its path as the last line
+  dist [--debug] [--out DIR]
+                   build, then pack the binary and the libraries it loads into a
+                   relocatable shoal-VERSION-ARCH-linux.tar.gz (target/dist by default)
+                   with SHA256SUMS: copy it to another machine, unpack, run ./shoal
   run [ARGS]       build, then run one node serving the default model on
                    http://127.0.0.1:52415 (extra ARGS go to `shoal`)
   pyenv            create or update the Python venv with the pinned openai client (part
@@ -103,6 +108,7 @@ fn main() -> ExitCode {
     let result = match command {
         "setup" => setup::setup(),
         "build" => build().map(|path| println!("{path}")),
+        "dist" => dist(rest),
         "run" => run_node(rest),
         "pyenv" => pyenv::pyenv(util::Step::new(1, 1, "Python venv (openai client)"))
             .map(|python| println!("{}", python.display())),
@@ -140,6 +146,44 @@ fn build() -> Result<String, String> {
     run(cargo().args(["build", "--release", "--package", "shoal", "--bin", "shoal"]))?;
     let path = target_dir().join("release").join("shoal");
     Ok(path.display().to_string())
+}
+
+/// `cargo xtask dist [--debug] [--out DIR]`: the relocatable tarball of a release build (of
+/// the debug build with `--debug`, as the dist test packs it), under `target/dist` by default.
+fn dist(args: &[String]) -> Result<(), String> {
+    let debug = args.iter().any(|a| a == "--debug");
+    let out = match args.iter().position(|a| a == "--out") {
+        Some(i) => PathBuf::from(args.get(i + 1).ok_or("--out needs a folder")?),
+        None => target_dir().join("dist"),
+    };
+    if let Some(other) = args
+        .iter()
+        .enumerate()
+        .find(|(i, a)| *a != "--debug" && *a != "--out" && !(*i > 0 && args[i - 1] == "--out"))
+    {
+        return Err(format!("dist: unknown argument `{}`\n\n{HELP}", other.1));
+    }
+    let binary = if debug {
+        setup::setup()?;
+        run(cargo().args(["build", "--package", "shoal", "--bin", "shoal"]))?;
+        target_dir().join("debug").join("shoal")
+    } else {
+        PathBuf::from(build()?)
+    };
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let tarball = kit::release_tarball::package(&binary, &out, env!("CARGO_PKG_VERSION"))?;
+    let size = std::fs::metadata(&tarball.path).map_or(0, |m| m.len());
+    eprintln!(
+        "bundled: {}\nneeds glibc {} or newer",
+        tarball.bundled.join(", "),
+        tarball.glibc
+    );
+    println!(
+        "{} ({:.1} MB; SHA256SUMS beside it)",
+        tarball.path.display(),
+        size as f64 / 1e6
+    );
+    Ok(())
 }
 
 fn run_node(args: &[String]) -> Result<(), String> {

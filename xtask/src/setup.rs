@@ -59,6 +59,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "iptables",
     "python3-venv",
     "curl",
+    // `cargo xtask dist` sets the packed binary's run path.
+    "patchelf",
     "chromium",
     "chromium-driver",
     "g++-aarch64-linux-gnu",

@@ -9,7 +9,7 @@ pub use super::mlp::{GateActivation, Mlp};
 use super::moe::MoeBlock;
 pub(crate) use super::parts::{check_shape, gguf_part_in, layer_tensor};
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;
 use crate::kv_rows::LayerKv;
 use crate::linear::Matrix;
@@ -124,6 +124,8 @@ pub enum FeedForward {
     Experts(MoeBlock),
     /// A dense MLP and routed experts side by side, each with its own norms (Gemma 4).
     DenseAndExperts(Box<super::dense_and_experts::DenseAndExperts>),
+    /// None: the block is its attention (or mixer) alone (Nemotron-H).
+    Absent,
 }
 
 impl FeedForward {
@@ -133,6 +135,7 @@ impl FeedForward {
             FeedForward::Dense(m) => m.forward(x),
             FeedForward::Experts(m) => m.forward(x),
             FeedForward::DenseAndExperts(m) => m.forward(x),
+            FeedForward::Absent => Ok(x.clone()),
         }
     }
 
@@ -150,6 +153,7 @@ impl FeedForward {
             FeedForward::DenseAndExperts(m) => {
                 FeedForward::DenseAndExperts(Box::new(m.cut(rank, size, group, what)?))
             }
+            FeedForward::Absent => FeedForward::Absent,
         })
     }
 
@@ -161,7 +165,7 @@ impl FeedForward {
                 Matrix::Dense(w) => Some(w),
                 Matrix::Quantized(_) => None,
             },
-            FeedForward::Experts(_) | FeedForward::DenseAndExperts(_) => None,
+            FeedForward::Experts(_) | FeedForward::DenseAndExperts(_) | FeedForward::Absent => None,
         }
     }
 
@@ -170,6 +174,7 @@ impl FeedForward {
             FeedForward::Dense(m) => m.arrays(),
             FeedForward::Experts(m) => m.arrays(),
             FeedForward::DenseAndExperts(m) => m.arrays(),
+            FeedForward::Absent => Vec::new(),
         }
     }
 }
@@ -186,6 +191,11 @@ pub enum SelfAttention {
     Linear(super::gated_delta::GatedDeltaNet),
     /// Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel.
     Kda(Box<super::kda::KimiDeltaAttention>),
+    /// A Mamba-2 mixer with a recurrent state (Nemotron-H).
+    Mamba(super::mamba2::Mamba2),
+    /// None: the block is its feed-forward alone (Nemotron-H's MLP and MoE layers). The
+    /// layer's cache only counts the positions it has seen.
+    Absent,
 }
 
 impl From<Attention> for SelfAttention {
@@ -201,6 +211,10 @@ impl SelfAttention {
             SelfAttention::Latent(a) => a.forward_segments(x, segments),
             SelfAttention::Linear(a) => a.forward_segments(x, segments),
             SelfAttention::Kda(a) => a.forward_segments(x, segments),
+            SelfAttention::Mamba(a) => a.forward_segments(x, segments),
+            SelfAttention::Absent => Err(InferenceError::InvalidRequest(
+                "a block without attention has no attention to run".into(),
+            )),
         }
     }
 
@@ -216,6 +230,8 @@ impl SelfAttention {
             SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
             SelfAttention::Linear(a) => SelfAttention::Linear(a.cut(size, what)?),
             SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(size, what)?)),
+            SelfAttention::Mamba(a) => SelfAttention::Mamba(a.cut(size, what)?),
+            SelfAttention::Absent => SelfAttention::Absent,
         })
     }
 
@@ -225,6 +241,8 @@ impl SelfAttention {
             SelfAttention::Latent(a) => a.arrays(),
             SelfAttention::Linear(a) => a.arrays(),
             SelfAttention::Kda(a) => a.arrays(),
+            SelfAttention::Mamba(a) => a.arrays(),
+            SelfAttention::Absent => Vec::new(),
         }
     }
 }
@@ -352,20 +370,31 @@ impl DecoderLayer {
     pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
         let norm = |t: &Array, w: &Array| crate::cpu_layer_ops::rms_norm(t, Some(w), self.eps);
         let out = self.output_norms.as_ref();
-        let a = self
-            .attention
-            .forward_segments(&norm(x, &self.input_norm)?, segments)?;
-        let a = match out {
-            Some(n) => norm(&a, &n.attention)?,
-            None => a,
+        let h = if let SelfAttention::Absent = self.attention {
+            for segment in segments.iter_mut() {
+                segment.advance()?;
+            }
+            x.clone()
+        } else {
+            let a = self
+                .attention
+                .forward_segments(&norm(x, &self.input_norm)?, segments)?;
+            let a = match out {
+                Some(n) => norm(&a, &n.attention)?,
+                None => a,
+            };
+            ops::add(x, &a)?
         };
-        let h = ops::add(x, &a)?;
-        let m = self.ffn.forward(&norm(&h, &self.post_attention_norm)?)?;
-        let m = match out {
-            Some(n) => norm(&m, &n.ffn)?,
-            None => m,
+        let h = if let FeedForward::Absent = self.ffn {
+            h
+        } else {
+            let m = self.ffn.forward(&norm(&h, &self.post_attention_norm)?)?;
+            let m = match out {
+                Some(n) => norm(&m, &n.ffn)?,
+                None => m,
+            };
+            ops::add(&h, &m)?
         };
-        let h = ops::add(&h, &m)?;
         Ok(match &self.output_scale {
             Some(scale) => ops::multiply(&h, scale)?,
             None => h,

@@ -11,6 +11,8 @@ pub enum ExpertActivation {
     SwiGlu,
     /// `gelu(gate) * up`, GELU's tanh approximation (Gemma 4).
     GeGlu,
+    /// No gate: `relu(up)²` (Nemotron-H's experts; their gate projection is not run).
+    Relu2,
     /// Step 3.5's: `min(silu(gate), limit) · clip(up, -limit, limit)`.
     ClampedSilu {
         /// The layer's `swiglu_limits` entry.
@@ -33,6 +35,7 @@ impl ExpertActivation {
             ExpertActivation::SwiGlu => ops::multiply(&nn::silu(gate)?, &up)?,
             ExpertActivation::GeGlu => ops::multiply(&nn::gelu_approximate(gate)?, &up)?,
             ExpertActivation::ClampedSilu { limit } => super::mlp::clamped_silu(gate, up, limit)?,
+            ExpertActivation::Relu2 => super::mlp::relu_squared(&up)?,
             ExpertActivation::ClampedSwiGlu { alpha, limit } => {
                 let gate = ops::minimum(&gate, Array::from_f32(limit))?;
                 let up = ops::maximum(

@@ -17,11 +17,20 @@ pub enum GateActivation {
     Silu,
     /// The tanh approximation of GELU (GeGLU: Gemma's `gelu_pytorch_tanh`).
     GeluApprox,
+    /// No gate: `relu(up(x))²` (Nemotron-H's MLP; `gate_proj` is `up_proj` again and never
+    /// run).
+    Relu2,
     /// Step 3.5's clamped SwiGLU: `min(silu(gate), limit) · clip(up, -limit, limit)`.
     ClampedSilu {
         /// The layer's `swiglu_limits` entry.
         limit: f32,
     },
+}
+
+/// `relu(x)²`.
+pub(crate) fn relu_squared(x: &Array) -> Result<Array> {
+    let r = ops::maximum(x, Array::from_f32(0.0))?;
+    Ok(ops::multiply(&r, &r)?)
 }
 
 /// `gate` and `up` combined by `activation`, the clamped forms clipping as they do.
@@ -91,11 +100,16 @@ impl Mlp {
                 return all_sum(self.down_proj.forward(&h)?, &self.reduce);
             }
         }
+        if self.activation == GateActivation::Relu2 {
+            let h = relu_squared(&self.up_proj.forward(x)?)?;
+            return all_sum(self.down_proj.forward(&h)?, &self.reduce);
+        }
         let (gate, up) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
         let h = match self.activation {
             GateActivation::Silu => ops::multiply(&nn::silu(gate)?, &up)?,
             GateActivation::GeluApprox => ops::multiply(&nn::gelu_approximate(gate)?, &up)?,
             GateActivation::ClampedSilu { limit } => clamped_silu(gate, up, limit)?,
+            GateActivation::Relu2 => relu_squared(&up)?,
         };
         all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }

@@ -259,7 +259,11 @@ impl Experts {
     fn swiglu(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
         let b = self.biases.as_ref();
         let up = project(&self.up_proj, b.map(|b| &b.up), x, experts, sorted)?;
-        let gate = project(&self.gate_proj, b.map(|b| &b.gate), x, experts, sorted)?;
+        let gate = if self.activation == ExpertActivation::Relu2 {
+            up.clone()
+        } else {
+            project(&self.gate_proj, b.map(|b| &b.gate), x, experts, sorted)?
+        };
         let h = self.activation.apply(gate, up)?;
         project(&self.down_proj, b.map(|b| &b.down), &h, experts, sorted)
     }

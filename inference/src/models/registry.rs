@@ -10,7 +10,7 @@ use super::{
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
 use super::{deepseek_v32, glm_moe_dsa, kimi_linear, mistral4};
-use super::{gemma4_text, llama4_text, step3p5};
+use super::{gemma4_text, llama4_text, nemotron_h, step3p5};
 use crate::error::{InferenceError, Result};
 
 /// Every family, under its registry key (mlx-lm's module name).
@@ -31,6 +31,7 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("llama4_text", &llama4_text::Llama4Text),
     ("gemma4_text", &gemma4_text::Gemma4Text),
     ("step3p5", &step3p5::Step3p5),
+    ("nemotron_h", &nemotron_h::NemotronH),
     ("deepseek_v32", &deepseek_v32::DeepseekV32),
     ("glm_moe_dsa", &glm_moe_dsa::GlmMoeDsa),
     ("mistral4", &mistral4::Mistral4),
