@@ -649,6 +649,18 @@ fn mistral4_4bit() {
     check("mistral4", "q4", WeightFormat::Quantized, 1e-3);
 }
 
+/// Nemotron-H: Mamba-2 mixers, attention without positions, relu² MLP and experts, each a
+/// block of its own (the split [0, 1, 2, 5] leaves rank 1 only an MLP layer).
+#[test]
+fn nemotron_h_hf_f32() {
+    check("nemotron_h", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn nemotron_h_4bit() {
+    check("nemotron_h", "q4", WeightFormat::Quantized, 1e-3);
+}
+
 /// Kimi Linear: Kimi Delta Attention (a decay per key channel) on layers 1, 2 and 4, NoPE
 /// latent attention on layer 3 (a 2-stage split at 1 leaves rank 0 only a KDA layer).
 #[test]
@@ -688,16 +700,4 @@ fn kimi_linear_configuration_reads_its_layer_kinds() {
         refusal.contains("Kimi Delta Attention") && refusal.contains("pipeline"),
         "{refusal}"
     );
-}
-
-/// Nemotron-H: Mamba-2 mixers, attention without positions, relu² MLP and experts, each a
-/// block of its own (the split [0, 1, 2, 5] leaves rank 1 only an MLP layer).
-#[test]
-fn nemotron_h_hf_f32() {
-    check("nemotron_h", "hf", WeightFormat::F32, 1e-4);
-}
-
-#[test]
-fn nemotron_h_4bit() {
-    check("nemotron_h", "q4", WeightFormat::Quantized, 1e-3);
 }

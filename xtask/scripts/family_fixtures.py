@@ -415,6 +415,27 @@ FAMILIES = {
         },
         "layouts": ["q4"],
     },
+    "nemotron_h": {
+        # Nemotron-H / Nemotron 3 Nano's shape: the pattern M-M*E (Mamba-2, MLP, Mamba-2,
+        # attention without positions, experts): a 3-stage split leaves rank 1 only an MLP
+        # layer; relu^2 MLPs, sigmoid-routed experts with a shared expert; Hugging Face's
+        # layout (backbone.*, convolutions [channels, 1, kernel], experts one matrix each).
+        "config": {
+            "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+            "hidden_size": 64, "num_hidden_layers": 5, "hybrid_override_pattern": "M-M*E",
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "attention_bias": False, "intermediate_size": 128, "mlp_bias": False,
+            "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
+            "conv_kernel": 4, "use_conv_bias": True, "mamba_proj_bias": False,
+            "use_bias": False, "layer_norm_epsilon": 1e-5, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "moe_shared_expert_intermediate_size": 64, "n_shared_experts": 1, "n_group": 1,
+            "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5), ("embeddings", 1.0)],
+    },
     "kimi_linear": {
         # Kimi Linear (48B-A3B's shape): Kimi Delta Attention on layers 1, 2 and 4 (1-based
         # `kda_layers`; a 2-stage split at layer 1 leaves rank 0 only a linear layer), NoPE
@@ -441,27 +462,6 @@ FAMILIES = {
         },
         "layouts": ["q4"],
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv", 0.5)],
-    },
-    "nemotron_h": {
-        # Nemotron-H / Nemotron 3 Nano's shape: the pattern M-M*E (Mamba-2, MLP, Mamba-2,
-        # attention without positions, experts): a 3-stage split leaves rank 1 only an MLP
-        # layer; relu^2 MLPs, sigmoid-routed experts with a shared expert; Hugging Face's
-        # layout (backbone.*, convolutions [channels, 1, kernel], experts one matrix each).
-        "config": {
-            "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
-            "hidden_size": 64, "num_hidden_layers": 5, "hybrid_override_pattern": "M-M*E",
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "attention_bias": False, "intermediate_size": 128, "mlp_bias": False,
-            "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
-            "conv_kernel": 4, "use_conv_bias": True, "mamba_proj_bias": False,
-            "use_bias": False, "layer_norm_epsilon": 1e-5, "n_routed_experts": 8,
-            "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-            "moe_shared_expert_intermediate_size": 64, "n_shared_experts": 1, "n_group": 1,
-            "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
-            "max_position_embeddings": 4096, "tie_word_embeddings": False,
-        },
-        "layouts": ["q4"],
-        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5), ("embeddings", 1.0)],
     },
 }
 
@@ -751,6 +751,14 @@ def hf_mistral4(weights, cfg):
     return out
 
 
+def hf_nemotron_h(weights, cfg):
+    """NVIDIA's layout: experts one matrix each (`experts.<e>.up_proj`, `down_proj`),
+    convolutions `[channels, 1, kernel]`."""
+    names = {"fc1": "up_proj", "fc2": "down_proj"}
+    weights = unstack_experts(weights, "mixer.switch_mlp", "mixer.experts", names)
+    return {k: (v.moveaxis(1, 2) if "conv1d.weight" in k else v) for k, v in weights.items()}
+
+
 def hf_kimi_linear(weights, cfg):
     """Moonshot's layout: experts one matrix each as w1/w2/w3 under `block_sparse_moe` with
     its router, correction and shared expert, convolutions `[channels, 1, kernel]` named
@@ -773,14 +781,6 @@ def hf_kimi_linear(weights, cfg):
             value = value.reshape(heads, -1)
         out[key] = value
     return hf_deepseek_v3(out, cfg)
-
-
-def hf_nemotron_h(weights, cfg):
-    """NVIDIA's layout: experts one matrix each (`experts.<e>.up_proj`, `down_proj`),
-    convolutions `[channels, 1, kernel]`."""
-    names = {"fc1": "up_proj", "fc2": "down_proj"}
-    weights = unstack_experts(weights, "mixer.switch_mlp", "mixer.experts", names)
-    return {k: (v.moveaxis(1, 2) if "conv1d.weight" in k else v) for k, v in weights.items()}
 
 
 HF_LAYOUT = {

@@ -189,13 +189,13 @@ pub enum SelfAttention {
     Latent(super::mla::LatentAttention),
     /// Linear attention with a recurrent state (Gated DeltaNet: Qwen3.5, Qwen3-Next).
     Linear(super::gated_delta::GatedDeltaNet),
-    /// Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel.
-    Kda(Box<super::kda::KimiDeltaAttention>),
     /// A Mamba-2 mixer with a recurrent state (Nemotron-H).
     Mamba(super::mamba2::Mamba2),
     /// None: the block is its feed-forward alone (Nemotron-H's MLP and MoE layers). The
     /// layer's cache only counts the positions it has seen.
     Absent,
+    /// Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel.
+    Kda(Box<super::kda::KimiDeltaAttention>),
 }
 
 impl From<Attention> for SelfAttention {
@@ -210,11 +210,11 @@ impl SelfAttention {
             SelfAttention::Heads(a) => a.forward_segments(x, segments),
             SelfAttention::Latent(a) => a.forward_segments(x, segments),
             SelfAttention::Linear(a) => a.forward_segments(x, segments),
-            SelfAttention::Kda(a) => a.forward_segments(x, segments),
             SelfAttention::Mamba(a) => a.forward_segments(x, segments),
             SelfAttention::Absent => Err(InferenceError::InvalidRequest(
                 "a block without attention has no attention to run".into(),
             )),
+            SelfAttention::Kda(a) => a.forward_segments(x, segments),
         }
     }
 
@@ -229,9 +229,9 @@ impl SelfAttention {
             SelfAttention::Heads(a) => SelfAttention::Heads(a.cut(rank, size, group, what)?),
             SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
             SelfAttention::Linear(a) => SelfAttention::Linear(a.cut(size, what)?),
-            SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(size, what)?)),
             SelfAttention::Mamba(a) => SelfAttention::Mamba(a.cut(size, what)?),
             SelfAttention::Absent => SelfAttention::Absent,
+            SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(size, what)?)),
         })
     }
 
@@ -240,9 +240,9 @@ impl SelfAttention {
             SelfAttention::Heads(a) => a.arrays(),
             SelfAttention::Latent(a) => a.arrays(),
             SelfAttention::Linear(a) => a.arrays(),
-            SelfAttention::Kda(a) => a.arrays(),
             SelfAttention::Mamba(a) => a.arrays(),
             SelfAttention::Absent => Vec::new(),
+            SelfAttention::Kda(a) => a.arrays(),
         }
     }
 }

@@ -214,7 +214,9 @@ fn remove_stale_namespaces(prefix: &str) {
 /// Where the ranks of a multi-process test run. As root with `ip` available, each rank gets
 /// its own network namespace (`10.99.0.(rank+1)` on a bridge in a hub namespace), listens on
 /// `0.0.0.0:PORT` and dials its neighbours at their namespace addresses, as real nodes do.
-/// Otherwise (or with `SHOAL_TEST_LOOPBACK` set) every rank runs on loopback (a note says so). Dropping it kills what runs in
+/// Otherwise (or with `SHOAL_TEST_LOOPBACK` set) every rank runs on loopback: a test that
+/// names separate machines runs less, so that fails it unless skips are allowed, and counts
+/// as a skip then. Dropping it kills what runs in
 /// the namespaces and deletes them, also when the test panics.
 pub struct RankNet {
     netns: Option<(netns::Netns, String)>,
@@ -231,6 +233,15 @@ impl RankNet {
         } else {
             netns::available()
         };
+        // Ranks on loopback run less than the test names (no separate network stacks): a
+        // fallback fails the test unless skips are allowed, and is counted as a skip then.
+        let fix = "run the tests as root with iproute2 (or set SHOAL_ALLOW_SKIP=1 to run the \
+                   ranks on loopback, counted as a skip)";
+        let allowed = if kit::skip::can_run(allowed, fix) {
+            Ok(())
+        } else {
+            Err("namespaces unavailable".to_string())
+        };
         let netns = match allowed {
             Ok(()) => {
                 // Short, unique per test process and test: namespace names are file names.
@@ -243,9 +254,9 @@ impl RankNet {
                 match netns::Netns::create(&prefix, &spec) {
                     Ok(n) => Some((n, prefix)),
                     Err(e) => {
-                        eprintln!(
-                            "note: {tag}: cannot make namespaces ({e}); ranks run on loopback"
-                        );
+                        let why = format!("{tag}: cannot make namespaces ({e})");
+                        kit::skip::can_run(Err(why), fix);
+                        eprintln!("note: {tag}: ranks run on loopback");
                         None
                     }
                 }
