@@ -413,6 +413,14 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/gemma4-tiny-4bit", "gemma4_text", "q4"),
     ("shoal-fixtures/llama4-text-tiny-4bit", "llama4_text", "q4"),
     ("shoal-fixtures/step3p5-tiny-4bit", "step3p5", "q4"),
+    (
+        "shoal-fixtures/deepseek-v3.2-tiny-4bit",
+        "deepseek_v32",
+        "q4",
+    ),
+    ("shoal-fixtures/glm-5-tiny-4bit", "glm_moe_dsa", "q4"),
+    ("shoal-fixtures/mistral-small-4-tiny-4bit", "mistral4", "q4"),
+    ("shoal-fixtures/kimi-linear-tiny-4bit", "kimi_linear", "q4"),
     ("shoal-fixtures/nemotron-h-tiny-4bit", "nemotron_h", "q4"),
 ];
 
@@ -421,6 +429,7 @@ const NO_TENSOR: &[(&str, &str)] = &[
     ("qwen3_5", "Gated DeltaNet"),
     ("qwen3_5_moe", "Gated DeltaNet"),
     ("qwen3_next", "Gated DeltaNet"),
+    ("kimi_linear", "Kimi Delta Attention"),
     ("nemotron_h", "Mamba-2"),
 ];
 
