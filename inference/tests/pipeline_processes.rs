@@ -127,7 +127,9 @@ fn pipeline_child() {
 fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16, mode: &str) {
     let base = 42000 + (std::process::id() % 400) as u16 * 50 + slot * 8;
     let size = ranges.split(',').count();
-    let net = RankNet::new(&format!("pp{slot}"), size, base);
+    // Two digits: a tag must not begin another's (creating namespaces removes those whose
+    // names begin with the tag, so `pp1` would remove `pp17`'s while it runs).
+    let net = RankNet::new(&format!("pp{slot:02}"), size, base);
     let specs: Vec<String> = (0..size)
         .map(|rank| {
             let hosts = hosts_field(&net.hosts(rank));

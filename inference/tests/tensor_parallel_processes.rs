@@ -119,7 +119,9 @@ fn run_tensor_parallel_as(
     format: &str,
 ) {
     let base = 46000 + (std::process::id() % 300) as u16 * 40 + slot * 8;
-    let net = RankNet::new(&format!("tp{slot}"), size, base);
+    // Two digits: a tag must not begin another's (creating namespaces removes those whose
+    // names begin with the tag, so `tp1` would remove `tp17`'s while it runs).
+    let net = RankNet::new(&format!("tp{slot:02}"), size, base);
     let specs: Vec<String> = (0..size)
         .map(|rank| {
             let hosts = hosts_field(&net.hosts(rank));
@@ -394,7 +396,7 @@ fn step3p5_4bit_two_ranks_match_one_node() {
         &family_4bit("step3p5"),
         2,
         "3,17,42,5,88",
-        4,
+        19,
         "single",
         "quantized",
     );

@@ -1,5 +1,6 @@
-//! JSON that keeps the order of object keys as written. `serde_json::Value` sorts keys (the
-//! workspace does not enable `preserve_order`, so that state stays deterministic), but a tool's
+//! JSON that keeps the order of object keys as written. `serde_json::Value` sorts keys unless
+//! serde_json's `preserve_order` is on (llguidance turns it on in every build that includes
+//! `inference`; this type keeps the order whichever build it is in), and a tool's
 //! schema and a call's arguments reach the model's prompt as JSON text, and the model should
 //! read them as the client wrote them (as `transformers` would, from a Python dict).
 
