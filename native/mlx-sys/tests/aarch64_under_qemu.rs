@@ -31,7 +31,13 @@ fn tool(name: &str) -> &str {
 
 #[test]
 fn neon_products_equal_the_reference_under_qemu() {
-    let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    // The crate's folder where this run finds it (cargo sets it for the test process): the one
+    // compiled in may be another clone's, since cargo reuses a test binary across checkouts
+    // that share a target directory.
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let kernels = crate_dir.join("kernels");
     let out = std::env::temp_dir().join(format!("shoal-aarch64-check-{}", std::process::id()));
     let compiled = Command::new(tool("aarch64-linux-gnu-g++"))
         .args(["-std=c++20", "-O2", "-static", "-Wall"])
