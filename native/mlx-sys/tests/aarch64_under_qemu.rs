@@ -6,7 +6,7 @@
 //! one half block gave 0.56).
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// MLX's headers, as `cargo xtask setup` recorded the prepared MLX (`native/READY`).
