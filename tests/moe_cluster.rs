@@ -422,6 +422,7 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/mistral-small-4-tiny-4bit", "mistral4", "q4"),
     ("shoal-fixtures/kimi-linear-tiny-4bit", "kimi_linear", "q4"),
     ("shoal-fixtures/nemotron-h-tiny-4bit", "nemotron_h", "q4"),
+    ("shoal-fixtures/minimax-m3-tiny-4bit", "minimax_m3_vl", "q4"),
 ];
 
 /// Families whose tensor-parallel cut is refused for now, with the reason placement gives.

@@ -52,6 +52,9 @@ pub struct LayerCache {
     window: Option<usize>,
     /// A recurrent layer's state, once it has seen a position.
     state: Option<RecurrentState>,
+    /// Whether the layer's values carry more than the shared decode rows hold (MiniMax M3's
+    /// index keys, [`crate::models::block_index`]): its sequence decodes on its own cache.
+    alone: bool,
 }
 
 fn grow(buffer: Option<Array>, like: &Array, used: i32, needed: i32) -> Result<Array> {
@@ -118,6 +121,12 @@ impl LayerCache {
     /// and values for every layer.
     pub fn counts_only(&self) -> bool {
         self.len > 0 && self.keys.is_none() && self.state.is_none()
+    }
+
+    /// Marks the layer as one whose sequence decodes on its own cache, never in the shared
+    /// decode rows (its attention needs each sequence's positions: block-sparse attention).
+    pub fn keep_out_of_decode_rows(&mut self) {
+        self.alone = true;
     }
 
     /// Whether this layer holds a recurrent state (which cannot be truncated).
@@ -232,6 +241,7 @@ impl LayerCache {
             dropped,
             window,
             state: None,
+            alone: false,
         }
     }
 
@@ -297,11 +307,12 @@ impl KvCache {
 
     /// Whether this cache must decode on its own: a layer holds a recurrent state, or keeps
     /// nothing of its positions (a pipeline stage of Nemotron-H may hold only attention and
-    /// such layers); the shared decode rows hold keys and values for every layer.
+    /// such layers), or its attention needs the sequence's own positions (block-sparse
+    /// attention); the shared decode rows hold keys and values for every layer.
     pub fn decodes_alone(&self) -> bool {
         self.layers
             .iter()
-            .any(|l| l.is_recurrent() || l.counts_only())
+            .any(|l| l.is_recurrent() || l.counts_only() || l.alone)
     }
 }
 

@@ -79,6 +79,7 @@ pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u
 
 /// Bytes of KV cache one position takes over every layer (keys and values) in `format`.
 /// Latent attention caches one latent and one rotated key per layer, for all heads. A
+/// block-sparse attention layer (MiniMax M3) adds its index key, cached as one more value head. A
 /// linear-attention layer caches nothing per position (its state is per sequence:
 /// [`state_bytes_per_sequence`]).
 pub fn kv_bytes_per_token(config: &ModelConfig, format: WeightFormat) -> u64 {
@@ -86,7 +87,15 @@ pub fn kv_bytes_per_token(config: &ModelConfig, format: WeightFormat) -> u64 {
     if let Some(latent) = &config.attention.latent {
         return (layers * latent.cached_width()) as u64 * element_bytes(format);
     }
-    2 * (layers * config.num_kv_heads * config.head_dim) as u64 * element_bytes(format)
+    // A block-sparse layer caches its index key as one more value head.
+    let index_heads = config
+        .attention
+        .block_index
+        .as_ref()
+        .map_or(0, |b| b.layers.iter().filter(|&&s| s).count());
+    (2 * layers * config.num_kv_heads + index_heads) as u64
+        * config.head_dim as u64
+        * element_bytes(format)
 }
 
 /// Bytes of recurrent state one sequence holds over every linear-attention layer, whatever

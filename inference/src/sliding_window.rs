@@ -2,6 +2,7 @@
 //! layers of a model see only a recent window of positions, read from `config.json`.
 
 use crate::error::{InferenceError, Result};
+use mlx_rs::Array;
 use serde_json::Value;
 
 /// Which layers attend only to the last `size` positions (their own included): gpt-oss's
@@ -60,5 +61,53 @@ impl SlidingWindow {
             .copied()
             .unwrap_or(false)
             .then_some(self.size)
+    }
+}
+
+/// Which keys `[first, total)` each of `new` queries at positions `[offset, offset + new)` sees
+/// in a sliding layer: its own position and the `window - 1` before it. `[new, total - first]`
+/// booleans; `None` when that is plain causal attention.
+pub(crate) fn window_mask(
+    offset: usize,
+    new: usize,
+    first: usize,
+    total: usize,
+    window: usize,
+) -> Option<Array> {
+    let keys = total - first;
+    let mut mask = Vec::with_capacity(new * keys);
+    for i in offset..offset + new {
+        mask.extend((first..total).map(|j| j <= i && i - j < window));
+    }
+    if new == 1 && mask.iter().all(|&m| m) {
+        return None;
+    }
+    Some(Array::from_slice(&mask, &[new as i32, keys as i32]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(mask: Option<Array>) -> Option<Vec<bool>> {
+        mask.map(|m| {
+            m.eval().unwrap();
+            m.as_slice::<bool>().to_vec()
+        })
+    }
+
+    /// Queries at positions 5 and 6 with a window of 3 over keys 3..7: each sees itself and
+    /// the two before it, nothing later.
+    #[test]
+    fn a_window_sees_its_last_positions() {
+        let mask = host(window_mask(5, 2, 3, 7, 3)).unwrap();
+        #[rustfmt::skip]
+        let want = [
+            true, true, true, false, // position 5: keys 3, 4, 5
+            false, true, true, true, // position 6: keys 4, 5, 6
+        ];
+        assert_eq!(mask, want);
+        // One query whose window is exactly the keys given needs no mask.
+        assert_eq!(host(window_mask(9, 1, 7, 10, 3)), None);
     }
 }

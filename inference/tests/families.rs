@@ -187,10 +187,12 @@ fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
     // Sliding layers forget what their window no longer sees: in small chunks the caches
     // trim many times over the reference's positions, and the decode rows too over a longer
     // batched run. Recurrent layers carry their state from chunk to chunk.
-    // Sparse attention's indexer keys are cache state too, and Llama 4's query scale depends
+    // Sparse attention's indexer keys are cache state too (MiniMax M3's blocks are cut over
+    // positions: chunks of 5 straddle them), and Llama 4's query scale depends
     // on each position: chunks exercise their offsets.
     let chunked = whole.config.sliding_window.is_some()
         || whole.config.attention.linear.is_some()
+        || whole.config.attention.block_index.is_some()
         || whole
             .config
             .attention
@@ -700,4 +702,50 @@ fn kimi_linear_configuration_reads_its_layer_kinds() {
         refusal.contains("Kimi Delta Attention") && refusal.contains("pipeline"),
         "{refusal}"
     );
+}
+
+/// MiniMax M3 as released (a vision-language checkpoint, the text model under `text_config`):
+/// block-sparse attention on layers 0, 2 and 3 (blocks of 4, 2 read: the 12-token prompt's
+/// last queries and every decode step drop a block), a dense first layer, then sigmoid-routed
+/// experts with a shared expert, all gpt-oss's clamped SwiGLU, (1 + w) norms.
+#[test]
+fn minimax_m3_hf_f32() {
+    check("minimax_m3_vl", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn minimax_m3_4bit() {
+    check("minimax_m3_vl", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// What MiniMax M3's configuration makes: the sparse layers `sparse_attention_freq` names,
+/// each caching its index key as one more value head, the dense layer's MLP its own width,
+/// and a tensor ring of a size that splits the index heads.
+#[test]
+fn minimax_m3_configuration_reads_its_sparse_layers() {
+    use inference::memory::kv_bytes_per_token;
+    let dir = fixture("minimax_m3_vl", "hf");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+    let shape = config.attention.block_index.as_ref().unwrap();
+    let sparse: Vec<bool> = (0..4).map(|l| shape.is_sparse(l)).collect();
+    assert_eq!(sparse, [true, false, true, true]);
+    assert_eq!(
+        (shape.heads, shape.head_dim, shape.block, shape.topk),
+        (2, 32, 4, 2)
+    );
+    assert_eq!(config.intermediate_size, 128);
+    let moe = config.moe.as_ref().unwrap();
+    assert_eq!((moe.expert_width, moe.shared_width), (64, 64));
+    assert!(!moe.is_moe_layer(0) && moe.is_moe_layer(1));
+    assert_eq!(config.attention.rotary_dim, Some(16));
+    // 4 layers of 2 key and 2 value heads of 32, plus 3 index keys padded to 32, f32.
+    assert_eq!(
+        kv_bytes_per_token(&config, WeightFormat::F32),
+        (4 * 2 * 2 + 3) * 32 * 4
+    );
+    assert_eq!(inference::tensor_split::tensor_refusal(&config, 2), None);
+    let three = inference::tensor_split::tensor_refusal(&config, 3).unwrap();
+    assert!(three.contains("heads"), "{three}");
 }

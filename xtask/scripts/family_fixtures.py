@@ -463,6 +463,40 @@ FAMILIES = {
         "layouts": ["q4"],
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv", 0.5)],
     },
+    "minimax_m3_vl": {
+        # MiniMax M3 as released (a vision-language checkpoint, `minimax_m3_vl`): the text
+        # model under `text_config` and `language_model.*` weights; block-sparse attention on
+        # layers 0, 2 and 3 (an indexer picks 2 key blocks of 4 positions per query, its own
+        # block always among them: the 12-token prompt has 3 blocks, so prefill and decode
+        # both drop blocks), a dense first layer, then sigmoid-routed experts with a
+        # correction bias and a shared expert, gpt-oss's clamped SwiGLU, (1 + w) norms, RoPE
+        # on half of each head. MiniMax's layout: experts w1/w2/w3 one matrix each, a vision
+        # tower the text model never reads.
+        "config": {
+            "architectures": ["MiniMaxM3VLForConditionalGeneration"],
+            "model_type": "minimax_m3_vl", "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "minimax_m3", "hidden_size": 64, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                "intermediate_size": 64, "dense_intermediate_size": 128,
+                "shared_intermediate_size": 64, "num_local_experts": 8,
+                "num_experts_per_tok": 2, "routed_scaling_factor": 2.0, "use_qk_norm": True,
+                "use_gemma_norm": True, "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+                "moe_layer_freq": [0, 1, 1, 1], "rms_norm_eps": 1e-6,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                    "partial_rotary_factor": 0.5},
+                "sparse_attention_config": {
+                    "sparse_num_index_heads": 2, "sparse_index_dim": 32,
+                    "sparse_block_size": 4, "sparse_topk_blocks": 2, "sparse_local_block": 1,
+                    "sparse_attention_freq": [1, 0, 1, 1],
+                },
+                "max_position_embeddings": 1048576, "tie_word_embeddings": False,
+            },
+            "vision_config": {"model_type": "minimax_m3_vision", "hidden_size": 64},
+        },
+        "layouts": ["q4"],
+        "norm_base": 0.0,  # (1 + w) norms
+    },
 }
 
 
@@ -647,6 +681,17 @@ QWEN3_5_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
                  "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
 
 
+def hf_minimax_m3(weights, cfg):
+    """MiniMax's layout: each expert's w1 (gate), w3 (up) and w2 (down) one matrix each under
+    `block_sparse_moe.experts`, and a vision tower (one tensor here) the text model skips."""
+    names = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+    weights = unstack_experts(weights, "block_sparse_moe.switch_mlp",
+                              "block_sparse_moe.experts", names)
+    weights["vision_tower.patch_embed.proj.weight"] = 0.05 * mx.random.normal(
+        (64, 3, 2, 2), key=key_for("minimax_m3_vl", "vision_tower"))
+    return weights
+
+
 def hf_qwen3_5(weights, cfg):
     """Qwen's own layout: `model.language_model.*` and a top-level `lm_head`, convolutions
     `[channels, 1, kernel]`, block norms zero-centred; plus a vision tower and an MTP layer that
@@ -802,6 +847,7 @@ HF_LAYOUT = {
     "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
     "mistral4": hf_mistral4,
     "kimi_linear": hf_kimi_linear,
+    "minimax_m3_vl": hf_minimax_m3,
 }
 
 

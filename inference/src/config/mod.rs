@@ -213,6 +213,10 @@ pub struct AttentionConfig {
     /// (Qwen3.5, Qwen3-Next), and their shape.
     #[serde(default)]
     pub linear: Option<LinearLayers>,
+    /// Block-sparse attention (MiniMax M3): the indexer's shape and the layers that have it;
+    /// each such layer caches one index key per position beside its values.
+    #[serde(default)]
+    pub block_index: Option<crate::models::block_index::BlockIndexShape>,
 }
 
 /// Which layers of a hybrid model are Gated DeltaNet layers ([`crate::models::gated_delta`]):

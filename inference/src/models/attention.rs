@@ -3,6 +3,7 @@
 //! cache ([`Attention::forward`]) or of every decoding row at once ([`crate::kv_rows`]). Each
 //! attention cuts itself for tensor parallelism by heads ([`Attention::cut`]).
 
+use super::block_index::{BlockIndexer, IndexProjections};
 use super::parts::{all_sum, check_shape, layer_tensor};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
@@ -131,6 +132,9 @@ pub struct Attention {
     /// Step 3.5's head-wise gate (`g_proj`, one row per head): each head's output times
     /// `sigmoid(g_proj(x))` of its row. Cut with the heads.
     pub(crate) head_gate: Option<Linear>,
+    /// MiniMax M3's block-sparse attention: the indexer choosing which blocks of past
+    /// positions each query reads.
+    pub(crate) block_index: Option<Box<BlockIndexer>>,
 }
 
 impl Attention {
@@ -229,7 +233,16 @@ impl Attention {
             output_gate,
             value_norm: false,
             head_gate: None,
+            block_index: None,
         })
+    }
+
+    /// With block-sparse attention chosen by `indexer` (MiniMax M3).
+    pub(crate) fn with_block_index(self, indexer: BlockIndexer) -> Attention {
+        Attention {
+            block_index: Some(Box::new(indexer)),
+            ..self
+        }
     }
 
     /// With a head-wise gate `g_proj` (`[heads, hidden]`), `name` naming it in errors.
@@ -340,8 +353,13 @@ impl Attention {
         } else {
             heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?
         };
+        let index = self
+            .block_index
+            .as_ref()
+            .map(|indexer| indexer.project(x))
+            .transpose()?;
         let o = if let [LayerKv::Own(_, cache)] = segments {
-            self.attend(q, k, v, cache)?
+            self.attend(q, k, v, index, cache)?
         } else {
             let mut outs = Vec::with_capacity(segments.len());
             let mut at = 0i32;
@@ -353,7 +371,10 @@ impl Attention {
                 let end = at + len;
                 let part = |t: &Array| t.index((.., .., at..end, ..));
                 outs.push(match segment {
-                    LayerKv::Own(_, cache) => self.attend(part(&q), part(&k), part(&v), cache)?,
+                    LayerKv::Own(_, cache) => {
+                        let index = index.as_ref().map(|i| i.part(at, end));
+                        self.attend(part(&q), part(&k), part(&v), index, cache)?
+                    }
                     LayerKv::Rows(layer, step) => {
                         self.attend_rows(part(&q), part(&k), part(&v), layer, step)?
                     }
@@ -380,11 +401,31 @@ impl Attention {
     }
 
     /// Attention of one sequence's new positions (`[b, heads, new, head_dim]`) over its cache.
-    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache) -> Result<Array> {
+    fn attend(
+        &self,
+        q: Array,
+        k: Array,
+        v: Array,
+        index: Option<IndexProjections>,
+        cache: &mut LayerCache,
+    ) -> Result<Array> {
         let l = q.shape()[2];
         let offset = cache.len();
         let q = self.rope.apply(&q, offset)?;
         let k = self.rope.apply(&k, offset)?;
+        if let (Some(indexer), Some(index)) = (&self.block_index, index) {
+            // The index keys are cached as one more value head; the layer decodes alone.
+            let v = indexer.values_with_keys(&v, &index, offset)?;
+            cache.keep_out_of_decode_rows();
+            let (k, cached) = cache.append(k, v)?;
+            let (v, index_keys) = indexer.split_values(&cached);
+            let mask = indexer.select(&index, &index_keys, offset, self.num_heads)?;
+            let mask = match &mask {
+                Some(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+                None => (l > 1).then_some(ScaledDotProductAttentionMask::Causal),
+            };
+            return self.sdpa(&q, &k, &v, mask);
+        }
         let (k, v, held_from) = cache.append_within(k, v, self.window)?;
         let total = offset + l as usize;
         match self.window.filter(|&w| total > w) {
@@ -394,7 +435,8 @@ impl Attention {
                 let first = (offset + 1).saturating_sub(window);
                 let column = (first - held_from) as i32;
                 let keys = |t: &Array| t.index((.., .., column.., ..));
-                let mask = window_mask(offset, l as usize, first, total, window);
+                let mask =
+                    crate::sliding_window::window_mask(offset, l as usize, first, total, window);
                 let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
                 self.sdpa(&q, &keys(&k), &keys(&v), mask)
             }
@@ -426,6 +468,13 @@ impl Attention {
         layer: &mut RowLayer,
         step: &RowStep,
     ) -> Result<Array> {
+        if self.block_index.is_some() {
+            return Err(InferenceError::InvalidRequest(
+                "a block-sparse attention layer decodes each sequence on its own cache, not \
+                 in the shared decode rows"
+                    .into(),
+            ));
+        }
         // [1, heads, rows, d] -> [rows, heads, 1, d]: each row a batch entry.
         let by_row = |t: Array| t.transpose_axes(&[2, 1, 0, 3]);
         let q = self.rope.apply_at(&by_row(q)?, &step.positions)?;
@@ -512,6 +561,11 @@ impl Attention {
                 .as_ref()
                 .map(|g| g.slice_rows(rank * heads, (rank + 1) * heads))
                 .transpose()?,
+            block_index: self
+                .block_index
+                .as_ref()
+                .map(|b| b.cut(rank, size).map(Box::new))
+                .transpose()?,
         })
     }
 
@@ -524,54 +578,7 @@ impl Attention {
         v.extend(self.head_norms.iter().flat_map(|n| [&n.q, &n.k]));
         v.extend(self.head_gate.iter().flat_map(Linear::arrays));
         v.extend(self.sinks.iter());
+        v.extend(self.block_index.iter().flat_map(|b| b.arrays()));
         v
-    }
-}
-
-/// Which keys `[first, total)` each of `new` queries at positions `[offset, offset + new)` sees
-/// in a sliding layer: its own position and the `window - 1` before it. `[new, total - first]`
-/// booleans; `None` when that is plain causal attention.
-fn window_mask(
-    offset: usize,
-    new: usize,
-    first: usize,
-    total: usize,
-    window: usize,
-) -> Option<Array> {
-    let keys = total - first;
-    let mut mask = Vec::with_capacity(new * keys);
-    for i in offset..offset + new {
-        mask.extend((first..total).map(|j| j <= i && i - j < window));
-    }
-    if new == 1 && mask.iter().all(|&m| m) {
-        return None;
-    }
-    Some(Array::from_slice(&mask, &[new as i32, keys as i32]))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn host(mask: Option<Array>) -> Option<Vec<bool>> {
-        mask.map(|m| {
-            m.eval().unwrap();
-            m.as_slice::<bool>().to_vec()
-        })
-    }
-
-    /// Queries at positions 5 and 6 with a window of 3 over keys 3..7: each sees itself and
-    /// the two before it, nothing later.
-    #[test]
-    fn a_window_sees_its_last_positions() {
-        let mask = host(window_mask(5, 2, 3, 7, 3)).unwrap();
-        #[rustfmt::skip]
-        let want = [
-            true, true, true, false, // position 5: keys 3, 4, 5
-            false, true, true, true, // position 6: keys 4, 5, 6
-        ];
-        assert_eq!(mask, want);
-        // One query whose window is exactly the keys given needs no mask.
-        assert_eq!(host(window_mask(9, 1, 7, 10, 3)), None);
     }
 }

@@ -7,7 +7,7 @@
 pub use super::attention::{Attention, HeadNorms, NormSpan};
 pub use super::mlp::{GateActivation, Mlp};
 use super::moe::MoeBlock;
-pub(crate) use super::parts::{check_shape, gguf_part_in, layer_tensor};
+pub(crate) use super::parts::{check_shape, gguf_part_in, layer_tensor, norm_weight};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;

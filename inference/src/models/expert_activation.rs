@@ -37,16 +37,7 @@ impl ExpertActivation {
             ExpertActivation::ClampedSilu { limit } => super::mlp::clamped_silu(gate, up, limit)?,
             ExpertActivation::Relu2 => super::mlp::relu_squared(&up)?,
             ExpertActivation::ClampedSwiGlu { alpha, limit } => {
-                let gate = ops::minimum(&gate, Array::from_f32(limit))?;
-                let up = ops::maximum(
-                    ops::minimum(&up, Array::from_f32(limit))?,
-                    Array::from_f32(-limit),
-                )?;
-                let glu = ops::multiply(
-                    &gate,
-                    ops::sigmoid(ops::multiply(&gate, Array::from_f32(alpha))?)?,
-                )?;
-                ops::multiply(ops::add(&up, Array::from_f32(1.0))?, &glu)?
+                super::mlp::clamped_swiglu(gate, up, alpha, limit)?
             }
         })
     }

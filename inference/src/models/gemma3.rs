@@ -10,14 +10,14 @@
 //! configuration's scaling (linear in Gemma 3).
 
 use super::base::{
-    gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation,
-    HeadNorms, Mlp, OutputNorms, LAYER_TENSORS,
+    gguf_part_in, layer_tensor, norm_weight, Attention, DecoderLayer, Family, FeedForward,
+    GateActivation, HeadNorms, Mlp, OutputNorms, LAYER_TENSORS,
 };
 use crate::config::{FamilyParams, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
 /// Gemma's norms beyond the shared block's, with their GGUF names.
@@ -30,12 +30,6 @@ const NORMS: &[(&str, &str)] = &[
 
 /// The Gemma 3 family.
 pub struct Gemma3;
-
-/// `1 + w` of the norm `name` (`…weight`): the scale Gemma's RMS norm applies.
-fn offset_norm(source: &mut dyn TensorSource, name: &str, dtype: Dtype) -> Result<Array> {
-    let w = source.dense(name, dtype)?;
-    Ok(ops::add(&w, Array::from_f32(1.0).as_dtype(dtype)?)?)
-}
 
 /// `x` rounded to the nearest bfloat16 (ties to even).
 fn round_to_bf16(x: f32) -> f32 {
@@ -105,8 +99,8 @@ impl Family for Gemma3 {
         let dtype = format.compute_dtype();
         let name = |part: &str| layer_tensor(layer, &format!("{part}.weight"));
         let head_norms = HeadNorms::each_head(
-            offset_norm(source, &name("self_attn.q_norm"), dtype)?,
-            offset_norm(source, &name("self_attn.k_norm"), dtype)?,
+            norm_weight(source, &name("self_attn.q_norm"), dtype, true)?,
+            norm_weight(source, &name("self_attn.k_norm"), dtype, true)?,
         );
         let scale = (params.query_pre_attn_scalar as f64).powf(-0.5) as f32;
         let mut attention =
@@ -121,7 +115,7 @@ impl Family for Gemma3 {
         }
         let mlp =
             Mlp::load(config, source, layer, format)?.with_activation(GateActivation::GeluApprox);
-        let mut norm = |part: &str| offset_norm(source, &name(part), dtype);
+        let mut norm = |part: &str| norm_weight(source, &name(part), dtype, true);
         let output_norms = OutputNorms {
             attention: norm("post_attention_layernorm")?,
             ffn: norm("post_feedforward_layernorm")?,
@@ -142,7 +136,7 @@ impl Family for Gemma3 {
         source: &mut dyn TensorSource,
         dtype: Dtype,
     ) -> Result<Array> {
-        offset_norm(source, "model.norm.weight", dtype)
+        norm_weight(source, "model.norm.weight", dtype, true)
     }
 
     fn embedding_scale(&self, config: &ModelConfig) -> Option<f32> {

@@ -25,6 +25,28 @@ pub enum GateActivation {
         /// The layer's `swiglu_limits` entry.
         limit: f32,
     },
+    /// gpt-oss's clamped SwiGLU (MiniMax M3's dense MLPs and shared experts):
+    /// `(clip(up, -limit, limit) + 1) · g · sigmoid(alpha · g)`, `g = min(gate, limit)`.
+    ClampedSwiGlu {
+        /// `swiglu_alpha` (1.702).
+        alpha: f32,
+        /// `swiglu_limit` (7).
+        limit: f32,
+    },
+}
+
+/// gpt-oss's clamped SwiGLU of `gate` and `up` (see [`GateActivation::ClampedSwiGlu`]).
+pub(crate) fn clamped_swiglu(gate: Array, up: Array, alpha: f32, limit: f32) -> Result<Array> {
+    let gate = ops::minimum(&gate, Array::from_f32(limit))?;
+    let up = ops::maximum(
+        ops::minimum(&up, Array::from_f32(limit))?,
+        Array::from_f32(-limit),
+    )?;
+    let glu = ops::multiply(
+        &gate,
+        ops::sigmoid(ops::multiply(&gate, Array::from_f32(alpha))?)?,
+    )?;
+    Ok(ops::multiply(ops::add(&up, Array::from_f32(1.0))?, &glu)?)
 }
 
 /// `relu(x)²`.
@@ -110,6 +132,9 @@ impl Mlp {
             GateActivation::GeluApprox => ops::multiply(&nn::gelu_approximate(gate)?, &up)?,
             GateActivation::ClampedSilu { limit } => clamped_silu(gate, up, limit)?,
             GateActivation::Relu2 => relu_squared(&up)?,
+            GateActivation::ClampedSwiGlu { alpha, limit } => {
+                clamped_swiglu(gate, up, alpha, limit)?
+            }
         };
         all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }

@@ -17,6 +17,7 @@
 
 pub mod attention;
 pub mod base;
+pub mod block_index;
 pub(crate) mod config_keys;
 pub mod deepseek_v3;
 pub mod deepseek_v32;
@@ -38,6 +39,7 @@ pub mod llama;
 pub mod llama4_text;
 pub mod mamba2;
 pub mod minimax;
+pub mod minimax_m3;
 pub mod mistral4;
 pub mod mla;
 pub mod mlp;

@@ -177,6 +177,11 @@ impl Experts {
         )
     }
 
+    /// The experts with another activation (MiniMax M3's clamped SwiGLU).
+    pub(crate) fn with_activation(self, activation: ExpertActivation) -> Experts {
+        Experts { activation, ..self }
+    }
+
     /// Experts from their stacked projections (gate, up, down) and biases, checked against
     /// the configuration (`prefix` names them in errors).
     pub(crate) fn new(

@@ -6,7 +6,8 @@
 use crate::error::{InferenceError, Result};
 use crate::linear::Matrix;
 use crate::ring::RingGroup;
-use mlx_rs::Array;
+use crate::weights::TensorSource;
+use mlx_rs::{ops, Array, Dtype};
 use std::sync::Arc;
 
 /// The GGUF name of `hf_part` in the tables of a family's tensors.
@@ -43,4 +44,19 @@ pub(crate) fn check_shape(m: &Matrix, name: &str, rows: usize) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The norm `name`'s weight as RMS norm takes it: `1 + w` where the checkpoint stores it
+/// zero-centred (Gemma's norms, Qwen3.5's and Step 3.5's files, MiniMax M3), else `w`.
+pub(crate) fn norm_weight(
+    source: &mut dyn TensorSource,
+    name: &str,
+    dtype: Dtype,
+    zero_centred: bool,
+) -> Result<Array> {
+    let w = source.dense(name, dtype)?;
+    if !zero_centred {
+        return Ok(w);
+    }
+    Ok(ops::add(&w, Array::from_f32(1.0).as_dtype(dtype)?)?)
 }

@@ -10,7 +10,7 @@ use super::{
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
 use super::{deepseek_v32, glm_moe_dsa, kimi_linear, mistral4};
-use super::{gemma4_text, llama4_text, nemotron_h, step3p5};
+use super::{gemma4_text, llama4_text, minimax_m3, nemotron_h, step3p5};
 use crate::error::{InferenceError, Result};
 
 /// Every family, under its registry key (mlx-lm's module name).
@@ -36,6 +36,7 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("glm_moe_dsa", &glm_moe_dsa::GlmMoeDsa),
     ("mistral4", &mistral4::Mistral4),
     ("kimi_linear", &kimi_linear::KimiLinear),
+    ("minimax_m3_vl", &minimax_m3::MiniMaxM3),
 ];
 
 /// `model_type`s real checkpoints carry that mlx-lm runs with another module (its

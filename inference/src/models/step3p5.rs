@@ -29,7 +29,7 @@ use crate::config::{FamilyParams, ModelConfig, MoeConfig, RopeScaling, RouterKin
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
 /// The `config.json` keys only this family has, with mlx-lm's defaults.
@@ -254,7 +254,9 @@ impl Family for Step3p5 {
         let spec = &params.layers[layer];
         let dtype = format.compute_dtype();
         let vanilla = stored_as_released(config, source);
-        let mut norm = |part: &str| block_norm(source, &layer_tensor(layer, part), dtype, vanilla);
+        let mut norm = |part: &str| {
+            super::parts::norm_weight(source, &layer_tensor(layer, part), dtype, vanilla)
+        };
         let head_norms = HeadNorms::each_head(
             norm("self_attn.q_norm.weight")?,
             norm("self_attn.k_norm.weight")?,
@@ -297,7 +299,7 @@ impl Family for Step3p5 {
         dtype: Dtype,
     ) -> Result<Array> {
         let vanilla = stored_as_released(config, source);
-        block_norm(source, "model.norm.weight", dtype, vanilla)
+        super::parts::norm_weight(source, "model.norm.weight", dtype, vanilla)
     }
 
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
@@ -335,21 +337,6 @@ fn stored_as_released(config: &ModelConfig, source: &dyn TensorSource) -> bool {
     (0..config.num_layers).any(|l| {
         source.contains(&layer_tensor(l, "moe.gate.weight"))
             || source.contains(&layer_tensor(l, "share_expert.gate_proj.weight"))
-    })
-}
-
-/// A norm's weight as it applies (`w + 1` when stored zero-centred).
-fn block_norm(
-    source: &mut dyn TensorSource,
-    name: &str,
-    dtype: Dtype,
-    zero_centred: bool,
-) -> Result<Array> {
-    let w = source.dense(name, dtype)?;
-    Ok(if zero_centred {
-        ops::add(&w, Array::from_f32(1.0).as_dtype(dtype)?)?
-    } else {
-        w
     })
 }
 
