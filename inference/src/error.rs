@@ -30,10 +30,12 @@ pub enum InferenceError {
         reason: String,
     },
     /// The model's architecture is not one this crate implements.
-    #[error("unsupported model architecture `{name}` (supported model_types: {supported})")]
+    #[error("unsupported model architecture `{name}`{why} (supported model_types: {supported})")]
     UnsupportedArchitecture {
         /// The `model_type` or GGUF architecture asked for.
         name: String,
+        /// For a family known but not run yet, what is missing (`": …"`); else empty.
+        why: String,
         /// Every name that would load, from the family registry.
         supported: String,
     },

@@ -53,6 +53,16 @@ pub const MODEL_REMAPPING: &[(&str, &str)] = &[
     ("gemma4", "gemma4_text"),
 ];
 
+/// `model_type`s of 2026 releases mlx-lm runs that shoal does not yet, with what is missing:
+/// the refusal says so rather than only listing what loads.
+pub const NOT_YET: &[(&str, &str)] = &[(
+    "kimi_k3",
+    "Kimi K3's attention residuals (each layer mixes the outputs of earlier blocks, which a \
+         pipeline must carry between ranks), its SiTU experts in a latent space and its KDA \
+         variant are not implemented yet; Kimi Linear (`kimi_linear`) and Kimi K2 (`kimi_k2`) \
+         load",
+)];
+
 /// The registry key of a `model_type` (after mlx-lm's remapping) or GGUF architecture name.
 pub fn resolve(name: &str) -> Result<&'static str> {
     let remapped = MODEL_REMAPPING
@@ -68,6 +78,11 @@ pub fn resolve(name: &str) -> Result<&'static str> {
         .map(|(key, _)| *key)
         .ok_or_else(|| InferenceError::UnsupportedArchitecture {
             name: name.to_owned(),
+            why: NOT_YET
+                .iter()
+                .find(|(known, _)| *known == name)
+                .map(|(_, why)| format!(": {why}"))
+                .unwrap_or_default(),
             supported: supported_names(),
         })
 }
@@ -115,6 +130,11 @@ mod tests {
         }
         assert!(err.contains("minimax_m2"), "{err}");
         assert!(err.contains("`gpt_neox`"), "{err}");
+        let k3 = resolve("kimi_k3").unwrap_err().to_string();
+        assert!(
+            k3.contains("attention residuals") && k3.contains("kimi_linear"),
+            "{k3}"
+        );
     }
 
     #[test]
