@@ -737,7 +737,7 @@ fn minimax_m3_configuration_reads_its_sparse_layers() {
     );
     assert_eq!(config.intermediate_size, 128);
     let moe = config.moe.as_ref().unwrap();
-    assert_eq!((moe.expert_width, moe.shared_width), (64, 64));
+    assert_eq!((moe.expert_width, moe.shared_width), (128, 128));
     assert!(!moe.is_moe_layer(0) && moe.is_moe_layer(1));
     assert_eq!(config.attention.rotary_dim, Some(16));
     // 4 layers of 2 key and 2 value heads of 32, plus 3 index keys padded to 32, f32.

@@ -471,15 +471,16 @@ FAMILIES = {
         # both drop blocks), a dense first layer, then sigmoid-routed experts with a
         # correction bias and a shared expert, gpt-oss's clamped SwiGLU, (1 + w) norms, RoPE
         # on half of each head. MiniMax's layout: experts w1/w2/w3 one matrix each, a vision
-        # tower the text model never reads.
+        # tower the text model never reads. Widths of two 4-bit groups: a 2-rank tensor ring
+        # cuts them.
         "config": {
             "architectures": ["MiniMaxM3VLForConditionalGeneration"],
             "model_type": "minimax_m3_vl", "tie_word_embeddings": False,
             "text_config": {
                 "model_type": "minimax_m3", "hidden_size": 64, "num_hidden_layers": 4,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-                "intermediate_size": 64, "dense_intermediate_size": 128,
-                "shared_intermediate_size": 64, "num_local_experts": 8,
+                "intermediate_size": 128, "dense_intermediate_size": 128,
+                "shared_intermediate_size": 128, "num_local_experts": 8,
                 "num_experts_per_tok": 2, "routed_scaling_factor": 2.0, "use_qk_norm": True,
                 "use_gemma_norm": True, "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
                 "moe_layer_freq": [0, 1, 1, 1], "rms_norm_eps": 1e-6,
