@@ -23,6 +23,7 @@ mod executor;
 mod logging;
 mod mesh_state;
 mod node;
+mod release;
 mod serve;
 mod start;
 
@@ -47,7 +48,7 @@ Examples:
 /// One binary per machine: a node of a leaderless cluster that splits language models
 /// across machines and serves an OpenAI-compatible API on every node.
 #[derive(Parser, Debug)]
-#[command(name = "shoal", version, after_help = AFTER_HELP)]
+#[command(name = "shoal", version = release::version_text(), after_help = AFTER_HELP)]
 struct Cli {
     /// More log output (-v: debug for shoal, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]

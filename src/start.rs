@@ -90,6 +90,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
         config: Config::default(),
         extra_protocols: Vec::new(),
         cluster_secret,
+        release: crate::release::this_release(),
     };
     // The binary's protocols are scoped like the mesh's own: by namespace and secret.
     let scoped = options.scoped_namespace();
@@ -98,11 +99,13 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
     let (files, file_connections) = tokio::sync::mpsc::channel(64);
     let files_alpn = models::peer::files_alpn(&scoped);
     options.extra_protocols = vec![(chat_alpn.clone(), chats), (files_alpn.clone(), files)];
+    let release = options.release.clone();
+    tracing::info!(release = %release.describe(), "this node's release");
     let mesh = Arc::new(Mesh::start(options).await?);
     let mut events = mesh.subscribe();
     mesh.set(
         PROFILE_KEY,
-        &HostProfile::gather(args.api_port, mlx_build()),
+        &HostProfile::gather(args.api_port, mlx_build()).with_release(&release),
     )?;
     let api_port = args.api_port;
     tokio::spawn({
@@ -111,9 +114,11 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
             let mut ticker = tokio::time::interval(PROFILE_PERIOD);
             loop {
                 ticker.tick().await;
-                let profile =
-                    tokio::task::spawn_blocking(move || HostProfile::gather(api_port, mlx_build()))
-                        .await;
+                let release = release.clone();
+                let profile = tokio::task::spawn_blocking(move || {
+                    HostProfile::gather(api_port, mlx_build()).with_release(&release)
+                })
+                .await;
                 if let Ok(profile) = profile {
                     if let Err(e) = mesh.set(PROFILE_KEY, &profile) {
                         tracing::warn!("cannot publish the profile: {e:#}");

@@ -130,6 +130,8 @@ def topology():
         text = node["text"]
         if "linux" not in text or "GB used" not in text or "mlx_cpu" not in text or "alive" not in text:
             fail(f"node box lacks OS, memory, backends or liveness: {text!r}")
+        if "(protocol " not in text or "shoal " not in text:
+            fail(f"node box lacks the node's shoal release: {text!r}")
     me = [n["id"] for n in snap["nodes"] if n["me"]]
     if len(me) != 1:
         fail("the page does not mark its own node")

@@ -6,7 +6,7 @@ import { h, s, bytes } from './dom.js';
 import { kindName, label, memoryUsed, nodeLabel } from './cluster.js';
 
 const BOX_W = 196;
-const BOX_H = 100;
+const BOX_H = 120;
 
 /** Centres of `n` boxes: one in the middle, two side by side, more around an ellipse. */
 function layout(n, width, height) {
@@ -38,6 +38,7 @@ function profileLines(node) {
     `${p.os || '?'} ${p.os_version || ''}`.trim(),
     `${bytes(memoryUsed(p))} / ${bytes(p.memory_total)} used`,
     (p.backends || []).join(', ') || 'no backend',
+    p.version ? `shoal ${p.version} (protocol ${p.protocol})` : 'release unknown',
   ];
 }
 

@@ -96,6 +96,8 @@ fn real_records(node: usize, nodes: usize, _generation: u64) -> Vec<(String, Str
             InterfaceKind::Ethernet,
         )],
         api_port: 52415,
+        version: "0.1.0".into(),
+        protocol: 1,
     };
     let me = NodeId::from_index(node as u64);
     let mut records = vec![(

@@ -491,6 +491,8 @@ mod tests {
                 InterfaceKind::Ethernet,
             )],
             api_port: 52415,
+            version: "0.1.0".into(),
+            protocol: 1,
         };
         let edge = |from: &str, to: &str, ip: &str| EdgeRecord {
             edge: Edge {

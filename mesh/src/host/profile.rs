@@ -44,6 +44,13 @@ pub struct HostProfile {
     pub interfaces: Vec<Interface>,
     /// Port of the HTTP API (the same on every address).
     pub api_port: u16,
+    /// The shoal release the node runs (empty in records of nodes from before releases were
+    /// reported).
+    #[serde(default)]
+    pub version: String,
+    /// The protocol it speaks ([`crate::net::release::PROTOCOL`] of its build; 0 unknown).
+    #[serde(default)]
+    pub protocol: u32,
 }
 
 const ROUND: u64 = 64 << 20;
@@ -65,6 +72,17 @@ impl HostProfile {
             gpus,
             interfaces: interfaces::local_ipv4(),
             api_port,
+            version: String::new(),
+            protocol: 0,
+        }
+    }
+
+    /// The profile saying the node runs `release`.
+    pub fn with_release(self, release: &crate::net::release::Release) -> HostProfile {
+        HostProfile {
+            version: release.version.clone(),
+            protocol: release.protocol,
+            ..self
         }
     }
 
@@ -178,6 +196,8 @@ mod tests {
                 InterfaceKind::Ethernet,
             )],
             api_port: 52415,
+            version: "0.1.0".into(),
+            protocol: 1,
         };
         let json = serde_json::to_value(&p).unwrap();
         assert_eq!(json["backends"], serde_json::json!(["mlx_cpu"]));
@@ -219,6 +239,8 @@ mod tests {
             gpus: vec![gpu(130, 141), gpu(141, 141)],
             interfaces: vec![],
             api_port: 52415,
+            version: "0.1.0".into(),
+            protocol: 1,
         };
         let placed = p.placement_profile("g");
         assert_eq!(

@@ -1,6 +1,8 @@
 //! The cluster secret and the admission gate in front of every mesh protocol.
 //!
-//! With no secret a cluster is open to its namespace, as it always was (zero configuration).
+//! Every two nodes first exchange their releases ([`super::handshake`]): a node whose protocol
+//! differs is not admitted, and both sides log why, naming both releases (once per node).
+//! With no secret a cluster is then open to its namespace (zero configuration).
 //! With one, two nodes prove to each other that they hold it before any state passes: on the
 //! [`auth_alpn`] each side sends a keyed hash (BLAKE3, keyed by the secret) of keying material
 //! exported from this very QUIC connection's TLS session and of its role, so the proof is bound
@@ -23,6 +25,8 @@
 //! and the mDNS service name carry a hash of it, so nodes with different secrets do not even
 //! find each other, and what mDNS announces is only that hash.
 
+use super::handshake::Hello;
+use super::release::Release;
 use iroh::endpoint::Connection;
 use iroh::protocol::{AcceptError, ProtocolHandler};
 use iroh::{Endpoint, EndpointAddr, PublicKey};
@@ -33,7 +37,7 @@ use std::time::{Duration, Instant};
 
 /// ALPN prefix of the admission handshake; [`auth_alpn`] appends the namespace (not scoped by
 /// the secret, so a node with another secret reaches the handshake and is told why it fails).
-pub const AUTH_ALPN: &[u8] = b"shoal/cluster-auth/1/";
+pub const AUTH_ALPN: &[u8] = b"shoal/cluster-auth/2/";
 /// File in the data directory that holds the secret when no flag or variable gives one.
 pub const SECRET_FILE: &str = "cluster.secret";
 /// How long one admission handshake may take.
@@ -120,6 +124,11 @@ pub fn auth_alpn(namespace: &str) -> Vec<u8> {
 #[derive(Debug)]
 pub struct Admission {
     secret: Option<ClusterSecret>,
+    /// What this node says first: its release, and whether a secret guards it.
+    hello: Hello,
+    /// Nodes refused for their release or for a secret on one side only, with why (each
+    /// logged once).
+    mismatched: Mutex<BTreeMap<PublicKey, String>>,
     alpn: Vec<u8>,
     admitted: Mutex<BTreeSet<PublicKey>>,
     /// Nodes whose handshake back failed, and when.
@@ -142,9 +151,14 @@ pub(crate) enum GateRefusal {
 }
 
 impl Admission {
-    /// The gate of a node with `secret` (`None`: open) in `namespace`.
-    pub fn new(secret: Option<ClusterSecret>, namespace: &str) -> Arc<Admission> {
+    /// The gate of a node of `release` with `secret` (`None`: open) in `namespace`.
+    pub fn new(secret: Option<ClusterSecret>, namespace: &str, release: Release) -> Arc<Admission> {
         Arc::new(Admission {
+            hello: Hello {
+                release,
+                closed: secret.is_some(),
+            },
+            mismatched: Mutex::new(BTreeMap::new()),
             secret,
             alpn: auth_alpn(namespace),
             admitted: Mutex::new(BTreeSet::new()),
@@ -210,9 +224,34 @@ impl Admission {
         &self.alpn
     }
 
-    /// Whether `peer` may talk to this node now (always, without a secret).
+    /// Whether `peer` may talk to this node now: it has passed the handshake (its release
+    /// speaks this node's protocol and, with a secret, it proved it).
     pub fn allows(&self, peer: &PublicKey) -> bool {
-        self.secret.is_none() || self.lock().contains(peer)
+        self.lock().contains(peer)
+    }
+
+    /// This node's release.
+    pub fn release(&self) -> &Release {
+        &self.hello.release
+    }
+
+    /// Nodes refused for their release (or a secret on one side only), with why.
+    pub fn refusals(&self) -> Vec<(PublicKey, String)> {
+        let m = self.mismatched.lock().unwrap_or_else(|e| e.into_inner());
+        m.iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    /// Records why `peer` was refused, logging it the first time (both sides of a handshake
+    /// do, so each operator sees the other node's release).
+    fn note_refusal(&self, peer: PublicKey, why: &str) {
+        let mut m = self.mismatched.lock().unwrap_or_else(|e| e.into_inner());
+        if m.get(&peer).map(String::as_str) != Some(why) {
+            tracing::error!(peer = %peer.fmt_short(), "{why}");
+            if m.len() >= MAX_REFUSED {
+                m.clear();
+            }
+            m.insert(peer, why.to_string());
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<PublicKey>> {
@@ -227,32 +266,53 @@ impl Admission {
         admitted.insert(peer);
     }
 
-    /// Makes sure `peer` is admitted, proving the secret to it both ways over a connection on
-    /// the admission ALPN if it is not yet. Errors say why (wrong secret, unreachable).
+    /// Makes sure `peer` is admitted: over a connection on the admission ALPN, both nodes
+    /// say their release (refused when the protocols differ) and, with a secret, prove it to
+    /// each other. Errors say why (another protocol, wrong secret, unreachable).
     pub async fn ensure(&self, endpoint: &Endpoint, peer: PublicKey) -> anyhow::Result<()> {
         if self.allows(&peer) {
             return Ok(());
         }
-        let secret = self.secret.as_ref().expect("a closed gate has a secret");
         let attempt = async {
             let connection = endpoint
                 .connect(EndpointAddr::new(peer), &self.alpn)
                 .await?;
             let material = exported(&connection)?;
             let (mut send, mut recv) = connection.open_bi().await?;
-            send.write_all(secret.proof(b"initiator", &material).as_bytes())
-                .await?;
-            let mut answer = [0u8; 32];
-            let read = recv.read_exact(&mut answer).await;
-            if read.is_err()
-                || blake3::Hash::from_bytes(answer) != secret.proof(b"responder", &material)
-            {
-                connection.close(REFUSED.into(), b"wrong cluster secret");
-                anyhow::bail!(
-                    "node {} does not share this node's cluster secret (or refused ours); \
-                     start every node with the same --cluster-secret",
-                    peer.fmt_short()
-                );
+            self.hello.send(&mut send).await?;
+            if let Some(secret) = &self.secret {
+                send.write_all(secret.proof(b"initiator", &material).as_bytes())
+                    .await?;
+            }
+            let theirs = match Hello::receive(&mut recv).await {
+                Ok(hello) => hello,
+                Err(e) => {
+                    connection.close(REFUSED.into(), b"no handshake");
+                    anyhow::bail!(
+                        "node {} did not answer the handshake ({e:#}); is it a shoal node of \
+                         this release's protocol?",
+                        peer.fmt_short()
+                    );
+                }
+            };
+            if let Some(why) = self.hello.refusal(&theirs, &peer.fmt_short().to_string()) {
+                self.note_refusal(peer, &why);
+                connection.close(REFUSED.into(), b"refused");
+                anyhow::bail!(why);
+            }
+            if let Some(secret) = &self.secret {
+                let mut answer = [0u8; 32];
+                let read = recv.read_exact(&mut answer).await;
+                if read.is_err()
+                    || blake3::Hash::from_bytes(answer) != secret.proof(b"responder", &material)
+                {
+                    connection.close(REFUSED.into(), b"wrong cluster secret");
+                    anyhow::bail!(
+                        "node {} does not share this node's cluster secret (or refused ours); \
+                         start every node with the same --cluster-secret",
+                        peer.fmt_short()
+                    );
+                }
             }
             let _ = send.finish();
             self.admit(peer);
@@ -262,7 +322,7 @@ impl Admission {
         match tokio::time::timeout(AUTH_TIMEOUT, attempt).await {
             Ok(result) => result,
             Err(_) => anyhow::bail!(
-                "node {} did not finish the cluster-secret handshake within {AUTH_TIMEOUT:?}",
+                "node {} did not finish the admission handshake within {AUTH_TIMEOUT:?}",
                 peer.fmt_short()
             ),
         }
@@ -277,46 +337,70 @@ fn exported(connection: &Connection) -> anyhow::Result<[u8; 32]> {
     Ok(material)
 }
 
-/// Answers admission handshakes: admits a node whose proof is right and proves the secret
-/// back; refuses (and logs) one whose proof is wrong.
+/// Answers admission handshakes: says this node's release, refuses (and logs) a node of
+/// another protocol, then with a secret admits a node whose proof is right and proves the
+/// secret back, refusing (and logging) one whose proof is wrong; without one admits it.
 #[derive(Debug, Clone)]
 pub(crate) struct AuthHandler {
     pub(crate) admission: Arc<Admission>,
 }
 
+/// How an answered handshake ended.
+enum Answered {
+    Admitted,
+    /// Refused for its release or a secret on one side only (logged already).
+    Mismatched,
+}
+
 impl ProtocolHandler for AuthHandler {
     async fn accept(&self, connection: Connection) -> Result<(), AcceptError> {
-        let Some(secret) = self.admission.secret.clone() else {
-            connection.close(REFUSED.into(), b"this node has no cluster secret");
-            return Ok(());
-        };
+        let admission = &self.admission;
         let peer = connection.remote_id();
         let answer = async {
             let material = exported(&connection)?;
             let (mut send, mut recv) = connection.accept_bi().await?;
-            let mut proof = [0u8; 32];
-            recv.read_exact(&mut proof).await?;
-            if blake3::Hash::from_bytes(proof) != secret.proof(b"initiator", &material) {
-                anyhow::bail!("wrong proof");
+            let theirs = Hello::receive(&mut recv).await?;
+            admission.hello.send(&mut send).await?;
+            if let Some(why) = admission
+                .hello
+                .refusal(&theirs, &peer.fmt_short().to_string())
+            {
+                admission.note_refusal(peer, &why);
+                // Let our hello reach the node, which closes once it has read it.
+                let _ = send.finish();
+                connection.closed().await;
+                return anyhow::Ok(Answered::Mismatched);
             }
-            self.admission.admit(peer);
-            send.write_all(secret.proof(b"responder", &material).as_bytes())
-                .await?;
+            if let Some(secret) = &admission.secret {
+                let mut proof = [0u8; 32];
+                recv.read_exact(&mut proof).await?;
+                if blake3::Hash::from_bytes(proof) != secret.proof(b"initiator", &material) {
+                    anyhow::bail!("wrong proof");
+                }
+                admission.admit(peer);
+                send.write_all(secret.proof(b"responder", &material).as_bytes())
+                    .await?;
+            } else {
+                admission.admit(peer);
+            }
             send.finish()?;
             connection.closed().await;
-            anyhow::Ok(())
+            anyhow::Ok(Answered::Admitted)
         };
         match tokio::time::timeout(AUTH_TIMEOUT, answer).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(Answered::Admitted)) => {}
+            Ok(Ok(Answered::Mismatched)) => {
+                connection.close(REFUSED.into(), b"refused: another protocol or secret")
+            }
             Ok(Err(e)) => {
                 tracing::warn!(
                     peer = %peer.fmt_short(),
-                    "refused a node that does not know this cluster's secret ({e:#}); \
-                     if it is yours, start it with the same --cluster-secret"
+                    "refused a node that failed the admission handshake ({e:#}); if it is \
+                     yours, start it with the same --cluster-secret and shoal release"
                 );
                 connection.close(REFUSED.into(), b"wrong cluster secret");
             }
-            Err(_) => connection.close(REFUSED.into(), b"cluster-secret handshake timed out"),
+            Err(_) => connection.close(REFUSED.into(), b"admission handshake timed out"),
         }
         Ok(())
     }
@@ -345,7 +429,7 @@ impl<H: ProtocolHandler> ProtocolHandler for Gated<H> {
                         tracing::debug!(peer = %peer.fmt_short(), "refused a connection at once: {other:?}")
                     }
                 }
-                connection.close(REFUSED.into(), b"not admitted: wrong cluster secret");
+                connection.close(REFUSED.into(), b"not admitted");
                 Ok(())
             }
         }
@@ -385,15 +469,23 @@ mod tests {
 
     /// An endpoint on loopback only (no discovery: nothing is announced), with the admission
     /// handshake and one gated protocol whose accepted connections arrive on the channel.
-    async fn node(
-        secret: Option<&str>,
-        lookup: &iroh::address_lookup::MemoryLookup,
-    ) -> (
+    async fn node(secret: Option<&str>, lookup: &iroh::address_lookup::MemoryLookup) -> TestNode {
+        node_of(secret, Release::of_mesh(), lookup).await
+    }
+
+    type TestNode = (
         Endpoint,
         iroh::protocol::Router,
         Arc<Admission>,
         tokio::sync::mpsc::Receiver<Connection>,
-    ) {
+    );
+
+    /// As [`node`], of another release.
+    async fn node_of(
+        secret: Option<&str>,
+        release: Release,
+        lookup: &iroh::address_lookup::MemoryLookup,
+    ) -> TestNode {
         let endpoint = Endpoint::builder(iroh::endpoint::presets::Minimal)
             .relay_mode(iroh::RelayMode::Disabled)
             .clear_address_lookup()
@@ -406,7 +498,7 @@ mod tests {
             .unwrap();
         lookup.add_endpoint_info(addr_of(&endpoint));
         let secret = secret.map(|t| ClusterSecret::from_text(t).unwrap());
-        let admission = Admission::new(secret, "lab");
+        let admission = Admission::new(secret, "lab", release.clone());
         let (sender, receiver) = tokio::sync::mpsc::channel(4);
         let router = iroh::protocol::Router::builder(endpoint.clone())
             .accept(
@@ -512,6 +604,40 @@ mod tests {
         // ...and once one is free, a member is proven and served as before.
         assert!(gated_connection_served(&b, &a, &mut served_a).await);
         assert_eq!(admission_a.dial_backs_started(), 2);
+    }
+
+    /// Open nodes of one protocol admit each other whatever their versions (a rolling
+    /// upgrade); a node of another protocol is refused by both sides, each naming both
+    /// releases, and nothing of it reaches a gated protocol.
+    #[tokio::test]
+    async fn a_node_of_another_protocol_is_refused_on_both_sides() {
+        let lookup = iroh::address_lookup::MemoryLookup::new();
+        let release = |version: &str, protocol| Release {
+            version: version.into(),
+            protocol,
+        };
+        let (a, _router_a, admission_a, mut served_a) =
+            node_of(None, release("0.1.0", 1), &lookup).await;
+        let (newer, _router_n, admission_n, _served_n) =
+            node_of(None, release("0.2.0", 1), &lookup).await;
+        let (other, _router_o, admission_o, _served_o) =
+            node_of(None, release("0.3.0", 2), &lookup).await;
+
+        admission_n.ensure(&newer, a.id()).await.unwrap();
+        assert!(admission_a.allows(&newer.id()) && admission_n.allows(&a.id()));
+        assert!(gated_connection_served(&newer, &a, &mut served_a).await);
+
+        let err = admission_o.ensure(&other, a.id()).await.unwrap_err();
+        let both = |text: &str| {
+            text.contains("shoal 0.1.0 (protocol 1)") && text.contains("shoal 0.3.0 (protocol 2)")
+        };
+        assert!(both(&format!("{err:#}")), "{err:#}");
+        assert!(!admission_a.allows(&other.id()) && !admission_o.allows(&a.id()));
+        let seen = admission_a.refusals();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(seen[0].0 == other.id() && both(&seen[0].1), "{seen:?}");
+        assert_eq!(admission_o.refusals().len(), 1);
+        assert!(!gated_connection_served(&other, &a, &mut served_a).await);
     }
 
     #[test]

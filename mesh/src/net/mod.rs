@@ -10,10 +10,12 @@ pub mod discovery;
 mod driver;
 mod endpoint;
 mod gossip;
+mod handshake;
 pub mod identity;
 mod namespace;
 mod options;
 mod peers;
+pub mod release;
 pub mod sync;
 
 pub use gossip::GOSSIP_MAX_MESSAGE;
@@ -60,7 +62,11 @@ impl Mesh {
     pub async fn start(options: MeshOptions) -> anyhow::Result<Mesh> {
         let key = identity::load_or_create_key(&options.data_dir)?;
         let scoped = options.scoped_namespace();
-        let admission = Admission::new(options.cluster_secret.clone(), &options.namespace);
+        let admission = Admission::new(
+            options.cluster_secret.clone(),
+            &options.namespace,
+            options.release.clone(),
+        );
         let generation = identity::next_generation(&options.data_dir)?;
         let id = NodeId::from_bytes(*key.public().as_bytes());
         let lookup = MemoryLookup::new();

@@ -57,6 +57,9 @@ pub struct MeshOptions {
     /// The cluster secret every other node must prove before any state passes (`None`: the
     /// cluster is open to its namespace). See [`super::admission`].
     pub cluster_secret: Option<super::admission::ClusterSecret>,
+    /// This node's release, said to every node before anything else: one of another protocol
+    /// is refused ([`super::release`]).
+    pub release: super::release::Release,
 }
 
 impl MeshOptions {
