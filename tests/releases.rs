@@ -5,10 +5,11 @@
 //!
 //! - A node whose protocol differs is refused: both nodes log the refusal naming both
 //!   releases, and neither counts the other in its cluster.
-//! - A rolling upgrade where the protocol is unchanged: while a chat loop runs through one
-//!   node, the other is stopped and started again as a newer release; the loop never fails,
-//!   the upgraded node rejoins, `/state` shows each node's release, and it answers chats by
-//!   forwarding to the older node's instance.
+//! - A rolling upgrade where the protocol is unchanged, one node at a time: while a chat loop
+//!   runs through one node, the other is stopped and started again as a newer release; the
+//!   loop never fails, the upgraded node rejoins, `/state` shows each node's release, and it
+//!   answers chats (by forwarding to the older node's instance, the first time); then the
+//!   other way round, until both run the newer release.
 
 mod support;
 
@@ -149,6 +150,63 @@ fn chat(node: &ShoalNode) -> Result<String, String> {
         .ok_or_else(|| format!("{status} {answer}"))
 }
 
+/// Stops `node` and starts `binary` on its data directory (the same identity).
+fn upgrade(node: &mut ShoalNode, binary: &Path) {
+    node.stop(Duration::from_secs(10));
+    node.binary = binary.to_path_buf();
+    node.start();
+}
+
+/// Chats through one node, one after another, until finished.
+struct ChatLoop {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+fn chat_loop(api: kit::client::Api) -> ChatLoop {
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let api = kit::blocking::Blocking::new(api);
+            let (mut ok, mut failed) = (0usize, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let answer = api.call(
+                    "POST".parse().unwrap(),
+                    "/v1/chat/completions",
+                    Some(&json!({"model": "default", "temperature": 0, "max_tokens": 8,
+                                 "messages": [{"role": "user", "content": "What is the capital of France?"}]})),
+                    Duration::from_secs(30),
+                );
+                match answer {
+                    Ok(a) if a.status.as_u16() == 200 => ok += 1,
+                    Ok(a) => failed.push(format!("{} {}", a.status, a.value())),
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (ok, failed)
+        })
+    };
+    ChatLoop { stop, thread }
+}
+
+impl ChatLoop {
+    /// Stops the loop and checks it answered every chat (`what` names it, `logs` on failure).
+    fn finish(self, what: &str, logs: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (ok, failed) = self.thread.join().unwrap();
+        eprintln!(
+            "chat loop through {what}: {ok} answered, {} failed",
+            failed.len()
+        );
+        assert!(ok >= 3, "the loop through {what} answered {ok} chats");
+        assert!(
+            failed.is_empty(),
+            "chats through {what} failed: {failed:?}\n{logs}"
+        );
+    }
+}
+
 #[test]
 fn a_rolling_upgrade_keeps_answering() {
     if !kit::skip::can_run(
@@ -208,37 +266,10 @@ fn a_rolling_upgrade_keeps_answering() {
     let ready = wait_for(Duration::from_secs(180), || chat(&nodes[0]).ok());
     assert!(ready.is_some(), "no answer through A\n{}", logs(&nodes));
 
-    // The loop: chats through A, one after another, counting failures.
-    let stop = Arc::new(AtomicBool::new(false));
-    let api = nodes[0].new_api();
-    let looper = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let api = kit::blocking::Blocking::new(api);
-            let (mut ok, mut failed) = (0usize, Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                let answer = api.call(
-                    "POST".parse().unwrap(),
-                    "/v1/chat/completions",
-                    Some(&json!({"model": "default", "temperature": 0, "max_tokens": 8,
-                                 "messages": [{"role": "user", "content": "What is the capital of France?"}]})),
-                    Duration::from_secs(30),
-                );
-                match answer {
-                    Ok(a) if a.status.as_u16() == 200 => ok += 1,
-                    Ok(a) => failed.push(format!("{} {}", a.status, a.value())),
-                    Err(e) => failed.push(e.to_string()),
-                }
-            }
-            (ok, failed)
-        })
-    };
-
-    // Upgrade B: stop it, start the newer build on the same data directory (same identity).
+    // Upgrade B while a chat loop runs through A (whose instance serves it).
+    let looper = chat_loop(nodes[0].new_api());
     std::thread::sleep(Duration::from_secs(2));
-    nodes[1].stop(Duration::from_secs(10));
-    nodes[1].binary = upgraded;
-    nodes[1].start();
+    upgrade(&mut nodes[1], &upgraded);
     let rejoined = wait_for(Duration::from_secs(60), || {
         let state = nodes[0].state()?;
         let b = release_in(&state, &id_b)?;
@@ -262,17 +293,50 @@ fn a_rolling_upgrade_keeps_answering() {
         logs(&nodes)
     );
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    let (ok, failed) = looper.join().unwrap();
-    eprintln!(
-        "chat loop through A: {ok} answered, {} failed",
-        failed.len()
+    looper.finish("A, while B was upgraded", &logs(&nodes));
+
+    // Then A: an instance on the upgraded B serves a loop through B while A is upgraded.
+    let (status, created) = call(
+        &nodes[1],
+        "POST",
+        "/instance",
+        Some(&json!({"instance": {"model_id": "default", "required_nodes": [id_b]}})),
     );
-    assert!(ok >= 3, "the loop answered {ok} chats");
+    assert_eq!(status, 200, "{created}\n{}", logs(&nodes));
+    let on_b = created["instance_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ready = wait_for(Duration::from_secs(180), || {
+        let (_, info) = call(&nodes[1], "GET", &format!("/instance/{on_b}"), None);
+        (info["status"] == "ready").then_some(())
+    });
     assert!(
-        failed.is_empty(),
-        "chats failed during the upgrade: {failed:?}\n{}",
+        ready.is_some(),
+        "B's instance never became ready\n{}",
         logs(&nodes)
     );
+    let looper = chat_loop(nodes[1].new_api());
+    std::thread::sleep(Duration::from_secs(2));
+    upgrade(&mut nodes[0], &upgraded);
+    let both = wait_for(Duration::from_secs(60), || {
+        let state = nodes[1].state()?;
+        let want = format!("{newer} ({PROTOCOL})");
+        let alive = kit::state_view::is_alive(&state, &id_a) == Some(true);
+        (alive && release_in(&state, &id_a)? == want && release_in(&state, &id_b)? == want)
+            .then_some(())
+    });
+    assert!(
+        both.is_some(),
+        "A did not rejoin upgraded\n{}",
+        logs(&nodes)
+    );
+    assert!(
+        chat(&nodes[0]).is_ok(),
+        "no answer through the upgraded A\n{}",
+        logs(&nodes)
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    looper.finish("B, while A was upgraded", &logs(&nodes));
     net.teardown(nodes);
 }
