@@ -1,5 +1,6 @@
 //! A cancelled chat stops in the runner, not only at the client. Two real nodes in network
-//! namespaces run the SmolLM2 fixture with one sequence at a time (`SHOAL_MAX_SEQUENCES=1`):
+//! namespaces run the SmolLM2 fixture with one sequence at a time (`SHOAL_MAX_SEQUENCES=1`;
+//! the pipeline again at the default batch size):
 //! first on node A alone (node B forwards its chats to A), then as a 2-rank pipeline over
 //! both. A long greedy stream (2000 tokens, end-of-text ignored: about two minutes here) is
 //! started and, once tokens flow, stopped four ways: `POST /v1/cancel/{id}` and the client
@@ -182,8 +183,17 @@ fn stop_and_check(client: &ShoalNode, pids: &[u64], how: Stop, nodes: &[ShoalNod
     );
 }
 
-/// Two nodes in fresh namespaces (`tag`), each running one sequence at a time, started.
-fn two_nodes(tag: &str) -> Option<(TestNet, Vec<ShoalNode>)> {
+/// Sequences a runner decodes at once in these tests: one (a slot still held would hold up
+/// the next chat), or the default batch (a sequence still decoding keeps the runner busy).
+#[derive(Clone, Copy, PartialEq)]
+enum Slots {
+    One,
+    Default,
+}
+
+/// Two nodes in fresh namespaces (`tag`), their runners decoding `slots` sequences at once,
+/// started.
+fn two_nodes(tag: &str, slots: Slots) -> Option<(TestNet, Vec<ShoalNode>)> {
     let (test_net, mut nodes) = TestNet::create(
         tag,
         &Spec {
@@ -192,8 +202,10 @@ fn two_nodes(tag: &str) -> Option<(TestNet, Vec<ShoalNode>)> {
         },
     )?;
     for node in &mut nodes {
-        node.env
-            .push((inference::batch::MAX_SEQUENCES_ENV.into(), "1".into()));
+        if slots == Slots::One {
+            node.env
+                .push((inference::batch::MAX_SEQUENCES_ENV.into(), "1".into()));
+        }
         node.start();
     }
     Some((test_net, nodes))
@@ -201,7 +213,7 @@ fn two_nodes(tag: &str) -> Option<(TestNet, Vec<ShoalNode>)> {
 
 /// Places an instance through node A's `path` with `body` (asked again until A accepts it)
 /// and waits until both nodes list the fixture ready; answers the runner pids on each node.
-fn place_ready(nodes: &[ShoalNode], path: &str, body: &Value) -> Vec<Vec<u64>> {
+fn place_ready(nodes: &[ShoalNode], path: &str, body: &Value, slots: Slots) -> Vec<Vec<u64>> {
     wait_for(Duration::from_secs(90), || {
         let (status, _) = call(&nodes[0], "POST", path, Some(body));
         (status == 200).then_some(())
@@ -212,14 +224,27 @@ fn place_ready(nodes: &[ShoalNode], path: &str, body: &Value) -> Vec<Vec<u64>> {
     })
     .unwrap_or_else(|| panic!("the instance is not ready on both nodes\n{}", logs(nodes)));
     let runners: Vec<Vec<u64>> = nodes.iter().map(|n| runner_pids(&n.node.netns)).collect();
-    // One sequence at a time in each runner: a slot still held would hold up the next chat.
+    // One sequence at a time in each runner (a slot still held would hold up the next chat),
+    // or the default batch (the node passes its limit on).
     let one_slot = format!("{}=1", inference::batch::MAX_SEQUENCES_ENV);
+    let default = format!(
+        "{}={}",
+        inference::batch::MAX_SEQUENCES_ENV,
+        inference::batch::DEFAULT_MAX_SEQUENCES
+    );
     for pid in runners.iter().flatten() {
         let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("a runner's environ");
-        assert!(
-            environ.split(|b| *b == 0).any(|v| v == one_slot.as_bytes()),
-            "runner {pid} was not started with {one_slot}"
-        );
+        let mut vars = environ.split(|b| *b == 0);
+        match slots {
+            Slots::One => assert!(
+                vars.any(|v| v == one_slot.as_bytes()),
+                "runner {pid} was not started with {one_slot}"
+            ),
+            Slots::Default => assert!(
+                vars.any(|v| v == default.as_bytes()),
+                "runner {pid} was not started with {default}"
+            ),
+        }
     }
     runners
 }
@@ -235,7 +260,7 @@ const STOPS: [(usize, Stop); 4] = [
 #[test]
 fn a_stopped_stream_stops_in_the_runner_locally_and_forwarded() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some((test_net, nodes)) = two_nodes("shoalcx") else {
+    let Some((test_net, nodes)) = two_nodes("shoalcx", Slots::One) else {
         return;
     };
     let (a_id, _) = wait_for(Duration::from_secs(30), || {
@@ -244,7 +269,7 @@ fn a_stopped_stream_stops_in_the_runner_locally_and_forwarded() {
     })
     .unwrap_or_else(|| panic!("node A does not answer\n{}", logs(&nodes)));
     let body = json!({"instance": {"model_id": "default", "required_nodes": [a_id]}});
-    let runners = place_ready(&nodes, "/instance", &body);
+    let runners = place_ready(&nodes, "/instance", &body, Slots::One);
     assert_eq!(
         runners.iter().map(Vec::len).collect::<Vec<_>>(),
         [1, 0],
@@ -261,14 +286,14 @@ fn a_stopped_stream_stops_in_the_runner_locally_and_forwarded() {
     test_net.teardown(nodes);
 }
 
-#[test]
-fn a_stopped_stream_stops_in_every_rank_of_a_pipeline() {
+/// A 2-rank pipeline's runners, stopped every way through each node, go idle.
+fn pipeline_stops(tag: &str, slots: Slots) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some((test_net, nodes)) = two_nodes("shoalcp") else {
+    let Some((test_net, nodes)) = two_nodes(tag, slots) else {
         return;
     };
     let body = json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 2});
-    let runners = place_ready(&nodes, "/place_instance", &body);
+    let runners = place_ready(&nodes, "/place_instance", &body, slots);
     assert_eq!(
         runners.iter().map(Vec::len).collect::<Vec<_>>(),
         [1, 1],
@@ -284,4 +309,16 @@ fn a_stopped_stream_stops_in_every_rank_of_a_pipeline() {
         .collect();
     assert_eq!(now, pids, "the runners changed");
     test_net.teardown(nodes);
+}
+
+#[test]
+fn a_stopped_stream_stops_in_every_rank_of_a_pipeline() {
+    pipeline_stops("shoalcp", Slots::One);
+}
+
+/// As above with the default batch size (32 sequences): a cancelled sequence must leave the
+/// batch, or the ranks keep decoding it and the idle check fails.
+#[test]
+fn a_stopped_stream_stops_in_every_rank_of_a_pipeline_at_the_default_batch_size() {
+    pipeline_stops("shoalcb", Slots::Default);
 }
