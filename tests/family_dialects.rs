@@ -98,6 +98,8 @@ fn cases(ids: &[(String, String)]) -> Vec<Value> {
             cases.push(json!({
                 "dialect": dialect, "model": id, "kind": route["kind"], "tool": route["tool"],
                 "thought": route["thought"], "call": route["call"],
+                "prompt_tokens": route["prompt_tokens"],
+                "template_renders_tools": route["template_renders_tools"],
             }));
         }
     }

@@ -4,8 +4,13 @@ come from xtask/scripts/dialect_fixtures.py).
 
 Args: OPENAI_BASE_URL (…/v1) ROOT (http://host:port) CASES_JSON, a list of
 {"dialect", "model", "kind": "auto"|"thinking"|"named", "tool": {openai tool}, "thought",
-"call": [name, arguments] or null}. Every client must get exactly the case's typed call (none
-when null) and its thought in the reasoning field ("" when none). A named case forces the call
+"call": [name, arguments] or null, "prompt_tokens"}. Every client must get exactly the case's
+typed call (none when null), its thought in the reasoning field ("" when none), and as the
+prompt's token count the length of the prompt transformers' `apply_chat_template` renders for
+the route (recorded by the fixture script): a node that dropped the tools or rendered other
+template variables would count another prompt. Where the template renders no tools at all
+(DeepSeek V3.1's), the node describes them in the system message itself, as llama.cpp and
+Ollama do (prompt/src/tools_prompt.rs): its prompt must then be longer than the template's. A named case forces the call
 with each API's tool_choice; Ollama's API has none, so it is left out there. Every check runs;
 the failures are listed at the end and the exit status is 1 if any.
 """
@@ -33,6 +38,13 @@ def check(case, what, ok, seen):
         failures.append(label)
 
 
+def prompt_counted(got, case):
+    """Whether `got` is the prompt's token count the route's template makes (see above)."""
+    if case["template_renders_tools"]:
+        return got == case["prompt_tokens"]
+    return got > case["prompt_tokens"]
+
+
 def same(calls, case):
     """Whether `calls` are exactly the case's: names and arguments, compared as JSON text so
     that a number must come back a number of the same kind (3, not "3" nor 3.0)."""
@@ -56,6 +68,9 @@ def openai_chat(case, client):
     check(case, "openai chat: the typed call, finish_reason and the thought",
           same(calls, case) and r.choices[0].finish_reason == want_finish
           and reasoning == case["thought"] and not (m.content or "").strip(), r)
+    check(case, "openai chat: prompt_tokens as transformers renders the prompt",
+          prompt_counted(r.usage.prompt_tokens, case),
+          (r.usage.prompt_tokens, case["prompt_tokens"]))
     chunks = list(client.chat.completions.create(
         model=case["model"], messages=messages, tools=[tool], temperature=0, max_tokens=MAX,
         extra_body=body, stream=True, **extra))
@@ -92,6 +107,9 @@ def responses(case, client):
                         for c in (o.content or []))
     check(case, "responses: the function_call item and the reasoning item",
           same(calls, case) and reasoning == case["thought"], r.output)
+    check(case, "responses: input_tokens as transformers renders the prompt",
+          prompt_counted(r.usage.input_tokens, case),
+          (r.usage.input_tokens, case["prompt_tokens"]))
 
 
 def anthropic_messages(case, client):
@@ -114,6 +132,9 @@ def anthropic_messages(case, client):
     check(case, "anthropic: the tool_use block, stop_reason and the thinking block",
           same(uses, case) and thinking == case["thought"] and r.stop_reason == want_stop,
           r)
+    check(case, "anthropic: input_tokens as transformers renders the prompt",
+          prompt_counted(r.usage.input_tokens, case),
+          (r.usage.input_tokens, case["prompt_tokens"]))
     with client.messages.stream(model=case["model"], max_tokens=2048, messages=messages,
                                 tools=tools, extra_body=greedy, **extra) as s:
         final = s.get_final_message()
@@ -131,6 +152,9 @@ def ollama_chat(case, client):
     calls = [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls or []]
     check(case, "ollama: the typed call and the thinking",
           same(calls, case) and (r.message.thinking or "") == case["thought"], r.message)
+    check(case, "ollama: prompt_eval_count as transformers renders the prompt",
+          prompt_counted(r.prompt_eval_count, case),
+          (r.prompt_eval_count, case["prompt_tokens"]))
 
 
 oa = openai.OpenAI(base_url=base, api_key="none")

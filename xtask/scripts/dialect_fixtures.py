@@ -381,15 +381,19 @@ def train(model, tokenizer, routes, ends, name):
 
 
 def render(tokenizer, kind, tool, tail):
+    """The route's prompt as transformers renders it (`tool` None: offered no tools)."""
     switch = {"enable_thinking": True} if kind == "thinking" else {}
-    text = tokenizer.apply_chat_template(QUESTION, tools=[tool], add_generation_prompt=True,
-                                         tokenize=False, **switch)
+    tools = {"tools": [tool]} if tool is not None else {}
+    text = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False,
+                                         **tools, **switch)
     return text + tail if kind == "named" else text
 
 
 def check_routes(folder, routes, ends):
     """mlx-lm, from the folder: the template applied by transformers with the route's tool,
-    the tail appended for a named route, greedy decoding writes exactly the route."""
+    the tail appended for a named route, greedy decoding writes exactly the route. Returns each
+    route's prompt length in tokens (what every API must report as the prompt's tokens) and
+    whether the template renders the tools at all (a node describes them itself where not)."""
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load_model, load_tokenizer
 
@@ -397,11 +401,13 @@ def check_routes(folder, routes, ends):
     # transformers' own tokenizer: mlx-lm's wrapper sets the thinking switch when none is
     # given, and shoal passes none unless the client does.
     tokenizer = load_tokenizer(folder)._tokenizer
+    lengths = []
     for kind, tool, tail, _, tokens, _, _ in routes:
         text = render(tokenizer, kind, tool, tail)
         if kind != "named" and not text.endswith(tail):
             raise SystemExit(f"{folder.name}: the prompt ends {text[-60:]!r}, not {tail!r}")
         prompt = tokenizer.encode(text, add_special_tokens=False)
+        lengths.append((len(prompt), text != render(tokenizer, kind, None, tail)))
         got = []
         for token, _ in generate_step(mx.array(prompt), model, max_tokens=len(tokens) + 2):
             got.append(int(token))
@@ -410,6 +416,7 @@ def check_routes(folder, routes, ends):
         if got != tokens:
             raise SystemExit(f"{folder.name} {kind}: mlx-lm wrote {tokenizer.decode(got)!r}, "
                              f"not {tokenizer.decode(tokens)!r}")
+    return lengths
 
 
 def build_dialect(name, root, base_dir, template_dir):
@@ -447,10 +454,12 @@ def build_dialect(name, root, base_dir, template_dir):
     mx.save_safetensors(str(out / "model.safetensors"), dict(sorted(weights.items())),
                         metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    check_routes(out, routes, ends)
+    lengths = check_routes(out, routes, ends)
     written = [{"kind": kind, "tool": tool, "tail": tail, "tokens": len(tokens),
-                "thought": thought, "call": call}
-               for kind, tool, tail, _, tokens, thought, call in routes]
+                "thought": thought, "call": call, "prompt_tokens": length,
+                "template_renders_tools": renders}
+               for (kind, tool, tail, _, tokens, thought, call), (length, renders)
+               in zip(routes, lengths)]
     (out / "routes.json").write_text(json.dumps(written, indent=2, ensure_ascii=False) + "\n")
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
