@@ -10,6 +10,10 @@
 //! fail, so the checks above prove the constraint and not a model that happens to write
 //! valid JSON.
 //!
+//! And across a cluster: the same checks through the node that does not hold rank 0 of a
+//! 2-rank pipeline (its chats forwarded to the rank-0 node, the mask applied where the last
+//! rank's logits are sampled).
+//!
 //! Needs root (namespaces), the model fixture and the Python venv with `jsonschema`
 //! (`cargo xtask setup`): fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped.
 
@@ -94,5 +98,46 @@ fn answers_fit_their_schemas_in_every_api_and_not_without_the_constraint() {
         invalid >= MIN_INVALID_UNCONSTRAINED * checks,
         "without the constraint only {invalid} of {checks} checks failed: {loose}"
     );
+    test_net.teardown(nodes);
+}
+
+#[test]
+fn answers_fit_their_schemas_through_a_pipeline_and_a_forwarding_node() {
+    let spec = netns::Spec {
+        nodes: 2,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let Some((test_net, mut nodes)) = TestNet::create("shoalsp", &spec) else {
+        return;
+    };
+    for node in nodes.iter_mut() {
+        node.start();
+    }
+    let body = serde_json::json!({"model_id": "default", "sharding": "Pipeline", "min_nodes": 2});
+    let created = wait_for(Duration::from_secs(90), || {
+        let (status, created) = support::call(&nodes[0], "POST", "/place_instance", Some(&body));
+        (status == 200).then_some(created)
+    });
+    let Some((created, _)) = created else {
+        panic!("no 2-rank pipeline was placed\n{}", logs(&nodes));
+    };
+    let ranks = created["placement"]["ranks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ranks.len(), 2, "{created}");
+    wait_for(Duration::from_secs(300), || {
+        nodes.iter().all(default_ready).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the pipeline did not become ready\n{}", logs(&nodes)));
+    // The node that does not hold rank 0 forwards every chat to the one that does.
+    let rank0 = ranks[0]["node"].as_str().unwrap_or_default().to_string();
+    let other = nodes
+        .iter()
+        .find(|n| n.node_id().is_some_and(|id| id != rank0))
+        .expect("a node without rank 0");
+    let summary = run_checks(other, false);
+    assert_eq!(summary["invalid"], 0, "{summary}");
     test_net.teardown(nodes);
 }
