@@ -425,15 +425,6 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/minimax-m3-tiny-4bit", "minimax_m3_vl", "q4"),
 ];
 
-/// Families whose tensor-parallel cut is refused for now, with the reason placement gives.
-const NO_TENSOR: &[(&str, &str)] = &[
-    ("qwen3_5", "Gated DeltaNet"),
-    ("qwen3_5_moe", "Gated DeltaNet"),
-    ("qwen3_next", "Gated DeltaNet"),
-    ("kimi_linear", "Kimi Delta Attention"),
-    ("nemotron_h", "Mamba-2"),
-];
-
 /// Each of [`FAMILY_REPOS`] as a one-file repo under `dir`.
 fn family_repos(dir: &Path) -> Result<BTreeMap<String, ServedRepo>, String> {
     let mut repos = BTreeMap::new();
@@ -448,8 +439,28 @@ fn family_repos(dir: &Path) -> Result<BTreeMap<String, ServedRepo>, String> {
         let served = ServedRepo::from_dir(&stage, false).map_err(|e| e.to_string())?;
         repos.insert(id.to_string(), served);
     }
+    // Qwen3.5-MoE's files under a config.json of one Gated DeltaNet key head (two value
+    // heads): a 2-rank ring would cut it, so placement must refuse before anything loads.
+    let stage = dir.join("one-key-head");
+    std::fs::create_dir_all(&stage).map_err(|e| e.to_string())?;
+    let fixture = kit::dirs::family_fixture_dir("qwen3_5_moe", "q4");
+    for f in REPO_FILES {
+        std::fs::copy(fixture.join(f), stage.join(f)).map_err(|e| e.to_string())?;
+    }
+    let config = stage.join("config.json");
+    let mut json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    json["text_config"]["linear_num_key_heads"] = json!(1);
+    json["text_config"]["linear_num_value_heads"] = json!(2);
+    std::fs::write(&config, json.to_string()).map_err(|e| e.to_string())?;
+    let served = ServedRepo::from_dir(&stage, false).map_err(|e| e.to_string())?;
+    repos.insert(ONE_KEY_HEAD.to_string(), served);
     Ok(repos)
 }
+
+/// A repo whose Gated DeltaNet layers have one key head (see [`family_repos`]).
+const ONE_KEY_HEAD: &str = "shoal-fixtures/qwen3.5-moe-one-key-head-4bit";
 
 #[test]
 fn every_family_at_4_bits_answers_as_mlx_lm_on_one_node_a_pipeline_and_a_tensor_ring() {
@@ -472,21 +483,6 @@ fn every_family_at_4_bits_answers_as_mlx_lm_on_one_node_a_pipeline_and_a_tensor_
             ("Tensor", 2, &[0, 1][..]),
             ("Pipeline", 1, &[0][..]),
         ] {
-            if let Some((_, reason)) = NO_TENSOR
-                .iter()
-                .find(|(f, _)| *f == *family)
-                .filter(|_| sharding == "Tensor")
-            {
-                let request =
-                    json!({"model_id": repo, "sharding": sharding, "min_nodes": min_nodes});
-                let (status, answer) = call(&nodes[0], "POST", "/place_instance", Some(&request));
-                assert!(
-                    status >= 400 && answer.to_string().contains(reason),
-                    "{family}: a tensor ring must be refused naming {reason:?}: {status} {answer}"
-                );
-                eprintln!("{family}/{layout} Tensor on 2: refused ({status})");
-                continue;
-            }
             let created = place_and_wait(nodes, repo, serving, sharding, min_nodes);
             assert_eq!(ranks(&created).len(), min_nodes, "{created}");
             for &i in serving {
@@ -503,6 +499,16 @@ fn every_family_at_4_bits_answers_as_mlx_lm_on_one_node_a_pipeline_and_a_tensor_
             }
             delete(nodes, repo, &created);
         }
+    }
+    if chosen("qwen3_5_moe") {
+        // A ring size that would cut a head is refused with the count, before loading.
+        let request = json!({"model_id": ONE_KEY_HEAD, "sharding": "Tensor", "min_nodes": 2});
+        let (status, answer) = call(&nodes[0], "POST", "/place_instance", Some(&request));
+        assert!(
+            status >= 400 && answer.to_string().contains("1 linear-attention key heads"),
+            "a ring cutting a key head must be refused naming it: {status} {answer}"
+        );
+        eprintln!("one key head, Tensor on 2: refused ({status}): {answer}");
     }
     cluster.teardown();
 }

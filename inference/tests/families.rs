@@ -12,65 +12,15 @@
 
 mod common;
 
-use common::{argmax, host, max_abs_diff};
+use common::reference::{fixture, rows_of, worst, Reference};
+use common::{argmax, max_abs_diff};
 use inference::batch::LocalBatch;
 use inference::loader::{load_shard, LoadOptions};
 use inference::{ModelShard, ShardInput, WeightFormat};
 use mlx_rs::Array;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
-
-/// mlx-lm's logits of one fixture folder.
-struct Reference {
-    prompt: Vec<u32>,
-    /// `[prompt, vocab]`.
-    prefill: Vec<Vec<f32>>,
-    decode_tokens: Vec<u32>,
-    /// `[decode, vocab]`: the logits after each decode token.
-    decode: Vec<Vec<f32>>,
-}
-
-fn rows_of(a: &Array) -> Vec<Vec<f32>> {
-    let vocab = *a.shape().last().unwrap() as usize;
-    host(a).chunks(vocab).map(<[f32]>::to_vec).collect()
-}
-
-fn ids_of(a: &Array) -> Vec<u32> {
-    let a = a.as_dtype(mlx_rs::Dtype::Int32).unwrap();
-    a.eval().unwrap();
-    a.as_slice::<i32>().iter().map(|&t| t as u32).collect()
-}
-
-impl Reference {
-    fn read(dir: &Path) -> Reference {
-        let path = dir.join("reference.safetensors");
-        let arrays: HashMap<String, Array> =
-            Array::load_safetensors(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let get = |k: &str| {
-            arrays
-                .get(k)
-                .unwrap_or_else(|| panic!("{} has no `{k}`", path.display()))
-        };
-        Reference {
-            prompt: ids_of(get("prompt")),
-            prefill: rows_of(get("prefill_logits")),
-            decode_tokens: ids_of(get("decode_tokens")),
-            decode: rows_of(get("decode_logits")),
-        }
-    }
-}
-
-/// The fixture folder of `family` in `layout`; setup must have made it.
-fn fixture(family: &str, layout: &str) -> PathBuf {
-    let dir = kit::dirs::family_fixture_dir(family, layout);
-    assert!(
-        dir.join("reference.safetensors").exists(),
-        "{} is missing: run `cargo xtask setup`",
-        dir.display()
-    );
-    dir
-}
+use std::path::Path;
 
 fn load(dir: &Path, layers: Option<Range<usize>>, format: WeightFormat) -> ModelShard {
     let options = LoadOptions {
@@ -80,14 +30,6 @@ fn load(dir: &Path, layers: Option<Range<usize>>, format: WeightFormat) -> Model
     load_shard(dir, &options, &mut |_, _| {})
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .0
-}
-
-fn worst(want: &[Vec<f32>], got: &[Vec<f32>]) -> f32 {
-    assert_eq!(want.len(), got.len());
-    want.iter()
-        .zip(got)
-        .map(|(w, g)| max_abs_diff(w, g))
-        .fold(0.0, f32::max)
 }
 
 /// Runs the reference's prompt and decode tokens through `stages` (a layer split of the
@@ -359,8 +301,8 @@ fn qwen3_5_moe_4bit() {
 
 /// What Qwen3.5's released configuration makes: every second layer attention, a quarter of
 /// each head rotated at `rope_parameters`' theta, memory per position only for the attention
-/// layers and a fixed state per sequence for the linear ones, and tensor parallelism refused
-/// with what to do instead.
+/// layers and a fixed state per sequence for the linear ones, and a tensor ring of 2 (each rank
+/// one of the 2 key heads) while 4 would cut a key head and is refused, naming the count.
 #[test]
 fn qwen3_5_configuration_is_read_from_text_config() {
     use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
@@ -389,12 +331,24 @@ fn qwen3_5_configuration_is_read_from_text_config() {
             state_bytes_per_sequence(&config, WeightFormat::F32),
             2 * (3 * 256 * 4 + 4 * 32 * 32 * 4)
         );
-        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
-        assert!(
-            refusal.contains("Gated DeltaNet") && refusal.contains("pipeline"),
-            "{refusal}"
-        );
+        assert_hybrid_ring_sizes(&config);
     }
+}
+
+/// A Gated DeltaNet model of 2 key heads (4 value heads) in a ring: 2 ranks split it; 4
+/// would cut a key head and are refused with the count, and 3 with both counts.
+fn assert_hybrid_ring_sizes(config: &inference::config::ModelConfig) {
+    use inference::tensor_split::tensor_refusal;
+    assert_eq!(tensor_refusal(config, 2), None);
+    let four = tensor_refusal(config, 4).unwrap();
+    assert!(four.contains("2 linear-attention key heads"), "{four}");
+    assert!(!four.contains("linear-attention value heads"), "{four}");
+    let three = tensor_refusal(config, 3).unwrap();
+    assert!(
+        three.contains("2 linear-attention key heads")
+            && three.contains("4 linear-attention value heads"),
+        "{three}"
+    );
 }
 
 /// Qwen3-Next as released by Qwen (top-level keys, experts one matrix each, zero-centred
@@ -415,7 +369,7 @@ fn qwen3_next_4bit() {
 
 /// What Qwen3.5-MoE's released configuration makes (no `intermediate_size`, as released):
 /// experts on every layer, softmax top-2 renormalized, the shared expert's width, the hybrid
-/// layers of Qwen3.5, and the tensor ring refused for its Gated DeltaNet layers.
+/// layers of Qwen3.5, and a tensor ring of 2 (4 would cut a key head).
 #[test]
 fn qwen3_5_moe_configuration_is_read_from_text_config() {
     use inference::config::RouterKind;
@@ -432,17 +386,17 @@ fn qwen3_5_moe_configuration_is_read_from_text_config() {
         assert!((0..4).all(|l| moe.is_moe_layer(l)));
         assert_eq!(
             (moe.num_experts, moe.experts_per_token, moe.expert_width),
-            (8, 2, 64)
+            (8, 2, 128)
         );
         assert_eq!(moe.shared_width, 128);
         assert_eq!(moe.router, RouterKind::SoftmaxTopK { normalize: true });
-        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
-        assert!(refusal.contains("Gated DeltaNet"), "{refusal}");
+        assert_hybrid_ring_sizes(&config);
     }
 }
 
 /// What Qwen3-Next's configuration makes (its keys at the top level): the sparse block on
-/// every layer but `mlp_only_layers`, RoPE from `rope_theta` and `partial_rotary_factor`.
+/// every layer but `mlp_only_layers`, RoPE from `rope_theta` and `partial_rotary_factor`, a
+/// tensor ring of 2 (4 would cut a key head).
 #[test]
 fn qwen3_next_configuration_is_read_from_top_level_keys() {
     use inference::config::RouterKind;
@@ -462,8 +416,7 @@ fn qwen3_next_configuration_is_read_from_top_level_keys() {
         assert_eq!(sparse, [true, true, false, true]);
         assert_eq!((moe.shared_width, config.intermediate_size), (128, 128));
         assert_eq!(moe.router, RouterKind::SoftmaxTopK { normalize: true });
-        let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
-        assert!(refusal.contains("Gated DeltaNet"), "{refusal}");
+        assert_hybrid_ring_sizes(&config);
     }
 }
 
@@ -677,7 +630,7 @@ fn kimi_linear_4bit() {
 
 /// What Kimi Linear's configuration makes: KDA on the layers `kda_layers` names (from 1), a
 /// latent cache per position only for the attention layer, a fixed state per sequence for
-/// the KDA ones, and tensor parallelism refused with what to do instead.
+/// the KDA ones, and a tensor ring of 2 (one of the 2 KDA heads each; 4 would cut a head).
 #[test]
 fn kimi_linear_configuration_reads_its_layer_kinds() {
     use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
@@ -697,11 +650,29 @@ fn kimi_linear_configuration_reads_its_layer_kinds() {
         state_bytes_per_sequence(&config, WeightFormat::F32),
         3 * (3 * 384 * 4 + 2 * 64 * 64 * 4)
     );
-    let refusal = inference::tensor_split::tensor_refusal(&config, 2).unwrap();
-    assert!(
-        refusal.contains("Kimi Delta Attention") && refusal.contains("pipeline"),
-        "{refusal}"
-    );
+    assert_eq!(inference::tensor_split::tensor_refusal(&config, 2), None);
+    let four = inference::tensor_split::tensor_refusal(&config, 4).unwrap();
+    assert!(four.contains("2 Kimi Delta Attention heads"), "{four}");
+}
+
+/// What Nemotron-H's configuration allows a tensor ring: 2 ranks split the 4 Mamba-2 heads in
+/// their 2 groups, the attention heads and (at 4 bits) every width in whole groups of 64; 4
+/// would cut a group (each group's `B` and `C` are read by its heads alone) and are refused,
+/// naming it.
+#[test]
+fn nemotron_h_tensor_ring_splits_heads_in_whole_groups() {
+    use inference::tensor_split::tensor_refusal;
+    for layout in ["hf", "q4"] {
+        let dir = fixture("nemotron_h", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(tensor_refusal(&config, 2), None, "{layout}");
+        let four = tensor_refusal(&config, 4).unwrap();
+        assert!(four.contains("2 Mamba-2 groups"), "{layout}: {four}");
+        assert!(!four.contains("Mamba-2 heads"), "{layout}: {four}");
+    }
 }
 
 /// MiniMax M3 as released (a vision-language checkpoint, the text model under `text_config`):

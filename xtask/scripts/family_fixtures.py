@@ -241,6 +241,7 @@ FAMILIES = {
         # layer (softmax top-k over 8 experts, a shared expert scaled by
         # sigmoid(shared_expert_gate(x))), experts stored fused as `experts.gate_up_proj`.
         # mlx-lm's quant_predicate keeps the routers and shared-expert gates at 8 bits in q4.
+        # Experts 128 wide: two groups of 64 at 4 bits, so a 2-rank tensor ring cuts them.
         "config": {
             "architectures": ["Qwen3_5MoeForConditionalGeneration"],
             "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
@@ -250,7 +251,7 @@ FAMILIES = {
                 "linear_num_value_heads": 4, "linear_num_key_heads": 2,
                 "linear_key_head_dim": 32, "linear_value_head_dim": 32,
                 "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
                 "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
                 "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
                 "tie_word_embeddings": False, "attention_bias": False, "attn_output_gate": True,
@@ -278,7 +279,7 @@ FAMILIES = {
             "linear_num_value_heads": 4, "linear_num_key_heads": 2,
             "linear_key_head_dim": 32, "linear_value_head_dim": 32,
             "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
             "shared_expert_intermediate_size": 128, "norm_topk_prob": True,
             "decoder_sparse_step": 1, "mlp_only_layers": [2],
             "rms_norm_eps": 1e-6, "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
@@ -420,16 +421,18 @@ FAMILIES = {
         # attention without positions, experts): a 3-stage split leaves rank 1 only an MLP
         # layer; relu^2 MLPs, sigmoid-routed experts with a shared expert; Hugging Face's
         # layout (backbone.*, convolutions [channels, 1, kernel], experts one matrix each).
+        # Every width a 2-rank tensor ring cuts (Mamba-2 heads, attention heads, experts) is
+        # 128: two groups of 64 at 4 bits.
         "config": {
             "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
             "hidden_size": 64, "num_hidden_layers": 5, "hybrid_override_pattern": "M-M*E",
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
             "attention_bias": False, "intermediate_size": 128, "mlp_bias": False,
-            "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
+            "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 2,
             "conv_kernel": 4, "use_conv_bias": True, "mamba_proj_bias": False,
             "use_bias": False, "layer_norm_epsilon": 1e-5, "n_routed_experts": 8,
-            "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-            "moe_shared_expert_intermediate_size": 64, "n_shared_experts": 1, "n_group": 1,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+            "moe_shared_expert_intermediate_size": 128, "n_shared_experts": 1, "n_group": 1,
             "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
             "max_position_embeddings": 4096, "tie_word_embeddings": False,
         },

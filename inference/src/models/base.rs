@@ -228,10 +228,10 @@ impl SelfAttention {
         Ok(match self {
             SelfAttention::Heads(a) => SelfAttention::Heads(a.cut(rank, size, group, what)?),
             SelfAttention::Latent(a) => SelfAttention::Latent(a.cut(rank, size, group, what)?),
-            SelfAttention::Linear(a) => SelfAttention::Linear(a.cut(size, what)?),
-            SelfAttention::Mamba(a) => SelfAttention::Mamba(a.cut(size, what)?),
+            SelfAttention::Linear(a) => SelfAttention::Linear(a.cut(rank, size, group, what)?),
+            SelfAttention::Mamba(a) => SelfAttention::Mamba(a.cut(rank, size, group, what)?),
             SelfAttention::Absent => SelfAttention::Absent,
-            SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(size, what)?)),
+            SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(rank, size, group, what)?)),
         })
     }
 

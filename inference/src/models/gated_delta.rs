@@ -13,7 +13,8 @@
 //! with `β = sigmoid(b)`, the decay `g = exp(−exp(A_log)·softplus(a + dt_bias))`, and `q`, `k`
 //! l2-normalized (`q` also scaled by `1/√k_dim`). The output goes through an RMS norm gated by
 //! `silu(z)` and the output projection. Here the recurrence runs position by position with MLX
-//! ops (mlx-lm's ops path, the one it takes on CPU).
+//! ops (mlx-lm's ops path, the one it takes on CPU). Tensor parallelism cuts the layer by key
+//! heads with their value heads ([`super::recurrent_split`]).
 
 use super::parts::{all_sum, check_shape, layer_tensor};
 use crate::error::{InferenceError, Result};
@@ -366,16 +367,6 @@ impl GatedDeltaNet {
         v.extend(self.out_proj.arrays());
         v.extend([&self.conv, &self.dt_bias, &self.a_log, &self.norm]);
         v
-    }
-
-    /// Tensor parallelism of a linear-attention layer (value heads with their convolution
-    /// channels, `A_log` and `dt_bias`) is not built yet: refused, with what to do instead.
-    pub(crate) fn cut(&self, size: usize, what: &str) -> Result<GatedDeltaNet> {
-        Err(InferenceError::BadSplit(format!(
-            "{what}: a Gated DeltaNet (linear attention) layer cannot be split over {size} \
-             tensor-parallel ranks yet; run this model as a pipeline (each rank a range of \
-             layers) or on one node"
-        )))
     }
 }
 

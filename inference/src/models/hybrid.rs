@@ -325,18 +325,13 @@ pub(crate) fn hybrid_tensor_names(
         .collect()
 }
 
-/// What placement checks before a tensor-parallel cut of a hybrid model: the linear layers
-/// are not cut yet, so a count no ring size above one divides refuses every such ring with
-/// the reason ([`GatedDeltaNet::cut`] refuses as well).
+/// What placement checks before a tensor-parallel cut of a hybrid model: the shared divisors
+/// and the Gated DeltaNet layers' key and value heads ([`super::recurrent_split`]).
 pub(crate) fn hybrid_tensor_divisors(
     config: &ModelConfig,
 ) -> Vec<crate::tensor_divisors::TensorDivisor> {
-    let mut out = crate::tensor_divisors::standard_divisors(config);
-    out.push(crate::tensor_divisors::TensorDivisor {
-        what: "linear-attention state (tensor parallelism does not split Gated DeltaNet \
-               layers yet: run this model as a pipeline or on one node)"
-            .into(),
-        count: 1,
-    });
-    out
+    super::recurrent_split::linear_divisors(
+        config,
+        super::recurrent_split::RecurrentKind::GatedDeltaNet,
+    )
 }

@@ -12,8 +12,8 @@
 //!
 //! The state per sequence is Gated DeltaNet's ([`crate::kv_cache::RecurrentState`]: the last
 //! `kernel − 1` convolution inputs and one `[head_dim, head_dim]` matrix per head), so its
-//! shape is a [`DeltaNetShape`] with as many key as value heads. Tensor parallelism does not
-//! split it yet (refused, with what to do instead).
+//! shape is a [`DeltaNetShape`] with as many key as value heads. Tensor parallelism splits it by
+//! heads ([`super::recurrent_split`]).
 
 use super::gated_delta::{decay, delta_rule, normalize_qk, short_conv, DeltaNetShape};
 use super::parts::{all_sum, check_shape, layer_tensor};
@@ -31,23 +31,23 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct KimiDeltaAttention {
     /// `q_proj`, `k_proj`, `v_proj`.
-    qkv: [Linear; 3],
+    pub(super) qkv: [Linear; 3],
     /// The three depthwise convolutions, concatenated: `[3·heads·head_dim, kernel, 1]`.
-    conv: Array,
+    pub(super) conv: Array,
     /// The decay's low-rank input, `f_a_proj` then `f_b_proj`.
-    f: [Linear; 2],
-    b_proj: Linear,
+    pub(super) f: [Linear; 2],
+    pub(super) b_proj: Linear,
     /// The output gate's low-rank projection, `g_a_proj` then `g_b_proj`.
-    gate: [Linear; 2],
+    pub(super) gate: [Linear; 2],
     /// `A_log`, `[heads, 1]`, float32.
-    a_log: Array,
+    pub(super) a_log: Array,
     /// `[heads, head_dim]`.
-    dt_bias: Array,
-    o_norm: Array,
-    o_proj: Linear,
-    shape: DeltaNetShape,
-    eps: f32,
-    reduce: Option<Arc<RingGroup>>,
+    pub(super) dt_bias: Array,
+    pub(super) o_norm: Array,
+    pub(super) o_proj: Linear,
+    pub(super) shape: DeltaNetShape,
+    pub(super) eps: f32,
+    pub(super) reduce: Option<Arc<RingGroup>>,
 }
 
 /// The names of a KDA layer's tensors under `self_attn.` in Moonshot's layout (mlx-lm's names
@@ -237,15 +237,5 @@ impl KimiDeltaAttention {
             .collect();
         v.extend([&self.conv, &self.a_log, &self.dt_bias, &self.o_norm]);
         v
-    }
-
-    /// Tensor parallelism of a KDA layer (its heads with their convolution channels, decay
-    /// and gate) is not built yet: refused, with what to do instead.
-    pub(crate) fn cut(&self, size: usize, what: &str) -> Result<KimiDeltaAttention> {
-        Err(InferenceError::BadSplit(format!(
-            "{what}: a Kimi Delta Attention (linear attention) layer cannot be split over \
-             {size} tensor-parallel ranks yet; run this model as a pipeline (each rank a range \
-             of layers) or on one node"
-        )))
     }
 }

@@ -9,7 +9,8 @@
 //! each, the correction at `block_sparse_moe.gate.e_score_correction_bias`, convolutions
 //! `q_conv1d` … `[channels, 1, kernel]`, `kv_b_proj`) or mlx-community's (`mlp.switch_mlp`,
 //! `mlp.e_score_correction_bias`, `embed_q`/`unembed_out`). The multi-token-prediction
-//! tensors (`model.mtp.*`) are not read. Tensor parallelism refuses the KDA layers for now.
+//! tensors (`model.mtp.*`) are not read. Tensor parallelism cuts the KDA layers by heads
+//! ([`super::recurrent_split`]) and the latent attention as DeepSeek V3's.
 
 use super::base::{
     gguf_part_in, DecoderLayer, Family, FeedForward, Mlp, SelfAttention, LAYER_TENSORS,
@@ -253,14 +254,7 @@ impl Family for KimiLinear {
     }
 
     fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_divisors::TensorDivisor> {
-        let mut out = crate::tensor_divisors::standard_divisors(config);
-        out.push(crate::tensor_divisors::TensorDivisor {
-            what: "linear-attention state (tensor parallelism does not split Kimi Delta \
-                   Attention layers yet: run this model as a pipeline or on one node)"
-                .into(),
-            count: 1,
-        });
-        out
+        super::recurrent_split::linear_divisors(config, super::recurrent_split::RecurrentKind::Kda)
     }
 }
 

@@ -13,16 +13,19 @@
 //! The state (the convolution's last `kernel - 1` inputs and `h`, `[heads, head_dim, state]`
 //! in float32) is a [`RecurrentState`], so a sequence with such layers keeps its own cache, as
 //! Gated DeltaNet's do. The reference computes the prompt in chunks (the SSD form); the
-//! recurrence here is the same sums in position order.
+//! recurrence here is the same sums in position order. Tensor parallelism cuts the mixer by
+//! heads with their groups ([`super::recurrent_split`]).
 
-use super::parts::{check_shape, layer_tensor};
+use super::parts::{all_sum, check_shape, layer_tensor};
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::{LayerCache, RecurrentState};
 use crate::kv_rows::LayerKv;
 use crate::linear::Linear;
+use crate::ring::RingGroup;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
+use std::sync::Arc;
 
 /// A Mamba-2 mixer's numbers.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -82,18 +85,20 @@ impl Mamba2Shape {
 /// One Mamba-2 mixer (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Mamba2 {
-    in_proj: Linear,
+    pub(super) in_proj: Linear,
     /// `[channels, kernel, 1]` (MLX's layout).
-    conv: Array,
-    conv_bias: Option<Array>,
-    dt_bias: Array,
+    pub(super) conv: Array,
+    pub(super) conv_bias: Option<Array>,
+    pub(super) dt_bias: Array,
     /// `A_log` in float32.
-    a_log: Array,
-    d: Array,
-    norm: Array,
-    out_proj: Linear,
-    shape: Mamba2Shape,
-    eps: f32,
+    pub(super) a_log: Array,
+    pub(super) d: Array,
+    pub(super) norm: Array,
+    pub(super) out_proj: Linear,
+    pub(super) shape: Mamba2Shape,
+    pub(super) eps: f32,
+    /// The tensor-parallel ring whose ranks' partial outputs are summed (none on one rank).
+    pub(super) reduce: Option<Arc<RingGroup>>,
 }
 
 impl Mamba2 {
@@ -159,6 +164,7 @@ impl Mamba2 {
             out_proj,
             shape,
             eps,
+            reduce: None,
         })
     }
 
@@ -200,7 +206,7 @@ impl Mamba2 {
         let grouped = gated.reshape(&[1, n, s.groups as i32, -1])?;
         let normed = crate::cpu_layer_ops::rms_norm(&grouped, None, self.eps)?;
         let normed = ops::multiply(&normed.reshape(&[1, n, inner])?, &self.norm)?;
-        self.out_proj.forward(&normed)
+        all_sum(self.out_proj.forward(&normed)?, &self.reduce)
     }
 
     /// One sequence's positions through the convolution and the state space, continuing and
@@ -284,15 +290,6 @@ impl Mamba2 {
         v.extend([&self.conv, &self.dt_bias, &self.a_log, &self.d, &self.norm]);
         v.extend(self.conv_bias.iter());
         v
-    }
-
-    /// Tensor parallelism of a Mamba-2 layer (by heads, with their convolution channels and
-    /// groups) is not built yet: refused, with what to do instead.
-    pub(crate) fn cut(&self, size: usize, what: &str) -> Result<Mamba2> {
-        Err(InferenceError::BadSplit(format!(
-            "{what}: a Mamba-2 layer cannot be split over {size} tensor-parallel ranks yet; run \
-             this model as a pipeline (each rank a range of layers) or on one node"
-        )))
     }
 }
 

@@ -52,6 +52,7 @@ pub mod qwen3_5;
 pub mod qwen3_5_moe;
 pub mod qwen3_moe;
 pub mod qwen3_next;
+mod recurrent_split;
 pub mod registry;
 pub mod shard;
 mod sigmoid_moe;

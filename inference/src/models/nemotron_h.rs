@@ -9,8 +9,8 @@
 //! A Mamba-2 layer's state is recurrent: sequences of this model decode on their own caches;
 //! the MLP and MoE layers keep nothing, their caches count positions. Memory counts the state
 //! of every layer without keys and values (the MLP and MoE layers' too: an over-count of the
-//! fixed per-sequence bytes, never of the per-token KV). Tensor parallelism of the Mamba-2
-//! layers is not built: refused with the reason. Experts with a latent projection
+//! fixed per-sequence bytes, never of the per-token KV). Tensor parallelism cuts the Mamba-2
+//! layers by heads and groups ([`super::recurrent_split`]). Experts with a latent projection
 //! (`moe_latent_size`, Nemotron 3 Super) are refused too.
 
 use super::base::{
@@ -298,14 +298,10 @@ impl Family for NemotronH {
     }
 
     fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_divisors::TensorDivisor> {
-        let mut out = crate::tensor_divisors::standard_divisors(config);
-        out.push(crate::tensor_divisors::TensorDivisor {
-            what: "Mamba-2 state (tensor parallelism does not split Mamba-2 layers yet: run this \
-                   model as a pipeline or on one node)"
-                .into(),
-            count: 1,
-        });
-        out
+        super::recurrent_split::linear_divisors(
+            config,
+            super::recurrent_split::RecurrentKind::Mamba2,
+        )
     }
 }
 

@@ -1,6 +1,7 @@
 //! Tensor parallelism (Megatron style) over an MLX ring: every rank holds every layer, with a
 //! contiguous slice of the attention heads and of the feed-forward's hidden units (of every
-//! expert, in a Mixture-of-Experts layer).
+//! expert, in a Mixture-of-Experts layer), and of the recurrent layers' heads with their
+//! state ([`super::recurrent_split`]).
 //!
 //! Q, K, V, gate and up are column-parallel (each rank keeps its rows of `W[out, in]`); O and
 //! down are row-parallel (each rank keeps its columns), so each block's output is a partial sum

@@ -5,6 +5,7 @@
 
 pub mod batched;
 pub mod qmm_case;
+pub mod reference;
 
 pub use kit::netns;
 
