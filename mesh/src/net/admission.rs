@@ -392,13 +392,21 @@ impl ProtocolHandler for AuthHandler {
             Ok(Ok(Answered::Mismatched)) => {
                 connection.close(REFUSED.into(), b"refused: another protocol or secret")
             }
+            Ok(Err(e)) if admission.secret.is_some() => {
+                tracing::warn!(
+                    peer = %peer.fmt_short(),
+                    "refused a node that does not know this cluster's secret ({e:#}); if it \
+                     is yours, start it with the same --cluster-secret"
+                );
+                connection.close(REFUSED.into(), b"wrong cluster secret");
+            }
             Ok(Err(e)) => {
                 tracing::warn!(
                     peer = %peer.fmt_short(),
-                    "refused a node that failed the admission handshake ({e:#}); if it is \
-                     yours, start it with the same --cluster-secret and shoal release"
+                    "refused a node whose admission handshake failed ({e:#}); is it a shoal \
+                     node of this release's protocol?"
                 );
-                connection.close(REFUSED.into(), b"wrong cluster secret");
+                connection.close(REFUSED.into(), b"admission handshake failed");
             }
             Err(_) => connection.close(REFUSED.into(), b"admission handshake timed out"),
         }
