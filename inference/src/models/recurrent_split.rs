@@ -273,3 +273,52 @@ pub(crate) fn linear_divisors(config: &ModelConfig, kind: RecurrentKind) -> Vec<
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each section gives the rank its own share, in the sections' order.
+    #[test]
+    fn a_rank_takes_its_share_of_each_section() {
+        assert_eq!(section_rows(&[4, 4, 8], 1, 2), [2, 3, 6, 7, 12, 13, 14, 15]);
+        assert_eq!(section_rows(&[4, 4, 8], 0, 2), [0, 1, 4, 5, 8, 9, 10, 11]);
+        assert_eq!(section_rows(&[6, 3], 2, 3), [4, 5, 8]);
+    }
+
+    /// Qwen3.5-35B-A3B's linear layers (16 key heads, 32 value heads of 128, 4-bit groups of
+    /// 64), with 16 key/value heads of attention so that the attention does not limit the
+    /// ring first: 8 ranks split it; 16 would cut the experts' 8 groups (not a head); 32 would
+    /// cut a key head.
+    #[test]
+    fn the_key_heads_limit_a_gated_delta_net_ring() {
+        let json = serde_json::json!({
+            "model_type": "qwen3_5_moe",
+            "quantization": {"group_size": 64, "bits": 4},
+            "text_config": {
+                "model_type": "qwen3_5_moe_text", "hidden_size": 2048,
+                "num_hidden_layers": 40, "num_attention_heads": 16,
+                "num_key_value_heads": 16, "head_dim": 256, "vocab_size": 248320,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                "num_experts": 256, "num_experts_per_tok": 8,
+                "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+            },
+        });
+        let config = ModelConfig::from_hf_json(&json).unwrap();
+        let refusal = |n| crate::tensor_split::tensor_refusal(&config, n);
+        assert_eq!(refusal(8), None);
+        let sixteen = refusal(16).unwrap();
+        assert!(sixteen.contains("8 expert width (512)"), "{sixteen}");
+        assert!(!sixteen.contains("linear-attention"), "{sixteen}");
+        let thirty_two = refusal(32).unwrap();
+        assert!(
+            thirty_two.contains("16 linear-attention key heads"),
+            "{thirty_two}"
+        );
+        assert!(
+            !thirty_two.contains("linear-attention value heads"),
+            "{thirty_two}"
+        );
+    }
+}
