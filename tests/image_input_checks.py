@@ -61,14 +61,27 @@ def data_url(data):
 
 
 def check(name, call, *needles):
-    """`call` must fail with a 400 whose message holds every needle."""
+    """`call` must fail with a 400 in its API's own error shape whose message holds every
+    needle."""
     try:
         call()
-    except (openai.BadRequestError, anthropic.BadRequestError) as e:
-        message = e.body["message"] if "message" in (e.body or {}) else str(e.body)
-        status = e.status_code
+    except openai.BadRequestError as e:
+        # OpenAI's shape: {"error": {"message", "type", "param", "code"}} (the SDK keeps the
+        # inner object).
+        body = e.body or {}
+        message, status = body.get("message", ""), e.status_code
+        shaped = body.get("type") == "invalid_request_error" and body.get("code") in (
+            "images_not_supported", "invalid_image")
+    except anthropic.BadRequestError as e:
+        # Anthropic's: {"type": "error", "error": {"type": "invalid_request_error", "message"}}.
+        body = e.body or {}
+        error = body.get("error") or {}
+        message, status = error.get("message", ""), e.status_code
+        shaped = body.get("type") == "error" and error.get("type") == "invalid_request_error"
     except ollama.ResponseError as e:
+        # Ollama's: {"error": "..."}.
         message, status = e.error, e.status_code
+        shaped = isinstance(message, str)
     except Exception as e:  # noqa: BLE001 - any other outcome is a failure, reported
         failures.append(name)
         print(f"FAILED: {name}: {type(e).__name__}: {e}")
@@ -78,9 +91,9 @@ def check(name, call, *needles):
         print(f"FAILED: {name}: answered instead of a 400")
         return
     missing = [n for n in needles if n not in message]
-    if status != 400 or missing:
+    if status != 400 or missing or not shaped:
         failures.append(name)
-        print(f"FAILED: {name}: {status} {message!r} lacks {missing}")
+        print(f"FAILED: {name}: {status} {message!r} lacks {missing} (API's shape: {shaped})")
     else:
         print(f"ok: {name}: {status} {message}")
 

@@ -6,7 +6,8 @@
 //!
 //! shoal must give: the same pixel values (PNG bit for bit, JPEG within the decoders'
 //! rounding), the same image features, and the same logits with the image embeddings spliced
-//! into the prompt on one rank (f32 within 1e-4, 4-bit within 1e-3).
+//! into the prompt on one rank and as a 2-stage layer split (f32 within 1e-4, 4-bit within
+//! 1e-3).
 
 mod common;
 
@@ -69,15 +70,19 @@ fn check(layout: &str, format: WeightFormat, tolerance: f32) {
             .get(k)
             .unwrap_or_else(|| panic!("{layout}: no `{k}` in the reference"))
     };
-    let (shard, _) = load_shard(
-        &dir,
-        &LoadOptions {
-            layers: None,
-            format: Some(format),
-        },
-        &mut |_, _| {},
-    )
-    .unwrap_or_else(|e| panic!("{layout}: {e}"));
+    let load = |layers: Option<std::ops::Range<usize>>| {
+        load_shard(
+            &dir,
+            &LoadOptions {
+                layers,
+                format: Some(format),
+            },
+            &mut |_, _| {},
+        )
+        .unwrap_or_else(|e| panic!("{layout}: {e}"))
+        .0
+    };
+    let shard = load(None);
     let mut source = SafetensorsSource::open(&dir, &shard.config).unwrap();
     let vision = Gemma3Vision::load(&dir, &mut source)
         .unwrap()
@@ -113,6 +118,23 @@ fn check(layout: &str, format: WeightFormat, tolerance: f32) {
     assert!(
         logit_gap <= tolerance,
         "{layout}: logits differ by {logit_gap}"
+    );
+    // A 2-stage layer split: the first stage embeds (and splices), the second is a plain text
+    // stage fed hidden states.
+    let layers = shard.config.num_layers;
+    let (first, second) = (load(Some(0..layers / 2)), load(Some(layers / 2..layers)));
+    let embedded = vision.embed_prompt(&first, &tokens, &features).unwrap();
+    let hidden = first
+        .forward(ShardInput::Hidden(embedded), &mut first.new_cache(), false)
+        .unwrap();
+    let split = second
+        .forward(ShardInput::Hidden(hidden), &mut second.new_cache(), false)
+        .unwrap();
+    let split_gap = max_abs_diff(&host(&split), &want);
+    eprintln!("gemma3/{layout}: as 2 stages, logits within {split_gap:e}");
+    assert!(
+        split_gap <= tolerance,
+        "{layout}: 2 stages differ by {split_gap}"
     );
     // Not a test that passes without the image: the image positions' logits move when the
     // features are left out (text embeddings of the image token instead).

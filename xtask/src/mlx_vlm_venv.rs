@@ -4,7 +4,6 @@
 //! mlx-lm's ([`crate::mlx_lm_venv`]): mlx-vlm brings its own transformers, Pillow and OpenCV, and
 //! mlx-lm's venv stays exactly as pinned.
 
-use crate::mlx_build::MLX_VERSION;
 use crate::paths::cache_dir;
 use std::path::PathBuf;
 
@@ -26,6 +25,7 @@ pub(crate) fn mlx_vlm_venv() -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mlx_build::MLX_VERSION;
 
     #[test]
     fn the_venv_is_pinned_to_shoals_mlx_and_apart_from_mlx_lms() {

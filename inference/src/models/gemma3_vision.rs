@@ -56,7 +56,10 @@ impl Gemma3VisionConfig {
         )?;
         let per_side = (tokens_per_image as f64).sqrt() as usize;
         let patches = tower.patches_per_side();
-        if per_side * per_side != tokens_per_image || per_side == 0 || patches % per_side != 0 {
+        if per_side * per_side != tokens_per_image
+            || per_side == 0
+            || !patches.is_multiple_of(per_side)
+        {
             return Err(InferenceError::BadConfig(format!(
                 "mm_tokens_per_image {tokens_per_image} must be the square of a divisor of the \
                  tower's {patches} patches a side"

@@ -60,7 +60,8 @@ impl SiglipConfig {
                 .and_then(Value::as_f64)
                 .unwrap_or(1e-6) as f32,
         };
-        if config.hidden_size % config.num_heads != 0 || config.image_size % config.patch_size != 0
+        if !config.hidden_size.is_multiple_of(config.num_heads)
+            || !config.image_size.is_multiple_of(config.patch_size)
         {
             return Err(InferenceError::BadConfig(format!(
                 "vision_config: hidden_size {} must divide by num_attention_heads {}, and \
@@ -267,7 +268,7 @@ impl SiglipTower {
             .transpose_axes(&[0, 2, 4, 3, 5, 1])?
             .reshape(&[images, side * side, p * p * c])?;
         let embedded = ops::add(
-            &ops::matmul(&patches, &self.patch_weight.t())?,
+            &ops::matmul(&patches, self.patch_weight.t())?,
             &self.patch_bias,
         )?;
         let mut h = ops::add(&embedded, &self.positions)?;
