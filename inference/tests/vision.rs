@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{host, max_abs_diff};
+use common::{argmax, host, max_abs_diff};
 use inference::loader::{load_shard, LoadOptions};
 use inference::models::gemma3_vision::Gemma3Vision;
 use inference::models::image_processor::ImageProcessor;
@@ -161,4 +161,75 @@ fn gemma3_hf_layout_with_an_image_gives_mlx_vlms_logits() {
 #[test]
 fn gemma3_q4_with_an_image_gives_mlx_vlms_logits() {
     check("q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// mlx-vlm's greedy answer for each test image, token for token, through shoal's prefill (the
+/// image spliced in) and decode steps on its KV cache: the resized RGBA PNG and the JPEG too.
+fn greedy_answers(layout: &str, format: WeightFormat) {
+    inference::cpu_kernels::round_x_to_int8(false);
+    let root = fixtures();
+    let dir = root.join("gemma3").join(layout);
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let prompt = arrays(&dir.join("reference.safetensors"))["input_ids"]
+        .as_dtype(mlx_rs::Dtype::Int32)
+        .unwrap();
+    prompt.eval().unwrap();
+    let tokens: Vec<u32> = prompt.as_slice::<i32>().iter().map(|&t| t as u32).collect();
+    let options = LoadOptions {
+        layers: None,
+        format: Some(format),
+    };
+    let (shard, _) = load_shard(&dir, &options, &mut |_, _| {}).unwrap();
+    let mut source = SafetensorsSource::open(&dir, &shard.config).unwrap();
+    let vision = Gemma3Vision::load(&dir, &mut source).unwrap().unwrap();
+    let answers = reference["answers"].as_object().expect("answers");
+    assert_eq!(answers.len(), 3);
+    let mut distinct = std::collections::HashSet::new();
+    for (image, answer) in answers {
+        let want: Vec<u32> = answer["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let bytes = std::fs::read(root.join("images").join(image)).unwrap();
+        let features = vision
+            .features(&vision.pixel_values(&[&bytes]).unwrap())
+            .unwrap();
+        let mut cache = shard.new_cache();
+        let embedded = vision.embed_prompt(&shard, &tokens, &features).unwrap();
+        let mut logits = shard
+            .forward(ShardInput::Hidden(embedded), &mut cache, true)
+            .unwrap();
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            let next = argmax(&host(&logits));
+            if next == 0 || next == 2 {
+                break;
+            }
+            got.push(next);
+            logits = shard
+                .forward(ShardInput::Tokens(&[next]), &mut cache, true)
+                .unwrap();
+        }
+        eprintln!("gemma3/{layout} {image}: {got:?}");
+        assert_eq!(got, want, "{layout}: {image}");
+        distinct.insert(got);
+    }
+    assert!(
+        distinct.len() > 1,
+        "{layout}: every image gave the same answer"
+    );
+}
+
+#[test]
+fn gemma3_f32_answers_each_image_as_mlx_vlm_does() {
+    greedy_answers("f32", WeightFormat::F32);
+}
+
+#[test]
+fn gemma3_q4_answers_each_image_as_mlx_vlm_does() {
+    greedy_answers("q4", WeightFormat::Quantized);
 }
