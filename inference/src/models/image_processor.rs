@@ -99,6 +99,7 @@ impl ImageProcessor {
                 .map(|v| v as u32)
                 .ok_or_else(|| bad(format!("`size.{key}` must be a size from 1 to 8192")))
         };
+        let (height, width) = (side("height")?, side("width")?);
         let resample = match json.get("resample").and_then(Value::as_u64).unwrap_or(2) {
             2 => Resample::Bilinear,
             3 => Resample::Bicubic,
@@ -135,8 +136,8 @@ impl ImageProcessor {
             None
         };
         Ok(ImageProcessor {
-            height: side("height")?,
-            width: side("width")?,
+            height,
+            width,
             resample,
             rescale_factor,
             normalize,
