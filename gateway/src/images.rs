@@ -15,6 +15,7 @@ use crate::backend::ChatMessage;
 use crate::error::{echo, ApiError};
 use base64::Engine;
 use image::{ImageFormat, ImageReader};
+use serde_json::Value;
 pub use wire::chat::ChatImage;
 
 /// Largest encoded image, in bytes (8 MiB).
@@ -79,6 +80,31 @@ pub fn image_from_url(url: &str, param: &str) -> Result<ChatImage, ApiError> {
         ));
     }
     image_from_base64(data, param)
+}
+
+/// OpenAI chat's `image_url` part: `{"type": "image_url", "image_url": {"url": "data:...", "detail": ...}}`
+/// (the URL alone as a string is read too). `detail` is accepted and ignored: the model's image
+/// processor decides the resolution.
+pub(crate) fn image_url_part(part: &Value, param: &str) -> Result<ChatImage, ApiError> {
+    let url = match part.get("image_url") {
+        Some(Value::String(url)) => url,
+        Some(Value::Object(o)) => match o.get("url") {
+            Some(Value::String(url)) => url,
+            _ => {
+                return Err(ApiError::invalid_field(
+                    &format!("{param}.image_url.url"),
+                    "an image_url part needs a string `image_url.url`",
+                ))
+            }
+        },
+        _ => {
+            return Err(ApiError::invalid_field(
+                &format!("{param}.image_url"),
+                "an image_url part needs an `image_url` object with a `url`",
+            ))
+        }
+    };
+    image_from_url(url, &format!("{param}.image_url.url"))
 }
 
 /// An image given as base64 text (Anthropic's `source.data`, Ollama's `images` items).

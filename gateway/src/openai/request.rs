@@ -10,7 +10,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, opt_u32, opt_u64,
     parse_logit_bias, parse_seed, parse_stop, reasoning_effort, required_string,
 };
-use crate::images::{check_request_images, image_from_url, ChatImage};
+use crate::images::{check_request_images, image_url_part};
 use crate::response_format::parse_chat_response_format;
 use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
@@ -208,7 +208,7 @@ fn parse_message(
                             "a text part needs a string `text`",
                         ))
                     }
-                    (Some("image_url"), _) => images.push(image_part(part, &param)?),
+                    (Some("image_url"), _) => images.push(image_url_part(part, &param)?),
                     (Some(other), _) => {
                         return Err(ApiError::invalid_field(
                             &param,
@@ -265,31 +265,6 @@ fn parse_message(
         images,
         tool_calls,
     })
-}
-
-/// An `image_url` part: `{"type": "image_url", "image_url": {"url": "data:...", "detail": ...}}`
-/// (the URL alone as a string is read too). `detail` is accepted and ignored: the model's image
-/// processor decides the resolution.
-fn image_part(part: &Value, param: &str) -> Result<ChatImage, ApiError> {
-    let url = match part.get("image_url") {
-        Some(Value::String(url)) => url,
-        Some(Value::Object(o)) => match o.get("url") {
-            Some(Value::String(url)) => url,
-            _ => {
-                return Err(ApiError::invalid_field(
-                    &format!("{param}.image_url.url"),
-                    "an image_url part needs a string `image_url.url`",
-                ))
-            }
-        },
-        _ => {
-            return Err(ApiError::invalid_field(
-                &format!("{param}.image_url"),
-                "an image_url part needs an `image_url` object with a `url`",
-            ))
-        }
-    };
-    image_from_url(url, &format!("{param}.image_url.url"))
 }
 
 #[cfg(test)]
