@@ -47,6 +47,7 @@ pub mod fake;
 pub mod fields;
 pub mod generation;
 pub mod ids;
+pub mod images;
 mod memory;
 pub mod ollama;
 pub mod openai;

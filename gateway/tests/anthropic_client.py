@@ -128,7 +128,10 @@ try:
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
     check("image raises", False)
 except anthropic.BadRequestError as e:
-    check("image is refused clearly", "image" in e.message and "text" in e.message, e.message)
+    # "AAAA" is three zero bytes: not an image at all.
+    check("a broken image is refused clearly",
+          "not a PNG, JPEG, WebP or GIF image" in e.message
+          and e.body["error"]["type"] == "invalid_request_error", e.message)
 try:
     client.messages.create(model=model, max_tokens=4, messages=user("x"), extra_body={"temperature": 3})
     check("bad temperature raises", False)

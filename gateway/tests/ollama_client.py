@@ -128,7 +128,9 @@ try:
     client.chat(model=model, messages=[{"role": "user", "content": "x", "images": [b"\x89PNG"]}], stream=False)
     check("image raises", False)
 except ollama.ResponseError as e:
-    check("image is refused clearly", e.status_code == 400 and "images" in e.error, e)
+    # Half a PNG signature: not an image.
+    check("a broken image is refused clearly",
+          e.status_code == 400 and "not a PNG, JPEG, WebP or GIF image" in e.error, e)
 try:
     client.pull(model)
     check("pull raises", False)

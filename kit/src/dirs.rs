@@ -59,6 +59,14 @@ pub fn family_fixture_dir(family: &str, layout: &str) -> PathBuf {
         .join(layout)
 }
 
+/// The vision fixtures `cargo xtask setup` makes with mlx-vlm (issue 47):
+/// `<cache>/fixtures/vision/`, holding `images/` (synthetic PNG and JPEG test images) and one
+/// folder per model (`gemma3/hf`, `gemma3/f32`, `gemma3/q4`, each with mlx-vlm's
+/// `reference.safetensors`; `gemma3/pixel_values.safetensors`, its image processor's output).
+pub fn vision_fixtures_dir() -> PathBuf {
+    cache_dir().join("fixtures").join("vision")
+}
+
 /// The Python venv with the pinned `openai` client and jinja2: `<cache>/venv`.
 pub fn venv_dir() -> PathBuf {
     cache_dir().join("venv")

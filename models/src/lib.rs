@@ -165,6 +165,9 @@ pub struct ModelFacts {
     /// What an instance holds while it runs (weights as they run, KV budget, runner
     /// overhead): what placement counts.
     pub memory: inference::memory::InstanceMemory,
+    /// Whether it sees images (a vision tower shoal runs): requests with images for a model
+    /// without one are refused with a 400. No family has a tower yet (issue 47).
+    pub accepts_images: bool,
 }
 
 /// `config`'s size and experts, for `GET /v1/models`.
@@ -215,6 +218,7 @@ impl ModelFacts {
                 .collect(),
             layer_weights: layer_weights(&opened.config),
             memory: inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk),
+            accepts_images: false,
         })
     }
 

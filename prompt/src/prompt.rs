@@ -23,6 +23,18 @@ pub fn generate_request(
     request: &ChatRequest,
     facts: &ModelFacts,
 ) -> Result<(GenerateRequest, AnswerForm), ApiError> {
+    // Images reach only a model with a vision tower: never dropped in silence.
+    if !facts.accepts_images && request.messages.iter().any(|m| !m.images.is_empty()) {
+        return Err(ApiError::invalid_field(
+            "messages",
+            format!(
+                "model `{}` does not accept images; send text only, or choose a model that \
+                 accepts images",
+                request.model
+            ),
+        )
+        .with_code("images_not_supported"));
+    }
     // Every text the client sent, marked so that none can become a control token (see
     // `inference::untrusted_text`): contents, names, call ids, arguments, tool specs.
     let offered = request.tool_choice.offered(&request.tools);

@@ -377,6 +377,12 @@ mod tests {
                 ChatMessage {
                     role: "user".into(),
                     content: "What is the capital of France?".into(),
+                    // Images travel with the chat to the node that runs the vision tower.
+                    images: vec![wire::chat::ChatImage {
+                        data: vec![0x89, b'P', b'N', b'G', 0, 255],
+                        width: 2,
+                        height: 3,
+                    }],
                     ..ChatMessage::default()
                 },
                 ChatMessage {

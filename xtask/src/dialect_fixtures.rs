@@ -18,10 +18,9 @@
 //! <cache>/fixtures/families/dialects/manifest.json [dialects]
 //! ```
 
-use crate::util::{run, sha256_file, Step};
+use crate::util::{sha256_file, Step};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The script that makes the dialect models (run by the mlx-lm venv's Python).
 const SCRIPT: &str = include_str!("../scripts/dialect_fixtures.py");
@@ -58,19 +57,13 @@ pub fn dialect_fixtures(
     step.progress(
         "a model per tool-call dialect (measured on 2 cores: 46 s quiet, 7 minutes beside a build)",
     );
-    run(Command::new(python)
-        .arg(&script)
-        .arg(&root)
-        .arg("--tokenizer")
-        .arg(tokenizer)
-        .arg("--templates")
-        .arg(&templates))
-    .map_err(|e| {
-        format!(
-            "{e}\n(the script is {}; run it by hand to see more)",
-            script.display()
-        )
-    })?;
+    crate::family_fixtures::run_fixture_script(
+        python,
+        &script,
+        &root,
+        tokenizer,
+        &[Path::new("--templates"), &templates],
+    )?;
     if !all_there(&root) {
         return Err(format!(
             "{}: the script finished but manifest.json names folders without routes",

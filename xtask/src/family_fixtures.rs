@@ -63,17 +63,7 @@ pub fn family_fixtures(step: Step) -> Result<(), String> {
         "building each family with mlx-lm (measured on 2 cores: 24 s; 6 minutes on a fresh \
          machine, most of it installing mlx-lm)",
     );
-    run(Command::new(&python)
-        .arg(&script)
-        .arg(&root)
-        .arg("--tokenizer")
-        .arg(&tokenizer))
-    .map_err(|e| {
-        format!(
-            "{e}\n(the script is {}; run it by hand to see more)",
-            script.display()
-        )
-    })?;
+    run_fixture_script(&python, &script, &root, &tokenizer, &[])?;
     if !all_folders_there(&root) {
         return Err(format!(
             "{}: the script finished but manifest.json names folders without references",
@@ -84,6 +74,29 @@ pub fn family_fixtures(step: Step) -> Result<(), String> {
     step.done(&root.display().to_string());
     // The models that speak each tool-call dialect, on these families' architectures.
     crate::dialect_fixtures::dialect_fixtures(&step, &root, &tokenizer, &python)
+}
+
+/// Runs a fixture script, `python script root --tokenizer tokenizer extra...`, its output
+/// shown; a failure names the script to run by hand.
+pub(crate) fn run_fixture_script(
+    python: &Path,
+    script: &Path,
+    root: &Path,
+    tokenizer: &Path,
+    extra: &[&Path],
+) -> Result<(), String> {
+    run(Command::new(python)
+        .arg(script)
+        .arg(root)
+        .arg("--tokenizer")
+        .arg(tokenizer)
+        .args(extra))
+    .map_err(|e| {
+        format!(
+            "{e}\n(the script is {}; run it by hand to see more)",
+            script.display()
+        )
+    })
 }
 
 /// `<cache>/fixtures/families`.
@@ -121,7 +134,7 @@ fn all_folders_there(root: &Path) -> bool {
 /// A folder with SmolLM2's `tokenizer.json` and `tokenizer_config.json` (chat template
 /// included): `<root>/.tokenizer`, copied from the benchmark's export when there is one, else
 /// exported from the GGUF fixture by the inference crate's `export_hf` example (built here).
-fn smollm2_tokenizer(step: &Step, root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn smollm2_tokenizer(step: &Step, root: &Path) -> Result<PathBuf, String> {
     let dir = root.join(".tokenizer");
     if TOKENIZER_FILES.iter().all(|f| dir.join(f).exists()) {
         return Ok(dir);

@@ -18,6 +18,7 @@ mod kquants;
 mod llama_cpp;
 mod mlx_build;
 mod mlx_lm_venv;
+mod mlx_vlm_venv;
 mod paths;
 mod pyenv;
 mod pypi;
@@ -27,6 +28,7 @@ mod setup;
 mod soak;
 mod testbed;
 mod util;
+mod vision_fixtures;
 
 use paths::{target_dir, workspace_root};
 use std::path::PathBuf;
@@ -48,6 +50,8 @@ Commands:
                    http://127.0.0.1:52415 (extra ARGS go to `shoal`)
   pyenv            create or update the Python venv with the pinned openai client (part
                    of setup); prints its interpreter as the last line
+  vision-fixtures  make (or find made) the vision fixtures with the pinned mlx-vlm (part of
+                   setup; needs the family fixtures' tokenizer)
   test [ARGS]      setup, then every test of the workspace, then e2e (ARGS go to
                    `cargo test`; with ARGS, e2e is skipped). A test that cannot run
                    fails; with SHOAL_ALLOW_SKIP=1 it is skipped, and the skips are
@@ -110,6 +114,9 @@ fn main() -> ExitCode {
         "build" => build().map(|path| println!("{path}")),
         "dist" => dist(rest),
         "run" => run_node(rest),
+        "vision-fixtures" => {
+            vision_fixtures::vision_fixtures(util::Step::new(1, 1, "vision fixtures (mlx-vlm)"))
+        }
         "pyenv" => pyenv::pyenv(util::Step::new(1, 1, "Python venv (openai client)"))
             .map(|python| println!("{}", python.display())),
         "test" => test(rest),

@@ -29,13 +29,16 @@ pub(crate) fn venv_dir() -> PathBuf {
     cache_dir().join("bench").join("mlx-lm-venv")
 }
 
-/// The `mlx` and `mlx-lm` versions installed for `python`, if both import.
-fn installed(python: &Path) -> Option<(String, String)> {
+/// The versions of MLX and of `dist` (whose module is `module`) installed for `python`, if
+/// both import.
+fn installed(python: &Path, dist: &str, module: &str) -> Option<(String, String)> {
     let out = Command::new(python)
         .args([
             "-c",
-            "import importlib.metadata as m, mlx.core, mlx_lm; \
-             print(m.version('mlx'), m.version('mlx-lm'))",
+            &format!(
+                "import importlib.metadata as m, mlx.core, {module}; \
+                 print(m.version('mlx'), m.version('{dist}'))"
+            ),
         ])
         .output()
         .ok()
@@ -45,42 +48,53 @@ fn installed(python: &Path) -> Option<(String, String)> {
     Some((words.next()?.to_owned(), words.next()?.to_owned()))
 }
 
-/// The venv with the pinned mlx-lm (made, or brought to the pinned versions, on first use);
-/// its Python and the versions it holds (`(mlx, mlx-lm)`).
-pub(crate) fn mlx_lm_venv() -> Result<(PathBuf, (String, String)), String> {
-    let venv = venv_dir();
+/// A venv at `venv` holding setup's MLX and `dist == version` (importable as `module`), made
+/// or brought to those versions on first use; its Python. Shared by mlx-lm's venv and
+/// mlx-vlm's (`crate::mlx_vlm_venv`).
+pub(crate) fn pinned_venv(
+    venv: &Path,
+    dist: &str,
+    module: &str,
+    version: &str,
+) -> Result<PathBuf, String> {
     let python = venv.join("bin").join("python");
-    let pinned = (MLX_VERSION.to_owned(), MLX_LM_VERSION.to_owned());
-    if installed(&python).as_ref() != Some(&pinned) {
+    let pinned = (MLX_VERSION.to_owned(), version.to_owned());
+    let requirements = [
+        format!("mlx[cpu]=={MLX_VERSION}"),
+        format!("{dist}=={version}"),
+    ];
+    if installed(&python, dist, module).as_ref() != Some(&pinned) {
         eprintln!(
-            "installing mlx {MLX_VERSION} and mlx-lm {MLX_LM_VERSION} in {} ...",
+            "installing mlx {MLX_VERSION} and {dist} {version} in {} ...",
             venv.display()
         );
         if !python.exists() {
             std::fs::create_dir_all(venv.parent().expect("the venv has a parent"))
                 .map_err(|e| format!("cannot create {}: {e}", venv.display()))?;
-            run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(|e| {
+            run(Command::new("python3").args(["-m", "venv"]).arg(venv)).map_err(|e| {
                 format!("{e}\n(python3's venv module is missing: apt-get install python3-venv)")
             })?;
         }
         run(Command::new(venv.join("bin").join("pip"))
             .args(["install", "--quiet"])
-            .args(requirements()))
-        .map_err(|e| {
-            format!(
-                "{e}\n(pip needs PyPI; the packages are {:?})",
-                requirements()
-            )
-        })?;
+            .args(&requirements))
+        .map_err(|e| format!("{e}\n(pip needs PyPI; the packages are {requirements:?})"))?;
     }
-    match installed(&python) {
-        Some(versions) if versions == pinned => Ok((python, versions)),
+    match installed(&python, dist, module) {
+        Some(versions) if versions == pinned => Ok(python),
         other => Err(format!(
-            "the venv {} holds mlx/mlx-lm {other:?}, not the pinned {pinned:?}; delete it and \
+            "the venv {} holds mlx/{dist} {other:?}, not the pinned {pinned:?}; delete it and \
              run again",
             venv.display()
         )),
     }
+}
+
+/// The venv with the pinned mlx-lm (made, or brought to the pinned versions, on first use);
+/// its Python and the versions it holds (`(mlx, mlx-lm)`).
+pub(crate) fn mlx_lm_venv() -> Result<(PathBuf, (String, String)), String> {
+    let python = pinned_venv(&venv_dir(), "mlx-lm", "mlx_lm", MLX_LM_VERSION)?;
+    Ok((python, (MLX_VERSION.to_owned(), MLX_LM_VERSION.to_owned())))
 }
 
 #[cfg(test)]

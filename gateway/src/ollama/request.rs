@@ -11,6 +11,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_u32, parse_seed, parse_stop,
     reasoning_effort, required_string,
 };
+use crate::images::{check_request_images, image_from_base64, ChatImage};
 use crate::response_format::parse_ollama_format;
 use crate::tools::json::Ordered;
 use crate::tools::{parse_tool_calls, parse_tools, ToolShape};
@@ -54,6 +55,7 @@ pub fn parse_ollama_request(body: &[u8], endpoint: Endpoint) -> Result<ParsedOll
         ),
         Endpoint::Generate => parse_generate(&obj)?,
     };
+    check_request_images(&messages)?;
     let tools = match endpoint {
         Endpoint::Chat => parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Nested)?,
         Endpoint::Generate => Vec::new(),
@@ -135,7 +137,7 @@ fn parse_generate(obj: &Map<String, Value>) -> Result<(Vec<ChatMessage>, bool), 
              send the prompt without `raw`",
         ));
     }
-    check_no_images(obj.get("images"), "images")?;
+    let images = parse_images(obj.get("images"), "images")?;
     let text = |name: &str| -> Result<String, ApiError> {
         match obj.get(name) {
             None | Some(Value::Null) => Ok(String::new()),
@@ -156,22 +158,37 @@ fn parse_generate(obj: &Map<String, Value>) -> Result<(Vec<ChatMessage>, bool), 
             ..ChatMessage::default()
         });
     }
-    let load_only = prompt.is_empty();
+    let load_only = prompt.is_empty() && images.is_empty();
     messages.push(ChatMessage {
         role: "user".into(),
         content: prompt,
+        images,
         ..ChatMessage::default()
     });
     Ok((messages, load_only))
 }
 
-fn check_no_images(value: Option<&Value>, param: &str) -> Result<(), ApiError> {
+/// Ollama's `images`: a list of base64-encoded files (no data URL prefix).
+fn parse_images(value: Option<&Value>, param: &str) -> Result<Vec<ChatImage>, ApiError> {
     match value {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(a)) if a.is_empty() => Ok(()),
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let at = format!("{param}[{i}]");
+                match item {
+                    Value::String(data) => image_from_base64(data, &at),
+                    _ => Err(ApiError::invalid_field(
+                        &at,
+                        "each image must be a base64 string",
+                    )),
+                }
+            })
+            .collect(),
         Some(_) => Err(ApiError::invalid_field(
             param,
-            "images are not supported: the models shoal serves read text only",
+            "`images` must be an array of base64 strings",
         )),
     }
 }
@@ -205,7 +222,7 @@ fn parse_messages(
                 ))
             }
         };
-        check_no_images(m.get("images"), &at("images"))?;
+        let images = parse_images(m.get("images"), &at("images"))?;
         let content = match m.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
@@ -229,6 +246,7 @@ fn parse_messages(
         };
         let mut message = ChatMessage {
             tool_calls,
+            images,
             ..ChatMessage::new(&role, content)
         };
         if role == "assistant" {
@@ -448,7 +466,17 @@ mod tests {
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "", "images": ["aGk="]}]}),
                 Endpoint::Chat,
+                "messages[0].images[0]",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "", "images": "aGk="}]}),
+                Endpoint::Chat,
                 "messages[0].images",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "images": [5]}),
+                Endpoint::Generate,
+                "images[0]",
             ),
             (
                 json!({"model": "m", "prompt": "x", "options": {"temperature": "hot"}}),

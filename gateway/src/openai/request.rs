@@ -10,6 +10,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, opt_u32, opt_u64,
     parse_logit_bias, parse_seed, parse_stop, reasoning_effort, required_string,
 };
+use crate::images::{check_request_images, image_url_part};
 use crate::response_format::parse_chat_response_format;
 use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
@@ -37,6 +38,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ParsedChat, ApiError> {
         obj.get("messages"),
         ordered.as_ref().and_then(|o| o.get("messages")),
     )?;
+    check_request_images(&messages)?;
     let tools = parse_tools(
         obj.get("tools"),
         ordered.as_ref().and_then(|o| o.get("tools")),
@@ -187,6 +189,7 @@ fn parse_message(
             ))
         }
     };
+    let mut images = Vec::new();
     let content = match m.get("content") {
         // An assistant turn may carry no text (for instance only tool calls).
         None | Some(Value::Null) if role == "assistant" => String::new(),
@@ -205,11 +208,13 @@ fn parse_message(
                             "a text part needs a string `text`",
                         ))
                     }
+                    (Some("image_url"), _) => images.push(image_url_part(part, &param)?),
                     (Some(other), _) => {
                         return Err(ApiError::invalid_field(
                             &param,
                             format!(
-                                "content parts of type `{}` are not supported; only `text`",
+                                "content parts of type `{}` are not supported; only `text` \
+                                 and `image_url`",
                                 echo(other)
                             ),
                         ))
@@ -217,7 +222,7 @@ fn parse_message(
                     (None, _) => {
                         return Err(ApiError::invalid_field(
                             &param,
-                            "each content part needs a `type` (only `text` is supported)",
+                            "each content part needs a `type` (`text` or `image_url`)",
                         ))
                     }
                 }
@@ -227,7 +232,7 @@ fn parse_message(
         Some(_) => {
             return Err(ApiError::invalid_field(
                 &at("content"),
-                "`content` must be a string or an array of text parts",
+                "`content` must be a string or an array of text and image parts",
             ))
         }
     };
@@ -257,6 +262,7 @@ fn parse_message(
         name: text_field("name")?,
         role,
         content,
+        images,
         tool_calls,
     })
 }
@@ -397,6 +403,14 @@ mod tests {
             ),
             (
                 serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages[0].content[0].image_url",
+            ),
+            (
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}),
+                "messages[0].content[0].image_url.url",
+            ),
+            (
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "audio"}]}]}),
                 "messages[0].content[0]",
             ),
             (

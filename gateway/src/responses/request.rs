@@ -11,6 +11,7 @@ use crate::fields::{
     json_object, non_empty_array, opt_bool, opt_f32_in, opt_max_tokens, parse_seed,
     reasoning_effort, required_string,
 };
+use crate::images::{check_request_images, image_from_url, ChatImage};
 use crate::response_format::parse_text_format;
 use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_openai_tool_choice, parse_tools, ToolShape};
@@ -71,6 +72,7 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ParsedResponses, ApiError>
         });
     }
     messages.extend(parse_input(obj.get("input"), ordered_at("input"))?);
+    check_request_images(&messages)?;
     let tools = parse_tools(obj.get("tools"), ordered_at("tools"), ToolShape::Flat)?;
     let tool_choice = parse_openai_tool_choice(obj.get("tool_choice"), ToolShape::Flat, &tools)?;
     let response_format = parse_text_format(
@@ -213,7 +215,18 @@ fn parse_input(
             Some("function_call_output") => {
                 let output = match item.get("output") {
                     Some(Value::String(s)) => s.clone(),
-                    Some(v @ Value::Array(_)) => content_text(&format!("{at}.output"), v)?,
+                    Some(v @ Value::Array(_)) => {
+                        let output_at = format!("{at}.output");
+                        let (text, images) = content_parts(&output_at, v)?;
+                        if !images.is_empty() {
+                            return Err(ApiError::invalid_field(
+                                &output_at,
+                                "images in a function_call_output are not supported; send them \
+                                 in a user message",
+                            ));
+                        }
+                        text
+                    }
                     _ => {
                         return Err(ApiError::invalid_field(
                             &format!("{at}.output"),
@@ -261,45 +274,70 @@ fn parse_message(at: &str, item: &Map<String, Value>) -> Result<ChatMessage, Api
             ))
         }
     };
-    let content = match item.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(v @ Value::Array(_)) => content_text(&format!("{at}.content"), v)?,
+    let (content, images) = match item.get("content") {
+        Some(Value::String(s)) => (s.clone(), Vec::new()),
+        Some(v @ Value::Array(_)) => content_parts(&format!("{at}.content"), v)?,
         _ => {
             return Err(ApiError::invalid_field(
                 &format!("{at}.content"),
-                "`content` must be a string or an array of text parts",
+                "`content` must be a string or an array of text and image parts",
             ))
         }
     };
-    Ok(ChatMessage::new(&role, content))
+    Ok(ChatMessage {
+        images,
+        ..ChatMessage::new(&role, content)
+    })
 }
 
-/// Text parts (`input_text`, `output_text`), concatenated.
-fn content_text(at: &str, value: &Value) -> Result<String, ApiError> {
+/// Text parts (`input_text`, `output_text`), concatenated, and `input_image` parts
+/// (`{"type": "input_image", "image_url": "data:..."}`; `detail` is accepted and ignored).
+fn content_parts(at: &str, value: &Value) -> Result<(String, Vec<ChatImage>), ApiError> {
     let mut text = String::new();
+    let mut images = Vec::new();
     for (j, part) in value.as_array().into_iter().flatten().enumerate() {
         let param = format!("{at}[{j}]");
         match (part.get("type").and_then(Value::as_str), part.get("text")) {
             (Some("input_text" | "output_text" | "text"), Some(Value::String(t))) => {
                 text.push_str(t)
             }
-            (Some(kind @ ("input_image" | "input_file" | "input_audio")), _) => {
+            (Some("input_image"), _) => match part.get("image_url") {
+                Some(Value::String(url)) => {
+                    images.push(image_from_url(url, &format!("{param}.image_url"))?)
+                }
+                _ if part.get("file_id").is_some_and(|f| !f.is_null()) => {
+                    return Err(ApiError::invalid_field(
+                        &format!("{param}.file_id"),
+                        "`file_id` images are not supported: shoal keeps no files; send the \
+                         image as a data URL in `image_url`",
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::invalid_field(
+                        &format!("{param}.image_url"),
+                        "an input_image part needs a string `image_url` (a data URL)",
+                    ))
+                }
+            },
+            (Some(kind @ ("input_file" | "input_audio")), _) => {
                 return Err(ApiError::invalid_field(
                     &param,
                     format!(
-                        "`{kind}` parts are not supported: the models shoal serves read text only"
+                        "`{kind}` parts are not supported: the models shoal serves read text \
+                         and images"
                     ),
                 ))
             }
             _ => {
                 return Err(ApiError::invalid_field(
                     &param,
-                    "each part must be `{\"type\": \"input_text\", \"text\": ...}`",
+                    "each part must be `{\"type\": \"input_text\", \"text\": ...}` or \
+                     `{\"type\": \"input_image\", \"image_url\": ...}`",
                 ))
             }
         }
     }
-    Ok(text)
+    Ok((text, images))
 }
 
 #[cfg(test)]
@@ -419,6 +457,18 @@ mod tests {
             ),
             (
                 json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+                "input[0].content[0].image_url",
+            ),
+            (
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}),
+                "input[0].content[0].file_id",
+            ),
+            (
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}),
+                "input[0].content[0].image_url",
+            ),
+            (
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file"}]}]}),
                 "input[0].content[0]",
             ),
             (

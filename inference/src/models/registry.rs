@@ -51,6 +51,9 @@ pub const MODEL_REMAPPING: &[(&str, &str)] = &[
     // Not in mlx-lm's table, but the same load: its `gemma4` module runs `gemma4_text` on a
     // release's `text_config` and `language_model` weights, as shoal reads any such release.
     ("gemma4", "gemma4_text"),
+    // mlx-lm's `gemma3` runs `gemma3_text` on the release's `text_config`; the vision tower
+    // (`vision_config`) is `gemma3_vision`'s, on rank 0 (issue 47).
+    ("gemma3", "gemma3_text"),
 ];
 
 /// `model_type`s of 2026 releases mlx-lm runs that shoal does not yet, with what is missing:
