@@ -264,14 +264,7 @@ fn curl_request(w: &[String]) -> (String, String, Option<String>) {
 
 #[test]
 fn every_readme_curl_and_python_example_runs_against_a_real_node() {
-    if !kit::skip::can_run(
-        if kit::dirs::default_model_path().is_file() {
-            Ok(())
-        } else {
-            Err("the model fixture is missing".to_string())
-        },
-        "run `cargo xtask setup`",
-    ) {
+    if !support::default_model_present() {
         return;
     }
     let readme =

@@ -209,14 +209,7 @@ impl ChatLoop {
 
 #[test]
 fn a_rolling_upgrade_keeps_answering() {
-    if !kit::skip::can_run(
-        if kit::dirs::default_model_path().is_file() {
-            Ok(())
-        } else {
-            Err("the model fixture is missing".to_string())
-        },
-        "run `cargo xtask setup`",
-    ) {
+    if !support::default_model_present() {
         return;
     }
     let Some((net, mut nodes)) = TestNet::create(

@@ -339,3 +339,16 @@ pub fn three_rank_pipeline_beside(
     eprintln!("three-rank pipeline ready in {took:?}");
     Some((test_net, all, created))
 }
+
+/// Whether the default model fixture is there (`cargo xtask setup` makes it); a test that
+/// needs it and finds none fails, or with `SHOAL_ALLOW_SKIP=1` is skipped (see `kit::skip`).
+pub fn default_model_present() -> bool {
+    kit::skip::can_run(
+        if kit::dirs::default_model_path().is_file() {
+            Ok(())
+        } else {
+            Err("the model fixture is missing".to_string())
+        },
+        "run `cargo xtask setup`",
+    )
+}
