@@ -235,7 +235,7 @@ impl BlockIndexer {
             .as_dtype(Dtype::Float32)?;
         let k = keys.as_dtype(Dtype::Float32)?;
         // [b, heads, l, S]: a future key must not win its block, so mask before pooling.
-        let visible = causal(offset, l);
+        let visible = causal(offset, l)?;
         let scores = ops::matmul(&q, &k.swap_axes(-1, -2)?)?;
         let neg = Array::from_f32(f32::NEG_INFINITY);
         let scores = ops::select(&visible, &scores, &neg)?;
@@ -251,7 +251,7 @@ impl BlockIndexer {
             .reshape(&[b, h, l as i32, blocks as i32, self.block as i32])?
             .max_axis(-1, false)?;
         let pooled = ops::select(
-            local_blocks(offset, l, blocks, self.block, self.local),
+            local_blocks(offset, l, blocks, self.block, self.local)?,
             Array::from_f32(f32::INFINITY),
             &pooled,
         )?;
@@ -306,24 +306,39 @@ impl BlockIndexer {
     }
 }
 
-/// `[l, S]`: query `offset + i` sees keys `0..=offset + i`.
-fn causal(offset: usize, l: usize) -> Array {
+/// Positions `from..to` as a column `[to - from, 1]` (`column`) or a row `[1, to - from]`.
+fn positions(from: usize, to: usize, column: bool) -> Result<Array> {
+    let p = Array::arange::<i32, i32>(from as i32, to as i32, None)?;
+    let n = (to - from) as i32;
+    let shape = if column { [n, 1] } else { [1, n] };
+    Ok(p.reshape(&shape)?)
+}
+
+/// `[l, S]`: query `offset + i` sees keys `0..=offset + i` (built on the device: a long
+/// prompt's mask is never a host allocation).
+fn causal(offset: usize, l: usize) -> Result<Array> {
     let total = offset + l;
-    let mask: Vec<bool> = (offset..total)
-        .flat_map(|i| (0..total).map(move |j| j <= i))
-        .collect();
-    Array::from_slice(&mask, &[l as i32, total as i32])
+    Ok(ops::le(
+        &positions(0, total, false)?,
+        &positions(offset, total, true)?,
+    )?)
 }
 
 /// `[l, blocks]`: query `offset + i`'s own block and the `local - 1` before it.
-fn local_blocks(offset: usize, l: usize, blocks: usize, block: usize, local: usize) -> Array {
-    let mask: Vec<bool> = (offset..offset + l)
-        .flat_map(|i| {
-            let own = i / block;
-            (0..blocks).map(move |id| id <= own && id + local > own)
-        })
-        .collect();
-    Array::from_slice(&mask, &[l as i32, blocks as i32])
+fn local_blocks(
+    offset: usize,
+    l: usize,
+    blocks: usize,
+    block: usize,
+    local: usize,
+) -> Result<Array> {
+    let own = ops::floor_divide(
+        &positions(offset, offset + l, true)?,
+        Array::from_int(block as i32),
+    )?;
+    let ids = positions(0, blocks, false)?;
+    let later = ops::gt(&ops::add(&ids, Array::from_int(local as i32))?, &own)?;
+    Ok(ops::logical_and(&ops::le(&ids, &own)?, &later)?)
 }
 
 #[cfg(test)]
@@ -339,11 +354,17 @@ mod tests {
     /// block 2; blocks 0 and 1 compete for the second place.
     #[test]
     fn a_query_always_reads_its_own_block() {
-        assert_eq!(host(&local_blocks(9, 1, 3, 4, 1)), vec![false, false, true]);
-        assert_eq!(host(&local_blocks(9, 1, 3, 4, 2)), vec![false, true, true]);
+        assert_eq!(
+            host(&local_blocks(9, 1, 3, 4, 1).unwrap()),
+            vec![false, false, true]
+        );
+        assert_eq!(
+            host(&local_blocks(9, 1, 3, 4, 2).unwrap()),
+            vec![false, true, true]
+        );
         // Queries at 3 and 4 straddle a block boundary.
         assert_eq!(
-            host(&local_blocks(3, 2, 2, 4, 1)),
+            host(&local_blocks(3, 2, 2, 4, 1).unwrap()),
             vec![true, false, false, true]
         );
     }
@@ -351,7 +372,7 @@ mod tests {
     #[test]
     fn causal_sees_the_past_and_itself() {
         assert_eq!(
-            host(&causal(1, 2)),
+            host(&causal(1, 2).unwrap()),
             vec![true, true, false, true, true, true]
         );
     }
