@@ -10,6 +10,8 @@ Usage: python node_checks.py BASE_URL MODEL COMMAND
   answer REF     the greedy answer to REF's messages (a `chat_reference.json` that mlx-lm
                  wrote for the model's folder) is REF's text, and its token count REF's, both
                  in one answer and streamed
+  distinct N     N distinct short chats one after another (each kept by the prompt cache)
+                 all finish; prints one JSON line {"distinct": n}
   lost PID       a stream whose runner (process PID) is killed mid-way ends with an error
                  (never a hang), and the model then reports no ready instance (503)
   sampling VOCAB N  `top_logprobs` and `logit_bias` on the real engine: K alternatives per
@@ -183,6 +185,18 @@ elif command == "limit":
         refused[:3],
     )
     print(json.dumps({"completed": len(done), "refused": len(refused)}), flush=True)
+
+elif command == "distinct":
+    n = int(sys.argv[4])
+    for i in range(n):
+        r = client.chat.completions.create(
+            model=model,
+            messages=messages(f"Question {i}: name a fruit and a colour."),
+            temperature=0,
+            max_tokens=16,
+        )
+        check(f"distinct chat {i} finished", r.choices[0].finish_reason in ("stop", "length"), r)
+    print(json.dumps({"distinct": n}), flush=True)
 
 elif command == "lost":
     pid = int(sys.argv[4])

@@ -496,8 +496,13 @@ fn sampling_controls(node: &Node, url: &str, checks: &Path) {
 
 /// `VmHWM` (peak resident set) of process `pid`, in bytes.
 fn peak_rss_bytes(pid: u64) -> Option<u64> {
+    rss_bytes(pid, "VmHWM:")
+}
+
+/// The `/proc/PID/status` line `field` (a size in kB) of process `pid`, in bytes.
+fn rss_bytes(pid: u64, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
@@ -561,6 +566,22 @@ fn sixty_four_streams_against_small_limits_complete_or_get_429() {
         &checks,
         &[&url, "default", "paris"],
         Duration::from_secs(60),
+    );
+    // Finished requests are kept by the prompt cache at the size of their positions (about
+    // 60 of them, 2.6 MiB here), not with a growth step's room (256 positions, 11.25 MiB):
+    // twenty more distinct chats grow the runner by far less than twenty steps.
+    let before = rss_bytes(pid, "VmRSS:").expect("the runner's VmRSS");
+    node.python(
+        &checks,
+        &[&url, "default", "distinct", "20"],
+        Duration::from_secs(240),
+    );
+    let after = rss_bytes(pid, "VmRSS:").expect("the runner's VmRSS");
+    let grown = after.saturating_sub(before);
+    eprintln!("20 distinct chats grew the runner by {} MiB", grown >> 20);
+    assert!(
+        grown < 20 * (5 << 20),
+        "20 distinct chats grew the runner by {grown} bytes: finished caches keep spare room"
     );
     node.stop_as_an_operator_would(pid);
 }

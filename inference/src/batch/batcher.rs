@@ -504,10 +504,17 @@ impl<'a> Batcher<'a> {
             let room = self.limits.kv_tokens.saturating_sub(self.kv_in_use());
             match self.cache.as_deref_mut() {
                 Some(cache) => match self.forward.take(slot) {
-                    Some(kv) if kv.len() == s.fed && s.fed > 0 => {
-                        s.context.truncate(s.fed);
-                        cache.insert(std::mem::take(&mut s.context), kv, room);
-                    }
+                    Some(mut kv) if kv.len() == s.fed && s.fed > 0 => match kv.compact() {
+                        // Kept at the size of its positions, as the budget counts it.
+                        Ok(()) => {
+                            s.context.truncate(s.fed);
+                            cache.insert(std::mem::take(&mut s.context), kv, room);
+                        }
+                        Err(e) => {
+                            tracing::warn!(%e, "compacting a cache for the prompt cache failed");
+                            cache.shrink_to(room);
+                        }
+                    },
                     _ => cache.shrink_to(room),
                 },
                 None => self.forward.close(slot),
