@@ -25,7 +25,8 @@ greedy generation, exactly the route's tokens.
     python dialect_fixtures.py OUT_ROOT --tokenizer DIR --templates DIR
 
 writes OUT_ROOT/<dialect>/{config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json, routes.json} and OUT_ROOT/manifest.json.
+tokenizer_config.json, routes.json, openai_request.json, openai_request_prompt.json} and
+OUT_ROOT/manifest.json.
 """
 
 import argparse
@@ -419,6 +420,77 @@ def check_routes(folder, routes, ends):
     return lengths
 
 
+# A conversation as an OpenAI client sends it (issue 49 item 3): a system prompt, a question,
+# the assistant's call (content null, arguments a JSON string), the tool's result, the answer,
+# and a next question, with two tools offered. The key order of the arguments and of the second
+# tool's schema is not alphabetical.
+OPENAI_REQUEST = {
+    "model": "dialect",
+    "messages": [
+        {"role": "system", "content": "You answer with the tools."},
+        {"role": "user", "content": "What is the weather in Zürich?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "a1B2c3D4e", "type": "function",
+            "function": {"name": "get_weather",
+                         "arguments": "{\"city\": \"Zürich\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "a1B2c3D4e",
+         "content": "{\"temperature\": 21.5, \"sky\": \"clear\"}"},
+        {"role": "assistant", "content": "It is 21.5 °C and clear."},
+        {"role": "user", "content": "And the time there?"},
+    ],
+    "tools": [WEATHER, {"type": "function", "function": {
+        "name": "get_time", "description": "Local time, offset in hours",
+        "parameters": {"type": "object", "required": [],
+                       "properties": {"offset": {"type": "number", "default": 0.5}}}}}],
+}
+
+
+# The moment transformers' `strftime_now` tells while rendering OPENAI_REQUEST (year, month,
+# day, midnight UTC): the Rust test pins shoal's template clock to it.
+OPENAI_REQUEST_DATE = (2025, 1, 1)
+
+
+def write_openai_request(folder, tokenizer, renders_tools):
+    """OPENAI_REQUEST (without `tools` where the template ignores them: a node describes them
+    itself there) and transformers' rendering of it: `apply_chat_template(messages, tools=...,
+    add_generation_prompt=True)` over the request's own messages and tools, each call's
+    `arguments` string read as the mapping transformers' templates take (what vLLM and
+    llama-server do with an OpenAI request). A node given the same body must build this prompt
+    token for token."""
+    request = json.loads(json.dumps(OPENAI_REQUEST))
+    if not renders_tools:
+        del request["tools"]
+    messages = json.loads(json.dumps(request["messages"]))
+    for m in messages:
+        for call in m.get("tool_calls", []):
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    tools = {"tools": request["tools"]} if "tools" in request else {}
+    from jinja2.exceptions import SecurityError
+    from transformers.utils import chat_template_utils
+
+    class PinnedClock(chat_template_utils.datetime):
+        """`strftime_now` tells OPENAI_REQUEST_DATE (gpt-oss states the date): the fixture
+        stays the same whatever day it is made, and the test pins shoal's clock to it."""
+
+        @classmethod
+        def now(cls, tz=None):
+            return cls(*OPENAI_REQUEST_DATE)
+
+    chat_template_utils.datetime = PinnedClock
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=False, **tools)
+        reference = {"text": text, "ids": tokenizer.encode(text, add_special_tokens=False)}
+    except SecurityError as e:
+        # transformers renders in jinja2's immutable sandbox: a template that appends to a
+        # list (Kimi K2 Thinking's, for each call) cannot be rendered by it at all.
+        reference = {"transformers_refuses": f"{type(e).__name__}: {e}"}
+    (folder / "openai_request.json").write_text(
+        json.dumps(request, indent=2, ensure_ascii=False) + "\n")
+    (folder / "openai_request_prompt.json").write_text(
+        json.dumps(reference, ensure_ascii=False) + "\n")
+
+
 def build_dialect(name, root, base_dir, template_dir):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
@@ -461,6 +533,8 @@ def build_dialect(name, root, base_dir, template_dir):
                for (kind, tool, tail, _, tokens, thought, call), (length, renders)
                in zip(routes, lengths)]
     (out / "routes.json").write_text(json.dumps(written, indent=2, ensure_ascii=False) + "\n")
+    write_openai_request(out, AutoTokenizer.from_pretrained(out),
+                         all(renders for _, renders in lengths))
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     out.rename(final)
