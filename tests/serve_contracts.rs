@@ -17,8 +17,8 @@
 //!   runs to its end; key A's cancel ends its other stream at once.
 //! - **SIGTERM drains:** in the default drain period ([`DRAIN_SECONDS`]), a stream that can
 //!   finish in time ends with its whole answer and `[DONE]`; one that cannot gets a
-//!   `node_stopping` error frame and `[DONE]` when the drain period ends; new connections are refused
-//!   meanwhile; the node exits 0 with nothing logged at error level.
+//!   `node_stopping` error frame and `[DONE]` when the drain period ends; new connections are
+//!   refused meanwhile; the node exits 0 with nothing logged at error level.
 //!
 //! Needs root (namespaces), the model fixture and the Python venv (`cargo xtask setup`):
 //! fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
