@@ -1,9 +1,10 @@
 //! A rank that hangs without closing its sockets: three real `shoal` nodes in Linux network
 //! namespaces run the SmolLM2 fixture as a 3-rank pipeline under a few streaming chats, and
 //! the middle rank's runner is frozen (SIGSTOP). MLX's ring waits forever on a peer that
-//! keeps its connection open, so only the per-step deadline (`SHOAL_STEP_TIMEOUT`, 5 s here)
-//! can end it: every stream must end with an error event and `[DONE]` within the deadline
-//! plus 20 s, the instance must be placed again (epoch 1) and answer "Paris", and the frozen
+//! keeps its connection open, so only the per-step deadline can end it. The nodes run with
+//! its default (60 s: `--step-timeout` is not given, so the deadline a user gets is the one
+//! tested): every stream must end with an error event and `[DONE]` no sooner than the
+//! deadline (nothing else ended it) and within the deadline plus 20 s, the instance must be placed again (epoch 1) and answer "Paris", and the frozen
 //! runner must be gone (killed by its node when the ring it belonged to was replaced).
 //!
 //! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
@@ -17,8 +18,8 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 use support::{call, logs, process_ended, signal, three_rank_pipeline, wait_for, ShoalNode};
 
-/// The step deadline the nodes run with.
-const STEP_TIMEOUT_S: u64 = 5;
+/// The step deadline the nodes run with: the default.
+const STEP_TIMEOUT_S: u64 = runners::DEFAULT_STEP_TIMEOUT_S as u64;
 
 /// Streams that run when the rank freezes.
 const STREAMS: usize = 3;
@@ -81,10 +82,7 @@ fn read_to_end(stream: &mut BlockingStream<'_>, until: Instant) -> (bool, bool, 
 
 #[test]
 fn a_frozen_rank_ends_every_stream_and_the_instance_is_placed_again() {
-    let timeout = STEP_TIMEOUT_S.to_string();
-    let Some((test_net, nodes, created)) =
-        three_rank_pipeline("shoalh", &[("SHOAL_STEP_TIMEOUT", &timeout)])
-    else {
+    let Some((test_net, nodes, created)) = three_rank_pipeline("shoalh", &[]) else {
         return;
     };
     let instance = created["instance_id"].as_str().expect("id").to_string();
@@ -135,6 +133,11 @@ fn a_frozen_rank_ends_every_stream_and_the_instance_is_placed_again() {
     let all_ended = stopped_at.elapsed();
     drop(streams);
     eprintln!("rank 1 frozen: all {STREAMS} streams ended with an error after {all_ended:?}");
+    assert!(
+        all_ended >= Duration::from_secs(STEP_TIMEOUT_S - 2),
+        "the streams ended {all_ended:?} after the freeze, before the {STEP_TIMEOUT_S} s step \
+         deadline: something else ended them"
+    );
 
     // The instance is placed again and answers as before; the frozen runner is gone.
     let replaced = wait_for(Duration::from_secs(240), || {
