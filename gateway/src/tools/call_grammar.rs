@@ -1,10 +1,20 @@
 //! Forced calls under a grammar: after the opening that [`super::forced`] appends to the
 //! prompt, the rest of the call (which function, for `required` with several; the arguments
 //! under that function's JSON Schema; the call's close) is decoded under a Lark grammar in
-//! llguidance's dialect, so the answer is a call whose arguments validate. Only families
-//! whose call is Hermes' `<tool_call>{json}</tool_call>` (Hermes, Qwen2.5, Qwen3, and
-//! templates that show no call format, such as SmolLM2's) have one yet; the others keep the
-//! opening alone.
+//! llguidance's dialect, so the answer is a call whose arguments validate. Every family whose
+//! arguments are one JSON object has one: Hermes (Qwen2.5, Qwen3, templates that show no call
+//! format), Llama 3.x, Mistral Nemo's list, Kimi K2, DeepSeek V3.1 and V3/R1's fenced form, and
+//! gpt-oss's harmony. The XML families (Qwen3-Coder, GLM, MiniMax) write each argument in its
+//! own tags: their grammar holds the schema's properties in its order (the required ones
+//! always, the others optional), a string's value as text without `<` (the parsers end a value
+//! at the first tag; Qwen3-Coder's also without a line break, which ends its value), any other
+//! value as JSON under the property's schema. Mistral's `[ARGS]` keeps the opening alone.
+//!
+//! A family's fixed text around the arguments holds control tokens (`<|tool_call_end|>`,
+//! harmony's `<|channel|>`): those are written as rules `ctl_N: <TOKEN>` on lines of their own,
+//! and the runner, which knows the tokenizer, keeps each as a special token where its
+//! vocabulary has it as one and makes it text where the token is ordinary
+//! (`inference::constraint::resolve_controls`).
 
 use super::forced::Opener;
 use super::json::Ordered;
@@ -29,35 +39,271 @@ fn literal(text: &str) -> String {
 /// (`", "` and `": "`, no other whitespace), keys in the client's order; any object when
 /// the tool gave no schema (or one that is not an object).
 fn arguments_schema(parameters: Option<&str>) -> String {
+    let schema = match parameters.and_then(|p| Ordered::parse(p.as_bytes())) {
+        Some(Ordered::Object(entries)) if !entries.is_empty() => Ordered::Object(entries),
+        _ => Ordered::Object(vec![("type".into(), Ordered::String("object".into()))]),
+    };
+    arguments_schema_of(schema)
+}
+
+/// `schema` (an object, else any JSON value) with the compact layout of [`arguments_schema`].
+fn arguments_schema_of(schema: Ordered) -> String {
     let layout = Ordered::Object(vec![
         ("whitespace_flexible".into(), Ordered::Bool(false)),
         ("item_separator".into(), Ordered::String(", ".into())),
         ("key_separator".into(), Ordered::String(": ".into())),
     ]);
-    let mut schema = match parameters.and_then(|p| Ordered::parse(p.as_bytes())) {
-        Some(Ordered::Object(entries)) if !entries.is_empty() => entries,
-        _ => vec![("type".into(), Ordered::String("object".into()))],
+    let mut schema = match schema {
+        Ordered::Object(entries) => entries,
+        _ => Vec::new(),
     };
     schema.retain(|(k, _)| k != "x-guidance");
     schema.push(("x-guidance".into(), layout));
     Ordered::Object(schema).to_text()
 }
 
+/// A piece of a call's fixed text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    /// A control token of the family (special in its published tokenizer, or not).
+    Control(&'static str),
+}
+
+fn text(t: impl Into<String>) -> Piece {
+    Piece::Text(t.into())
+}
+
+/// The fixed text of a call of `name` after the `required` opening (`Opener::required`) up
+/// to its arguments, and after the arguments to the call's end (the family's end-of-turn
+/// token, where that ends a call, is the model's). `None` for the families without a grammar.
+fn call_text(opener: Opener, name: &str, index: usize) -> Option<(Vec<Piece>, Vec<Piece>)> {
+    use Piece::Control;
+    const DEEPSEEK_END: [Piece; 2] = [
+        Control("<｜tool▁call▁end｜>"),
+        Control("<｜tool▁calls▁end｜>"),
+    ];
+    Some(match opener {
+        Opener::Hermes => (
+            vec![text(format!("{name}\", \"arguments\": "))],
+            vec![text("}\n"), Control("</tool_call>")],
+        ),
+        Opener::Llama => (
+            vec![text(format!("{name}\", \"parameters\": "))],
+            vec![text("}")],
+        ),
+        Opener::MistralList => (
+            vec![text(format!("{name}\", \"arguments\": "))],
+            vec![text("}]")],
+        ),
+        Opener::Kimi => (
+            vec![
+                text(format!("{name}:{index}")),
+                Control("<|tool_call_argument_begin|>"),
+            ],
+            vec![
+                Control("<|tool_call_end|>"),
+                Control("<|tool_calls_section_end|>"),
+            ],
+        ),
+        Opener::DeepSeek => (
+            vec![text(name), Control("<｜tool▁sep｜>")],
+            DEEPSEEK_END.to_vec(),
+        ),
+        Opener::DeepSeekFenced => {
+            let mut close = vec![text("\n```")];
+            close.extend(DEEPSEEK_END);
+            (vec![text(format!("{name}\n```json\n"))], close)
+        }
+        Opener::Harmony => (
+            vec![
+                text(name),
+                Control("<|channel|>"),
+                text("commentary json"),
+                Control("<|message|>"),
+            ],
+            Vec::new(),
+        ),
+        Opener::MistralArgs | Opener::Qwen3Coder | Opener::Glm | Opener::MiniMax => return None,
+    })
+}
+
+/// An XML family's call: the text after the `required` opening up to the arguments, around
+/// each argument (before its value, given the key; after it), after the arguments, and the
+/// regular expression of a string value.
+struct XmlCall {
+    head: Vec<Piece>,
+    key: fn(&str) -> Vec<Piece>,
+    after_value: Vec<Piece>,
+    close: Vec<Piece>,
+    text_value: &'static str,
+}
+
+fn xml_call(opener: Opener, name: &str) -> Option<XmlCall> {
+    use Piece::Control;
+    Some(match opener {
+        Opener::Qwen3Coder => XmlCall {
+            head: vec![text(format!("{name}>\n"))],
+            key: |k| vec![text(format!("<parameter={k}>\n"))],
+            after_value: vec![text("\n</parameter>\n")],
+            close: vec![text("</function>\n"), Control("</tool_call>")],
+            text_value: r"/[^<\n]*/",
+        },
+        Opener::Glm => XmlCall {
+            head: vec![text(name)],
+            key: |k| {
+                vec![
+                    text("\n"),
+                    Control("<arg_key>"),
+                    text(k),
+                    Control("</arg_key>"),
+                    text("\n"),
+                    Control("<arg_value>"),
+                ]
+            },
+            after_value: vec![Control("</arg_value>")],
+            close: vec![text("\n"), Control("</tool_call>")],
+            text_value: r"/[^<]*/",
+        },
+        Opener::MiniMax => XmlCall {
+            head: vec![text(format!("{name}\">\n"))],
+            key: |k| vec![text(format!("<parameter name=\"{k}\">"))],
+            after_value: vec![text("</parameter>\n")],
+            close: vec![text("</invoke>\n"), Control("</minimax:tool_call>")],
+            text_value: r"/[^<]*/",
+        },
+        _ => return None,
+    })
+}
+
+/// Whether a property of `schema` is written as text in the XML families: a string, or of no
+/// stated type (the parser reads text that is not JSON as a string).
+fn text_valued(schema: &Ordered) -> bool {
+    match schema.get("type") {
+        Some(Ordered::String(kind)) => kind == "string",
+        Some(Ordered::Array(kinds)) => kinds
+            .iter()
+            .any(|k| matches!(k, Ordered::String(s) if s == "string")),
+        _ => true,
+    }
+}
+
+/// The arguments of an XML call of a tool with `parameters`, as rules named `{rule}_N`, and
+/// the sequence that writes them.
+fn xml_arguments(
+    call: &XmlCall,
+    parameters: Option<&str>,
+    rule: &str,
+    writer: &mut Writer,
+    rules: &mut String,
+) -> String {
+    let schema = parameters.and_then(|p| Ordered::parse(p.as_bytes()));
+    let required: Vec<&str> = match schema.as_ref().and_then(|s| s.get("required")) {
+        Some(Ordered::Array(keys)) => keys
+            .iter()
+            .filter_map(|k| match k {
+                Ordered::String(k) => Some(k.as_str()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let properties = match schema.as_ref().and_then(|s| s.get("properties")) {
+        Some(Ordered::Object(entries)) => entries.clone(),
+        _ => Vec::new(),
+    };
+    let after = writer.pieces(&call.after_value);
+    let mut sequence = Vec::new();
+    for (i, (key, property)) in properties.iter().enumerate() {
+        let value = if text_valued(property) {
+            call.text_value.to_string()
+        } else {
+            let mut property = property.clone();
+            if let Ordered::Object(entries) = &mut property {
+                entries.retain(|(k, _)| k != "x-guidance");
+            }
+            let schema = arguments_schema_of(property);
+            rules.push_str(&format!("{rule}_{i}_value: %json {schema}\n"));
+            format!("{rule}_{i}_value")
+        };
+        let open = writer.pieces(&(call.key)(key));
+        rules.push_str(&format!("{rule}_{i}: {open} {value} {after}\n"));
+        sequence.push(if required.contains(&key.as_str()) {
+            format!("{rule}_{i}")
+        } else {
+            format!("{rule}_{i}?")
+        });
+    }
+    sequence.join(" ")
+}
+
+/// Writes grammar rules: each piece as a literal or a `ctl_N` rule (added to `controls`).
+struct Writer {
+    controls: Vec<&'static str>,
+}
+
+impl Writer {
+    fn pieces(&mut self, pieces: &[Piece]) -> String {
+        let items: Vec<String> = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Text(t) => literal(t),
+                Piece::Control(c) => {
+                    let at = self
+                        .controls
+                        .iter()
+                        .position(|x| x == c)
+                        .unwrap_or_else(|| {
+                            self.controls.push(c);
+                            self.controls.len() - 1
+                        });
+                    format!("ctl_{at}")
+                }
+            })
+            .collect();
+        items.join(" ")
+    }
+
+    /// The `ctl_N: <TOKEN>` rules, each on its own line.
+    fn control_rules(&self) -> String {
+        self.controls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("ctl_{i}: {c}\n"))
+            .collect()
+    }
+}
+
 /// The grammar of the rest of a forced call for a model of this `opener`, when `choice`
 /// (`required` or a named function, after a single offered tool was made the named one)
-/// forces one and the family has a grammar.
-pub fn call_grammar(opener: Opener, choice: &ToolChoice, offered: &[&Tool]) -> Option<CallGrammar> {
-    if opener != Opener::Hermes {
-        return None;
+/// forces one and the family has a grammar. `index`: the call's place among the
+/// conversation's calls (Kimi's ids count them).
+pub fn call_grammar(
+    opener: Opener,
+    choice: &ToolChoice,
+    offered: &[&Tool],
+    index: usize,
+) -> Option<CallGrammar> {
+    let mut writer = Writer {
+        controls: Vec::new(),
+    };
+    if xml_call(opener, "").is_some() {
+        return xml_grammar(opener, choice, offered, &mut writer);
     }
-    const CLOSE: &str = "}\n</tool_call>";
     match choice {
         ToolChoice::Function(name) => {
             let tool = offered.iter().find(|t| &t.name == name)?;
+            let (_, close) = call_text(opener, name, index)?;
+            let close = writer.pieces(&close);
+            let start = [String::from("args"), close]
+                .into_iter()
+                .filter(|p| !p.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
             let lark = format!(
-                "start: args {}\nargs: %json {}\n",
-                literal(CLOSE),
-                arguments_schema(tool.parameters.as_deref())
+                "start: {start}\nargs: %json {}\n{}",
+                arguments_schema(tool.parameters.as_deref()),
+                writer.control_rules()
             );
             Some(CallGrammar {
                 lark,
@@ -65,19 +311,20 @@ pub fn call_grammar(opener: Opener, choice: &ToolChoice, offered: &[&Tool]) -> O
             })
         }
         ToolChoice::Required if !offered.is_empty() => {
+            call_text(opener, "", index)?;
             let mut lark = String::from("start: ");
             let names: Vec<String> = (0..offered.len()).map(|i| format!("call_{i}")).collect();
             lark.push_str(&names.join(" | "));
             lark.push('\n');
             for (i, tool) in offered.iter().enumerate() {
-                let head = format!("{}\", \"arguments\": ", tool.name);
+                let (head, close) = call_text(opener, &tool.name, index)?;
+                let (head, close) = (writer.pieces(&head), writer.pieces(&close));
                 lark.push_str(&format!(
-                    "call_{i}: {} args_{i} {}\nargs_{i}: %json {}\n",
-                    literal(&head),
-                    literal(CLOSE),
+                    "call_{i}: {head} args_{i} {close}\nargs_{i}: %json {}\n",
                     arguments_schema(tool.parameters.as_deref())
                 ));
             }
+            lark.push_str(&writer.control_rules());
             Some(CallGrammar {
                 lark,
                 without_brace: false,
@@ -85,6 +332,44 @@ pub fn call_grammar(opener: Opener, choice: &ToolChoice, offered: &[&Tool]) -> O
         }
         _ => None,
     }
+}
+
+/// [`call_grammar`] for the XML families: the arguments are tags, not one JSON object.
+fn xml_grammar(
+    opener: Opener,
+    choice: &ToolChoice,
+    offered: &[&Tool],
+    writer: &mut Writer,
+) -> Option<CallGrammar> {
+    let mut rules = String::new();
+    let start = match choice {
+        ToolChoice::Function(name) => {
+            let tool = offered.iter().find(|t| &t.name == name)?;
+            let call = xml_call(opener, name)?;
+            let arguments =
+                xml_arguments(&call, tool.parameters.as_deref(), "arg", writer, &mut rules);
+            let close = writer.pieces(&call.close);
+            format!("start: {arguments} {close}\n")
+        }
+        ToolChoice::Required if !offered.is_empty() => {
+            let mut calls = Vec::new();
+            for (i, tool) in offered.iter().enumerate() {
+                let call = xml_call(opener, &tool.name)?;
+                let rule = format!("arg_{i}");
+                let arguments =
+                    xml_arguments(&call, tool.parameters.as_deref(), &rule, writer, &mut rules);
+                let (head, close) = (writer.pieces(&call.head), writer.pieces(&call.close));
+                rules.push_str(&format!("call_{i}: {head} {arguments} {close}\n"));
+                calls.push(format!("call_{i}"));
+            }
+            format!("start: {}\n", calls.join(" | "))
+        }
+        _ => return None,
+    };
+    Some(CallGrammar {
+        lark: format!("{start}{rules}{}", writer.control_rules()),
+        without_brace: false,
+    })
 }
 
 #[cfg(test)]
@@ -109,15 +394,17 @@ mod tests {
             Opener::Hermes,
             &ToolChoice::Function("get_weather".into()),
             &[&t],
+            0,
         )
         .unwrap();
         assert!(g.without_brace);
         assert!(
             g.lark
-                .starts_with("start: args \"}\\n</tool_call>\"\nargs: %json {"),
+                .starts_with("start: args \"}\\n\" ctl_0\nargs: %json {"),
             "{}",
             g.lark
         );
+        assert!(g.lark.ends_with("\nctl_0: </tool_call>\n"), "{}", g.lark);
         assert!(g.lark.find("\"z\"").unwrap() < g.lark.find("\"a\"").unwrap());
         assert!(
             g.lark.contains("\"whitespace_flexible\":false"),
@@ -125,22 +412,113 @@ mod tests {
             g.lark
         );
         assert_eq!(
-            call_grammar(Opener::Llama, &ToolChoice::Required, &[&t]),
+            call_grammar(Opener::MistralArgs, &ToolChoice::Required, &[&t], 0),
             None
         );
-        assert_eq!(call_grammar(Opener::Hermes, &ToolChoice::Auto, &[&t]), None);
+        assert_eq!(
+            call_grammar(Opener::Hermes, &ToolChoice::Auto, &[&t], 0),
+            None
+        );
+    }
+
+    #[test]
+    fn json_families_write_their_control_tokens_as_rules() {
+        let t = tool("get_weather", None);
+        let named = ToolChoice::Function("get_weather".into());
+        let g = call_grammar(Opener::Harmony, &named, &[&t], 0).unwrap();
+        // The call ends with harmony's end token, which is the model's.
+        assert!(
+            g.lark.starts_with("start: args\nargs: %json {"),
+            "{}",
+            g.lark
+        );
+        let g = call_grammar(Opener::Harmony, &ToolChoice::Required, &[&t], 0).unwrap();
+        assert!(
+            g.lark
+                .contains("call_0: \"get_weather\" ctl_0 \"commentary json\" ctl_1 args_0 \n"),
+            "{}",
+            g.lark
+        );
+        assert!(
+            g.lark.ends_with("ctl_0: <|channel|>\nctl_1: <|message|>\n"),
+            "{}",
+            g.lark
+        );
+        // Kimi's ids count the conversation's calls.
+        let g = call_grammar(Opener::Kimi, &ToolChoice::Required, &[&t], 3).unwrap();
+        assert!(
+            g.lark
+                .contains("\"get_weather:3\" ctl_0 args_0 ctl_1 ctl_2"),
+            "{}",
+            g.lark
+        );
+        assert!(
+            g.lark.contains("ctl_2: <|tool_calls_section_end|>\n"),
+            "{}",
+            g.lark
+        );
+    }
+
+    #[test]
+    fn xml_families_write_each_property_in_its_tags() {
+        let t = tool(
+            "get_weather",
+            Some(
+                r#"{"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["city"]}"#,
+            ),
+        );
+        let named = ToolChoice::Function("get_weather".into());
+        let g = call_grammar(Opener::MiniMax, &named, &[&t], 0).unwrap();
+        assert!(
+            g.lark
+                .starts_with("start: arg_0 arg_1? \"</invoke>\\n\" ctl_0\n"),
+            "{}",
+            g.lark
+        );
+        assert!(
+            g.lark
+                .contains("arg_0: \"<parameter name=\\\"city\\\">\" /[^<]*/ \"</parameter>\\n\"\n"),
+            "{}",
+            g.lark
+        );
+        assert!(
+            g.lark
+                .contains("arg_1_value: %json {\"type\":\"integer\",\"minimum\":1,"),
+            "{}",
+            g.lark
+        );
+        assert!(
+            g.lark.ends_with("ctl_0: </minimax:tool_call>\n"),
+            "{}",
+            g.lark
+        );
+        let g = call_grammar(Opener::Glm, &ToolChoice::Required, &[&t], 0).unwrap();
+        assert!(g.lark.starts_with("start: call_0\n"), "{}", g.lark);
+        assert!(
+            g.lark
+                .contains("arg_0_0: \"\\n\" ctl_1 \"city\" ctl_2 \"\\n\" ctl_3 /[^<]*/ ctl_0\n"),
+            "{}",
+            g.lark
+        );
+        assert!(
+            g.lark
+                .contains("call_0: \"get_weather\" arg_0_0 arg_0_1? \"\\n\" ctl_4\n"),
+            "{}",
+            g.lark
+        );
+        assert_eq!(call_grammar(Opener::MistralArgs, &named, &[&t], 0), None);
     }
 
     #[test]
     fn required_offers_every_tool_by_name() {
         let a = tool("a", None);
         let b = tool("say \"hi\"", Some("[]"));
-        let g = call_grammar(Opener::Hermes, &ToolChoice::Required, &[&a, &b]).unwrap();
+        let g = call_grammar(Opener::Hermes, &ToolChoice::Required, &[&a, &b], 0).unwrap();
         assert!(!g.without_brace);
         assert!(g.lark.starts_with("start: call_0 | call_1\n"), "{}", g.lark);
         assert!(
             g.lark
-                .contains(r#"call_1: "say \"hi\"\", \"arguments\": " args_1"#),
+                .contains(r#"call_1: "say \"hi\"\", \"arguments\": " args_1 "}\n" ctl_0"#),
             "{}",
             g.lark
         );

@@ -5,10 +5,10 @@
 //! named function, also the start of that function's call, up to its arguments (and their
 //! opening `{` where they are JSON).
 //! The answer's parser reads the same text first ([`crate::answer::AnswerForm::primed`]), so
-//! it sees the whole call. For the Hermes-style families the rest of the call (the function
-//! for `required`, the arguments under the tool's schema, the close) is then decoded under a
-//! grammar ([`super::call_grammar`]); for the others the arguments stay the model's, and are
-//! checked as every call's are.
+//! it sees the whole call. The rest of the call (the function for `required`, the arguments
+//! under the tool's schema, the close) is then decoded under a grammar
+//! ([`super::call_grammar`]) for every family but Mistral Small 3.2's `[ARGS]`, whose
+//! arguments stay the model's and are checked as every call's are.
 //!
 //! Every family forces: each opening below is exactly what the family's template renders for
 //! an earlier call (`gateway/tests/dialect_templates.rs` checks it against the real templates),
@@ -196,7 +196,7 @@ pub fn apply(
     let earlier_calls = request.messages.iter().map(|m| m.tool_calls.len()).sum();
     let opener = Opener::of_template(template);
     let forced = opening(opener, &choice, earlier_calls, form.opens_in_thought, mark);
-    let grammar = super::call_grammar::call_grammar(opener, &choice, &offered);
+    let grammar = super::call_grammar::call_grammar(opener, &choice, &offered, earlier_calls);
     if let Some(mut forced) = forced {
         if grammar.as_ref().is_some_and(|g| g.without_brace) {
             for text in [&mut forced.prompt, &mut forced.primed] {

@@ -23,7 +23,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use toktrie::{SimpleVob, TokEnv};
+use toktrie::{SimpleVob, TokEnv, TokTrie};
 
 /// Largest constraint text accepted (a schema or grammar of this size compiles in well under
 /// a second; real response formats are a few kilobytes).
@@ -58,12 +58,15 @@ impl OutputConstraint {
     /// The grammar llguidance compiles. JSON comes out with `", "` and `": "` between items
     /// and no other whitespace: a model cannot fill its budget with blank lines, and the
     /// text reads as the templates' own `tojson` writes it.
-    fn grammar(&self) -> Result<TopLevelGrammar> {
+    /// `trie`: the vocabulary, which says which of a grammar's control tokens are special.
+    fn grammar(&self, trie: &TokTrie) -> Result<TopLevelGrammar> {
         let text = match self {
             OutputConstraint::JsonObject => "{\"type\": \"object\"}",
             OutputConstraint::JsonSchema { schema } => schema.as_str(),
             OutputConstraint::Lark { grammar } => {
-                return Ok(TopLevelGrammar::from_lark(grammar.clone()))
+                let grammar =
+                    resolve_controls(grammar, |token| trie.get_special_token(token).is_some());
+                return Ok(TopLevelGrammar::from_lark(grammar));
             }
         };
         let mut schema: Value = serde_json::from_str(text)
@@ -79,6 +82,34 @@ impl OutputConstraint {
             OutputConstraint::Lark { grammar } => grammar.len(),
         }
     }
+}
+
+/// A forced call's grammar with its control tokens made to fit this vocabulary: each line
+/// `ctl_N: <TOKEN>` (how `gateway::tools::call_grammar` writes a family's control tokens) stays
+/// a special-token reference where `is_special(TOKEN)`, and becomes the token's text otherwise
+/// (the tokenizer holds it as an ordinary token, as DeepSeek's publishes its tool markers, or
+/// keeps it so that decoding shows it). Other lines are left as they are: a schema is one
+/// line of JSON and cannot start with `ctl_`.
+pub fn resolve_controls(grammar: &str, is_special: impl Fn(&str) -> bool) -> String {
+    grammar
+        .split_inclusive('\n')
+        .map(|line| {
+            let body = line.trim_end_matches('\n');
+            let control = body.split_once(": ").filter(|(name, token)| {
+                name.strip_prefix("ctl_")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                    && token.starts_with('<')
+                    && token.ends_with('>')
+            });
+            match control {
+                Some((name, token)) if !is_special(token) => {
+                    let text = serde_json::to_string(token).unwrap_or_default();
+                    format!("{name}: {text}{}", &line[body.len()..])
+                }
+                _ => line.to_string(),
+            }
+        })
+        .collect()
 }
 
 /// The JSON layout llguidance is asked for (see [`OutputConstraint::grammar`]), unless the
@@ -166,7 +197,7 @@ impl GrammarCompiler {
         let start = Instant::now();
         let parser = self
             .factory
-            .create_parser(constraint.grammar()?)
+            .create_parser(constraint.grammar(self.env.tok_trie())?)
             .map_err(|e| invalid(describe_compile_error(&e.to_string())))?;
         let mut matcher = Matcher::new(Ok(parser));
         // The first mask compiles most of the lexer: its time counts as the compile's.

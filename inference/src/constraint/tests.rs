@@ -204,3 +204,17 @@ args: %json {"type": "object", "properties": {"city": {"type": "string", "maxLen
     let v: Value = serde_json::from_str(args).unwrap();
     assert!(v["city"].as_str().unwrap().chars().count() <= 5);
 }
+
+#[test]
+fn control_rules_stay_special_only_where_the_vocabulary_has_them_as_such() {
+    let grammar = "start: args ctl_0 ctl_1\nargs: %json {\"description\": \"ctl_2: <x>\"}\nctl_0: <|call|>\nctl_1: <｜tool▁sep｜>\n";
+    let resolved = resolve_controls(grammar, |t| t == "<|call|>");
+    assert_eq!(
+        resolved,
+        "start: args ctl_0 ctl_1\nargs: %json {\"description\": \"ctl_2: <x>\"}\nctl_0: <|call|>\nctl_1: \"<｜tool▁sep｜>\"\n"
+    );
+    // Lines that only look like control rules are left alone.
+    for line in ["ctl_: <a>\n", "ctl_x: <a>\n", "xctl_0: <a>\n", "ctl_0: a\n"] {
+        assert_eq!(resolve_controls(line, |_| false), line);
+    }
+}

@@ -1,9 +1,13 @@
 //! The vocabulary as llguidance sees it: a [`toktrie::TokTrie`] over the bytes each token
 //! stands for, built from the model's own tokenizer (not `toktrie_hf_tokenizers`, which pins
 //! another `tokenizers` than the workspace's). Control tokens (`<|im_end|>`) are spelled with
-//! toktrie's special-token marker byte, so that a grammar never produces them as text.
+//! toktrie's special-token marker byte, so that a grammar never produces them as text; so are
+//! the tool-call markup tokens ([`TOOL_MARKUP_TOKENS`]) a vocabulary holds, special or not
+//! (harmony's `<|channel|>` is kept ordinary for decoding, DeepSeek publishes its tool markers
+//! as ordinary): inside a forced call's JSON string they would end the call for its parser,
+//! and a grammar names them where they belong (`ctl_N` rules, [`super::resolve_controls`]).
 
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TOOL_MARKUP_TOKENS};
 use std::sync::Arc;
 use toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 
@@ -16,7 +20,7 @@ impl Tokenizer {
             .inner
             .get_added_tokens_decoder()
             .into_iter()
-            .filter(|(_, t)| t.special && !self.kept_controls.contains(&t.content))
+            .filter(|(_, t)| t.special || TOOL_MARKUP_TOKENS.contains(&t.content.as_str()))
             .map(|(id, _)| id)
             .collect();
         let known = self
