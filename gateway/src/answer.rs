@@ -81,6 +81,8 @@ impl Calls {
             Dialect::MiniMax => &dialects::minimax::GRAMMAR,
             Dialect::Kimi => &dialects::kimi::GRAMMAR,
             Dialect::DeepSeek => &dialects::deepseek::GRAMMAR,
+            Dialect::Dsml => &dialects::dsml::GRAMMAR_V32,
+            Dialect::DsmlV4 => &dialects::dsml::GRAMMAR_V4,
         };
         Calls::Block(BlockParser::new(grammar, tools))
     }

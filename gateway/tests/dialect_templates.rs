@@ -115,6 +115,31 @@ fn each_family_reads_back_the_call_its_template_renders() {
         ("Qwen3-Coder.jinja", Dialect::Qwen3Coder, "", "<|im_end|>"),
         ("Qwen3.5-4B.jinja", Dialect::Qwen3Coder, "", "<|im_end|>"),
         ("Qwen-Qwen3-0.6B.jinja", Dialect::Common, "", "<|im_end|>"),
+        // The 2026 releases that write Qwen3-Coder's parameters, and DeepSeek's DSML.
+        (
+            "StepFun3.5-Flash.jinja",
+            Dialect::Qwen3Coder,
+            "",
+            "<|im_end|>",
+        ),
+        (
+            "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+            Dialect::Qwen3Coder,
+            "",
+            "<|im_end|>",
+        ),
+        (
+            "deepseek-ai-DeepSeek-V3.2.jinja",
+            Dialect::Dsml,
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+        ),
+        (
+            "deepseek-ai-DeepSeek-V4.jinja",
+            Dialect::DsmlV4,
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+        ),
     ];
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Weather in a city", "parameters": {"type": "object",
@@ -170,6 +195,11 @@ fn each_family_reads_back_the_call_its_template_renders() {
         ) {
             (true, true) => format!("The user wants the weather.{turn}"),
             (true, false) => format!("The user wants the weather.</think>{turn}"),
+            // The prompt closed an empty thought (DeepSeek V3.2 with thinking off), which
+            // the history renders after the turn's start: the model goes on after it.
+            (false, true) if prompt.ends_with("</think>") => {
+                turn.trim_start().trim_start_matches("</think>").to_string()
+            }
             (false, _) => turn.to_string(),
         };
         let mut splitter = AnswerSplitter::new(&[weather()], form.clone());

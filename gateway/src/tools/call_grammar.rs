@@ -124,7 +124,12 @@ fn call_text(opener: Opener, name: &str, index: usize) -> Option<(Vec<Piece>, Ve
             ],
             Vec::new(),
         ),
-        Opener::MistralArgs | Opener::Qwen3Coder | Opener::Glm | Opener::MiniMax => return None,
+        Opener::MistralArgs
+        | Opener::Qwen3Coder
+        | Opener::Glm
+        | Opener::MiniMax
+        | Opener::Dsml
+        | Opener::DsmlV4 => return None,
     })
 }
 
@@ -133,7 +138,8 @@ fn call_text(opener: Opener, name: &str, index: usize) -> Option<(Vec<Piece>, Ve
 /// regular expression of a string value.
 struct XmlCall {
     head: Vec<Piece>,
-    key: fn(&str) -> Vec<Piece>,
+    /// Given the key and whether the value is text.
+    key: fn(&str, bool) -> Vec<Piece>,
     after_value: Vec<Piece>,
     close: Vec<Piece>,
     text_value: &'static str,
@@ -144,14 +150,14 @@ fn xml_call(opener: Opener, name: &str) -> Option<XmlCall> {
     Some(match opener {
         Opener::Qwen3Coder => XmlCall {
             head: vec![text(format!("{name}>\n"))],
-            key: |k| vec![text(format!("<parameter={k}>\n"))],
+            key: |k, _| vec![text(format!("<parameter={k}>\n"))],
             after_value: vec![text("\n</parameter>\n")],
             close: vec![text("</function>\n"), Control("</tool_call>")],
             text_value: r"/[^<\n]*/",
         },
         Opener::Glm => XmlCall {
             head: vec![text(name)],
-            key: |k| {
+            key: |k, _| {
                 vec![
                     text("\n"),
                     Control("<arg_key>"),
@@ -167,9 +173,24 @@ fn xml_call(opener: Opener, name: &str) -> Option<XmlCall> {
         },
         Opener::MiniMax => XmlCall {
             head: vec![text(format!("{name}\">\n"))],
-            key: |k| vec![text(format!("<parameter name=\"{k}\">"))],
+            key: |k, _| vec![text(format!("<parameter name=\"{k}\">"))],
             after_value: vec![text("</parameter>\n")],
             close: vec![text("</invoke>\n"), Control("</minimax:tool_call>")],
+            text_value: r"/[^<]*/",
+        },
+        Opener::Dsml | Opener::DsmlV4 => XmlCall {
+            head: vec![text(format!("{name}\">\n"))],
+            key: |k, is_text| {
+                vec![text(format!(
+                    "<｜DSML｜parameter name=\"{k}\" string=\"{is_text}\">"
+                ))]
+            },
+            after_value: vec![text("</｜DSML｜parameter>\n")],
+            close: vec![text(if opener == Opener::Dsml {
+                "</｜DSML｜invoke>\n</｜DSML｜function_calls>"
+            } else {
+                "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+            })],
             text_value: r"/[^<]*/",
         },
         _ => return None,
@@ -215,7 +236,8 @@ fn xml_arguments(
     let after = writer.pieces(&call.after_value);
     let mut sequence = Vec::new();
     for (i, (key, property)) in properties.iter().enumerate() {
-        let value = if text_valued(property) {
+        let is_text = text_valued(property);
+        let value = if is_text {
             call.text_value.to_string()
         } else {
             let mut property = property.clone();
@@ -226,7 +248,7 @@ fn xml_arguments(
             rules.push_str(&format!("{rule}_{i}_value: %json {schema}\n"));
             format!("{rule}_{i}_value")
         };
-        let open = writer.pieces(&(call.key)(key));
+        let open = writer.pieces(&(call.key)(key, is_text));
         rules.push_str(&format!("{rule}_{i}: {open} {value} {after}\n"));
         sequence.push(if required.contains(&key.as_str()) {
             format!("{rule}_{i}")

@@ -26,6 +26,10 @@ pub enum Dialect {
     Kimi,
     /// DeepSeek V3/V3.1/R1: `<｜tool▁calls▁begin｜>` ... `<｜tool▁sep｜>` ... calls.
     DeepSeek,
+    /// DeepSeek V3.2: DSML `<｜DSML｜function_calls>` blocks of `invoke`s.
+    Dsml,
+    /// DeepSeek V4: DSML `<｜DSML｜tool_calls>` blocks of `invoke`s.
+    DsmlV4,
     /// Hermes/Qwen `<tool_call>{json}</tool_call>`, Llama 3.1 JSON, Mistral `[TOOL_CALLS]`,
     /// recognised together ([`crate::tools::parse`]); also what an unknown dialect named by a
     /// newer node falls back to.
@@ -37,6 +41,14 @@ pub enum Dialect {
 impl Dialect {
     /// The dialect a chat template speaks (`Common` when it shows none of the others).
     pub fn of_template(template: &str) -> Dialect {
+        // DeepSeek V3.2 and V4 tell their format in DSML, whose block names differ.
+        if template.contains("｜DSML｜") {
+            return if template.contains("function_calls") {
+                Dialect::Dsml
+            } else {
+                Dialect::DsmlV4
+            };
+        }
         // Most distinctive first: GLM and Qwen3-Coder also use `<tool_call>`.
         let table = [
             ("<|channel|>", Dialect::Harmony),
@@ -102,6 +114,18 @@ mod tests {
             (
                 "<tool_call>\n{{ tool_call | tojson }}\n</tool_call>",
                 Dialect::Common,
+            ),
+            (
+                "{%- set dsml_token = '｜DSML｜' -%}<{{ dsml_token }}function_calls>",
+                Dialect::Dsml,
+            ),
+            (
+                "'<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"'",
+                Dialect::Dsml,
+            ),
+            (
+                "'<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"'",
+                Dialect::DsmlV4,
             ),
             ("", Dialect::Common),
         ];

@@ -52,6 +52,10 @@ pub enum Opener {
     /// DeepSeek V3 and R1 (distills): `function<｜tool▁sep｜>NAME` and a JSON fence.
     DeepSeekFenced,
     Harmony,
+    /// DeepSeek V3.2's DSML `function_calls` block.
+    Dsml,
+    /// DeepSeek V4's DSML `tool_calls` block.
+    DsmlV4,
 }
 
 impl Opener {
@@ -65,6 +69,8 @@ impl Opener {
             Dialect::MiniMax => Opener::MiniMax,
             Dialect::Harmony => Opener::Harmony,
             Dialect::Kimi => Opener::Kimi,
+            Dialect::Dsml => Opener::Dsml,
+            Dialect::DsmlV4 => Opener::DsmlV4,
             Dialect::DeepSeek if template.contains("```json") => Opener::DeepSeekFenced,
             Dialect::DeepSeek => Opener::DeepSeek,
             Dialect::Common if template.contains("[TOOL_CALLS]") => {
@@ -100,6 +106,8 @@ impl Opener {
                 "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
             }
             Opener::Harmony => " to=functions.",
+            Opener::Dsml => "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"",
+            Opener::DsmlV4 => "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"",
         }
     }
 
@@ -135,6 +143,7 @@ impl Opener {
             Opener::DeepSeek => format!("{marker}{name}<｜tool▁sep｜>{{"),
             Opener::DeepSeekFenced => format!("{marker}{name}\n```json\n{{"),
             Opener::Harmony => format!("{marker}{name}<|channel|>commentary json<|message|>{{"),
+            Opener::Dsml | Opener::DsmlV4 => format!("{marker}{name}\">\n"),
         }
     }
 }
@@ -218,7 +227,7 @@ mod tests {
     use crate::answer_part::AnswerPart;
     use crate::tools::block::testing::tools;
 
-    const ALL: [Opener; 11] = [
+    const ALL: [Opener; 13] = [
         Opener::Hermes,
         Opener::Llama,
         Opener::MistralList,
@@ -230,6 +239,8 @@ mod tests {
         Opener::DeepSeek,
         Opener::DeepSeekFenced,
         Opener::Harmony,
+        Opener::Dsml,
+        Opener::DsmlV4,
     ];
 
     fn dialect(opener: Opener) -> Dialect {
@@ -240,6 +251,8 @@ mod tests {
             Opener::Kimi => Dialect::Kimi,
             Opener::DeepSeek | Opener::DeepSeekFenced => Dialect::DeepSeek,
             Opener::Harmony => Dialect::Harmony,
+            Opener::Dsml => Dialect::Dsml,
+            Opener::DsmlV4 => Dialect::DsmlV4,
             _ => Dialect::Common,
         }
     }
@@ -265,6 +278,14 @@ mod tests {
                 "\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
             }
             Opener::Harmony => "\"city\": \"Paris\"}",
+            Opener::Dsml => {
+                "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n\
+                 </｜DSML｜invoke>\n</｜DSML｜function_calls>"
+            }
+            Opener::DsmlV4 => {
+                "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n\
+                 </｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+            }
         }
     }
 

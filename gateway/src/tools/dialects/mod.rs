@@ -4,6 +4,7 @@
 //! ([`crate::tools::harmony`]).
 
 pub mod deepseek;
+pub mod dsml;
 pub mod glm;
 pub mod kimi;
 pub mod minimax;
