@@ -83,6 +83,7 @@ impl Calls {
             Dialect::DeepSeek => &dialects::deepseek::GRAMMAR,
             Dialect::Dsml => &dialects::dsml::GRAMMAR_V32,
             Dialect::DsmlV4 => &dialects::dsml::GRAMMAR_V4,
+            Dialect::Gemma4 => &dialects::gemma4::GRAMMAR,
         };
         Calls::Block(BlockParser::new(grammar, tools))
     }

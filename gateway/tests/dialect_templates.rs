@@ -140,6 +140,13 @@ fn each_family_reads_back_the_call_its_template_renders() {
             "<｜begin▁of▁sentence｜>",
             "<｜end▁of▁sentence｜>",
         ),
+        // Gemma 4 ends a turn that calls with the opening of the tool's response.
+        (
+            "google-gemma-4-31B-it.jinja",
+            Dialect::Gemma4,
+            "<bos>",
+            "<|tool_response>",
+        ),
     ];
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Weather in a city", "parameters": {"type": "object",

@@ -79,6 +79,10 @@ pub const TOOL_MARKUP_TOKENS: &[&str] = &[
     "<|end|>",
     "<|call|>",
     "<|return|>",
+    // Gemma 4.
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|\"|>",
 ];
 
 /// A tokenizer with the model's special tokens and chat template.

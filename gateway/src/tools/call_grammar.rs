@@ -129,7 +129,8 @@ fn call_text(opener: Opener, name: &str, index: usize) -> Option<(Vec<Piece>, Ve
         | Opener::Glm
         | Opener::MiniMax
         | Opener::Dsml
-        | Opener::DsmlV4 => return None,
+        | Opener::DsmlV4
+        | Opener::Gemma4 => return None,
     })
 }
 

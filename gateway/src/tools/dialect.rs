@@ -30,6 +30,8 @@ pub enum Dialect {
     Dsml,
     /// DeepSeek V4: DSML `<｜DSML｜tool_calls>` blocks of `invoke`s.
     DsmlV4,
+    /// Gemma 4: `<|tool_call>call:NAME{key:value,…}<tool_call|>` in Gemma's own notation.
+    Gemma4,
     /// Hermes/Qwen `<tool_call>{json}</tool_call>`, Llama 3.1 JSON, Mistral `[TOOL_CALLS]`,
     /// recognised together ([`crate::tools::parse`]); also what an unknown dialect named by a
     /// newer node falls back to.
@@ -56,6 +58,7 @@ impl Dialect {
             ("<|tool_calls_section_begin|>", Dialect::Kimi),
             ("tool▁calls▁begin", Dialect::DeepSeek),
             ("<arg_key>", Dialect::Glm),
+            ("<|tool_call>call:", Dialect::Gemma4),
         ];
         if let Some((_, dialect)) = table.into_iter().find(|(m, _)| template.contains(m)) {
             return dialect;
@@ -126,6 +129,10 @@ mod tests {
             (
                 "'<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"'",
                 Dialect::DsmlV4,
+            ),
+            (
+                "{{- '<|tool_call>call:' + function['name'] + '{' -}}",
+                Dialect::Gemma4,
             ),
             ("", Dialect::Common),
         ];

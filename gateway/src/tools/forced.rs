@@ -56,6 +56,8 @@ pub enum Opener {
     Dsml,
     /// DeepSeek V4's DSML `tool_calls` block.
     DsmlV4,
+    /// Gemma 4's `<|tool_call>call:NAME{…}`.
+    Gemma4,
 }
 
 impl Opener {
@@ -71,6 +73,7 @@ impl Opener {
             Dialect::Kimi => Opener::Kimi,
             Dialect::Dsml => Opener::Dsml,
             Dialect::DsmlV4 => Opener::DsmlV4,
+            Dialect::Gemma4 => Opener::Gemma4,
             Dialect::DeepSeek if template.contains("```json") => Opener::DeepSeekFenced,
             Dialect::DeepSeek => Opener::DeepSeek,
             Dialect::Common if template.contains("[TOOL_CALLS]") => {
@@ -108,6 +111,7 @@ impl Opener {
             Opener::Harmony => " to=functions.",
             Opener::Dsml => "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"",
             Opener::DsmlV4 => "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"",
+            Opener::Gemma4 => "<|tool_call>call:",
         }
     }
 
@@ -144,6 +148,7 @@ impl Opener {
             Opener::DeepSeekFenced => format!("{marker}{name}\n```json\n{{"),
             Opener::Harmony => format!("{marker}{name}<|channel|>commentary json<|message|>{{"),
             Opener::Dsml | Opener::DsmlV4 => format!("{marker}{name}\">\n"),
+            Opener::Gemma4 => format!("{marker}{name}{{"),
         }
     }
 }
@@ -227,7 +232,7 @@ mod tests {
     use crate::answer_part::AnswerPart;
     use crate::tools::block::testing::tools;
 
-    const ALL: [Opener; 13] = [
+    const ALL: [Opener; 14] = [
         Opener::Hermes,
         Opener::Llama,
         Opener::MistralList,
@@ -241,6 +246,7 @@ mod tests {
         Opener::Harmony,
         Opener::Dsml,
         Opener::DsmlV4,
+        Opener::Gemma4,
     ];
 
     fn dialect(opener: Opener) -> Dialect {
@@ -253,6 +259,7 @@ mod tests {
             Opener::Harmony => Dialect::Harmony,
             Opener::Dsml => Dialect::Dsml,
             Opener::DsmlV4 => Dialect::DsmlV4,
+            Opener::Gemma4 => Dialect::Gemma4,
             _ => Dialect::Common,
         }
     }
@@ -286,6 +293,7 @@ mod tests {
                 "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n\
                  </｜DSML｜invoke>\n</｜DSML｜tool_calls>"
             }
+            Opener::Gemma4 => "city:<|\"|>Paris<|\"|>}<tool_call|>",
         }
     }
 

@@ -5,6 +5,7 @@
 
 pub mod deepseek;
 pub mod dsml;
+pub mod gemma4;
 pub mod glm;
 pub mod kimi;
 pub mod minimax;
