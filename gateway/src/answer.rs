@@ -84,6 +84,7 @@ impl Calls {
             Dialect::Dsml => &dialects::dsml::GRAMMAR_V32,
             Dialect::DsmlV4 => &dialects::dsml::GRAMMAR_V4,
             Dialect::Gemma4 => &dialects::gemma4::GRAMMAR,
+            Dialect::MiniMaxM3 => &dialects::minimax_m3::GRAMMAR,
         };
         Calls::Block(BlockParser::new(grammar, tools))
     }
@@ -116,10 +117,16 @@ impl AnswerSplitter {
     /// The primed text of the `form` (a forced call's opening) is read first.
     pub fn new(tools: &[Tool], form: AnswerForm) -> AnswerSplitter {
         let mut splitter = AnswerSplitter {
-            think: if form.opens_in_thought {
-                ThinkSplitter::in_thought()
-            } else {
-                ThinkSplitter::default()
+            think: {
+                let splitter = if form.opens_in_thought {
+                    ThinkSplitter::in_thought()
+                } else {
+                    ThinkSplitter::default()
+                };
+                match form.dialect {
+                    Dialect::MiniMaxM3 => splitter.with_tags(crate::reasoning::MINIMAX_M3_TAGS),
+                    _ => splitter,
+                }
             },
             tools: (!tools.is_empty()).then(|| Calls::new(form.dialect, tools)),
             harmony: (form.dialect == Dialect::Harmony).then(|| HarmonyParser::new(tools)),

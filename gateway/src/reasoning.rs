@@ -15,9 +15,10 @@
 
 use crate::text_scan::held_suffix;
 
-/// The tags.
-const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
+/// The tags most families use; MiniMax M3 writes `<mm:think>…</mm:think>`
+/// ([`ThinkSplitter::with_tags`]).
+pub const OPEN: &str = "<think>";
+pub const CLOSE: &str = "</think>";
 
 /// A piece of the output: reasoning or answer text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +38,9 @@ enum State {
 /// Splits streamed text into reasoning and answer.
 #[derive(Debug, Clone)]
 pub struct ThinkSplitter {
+    /// The opening and closing tags.
+    open: &'static str,
+    close: &'static str,
     state: State,
     pending: String,
     /// Drop whitespace until something else comes (right after a tag: formatting).
@@ -46,6 +50,8 @@ pub struct ThinkSplitter {
 impl Default for ThinkSplitter {
     fn default() -> ThinkSplitter {
         ThinkSplitter {
+            open: OPEN,
+            close: CLOSE,
             state: State::Start,
             pending: String::new(),
             skip_space: false,
@@ -54,10 +60,15 @@ impl Default for ThinkSplitter {
 }
 
 /// Whether a rendered prompt leaves the assistant's turn inside an open thought: it ends
-/// with `<think>` (and whitespace), so the output starts in reasoning.
+/// with `<think>` (or MiniMax M3's `<mm:think>`, and whitespace), so the output starts in
+/// reasoning.
 pub fn prompt_opens_thought(prompt: &str) -> bool {
-    prompt.trim_end().ends_with(OPEN)
+    let end = prompt.trim_end();
+    end.ends_with(OPEN) || end.ends_with(MINIMAX_M3_TAGS.0)
 }
+
+/// MiniMax M3's reasoning tags.
+pub const MINIMAX_M3_TAGS: (&str, &str) = ("<mm:think>", "</mm:think>");
 
 impl ThinkSplitter {
     /// A splitter for an output that starts inside the thought (the prompt opened it): all
@@ -65,8 +76,17 @@ impl ThinkSplitter {
     pub fn in_thought() -> ThinkSplitter {
         ThinkSplitter {
             state: State::Thinking,
-            pending: String::new(),
             skip_space: true,
+            ..ThinkSplitter::default()
+        }
+    }
+
+    /// The same splitter for a family whose reasoning tags are `(open, close)`.
+    pub fn with_tags(self, (open, close): (&'static str, &'static str)) -> ThinkSplitter {
+        ThinkSplitter {
+            open,
+            close,
+            ..self
         }
     }
 
@@ -78,13 +98,13 @@ impl ThinkSplitter {
             match self.state {
                 State::Start => {
                     let trimmed = self.pending.trim_start();
-                    if let Some(rest) = trimmed.strip_prefix(OPEN) {
+                    if let Some(rest) = trimmed.strip_prefix(self.open) {
                         self.pending = rest.to_string();
                         self.state = State::Thinking;
                         self.skip_space = true;
                         continue;
                     }
-                    if trimmed.is_empty() || OPEN.starts_with(trimmed) {
+                    if trimmed.is_empty() || self.open.starts_with(trimmed) {
                         return out;
                     }
                     self.state = State::Answer;
@@ -93,9 +113,9 @@ impl ThinkSplitter {
                     if !self.skip_leading_space() {
                         return out;
                     }
-                    if let Some(at) = self.pending.find(CLOSE) {
+                    if let Some(at) = self.pending.find(self.close) {
                         let reasoning = self.pending[..at].trim_end().to_string();
-                        let rest = self.pending[at + CLOSE.len()..].to_string();
+                        let rest = self.pending[at + self.close.len()..].to_string();
                         push(&mut out, Piece::Reasoning(reasoning));
                         self.pending = rest;
                         self.state = State::Answer;
@@ -104,7 +124,7 @@ impl ThinkSplitter {
                     }
                     // Hold a possible start of the tag, and the whitespace before it (it is
                     // dropped if the tag follows).
-                    let tag = self.pending.len() - held_suffix(&self.pending, CLOSE);
+                    let tag = self.pending.len() - held_suffix(&self.pending, self.close);
                     let cut = self.pending[..tag].trim_end().len();
                     let now: String = self.pending.drain(..cut).collect();
                     push(&mut out, Piece::Reasoning(now));

@@ -140,6 +140,7 @@ fn each_family_reads_back_the_call_its_template_renders() {
             "<｜begin▁of▁sentence｜>",
             "<｜end▁of▁sentence｜>",
         ),
+        ("MiniMax-M3.jinja", Dialect::MiniMaxM3, "]~!b[", "[e~["),
         // Gemma 4 ends a turn that calls with the opening of the tool's response.
         (
             "google-gemma-4-31B-it.jinja",
@@ -207,6 +208,10 @@ fn each_family_reads_back_the_call_its_template_renders() {
             (false, true) if prompt.ends_with("</think>") => {
                 turn.trim_start().trim_start_matches("</think>").to_string()
             }
+            // MiniMax M3's history keeps only the thought's close: the model opens it.
+            (false, _) if turn.trim_start().starts_with("</mm:think>") => {
+                format!("<mm:think>The user wants the weather.{}", turn.trim_start())
+            }
             (false, _) => turn.to_string(),
         };
         let mut splitter = AnswerSplitter::new(&[weather()], form.clone());
@@ -249,8 +254,11 @@ fn each_family_reads_back_the_call_its_template_renders() {
         let choice = ToolChoice::Function("get_weather".into());
         let forced = forced::opening(opener, &choice, 0, false, &|n: &str| n.to_string())
             .expect("a named function is forced");
-        let call_turn = match turn.find("</think>") {
-            Some(at) => &turn[at + "</think>".len()..],
+        let thought_end = ["</think>", "</mm:think>"]
+            .into_iter()
+            .find_map(|tag| turn.find(tag).map(|at| at + tag.len()));
+        let call_turn = match thought_end {
+            Some(at) => &turn[at..],
             None => turn,
         }
         .trim_start();

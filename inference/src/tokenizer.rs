@@ -83,6 +83,10 @@ pub const TOOL_MARKUP_TOKENS: &[&str] = &[
     "<|tool_call>",
     "<tool_call|>",
     "<|\"|>",
+    // MiniMax M3.
+    "]<]minimax[>[",
+    "<mm:think>",
+    "</mm:think>",
 ];
 
 /// A tokenizer with the model's special tokens and chat template.

@@ -130,7 +130,8 @@ fn call_text(opener: Opener, name: &str, index: usize) -> Option<(Vec<Piece>, Ve
         | Opener::MiniMax
         | Opener::Dsml
         | Opener::DsmlV4
-        | Opener::Gemma4 => return None,
+        | Opener::Gemma4
+        | Opener::MiniMaxM3 => return None,
     })
 }
 

@@ -32,6 +32,9 @@ pub enum Dialect {
     DsmlV4,
     /// Gemma 4: `<|tool_call>call:NAME{key:value,…}<tool_call|>` in Gemma's own notation.
     Gemma4,
+    /// MiniMax M3: `]<]minimax[>[<tool_call>` blocks of `invoke`s whose arguments are
+    /// elements named by their keys; reasoning in `<mm:think>`.
+    MiniMaxM3,
     /// Hermes/Qwen `<tool_call>{json}</tool_call>`, Llama 3.1 JSON, Mistral `[TOOL_CALLS]`,
     /// recognised together ([`crate::tools::parse`]); also what an unknown dialect named by a
     /// newer node falls back to.
@@ -43,6 +46,10 @@ pub enum Dialect {
 impl Dialect {
     /// The dialect a chat template speaks (`Common` when it shows none of the others).
     pub fn of_template(template: &str) -> Dialect {
+        // MiniMax M3 writes every tag behind its namespace marker (and `<tool_call>`).
+        if template.contains("]<]minimax[>[") {
+            return Dialect::MiniMaxM3;
+        }
         // DeepSeek V3.2 and V4 tell their format in DSML, whose block names differ.
         if template.contains("｜DSML｜") {
             return if template.contains("function_calls") {
@@ -133,6 +140,10 @@ mod tests {
             (
                 "{{- '<|tool_call>call:' + function['name'] + '{' -}}",
                 Dialect::Gemma4,
+            ),
+            (
+                "{%- set ns_token = ']<]minimax[>[' -%}{{ ns_token ~ '<tool_call>' }}",
+                Dialect::MiniMaxM3,
             ),
             ("", Dialect::Common),
         ];

@@ -58,6 +58,8 @@ pub enum Opener {
     DsmlV4,
     /// Gemma 4's `<|tool_call>call:NAME{…}`.
     Gemma4,
+    /// MiniMax M3's marked `invoke`s.
+    MiniMaxM3,
 }
 
 impl Opener {
@@ -74,6 +76,7 @@ impl Opener {
             Dialect::Dsml => Opener::Dsml,
             Dialect::DsmlV4 => Opener::DsmlV4,
             Dialect::Gemma4 => Opener::Gemma4,
+            Dialect::MiniMaxM3 => Opener::MiniMaxM3,
             Dialect::DeepSeek if template.contains("```json") => Opener::DeepSeekFenced,
             Dialect::DeepSeek => Opener::DeepSeek,
             Dialect::Common if template.contains("[TOOL_CALLS]") => {
@@ -112,6 +115,7 @@ impl Opener {
             Opener::Dsml => "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"",
             Opener::DsmlV4 => "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"",
             Opener::Gemma4 => "<|tool_call>call:",
+            Opener::MiniMaxM3 => "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"",
         }
     }
 
@@ -149,6 +153,7 @@ impl Opener {
             Opener::Harmony => format!("{marker}{name}<|channel|>commentary json<|message|>{{"),
             Opener::Dsml | Opener::DsmlV4 => format!("{marker}{name}\">\n"),
             Opener::Gemma4 => format!("{marker}{name}{{"),
+            Opener::MiniMaxM3 => format!("{marker}{name}\">"),
         }
     }
 }
@@ -232,7 +237,7 @@ mod tests {
     use crate::answer_part::AnswerPart;
     use crate::tools::block::testing::tools;
 
-    const ALL: [Opener; 14] = [
+    const ALL: [Opener; 15] = [
         Opener::Hermes,
         Opener::Llama,
         Opener::MistralList,
@@ -247,6 +252,7 @@ mod tests {
         Opener::Dsml,
         Opener::DsmlV4,
         Opener::Gemma4,
+        Opener::MiniMaxM3,
     ];
 
     fn dialect(opener: Opener) -> Dialect {
@@ -260,6 +266,7 @@ mod tests {
             Opener::Dsml => Dialect::Dsml,
             Opener::DsmlV4 => Dialect::DsmlV4,
             Opener::Gemma4 => Dialect::Gemma4,
+            Opener::MiniMaxM3 => Dialect::MiniMaxM3,
             _ => Dialect::Common,
         }
     }
@@ -294,6 +301,10 @@ mod tests {
                  </｜DSML｜invoke>\n</｜DSML｜tool_calls>"
             }
             Opener::Gemma4 => "city:<|\"|>Paris<|\"|>}<tool_call|>",
+            Opener::MiniMaxM3 => {
+                "]<]minimax[>[<city>Paris]<]minimax[>[</city>]<]minimax[>[</invoke>\n\
+                 ]<]minimax[>[</tool_call>"
+            }
         }
     }
 

@@ -33,7 +33,7 @@ impl Offered {
         }
     }
 
-    fn schema(&self, name: &str) -> Option<Option<&Value>> {
+    pub(crate) fn schema(&self, name: &str) -> Option<Option<&Value>> {
         self.tools
             .iter()
             .find(|(n, _)| n == name)

@@ -9,6 +9,7 @@ pub mod gemma4;
 pub mod glm;
 pub mod kimi;
 pub mod minimax;
+pub mod minimax_m3;
 pub mod qwen3_coder;
 
 #[cfg(test)]
