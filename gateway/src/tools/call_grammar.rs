@@ -8,12 +8,13 @@
 //! own tags: their grammar holds the schema's properties in its order (the required ones
 //! always, the others optional), a string's value as text without `<` (the parsers end a value
 //! at the first tag; Qwen3-Coder's also without a line break, which ends its value), any other
-//! value as JSON under the property's schema. Mistral's `[ARGS]` keeps the opening alone.
+//! value as JSON under the property's schema; MiniMax M3's and DeepSeek DSML's the same in
+//! their tags. Mistral's `[ARGS]` and Gemma 4's notation keep the opening alone.
 //!
 //! A family's fixed text around the arguments holds control tokens (`<|tool_call_end|>`,
-//! harmony's `<|channel|>`): those are written as rules `ctl_N: <TOKEN>` on lines of their own,
-//! and the runner, which knows the tokenizer, keeps each as a special token where its
-//! vocabulary has it as one and makes it text where the token is ordinary
+//! harmony's `<|channel|>`): those are written as rules `ctl_N: "TOKEN"` on lines of their
+//! own, and the runner, which knows the tokenizer, makes each the special token itself (by
+//! id) where its vocabulary has it as one, and leaves it text where the token is ordinary
 //! (`inference::constraint::resolve_controls`).
 
 use super::forced::Opener;
@@ -142,7 +143,8 @@ struct XmlCall {
     head: Vec<Piece>,
     /// Given the key and whether the value is text.
     key: fn(&str, bool) -> Vec<Piece>,
-    after_value: Vec<Piece>,
+    /// Given the key.
+    after_value: fn(&str) -> Vec<Piece>,
     close: Vec<Piece>,
     text_value: &'static str,
 }
@@ -153,7 +155,7 @@ fn xml_call(opener: Opener, name: &str) -> Option<XmlCall> {
         Opener::Qwen3Coder => XmlCall {
             head: vec![text(format!("{name}>\n"))],
             key: |k, _| vec![text(format!("<parameter={k}>\n"))],
-            after_value: vec![text("\n</parameter>\n")],
+            after_value: |_| vec![text("\n</parameter>\n")],
             close: vec![text("</function>\n"), Control("</tool_call>")],
             text_value: r"/[^<\n]*/",
         },
@@ -169,16 +171,28 @@ fn xml_call(opener: Opener, name: &str) -> Option<XmlCall> {
                     Control("<arg_value>"),
                 ]
             },
-            after_value: vec![Control("</arg_value>")],
+            after_value: |_| vec![Control("</arg_value>")],
             close: vec![text("\n"), Control("</tool_call>")],
             text_value: r"/[^<]*/",
         },
         Opener::MiniMax => XmlCall {
             head: vec![text(format!("{name}\">\n"))],
             key: |k, _| vec![text(format!("<parameter name=\"{k}\">"))],
-            after_value: vec![text("</parameter>\n")],
+            after_value: |_| vec![text("</parameter>\n")],
             close: vec![text("</invoke>\n"), Control("</minimax:tool_call>")],
             text_value: r"/[^<]*/",
+        },
+        Opener::MiniMaxM3 => XmlCall {
+            head: vec![text(format!("{name}\">"))],
+            key: |k, _| vec![Control("]<]minimax[>["), text(format!("<{k}>"))],
+            after_value: |k| vec![Control("]<]minimax[>["), text(format!("</{k}>"))],
+            close: vec![
+                Control("]<]minimax[>["),
+                text("</invoke>\n"),
+                Control("]<]minimax[>["),
+                text("</tool_call>"),
+            ],
+            text_value: r"/[^<\]]*/",
         },
         Opener::Dsml | Opener::DsmlV4 => XmlCall {
             head: vec![text(format!("{name}\">\n"))],
@@ -187,7 +201,7 @@ fn xml_call(opener: Opener, name: &str) -> Option<XmlCall> {
                     "<｜DSML｜parameter name=\"{k}\" string=\"{is_text}\">"
                 ))]
             },
-            after_value: vec![text("</｜DSML｜parameter>\n")],
+            after_value: |_| vec![text("</｜DSML｜parameter>\n")],
             close: vec![text(if opener == Opener::Dsml {
                 "</｜DSML｜invoke>\n</｜DSML｜function_calls>"
             } else {
@@ -235,7 +249,6 @@ fn xml_arguments(
         Some(Ordered::Object(entries)) => entries.clone(),
         _ => Vec::new(),
     };
-    let after = writer.pieces(&call.after_value);
     let mut sequence = Vec::new();
     for (i, (key, property)) in properties.iter().enumerate() {
         let is_text = text_valued(property);
@@ -251,6 +264,7 @@ fn xml_arguments(
             format!("{rule}_{i}_value")
         };
         let open = writer.pieces(&(call.key)(key, is_text));
+        let after = writer.pieces(&(call.after_value)(key));
         rules.push_str(&format!("{rule}_{i}: {open} {value} {after}\n"));
         sequence.push(if required.contains(&key.as_str()) {
             format!("{rule}_{i}")
@@ -288,12 +302,12 @@ impl Writer {
         items.join(" ")
     }
 
-    /// The `ctl_N: <TOKEN>` rules, each on its own line.
+    /// The `ctl_N: "TOKEN"` rules, each on its own line.
     fn control_rules(&self) -> String {
         self.controls
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("ctl_{i}: {c}\n"))
+            .map(|(i, c)| format!("ctl_{i}: {}\n", literal(c)))
             .collect()
     }
 }
@@ -428,7 +442,11 @@ mod tests {
             "{}",
             g.lark
         );
-        assert!(g.lark.ends_with("\nctl_0: </tool_call>\n"), "{}", g.lark);
+        assert!(
+            g.lark.ends_with("\nctl_0: \"</tool_call>\"\n"),
+            "{}",
+            g.lark
+        );
         assert!(g.lark.find("\"z\"").unwrap() < g.lark.find("\"a\"").unwrap());
         assert!(
             g.lark.contains("\"whitespace_flexible\":false"),
@@ -464,7 +482,8 @@ mod tests {
             g.lark
         );
         assert!(
-            g.lark.ends_with("ctl_0: <|channel|>\nctl_1: <|message|>\n"),
+            g.lark
+                .ends_with("ctl_0: \"<|channel|>\"\nctl_1: \"<|message|>\"\n"),
             "{}",
             g.lark
         );
@@ -477,7 +496,7 @@ mod tests {
             g.lark
         );
         assert!(
-            g.lark.contains("ctl_2: <|tool_calls_section_end|>\n"),
+            g.lark.contains("ctl_2: \"<|tool_calls_section_end|>\"\n"),
             "{}",
             g.lark
         );
@@ -512,7 +531,7 @@ mod tests {
             g.lark
         );
         assert!(
-            g.lark.ends_with("ctl_0: </minimax:tool_call>\n"),
+            g.lark.ends_with("ctl_0: \"</minimax:tool_call>\"\n"),
             "{}",
             g.lark
         );
@@ -520,7 +539,7 @@ mod tests {
         assert!(g.lark.starts_with("start: call_0\n"), "{}", g.lark);
         assert!(
             g.lark
-                .contains("arg_0_0: \"\\n\" ctl_1 \"city\" ctl_2 \"\\n\" ctl_3 /[^<]*/ ctl_0\n"),
+                .contains("arg_0_0: \"\\n\" ctl_0 \"city\" ctl_1 \"\\n\" ctl_2 /[^<]*/ ctl_3\n"),
             "{}",
             g.lark
         );
@@ -531,6 +550,15 @@ mod tests {
             g.lark
         );
         assert_eq!(call_grammar(Opener::MistralArgs, &named, &[&t], 0), None);
+        // MiniMax M3: each tag behind its marker, the closing tag named by the key.
+        let g = call_grammar(Opener::MiniMaxM3, &named, &[&t], 0).unwrap();
+        assert!(
+            g.lark
+                .contains("arg_0: ctl_0 \"<city>\" /[^<\\]]*/ ctl_0 \"</city>\"\n"),
+            "{}",
+            g.lark
+        );
+        assert!(g.lark.ends_with("ctl_0: \"]<]minimax[>[\"\n"), "{}", g.lark);
     }
 
     #[test]

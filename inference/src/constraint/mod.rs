@@ -64,8 +64,7 @@ impl OutputConstraint {
             OutputConstraint::JsonObject => "{\"type\": \"object\"}",
             OutputConstraint::JsonSchema { schema } => schema.as_str(),
             OutputConstraint::Lark { grammar } => {
-                let grammar =
-                    resolve_controls(grammar, |token| trie.get_special_token(token).is_some());
+                let grammar = resolve_controls(grammar, |token| trie.get_special_token(token));
                 return Ok(TopLevelGrammar::from_lark(grammar));
             }
         };
@@ -85,28 +84,26 @@ impl OutputConstraint {
 }
 
 /// A forced call's grammar with its control tokens made to fit this vocabulary: each line
-/// `ctl_N: <TOKEN>` (how `gateway::tools::call_grammar` writes a family's control tokens) stays
-/// a special-token reference where `is_special(TOKEN)`, and becomes the token's text otherwise
-/// (the tokenizer holds it as an ordinary token, as DeepSeek's publishes its tool markers, or
-/// keeps it so that decoding shows it). Other lines are left as they are: a schema is one
+/// `ctl_N: "TOKEN"` (how `gateway::tools::call_grammar` writes a family's control tokens)
+/// becomes a reference to the token by its id (`<[ID]>`) where `special_id(TOKEN)` finds it
+/// special in the vocabulary, and stays text otherwise (the tokenizer holds it as ordinary,
+/// as DeepSeek publishes its tool markers). Other lines are left as they are: a schema is one
 /// line of JSON and cannot start with `ctl_`.
-pub fn resolve_controls(grammar: &str, is_special: impl Fn(&str) -> bool) -> String {
+pub fn resolve_controls(grammar: &str, special_id: impl Fn(&str) -> Option<u32>) -> String {
     grammar
         .split_inclusive('\n')
         .map(|line| {
             let body = line.trim_end_matches('\n');
-            let control = body.split_once(": ").filter(|(name, token)| {
-                name.strip_prefix("ctl_")
-                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-                    && token.starts_with('<')
-                    && token.ends_with('>')
+            let token = body.split_once(": ").and_then(|(name, text)| {
+                let numbered = name
+                    .strip_prefix("ctl_")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+                let token: String = serde_json::from_str(text).ok()?;
+                numbered.then_some((name, token))
             });
-            match control {
-                Some((name, token)) if !is_special(token) => {
-                    let text = serde_json::to_string(token).unwrap_or_default();
-                    format!("{name}: {text}{}", &line[body.len()..])
-                }
-                _ => line.to_string(),
+            match token.and_then(|(name, token)| Some((name, special_id(&token)?))) {
+                Some((name, id)) => format!("{name}: <[{id}]>{}", &line[body.len()..]),
+                None => line.to_string(),
             }
         })
         .collect()

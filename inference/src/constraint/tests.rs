@@ -206,15 +206,35 @@ args: %json {"type": "object", "properties": {"city": {"type": "string", "maxLen
 }
 
 #[test]
-fn control_rules_stay_special_only_where_the_vocabulary_has_them_as_such() {
-    let grammar = "start: args ctl_0 ctl_1\nargs: %json {\"description\": \"ctl_2: <x>\"}\nctl_0: <|call|>\nctl_1: <｜tool▁sep｜>\n";
-    let resolved = resolve_controls(grammar, |t| t == "<|call|>");
+fn control_rules_become_special_tokens_only_where_the_vocabulary_has_them_as_such() {
+    let grammar = "start: args ctl_0 ctl_1\nargs: %json {\"description\": \"ctl_2: \\\"x\\\"\"}\nctl_0: \"<|call|>\"\nctl_1: \"<｜tool▁sep｜>\"\n";
+    let resolved = resolve_controls(grammar, |t| (t == "<|call|>").then_some(200_012));
     assert_eq!(
         resolved,
-        "start: args ctl_0 ctl_1\nargs: %json {\"description\": \"ctl_2: <x>\"}\nctl_0: <|call|>\nctl_1: \"<｜tool▁sep｜>\"\n"
+        "start: args ctl_0 ctl_1\nargs: %json {\"description\": \"ctl_2: \\\"x\\\"\"}\nctl_0: <[200012]>\nctl_1: \"<｜tool▁sep｜>\"\n"
     );
     // Lines that only look like control rules are left alone.
-    for line in ["ctl_: <a>\n", "ctl_x: <a>\n", "xctl_0: <a>\n", "ctl_0: a\n"] {
-        assert_eq!(resolve_controls(line, |_| false), line);
+    for line in [
+        "ctl_: \"a\"\n",
+        "ctl_x: \"a\"\n",
+        "xctl_0: \"a\"\n",
+        "ctl_0: a\n",
+    ] {
+        assert_eq!(resolve_controls(line, |_| Some(1)), line);
     }
+}
+
+#[test]
+fn a_forced_calls_text_regex_and_control_rules_compile() {
+    // MiniMax M3's string values and a control token left as text (this vocabulary has it
+    // only as bytes).
+    let c = OutputConstraint::Lark {
+        grammar: "start: ctl_0 \"<city>\" /[^<\\]]*/ ctl_0 \"</city>\"\nctl_0: \"]<]m[>[\"\n"
+            .into(),
+    };
+    let mut grammar = compiler().start(&c).unwrap();
+    for b in "]<]m[>[<city>Bern]<]m[>[</city>".bytes() {
+        grammar.commit(u32::from(b)).unwrap();
+    }
+    assert!(grammar.accepts());
 }
