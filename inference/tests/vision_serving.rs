@@ -13,6 +13,8 @@
 
 mod common;
 
+use common::vision_fixtures as root;
+
 use inference::batch::{BatchEvent, BatchForward, BatchLimits, BatchPart, Batcher, LocalBatch};
 use inference::batch::{PromptCache, Slot};
 use inference::kv_cache::KvCache;
@@ -24,17 +26,7 @@ use inference::{
 };
 use mlx_rs::Array;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    let dir = kit::dirs::vision_fixtures_dir();
-    assert!(
-        dir.join("gemma3/f32/reference.json").exists(),
-        "{} is missing: run `cargo xtask setup`",
-        dir.display()
-    );
-    dir
-}
+use std::path::Path;
 
 fn reference(dir: &Path) -> (Vec<u32>, serde_json::Value) {
     let arrays = Array::load_safetensors(dir.join("reference.safetensors")).unwrap();

@@ -199,15 +199,21 @@ mod tests {
         r.collect()
     }
 
-    #[test]
-    fn the_longest_prefix_wins_and_stops_one_short_of_the_prompt() {
-        let mut c: PromptCache<&str> = PromptCache::new(1000);
+    /// A cache of two entries: `0..10` ("ten"), and `0..4` then 99, 98 ("four").
+    fn ten_and_four() -> PromptCache<&'static str> {
+        let mut c = PromptCache::new(1000);
         c.insert(toks(0..10), "ten", 1000);
         c.insert(
             toks(0..4).into_iter().chain([99, 98]).collect(),
             "four",
             1000,
         );
+        c
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_and_stops_one_short_of_the_prompt() {
+        let mut c = ten_and_four();
         let prompt = toks(0..30);
         let hit = c.lookup(&prompt, prompt.len() - 1).unwrap();
         assert_eq!((hit.tokens, hit.value), (10, "ten"));
@@ -222,13 +228,7 @@ mod tests {
 
     #[test]
     fn an_entry_that_cannot_be_cut_to_the_prefix_leaves_the_hit_to_another() {
-        let mut c: PromptCache<&str> = PromptCache::new(1000);
-        c.insert(toks(0..10), "ten", 1000);
-        c.insert(
-            toks(0..4).into_iter().chain([99, 98]).collect(),
-            "four",
-            1000,
-        );
+        let mut c = ten_and_four();
         // "ten" shares 8 tokens but can only be cut to 9 or more (a sliding layer's state).
         let usable = |e: &&str, n: usize| *e != "ten" || n >= 9;
         let hit = c.lookup_usable(&toks(0..8), 8, usable).unwrap();
