@@ -132,11 +132,7 @@ fn answers_fit_their_schemas_through_a_pipeline_and_a_forwarding_node() {
     })
     .unwrap_or_else(|| panic!("the pipeline did not become ready\n{}", logs(&nodes)));
     // The node that does not hold rank 0 forwards every chat to the one that does.
-    let rank0 = ranks[0]["node"].as_str().unwrap_or_default().to_string();
-    let other = nodes
-        .iter()
-        .find(|n| n.node_id().is_some_and(|id| id != rank0))
-        .expect("a node without rank 0");
+    let other = support::node_without_rank0(&nodes, &created);
     let summary = run_checks(other, false);
     assert_eq!(summary["invalid"], 0, "{summary}");
     test_net.teardown(nodes);

@@ -138,6 +138,10 @@ pub struct ModelShape {
     /// Experts each token runs through.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts_per_token: Option<u32>,
+    /// What it takes besides text: `["vision"]` for a model that accepts images (Ollama's
+    /// name for it, which `/api/show` lists too); absent for text only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
 }
 
 /// One message of the conversation, its content flattened to text, with the tool calls an

@@ -37,6 +37,7 @@ fn main() -> inference::Result<()> {
                 slot,
                 tokens: &prompt,
                 wants_logits: true,
+                images: Vec::new(),
             }])?;
         }
         let parts: Vec<BatchPart<'_>> = slots
@@ -45,6 +46,7 @@ fn main() -> inference::Result<()> {
                 slot,
                 tokens: &next,
                 wants_logits: true,
+                images: Vec::new(),
             })
             .collect();
         for _ in 0..3 {

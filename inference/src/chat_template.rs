@@ -306,10 +306,25 @@ pub fn template_variables(input: &TemplateInput) -> String {
         kind: &'a str,
         function: Call<'a>,
     }
+    /// A message's content: its text, or for a message with images a list of parts, each
+    /// image (`{"type": "image"}`, shown before the text as mlx-vlm orders them) then the
+    /// text (`{"type": "text", "text"}`), as multimodal templates read it.
+    #[derive(serde::Serialize)]
+    #[serde(untagged)]
+    enum Content<'a> {
+        Text(&'a str),
+        Parts(Vec<Part<'a>>),
+    }
+    #[derive(serde::Serialize)]
+    #[serde(tag = "type", rename_all = "lowercase")]
+    enum Part<'a> {
+        Image,
+        Text { text: &'a str },
+    }
     #[derive(serde::Serialize)]
     struct Message<'a> {
         role: &'a str,
-        content: &'a str,
+        content: Content<'a>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<CallItem<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -338,7 +353,19 @@ pub fn template_variables(input: &TemplateInput) -> String {
             .iter()
             .map(|m| Message {
                 role: &m.role,
-                content: &m.content,
+                content: if m.images.is_empty() {
+                    Content::Text(&m.content)
+                } else {
+                    Content::Parts(
+                        m.images
+                            .iter()
+                            .map(|_| Part::Image)
+                            .chain(
+                                (!m.content.is_empty()).then_some(Part::Text { text: &m.content }),
+                            )
+                            .collect(),
+                    )
+                },
                 tool_calls: m
                     .tool_calls
                     .iter()

@@ -82,6 +82,12 @@ pub fn generate(
     request: &GenerateRequest,
     mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
 ) -> Result<Completion> {
+    if !request.images.is_empty() {
+        // Only the batcher splices images (see `crate::vision`): never dropped in silence.
+        return Err(InferenceError::InvalidRequest(
+            "images are run through the batched runner, not a single-sequence generation".into(),
+        ));
+    }
     let prompt = check_request(forward.config(), tokenizer, request)?;
     let context_length = forward.config().max_position_embeddings;
     let max_tokens = request.max_tokens.min(context_length - prompt.len());

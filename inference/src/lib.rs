@@ -58,6 +58,7 @@ pub mod tensor_stage;
 mod token_bytes;
 pub mod tokenizer;
 pub mod untrusted_text;
+pub mod vision;
 pub mod weights;
 
 pub use chat_template::{DateTime, TemplateClock, TemplateInput, ToolCall, ToolSpec};
@@ -72,4 +73,5 @@ pub use request::{
 };
 pub use sampling::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
 pub use tokenizer::{ChatMessage, Tokenizer};
+pub use vision::{ChatImage, ImagePrompt};
 pub use weights::WeightFormat;

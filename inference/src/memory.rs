@@ -164,6 +164,9 @@ pub struct InstanceMemory {
     pub kv_budget: u64,
     /// [`RUNNER_OVERHEAD_BYTES`].
     pub overhead: u64,
+    /// The vision tower and projector as they run (float32), held by the rank that embeds
+    /// (see [`crate::vision`]); 0 for a model without one.
+    pub vision: u64,
 }
 
 impl InstanceMemory {
@@ -178,12 +181,13 @@ impl InstanceMemory {
             kv_budget: tokens * kv_bytes_per_token(config, format)
                 + STATE_SEQUENCES * state_bytes_per_sequence(config, format),
             overhead: RUNNER_OVERHEAD_BYTES,
+            vision: 0,
         }
     }
 
     /// Everything: what placement counts.
     pub fn total(&self) -> u64 {
-        self.weights + self.kv_budget + self.overhead
+        self.weights + self.kv_budget + self.overhead + self.vision
     }
 }
 

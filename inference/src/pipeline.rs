@@ -176,6 +176,16 @@ impl Stage for PipelineStage {
     }
 
     fn step_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.step_batch_with_images(plan, tokens, &[])
+    }
+
+    /// Rank 0 embeds, so it alone splices the image rows; the other ranks get hidden states.
+    fn step_batch_with_images(
+        &mut self,
+        plan: &StepPlan,
+        tokens: &[u32],
+        images: &[(usize, Array)],
+    ) -> Result<Vec<Vec<f32>>> {
         require_rank0(&self.group, "a batched step")?;
         let vocab = self.shard.config.vocab_size;
         check_step(plan, tokens, vocab)?;
@@ -185,7 +195,7 @@ impl Stage for PipelineStage {
             ));
         }
         let rows = wanted_rows(plan.shares());
-        let h = self.shard.embed(tokens)?;
+        let h = crate::vision::splice(self.shard.embed(tokens)?, images)?;
         if self.group.size() == 1 {
             let h = self.run_planned(plan, h)?;
             if rows.is_empty() {

@@ -4,6 +4,7 @@
 use crate::constraint::OutputConstraint;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
+use wire::chat::ChatImage;
 
 /// What to generate from.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -40,6 +41,12 @@ pub struct GenerateRequest {
     /// it, see [`crate::constraint`]. Left out of the runner protocol's JSON when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<OutputConstraint>,
+    /// The images of the prompt, in the order their image-token runs appear in it: the
+    /// encoded files (base64 in the runner protocol's JSON), not pixels, because they are far
+    /// smaller and only rank 0's runner turns them into features (see [`crate::vision`]). Left
+    /// out of the JSON when there are none (a text request's frame is unchanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ChatImage>,
 }
 
 impl GenerateRequest {
@@ -53,6 +60,7 @@ impl GenerateRequest {
             stop_token_ids: vec![],
             ignore_eos: false,
             constraint: None,
+            images: Vec::new(),
         }
     }
 }

@@ -38,6 +38,26 @@ pub trait Stage: Send {
     /// (`vocab` floats) of each part that wants them, in order. The plan travels with the
     /// step, so every rank runs exactly the same batch (see [`crate::batch::RingBatch`]).
     fn step_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
+
+    /// Rank 0: [`Stage::step_batch`] with image rows replacing the embeddings of some of the
+    /// step's positions (`(offset in tokens, [n, hidden] rows)`, see [`crate::vision`]). Only
+    /// a stage whose rank 0 alone embeds can splice them (a pipeline); the others refuse
+    /// images rather than drop them.
+    fn step_batch_with_images(
+        &mut self,
+        plan: &StepPlan,
+        tokens: &[u32],
+        images: &[(usize, mlx_rs::Array)],
+    ) -> Result<Vec<Vec<f32>>> {
+        if !images.is_empty() {
+            return Err(InferenceError::InvalidRequest(
+                "images need an instance whose rank 0 alone embeds the prompt (one process or \
+                 a pipeline); this one splits every layer across its ranks"
+                    .into(),
+            ));
+        }
+        self.step_batch(plan, tokens)
+    }
 }
 
 /// Refuses `what` on ranks other than 0, which alone drive a distributed instance.

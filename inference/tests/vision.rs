@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{argmax, host, max_abs_diff};
+use common::{argmax, host, max_abs_diff, vision_fixtures as fixtures};
 use inference::loader::{load_shard, LoadOptions};
 use inference::models::gemma3_vision::Gemma3Vision;
 use inference::models::image_processor::ImageProcessor;
@@ -19,17 +19,7 @@ use inference::weights::SafetensorsSource;
 use inference::{ShardInput, WeightFormat};
 use mlx_rs::Array;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-fn fixtures() -> PathBuf {
-    let dir = kit::dirs::vision_fixtures_dir();
-    assert!(
-        dir.join("gemma3/pixel_values.safetensors").exists(),
-        "{} is missing: run `cargo xtask setup`",
-        dir.display()
-    );
-    dir
-}
+use std::path::Path;
 
 fn arrays(path: &Path) -> HashMap<String, Array> {
     Array::load_safetensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

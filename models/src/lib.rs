@@ -165,9 +165,10 @@ pub struct ModelFacts {
     /// What an instance holds while it runs (weights as they run, KV budget, runner
     /// overhead): what placement counts.
     pub memory: inference::memory::InstanceMemory,
-    /// Whether it sees images (a vision tower shoal runs): requests with images for a model
-    /// without one are refused with a 400. No family has a tower yet (issue 47).
-    pub accepts_images: bool,
+    /// How its prompt holds an image, for a model whose vision tower shoal runs (Gemma 3
+    /// with `vision_config`): requests with images for a model without one are refused with a
+    /// 400, never dropped in silence.
+    pub image_prompt: Option<inference::ImagePrompt>,
 }
 
 /// `config`'s size and experts, for `GET /v1/models`.
@@ -184,6 +185,7 @@ fn shape_of(config: &inference::ModelConfig) -> gateway::ModelShape {
         active_parameters: config.active_layer_parameters() as u64 + embeddings,
         experts: config.moe.as_ref().map(|m| m.num_experts as u32),
         experts_per_token: config.moe.as_ref().map(|m| m.experts_per_token as u32),
+        capabilities: Vec::new(),
     }
 }
 
@@ -203,6 +205,10 @@ impl ModelFacts {
     /// Reads the model's configuration and tokenizer (not its weights).
     pub fn read(path: &Path) -> Result<ModelFacts, String> {
         let opened = inference::loader::describe_model(path).map_err(|e| e.to_string())?;
+        let image_prompt = inference::ImagePrompt::read(path, &opened.tokenizer).unwrap_or_else(|e| {
+            tracing::warn!(path = %path.display(), %e, "its vision tower cannot be read: it takes text only");
+            None
+        });
         Ok(ModelFacts {
             tokenizer: opened.tokenizer,
             context_length: opened.config.max_position_embeddings,
@@ -211,14 +217,20 @@ impl ModelFacts {
             hidden_size: opened.config.hidden_size,
             num_kv_heads: opened.config.num_kv_heads,
             bytes_on_disk: opened.bytes_on_disk,
-            shape: shape_of(&opened.config),
+            shape: gateway::ModelShape {
+                capabilities: image_prompt.iter().map(|_| "vision".to_string()).collect(),
+                ..shape_of(&opened.config)
+            },
             tensor_divisors: inference::tensor_split::tensor_divisors(&opened.config)
                 .into_iter()
                 .filter(|d| d.what != "key/value heads")
                 .collect(),
             layer_weights: layer_weights(&opened.config),
-            memory: inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk),
-            accepts_images: false,
+            memory: inference::memory::InstanceMemory {
+                vision: image_prompt.as_ref().map_or(0, |v| v.tower_bytes),
+                ..inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk)
+            },
+            image_prompt,
         })
     }
 

@@ -24,7 +24,7 @@ pub fn generate_request(
     facts: &ModelFacts,
 ) -> Result<(GenerateRequest, AnswerForm), ApiError> {
     // Images reach only a model with a vision tower: never dropped in silence.
-    if !facts.accepts_images && request.messages.iter().any(|m| !m.images.is_empty()) {
+    if facts.image_prompt.is_none() && request.messages.iter().any(|m| !m.images.is_empty()) {
         return Err(ApiError::invalid_field(
             "messages",
             format!(
@@ -115,6 +115,8 @@ pub fn generate_request(
                     .collect(),
                 tool_call_id: m.tool_call_id.as_deref().map(mark),
                 name: m.name.as_deref().map(mark),
+                // The template shows each image where the message has it.
+                images: m.images.clone(),
                 ..inference::ChatMessage::new(role, mark(&m.content))
             }
         })
@@ -165,6 +167,17 @@ pub fn generate_request(
         call_grammar,
         facts,
     )?;
+    // Each image the template placed becomes the model's image-token run (a client's text
+    // cannot place one: its special-token texts are marked). The runner gets the files.
+    let images: Vec<inference::ChatImage> = messages
+        .iter_mut()
+        .flat_map(|m| std::mem::take(&mut m.images))
+        .collect();
+    if let (false, Some(vision)) = (images.is_empty(), &facts.image_prompt) {
+        text = vision.expand(&text, images.len()).map_err(|e| {
+            ApiError::invalid_field("messages", e).with_code("images_not_supported")
+        })?;
+    }
     // Only the template's markup may become control tokens, never a client's text.
     let ids = match &marks {
         Some(marks) => facts.tokenizer.encode_marked(&text, marks),
@@ -190,6 +203,7 @@ pub fn generate_request(
     let mut out = GenerateRequest::new(Prompt::Tokens(ids), max_tokens);
     out.ignore_eos = s.ignore_eos;
     out.constraint = constraint;
+    out.images = images;
     let p = &mut out.sampling;
     if let Some(t) = s.temperature {
         p.temperature = t;

@@ -163,6 +163,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
                 schema: std::fs::read_to_string(path)?,
             }),
         },
+        images: Vec::new(),
     };
     let mut stdout = std::io::stdout().lock();
     if let Some(streams) = args.streams {

@@ -340,6 +340,18 @@ pub fn three_rank_pipeline_beside(
     Some((test_net, all, created))
 }
 
+/// The first of `nodes` that does not hold rank 0 of the instance `/place_instance` answered
+/// with (`created`): a node that forwards every chat to the one that does.
+pub fn node_without_rank0<'a>(nodes: &'a [ShoalNode], created: &Value) -> &'a ShoalNode {
+    let rank0 = created["placement"]["ranks"][0]["node"]
+        .as_str()
+        .unwrap_or_default();
+    nodes
+        .iter()
+        .find(|n| n.node_id().is_some_and(|id| id != rank0))
+        .expect("a node without rank 0")
+}
+
 /// Whether the default model fixture is there (`cargo xtask setup` makes it); a test that
 /// needs it and finds none fails, or with `SHOAL_ALLOW_SKIP=1` is skipped (see `kit::skip`).
 pub fn default_model_present() -> bool {

@@ -282,9 +282,18 @@ pub fn show_json(m: &ModelInfo) -> Value {
         "template": "",
         "details": details(),
         "model_info": {},
-        "capabilities": ["completion"],
+        "capabilities": capabilities(m),
         "modified_at": rfc3339(UNIX_EPOCH + std::time::Duration::from_secs(m.created)),
     })
+}
+
+/// What `/api/show` says a model can do: `completion`, and `vision` for one that accepts
+/// images (as Ollama lists it, so clients know they may attach images).
+fn capabilities(m: &ModelInfo) -> Vec<&str> {
+    let extra = m.shape.iter().flat_map(|s| s.capabilities.iter());
+    std::iter::once("completion")
+        .chain(extra.map(String::as_str))
+        .collect()
 }
 
 /// A stable 64-hex-digit digest of a model id (FNV-1a, four lanes): Ollama clients key

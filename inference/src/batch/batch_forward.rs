@@ -17,6 +17,20 @@ pub struct BatchPart<'a> {
     pub tokens: &'a [u32],
     /// Whether the logits of its last new position are wanted.
     pub wants_logits: bool,
+    /// Image rows replacing the embeddings of some of its new positions: `(offset in
+    /// tokens, [n, hidden] rows)`, in order (see [`crate::vision`]); empty for text.
+    pub images: Vec<(usize, Array)>,
+}
+
+/// The image rows of `parts` as offsets into the step's tokens, all parts laid end to end.
+pub(crate) fn step_images(parts: &[BatchPart<'_>]) -> Vec<(usize, Array)> {
+    let mut at = 0;
+    let mut runs = Vec::new();
+    for p in parts {
+        runs.extend(p.images.iter().map(|(o, rows)| (at + o, rows.clone())));
+        at += p.tokens.len();
+    }
+    runs
 }
 
 /// Runs steps of several sequences, each in its own slot.
@@ -152,7 +166,7 @@ impl BatchForward for LocalBatch<'_> {
             .flat_map(|p| p.tokens.iter().copied())
             .collect();
         let model = self.model;
-        let h = model.embed(&tokens)?;
+        let h = crate::vision::splice(model.embed(&tokens)?, &step_images(parts))?;
         let h = self.slots.forward(&layout, h, |h, segments| {
             model.forward_layers_batch(h, segments)
         })?;

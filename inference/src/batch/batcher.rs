@@ -39,6 +39,7 @@ use crate::request::{Completion, GenerateRequest, TokenEvent, TokenLogprobs};
 use crate::sampling::Sampler;
 use crate::sequence::SequenceOutput;
 use crate::tokenizer::Tokenizer;
+use crate::vision::{PromptImages, VisionTower};
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -99,12 +100,24 @@ struct Sequence {
     first_token: Option<Instant>,
     /// Tokens in the prompt (`context` grows past it).
     prompt_len: usize,
+    /// The prompt's images, ready to splice (see [`crate::vision`]).
+    images: Option<PromptImages>,
 }
 
 impl Sequence {
     /// Tokens still to run before its next token can be sampled.
     fn pending(&self) -> usize {
         self.context.len() - self.fed
+    }
+
+    /// The first `n` positions of `context` as the prompt cache keys them: image positions by
+    /// their image's content hash (see [`PromptImages::cache_key`]).
+    fn cache_key(&self, n: usize) -> Vec<u32> {
+        let context = &self.context[..n.min(self.context.len())];
+        match &self.images {
+            Some(images) => images.cache_key(context),
+            None => context.to_vec(),
+        }
     }
 }
 
@@ -123,6 +136,8 @@ pub struct Batcher<'a> {
     growth: KvGrowth,
     /// Steps run and tokens sampled so far.
     stats: BatchStats,
+    /// The model's vision tower, where requests may hold images.
+    vision: Option<&'a VisionTower>,
 }
 
 /// What a batcher has done: the evidence that sequences share steps (a batcher that ran one
@@ -160,7 +175,15 @@ impl<'a> Batcher<'a> {
             cache: None,
             growth,
             stats: BatchStats::default(),
+            vision: None,
         }
+    }
+
+    /// Takes requests with images, their features made by `tower` (a forward whose first
+    /// rank embeds here; without a tower such requests are refused).
+    pub fn with_vision(mut self, tower: Option<&'a VisionTower>) -> Batcher<'a> {
+        self.vision = tower;
+        self
     }
 
     /// Steps run and tokens sampled so far.
@@ -182,6 +205,16 @@ impl<'a> Batcher<'a> {
     pub fn submit(&mut self, id: u64, request: &GenerateRequest) -> Result<()> {
         let prompt = check_request(self.forward.config(), self.tokenizer, request)?;
         let sampler = sampler_for(self.forward.config(), self.tokenizer, request)?;
+        // The images' features are made once, now: a bad image fails its request only.
+        let images = match (&request.images[..], self.vision) {
+            ([], _) => None,
+            (images, Some(tower)) => Some(tower.encode(&prompt, images)?),
+            (_, None) => {
+                return Err(InferenceError::InvalidRequest(
+                    "this model has no vision tower here: it does not accept images".into(),
+                ))
+            }
+        };
         let context_length = self.forward.config().max_position_embeddings;
         let max_tokens = request.max_tokens.min(context_length - prompt.len());
         let output = SequenceOutput::new(request, prompt.len(), max_tokens);
@@ -201,6 +234,7 @@ impl<'a> Batcher<'a> {
             cancelled: false,
             admitted: None,
             first_token: None,
+            images,
         });
         Ok(())
     }
@@ -367,12 +401,16 @@ impl<'a> Batcher<'a> {
                 context,
                 fed,
                 sampler,
+                images,
                 ..
             } = s;
             parts.push(BatchPart {
                 slot: slot.expect("an active sequence has a slot"),
                 tokens: &context[*fed..*fed + n],
                 wants_logits,
+                images: images
+                    .as_ref()
+                    .map_or_else(Vec::new, |i| i.runs(*fed..*fed + n)),
             });
             if let Some(grammar) = sampler.grammar_mut().filter(|_| wants_logits) {
                 grammars.push(grammar);
@@ -447,7 +485,10 @@ impl<'a> Batcher<'a> {
             let hit = self
                 .cache
                 .as_deref_mut()
-                .and_then(|c| c.lookup(&s.context, s.context.len() - 1))
+                .and_then(|c| {
+                    let key = s.cache_key(s.context.len());
+                    c.lookup_usable(&key, s.context.len() - 1, KvCache::can_truncate)
+                })
                 .and_then(|mut hit| hit.value.truncate(hit.tokens).then_some(hit));
             let opened = match hit {
                 Some(hit) => {
@@ -506,10 +547,7 @@ impl<'a> Batcher<'a> {
                 Some(cache) => match self.forward.take(slot) {
                     Some(mut kv) if kv.len() == s.fed && s.fed > 0 => match kv.compact() {
                         // Kept at the size of its positions, as the budget counts it.
-                        Ok(()) => {
-                            s.context.truncate(s.fed);
-                            cache.insert(std::mem::take(&mut s.context), kv, room);
-                        }
+                        Ok(()) => cache.insert(s.cache_key(s.fed), kv, room),
                         Err(e) => {
                             tracing::warn!(%e, "compacting a cache for the prompt cache failed");
                             cache.shrink_to(room);

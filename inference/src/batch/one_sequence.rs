@@ -38,6 +38,7 @@ impl<B: BatchForward> Forward for OneSequence<B> {
             slot: self.slot,
             tokens,
             wants_logits: true,
+            images: Vec::new(),
         };
         self.batch.step(&[part])?.pop().ok_or_else(|| {
             InferenceError::InvalidRequest("the batched step returned no logits".into())

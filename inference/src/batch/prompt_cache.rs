@@ -100,16 +100,27 @@ impl<E: Clone> PromptCache<E> {
     /// tokens; `None` when no entry shares a first token. The entry becomes the most recently
     /// used.
     pub fn lookup(&mut self, prompt: &[u32], limit: usize) -> Option<Hit<E>> {
+        self.lookup_usable(prompt, limit, |_, _| true)
+    }
+
+    /// [`PromptCache::lookup`] among the entries whose state can be cut to the shared prefix
+    /// (`usable(state, prefix)`): a sliding layer's state can be cut only a few positions
+    /// short of its end, so the longest shared prefix may be unusable where a shorter one, of
+    /// another entry, is not.
+    pub fn lookup_usable(
+        &mut self,
+        prompt: &[u32],
+        limit: usize,
+        usable: impl Fn(&E, usize) -> bool,
+    ) -> Option<Hit<E>> {
         let limit = limit.min(prompt.len());
         let (best, n) = self
             .entries
             .iter()
             .enumerate()
             .map(|(i, e)| (i, common_prefix(&e.tokens, &prompt[..limit])))
+            .filter(|&(i, n)| n > 0 && usable(&self.entries[i].value, n))
             .max_by_key(|&(i, n)| (n, self.entries[i].used))?;
-        if n == 0 {
-            return None;
-        }
         self.clock += 1;
         let e = &mut self.entries[best];
         e.used = self.clock;
@@ -188,15 +199,21 @@ mod tests {
         r.collect()
     }
 
-    #[test]
-    fn the_longest_prefix_wins_and_stops_one_short_of_the_prompt() {
-        let mut c: PromptCache<&str> = PromptCache::new(1000);
+    /// A cache of two entries: `0..10` ("ten"), and `0..4` then 99, 98 ("four").
+    fn ten_and_four() -> PromptCache<&'static str> {
+        let mut c = PromptCache::new(1000);
         c.insert(toks(0..10), "ten", 1000);
         c.insert(
             toks(0..4).into_iter().chain([99, 98]).collect(),
             "four",
             1000,
         );
+        c
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_and_stops_one_short_of_the_prompt() {
+        let mut c = ten_and_four();
         let prompt = toks(0..30);
         let hit = c.lookup(&prompt, prompt.len() - 1).unwrap();
         assert_eq!((hit.tokens, hit.value), (10, "ten"));
@@ -207,6 +224,18 @@ mod tests {
         assert_eq!((hit.tokens, hit.value), (5, "four"));
         assert_eq!(c.lookup(&[7, 0, 1], 2), None);
         assert_eq!(c.stats(), (3, 24));
+    }
+
+    #[test]
+    fn an_entry_that_cannot_be_cut_to_the_prefix_leaves_the_hit_to_another() {
+        let mut c = ten_and_four();
+        // "ten" shares 8 tokens but can only be cut to 9 or more (a sliding layer's state).
+        let usable = |e: &&str, n: usize| *e != "ten" || n >= 9;
+        let hit = c.lookup_usable(&toks(0..8), 8, usable).unwrap();
+        assert_eq!((hit.tokens, hit.value), (4, "four"));
+        let hit = c.lookup_usable(&toks(0..9), 9, usable).unwrap();
+        assert_eq!((hit.tokens, hit.value), (9, "ten"));
+        assert_eq!(c.lookup_usable(&toks(0..8), 8, |_, _| false), None);
     }
 
     #[test]

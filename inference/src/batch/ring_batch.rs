@@ -2,7 +2,7 @@
 //! each step's [`StepPlan`] (see `ring_plan.rs`) travelling with the step. Its own file so that
 //! the plan, which every [`Stage`] reads, does not depend on the stage.
 
-use super::batch_forward::{BatchForward, BatchPart};
+use super::batch_forward::{step_images, BatchForward, BatchPart};
 use super::ring_plan::{PlannedPart, StepPlan, MAX_PLAN_SEQUENCES};
 use super::slot_kv::Slot;
 use crate::config::ModelConfig;
@@ -102,6 +102,7 @@ impl BatchForward for RingBatch<'_> {
             parts: planned,
         };
         self.reset = false;
-        self.stage.step_batch(&plan, &tokens)
+        self.stage
+            .step_batch_with_images(&plan, &tokens, &step_images(parts))
     }
 }

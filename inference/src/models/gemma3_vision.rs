@@ -13,7 +13,6 @@ use super::shard::ModelShard;
 use super::siglip::{SiglipConfig, SiglipTower};
 use crate::error::{InferenceError, Result};
 use crate::weights::TensorSource;
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
 use serde_json::Value;
 use std::path::Path;
@@ -33,6 +32,12 @@ pub struct Gemma3VisionConfig {
 }
 
 impl Gemma3VisionConfig {
+    /// Parameters of the tower and the projector (its norm and projection).
+    pub fn parameters(&self) -> u64 {
+        let d = self.tower.hidden_size as u64;
+        self.tower.parameters() + d + d * self.text_hidden as u64
+    }
+
     /// Reads a `config.json`; `None` for a configuration without `vision_config` (a text-only
     /// Gemma 3).
     pub fn from_json(v: &Value) -> Result<Option<Gemma3VisionConfig>> {
@@ -169,6 +174,20 @@ impl Gemma3Vision {
         Ok(ops::matmul(&normed, &self.projection)?)
     }
 
+    /// The rows that replace the image tokens' embeddings: `features` (`[images,
+    /// tokens_per_image, hidden]`) divided by the square root of the feature divisor, then
+    /// scaled as every embedding is (`embed_scale`), as mlx-vlm does: `[images ×
+    /// tokens_per_image, hidden]`, float32 (cast to the embeddings' type where spliced).
+    pub fn image_rows(&self, features: &Array, embed_scale: Option<f32>) -> Result<Array> {
+        let divisor = Array::from_f32((self.config.feature_divisor as f32).sqrt());
+        let mut scaled = ops::divide(features, &divisor)?;
+        if let Some(scale) = embed_scale {
+            scaled = ops::multiply(&scaled, Array::from_f32(scale))?;
+        }
+        let rows = features.shape()[0] * features.shape()[1];
+        Ok(scaled.reshape(&[rows, self.config.text_hidden as i32])?)
+    }
+
     /// The prompt's embeddings on rank 0: `shard`'s token embeddings, with each run of image
     /// tokens replaced by the next image's features (`features`: `[images, tokens_per_image,
     /// hidden]`, in the order the images appear). `[1, tokens, hidden]`.
@@ -180,52 +199,22 @@ impl Gemma3Vision {
     ) -> Result<Array> {
         let per_image = self.config.tokens_per_image;
         let images = features.shape()[0] as usize;
-        let image_tokens = tokens
-            .iter()
-            .filter(|&&t| t == self.config.image_token)
-            .count();
-        if image_tokens != images * per_image {
+        let positions: Vec<usize> = (0..tokens.len())
+            .filter(|&i| tokens[i] == self.config.image_token)
+            .collect();
+        if positions.len() != images * per_image {
             return Err(InferenceError::InvalidRequest(format!(
-                "the prompt holds {image_tokens} image tokens for {images} images of \
-                 {per_image} tokens each"
+                "the prompt holds {} image tokens for {images} images of {per_image} tokens \
+                 each",
+                positions.len()
             )));
         }
         let text = shard.embed(tokens)?;
         if images == 0 {
             return Ok(text);
         }
-        // As mlx-vlm: features / sqrt(divisor), then the factor every embedding gets.
-        let divisor = Array::from_f32((self.config.feature_divisor as f32).sqrt());
-        let mut scaled = ops::divide(features, &divisor)?;
-        if let Some(scale) = shard.embed_scale {
-            scaled = ops::multiply(&scaled, Array::from_f32(scale))?;
-        }
-        let rows = scaled
-            .reshape(&[(images * per_image) as i32, self.config.text_hidden as i32])?
-            .as_dtype(text.dtype())?;
-        // Each position takes its text row or its image row.
-        let mut next_image_row = 0i32;
-        let mut parts = Vec::new();
-        let mut start = 0usize;
-        while start < tokens.len() {
-            let image = tokens[start] == self.config.image_token;
-            let end = tokens[start..]
-                .iter()
-                .position(|&t| (t == self.config.image_token) != image)
-                .map_or(tokens.len(), |n| start + n);
-            let part = if image {
-                let n = (end - start) as i32;
-                let slice = rows.index(next_image_row..next_image_row + n);
-                next_image_row += n;
-                slice
-            } else {
-                text.index((.., start as i32..end as i32))
-                    .reshape(&[(end - start) as i32, self.config.text_hidden as i32])?
-            };
-            parts.push(part);
-            start = end;
-        }
-        let joined = ops::concatenate(&parts, 0)?;
-        Ok(joined.reshape(&[1, tokens.len() as i32, self.config.text_hidden as i32])?)
+        let rows = self.image_rows(features, shard.embed_scale)?;
+        let runs = crate::vision::runs_of(&positions, &rows, 0..tokens.len());
+        crate::vision::splice(text, &runs)
     }
 }

@@ -37,7 +37,7 @@ pub struct ModelShard {
     pub(super) norm: Option<Array>,
     pub(super) head: Option<Matrix>,
     /// The factor on token embeddings, where the family has one (Gemma).
-    pub(super) embed_scale: Option<f32>,
+    pub(crate) embed_scale: Option<f32>,
 }
 
 impl ModelShard {

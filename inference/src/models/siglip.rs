@@ -33,6 +33,17 @@ pub struct SiglipConfig {
 }
 
 impl SiglipConfig {
+    /// Parameters of the tower: the patch embedding and positions, each encoder layer's
+    /// attention (four projections with biases), MLP (two with biases) and two LayerNorms,
+    /// and the final LayerNorm.
+    pub fn parameters(&self) -> u64 {
+        let (d, i, p) = (self.hidden_size, self.intermediate_size, self.patch_size);
+        let patches = self.patches_per_side().pow(2);
+        let embedding = self.num_channels * p * p * d + d + patches * d;
+        let layer = 4 * (d * d + d) + 2 * d * i + i + d + 4 * d;
+        (embedding + self.num_layers * layer + 2 * d) as u64
+    }
+
     /// Reads `vision_config`, with mlx-vlm's defaults for what it leaves out.
     pub fn from_json(v: &Value) -> Result<SiglipConfig> {
         let get = |key: &str, default: Option<u64>| {

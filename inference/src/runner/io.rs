@@ -29,6 +29,7 @@ use crate::sequence_forward::Forward;
 use crate::stage::Stage;
 use crate::tensor_stage::TensorStage;
 use crate::tokenizer::Tokenizer;
+use crate::vision::VisionTower;
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::ops::ControlFlow;
@@ -151,6 +152,7 @@ pub fn serve(
         ring: None,
         held: Held::Nothing,
         prompt_cache: None,
+        vision: None,
     };
     loop {
         while let Some(action) = pending.pop_front() {
@@ -209,6 +211,9 @@ struct Io {
     /// Ended requests' KV states, kept across batches (made with the first batch, sized by
     /// [`prompt_cache_tokens`]).
     prompt_cache: Option<PromptCache<KvCache>>,
+    /// The model's vision tower, held by the rank that embeds (a ring of one or a pipeline's
+    /// rank 0) when the model has one.
+    vision: Option<VisionTower>,
 }
 
 impl Io {
@@ -309,6 +314,17 @@ impl Io {
             Err(e) => return Err(LoadFailure::Failed(e.to_string())),
         };
         let whole = shard.is_first() && shard.is_last();
+        // The tower sits where the prompt is embedded: a tensor-parallel ring embeds on every
+        // rank, and refuses images instead (see `Stage::step_batch_with_images`).
+        if !matches!(sharding, Some(Sharding::Tensor)) {
+            self.vision = VisionTower::load(path, &shard).unwrap_or_else(|e| {
+                tracing::error!(%e, "the vision tower did not load: requests with images fail");
+                None
+            });
+            if self.vision.is_some() {
+                tracing::info!("vision tower loaded");
+            }
+        }
         self.held = match (sharding, group) {
             (Some(sharding), Some(group)) => {
                 let stage = new_stage(sharding, shard, group);
@@ -396,7 +412,9 @@ impl Io {
             tracing::info!(tokens, "prompt cache");
             PromptCache::new(tokens)
         });
-        let mut batcher = Batcher::new(forward, tokenizer, limits).with_prompt_cache(cache);
+        let mut batcher = Batcher::new(forward, tokenizer, limits)
+            .with_prompt_cache(cache)
+            .with_vision(self.vision.as_ref());
         let mut later = Vec::new();
         let mut todo: VecDeque<RunnerAction> =
             VecDeque::from([RunnerAction::Generate { id, request }]);

@@ -143,6 +143,7 @@ pub fn check_batched(
                 slot: r.slot,
                 tokens,
                 wants_logits: *wants_logits,
+                images: Vec::new(),
             })
             .collect();
         let mut logits = forward.step(&parts).unwrap().into_iter();

@@ -13,6 +13,18 @@ use inference::sampling::Rng;
 use mlx_rs::Array;
 use std::path::Path;
 
+/// The vision fixtures `cargo xtask setup` makes with mlx-vlm (`kit::dirs::vision_fixtures_dir`),
+/// checked to be there.
+pub fn vision_fixtures() -> std::path::PathBuf {
+    let dir = kit::dirs::vision_fixtures_dir();
+    assert!(
+        dir.join("gemma3/pixel_values.safetensors").exists(),
+        "{} is missing: run `cargo xtask setup`",
+        dir.display()
+    );
+    dir
+}
+
 /// Writes a tiny model of `arch` ("llama", "qwen2", "qwen3") with seeded random weights.
 pub fn write_tiny_model(dir: &Path, arch: &str, seed: u64, context: usize) {
     let (hidden, layers, heads, kv_heads, head_dim, ffn, vocab) =

@@ -1,0 +1,158 @@
+//! Images answered on one real node (issue 47): `shoal --model <the tiny Gemma 3 vision
+//! fixture>` (f32, made by mlx-vlm at `cargo xtask setup`) in a network namespace, driven by
+//! the official clients (`tests/image_answers_checks.py`): the same image in each API's own
+//! form (OpenAI chat, Responses, Anthropic, Ollama chat and generate) gives mlx-vlm's greedy
+//! answer token for token with mlx-vlm's prompt length; each test image its own answer; the
+//! same image again comes from the prompt cache with the same answer, a follow-up turn reuses
+//! the image's prefix, and a new image reuses only the text before its span. `/v1/models`
+//! shows the model's vision.
+//!
+//! And through a 2-rank pipeline on two nodes: rank 0's runner holds the tower and splices, the
+//! chats sent to the node holding rank 1 are forwarded with their images, and every API's form
+//! still gets mlx-vlm's answer.
+//!
+//! Needs root (namespaces), the vision fixtures and the Python venv with the clients
+//! (`cargo xtask setup`): fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use support::{call, logs, run_script, wait_for, ShoalNode, TestNet, API_PORT};
+
+/// The f32 vision fixture, or `None` when the test is skipped without it.
+fn fixture() -> Option<PathBuf> {
+    let fixture = kit::dirs::vision_fixtures_dir().join("gemma3/f32");
+    let present = if fixture.join("reference.json").exists() {
+        Ok(())
+    } else {
+        Err(format!("{} is missing", fixture.display()))
+    };
+    kit::skip::can_run(present, "run `cargo xtask setup`").then_some(fixture)
+}
+
+/// Runs `image_answers_checks.py` through `node` for model `id` (`extra`: its options) and
+/// asserts that every check passed.
+fn run_checks(node: &ShoalNode, id: &str, fixture: &Path, extra: &[&str]) {
+    let root = format!("http://{}:{API_PORT}", node.node.ip());
+    let reference = fixture.join("reference.json").display().to_string();
+    let images = kit::dirs::vision_fixtures_dir().join("images");
+    let images = images.display().to_string();
+    let mut args = vec![root.as_str(), id, &reference, &images];
+    args.extend(extra);
+    let out = run_script(
+        node,
+        "image_answers_checks.py",
+        &args,
+        Duration::from_secs(500),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("all passed"),
+        "image_answers_checks.py failed ({}):\n{stdout}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        node.log_tail()
+    );
+    eprintln!("{stdout}");
+}
+
+#[test]
+fn a_vision_model_answers_each_apis_image_as_mlx_vlm_does() {
+    let Some(fixture) = fixture() else {
+        return;
+    };
+    let spec = support::netns::Spec {
+        nodes: 1,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let Some((test_net, mut nodes)) = TestNet::create("shoalva", &spec) else {
+        return;
+    };
+    nodes[0].extra_args = vec!["--model".into(), fixture.display().to_string()];
+    nodes[0].env.push(("HF_HUB_OFFLINE".into(), "1".into()));
+    nodes[0].start();
+    let (model, _) = wait_for(Duration::from_secs(300), || {
+        let (_, models) = call(&nodes[0], "GET", "/v1/models", None);
+        models["data"].as_array()?.iter().find_map(|m| {
+            (m["ready"] == true).then(|| (m["id"].as_str().unwrap_or("").to_string(), m.clone()))
+        })
+    })
+    .unwrap_or_else(|| panic!("the vision model did not become ready\n{}", logs(&nodes)));
+    let (id, listed) = model;
+    run_checks(&nodes[0], &id, &fixture, &[]);
+    assert!(
+        nodes[0].log_tail().contains("vision tower loaded"),
+        "the runner did not say it loaded the tower\n{}",
+        nodes[0].log_tail()
+    );
+    assert_eq!(
+        listed["shape"]["capabilities"],
+        serde_json::json!(["vision"]),
+        "/v1/models: {listed}"
+    );
+    let (_, shown) = call(
+        &nodes[0],
+        "POST",
+        "/api/show",
+        Some(&serde_json::json!({ "model": id })),
+    );
+    assert_eq!(
+        shown["capabilities"],
+        serde_json::json!(["completion", "vision"]),
+        "/api/show: {shown}"
+    );
+    test_net.teardown(nodes);
+}
+
+#[test]
+fn a_two_rank_pipeline_answers_images_through_the_node_without_rank_0() {
+    let Some(fixture) = fixture() else {
+        return;
+    };
+    let spec = support::netns::Spec {
+        nodes: 2,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let Some((test_net, mut nodes)) = TestNet::create("shoalvp", &spec) else {
+        return;
+    };
+    let folder = fixture.parent().expect("gemma3/").display().to_string();
+    for node in nodes.iter_mut() {
+        node.extra_args = vec!["--models-dir".into(), folder.clone()];
+        node.env.push(("HF_HUB_OFFLINE".into(), "1".into()));
+        node.start();
+    }
+    let body = serde_json::json!({
+        "model_id": fixture.display().to_string(), "sharding": "Pipeline", "min_nodes": 2});
+    let (created, _) = wait_for(Duration::from_secs(90), || {
+        let (status, created) = call(&nodes[0], "POST", "/place_instance", Some(&body));
+        (status == 200).then_some(created)
+    })
+    .unwrap_or_else(|| panic!("no 2-rank pipeline was placed\n{}", logs(&nodes)));
+    let ranks = created["placement"]["ranks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ranks.len(), 2, "{created}");
+    let ready = |node: &ShoalNode| {
+        let (_, models) = call(node, "GET", "/v1/models", None);
+        models["data"].as_array().and_then(|list| {
+            list.iter()
+                .find(|m| m["ready"] == true)
+                .and_then(|m| m["id"].as_str().map(String::from))
+        })
+    };
+    let (id, _) = wait_for(Duration::from_secs(300), || {
+        let ids: Vec<String> = nodes.iter().filter_map(ready).collect();
+        (ids.len() == 2).then(|| ids[0].clone())
+    })
+    .unwrap_or_else(|| panic!("the pipeline did not become ready\n{}", logs(&nodes)));
+    // The node that does not hold rank 0 forwards every chat, images included, to the one that
+    // does; a pipeline keeps no prompt cache (its state lives across the ranks).
+    let other = support::node_without_rank0(&nodes, &created);
+    run_checks(other, &id, &fixture, &["no-cache"]);
+    test_net.teardown(nodes);
+}
