@@ -28,6 +28,7 @@ pub mod gated_delta;
 pub mod gemma3;
 pub mod gemma3_vision;
 pub mod gemma4_text;
+pub(crate) mod gguf_moe;
 pub mod glm4_moe;
 pub mod glm4_moe_lite;
 pub mod glm_moe_dsa;
