@@ -241,6 +241,10 @@ pub fn gguf_name(names: &dyn GgufNames, hf: &str) -> Option<String> {
         _ => {
             let rest = stem.strip_prefix("model.layers.")?;
             let (layer, part) = rest.split_once('.')?;
+            if suffix == "e_score_correction_bias" {
+                // llama.cpp's one name for every family's router correction.
+                return Some(format!("blk.{layer}.exp_probs_b.bias"));
+            }
             format!("blk.{layer}.{}", names.gguf_part(part)?)
         }
     };

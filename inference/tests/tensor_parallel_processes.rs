@@ -589,3 +589,22 @@ fn qwen3_5_moe_4bit_two_ranks_batch_like_one_node_alone() {
         "quantized",
     );
 }
+
+/// The MoE GGUF files llama.cpp wrote (see `tests/moe_gguf.rs`): 2 ranks cut the f32 files'
+/// experts, and the Q4_K_M files' experts repacked and kept quantized, like one node.
+#[test]
+fn moe_gguf_two_ranks_match_one_node() {
+    let dir = kit::dirs::moe_gguf_fixtures_dir();
+    for (arch, slot) in [("qwen3moe", 36), ("glm4moe", 38)] {
+        let file = |ty: &str| dir.join(format!("{arch}.{ty}.gguf"));
+        run_tensor_parallel_as(&file("F32"), 2, "3,17,42,5,88", slot, "single", "f32");
+        run_tensor_parallel_as(
+            &file("Q4_K_M"),
+            2,
+            "3,17,42,5,88",
+            slot + 1,
+            "single",
+            "quantized",
+        );
+    }
+}
