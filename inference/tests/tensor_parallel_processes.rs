@@ -595,16 +595,13 @@ fn qwen3_5_moe_4bit_two_ranks_batch_like_one_node_alone() {
 #[test]
 fn moe_gguf_two_ranks_match_one_node() {
     let dir = kit::dirs::moe_gguf_fixtures_dir();
-    for (arch, slot) in [("qwen3moe", 36), ("glm4moe", 38)] {
-        let file = |ty: &str| dir.join(format!("{arch}.{ty}.gguf"));
-        run_tensor_parallel_as(&file("F32"), 2, "3,17,42,5,88", slot, "single", "f32");
-        run_tensor_parallel_as(
-            &file("Q4_K_M"),
-            2,
-            "3,17,42,5,88",
-            slot + 1,
-            "single",
-            "quantized",
-        );
+    for (slot, file, tail) in [
+        (36, "qwen3moe.F32", "single|f32"),
+        (37, "qwen3moe.Q4_K_M", "single|quantized"),
+        (38, "glm4moe.F32", "single|f32"),
+        (39, "glm4moe.Q4_K_M", "single|quantized"),
+    ] {
+        let model = dir.join(format!("{file}.gguf"));
+        run_ranks_with(&model, 2, "3,17,42,5,88", slot, tail);
     }
 }
