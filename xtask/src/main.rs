@@ -53,7 +53,8 @@ Commands:
                    of setup); prints its interpreter as the last line
   vision-fixtures  make (or find made) the vision fixtures with the pinned mlx-vlm (part of
                    setup; needs the family fixtures' tokenizer)
-  moe-gguf-fixtures  make (or find made) the MoE GGUF fixtures with llama.cpp's converter,
+  moe-gguf-fixtures
+                   make (or find made) the MoE GGUF fixtures with llama.cpp's converter,
                    llama-quantize and libllama (part of setup)
   test [ARGS]      setup, then every test of the workspace, then e2e (ARGS go to
                    `cargo test`; with ARGS, e2e is skipped). A test that cannot run
