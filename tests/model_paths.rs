@@ -172,18 +172,7 @@ fn a_folder_its_owner_names_on_the_command_line_is_served() {
             Err(e) => (0, Value::String(e.to_string())),
         }
     };
-    let ready = wait_for(Duration::from_secs(120), || {
-        let (status, models) = call("GET", "/v1/models", None);
-        (status == 200)
-            .then_some(())
-            .and_then(|_| models["data"].as_array().cloned())
-            .and_then(|data| {
-                data.into_iter()
-                    .find(|m| m["ready"] == true)
-                    .and_then(|m| m["id"].as_str().map(str::to_string))
-            })
-    });
-    let Some((id, _)) = ready else {
+    let Some((id, _)) = support::ready_model_id(node, Duration::from_secs(120)) else {
         panic!("the owner's model never became ready\n{}", node.log_tail());
     };
     let (status, answer) = call(

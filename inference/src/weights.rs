@@ -241,6 +241,10 @@ pub fn gguf_name(names: &dyn GgufNames, hf: &str) -> Option<String> {
         _ => {
             let rest = stem.strip_prefix("model.layers.")?;
             let (layer, part) = rest.split_once('.')?;
+            if suffix == "e_score_correction_bias" {
+                // llama.cpp's one name for every family's router correction.
+                return Some(format!("blk.{layer}.exp_probs_b.bias"));
+            }
             format!("blk.{layer}.{}", names.gguf_part(part)?)
         }
     };
@@ -327,11 +331,51 @@ impl TensorSource for GgufSource {
         if format != WeightFormat::Quantized || !stays_quantized {
             return Ok(Matrix::Dense(self.dense(&name, format.compute_dtype())?));
         }
-        let (info, bytes) = self.file.read_tensor_bytes(&gname)?;
+        Ok(Matrix::Quantized(self.repacked(&name, &gname, format)?))
+    }
+
+    /// llama.cpp's experts, one tensor per projection (`blk.N.ffn_gate_exps`, GGUF shape
+    /// `[experts, out, in]` as this reader lists it): floats as they are, a type the CPU kernel
+    /// runs (K-quants, Q8_0, ...) repacked into MLX's affine layout without expanding, so the
+    /// gathered product reads the stored bits. `None` where the file has no such tensor.
+    fn stacked(&mut self, prefix: &str, format: WeightFormat) -> Result<Option<Stacked>> {
+        let name = format!("{prefix}.weight");
+        let Some(gname) = self
+            .gguf_name(&name)
+            .filter(|n| self.file.tensors.contains_key(n))
+        else {
+            return Ok(None);
+        };
+        let info = &self.file.tensors[&gname];
+        if info.shape.len() != 3 {
+            return Err(InferenceError::BadTensor {
+                name,
+                reason: format!("expected [experts, out, in], found shape {:?}", info.shape),
+            });
+        }
+        let stays_quantized = info.ggml_type.is_ok_and(crate::ggml_repack::runs_repacked);
+        if format != WeightFormat::Quantized || !stays_quantized {
+            return Ok(Some(Stacked::Dense(
+                self.dense(&name, format.compute_dtype())?,
+            )));
+        }
+        Ok(Some(Stacked::Quantized(
+            self.repacked(&name, &gname, format)?,
+        )))
+    }
+}
+
+impl GgufSource {
+    /// The GGUF tensor `gname` (Hugging Face name `name`, a matrix or experts stacked on a
+    /// first axis) repacked into MLX's affine layout: every leading axis kept, the last one
+    /// packed. Scales and biases stay f16 where the type stores them so and they are exact.
+    fn repacked(&self, name: &str, gname: &str, format: WeightFormat) -> Result<QuantizedMatrix> {
+        let (info, bytes) = self.file.read_tensor_bytes(gname)?;
         let ty = info.ggml_type.expect("checked by read_tensor_bytes");
         let mut q = crate::ggml_repack::to_mlx_quantized(ty, &bytes).expect("a quantized type");
-        let (rows, cols) = (info.shape[0], info.shape[1]);
-        if self.needs_unpermute(&name) {
+        let (lead, cols) = info.shape.split_at(info.shape.len() - 1);
+        let (rows, cols) = (lead.iter().product::<usize>(), cols[0]);
+        if self.needs_unpermute(name) {
             let hd = self.head_dim;
             let map = |r| quant::llama_unpermute_source_row(r, hd);
             q.packed = quant::gather_rows(&q.packed, q.packed.len() / rows, map);
@@ -348,16 +392,21 @@ impl TensorSource for GgufSource {
             format.compute_dtype()
         };
         let words = (cols * q.bits as usize / 32) as i32;
-        Ok(Matrix::Quantized(QuantizedMatrix {
-            packed: Array::from_slice(&q.packed, &[rows as i32, words]),
-            scales: Array::from_slice(&q.scales, &[rows as i32, groups]).as_dtype(dtype)?,
-            biases: Some(Array::from_slice(&q.biases, &[rows as i32, groups]).as_dtype(dtype)?),
+        let shape = |last: i32| {
+            let mut s = to_i32_shape(lead);
+            s.push(last);
+            s
+        };
+        Ok(QuantizedMatrix {
+            packed: Array::from_slice(&q.packed, &shape(words)),
+            scales: Array::from_slice(&q.scales, &shape(groups)).as_dtype(dtype)?,
+            biases: Some(Array::from_slice(&q.biases, &shape(groups)).as_dtype(dtype)?),
             spec: QuantSpec {
                 group_size: q.group_size,
                 bits: q.bits,
                 mode: QuantMode::Affine,
             },
-        }))
+        })
     }
 }
 

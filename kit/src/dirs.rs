@@ -59,6 +59,15 @@ pub fn family_fixture_dir(family: &str, layout: &str) -> PathBuf {
         .join(layout)
 }
 
+/// The MoE GGUF fixtures `cargo xtask setup` makes with llama.cpp's own converter and
+/// `llama-quantize` (issue 46): `<cache>/fixtures/gguf-moe/`, holding `<arch>.<type>.gguf`
+/// (`qwen3moe.F32.gguf`, `.Q8_0`, `.Q4_K_M`), llama.cpp's logits on each
+/// (`<arch>.<type>.logits.f32`) and `reference.json` (the prompt, llama.cpp's greedy tokens and
+/// its greedy answer to a chat), so the tests compare shoal with llama.cpp's own reader.
+pub fn moe_gguf_fixtures_dir() -> PathBuf {
+    cache_dir().join("fixtures").join("gguf-moe")
+}
+
 /// The vision fixtures `cargo xtask setup` makes with mlx-vlm (issue 47):
 /// `<cache>/fixtures/vision/`, holding `images/` (synthetic PNG and JPEG test images) and one
 /// folder per model (`gemma3/hf`, `gemma3/f32`, `gemma3/q4`, each with mlx-vlm's

@@ -199,6 +199,21 @@ pub fn run_script(
     child.wait_with_output().expect("the script's output")
 }
 
+/// The id of the first model `node` lists as ready in `GET /v1/models`, waiting up to `limit`
+/// for one (a model named on the command line is placed by the node itself), with the wait.
+pub fn ready_model_id(node: &ShoalNode, limit: Duration) -> Option<(String, Duration)> {
+    wait_for(limit, || {
+        let (200, models) = call(node, "GET", "/v1/models", None) else {
+            return None;
+        };
+        models["data"]
+            .as_array()?
+            .iter()
+            .find(|m| m["ready"] == true)
+            .and_then(|m| m["id"].as_str().map(str::to_string))
+    })
+}
+
 /// Whether `node` lists the model `default` (the fixture) as ready in `GET /v1/models`.
 pub fn default_ready(node: &ShoalNode) -> bool {
     let (200, models) = call(node, "GET", "/v1/models", None) else {

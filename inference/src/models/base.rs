@@ -52,6 +52,20 @@ pub trait Family: GgufNames + Sync {
         Ok(())
     }
 
+    /// Reads what only this family's GGUF metadata holds (its experts: llama.cpp's
+    /// `<arch>.expert_count`, ...) into `config`, after the shared numbers are read; `arch` is
+    /// the file's `general.architecture`, the prefix of its keys. The default reads nothing (a
+    /// dense family's GGUF says all it needs in the shared keys).
+    fn configure_gguf(
+        &self,
+        file: &crate::gguf::GgufFile,
+        arch: &str,
+        config: &mut ModelConfig,
+    ) -> Result<()> {
+        let _ = (file, arch, config);
+        Ok(())
+    }
+
     /// The final norm's weight as [`crate::cpu_layer_ops::rms_norm`] takes it (Gemma stores `w` of `1 + w`).
     fn final_norm(
         &self,

@@ -17,6 +17,7 @@ use super::base::{
     gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward, HeadNorms, Mlp,
     LAYER_TENSORS,
 };
+use super::gguf_moe::{gguf_count, gguf_sigmoid_moe, EXPERT_TENSORS, SHARED_EXPERT_TENSORS};
 use super::moe::PROJ_NAMES;
 use super::sigmoid_moe::{load_sigmoid_moe, sigmoid_moe_config, sigmoid_moe_tensor_names};
 use crate::config::ModelConfig;
@@ -30,12 +31,44 @@ const HEAD_NORMS: &[(&str, &str)] = &[
     ("self_attn.k_norm", "attn_k_norm"),
 ];
 
+/// llama.cpp's names that differ from the other families': GLM's pre-FFN norm is its
+/// `post_attention_norm` (llama.cpp's `ffn_norm` elsewhere).
+const GGUF_OWN: &[(&str, &str)] = &[("post_attention_layernorm", "post_attention_norm")];
+
 /// The GLM-4 MoE family.
 pub struct Glm4Moe;
 
 impl Family for Glm4Moe {
     fn hf_names(&self) -> (&'static str, &'static str) {
         ("glm4_moe", "Glm4MoeForCausalLM")
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &["glm4moe"]
+    }
+
+    /// llama.cpp's `glm4moe`: the sigmoid experts' keys ([`gguf_sigmoid_moe`]), RoPE on
+    /// `rope.dimension_count` dimensions of each head, the Q/K norms where the file has them,
+    /// and without the multi-token-prediction layers the converter appends to `block_count`
+    /// (`nextn_predict_layers`).
+    fn configure_gguf(
+        &self,
+        file: &crate::gguf::GgufFile,
+        arch: &str,
+        config: &mut ModelConfig,
+    ) -> Result<()> {
+        config.moe = Some(gguf_sigmoid_moe(file, arch)?);
+        let rotary = gguf_count(file, arch, "rope.dimension_count").unwrap_or(config.head_dim);
+        config.attention.rotary_dim = (rotary != config.head_dim).then_some(rotary);
+        config.attention.qk_norm = file.tensors.contains_key("blk.0.attn_q_norm.weight");
+        let nextn = gguf_count(file, arch, "nextn_predict_layers").unwrap_or(0);
+        config.num_layers = config.num_layers.checked_sub(nextn).ok_or_else(|| {
+            InferenceError::BadConfig(format!(
+                "{nextn} prediction layers in a GGUF of {} blocks",
+                config.num_layers
+            ))
+        })?;
+        Ok(())
     }
 
     fn configure(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {
@@ -126,6 +159,10 @@ impl Family for Glm4Moe {
 
 impl GgufNames for Glm4Moe {
     fn gguf_part(&self, hf_part: &str) -> Option<&'static str> {
-        gguf_part_in(LAYER_TENSORS.iter().chain(HEAD_NORMS), hf_part)
+        let tables = GGUF_OWN.iter().chain(LAYER_TENSORS).chain(HEAD_NORMS);
+        gguf_part_in(
+            tables.chain(EXPERT_TENSORS).chain(SHARED_EXPERT_TENSORS),
+            hf_part,
+        )
     }
 }

@@ -28,6 +28,7 @@ pub mod gated_delta;
 pub mod gemma3;
 pub mod gemma3_vision;
 pub mod gemma4_text;
+pub(crate) mod gguf_moe;
 pub mod glm4_moe;
 pub mod glm4_moe_lite;
 pub mod glm_moe_dsa;
@@ -114,5 +115,57 @@ mod tests {
         );
         assert!(llama.gguf_rows_interleaved("model.layers.0.self_attn.k_proj.weight"));
         assert!(!qwen3.gguf_rows_interleaved("model.layers.0.self_attn.k_proj.weight"));
+    }
+
+    /// llama.cpp's MoE names: every expert of a projection in one tensor, the router, GLM's
+    /// correction, shared expert and pre-FFN norm (`tensor_mapping.py`'s names for them).
+    #[test]
+    fn moe_gguf_names_follow_llama_cpp() {
+        let qwen3_moe = family(Architecture::parse("qwen3moe").unwrap());
+        let glm = family(Architecture::parse("glm4moe").unwrap());
+        for (names, hf, gguf) in [
+            (
+                qwen3_moe,
+                "mlp.switch_mlp.down_proj.weight",
+                "ffn_down_exps.weight",
+            ),
+            (qwen3_moe, "mlp.gate.weight", "ffn_gate_inp.weight"),
+            (
+                qwen3_moe,
+                "post_attention_layernorm.weight",
+                "ffn_norm.weight",
+            ),
+            (
+                glm,
+                "mlp.switch_mlp.gate_proj.weight",
+                "ffn_gate_exps.weight",
+            ),
+            (glm, "mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
+            (
+                glm,
+                "mlp.shared_experts.up_proj.weight",
+                "ffn_up_shexp.weight",
+            ),
+            (
+                glm,
+                "post_attention_layernorm.weight",
+                "post_attention_norm.weight",
+            ),
+            (glm, "self_attn.q_proj.bias", "attn_q.bias"),
+        ] {
+            assert_eq!(
+                gguf_name(names, &format!("model.layers.2.{hf}")),
+                Some(format!("blk.2.{gguf}")),
+                "{hf}"
+            );
+        }
+        assert_eq!(
+            gguf_name(
+                qwen3_moe,
+                "model.layers.2.mlp.shared_experts.up_proj.weight"
+            ),
+            None,
+            "Qwen3-MoE has no shared expert"
+        );
     }
 }

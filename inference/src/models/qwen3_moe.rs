@@ -9,6 +9,7 @@ use super::base::{
     LAYER_TENSORS,
 };
 use super::config_keys::family_keys;
+use super::gguf_moe::{gguf_experts, EXPERT_TENSORS};
 use super::moe::MoeBlock;
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
@@ -80,6 +81,28 @@ impl Family for Qwen3Moe {
         Ok(())
     }
 
+    /// llama.cpp's `qwen3moe`: every layer has experts, and its graph always renormalizes the
+    /// top k weights (`build_moe_ffn(..., norm_w = true, ...)`, whatever `norm_topk_prob` was).
+    fn configure_gguf(
+        &self,
+        file: &crate::gguf::GgufFile,
+        arch: &str,
+        config: &mut ModelConfig,
+    ) -> Result<()> {
+        let experts = gguf_experts(file, arch)?;
+        config.moe = Some(MoeConfig {
+            num_experts: experts.count,
+            experts_per_token: experts.used,
+            expert_width: experts.width,
+            router: RouterKind::SoftmaxTopK { normalize: true },
+            dense_layers: Vec::new(),
+            sparse_step: 1,
+            first_dense: 0,
+            shared_width: 0,
+        });
+        Ok(())
+    }
+
     fn block(
         &self,
         config: &ModelConfig,
@@ -132,6 +155,9 @@ impl Family for Qwen3Moe {
 
 impl GgufNames for Qwen3Moe {
     fn gguf_part(&self, hf_part: &str) -> Option<&'static str> {
-        gguf_part_in(LAYER_TENSORS.iter().chain(HEAD_NORMS), hf_part)
+        gguf_part_in(
+            LAYER_TENSORS.iter().chain(HEAD_NORMS).chain(EXPERT_TENSORS),
+            hf_part,
+        )
     }
 }
