@@ -55,6 +55,10 @@ const MAX_REFUSED: usize = 4096;
 const EXPORT_LABEL: &[u8] = b"shoal cluster admission v1";
 const REFUSED: u32 = 0x5301;
 
+/// The reason a connection is closed with when the peer's secret proof is wrong: the other
+/// side reads it to tell a secret mismatch from a peer that does not speak the handshake.
+const WRONG_SECRET_REASON: &str = "wrong cluster secret";
+
 /// A cluster secret: the key derived from the text users type (`shoal secret` makes one).
 #[derive(Clone)]
 pub struct ClusterSecret {
@@ -288,6 +292,15 @@ impl Admission {
                 Ok(hello) => hello,
                 Err(e) => {
                     connection.close(REFUSED.into(), b"no handshake");
+                    // The peer checked our proof first and closed the connection for it
+                    // before its hello arrived: a secret mismatch, said as one.
+                    if format!("{e:#}").contains(WRONG_SECRET_REASON) {
+                        anyhow::bail!(
+                            "node {} does not share this node's cluster secret (or refused \
+                             ours); start every node with the same --cluster-secret",
+                            peer.fmt_short()
+                        );
+                    }
                     anyhow::bail!(
                         "node {} did not answer the handshake ({e:#}); is it a shoal node of \
                          this release's protocol?",
@@ -306,7 +319,7 @@ impl Admission {
                 if read.is_err()
                     || blake3::Hash::from_bytes(answer) != secret.proof(b"responder", &material)
                 {
-                    connection.close(REFUSED.into(), b"wrong cluster secret");
+                    connection.close(REFUSED.into(), WRONG_SECRET_REASON.as_bytes());
                     anyhow::bail!(
                         "node {} does not share this node's cluster secret (or refused ours); \
                          start every node with the same --cluster-secret",
@@ -398,7 +411,7 @@ impl ProtocolHandler for AuthHandler {
                     "refused a node that does not know this cluster's secret ({e:#}); if it \
                      is yours, start it with the same --cluster-secret"
                 );
-                connection.close(REFUSED.into(), b"wrong cluster secret");
+                connection.close(REFUSED.into(), WRONG_SECRET_REASON.as_bytes());
             }
             Ok(Err(e)) => {
                 tracing::warn!(
