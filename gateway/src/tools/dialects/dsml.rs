@@ -12,9 +12,10 @@
 //! </｜DSML｜function_calls>
 //! ```
 
+use super::minimax::{invokes_so_far, invokes_whole, Invokes};
 use crate::tools::block::{Cursor, Grammar};
 use crate::tools::offered::Offered;
-use crate::tools::stream::{pairs_json, Progress};
+use crate::tools::stream::Progress;
 use crate::tools::ToolCall;
 
 /// The marker every DSML tag carries.
@@ -63,73 +64,21 @@ fn invoked<'a>(c: &mut Cursor<'a>) -> Option<&'a str> {
     (!name.is_empty() && !name.contains(['"', '<'])).then_some(name)
 }
 
-/// The invokes so far: each once its name is read, with its complete parameters; done at
-/// its closing tag (or the block's end).
+/// DSML's tags, read as MiniMax M2's invokes are.
+const TAGS: Invokes = Invokes {
+    invoke: INVOKE,
+    invoke_end: INVOKE_END,
+    parameter: PARAMETER,
+    name: invoked,
+    parameter_body: parameter,
+};
+
 fn partial(text: &str, offered: &Offered, end: bool) -> Vec<Progress> {
-    let mut c = Cursor::new(text);
-    let mut calls = Vec::new();
-    loop {
-        c.skip_space();
-        if !c.eat(INVOKE) {
-            return calls;
-        }
-        let Some(name) = invoked(&mut c) else {
-            return calls;
-        };
-        let mut pairs = Vec::new();
-        let mut done = end;
-        loop {
-            c.skip_space();
-            if c.eat(INVOKE_END) {
-                done = true;
-                break;
-            }
-            if !c.eat(PARAMETER) {
-                break;
-            }
-            let Some((key, value)) = parameter(&mut c) else {
-                break;
-            };
-            pairs.push((key.to_string(), value.to_string()));
-        }
-        calls.push(Progress {
-            name: name.to_string(),
-            id: None,
-            arguments: pairs_json(offered, name, &pairs, done),
-            done,
-        });
-        if !done {
-            return calls;
-        }
-    }
+    invokes_so_far(&TAGS, text, offered, end)
 }
 
 fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
-    let mut c = Cursor::new(text);
-    let mut calls = Vec::new();
-    loop {
-        c.skip_space();
-        if c.is_done() {
-            return Some(calls);
-        }
-        if !c.eat(INVOKE) {
-            return None;
-        }
-        let name = invoked(&mut c)?;
-        let mut arguments = Vec::new();
-        loop {
-            c.skip_space();
-            if c.eat(INVOKE_END) {
-                break;
-            }
-            if !c.eat(PARAMETER) {
-                return None;
-            }
-            let (key, value) = parameter(&mut c)?;
-            arguments.push((key.to_string(), value.to_string()));
-        }
-        calls.push(offered.text_call(name, &arguments, None)?);
-    }
+    invokes_whole(&TAGS, text, offered)
 }
 
 #[cfg(test)]

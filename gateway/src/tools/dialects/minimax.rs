@@ -23,31 +23,63 @@ pub static GRAMMAR: Grammar = Grammar {
     partial,
 };
 
-/// The invokes so far: each once its name is read, with its complete parameters; done at
-/// `</invoke>` (or the block's end).
+/// MiniMax M2's tags (DeepSeek's DSML writes the same shape with its own, see `dsml.rs`).
+const TAGS: Invokes = Invokes {
+    invoke: "<invoke name=",
+    invoke_end: "</invoke>",
+    parameter: "<parameter name=",
+    name: quoted,
+    parameter_body: |c| Some((quoted(c)?, c.until("</parameter>")?)),
+};
+
 fn partial(text: &str, offered: &Offered, end: bool) -> Vec<Progress> {
+    invokes_so_far(&TAGS, text, offered, end)
+}
+
+fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
+    invokes_whole(&TAGS, text, offered)
+}
+
+/// A block of `invoke`s of named parameters: its tags, and how a name and a parameter (after
+/// its opening tag, up to its closing one) are read.
+pub(super) struct Invokes {
+    pub invoke: &'static str,
+    pub invoke_end: &'static str,
+    pub parameter: &'static str,
+    pub name: for<'a> fn(&mut Cursor<'a>) -> Option<&'a str>,
+    pub parameter_body: for<'a> fn(&mut Cursor<'a>) -> Option<(&'a str, &'a str)>,
+}
+
+/// The invokes so far: each once its name is read, with its complete parameters; done at
+/// its closing tag (or the block's end).
+pub(super) fn invokes_so_far(
+    f: &Invokes,
+    text: &str,
+    offered: &Offered,
+    end: bool,
+) -> Vec<Progress> {
     let mut c = Cursor::new(text);
     let mut calls = Vec::new();
     loop {
         c.skip_space();
-        if !c.eat("<invoke name=") {
+        if !c.eat(f.invoke) {
             return calls;
         }
-        let Some(name) = quoted(&mut c) else {
+        let Some(name) = (f.name)(&mut c) else {
             return calls;
         };
         let mut pairs = Vec::new();
         let mut done = end;
         loop {
             c.skip_space();
-            if c.eat("</invoke>") {
+            if c.eat(f.invoke_end) {
                 done = true;
                 break;
             }
-            if !c.eat("<parameter name=") {
+            if !c.eat(f.parameter) {
                 break;
             }
-            let (Some(key), Some(value)) = (quoted(&mut c), c.until("</parameter>")) else {
+            let Some((key, value)) = (f.parameter_body)(&mut c) else {
                 break;
             };
             pairs.push((key.to_string(), value.to_string()));
@@ -64,7 +96,8 @@ fn partial(text: &str, offered: &Offered, end: bool) -> Vec<Progress> {
     }
 }
 
-fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
+/// The calls of a whole block, each checked against the offered tools.
+pub(super) fn invokes_whole(f: &Invokes, text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
     let mut c = Cursor::new(text);
     let mut calls = Vec::new();
     loop {
@@ -72,21 +105,20 @@ fn body(text: &str, offered: &Offered) -> Option<Vec<ToolCall>> {
         if c.is_done() {
             return Some(calls);
         }
-        if !c.eat("<invoke name=") {
+        if !c.eat(f.invoke) {
             return None;
         }
-        let name = quoted(&mut c)?;
+        let name = (f.name)(&mut c)?;
         let mut arguments = Vec::new();
         loop {
             c.skip_space();
-            if c.eat("</invoke>") {
+            if c.eat(f.invoke_end) {
                 break;
             }
-            if !c.eat("<parameter name=") {
+            if !c.eat(f.parameter) {
                 return None;
             }
-            let key = quoted(&mut c)?;
-            let value = c.until("</parameter>")?;
+            let (key, value) = (f.parameter_body)(&mut c)?;
             arguments.push((key.to_string(), value.to_string()));
         }
         calls.push(offered.text_call(name, &arguments, None)?);
