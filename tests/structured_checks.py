@@ -11,6 +11,7 @@ Usage: python structured_checks.py ROOT_URL MODEL [--unconstrained]
 - `json_object` (chat) and `format: "json"` (Ollama /api/generate) give a JSON object.
 - `tool_choice` "required" and a named function (OpenAI), `any` and a named tool
   (Anthropic) give a typed call whose arguments validate against the tool's schema.
+- `strict` tools under `auto`: prose or typed calls that validate, at least one call.
 - A schema keyword the engine cannot enforce (`uniqueItems`) is a 400 naming it, in chat and
   Ollama.
 
@@ -89,6 +90,23 @@ TOOLS = {"get_weather": WEATHER, "get_time": TIME}
 OA_TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n} of a place", "parameters": s}}
             for n, s in TOOLS.items()]
 AN_TOOLS = [{"name": n, "description": f"{n} of a place", "input_schema": s} for n, s in TOOLS.items()]
+
+# `strict` tools under `auto`: questions that ask for a call, the model decides.
+STRICT_SYSTEM = "You are a helpful assistant with tools. Call a tool whenever one can answer."
+# An earlier turn that called a tool, so that the model knows how (SmolLM2 writes prose
+# otherwise).
+STRICT_HISTORY = [
+    {"role": "system", "content": STRICT_SYSTEM},
+    {"role": "user", "content": "What is the weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": '{"temperature": 4, "sky": "cloudy"}'},
+    {"role": "assistant", "content": "It is 4 degrees and cloudy in Oslo."},
+]
+STRICT_QUESTIONS = ["What is the weather in Paris right now?",
+                    "What time is it in Europe/Paris?",
+                    "Tell me the weather in Rome in celsius."]
 
 results = []
 
@@ -210,6 +228,35 @@ def tool_checks():
         check(f"anthropic tool_choice {json.dumps(choice)}: a tool_use that validates", ok, why)
 
 
+def strict_auto_checks():
+    """`strict` tools under `tool_choice` auto: the model answers in prose or calls, and every
+    call it opens is typed and validates (a lazy grammar from the call's marker on). At least
+    one of the questions must get a call, so the check cannot pass on prose alone."""
+    tools = [{"type": "function", "function": {"name": n, "description": f"{n} of a place",
+                                                "parameters": s, "strict": True}}
+             for n, s in TOOLS.items()]
+    calls_seen = 0
+    for i, question in enumerate(STRICT_QUESTIONS):
+        r = oa.chat.completions.create(
+            model=model, temperature=0, max_tokens=MAX_TOKENS, tools=tools,
+            messages=STRICT_HISTORY + [{"role": "user", "content": question}])
+        m = r.choices[0].message
+        calls = m.tool_calls or []
+        calls_seen += len(calls)
+        if calls:
+            verdicts = [call_ok("openai", c.function.name, c.function.arguments) for c in calls]
+            ok = all(v[0] for v in verdicts)
+            why = "; ".join(v[1] for v in verdicts if not v[0])
+        else:
+            ok = "<tool_call>" not in (m.content or "")
+            why = f"call markup left in the text: {m.content!r}"
+        check(f"openai strict tools, auto, question {i}: prose or typed calls that validate", ok, why)
+    if not UNCONSTRAINED:
+        print(f"strict tools under auto: {calls_seen} typed calls over {len(STRICT_QUESTIONS)} questions")
+    check("openai strict tools, auto: the model called at least once", calls_seen > 0,
+          "no question got a call")
+
+
 def refusal_checks():
     bad = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
     try:
@@ -230,6 +277,7 @@ def refusal_checks():
 parse_check()
 json_mode_checks()
 tool_checks()
+strict_auto_checks()
 schema_checks()
 if not UNCONSTRAINED:
     refusal_checks()

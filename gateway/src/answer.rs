@@ -247,6 +247,7 @@ mod tests {
             name: "f".into(),
             description: None,
             parameters: None,
+            strict: false,
         }];
         let mut s = AnswerSplitter::new(&tools, AnswerForm::default());
         let mut parts = s.push("<think>hm</think>ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>");
@@ -273,6 +274,7 @@ mod tests {
             name: "f".into(),
             description: None,
             parameters: None,
+            strict: false,
         }];
         let text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call> then <tool_call>{\"name\": \"f\"}</tool_call> more";
         for stream in [false, true] {
@@ -314,6 +316,7 @@ mod tests {
             parameters: Some(
                 r#"{"type": "object", "properties": {"n": {"type": "number"}}}"#.into(),
             ),
+            strict: false,
         }];
         let form = |dialect| AnswerForm {
             opens_in_thought: false,

@@ -72,6 +72,7 @@ fn tools() -> Vec<Tool> {
             r#"{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}"#
                 .into(),
         ),
+        strict: false,
     }]
 }
 

@@ -68,6 +68,7 @@ fn weather() -> Tool {
                    "days": {"type": "integer"}}, "required": ["city"]})
             .to_string(),
         ),
+        strict: false,
     }
 }
 

@@ -420,6 +420,7 @@ mod tests {
                 parameters: Some(
                     r#"{"type":"object","properties":{"city":{"type":"string"}}}"#.into(),
                 ),
+                strict: false,
             }],
             tool_choice: gateway::ToolChoice::Function("get_weather".into()),
             enable_thinking: Some(false),

@@ -247,15 +247,15 @@ fn end_tokens(folder: &std::path::Path) -> Vec<u64> {
 
 /// One run's figures.
 #[derive(Clone, Copy, Default)]
-struct Figures {
-    tps: f64,
-    p50: f64,
-    p99: f64,
+pub(crate) struct Figures {
+    pub(crate) tps: f64,
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
     /// Prompt tokens of every stream over the time until the last stream's first token:
     /// the prompts' throughput (all of them are in by then). 0 when the server gave no usage.
-    prompt_tps: f64,
+    pub(crate) prompt_tps: f64,
     /// Connections the server reset or refused before answering, tried again.
-    retried: u64,
+    pub(crate) retried: u64,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -288,14 +288,14 @@ fn figures(line: &Value) -> Result<Figures, String> {
 }
 
 /// The round with the median rate of `runs` (the lower middle of an even count).
-fn median_round(runs: &[Figures]) -> Option<Figures> {
+pub(crate) fn median_round(runs: &[Figures]) -> Option<Figures> {
     let mut sorted = runs.to_vec();
     sorted.sort_by(|a, b| a.tps.total_cmp(&b.tps));
     sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
 /// `n` streams of `tokens` against `model` at `url` with `extra` in each body.
-fn load(
+pub(crate) fn load(
     tb: &Testbed,
     (url, model): (&str, &str),
     n: usize,

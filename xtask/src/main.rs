@@ -10,6 +10,7 @@ mod bench_moe;
 mod bench_peer_copy;
 mod bench_prompt_cache;
 mod bench_streams;
+mod bench_structured;
 mod cluster;
 mod dialect_fixtures;
 mod e2e;
@@ -91,6 +92,9 @@ Commands:
                    --moe: both on a 4-bit Qwen3-MoE of 1.9 B parameters (made once by
                    mlx-lm), with each server's resident memory; --quantized: shoal keeps
                    the weights quantized instead of the CPU default's choice
+  bench structured [--streams 16] [--tokens 128] [--rounds 3]
+                   constrained decoding's cost: the same streams alternating, unconstrained
+                   and under a JSON Schema response_format; aggregate tok/s and TTFT
   bench prompt-cache [--words 700] [--rounds 3]
                    second turn of a ~1,000-token chat: time to first token with the
                    prompt cache and without (--prompt-cache-tokens 0)
@@ -274,10 +278,11 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("download") => bench_download::bench_download(&args[1..]),
         Some("peer-copy") => bench_peer_copy::bench_peer_copy(&args[1..]),
         Some("concurrency") => bench_concurrency::bench_concurrency(&args[1..]),
+        Some("structured") => bench_structured::bench_structured(&args[1..]),
         Some("prompt-cache") => bench_prompt_cache::bench_prompt_cache(&args[1..]),
         _ => Err(
             "bench: say what to measure: `cargo xtask bench mesh`, `inference`, \
-                  `forward`, `cluster`, `download`, `peer-copy`, `concurrency` or `prompt-cache`"
+                  `forward`, `cluster`, `download`, `peer-copy`, `concurrency`, `structured` or `prompt-cache`"
                 .into(),
         ),
     }

@@ -248,11 +248,13 @@ pub mod testing {
                         "required": ["city"]})
                     .to_string(),
                 ),
+                strict: false,
             },
             Tool {
                 name: "get_time".into(),
                 description: None,
                 parameters: None,
+                strict: false,
             },
         ]
     }

@@ -65,20 +65,24 @@ fn arguments_schema_of(schema: Ordered) -> String {
 
 /// A piece of a call's fixed text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
+pub(super) enum Piece {
     Text(String),
     /// A control token of the family (special in its published tokenizer, or not).
     Control(&'static str),
+    /// A Lark terminal written as it is (Kimi's call index under `auto`, which counts calls
+    /// the grammar cannot see).
+    Pattern(&'static str),
 }
 
-fn text(t: impl Into<String>) -> Piece {
+pub(super) fn text(t: impl Into<String>) -> Piece {
     Piece::Text(t.into())
 }
 
 /// The fixed text of a call of `name` after the `required` opening (`Opener::required`) up
 /// to its arguments, and after the arguments to the call's end (the family's end-of-turn
 /// token, where that ends a call, is the model's). `None` for the families without a grammar.
-fn call_text(opener: Opener, name: &str, index: usize) -> Option<(Vec<Piece>, Vec<Piece>)> {
+/// `index`: the call's place among the conversation's calls (Kimi's ids), any when `None`.
+fn call_text(opener: Opener, name: &str, index: Option<usize>) -> Option<(Vec<Piece>, Vec<Piece>)> {
     use Piece::Control;
     const DEEPSEEK_END: [Piece; 2] = [
         Control("<｜tool▁call▁end｜>"),
@@ -98,10 +102,17 @@ fn call_text(opener: Opener, name: &str, index: usize) -> Option<(Vec<Piece>, Ve
             vec![text("}]")],
         ),
         Opener::Kimi => (
-            vec![
-                text(format!("{name}:{index}")),
-                Control("<|tool_call_argument_begin|>"),
-            ],
+            match index {
+                Some(index) => vec![
+                    text(format!("{name}:{index}")),
+                    Control("<|tool_call_argument_begin|>"),
+                ],
+                None => vec![
+                    text(format!("{name}:")),
+                    Piece::Pattern("/[0-9]+/"),
+                    Control("<|tool_call_argument_begin|>"),
+                ],
+            },
             vec![
                 Control("<|tool_call_end|>"),
                 Control("<|tool_calls_section_end|>"),
@@ -276,16 +287,18 @@ fn xml_arguments(
 }
 
 /// Writes grammar rules: each piece as a literal or a `ctl_N` rule (added to `controls`).
-struct Writer {
+#[derive(Default)]
+pub(super) struct Writer {
     controls: Vec<&'static str>,
 }
 
 impl Writer {
-    fn pieces(&mut self, pieces: &[Piece]) -> String {
+    pub(super) fn pieces(&mut self, pieces: &[Piece]) -> String {
         let items: Vec<String> = pieces
             .iter()
             .map(|p| match p {
                 Piece::Text(t) => literal(t),
+                Piece::Pattern(p) => p.to_string(),
                 Piece::Control(c) => {
                     let at = self
                         .controls
@@ -303,7 +316,7 @@ impl Writer {
     }
 
     /// The `ctl_N: "TOKEN"` rules, each on its own line.
-    fn control_rules(&self) -> String {
+    pub(super) fn control_rules(&self) -> String {
         self.controls
             .iter()
             .enumerate()
@@ -322,16 +335,21 @@ pub fn call_grammar(
     offered: &[&Tool],
     index: usize,
 ) -> Option<CallGrammar> {
-    let mut writer = Writer {
-        controls: Vec::new(),
-    };
+    let mut writer = Writer::default();
+    if let ToolChoice::Required = choice {
+        let rules = required_rules(opener, offered, Some(index), &mut writer)?;
+        return Some(CallGrammar {
+            lark: format!("start: {rules}{}", writer.control_rules()),
+            without_brace: false,
+        });
+    }
     if xml_call(opener, "").is_some() {
         return xml_grammar(opener, choice, offered, &mut writer);
     }
     match choice {
         ToolChoice::Function(name) => {
             let tool = offered.iter().find(|t| &t.name == name)?;
-            let (_, close) = call_text(opener, name, index)?;
+            let (_, close) = call_text(opener, name, Some(index))?;
             let close = writer.pieces(&close);
             let start = [String::from("args"), close]
                 .into_iter()
@@ -348,31 +366,51 @@ pub fn call_grammar(
                 without_brace: true,
             })
         }
-        ToolChoice::Required if !offered.is_empty() => {
-            call_text(opener, "", index)?;
-            let mut lark = String::from("start: ");
-            let names: Vec<String> = (0..offered.len()).map(|i| format!("call_{i}")).collect();
-            lark.push_str(&names.join(" | "));
-            lark.push('\n');
-            for (i, tool) in offered.iter().enumerate() {
-                let (head, close) = call_text(opener, &tool.name, index)?;
-                let (head, close) = (writer.pieces(&head), writer.pieces(&close));
-                lark.push_str(&format!(
-                    "call_{i}: {head} args_{i} {close}\nargs_{i}: %json {}\n",
-                    arguments_schema(tool.parameters.as_deref())
-                ));
-            }
-            lark.push_str(&writer.control_rules());
-            Some(CallGrammar {
-                lark,
-                without_brace: false,
-            })
-        }
         _ => None,
     }
 }
 
-/// [`call_grammar`] for the XML families: the arguments are tags, not one JSON object.
+/// The rest of a call after the family's `required` opening, one of `offered` (at least one):
+/// the alternatives (`call_0 | call_1 …`) on the first line, then their rules; the control
+/// rules are left in `writer`. `index`: as [`call_text`]'s. `None` for the families without
+/// a grammar.
+pub(super) fn required_rules(
+    opener: Opener,
+    offered: &[&Tool],
+    index: Option<usize>,
+    writer: &mut Writer,
+) -> Option<String> {
+    if offered.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = (0..offered.len()).map(|i| format!("call_{i}")).collect();
+    let mut lark = format!("{}\n", names.join(" | "));
+    if xml_call(opener, "").is_some() {
+        for (i, tool) in offered.iter().enumerate() {
+            let call = xml_call(opener, &tool.name)?;
+            let rule = format!("arg_{i}");
+            let mut rules = String::new();
+            let arguments =
+                xml_arguments(&call, tool.parameters.as_deref(), &rule, writer, &mut rules);
+            let (head, close) = (writer.pieces(&call.head), writer.pieces(&call.close));
+            lark.push_str(&rules);
+            lark.push_str(&format!("call_{i}: {head} {arguments} {close}\n"));
+        }
+        return Some(lark);
+    }
+    for (i, tool) in offered.iter().enumerate() {
+        let (head, close) = call_text(opener, &tool.name, index)?;
+        let (head, close) = (writer.pieces(&head), writer.pieces(&close));
+        lark.push_str(&format!(
+            "call_{i}: {head} args_{i} {close}\nargs_{i}: %json {}\n",
+            arguments_schema(tool.parameters.as_deref())
+        ));
+    }
+    Some(lark)
+}
+
+/// [`call_grammar`] of a named function for the XML families: the arguments are tags, not
+/// one JSON object.
 fn xml_grammar(
     opener: Opener,
     choice: &ToolChoice,
@@ -388,19 +426,6 @@ fn xml_grammar(
                 xml_arguments(&call, tool.parameters.as_deref(), "arg", writer, &mut rules);
             let close = writer.pieces(&call.close);
             format!("start: {arguments} {close}\n")
-        }
-        ToolChoice::Required if !offered.is_empty() => {
-            let mut calls = Vec::new();
-            for (i, tool) in offered.iter().enumerate() {
-                let call = xml_call(opener, &tool.name)?;
-                let rule = format!("arg_{i}");
-                let arguments =
-                    xml_arguments(&call, tool.parameters.as_deref(), &rule, writer, &mut rules);
-                let (head, close) = (writer.pieces(&call.head), writer.pieces(&call.close));
-                rules.push_str(&format!("call_{i}: {head} {arguments} {close}\n"));
-                calls.push(format!("call_{i}"));
-            }
-            format!("start: {}\n", calls.join(" | "))
         }
         _ => return None,
     };
@@ -419,6 +444,7 @@ mod tests {
             name: name.into(),
             description: None,
             parameters: parameters.map(str::to_owned),
+            strict: false,
         }
     }
 

@@ -123,7 +123,7 @@ impl Opener {
     /// JSON with the name first, that JSON up to the name (`{"name": "`), so the model goes
     /// on with a function's name rather than prose (SmolLM2 wrote prose after a bare
     /// `<tool_call>`). The other markers already end where the name begins.
-    fn required(self) -> String {
+    pub(crate) fn required(self) -> String {
         let marker = self.marker();
         match self {
             Opener::Hermes => format!("{marker}{{\"name\": \""),
@@ -194,6 +194,8 @@ pub fn opening(
 /// tool is offered. `mark`: how a client's text is written into the prompt. Answers the
 /// grammar (llguidance's Lark) the rest of the call must be decoded under, for the families
 /// that have one ([`super::call_grammar`]); the opening then leaves the arguments to it.
+/// Under `auto`, when every tool offered is `strict`, nothing is appended and the grammar is
+/// the lazy one ([`super::lazy_grammar`]): prose, or calls that fit.
 pub fn apply(
     request: &ChatRequest,
     template: Option<&str>,
@@ -204,6 +206,14 @@ pub fn apply(
     let offered = request.tool_choice.offered(&request.tools);
     if offered.is_empty() {
         return None;
+    }
+    // Under `auto` a response format binds the prose, which the lazy grammar leaves free: the
+    // format wins, and strict calls are checked after the fact as every call is.
+    if request.tool_choice == ToolChoice::Auto {
+        if request.response_format.is_some() {
+            return None;
+        }
+        return super::lazy_grammar::lazy_grammar(Opener::of_template(template), &offered);
     }
     // `required` with one tool offered can only call that one: its name is forced too (what
     // a grammar over the names would allow), but not the end after it (`required` may call
@@ -230,30 +240,32 @@ pub fn apply(
     grammar.map(|g| g.lark)
 }
 
+/// Every opener, for tests that go over the families.
+#[cfg(test)]
+pub(crate) const ALL_OPENERS: [Opener; 15] = [
+    Opener::Hermes,
+    Opener::Llama,
+    Opener::MistralList,
+    Opener::MistralArgs,
+    Opener::Qwen3Coder,
+    Opener::Glm,
+    Opener::MiniMax,
+    Opener::Kimi,
+    Opener::DeepSeek,
+    Opener::DeepSeekFenced,
+    Opener::Harmony,
+    Opener::Dsml,
+    Opener::DsmlV4,
+    Opener::Gemma4,
+    Opener::MiniMaxM3,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::answer::{AnswerForm, AnswerSplitter};
     use crate::answer_part::AnswerPart;
     use crate::tools::block::testing::tools;
-
-    const ALL: [Opener; 15] = [
-        Opener::Hermes,
-        Opener::Llama,
-        Opener::MistralList,
-        Opener::MistralArgs,
-        Opener::Qwen3Coder,
-        Opener::Glm,
-        Opener::MiniMax,
-        Opener::Kimi,
-        Opener::DeepSeek,
-        Opener::DeepSeekFenced,
-        Opener::Harmony,
-        Opener::Dsml,
-        Opener::DsmlV4,
-        Opener::Gemma4,
-        Opener::MiniMaxM3,
-    ];
 
     fn dialect(opener: Opener) -> Dialect {
         match opener {
@@ -327,7 +339,7 @@ mod tests {
 
     #[test]
     fn a_named_opening_primes_the_parser_for_the_whole_call() {
-        for opener in ALL {
+        for opener in ALL_OPENERS {
             let choice = ToolChoice::Function("get_weather".into());
             let forced = opening(opener, &choice, 0, false, &|n| format!("[{n}]")).unwrap();
             // The prompt's copy has the marked name, the parser's the name.
@@ -367,7 +379,7 @@ mod tests {
     #[test]
     fn required_opens_with_the_marker_and_auto_forces_nothing() {
         let mark = |n: &str| n.to_string();
-        for opener in ALL {
+        for opener in ALL_OPENERS {
             let forced = opening(opener, &ToolChoice::Required, 0, false, &mark).unwrap();
             assert!(forced.prompt.starts_with(opener.marker()), "{opener:?}");
             assert_eq!(forced.primed, forced.prompt);

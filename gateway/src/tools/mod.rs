@@ -17,6 +17,7 @@ pub mod harmony;
 #[cfg(test)]
 mod harmony_tests;
 pub mod json;
+pub mod lazy_grammar;
 pub mod offered;
 pub mod parse;
 #[cfg(test)]
@@ -38,6 +39,11 @@ pub struct Tool {
     /// Its JSON Schema, as JSON text in the client's key order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<String>,
+    /// The client asked for arguments that always fit the schema (`strict: true`, OpenAI's
+    /// function tools and Anthropic's): under `auto` a call the model opens is decoded under
+    /// a grammar ([`lazy_grammar::lazy_grammar`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strict: bool,
 }
 
 /// A call: made by an earlier assistant turn (sent back by the client), or parsed out of
@@ -192,10 +198,21 @@ pub fn parse_tools(
                 ))
             }
         };
+        let strict = match f.get("strict") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid_field(
+                    &format!("{at}.strict"),
+                    "`strict` must be a boolean",
+                ))
+            }
+        };
         out.push(Tool {
             name,
             description,
             parameters,
+            strict,
         });
     }
     Ok(out)

@@ -175,6 +175,7 @@ mod tests {
                     "required": ["s"]})
                 .to_string(),
             ),
+            strict: false,
         }]
     }
 

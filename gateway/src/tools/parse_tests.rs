@@ -18,11 +18,13 @@ fn tools() -> Vec<Tool> {
                 r#"{"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}"#
                     .into(),
             ),
+            strict: false,
         },
         Tool {
             name: "get_time".into(),
             description: None,
             parameters: None,
+            strict: false,
         },
     ]
 }

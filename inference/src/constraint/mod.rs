@@ -64,7 +64,8 @@ impl OutputConstraint {
             OutputConstraint::JsonObject => "{\"type\": \"object\"}",
             OutputConstraint::JsonSchema { schema } => schema.as_str(),
             OutputConstraint::Lark { grammar } => {
-                let grammar = resolve_controls(grammar, |token| trie.get_special_token(token));
+                let special = |token: &str| trie.get_special_token(token);
+                let grammar = resolve_controls(&resolve_lazy_start(grammar, special), special);
                 return Ok(TopLevelGrammar::from_lark(grammar));
             }
         };
@@ -107,6 +108,36 @@ pub fn resolve_controls(grammar: &str, special_id: impl Fn(&str) -> Option<u32>)
             }
         })
         .collect()
+}
+
+/// A lazy call grammar's first line (`gateway::tools::lazy_grammar`, `strict` tools under
+/// `auto`), `lazy_start: "TOKEN" REST`, made into the start rule that fits this vocabulary:
+/// where `special_id(TOKEN)` finds TOKEN special, free text is any token but it and a call
+/// starts with it (`start: lazy_free (<[ID]> REST lazy_free)*`); otherwise free text is text
+/// and a call starts where the text ends with TOKEN (a lazy lexeme, which llguidance commits
+/// at its first match, so no text can hold the marker without the call that must follow).
+/// A grammar without such a first line is returned as it is.
+pub fn resolve_lazy_start(grammar: &str, special_id: impl Fn(&str) -> Option<u32>) -> String {
+    let Some(line) = grammar.strip_prefix("lazy_start: ") else {
+        return grammar.to_string();
+    };
+    let (line, others) = line.split_once('\n').unwrap_or((line, ""));
+    let mut stream = serde_json::Deserializer::from_str(line).into_iter::<String>();
+    let Some(Ok(token)) = stream.next() else {
+        return grammar.to_string();
+    };
+    let rest = line[stream.byte_offset()..].trim();
+    let start = match special_id(&token) {
+        Some(id) => {
+            format!("start: lazy_free (<[{id}]> {rest} lazy_free)*\nlazy_free: <[^{id}]>*\n")
+        }
+        None => format!(
+            "start: (lazy_head {rest})* lazy_tail\nlazy_head[lazy]: LAZY_TEXT {}\n\
+             lazy_tail: LAZY_TEXT\nLAZY_TEXT: /(?s:.*)/\n",
+            serde_json::to_string(&token).unwrap_or_default()
+        ),
+    };
+    format!("{start}{others}")
 }
 
 /// The JSON layout llguidance is asked for (see [`OutputConstraint::grammar`]), unless the

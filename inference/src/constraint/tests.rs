@@ -238,3 +238,101 @@ fn a_forced_calls_text_regex_and_control_rules_compile() {
     }
     assert!(grammar.accepts());
 }
+
+/// Whether `grammar` allows `token` next (its mask leaves the logit finite).
+fn allows(grammar: &mut Grammar, token: u32) -> bool {
+    let vocab = compiler().env.tok_trie().vocab_size();
+    let mut logits = vec![0.0f32; vocab];
+    grammar.mask(&mut logits).unwrap();
+    logits[token as usize].is_finite()
+}
+
+fn commit_text(grammar: &mut Grammar, text: &str) {
+    for b in text.bytes() {
+        grammar
+            .commit(u32::from(b))
+            .unwrap_or_else(|e| panic!("{text:?} at {:?}: {e}", b as char));
+    }
+}
+
+/// A lazy call grammar as the gateway writes it for one strict tool (`strict` under `auto`).
+fn lazy(opener: &str) -> OutputConstraint {
+    let grammar = format!(
+        "lazy_start: {} \"{{\\\"name\\\": \\\"\" lazy_call\nlazy_call: call_0\n\
+         call_0: \"get\\\", \\\"arguments\\\": \" args_0 \"}}\" ctl_0\n\
+         args_0: %json {{\"type\": \"object\", \"properties\": {{\"city\": {{\"type\": \"string\", \"maxLength\": 4}}}}, \"required\": [\"city\"], \"additionalProperties\": false}}\n\
+         ctl_0: \"<|/tool|>\"\n",
+        serde_json::to_string(opener).unwrap()
+    );
+    OutputConstraint::Lark { grammar }
+}
+
+#[test]
+fn a_lazy_start_becomes_a_token_or_a_lazy_lexeme_as_the_vocabulary_has_the_marker() {
+    let line = "lazy_start: \"<|tool|>\" \"{\" lazy_call\nlazy_call: call_0\n";
+    assert_eq!(
+        resolve_lazy_start(line, |t| (t == "<|tool|>").then_some(256)),
+        "start: lazy_free (<[256]> \"{\" lazy_call lazy_free)*\nlazy_free: <[^256]>*\n\
+         lazy_call: call_0\n"
+    );
+    assert_eq!(
+        resolve_lazy_start(line, |_| None),
+        "start: (lazy_head \"{\" lazy_call)* lazy_tail\nlazy_head[lazy]: LAZY_TEXT \"<|tool|>\"\n\
+         lazy_tail: LAZY_TEXT\nLAZY_TEXT: /(?s:.*)/\nlazy_call: call_0\n"
+    );
+    // Other grammars pass unchanged.
+    for other in ["start: a\n", "lazy_start: nope\n"] {
+        assert_eq!(resolve_lazy_start(other, |_| Some(1)), other);
+    }
+}
+
+#[test]
+fn under_a_lazy_grammar_prose_is_free_and_a_call_once_opened_must_fit() {
+    let trie_special = |name: &str| compiler().env.tok_trie().get_special_token(name).unwrap();
+    let (tool, end_tool, user) = (
+        trie_special("<|tool|>"),
+        trie_special("<|/tool|>"),
+        trie_special("<|user|>"),
+    );
+    // The marker is a special token: prose (other control tokens too) may end the answer;
+    // after the marker only the call's text, under the schema.
+    let mut g = compiler().start(&lazy("<|tool|>")).unwrap();
+    commit_text(&mut g, "Sunny, I think. ");
+    assert!(g.accepts(), "prose alone is an answer");
+    assert!(allows(&mut g, user), "another control token is free text");
+    g.commit(tool).unwrap();
+    assert!(!g.accepts());
+    assert!(
+        !allows(&mut g, u32::from(b'x')),
+        "the call's opening is fixed"
+    );
+    commit_text(&mut g, "{\"name\": \"get\", \"arguments\": {\"city\": \"");
+    commit_text(&mut g, "Bern");
+    assert!(
+        !allows(&mut g, u32::from(b'e')),
+        "maxLength 4 holds inside the call"
+    );
+    commit_text(&mut g, "\"}}");
+    assert!(!allows(&mut g, end_token()), "the call's close is due");
+    g.commit(end_tool).unwrap();
+    assert!(g.accepts(), "prose or the end may follow a call");
+    commit_text(&mut g, " Done.");
+    assert!(g.accepts());
+
+    // The marker is text in this vocabulary: the call starts where the text ends with it.
+    let mut g = compiler().start(&lazy("<call>")).unwrap();
+    commit_text(&mut g, "Let me see <cal");
+    assert!(g.accepts(), "text that only begins the marker is prose");
+    commit_text(&mut g, "l>");
+    assert!(!g.accepts(), "the marker commits to a call");
+    assert!(
+        !allows(&mut g, u32::from(b' ')),
+        "no prose after the marker"
+    );
+    commit_text(
+        &mut g,
+        "{\"name\": \"get\", \"arguments\": {\"city\": \"Rome\"}}",
+    );
+    g.commit(end_tool).unwrap();
+    assert!(g.accepts());
+}
