@@ -193,3 +193,80 @@ fn the_dashboard_shows_the_cluster_places_chats_and_follows_a_death() {
     );
     test_net.teardown(nodes);
 }
+
+/// The chat attaches an image for a model that sees images (issue 47): one node serving the
+/// tiny Gemma 3 vision fixture (f32, made by mlx-vlm at `cargo xtask setup`); Chromium chooses
+/// the fixture image in the chat's file input, then pastes it, and each answer begins with
+/// mlx-vlm's greedy answer (`tests/dashboard_image_checks.py`). The main test above checks that
+/// a text-only model offers no attachment.
+#[test]
+fn the_dashboard_chat_attaches_an_image_for_a_vision_model() {
+    let fixture = kit::dirs::vision_fixtures_dir().join("gemma3/f32");
+    let ready = browser_ready().and_then(|()| {
+        if fixture.join("reference.json").exists() {
+            Ok(())
+        } else {
+            Err(format!("{} is missing", fixture.display()))
+        }
+    });
+    if !kit::skip::can_run(
+        ready,
+        "run `cargo xtask setup` (Chromium, chromedriver, the venv with Selenium, the fixtures)",
+    ) {
+        return;
+    }
+    let spec = Spec {
+        nodes: 1,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let Some((test_net, mut nodes)) = TestNet::create("shoalwi", &spec) else {
+        return;
+    };
+    nodes[0].extra_args = vec!["--model".into(), fixture.display().to_string()];
+    nodes[0].env.push(("HF_HUB_OFFLINE".into(), "1".into()));
+    nodes[0].start();
+    let model = wait_for(Duration::from_secs(300), || {
+        let (_, models) = support::call(&nodes[0], "GET", "/v1/models", None);
+        models["data"]
+            .as_array()?
+            .iter()
+            .find_map(|m| (m["ready"] == true).then(|| m["id"].as_str().unwrap_or("").to_string()))
+    })
+    .map(|(id, _)| id)
+    .unwrap_or_else(|| {
+        panic!(
+            "the vision model did not become ready\n{}",
+            support::logs(&nodes)
+        )
+    });
+    // Its own folder: the main test's `out_dir` empties `dashboard/`.
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-image");
+    let _ = std::fs::remove_dir_all(&out);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dashboard_image_checks.py");
+    let url = format!("http://{}:{}/", nodes[0].node.ip(), support::API_PORT);
+    let images = kit::dirs::vision_fixtures_dir().join("images");
+    let output = nodes[0]
+        .node
+        .command(&kit::dirs::venv_python().to_string_lossy())
+        .arg(script)
+        .args(["--url", &url, "--model", &model, "--out"])
+        .arg(&out)
+        .arg("--reference")
+        .arg(fixture.join("reference.json"))
+        .arg("--images")
+        .arg(&images)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the browser checks");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("all dashboard image checks passed"),
+        "the dashboard image checks failed ({}):\n{stdout}\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        support::logs(&nodes)
+    );
+    eprintln!("{stdout}");
+    test_net.teardown(nodes);
+}

@@ -290,6 +290,9 @@ def chat():
 
     wait("the running model in the chat picker", model_listed, 30)
     Select(DRIVER.find_element(By.ID, "chat-model")).select_by_value("default")
+    # A text-only model offers no image to attach (dashboard_image_checks.py sees it offered).
+    if DRIVER.find_element(By.ID, "chat-attach").is_displayed():
+        fail("the chat offers to attach an image to a text-only model")
     box = DRIVER.find_element(By.ID, "chat-input")
     # The answer's lengths as the page changes them (a MutationObserver in the page), not
     # only as the polls below happen to see them: on a quiet machine the short answer streams
@@ -485,24 +488,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--key", default="", help="the node's admin API key, if it has one")
     ARGS = parser.parse_args()
-    os.makedirs(ARGS.out, exist_ok=True)
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for arg in [
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,1000",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={os.path.join(ARGS.out, 'profile')}",
-    ]:
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    DRIVER = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    DRIVER = browser(ARGS.out)
     try:
         DRIVER.get(ARGS.url)
         if ARGS.key:
@@ -518,6 +504,29 @@ def main():
     finally:
         DRIVER.quit()
     log("all dashboard checks passed")
+
+
+def browser(out):
+    """Headless Chromium through its chromedriver, its profile and screenshots under `out`
+    (also used by dashboard_image_checks.py)."""
+    os.makedirs(out, exist_ok=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for arg in [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={os.path.join(out, 'profile')}",
+    ]:
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
 if __name__ == "__main__":

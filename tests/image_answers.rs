@@ -7,9 +7,10 @@
 //! the image's prefix, and a new image reuses only the text before its span. `/v1/models`
 //! shows the model's vision.
 //!
-//! And through a 2-rank pipeline on two nodes: rank 0's runner holds the tower and splices, the
-//! chats sent to the node holding rank 1 are forwarded with their images, and every API's form
-//! still gets mlx-vlm's answer.
+//! And through a 2-rank pipeline and a 2-rank tensor ring on two nodes: rank 0's runner alone
+//! holds the tower (a pipeline's rank 0 splices; a tensor ring's rank 0 shares its image rows
+//! with rank 1, which splices them too), the chats sent to the node holding rank 1 are forwarded
+//! with their images, and every API's form still gets mlx-vlm's answer.
 //!
 //! Needs root (namespaces), the vision fixtures and the Python venv with the clients
 //! (`cargo xtask setup`): fails otherwise, or with `SHOAL_ALLOW_SKIP=1` is skipped.
@@ -106,8 +107,10 @@ fn a_vision_model_answers_each_apis_image_as_mlx_vlm_does() {
     test_net.teardown(nodes);
 }
 
-#[test]
-fn a_two_rank_pipeline_answers_images_through_the_node_without_rank_0() {
+/// Places the f32 fixture as a 2-rank `sharding` instance on two nodes of namespace `ns` and
+/// runs every check through the node that does not hold rank 0 (its chats, images included,
+/// are forwarded to the one that does). Only rank 0's runner loads the tower.
+fn two_ranks_answer_images(sharding: &str, ns: &str) {
     let Some(fixture) = fixture() else {
         return;
     };
@@ -116,7 +119,7 @@ fn a_two_rank_pipeline_answers_images_through_the_node_without_rank_0() {
         off_bridge: Vec::new(),
         links: Vec::new(),
     };
-    let Some((test_net, mut nodes)) = TestNet::create("shoalvp", &spec) else {
+    let Some((test_net, mut nodes)) = TestNet::create(ns, &spec) else {
         return;
     };
     let folder = fixture.parent().expect("gemma3/").display().to_string();
@@ -126,33 +129,78 @@ fn a_two_rank_pipeline_answers_images_through_the_node_without_rank_0() {
         node.start();
     }
     let body = serde_json::json!({
-        "model_id": fixture.display().to_string(), "sharding": "Pipeline", "min_nodes": 2});
+        "model_id": fixture.display().to_string(), "sharding": sharding, "min_nodes": 2});
     let (created, _) = wait_for(Duration::from_secs(90), || {
         let (status, created) = call(&nodes[0], "POST", "/place_instance", Some(&body));
         (status == 200).then_some(created)
     })
-    .unwrap_or_else(|| panic!("no 2-rank pipeline was placed\n{}", logs(&nodes)));
+    .unwrap_or_else(|| panic!("no 2-rank {sharding} instance was placed\n{}", logs(&nodes)));
     let ranks = created["placement"]["ranks"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     assert_eq!(ranks.len(), 2, "{created}");
+    assert_eq!(created["sharding"], sharding, "{created}");
     let ready = |node: &ShoalNode| {
         let (_, models) = call(node, "GET", "/v1/models", None);
         models["data"].as_array().and_then(|list| {
             list.iter()
                 .find(|m| m["ready"] == true)
-                .and_then(|m| m["id"].as_str().map(String::from))
+                .map(|m| (m["id"].as_str().unwrap_or("").to_string(), m.clone()))
         })
     };
-    let (id, _) = wait_for(Duration::from_secs(300), || {
-        let ids: Vec<String> = nodes.iter().filter_map(ready).collect();
-        (ids.len() == 2).then(|| ids[0].clone())
+    let (listed, _) = wait_for(Duration::from_secs(300), || {
+        let listed: Vec<(String, serde_json::Value)> = nodes.iter().filter_map(ready).collect();
+        (listed.len() == 2).then_some(listed)
     })
-    .unwrap_or_else(|| panic!("the pipeline did not become ready\n{}", logs(&nodes)));
-    // The node that does not hold rank 0 forwards every chat, images included, to the one that
-    // does; a pipeline keeps no prompt cache (its state lives across the ranks).
+    .unwrap_or_else(|| {
+        panic!(
+            "the {sharding} instance did not become ready\n{}",
+            logs(&nodes)
+        )
+    });
+    // A multi-rank instance keeps no prompt cache (its state lives across the ranks).
     let other = support::node_without_rank0(&nodes, &created);
-    run_checks(other, &id, &fixture, &["no-cache"]);
+    run_checks(other, &listed[0].0, &fixture, &["no-cache"]);
+    // Every node that has read the model's configuration (rank 0's at least, which renders
+    // the prompts) shows that it accepts images.
+    let shown: Vec<serde_json::Value> = nodes
+        .iter()
+        .filter_map(ready)
+        .map(|(_, m)| m["shape"]["capabilities"].clone())
+        .filter(|c| !c.is_null())
+        .collect();
+    assert!(
+        !shown.is_empty() && shown.iter().all(|c| *c == serde_json::json!(["vision"])),
+        "/v1/models' capabilities: {shown:?}"
+    );
+    let towers: Vec<bool> = nodes
+        .iter()
+        .map(|n| n.log_last(usize::MAX).contains("vision tower loaded"))
+        .collect();
+    let rank0 = nodes
+        .iter()
+        .position(|n| !std::ptr::eq(n, other))
+        .expect("rank 0's node");
+    let mut want = [false, false];
+    want[rank0] = true;
+    assert_eq!(
+        towers,
+        want,
+        "only rank 0 loads the tower\n{}",
+        logs(&nodes)
+    );
     test_net.teardown(nodes);
+}
+
+#[test]
+fn a_two_rank_pipeline_answers_images_through_the_node_without_rank_0() {
+    two_ranks_answer_images("Pipeline", "shoalvp");
+}
+
+/// Rank 0 runs the tower and shares its image rows with rank 1 at each step; both ranks splice
+/// them, so the ring gives mlx-vlm's answer like one process.
+#[test]
+fn a_two_rank_tensor_ring_answers_images_as_mlx_vlm_does() {
+    two_ranks_answer_images("Tensor", "shoalvt");
 }

@@ -6,7 +6,8 @@
 //! fixture on a 24 GB machine) and run out of memory once they load. Each live instance holds,
 //! on each of its nodes, its card's memory need (which counts the weights as they run, the KV
 //! budget and a runner's overhead) times that rank's share: `layers / n_layers` for a
-//! pipeline rank, `1 / ranks` for a tensor rank. A new placement then sees
+//! pipeline rank, `1 / ranks` for a tensor rank; rank 0 holds the vision tower besides
+//! (`rank0_bytes`). A new placement then sees
 //! `min(ram_available − pending, ram_total − held)`: `pending` is what runners that have not
 //! loaded yet will take (loaded ones are already gone from `ram_available`), `held` is every
 //! instance's share, so neither is counted twice and the sum never exceeds the machine.
@@ -42,7 +43,8 @@ pub fn committed_memory<'a>(
                 u64::try_from(u128::from(model.storage_bytes).div_ceil(ranks)).unwrap_or(u64::MAX)
             } else {
                 model.bytes_of_layers(rank.start_layer, rank.end_layer)
-            };
+            }
+            .saturating_add(model.extra_on_rank(i));
             let entry = committed.entry(rank.node.clone()).or_default();
             entry.all = entry.all.saturating_add(share);
             if !loaded(view, i) {
@@ -162,5 +164,45 @@ mod tests {
         let held = committed_memory([&view], |_, _| false);
         let shares: Vec<u64> = held.values().map(|h| h.pending).collect();
         assert_eq!(shares, vec![1_500, 1_500]);
+    }
+
+    /// A vision tower (`rank0_bytes`) is held whole by rank 0's node, in a pipeline and in a
+    /// tensor ring, on top of its share; the other rank holds none of it.
+    #[test]
+    fn rank_0_holds_the_tower_besides_its_share() {
+        for sharding in [Sharding::Pipeline, Sharding::Tensor] {
+            let mut input = cluster_input(2, 4 << 30, 2, "v");
+            input.request.sharding = sharding;
+            input.model.storage_bytes = 3_000;
+            input.model.n_layers = 30;
+            input.model.num_key_value_heads = 4;
+            input.model.rank0_bytes = 700;
+            let record = InstanceRecord::new(Intent {
+                instance_id: "v".into(),
+                model: "default".into(),
+                model_id: "default".into(),
+                created_by: "a".into(),
+                input,
+            });
+            let view = InstanceView {
+                placement: record.place(),
+                record,
+            };
+            let placement = view.placement.as_ref().expect("placed").clone();
+            let held = committed_memory([&view], |_, _| false);
+            let share = |i: usize| {
+                let r = &placement.ranks[i];
+                if sharding == Sharding::Tensor {
+                    1_500
+                } else {
+                    100 * u64::from(r.end_layer - r.start_layer)
+                }
+            };
+            let rank0 = &placement.ranks[0].node;
+            let rank1 = &placement.ranks[1].node;
+            assert_eq!(held[rank0].all, share(0) + 700, "{sharding:?}");
+            assert_eq!(held[rank1].all, share(1), "{sharding:?}");
+            assert_eq!(held.values().map(|h| h.all).sum::<u64>(), 3_700);
+        }
     }
 }

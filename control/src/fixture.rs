@@ -32,6 +32,7 @@ pub fn named_cluster_input(names: &[String], ram: u64, min_nodes: u32, id: &str)
             supports_tensor: true,
             tensor_divisors: vec![],
             layer_weights: vec![],
+            rank0_bytes: 0,
             backends: vec![ComputeBackend::MlxCpu],
         },
         request: Request {

@@ -17,7 +17,10 @@ async function refreshModels() {
     const models = await api('GET', '/v1/models');
     const data = (models && models.data) || [];
     place.setModels(data);
-    chat.setModels(data.filter((m) => m.ready).map((m) => m.id));
+    chat.setModels(data.filter((m) => m.ready).map((m) => ({
+      id: m.id,
+      vision: ((m.shape && m.shape.capabilities) || []).includes('vision'),
+    })));
   } catch (e) {
     el('chat-error').hidden = false;
     el('chat-error').textContent = `Could not list the models: ${e.message}`;

@@ -1,20 +1,27 @@
 // Chat: pick a running model, stream the answer (OpenAI's chat completions, streamed), stop
 // it (POST /v1/cancel/{id}), see the time to first token and tokens per second; a model's
-// thinking (`reasoning_content`) is shown apart from its answer.
+// thinking (`reasoning_content`) is shown apart from its answer. A model that sees images
+// (`capabilities` holds "vision") takes one image with a message, chosen or pasted, sent as
+// an OpenAI `image_url` part holding a data URL.
 
 import { h, showError } from './dom.js';
 import { errorOf, withKey, checkKey } from './api.js';
 
 const history = [];
 let running = null;
+/** The ready models that accept images, by id. */
+const vision = new Set();
+/** The image to send with the next message: `{ url }`, a data URL, or null. */
+let attached = null;
 
 function el(id) {
   return document.getElementById(id);
 }
 
-function bubble(role, text) {
+function bubble(role, text, image) {
   const content = h('div', { class: 'content' }, text || '');
-  const item = h('div', { class: `message ${role}` }, h('div', { class: 'role' }, role), content);
+  const thumb = image ? h('img', { class: 'thumb', src: image, alt: 'the image sent' }) : null;
+  const item = h('div', { class: `message ${role}` }, h('div', { class: 'role' }, role), thumb, content);
   el('chat-log').append(item);
   item.scrollIntoView({ block: 'end' });
   return { item, content };
@@ -60,8 +67,15 @@ async function send() {
     return;
   }
   input.value = '';
-  history.push({ role: 'user', content: text });
-  bubble('user', text);
+  const image = attached && vision.has(model) ? attached.url : null;
+  history.push({
+    role: 'user',
+    content: image
+      ? [{ type: 'image_url', image_url: { url: image } }, { type: 'text', text }]
+      : text,
+  });
+  bubble('user', text, image);
+  attach(null);
   const answer = bubble('assistant', '');
   answer.item.classList.add('streaming');
   const thinking = h('pre', {});
@@ -168,8 +182,53 @@ async function stop() {
   }
 }
 
+/** Attaches `file` (an image File or Blob) to the next message, or nothing when null. */
+function attach(file) {
+  const preview = el('chat-image-preview');
+  if (!file) {
+    attached = null;
+    el('chat-image').value = '';
+    preview.hidden = true;
+    preview.removeAttribute('src');
+    el('chat-image-remove').hidden = true;
+    return;
+  }
+  if (!/^image\/(png|jpeg|webp|gif)$/.test(file.type)) {
+    showError(el('chat-error'), `Attach a PNG, JPEG, WebP or GIF image, not ${file.type || 'this file'}.`);
+    return;
+  }
+  const reader = new FileReader();
+  reader.onload = () => {
+    attached = { url: String(reader.result) };
+    preview.src = attached.url;
+    preview.hidden = false;
+    el('chat-image-remove').hidden = false;
+    showError(el('chat-error'), null);
+  };
+  reader.onerror = () => showError(el('chat-error'), 'The image could not be read.');
+  reader.readAsDataURL(file);
+}
+
+/** Shows the image attachment only for a model that accepts images. */
+function showAttach() {
+  const can = vision.has(el('chat-model').value);
+  el('chat-attach').hidden = !can;
+  if (!can) attach(null);
+}
+
 /** Wires the chat section. */
 export function setup() {
+  el('chat-model').addEventListener('change', showAttach);
+  el('chat-image').addEventListener('change', (event) => attach(event.target.files[0] || null));
+  el('chat-image-remove').addEventListener('click', () => attach(null));
+  el('chat-input').addEventListener('paste', (event) => {
+    if (!vision.has(el('chat-model').value)) return;
+    const items = [...((event.clipboardData && event.clipboardData.items) || [])];
+    const item = items.find((i) => i.kind === 'file' && i.type.startsWith('image/'));
+    if (!item) return;
+    event.preventDefault();
+    attach(item.getAsFile());
+  });
   el('chat-form').addEventListener('submit', (event) => {
     event.preventDefault();
     send();
@@ -193,12 +252,16 @@ export function setup() {
   });
 }
 
-/** The models that can chat now (ready ones from GET /v1/models). */
-export function setModels(ids) {
+/** The models that can chat now (ready ones from GET /v1/models): `{ id, vision }` each. */
+export function setModels(models) {
   const select = el('chat-model');
   const keep = select.value;
+  const ids = models.map((m) => m.id);
+  vision.clear();
+  for (const m of models) if (m.vision) vision.add(m.id);
   select.replaceChildren(...(ids.length
-    ? ids.map((id) => h('option', { value: id }, id))
+    ? models.map((m) => h('option', { value: m.id }, m.vision ? `${m.id} (sees images)` : m.id))
     : [h('option', { value: '' }, 'no model is running')]));
   if (ids.includes(keep)) select.value = keep;
+  showAttach();
 }

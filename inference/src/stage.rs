@@ -40,9 +40,9 @@ pub trait Stage: Send {
     fn step_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
 
     /// Rank 0: [`Stage::step_batch`] with image rows replacing the embeddings of some of the
-    /// step's positions (`(offset in tokens, [n, hidden] rows)`, see [`crate::vision`]). Only
-    /// a stage whose rank 0 alone embeds can splice them (a pipeline); the others refuse
-    /// images rather than drop them.
+    /// step's positions (`(offset in tokens, [n, hidden] rows)`, see [`crate::vision`]). A
+    /// pipeline splices them on rank 0, the one that embeds; a tensor ring shares them with
+    /// every rank. A stage that can do neither refuses images rather than drop them.
     fn step_batch_with_images(
         &mut self,
         plan: &StepPlan,

@@ -14,13 +14,22 @@
 //!    operations in the same order); rank 0 keeps the logits of the parts that want them, the
 //!    others only evaluate the hidden states (the head is whole on every rank, the logits are
 //!    the same everywhere, so they need not be computed twice).
+//!
+//! **Images** (issue 47): every rank embeds the prompt, but only rank 0 holds the vision tower
+//! (the other ranks never see the request, only its plan). A step with image positions is
+//! announced as [`Kind::BatchImages`]: its message starts with the image runs (`[runs, at,
+//! len, ...]`), and after it rank 0's image rows are all-summed as f32 (the other ranks
+//! contributing zeros, so every rank gets rank 0's rows exactly), and every rank splices the
+//! same rows into its embeddings ([`crate::vision::splice`]). The layers' all-sums then see
+//! the same inputs as one process would.
 
 use crate::batch::{rows_to_host, SlotCaches, StepPlan, MAX_PLAN_MESSAGE};
 use crate::error::{InferenceError, Result};
 use crate::models::shard::{wanted_rows, ModelShard};
 use crate::ring::RingGroup;
 use crate::stage::{check_step, midway, require_rank0, Stage};
-use mlx_rs::Array;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array, Dtype};
 use std::sync::Arc;
 
 /// What the next step is, as the header says. Codes start at 1 so that an all-zero header
@@ -31,6 +40,8 @@ use std::sync::Arc;
 enum Kind {
     Stop = 3,
     Batch = 4,
+    /// A batched step with image rows: its message is the image runs, then the plan.
+    BatchImages = 5,
 }
 
 impl Kind {
@@ -38,6 +49,7 @@ impl Kind {
         match code {
             3 => Ok(Kind::Stop),
             4 => Ok(Kind::Batch),
+            5 => Ok(Kind::BatchImages),
             other => Err(InferenceError::Ring(format!(
                 "tensor-parallel header with unknown kind {other}"
             ))),
@@ -97,14 +109,14 @@ impl TensorStage {
         let header = self.broadcast(&mine)?;
         let kind = Kind::from_code(header[0])?;
         let count = header[1].max(0) as usize;
-        if count > MAX_PLAN_MESSAGE {
+        if count > MAX_STEP_MESSAGE {
             return Err(InferenceError::Ring(format!(
-                "a step header announces {count} values (at most {MAX_PLAN_MESSAGE})"
+                "a step header announces {count} values (at most {MAX_STEP_MESSAGE})"
             )));
         }
         let payload = match (kind, count) {
-            (Kind::Batch, 1) => vec![header[2]],
-            (Kind::Batch, n) => {
+            (Kind::Batch | Kind::BatchImages, 1) => vec![header[2]],
+            (Kind::Batch | Kind::BatchImages, n) => {
                 let mine: Vec<i32> = if self.group.rank() == 0 {
                     payload.to_vec()
                 } else {
@@ -117,10 +129,58 @@ impl TensorStage {
         Ok((kind, payload))
     }
 
-    /// A batched step on this rank's slice: every sequence of `plan` in one pass; rank 0
-    /// gets the wanted logits as host rows.
-    fn run_batch(&mut self, plan: &StepPlan, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let h = self.shard.embed(tokens)?;
+    /// Every rank gets rank 0's image rows (`images` there; `runs`, their offsets and
+    /// lengths, everywhere) as `(offset, [len, hidden])` runs to splice: rank 0 all-sums its
+    /// rows as f32, the others zeros of the same shape, so the sum is rank 0's rows exactly.
+    fn share_images(
+        &self,
+        runs: &[(usize, usize)],
+        images: &[(usize, Array)],
+        hidden: i32,
+    ) -> Result<Vec<(usize, Array)>> {
+        let total: usize = runs.iter().map(|&(_, len)| len).sum();
+        let mine = if self.group.rank() == 0 {
+            let rows: Vec<Array> = images
+                .iter()
+                .map(|(_, rows)| rows.as_dtype(Dtype::Float32))
+                .collect::<std::result::Result<_, _>>()?;
+            ops::concatenate(&rows, 0)?
+        } else {
+            ops::zeros::<f32>(&[total as i32, hidden])?
+        };
+        if mine.shape() != [total as i32, hidden] {
+            return Err(InferenceError::InvalidRequest(format!(
+                "image rows of shape {:?} for runs of {total} positions of {hidden}",
+                mine.shape()
+            )));
+        }
+        let rows = self.group.all_sum(&mine)?;
+        let mut at = 0i32;
+        Ok(runs
+            .iter()
+            .map(|&(offset, len)| {
+                let run = rows.index(at..at + len as i32);
+                at += len as i32;
+                (offset, run)
+            })
+            .collect())
+    }
+
+    /// A batched step on this rank's slice: every sequence of `plan` in one pass, with image
+    /// rows spliced at `runs` (rank 0 brings them in `images`, see [`Self::share_images`]);
+    /// rank 0 gets the wanted logits as host rows.
+    fn run_batch(
+        &mut self,
+        plan: &StepPlan,
+        tokens: &[u32],
+        runs: &[(usize, usize)],
+        images: &[(usize, Array)],
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut h = self.shard.embed(tokens)?;
+        if !runs.is_empty() {
+            let hidden = h.shape()[2];
+            h = crate::vision::splice(h, &self.share_images(runs, images, hidden)?)?;
+        }
         let (slots, shard) = (&mut self.slots, &self.shard);
         let h = slots.with_plan(plan, shard, h, |h, segments| {
             shard.forward_layers_batch(h, segments)
@@ -166,9 +226,44 @@ impl Stage for TensorStage {
             if stage.group.size() > 1 {
                 stage.header(Kind::Batch, &plan.encode(tokens))?;
             }
-            stage.run_batch(plan, tokens)
+            stage.run_batch(plan, tokens, &[], &[])
         };
         step(self).map_err(|e| midway("batched tensor-parallel step", e))
+    }
+
+    /// Rank 0 holds the tower and made `images`; every rank splices them (see the module
+    /// docs). Refused before any rank hears of the step when the runs do not fit it.
+    fn step_batch_with_images(
+        &mut self,
+        plan: &StepPlan,
+        tokens: &[u32],
+        images: &[(usize, Array)],
+    ) -> Result<Vec<Vec<f32>>> {
+        if images.is_empty() {
+            return self.step_batch(plan, tokens);
+        }
+        require_rank0(&self.group, "a batched step")?;
+        check_step(plan, tokens, self.shard.config.vocab_size)?;
+        let hidden = self.shard.config.hidden_size as i32;
+        if plan.parts.is_empty() || images.iter().any(|(_, rows)| rows.shape()[1..] != [hidden]) {
+            return Err(InferenceError::InvalidRequest(format!(
+                "a batched step with images needs a sequence and rows of {hidden} values"
+            )));
+        }
+        let runs: Vec<(usize, usize)> = images
+            .iter()
+            .map(|(at, rows)| (*at, rows.shape()[0].max(0) as usize))
+            .collect();
+        let mut message = encode_runs(&runs);
+        decode_runs(&message, tokens.len())?;
+        message.extend(plan.encode(tokens));
+        let step = |stage: &mut TensorStage| -> Result<Vec<Vec<f32>>> {
+            if stage.group.size() > 1 {
+                stage.header(Kind::BatchImages, &message)?;
+            }
+            stage.run_batch(plan, tokens, &runs, images)
+        };
+        step(self).map_err(|e| midway("batched tensor-parallel step with images", e))
     }
 
     /// Ranks above 0: run every step rank 0 runs until it says stop. Returns the number of
@@ -191,10 +286,22 @@ impl Stage for TensorStage {
                 .map_err(|e| midway(&format!("rank {rank} waiting for the next step"), e))?;
             match kind {
                 Kind::Stop => return Ok(steps),
-                Kind::Batch => {
+                Kind::Batch | Kind::BatchImages => {
                     let step = |stage: &mut TensorStage| -> Result<()> {
-                        let (plan, tokens) = StepPlan::decode(&payload)?;
-                        stage.run_batch(&plan, &tokens).map(|_| ())
+                        let (runs, plan) = if kind == Kind::BatchImages {
+                            let count = payload.first().copied().unwrap_or(0).max(0) as usize;
+                            let split = (1 + 2 * count).min(payload.len());
+                            (payload[..split].to_vec(), &payload[split..])
+                        } else {
+                            (Vec::new(), &payload[..])
+                        };
+                        let (plan, tokens) = StepPlan::decode(plan)?;
+                        let runs = if runs.is_empty() {
+                            Vec::new()
+                        } else {
+                            decode_runs(&runs, tokens.len())?
+                        };
+                        stage.run_batch(&plan, &tokens, &runs, &[]).map(|_| ())
                     };
                     step(self)
                         .map_err(|e| midway(&format!("rank {rank} running a batched step"), e))?;
@@ -202,5 +309,70 @@ impl Stage for TensorStage {
                 }
             }
         }
+    }
+}
+
+/// The most image runs one step may carry (each covers one position at least).
+const MAX_IMAGE_RUNS: usize = crate::batch::MAX_PLAN_TOKENS;
+
+/// The longest step message a rank accepts: a plan ([`MAX_PLAN_MESSAGE`]) after the most
+/// image runs.
+const MAX_STEP_MESSAGE: usize = MAX_PLAN_MESSAGE + 1 + 2 * MAX_IMAGE_RUNS;
+
+/// A step's image runs as a message: `[runs, at, len, at, len, ...]`.
+fn encode_runs(runs: &[(usize, usize)]) -> Vec<i32> {
+    let mut out = Vec::with_capacity(1 + 2 * runs.len());
+    out.push(runs.len() as i32);
+    for &(at, len) in runs {
+        out.extend([at as i32, len as i32]);
+    }
+    out
+}
+
+/// The image runs of a message of [`encode_runs`] for a step of `tokens` positions: in order,
+/// not overlapping, each non-empty and within the step, at most [`MAX_IMAGE_RUNS`]; anything
+/// else is an error, never a panic or a large allocation.
+fn decode_runs(message: &[i32], tokens: usize) -> Result<Vec<(usize, usize)>> {
+    let bad = |what: String| InferenceError::Ring(format!("a step's image runs: {what}"));
+    let count =
+        usize::try_from(*message.first().unwrap_or(&-1)).map_err(|_| bad("no count".into()))?;
+    if count == 0 || count > MAX_IMAGE_RUNS || message.len() != 1 + 2 * count {
+        return Err(bad(format!("{count} runs in {} values", message.len())));
+    }
+    let mut end = 0usize;
+    let mut runs = Vec::with_capacity(count);
+    for pair in message[1..].chunks_exact(2) {
+        let (at, len) = (usize::try_from(pair[0]), usize::try_from(pair[1]));
+        let (Ok(at), Ok(len)) = (at, len) else {
+            return Err(bad(format!("a negative run {pair:?}")));
+        };
+        if len == 0 || at < end || at + len > tokens {
+            return Err(bad(format!(
+                "run {at}..{} after {end} in a step of {tokens}",
+                at + len
+            )));
+        }
+        end = at + len;
+        runs.push((at, len));
+    }
+    Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_runs_round_trip_and_bad_ones_are_refused() {
+        let runs = [(2, 4), (6, 1), (9, 3)];
+        assert_eq!(decode_runs(&encode_runs(&runs), 12).unwrap(), runs);
+        // Past the step, overlapping, empty, negative, a wrong count: refused.
+        assert!(decode_runs(&encode_runs(&runs), 11).is_err());
+        assert!(decode_runs(&encode_runs(&[(2, 4), (5, 1)]), 12).is_err());
+        assert!(decode_runs(&encode_runs(&[(2, 0)]), 12).is_err());
+        assert!(decode_runs(&[1, -1, 2], 12).is_err());
+        assert!(decode_runs(&[2, 0, 1], 12).is_err());
+        assert!(decode_runs(&[], 12).is_err());
+        assert!(decode_runs(&[i32::MAX, 0, 1], 12).is_err());
     }
 }

@@ -235,18 +235,22 @@ impl ModelFacts {
     }
 
     /// The model card placement decides on: its memory is what a runner of it holds
-    /// ([`ModelFacts::memory`]), not the file's size. Every model inference loads can be split by
+    /// ([`ModelFacts::memory`]), not the file's size; the vision tower's part of it is rank 0's
+    /// alone ([`placement::ModelCard::rank0_bytes`]), the rest is shared out by the split. Every model inference loads can be split by
     /// layers and by heads (its Llama/Qwen-family decoder), on any MLX backend.
     pub fn card(&self, id: &str) -> ModelCard {
         ModelCard {
             id: id.to_string(),
             n_layers: u32::try_from(self.num_layers).unwrap_or(u32::MAX),
-            storage_bytes: self.memory.total().max(self.bytes_on_disk),
+            storage_bytes: (self.memory.total() - self.memory.vision)
+                .max(self.bytes_on_disk.saturating_sub(self.memory.vision)),
             hidden_size: u32::try_from(self.hidden_size).unwrap_or(u32::MAX),
             num_key_value_heads: u32::try_from(self.num_kv_heads).unwrap_or(u32::MAX),
             supports_tensor: true,
             tensor_divisors: self.tensor_divisors.clone(),
             layer_weights: self.layer_weights.clone(),
+            // The tower runs whole on rank 0 (see `inference::vision`), not spread over ranks.
+            rank0_bytes: self.memory.vision,
             backends: vec![
                 ComputeBackend::MlxCpu,
                 ComputeBackend::MlxMetal,
@@ -321,5 +325,27 @@ mod tests {
         assert_eq!(card.layer_weights[1], card.layer_weights[2]);
         let card = ModelFacts::read(&gemma).unwrap().card("g");
         assert!(card.layer_weights.is_empty());
+    }
+
+    /// A vision model's tower is rank 0's alone on the card (placement counts it there, whole),
+    /// and the rest is what the split shares out.
+    #[test]
+    fn the_card_counts_the_vision_tower_on_rank_0_alone() {
+        let dir = kit::dirs::vision_fixtures_dir().join("gemma3/f32");
+        if !dir.join("config.json").is_file() {
+            let _ = kit::skip::can_run(
+                Err::<(), String>("the vision fixtures are missing".into()),
+                "run `cargo xtask setup`",
+            );
+            return;
+        }
+        let facts = ModelFacts::read(&dir).unwrap();
+        let tower = facts.image_prompt.as_ref().unwrap().tower_bytes;
+        assert!(tower > 0);
+        assert_eq!(facts.memory.vision, tower);
+        let card = facts.card("v");
+        assert_eq!(card.rank0_bytes, tower);
+        assert_eq!(card.storage_bytes, facts.memory.total() - tower);
+        assert_eq!(card.instance_bytes(), facts.memory.total());
     }
 }

@@ -153,6 +153,7 @@ pub fn model(n_layers: u32, storage_bytes: u64) -> ModelCard {
         supports_tensor: true,
         tensor_divisors: vec![],
         layer_weights: vec![],
+        rank0_bytes: 0,
         backends: vec![
             ComputeBackend::MlxCpu,
             ComputeBackend::MlxMetal,

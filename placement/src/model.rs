@@ -35,6 +35,13 @@ pub struct ModelCard {
     /// `tensor_divisors`; JSON documents may leave it out.
     #[serde(default)]
     pub layer_weights: Vec<u64>,
+    /// Bytes rank 0 alone holds on top of its share of [`ModelCard::storage_bytes`]: a vision
+    /// tower (issue 47), which runs whole on the rank that holds the requests and embeds the
+    /// prompt. Counted on rank 0 only, never spread over a pipeline's layers or a tensor
+    /// ring's ranks, so a split cannot leave rank 0 short by the tower. Always written like
+    /// `tensor_divisors`; JSON documents may leave it out (0).
+    #[serde(default)]
+    pub rank0_bytes: u64,
     /// The compute backends the model runs on; every node of a ring must offer one of them.
     /// An empty list matches no node.
     pub backends: Vec<ComputeBackend>,
@@ -85,5 +92,21 @@ impl ModelCard {
         let (part, whole) = self.layer_weight(start, end);
         let need = (u128::from(self.storage_bytes) * part).div_ceil(whole.max(1));
         u64::try_from(need).unwrap_or(u64::MAX)
+    }
+
+    /// What rank `rank` of an instance holds besides its share: [`ModelCard::rank0_bytes`] on
+    /// rank 0, nothing elsewhere.
+    pub fn extra_on_rank(&self, rank: usize) -> u64 {
+        if rank == 0 {
+            self.rank0_bytes
+        } else {
+            0
+        }
+    }
+
+    /// Everything an instance holds over all its ranks: the weights' shares and rank 0's
+    /// extra.
+    pub fn instance_bytes(&self) -> u64 {
+        self.storage_bytes.saturating_add(self.rank0_bytes)
     }
 }

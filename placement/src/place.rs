@@ -150,9 +150,10 @@ fn layer_ranges(
             let counts = pipeline_split(&nodes, model)?;
             let mut start = 0;
             let mut ranges = Vec::with_capacity(counts.len());
-            for (&v, &count) in ring.iter().zip(&counts) {
+            for (rank, (&v, &count)) in ring.iter().zip(&counts).enumerate() {
                 let (part, whole) = model.layer_weight(start, start + count);
-                check_share(topo.nodes[v], model.storage_bytes, part, whole)?;
+                let extra = model.extra_on_rank(rank);
+                check_share(topo.nodes[v], model.storage_bytes, part, whole, extra)?;
                 ranges.push((start, start + count));
                 start += count;
             }
@@ -165,9 +166,10 @@ fn layer_ranges(
                     nodes: ring.len(),
                 });
             }
-            // Each rank holds a 1/k slice of every layer.
-            for &v in ring {
-                check_share(topo.nodes[v], model.storage_bytes, 1, ring.len() as u128)?;
+            // Each rank holds a 1/k slice of every layer; rank 0 the tower besides.
+            for (rank, &v) in ring.iter().enumerate() {
+                let (of, extra) = (ring.len() as u128, model.extra_on_rank(rank));
+                check_share(topo.nodes[v], model.storage_bytes, 1, of, extra)?;
             }
             Ok(vec![(0, model.n_layers); ring.len()])
         }

@@ -210,11 +210,11 @@ fn stages(
     };
     stages.push((filters.clone(), PlaceError::NoRing(no_ring)));
 
-    filters.memory_needed = Some(model.storage_bytes);
+    filters.memory_needed = Some(model.instance_bytes());
     stages.push((
         filters.clone(),
         PlaceError::NoRingWithEnoughMemory {
-            needed: model.storage_bytes,
+            needed: model.instance_bytes(),
             available: scores.memory.iter().fold(0u64, |a, &m| a.saturating_add(m)),
             min_nodes,
         },

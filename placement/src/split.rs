@@ -95,17 +95,19 @@ pub fn weighted_layer_counts(weights: &[u64], memory: &[u64]) -> Result<Vec<u32>
         .collect())
 }
 
-/// Checks that a node can hold `parts / of` of a model of `storage_bytes`, compared exactly:
-/// a pipeline rank holds its layers' weight of the whole ([`crate::model::ModelCard::layer_weight`]), a
-/// tensor rank `1 / ranks`.
+/// Checks that a node can hold `parts / of` of a model of `storage_bytes` and `extra` bytes
+/// more (rank 0's vision tower, [`crate::model::ModelCard::rank0_bytes`]), compared exactly: a
+/// pipeline rank holds its layers' weight of the whole
+/// ([`crate::model::ModelCard::layer_weight`]), a tensor rank `1 / ranks`.
 pub(crate) fn check_share(
     node: &NodeProfile,
     storage_bytes: u64,
     parts: u128,
     of: u128,
+    extra: u64,
 ) -> Result<(), PlaceError> {
     let of = of.max(1);
-    let need = u128::from(storage_bytes) * parts;
+    let need = u128::from(storage_bytes) * parts + u128::from(extra) * of;
     let have = u128::from(node.ram_available) * of;
     if need > have {
         return Err(PlaceError::NodeShortOfMemory {

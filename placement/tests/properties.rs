@@ -140,6 +140,7 @@ fn cluster() -> impl Strategy<Value = Input> {
                     supports_tensor: tensor,
                     tensor_divisors: vec![],
                     layer_weights: vec![],
+                    rank0_bytes: 0,
                     backends: model_backends,
                 },
                 request: Request {

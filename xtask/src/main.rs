@@ -11,6 +11,7 @@ mod bench_peer_copy;
 mod bench_prompt_cache;
 mod bench_streams;
 mod bench_structured;
+mod bench_vision;
 mod cluster;
 mod dialect_fixtures;
 mod e2e;
@@ -98,6 +99,10 @@ Commands:
   bench prompt-cache [--words 700] [--rounds 3]
                    second turn of a ~1,000-token chat: time to first token with the
                    prompt cache and without (--prompt-cache-tokens 0)
+  bench vision [--rounds 5]
+                   time to first token for one 1024×1024 image: shoal (one node in a
+                   namespace, OpenAI API) vs mlx-vlm's generate loop on the same Gemma 3
+                   fixture folder and image file, alternating
   soak [--minutes 10] [--nodes 3] [--clients 3] [--seed 1] [--release]
                    a bounded soak (not in CI): chats to random nodes while random nodes
                    are killed and restarted; prints sent/completed/errored/lost and each
@@ -280,9 +285,11 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("concurrency") => bench_concurrency::bench_concurrency(&args[1..]),
         Some("structured") => bench_structured::bench_structured(&args[1..]),
         Some("prompt-cache") => bench_prompt_cache::bench_prompt_cache(&args[1..]),
+        Some("vision") => bench_vision::bench_vision(&args[1..]),
         _ => Err(
             "bench: say what to measure: `cargo xtask bench mesh`, `inference`, \
-                  `forward`, `cluster`, `download`, `peer-copy`, `concurrency`, `structured` or `prompt-cache`"
+                  `forward`, `cluster`, `download`, `peer-copy`, `concurrency`, \
+                  `structured`, `prompt-cache` or `vision`"
                 .into(),
         ),
     }

@@ -211,8 +211,8 @@ struct Io {
     /// Ended requests' KV states, kept across batches (made with the first batch, sized by
     /// [`prompt_cache_tokens`]).
     prompt_cache: Option<PromptCache<KvCache>>,
-    /// The model's vision tower, held by the rank that embeds (a ring of one or a pipeline's
-    /// rank 0) when the model has one.
+    /// The model's vision tower, held by rank 0 (a ring of one, a pipeline's or a tensor
+    /// ring's rank 0) when the model has one.
     vision: Option<VisionTower>,
 }
 
@@ -314,9 +314,11 @@ impl Io {
             Err(e) => return Err(LoadFailure::Failed(e.to_string())),
         };
         let whole = shard.is_first() && shard.is_last();
-        // The tower sits where the prompt is embedded: a tensor-parallel ring embeds on every
-        // rank, and refuses images instead (see `Stage::step_batch_with_images`).
-        if !matches!(sharding, Some(Sharding::Tensor)) {
+        // The tower sits on the rank that holds the requests: one process, a pipeline's rank 0
+        // (the only one that embeds), or a tensor ring's rank 0, which shares its image rows
+        // with the other ranks at each step (see `tensor_stage`).
+        let rank = self.ring.as_ref().map_or(0, |r| r.config.rank);
+        if rank == 0 {
             self.vision = VisionTower::load(path, &shard).unwrap_or_else(|e| {
                 tracing::error!(%e, "the vision tower did not load: requests with images fail");
                 None
