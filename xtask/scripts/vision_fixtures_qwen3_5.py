@@ -113,12 +113,16 @@ def write_tokenizer(source, folder):
             "id": token_id, "content": content, "single_word": False, "lstrip": False,
             "rstrip": False, "normalized": False, "special": True})
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    # Every added token listed, as Qwen's releases list them: transformers reads a `qwen3_5`
+    # folder with Qwen3_5Tokenizer, which knows only the added tokens listed here (without
+    # this, SmolLM2's <|im_end|> would be split into text).
     config = json.loads((source / "tokenizer_config.json").read_text())
     config["chat_template"] = CHAT_TEMPLATE
     decoder = config.setdefault("added_tokens_decoder", {})
-    for token_id, content in added:
-        decoder[str(token_id)] = {"content": content, "lstrip": False, "normalized": False,
-                                  "rstrip": False, "single_word": False, "special": True}
+    for token in tokenizer["added_tokens"]:
+        decoder[str(token["id"])] = {k: token[k] for k in
+                                     ["content", "lstrip", "normalized", "rstrip",
+                                      "single_word", "special"]}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 

@@ -79,8 +79,8 @@ pub fn vision_fixtures(step: Step) -> Result<(), String> {
     );
     let python = mlx_vlm_venv()?;
     step.progress(
-        "building the vision models with mlx-vlm (measured on 2 cores: 46 s, Gemma 3's and \
-         Qwen3.5's)",
+        "building the vision models with mlx-vlm (measured on 2 cores: 18 to 46 s for \
+         Gemma 3's and Qwen3.5's)",
     );
     crate::family_fixtures::run_fixture_script(&python, &script, &root, &tokenizer, &[])?;
     if !all_folders_there(&root) {
