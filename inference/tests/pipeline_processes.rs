@@ -169,7 +169,11 @@ fn vision_over_the_ring(stage: &mut PipelineStage, dir: &std::path::Path) -> Str
             })
             .unwrap();
         let ids = tokenizer
-            .encode(&vision.expand_images(&text, &[image.clone()]).unwrap())
+            .encode(
+                &vision
+                    .expand_images(&text, std::slice::from_ref(&image))
+                    .unwrap(),
+            )
             .unwrap();
         let want: Vec<u32> = answer["tokens"]
             .as_array()

@@ -481,4 +481,11 @@ fn the_towers_counted_bytes_are_its_parameters_in_f32() {
     let vision = ImagePrompt::read(&dir, &tokenizer).unwrap().unwrap();
     assert!(stored > 0);
     assert_eq!(vision.tower_bytes, 4 * stored);
+    // mlx-lm's Qwen3.5 fixture keeps `vision_config` but not the tower (as a text-only
+    // conversion does): it takes text only, from the prompt to the runner.
+    let text_only = kit::dirs::family_fixture_dir("qwen3_5", "q4");
+    let tokenizer = open_model(&text_only).unwrap().tokenizer;
+    assert_eq!(ImagePrompt::read(&text_only, &tokenizer).unwrap(), None);
+    let (shard, _) = load_shard(&text_only, &LoadOptions::default(), &mut |_, _| {}).unwrap();
+    assert!(VisionTower::load(&text_only, &shard).unwrap().is_none());
 }

@@ -1,4 +1,4 @@
-//! Qwen3.5's vision tower (`qwen3_5` / `qwen3_5_moe` with `vision_config`), as mlx-vlm's
+//! Qwen3.5's vision tower (`qwen3_5` with `vision_config`), as mlx-vlm's
 //! `qwen3_vl` vision model runs it for Qwen3.5 (deepstack off, as mlx-vlm requires for this
 //! family):
 //!
@@ -53,7 +53,7 @@ pub struct Qwen3_5VisionConfig {
 }
 
 impl Qwen3_5VisionConfig {
-    /// Reads a `config.json` of `qwen3_5` or `qwen3_5_moe`; `None` without `vision_config`.
+    /// Reads a `config.json` of `qwen3_5`; `None` without `vision_config`.
     /// mlx-vlm's defaults for what the tower's configuration leaves out; deepstack features
     /// are refused, as mlx-vlm refuses them for this family.
     pub fn from_json(v: &Value) -> Result<Option<Qwen3_5VisionConfig>> {
@@ -140,6 +140,44 @@ impl Qwen3_5VisionConfig {
         let merger = 2 * d + (merged * merged + merged) + (merged * o + o);
         (embed + self.depth * block + merger) as u64
     }
+}
+
+/// Whether the model folder `dir` holds the tower's weights (its learned position table, under
+/// Qwen's or mlx-vlm's name), by the index's weight map or else each file's header: a text-only
+/// conversion (mlx-lm's) keeps `vision_config` but drops the tower, and takes text only.
+pub fn has_tower_weights(dir: &Path) -> bool {
+    let names = [
+        "model.visual.pos_embed.weight",
+        "vision_tower.pos_embed.weight",
+    ];
+    let index = dir.join("model.safetensors.index.json");
+    if let Ok(text) = std::fs::read_to_string(&index) {
+        let map = serde_json::from_str::<Value>(&text).ok();
+        let map = map.as_ref().and_then(|v| v.get("weight_map"));
+        return names.iter().any(|n| map.and_then(|m| m.get(n)).is_some());
+    }
+    let Ok(files) = crate::weights::safetensors_files(dir) else {
+        return false;
+    };
+    files
+        .iter()
+        .any(|f| safetensors_header(f).is_some_and(|h| names.iter().any(|n| h.get(n).is_some())))
+}
+
+/// A safetensors file's header (its JSON table of tensors), when it can be read.
+fn safetensors_header(path: &Path) -> Option<Value> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut size = [0u8; 8];
+    file.read_exact(&mut size).ok()?;
+    let size = u64::from_le_bytes(size);
+    // A header past 100 MB is not one (the format caps it there).
+    if size > 100_000_000 {
+        return None;
+    }
+    let mut header = vec![0u8; size as usize];
+    file.read_exact(&mut header).ok()?;
+    serde_json::from_slice(&header).ok()
 }
 
 /// A LayerNorm's weight and bias (eps 1e-6 throughout the tower).
@@ -259,6 +297,9 @@ impl Qwen3_5Vision {
         let Some(config) = Qwen3_5VisionConfig::from_json(&json)? else {
             return Ok(None);
         };
+        if !has_tower_weights(dir) {
+            return Ok(None);
+        }
         let processor = QwenImageProcessor::read(dir)?;
         if (
             processor.patch_size as usize,
