@@ -184,9 +184,10 @@ fn a_qwen3_5_vision_node_answers_each_image_as_mlx_vlm_does() {
     nodes[0].start();
     let (id, _) = wait_for(Duration::from_secs(300), || {
         let (_, models) = call(&nodes[0], "GET", "/v1/models", None);
-        models["data"].as_array()?.iter().find_map(|m| {
-            (m["ready"] == true).then(|| (m["id"].as_str().unwrap_or("").to_string(), ()))
-        })
+        models["data"]
+            .as_array()?
+            .iter()
+            .find_map(|m| (m["ready"] == true).then(|| m["id"].as_str().unwrap_or("").to_string()))
     })
     .unwrap_or_else(|| {
         panic!(
