@@ -204,3 +204,64 @@ fn a_two_rank_pipeline_answers_images_through_the_node_without_rank_0() {
 fn a_two_rank_tensor_ring_answers_images_as_mlx_vlm_does() {
     two_ranks_answer_images("Tensor", "shoalvt");
 }
+
+/// A Qwen3.5 vision model (the tiny f32 fixture mlx-vlm made: Qwen3-VL's tower, M-RoPE
+/// positions) on one node: each test image, its token count following its size, gives mlx-vlm's
+/// greedy answer through the official `openai` client (`tests/qwen_image_checks.py`).
+#[test]
+fn a_qwen3_5_vision_node_answers_each_image_as_mlx_vlm_does() {
+    let fixture = kit::dirs::vision_fixtures_dir().join("qwen3_5/f32");
+    let present = if fixture.join("reference.json").exists() {
+        Ok(())
+    } else {
+        Err(format!("{} is missing", fixture.display()))
+    };
+    if !kit::skip::can_run(present, "run `cargo xtask vision-fixtures`") {
+        return;
+    }
+    let spec = support::netns::Spec {
+        nodes: 1,
+        off_bridge: Vec::new(),
+        links: Vec::new(),
+    };
+    let Some((test_net, mut nodes)) = TestNet::create("shoalvq", &spec) else {
+        return;
+    };
+    nodes[0].extra_args = vec!["--model".into(), fixture.display().to_string()];
+    nodes[0].env.push(("HF_HUB_OFFLINE".into(), "1".into()));
+    nodes[0].start();
+    let (id, _) = wait_for(Duration::from_secs(300), || {
+        let (_, models) = call(&nodes[0], "GET", "/v1/models", None);
+        models["data"]
+            .as_array()?
+            .iter()
+            .find_map(|m| (m["ready"] == true).then(|| m["id"].as_str().unwrap_or("").to_string()))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the Qwen3.5 vision model did not become ready\n{}",
+            logs(&nodes)
+        )
+    });
+    let root = format!("http://{}:{API_PORT}", nodes[0].node.ip());
+    let reference = fixture.join("reference.json").display().to_string();
+    let vision = kit::dirs::vision_fixtures_dir();
+    let images = vision.join("images").display().to_string();
+    let big = vision.join("qwen3_5/big.png").display().to_string();
+    let out = run_script(
+        &nodes[0],
+        "qwen_image_checks.py",
+        &[root.as_str(), &id, &reference, &images, &big],
+        Duration::from_secs(300),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("all passed"),
+        "qwen_image_checks.py failed ({}):\n{stdout}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        nodes[0].log_tail()
+    );
+    eprintln!("{stdout}");
+    test_net.teardown(nodes);
+}

@@ -38,6 +38,7 @@ fn main() -> inference::Result<()> {
                 tokens: &prompt,
                 wants_logits: true,
                 images: Vec::new(),
+                mrope: None,
             }])?;
         }
         let parts: Vec<BatchPart<'_>> = slots
@@ -47,6 +48,7 @@ fn main() -> inference::Result<()> {
                 tokens: &next,
                 wants_logits: true,
                 images: Vec::new(),
+                mrope: None,
             })
             .collect();
         for _ in 0..3 {

@@ -16,8 +16,10 @@
 //! cannot be taken back: such a layer truncates only to its own length.
 
 use crate::error::Result;
+use crate::mrope::MropeSpans;
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{ops, Array};
+use std::sync::Arc;
 
 /// Positions added to a buffer when it is full.
 pub const STEP: i32 = 256;
@@ -55,6 +57,9 @@ pub struct LayerCache {
     /// Whether the layer's values carry more than the shared decode rows hold (MiniMax M3's
     /// index keys, [`crate::models::block_index`]): its sequence decodes on its own cache.
     alone: bool,
+    /// The sequence's image spans, when its positions are M-RoPE's ([`crate::mrope`]): its
+    /// attention rotates by them, and it decodes on its own cache.
+    mrope: Option<Arc<MropeSpans>>,
 }
 
 fn grow(buffer: Option<Array>, like: &Array, used: i32, needed: i32) -> Result<Array> {
@@ -130,6 +135,11 @@ impl LayerCache {
     /// and values for every layer.
     pub fn counts_only(&self) -> bool {
         self.len > 0 && self.keys.is_none() && self.state.is_none()
+    }
+
+    /// The sequence's M-RoPE image spans, if it has images (see [`crate::mrope`]).
+    pub fn mrope(&self) -> Option<&MropeSpans> {
+        self.mrope.as_deref()
     }
 
     /// Marks the layer as one whose sequence decodes on its own cache, never in the shared
@@ -268,6 +278,7 @@ impl LayerCache {
             window,
             state: None,
             alone: false,
+            mrope: None,
         }
     }
 
@@ -339,11 +350,20 @@ impl KvCache {
     /// Whether this cache must decode on its own: a layer holds a recurrent state, or keeps
     /// nothing of its positions (a pipeline stage of Nemotron-H may hold only attention and
     /// such layers), or its attention needs the sequence's own positions (block-sparse
-    /// attention); the shared decode rows hold keys and values for every layer.
+    /// attention, or M-RoPE positions of images); the shared decode rows hold keys and values
+    /// for every layer.
     pub fn decodes_alone(&self) -> bool {
         self.layers
             .iter()
-            .any(|l| l.is_recurrent() || l.counts_only() || l.alone)
+            .any(|l| l.is_recurrent() || l.counts_only() || l.alone || l.mrope.is_some())
+    }
+
+    /// Sets (or, with `None`, clears) the sequence's M-RoPE image spans on every layer: a
+    /// cache taken from the prompt cache for another sequence gets that one's spans.
+    pub fn set_mrope(&mut self, spans: Option<Arc<MropeSpans>>) {
+        for layer in &mut self.layers {
+            layer.mrope = spans.clone();
+        }
     }
 }
 

@@ -36,6 +36,7 @@ pub mod linear;
 pub mod loader;
 pub mod memory;
 pub mod models;
+pub mod mrope;
 pub mod pipeline;
 pub mod platform;
 pub mod quant;

@@ -3,6 +3,7 @@
 use crate::config::RopeScaling;
 use crate::cpu_layer_ops::RopePositions;
 use crate::error::Result;
+use crate::mrope::MropeSpans;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
@@ -16,6 +17,9 @@ pub struct Rope {
     periods: Option<Array>,
     /// Factor on queries and keys before rotating (YaRN's attention temperature; 1 otherwise).
     mscale: f32,
+    /// M-RoPE's sections (Qwen3.5's `mrope_section`): how a sequence with images rotates its
+    /// image tokens ([`crate::mrope`]).
+    mrope: Option<[usize; 3]>,
 }
 
 impl Rope {
@@ -34,6 +38,7 @@ impl Rope {
                 scale: 1.0,
                 periods: None,
                 mscale: 1.0,
+                mrope: None,
             },
             RopeScaling::Linear { factor } => Rope {
                 dims,
@@ -41,6 +46,7 @@ impl Rope {
                 scale: 1.0 / factor,
                 periods: None,
                 mscale: 1.0,
+                mrope: None,
             },
             RopeScaling::Llama3 {
                 factor,
@@ -71,6 +77,7 @@ impl Rope {
                     scale: 1.0,
                     periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
                     mscale: 1.0,
+                    mrope: None,
                 }
             }
             RopeScaling::Yarn {
@@ -102,6 +109,7 @@ impl Rope {
                     scale: 1.0,
                     periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
                     mscale: 1.0,
+                    mrope: None,
                 }
             }
         }
@@ -116,6 +124,7 @@ impl Rope {
             scale: 1.0,
             periods: Some(Array::from_slice(periods, &[periods.len() as i32])),
             mscale: 1.0,
+            mrope: None,
         }
     }
 
@@ -128,6 +137,7 @@ impl Rope {
             scale: 1.0,
             periods: None,
             mscale: 1.0,
+            mrope: None,
         }
     }
 
@@ -157,6 +167,7 @@ impl Rope {
             scale: 1.0,
             periods: Some(Array::from_slice(&periods, &[periods.len() as i32])),
             mscale: yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim),
+            mrope: None,
         }
     }
 
@@ -177,6 +188,37 @@ impl Rope {
             &[rotated, x.index((.., .., .., self.dims..))],
             -1,
         )?)
+    }
+
+    /// With M-RoPE `sections` for sequences with images (see [`crate::mrope`]).
+    pub fn with_mrope(self, sections: Option<[usize; 3]>) -> Rope {
+        Rope {
+            mrope: sections,
+            ..self
+        }
+    }
+
+    /// Rotates `x` (`[batch, heads, seq, head_dim]`) of sequence indices from `offset` on: by
+    /// their M-RoPE positions when the sequence has image `spans` and this RoPE has sections,
+    /// else as [`Rope::apply`] (a step without image tokens at the position shifted by the
+    /// images before it).
+    pub fn apply_in(&self, x: &Array, offset: usize, spans: Option<&MropeSpans>) -> Result<Array> {
+        let (Some(spans), Some(sections)) = (spans, self.mrope) else {
+            return self.apply(x, offset);
+        };
+        let l = x.shape()[2] as usize;
+        if !spans.has_image_in(offset..offset + l) {
+            let shifted = spans.position(offset)[0];
+            return self.apply(x, shifted.max(0) as usize);
+        }
+        match (self.base, self.periods.as_ref(), self.scale, self.mscale) {
+            (Some(theta), None, scale, mscale) if scale == 1.0 && mscale == 1.0 => {
+                crate::mrope::rotate(x, self.dims, theta, sections, spans, offset)
+            }
+            _ => Err(crate::error::InferenceError::InvalidRequest(
+                "image positions (M-RoPE) with a scaled RoPE are not supported".into(),
+            )),
+        }
     }
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]`, the first position being `offset`.

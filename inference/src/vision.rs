@@ -19,13 +19,17 @@
 
 use crate::error::{InferenceError, Result};
 use crate::models::gemma3_vision::{Gemma3Vision, Gemma3VisionConfig};
+use crate::models::qwen3_5_vision::{Qwen3_5Vision, Qwen3_5VisionConfig};
+use crate::models::qwen_image_processor::QwenImageProcessor;
 use crate::models::shard::ModelShard;
+use crate::mrope::MropeSpans;
 use crate::tokenizer::Tokenizer;
 use crate::weights::SafetensorsSource;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 pub use wire::chat::ChatImage;
 
 /// How a model's prompt holds an image: the texts of its image tokens and how many image
@@ -43,6 +47,9 @@ pub struct ImagePrompt {
     /// Bytes the tower and projector take as they run (float32): what placement counts on
     /// the rank that embeds.
     pub tower_bytes: u64,
+    /// For a tower whose token count follows the image's size (Qwen3.5's), its processor:
+    /// `tokens_per_image` is then 0 and [`ImagePrompt::expand_images`] counts each image's.
+    pub sized: Option<QwenImageProcessor>,
 }
 
 /// `config.json` of the model folder at `path`, or `None` for a file (GGUF holds no tower).
@@ -60,12 +67,34 @@ fn folder_config(path: &Path) -> Result<Option<serde_json::Value>> {
         .map_err(|e| InferenceError::BadConfig(format!("{}: {e}", file.display())))
 }
 
-/// The vision configuration of a model shoal has a tower for (Gemma 3 with `vision_config`).
-fn vision_config(json: &serde_json::Value) -> Result<Option<Gemma3VisionConfig>> {
-    if json.get("model_type").and_then(|t| t.as_str()) != Some("gemma3") {
-        return Ok(None);
+/// The vision configuration of a model shoal has a tower for.
+enum TowerConfig {
+    /// Gemma 3 with `vision_config`.
+    Gemma3(Gemma3VisionConfig),
+    /// Qwen3.5 (dense) with `vision_config`.
+    Qwen3_5(Qwen3_5VisionConfig),
+}
+
+fn vision_config(json: &serde_json::Value) -> Result<Option<TowerConfig>> {
+    match json.get("model_type").and_then(|t| t.as_str()) {
+        Some("gemma3") => Ok(Gemma3VisionConfig::from_json(json)?.map(TowerConfig::Gemma3)),
+        // Qwen3.5-MoE has the same tower in mlx-vlm, but no fixture proves it here yet: its
+        // releases take text only until one does.
+        Some("qwen3_5") => Ok(Qwen3_5VisionConfig::from_json(json)?.map(TowerConfig::Qwen3_5)),
+        _ => Ok(None),
     }
-    Gemma3VisionConfig::from_json(json)
+}
+
+/// An image's size: what the gateway found, or its file's header when not given.
+fn image_size(image: &ChatImage) -> std::result::Result<(u32, u32), String> {
+    if image.width > 0 && image.height > 0 {
+        return Ok((image.width, image.height));
+    }
+    image::ImageReader::new(std::io::Cursor::new(&image.data))
+        .with_guessed_format()
+        .map_err(|e| e.to_string())?
+        .into_dimensions()
+        .map_err(|e| format!("the image cannot be decoded: {e}"))
 }
 
 impl ImagePrompt {
@@ -76,8 +105,31 @@ impl ImagePrompt {
         let Some(json) = folder_config(path)? else {
             return Ok(None);
         };
-        let Some(config) = vision_config(&json)? else {
-            return Ok(None);
+        let config = match vision_config(&json)? {
+            None => return Ok(None),
+            Some(TowerConfig::Qwen3_5(_))
+                if !crate::models::qwen3_5_vision::has_tower_weights(path) =>
+            {
+                return Ok(None);
+            }
+            Some(TowerConfig::Qwen3_5(config)) => {
+                let token = |id: u32| {
+                    tokenizer.id_to_token(id).ok_or_else(|| {
+                        InferenceError::BadConfig(format!(
+                            "vision token {id} is not in the tokenizer"
+                        ))
+                    })
+                };
+                return Ok(Some(ImagePrompt {
+                    boi: token(config.vision_start)?,
+                    image: token(config.image_token)?,
+                    eoi: token(config.vision_end)?,
+                    tokens_per_image: 0,
+                    tower_bytes: 4 * config.parameters(),
+                    sized: Some(QwenImageProcessor::read(path)?),
+                }));
+            }
+            Some(TowerConfig::Gemma3(config)) => config,
         };
         crate::models::image_processor::ImageProcessor::read(path)?;
         let text = |key: &str| -> Result<String> {
@@ -94,7 +146,41 @@ impl ImagePrompt {
             eoi: text("eoi_token_index")?,
             tokens_per_image: config.tokens_per_image,
             tower_bytes: 4 * config.parameters(),
+            sized: None,
         }))
+    }
+
+    /// `text` (a rendered prompt holding `images`) with each image's placeholder expanded to
+    /// its run of image tokens, as the model's processor expands it: Gemma 3's begin-of-image
+    /// as [`ImagePrompt::expand`] does; Qwen3.5's `<|image_pad|>` (inside the template's
+    /// `<|vision_start|>…<|vision_end|>`) to one token per merged block of the image resized
+    /// to the pixel budget. An error when the template did not place one per image, or an
+    /// image's size cannot be read.
+    pub fn expand_images(
+        &self,
+        text: &str,
+        images: &[ChatImage],
+    ) -> std::result::Result<String, String> {
+        let Some(processor) = &self.sized else {
+            return self.expand(text, images.len());
+        };
+        let pieces: Vec<&str> = text.split(self.image.as_str()).collect();
+        if pieces.len() != images.len() + 1 {
+            return Err(format!(
+                "the chat template placed {} images for the {} sent; this model's template \
+                 cannot show them",
+                pieces.len() - 1,
+                images.len()
+            ));
+        }
+        let mut out = String::from(pieces[0]);
+        for (image, piece) in images.iter().zip(&pieces[1..]) {
+            let (width, height) = image_size(image)?;
+            let tokens = processor.tokens(width, height).map_err(|e| e.to_string())?;
+            out.push_str(&self.image.repeat(tokens));
+            out.push_str(piece);
+        }
+        Ok(out)
     }
 
     /// `text` (a rendered prompt holding `images` images) with each begin-of-image text
@@ -121,9 +207,15 @@ impl ImagePrompt {
 
 /// A model's vision tower on rank 0: what turns a request's images into rows of embeddings.
 pub struct VisionTower {
-    gemma3: Gemma3Vision,
-    /// The factor every embedding of the shard gets (the rows get it too).
+    tower: Tower,
+    /// The factor every embedding of the shard gets (Gemma 3's rows get it too).
     embed_scale: Option<f32>,
+}
+
+/// The towers shoal runs.
+enum Tower {
+    Gemma3(Gemma3Vision),
+    Qwen3_5(Qwen3_5Vision),
 }
 
 impl VisionTower {
@@ -136,48 +228,65 @@ impl VisionTower {
         let Some(json) = folder_config(path)? else {
             return Ok(None);
         };
-        if vision_config(&json)?.is_none() {
+        let Some(config) = vision_config(&json)? else {
             return Ok(None);
-        }
+        };
         let mut source = SafetensorsSource::open(path, &shard.config)?;
-        Ok(
-            Gemma3Vision::load(path, &mut source)?.map(|gemma3| VisionTower {
-                gemma3,
-                embed_scale: shard.embed_scale,
-            }),
-        )
+        let tower = match config {
+            TowerConfig::Gemma3(_) => Gemma3Vision::load(path, &mut source)?.map(Tower::Gemma3),
+            TowerConfig::Qwen3_5(_) => Qwen3_5Vision::load(path, &mut source)?.map(Tower::Qwen3_5),
+        };
+        Ok(tower.map(|tower| VisionTower {
+            tower,
+            embed_scale: shard.embed_scale,
+        }))
     }
 
     /// The image token's id.
     pub fn image_token(&self) -> u32 {
-        self.gemma3.config.image_token
+        match &self.tower {
+            Tower::Gemma3(t) => t.config.image_token,
+            Tower::Qwen3_5(t) => t.config.image_token,
+        }
     }
 
     /// The features of `images` for `prompt`, whose image-token runs they fill in order.
     pub fn encode(&self, prompt: &[u32], images: &[ChatImage]) -> Result<PromptImages> {
-        let per_image = self.gemma3.config.tokens_per_image;
         let positions: Vec<usize> = (0..prompt.len())
             .filter(|&i| prompt[i] == self.image_token())
             .collect();
-        if positions.len() != images.len() * per_image {
-            return Err(InferenceError::InvalidRequest(format!(
-                "the prompt holds {} image tokens for {} images of {per_image} tokens each",
-                positions.len(),
-                images.len()
-            )));
-        }
-        let bytes: Vec<&[u8]> = images.iter().map(|i| i.data.as_slice()).collect();
-        let features = self.gemma3.features(&self.gemma3.pixel_values(&bytes)?)?;
-        let rows = self.gemma3.image_rows(&features, self.embed_scale)?;
+        let hashes = images
+            .iter()
+            .map(|i| *blake3::hash(&i.data).as_bytes())
+            .collect();
+        let (rows, counts, mrope) = match &self.tower {
+            Tower::Gemma3(gemma3) => {
+                let per_image = gemma3.config.tokens_per_image;
+                if positions.len() != images.len() * per_image {
+                    return Err(InferenceError::InvalidRequest(format!(
+                        "the prompt holds {} image tokens for {} images of {per_image} tokens \
+                         each",
+                        positions.len(),
+                        images.len()
+                    )));
+                }
+                let bytes: Vec<&[u8]> = images.iter().map(|i| i.data.as_slice()).collect();
+                let features = gemma3.features(&gemma3.pixel_values(&bytes)?)?;
+                let rows = gemma3.image_rows(&features, self.embed_scale)?;
+                (rows, vec![per_image; images.len()], None)
+            }
+            Tower::Qwen3_5(qwen) => {
+                let (rows, counts, spans) = qwen.encode(&positions, images)?;
+                (rows, counts, Some(Arc::new(spans)))
+            }
+        };
         rows.eval()?;
         Ok(PromptImages {
             positions,
             rows,
-            hashes: images
-                .iter()
-                .map(|i| *blake3::hash(&i.data).as_bytes())
-                .collect(),
-            per_image,
+            hashes,
+            counts,
+            mrope,
         })
     }
 }
@@ -192,7 +301,10 @@ pub struct PromptImages {
     rows: Array,
     /// Each image's content hash (of its encoded file).
     hashes: Vec<[u8; 32]>,
-    per_image: usize,
+    /// Each image's token count.
+    counts: Vec<usize>,
+    /// The images' M-RoPE spans, for a model whose positions are M-RoPE's (Qwen3.5).
+    mrope: Option<Arc<MropeSpans>>,
 }
 
 impl PromptImages {
@@ -207,14 +319,21 @@ impl PromptImages {
     /// token id (bit 31 set), so that prefixes match only where the images are the same.
     pub fn cache_key(&self, context: &[u32]) -> Vec<u32> {
         let mut key = context.to_vec();
-        for (n, &p) in self.positions.iter().enumerate() {
-            let hash = &self.hashes[n / self.per_image];
+        let mut positions = self.positions.iter();
+        for (hash, &count) in self.hashes.iter().zip(&self.counts) {
             let seed = u64::from_le_bytes(hash[..8].try_into().expect("8 bytes"));
-            if let Some(k) = key.get_mut(p) {
-                *k = 0x8000_0000 | (splitmix64(seed ^ (n % self.per_image) as u64) as u32 >> 1);
+            for (n, &p) in positions.by_ref().take(count).enumerate() {
+                if let Some(k) = key.get_mut(p) {
+                    *k = 0x8000_0000 | (splitmix64(seed ^ n as u64) as u32 >> 1);
+                }
             }
         }
         key
+    }
+
+    /// The images' M-RoPE spans, for a model whose image tokens take M-RoPE positions.
+    pub fn mrope(&self) -> Option<&Arc<MropeSpans>> {
+        self.mrope.as_ref()
     }
 }
 
@@ -291,7 +410,8 @@ mod tests {
                 .collect(),
             rows: Array::from_slice(&vec![1.0f32; n * 4], &[n as i32, 4]),
             hashes: hashes.iter().map(|&h| [h; 32]).collect(),
-            per_image: 2,
+            counts: vec![2; hashes.len()],
+            mrope: None,
         }
     }
 

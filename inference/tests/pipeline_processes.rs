@@ -18,7 +18,10 @@ use inference::pipeline::PipelineStage;
 use inference::ring::{RingConfig, RingGroup};
 use inference::sequence_forward::{last_logits_to_host, Forward};
 use inference::stage::Stage;
-use inference::ShardInput;
+use inference::vision::VisionTower;
+use inference::{
+    ChatImage, ChatMessage, GenerateRequest, ImagePrompt, Prompt, ShardInput, TemplateInput,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -78,6 +81,12 @@ fn pipeline_child() {
         return;
     }
 
+    if parts[5] == "vision" {
+        let report = vision_over_the_ring(&mut stage, &model);
+        stage.stop().unwrap();
+        println!("RANK 0 OK {report}");
+        return;
+    }
     let (whole, _) = load_shard(&model, &LoadOptions::default(), &mut |_, _| {}).unwrap();
     if parts[5] == "batched" {
         common::batched::drive(&mut stage, &whole, &prompt, DECODE_STEPS, BATCHED_TOLERANCE);
@@ -122,8 +131,91 @@ fn pipeline_child() {
     println!("RANK 0 OK max_diff={worst:e} tokens={generated:?}");
 }
 
+/// Rank 0 of a Qwen3.5 vision model (the mlx-vlm fixture folder `dir`): the batcher with the
+/// tower over the ring, every test image in one batch, each prompt rendered and expanded as a
+/// node does. Every rank's attention must place the image tokens by the spans the step plans
+/// carry: each answer must be mlx-vlm's, token for token. Returns the report line.
+fn vision_over_the_ring(stage: &mut PipelineStage, dir: &std::path::Path) -> String {
+    use inference::batch::{BatchEvent, BatchLimits, Batcher};
+    let tower = VisionTower::load(dir, stage.shard())
+        .unwrap()
+        .expect("a tower");
+    let tokenizer = inference::loader::open_model(dir).unwrap().tokenizer;
+    let vision = ImagePrompt::read(dir, &tokenizer).unwrap().unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let root = common::vision_fixtures();
+    let mut requests = Vec::new();
+    let mut wanted = Vec::new();
+    for (name, answer) in reference["answers"].as_object().unwrap() {
+        let path = match name.as_str() {
+            "big.png" => dir.parent().unwrap().join("big.png"),
+            other => root.join("images").join(other),
+        };
+        let image = ChatImage {
+            data: std::fs::read(path).unwrap(),
+            ..ChatImage::default()
+        };
+        let messages = vec![ChatMessage {
+            images: vec![image.clone()],
+            ..ChatMessage::new("user", reference["question"].as_str().unwrap())
+        }];
+        let text = tokenizer
+            .render_chat(&TemplateInput {
+                messages: &messages,
+                add_generation_prompt: true,
+                ..TemplateInput::default()
+            })
+            .unwrap();
+        let ids = tokenizer
+            .encode(
+                &vision
+                    .expand_images(&text, std::slice::from_ref(&image))
+                    .unwrap(),
+            )
+            .unwrap();
+        let want: Vec<u32> = answer["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let mut request = GenerateRequest::new(Prompt::Tokens(ids), want.len());
+        request.images = vec![image];
+        requests.push(request);
+        wanted.push((name.clone(), want));
+    }
+    let limits = BatchLimits {
+        max_sequences: 4,
+        kv_tokens: 4096,
+    };
+    let mut b = Batcher::new(Box::new(RingBatch::new(stage, 4)), &tokenizer, limits)
+        .with_vision(Some(&tower));
+    for (i, r) in requests.iter().enumerate() {
+        b.submit(i as u64, r).unwrap();
+    }
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); requests.len()];
+    let mut done = 0;
+    while done < requests.len() {
+        for (id, event) in b.step().unwrap() {
+            match event {
+                BatchEvent::Token { token, .. } => got[id as usize].push(token),
+                BatchEvent::Done(_) => done += 1,
+                BatchEvent::Failed { message, .. } => panic!("request {id}: {message}"),
+                _ => {}
+            }
+        }
+    }
+    for ((name, want), got) in wanted.iter().zip(&got) {
+        assert_eq!(got, want, "{name}: not mlx-vlm's answer over the ring");
+    }
+    format!("vision answers={}", wanted.len())
+}
+
 /// Runs the ranks of `ranges` (`single`: rank 0 checks one sequence step by step;
-/// `batched`: the batched scenario) and checks what every rank reports.
+/// `batched`: the batched scenario; `vision`: Qwen3.5 images) and checks what every rank
+/// reports.
 fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16, mode: &str) {
     let base = 42000 + (std::process::id() % 400) as u16 * 50 + slot * 8;
     let size = ranges.split(',').count();
@@ -142,6 +234,18 @@ fn run_pipeline(model: &std::path::Path, ranges: &str, prompt: &str, slot: u16, 
     let outputs = run_ranks(&net, "pipeline_child", CHILD_ENV, &specs, "");
     let report = if mode == "batched" {
         common::batched::check_served(&outputs)
+    } else if mode == "vision" {
+        for (rank, stdout) in outputs.iter().enumerate().skip(1) {
+            assert!(
+                stdout.contains(&format!("RANK {rank} SERVED")),
+                "rank {rank}: {stdout}"
+            );
+        }
+        outputs[0]
+            .lines()
+            .find(|l| l.contains("RANK 0 OK"))
+            .unwrap_or_else(|| panic!("rank 0 did not finish: {}", outputs[0]))
+            .to_string()
     } else {
         // The others served the prefill, the decode steps and the request after the reset.
         for (rank, stdout) in outputs.iter().enumerate().skip(1) {
@@ -214,4 +318,13 @@ fn smollm2_two_ranks_batch_like_one_node_alone() {
         5,
         "batched",
     );
+}
+
+/// Qwen3.5's images over a 2-rank pipeline (each rank a Gated DeltaNet layer and an attention
+/// layer): the image tokens' M-RoPE spans travel in the step plans, and every answer is
+/// mlx-vlm's.
+#[test]
+fn qwen3_5_vision_two_ranks_answer_images_as_mlx_vlm_does() {
+    let dir = common::vision_fixtures().join("qwen3_5/f32");
+    run_pipeline(&dir, "0-2,2-4", "0", 6, "vision");
 }

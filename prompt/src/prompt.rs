@@ -174,7 +174,7 @@ pub fn generate_request(
         .flat_map(|m| std::mem::take(&mut m.images))
         .collect();
     if let (false, Some(vision)) = (images.is_empty(), &facts.image_prompt) {
-        text = vision.expand(&text, images.len()).map_err(|e| {
+        text = vision.expand_images(&text, &images).map_err(|e| {
             ApiError::invalid_field("messages", e).with_code("images_not_supported")
         })?;
     }

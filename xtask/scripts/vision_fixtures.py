@@ -19,7 +19,9 @@ It writes:
   ([3, H, W], keyed by the image's file name);
 - in each folder `reference.safetensors` (mlx-vlm's logits at every position of a prompt holding
   one image, the processor's `pixel_values`, the projector's image features and the prompt's
-  ids) and `reference.json` (the prompt, the versions, and mlx-vlm's greedy answer).
+  ids) and `reference.json` (the prompt, the versions, and mlx-vlm's greedy answer);
+- OUT_ROOT/qwen3_5/: the Qwen3.5 vision fixture, the same way (`vision_fixtures_qwen3_5.py`,
+  beside this script).
 
 Every file is a pure function of this script, the seed and the versions.
 """
@@ -332,6 +334,8 @@ def main():
     images = args.root / "images"
     make_images(images)
     build_gemma3(args.root, args.tokenizer, images)
+    from vision_fixtures_qwen3_5 import build_qwen3_5
+    build_qwen3_5(args.root, args.tokenizer, images)
     log(f"vision fixtures written under {args.root}")
 
 

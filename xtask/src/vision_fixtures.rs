@@ -13,6 +13,10 @@
 //!     processor_config.json  tokenizer.json  tokenizer_config.json   SmolLM2's + image tokens
 //!     reference.safetensors  reference.json     mlx-vlm's logits, pixels, image features,
 //!                                               greedy answers per image
+//! <cache>/fixtures/vision/qwen3_5/<layout>/       hf, f32, q4: a Qwen3.5 vision model (Qwen3-VL's
+//!     tower and merger, hybrid text decoder with M-RoPE), the same files, and in
+//!     reference.safetensors also the grid and mlx-vlm's M-RoPE position ids
+//! <cache>/fixtures/vision/qwen3_5/big.png         200×150, past the fixture's pixel budget
 //! ```
 //!
 //! A stamp (the script's hash, the versions, the tokenizer's hash) makes a second run free.
@@ -25,8 +29,17 @@ use std::path::{Path, PathBuf};
 
 /// The script that makes the fixtures (run by the venv's Python).
 const SCRIPT: &str = include_str!("../scripts/vision_fixtures.py");
+/// Its Qwen3.5 half, imported from beside it.
+const QWEN3_5_SCRIPT: &str = include_str!("../scripts/vision_fixtures_qwen3_5.py");
 /// The folders the script makes, each with its reference.
-const FOLDERS: [&str; 3] = ["gemma3/hf", "gemma3/f32", "gemma3/q4"];
+const FOLDERS: [&str; 6] = [
+    "gemma3/hf",
+    "gemma3/f32",
+    "gemma3/q4",
+    "qwen3_5/hf",
+    "qwen3_5/f32",
+    "qwen3_5/q4",
+];
 
 /// `<cache>/fixtures/vision` (`kit::dirs::vision_fixtures_dir`, where the tests read it).
 pub(crate) fn vision_root() -> PathBuf {
@@ -41,9 +54,14 @@ pub fn vision_fixtures(step: Step) -> Result<(), String> {
     let tokenizer = crate::family_fixtures::smollm2_tokenizer(&step, &families_root())?;
     let script = root.join("vision_fixtures.py");
     fs::write(&script, SCRIPT).map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    let qwen = root.join("vision_fixtures_qwen3_5.py");
+    fs::write(&qwen, QWEN3_5_SCRIPT)
+        .map_err(|e| format!("cannot write {}: {e}", qwen.display()))?;
     let stamp = format!(
-        "script_sha256={}\nmlx={}\nmlx_vlm={MLX_VLM_VERSION}\ntokenizer_sha256={}\n",
+        "script_sha256={}\nqwen3_5_script_sha256={}\nmlx={}\nmlx_vlm={MLX_VLM_VERSION}\n\
+         tokenizer_sha256={}\n",
         sha256_file(&script)?,
+        sha256_file(&qwen)?,
         crate::mlx_build::MLX_VERSION,
         sha256_file(&tokenizer.join("tokenizer.json"))?,
     );
@@ -60,7 +78,10 @@ pub fn vision_fixtures(step: Step) -> Result<(), String> {
          it downloading wheels)",
     );
     let python = mlx_vlm_venv()?;
-    step.progress("building the vision models with mlx-vlm (measured on 2 cores: 7 to 16 s)");
+    step.progress(
+        "building the vision models with mlx-vlm (measured on 2 cores: 18 to 46 s for \
+         Gemma 3's and Qwen3.5's)",
+    );
     crate::family_fixtures::run_fixture_script(&python, &script, &root, &tokenizer, &[])?;
     if !all_folders_there(&root) {
         return Err(format!(
@@ -96,6 +117,7 @@ mod tests {
     fn the_folders_live_under_the_cache_and_count_only_with_references() {
         assert_eq!(vision_root(), cache_dir().join("fixtures").join("vision"));
         assert!(SCRIPT.contains("def build_gemma3"));
+        assert!(QWEN3_5_SCRIPT.contains("def build_qwen3_5"));
         let root = std::env::temp_dir().join(format!("shoal-vf-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         for folder in FOLDERS {

@@ -7,7 +7,9 @@ use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
 use crate::models::shard::{wanted_rows, ModelShard};
+use crate::mrope::MropeSpans;
 use mlx_rs::Array;
+use std::sync::Arc;
 
 /// One sequence's share of a step.
 pub struct BatchPart<'a> {
@@ -20,6 +22,9 @@ pub struct BatchPart<'a> {
     /// Image rows replacing the embeddings of some of its new positions: `(offset in
     /// tokens, [n, hidden] rows)`, in order (see [`crate::vision`]); empty for text.
     pub images: Vec<(usize, Array)>,
+    /// Its images' M-RoPE spans, for a model whose image tokens take M-RoPE positions
+    /// (Qwen3.5, [`crate::mrope`]): set on its cache for every step, prefill and decode.
+    pub mrope: Option<Arc<MropeSpans>>,
 }
 
 /// The image rows of `parts` as offsets into the step's tokens, all parts laid end to end.
@@ -159,6 +164,9 @@ impl BatchForward for LocalBatch<'_> {
                 "no sequence in slot {}",
                 p.slot
             )));
+        }
+        for p in parts {
+            self.slots.set_mrope(p.slot, p.mrope.clone())?;
         }
         let layout: Vec<(Slot, usize)> = parts.iter().map(|p| (p.slot, p.tokens.len())).collect();
         let tokens: Vec<u32> = parts

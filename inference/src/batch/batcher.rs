@@ -411,6 +411,7 @@ impl<'a> Batcher<'a> {
                 images: images
                     .as_ref()
                     .map_or_else(Vec::new, |i| i.runs(*fed..*fed + n)),
+                mrope: images.as_ref().and_then(|i| i.mrope().cloned()),
             });
             if let Some(grammar) = sampler.grammar_mut().filter(|_| wants_logits) {
                 grammars.push(grammar);

@@ -39,6 +39,7 @@ impl<B: BatchForward> Forward for OneSequence<B> {
             tokens,
             wants_logits: true,
             images: Vec::new(),
+            mrope: None,
         };
         self.batch.step(&[part])?.pop().ok_or_else(|| {
             InferenceError::InvalidRequest("the batched step returned no logits".into())

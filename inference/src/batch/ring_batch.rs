@@ -76,6 +76,7 @@ impl BatchForward for RingBatch<'_> {
             return Ok(Vec::new());
         }
         let mut planned = Vec::with_capacity(parts.len());
+        let mut mrope = Vec::new();
         let mut tokens = Vec::new();
         for p in parts {
             let slot = u32::try_from(p.slot)
@@ -89,6 +90,9 @@ impl BatchForward for RingBatch<'_> {
                     "slot {slot} has no tokens in this step"
                 )));
             }
+            if let Some(spans) = &p.mrope {
+                mrope.push((slot, spans.clone()));
+            }
             planned.push(PlannedPart {
                 slot,
                 len: p.tokens.len() as u32,
@@ -100,6 +104,7 @@ impl BatchForward for RingBatch<'_> {
             reset: self.reset,
             closed: std::mem::take(&mut self.closed),
             parts: planned,
+            mrope,
         };
         self.reset = false;
         self.stage

@@ -13,8 +13,10 @@ use super::slot_kv::SlotKv;
 use crate::error::{InferenceError, Result};
 use crate::kv_rows::StepKv;
 use crate::models::shard::ModelShard;
+use crate::mrope::{ImageSpan, MropeSpans};
 use mlx_rs::Array;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// The most sequences one plan may name: a follower refuses a plan past it (a corrupt or
 /// hostile message never makes it allocate without bound).
@@ -23,10 +25,14 @@ pub const MAX_PLAN_SEQUENCES: usize = 1024;
 /// The most tokens one plan may carry, all sequences together.
 pub const MAX_PLAN_TOKENS: usize = 16 * 1024;
 
-/// The longest encoded plan a rank accepts ([`StepPlan::encode`] at the limits above: three
-/// counts, every slot closed, every part's three values, every token): a header announcing
-/// more is refused before anything is allocated for it.
-pub const MAX_PLAN_MESSAGE: usize = 3 + 4 * MAX_PLAN_SEQUENCES + MAX_PLAN_TOKENS;
+/// The most image spans one plan may carry, all sequences together ([`StepPlan::mrope`]).
+pub const MAX_PLAN_SPANS: usize = 256;
+
+/// The longest encoded plan a rank accepts ([`StepPlan::encode`] at the limits above: four
+/// counts, every slot closed, every part's three values, every sequence's spans, every
+/// token): a header announcing more is refused before anything is allocated for it.
+pub const MAX_PLAN_MESSAGE: usize =
+    4 + 6 * MAX_PLAN_SEQUENCES + 3 * MAX_PLAN_SPANS + MAX_PLAN_TOKENS;
 
 /// Values in a plan stay below this: a tensor-parallel broadcast carries them as f32, exact
 /// up to 2^24.
@@ -53,6 +59,9 @@ pub struct StepPlan {
     pub closed: Vec<u32>,
     /// The sequences of this step, in the order of their tokens.
     pub parts: Vec<PlannedPart>,
+    /// The M-RoPE image spans of the parts whose sequences have images (Qwen3.5,
+    /// [`crate::mrope`]), by slot: every rank's attention places those positions by them.
+    pub mrope: Vec<(u32, Arc<MropeSpans>)>,
 }
 
 impl StepPlan {
@@ -72,10 +81,11 @@ impl StepPlan {
     }
 
     /// The plan and the step's tokens as one message: `[reset, closed count, closed...,
-    /// part count, (slot, len, wants)..., tokens...]`.
+    /// part count, (slot, len, wants)..., span-sequence count, (slot, span count, (start,
+    /// rows, cols)...)..., tokens...]`.
     pub fn encode(&self, tokens: &[u32]) -> Vec<i32> {
         let mut out =
-            Vec::with_capacity(3 + self.closed.len() + 3 * self.parts.len() + tokens.len());
+            Vec::with_capacity(4 + self.closed.len() + 3 * self.parts.len() + tokens.len());
         out.push(self.reset as i32);
         out.push(self.closed.len() as i32);
         out.extend(self.closed.iter().map(|&s| s as i32));
@@ -83,8 +93,23 @@ impl StepPlan {
         for p in &self.parts {
             out.extend([p.slot as i32, p.len as i32, p.wants_logits as i32]);
         }
+        out.push(self.mrope.len() as i32);
+        for (slot, spans) in &self.mrope {
+            out.extend([*slot as i32, spans.spans().len() as i32]);
+            for s in spans.spans() {
+                out.extend([s.start as i32, s.rows as i32, s.cols as i32]);
+            }
+        }
         out.extend(tokens.iter().map(|&t| t as i32));
         out
+    }
+
+    /// The M-RoPE spans of `slot`'s sequence in this step, if it has images.
+    pub fn mrope_of(&self, slot: u32) -> Option<Arc<MropeSpans>> {
+        self.mrope
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, spans)| spans.clone())
     }
 
     /// Reads a message of [`StepPlan::encode`]: the plan and the step's tokens. Anything
@@ -144,10 +169,40 @@ impl StepPlan {
                 wants_logits,
             });
         }
+        let span_sequences = next("the span-sequence count")? as usize;
+        if span_sequences > part_count {
+            return Err(bad(&format!("spans for {span_sequences} sequences")));
+        }
+        let mut mrope = Vec::with_capacity(span_sequences);
+        let mut span_total = 0;
+        for _ in 0..span_sequences {
+            let slot = next("a span slot")? as u32;
+            let count = next("a span count")? as usize;
+            span_total += count;
+            if span_total > MAX_PLAN_SPANS {
+                return Err(bad(&format!("more than {MAX_PLAN_SPANS} image spans")));
+            }
+            let mut spans = Vec::with_capacity(count);
+            for _ in 0..count {
+                spans.push(ImageSpan {
+                    start: next("a span's start")? as usize,
+                    rows: next("a span's rows")? as usize,
+                    cols: next("a span's columns")? as usize,
+                });
+            }
+            if !seen.contains(&slot) || mrope.iter().any(|(s, _)| *s == slot) {
+                return Err(bad(&format!(
+                    "spans for slot {slot}, not one part of the step"
+                )));
+            }
+            let spans = MropeSpans::new(spans).map_err(|e| bad(&e.to_string()))?;
+            mrope.push((slot, Arc::new(spans)));
+        }
         let plan = StepPlan {
             reset,
             closed,
             parts,
+            mrope,
         };
         let total = plan.tokens();
         if total > MAX_PLAN_TOKENS {
@@ -199,6 +254,9 @@ impl SlotCaches {
         for &slot in &plan.closed {
             slots.close(Slot::from(slot));
         }
+        for p in &plan.parts {
+            slots.set_mrope(Slot::from(p.slot), plan.mrope_of(p.slot))?;
+        }
         let parts: Vec<(Slot, usize)> = plan
             .parts
             .iter()
@@ -230,22 +288,49 @@ mod tests {
                     wants_logits: false,
                 },
             ],
+            mrope: vec![(
+                2,
+                Arc::new(
+                    MropeSpans::new(vec![ImageSpan {
+                        start: 4,
+                        rows: 2,
+                        cols: 3,
+                    }])
+                    .unwrap(),
+                ),
+            )],
         };
         let tokens = [10, 11, 12, 13, 14, 99];
         let message = plan.encode(&tokens);
         assert_eq!(message[..3], [1, 2, 3]);
+        assert_eq!(message[11..16], [1, 2, 1, 4, 2]);
         assert_eq!(StepPlan::decode(&message).unwrap(), (plan, tokens.to_vec()));
     }
 
     #[test]
     fn inconsistent_plans_are_refused_with_what_is_wrong() {
-        let cases: [(&[i32], &str); 6] = [
+        let cases: [(&[i32], &str); 9] = [
             (&[], "ends before the reset flag"),
-            (&[0, 0, 1, 4, 2, 1], "the parts have 2 tokens but 0 follow"),
-            (&[0, 0, 2, 4, 1, 1, 4, 1, 1, 7, 7], "slot 4 appears twice"),
-            (&[0, 0, 1, 4, 0, 1], "slot 4 has no tokens"),
+            (
+                &[0, 0, 1, 4, 2, 1, 0],
+                "the parts have 2 tokens but 0 follow",
+            ),
+            (
+                &[0, 0, 2, 4, 1, 1, 4, 1, 1, 0, 7, 7],
+                "slot 4 appears twice",
+            ),
+            (&[0, 0, 1, 4, 0, 1, 0], "slot 4 has no tokens"),
             (&[0, 0, 5000, 0], "5000 sequences"),
             (&[0, -3], "the closed count -3 is out of range"),
+            (&[0, 0, 1, 4, 1, 1, 1, 5, 0, 7], "spans for slot 5"),
+            (
+                &[0, 0, 1, 4, 1, 1, 1, 4, 300, 7],
+                "more than 256 image spans",
+            ),
+            (
+                &[0, 0, 1, 4, 1, 1, 1, 4, 2, 0, 2, 2, 1, 1, 1, 7],
+                "image spans overlap",
+            ),
         ];
         for (message, want) in cases {
             let e = StepPlan::decode(message).unwrap_err().to_string();

@@ -76,6 +76,29 @@ impl SlotKv {
         self.own.insert(slot, cache);
     }
 
+    /// Sets (or clears) the M-RoPE image spans of `slot`'s sequence ([`crate::mrope`]), a
+    /// slot not seen before starting empty. A sequence with spans decodes on its own cache,
+    /// so only a row's clearing is a no-op.
+    pub fn set_mrope(
+        &mut self,
+        slot: Slot,
+        spans: Option<std::sync::Arc<crate::mrope::MropeSpans>>,
+    ) -> Result<()> {
+        if let Some(cache) = self.own.get_mut(&slot) {
+            cache.set_mrope(spans);
+        } else if spans.is_some() && self.row_of(slot).is_some() {
+            return Err(crate::error::InferenceError::InvalidRequest(format!(
+                "slot {slot} decodes in the shared rows; image positions need its own cache"
+            )));
+        } else if spans.is_some() && self.row_of(slot).is_none() {
+            // A slot not seen before (a follower's first step of it) starts empty.
+            let mut cache = KvCache::new(self.layers);
+            cache.set_mrope(spans);
+            self.own.insert(slot, cache);
+        }
+        Ok(())
+    }
+
     /// Frees `slot` (a row is only marked; see `row_slots`).
     pub fn close(&mut self, slot: Slot) {
         self.own.remove(&slot);

@@ -217,6 +217,10 @@ pub struct AttentionConfig {
     /// each such layer caches one index key per position beside its values.
     #[serde(default)]
     pub block_index: Option<crate::models::block_index::BlockIndexShape>,
+    /// M-RoPE's sections (Qwen3.5's `rope_parameters.mrope_section`): how the positions of
+    /// image tokens turn the rotated frequencies ([`crate::mrope`]); text alone never needs it.
+    #[serde(default)]
+    pub mrope_section: Option<[usize; 3]>,
 }
 
 /// Which layers of a hybrid model are Gated DeltaNet layers ([`crate::models::gated_delta`]):

@@ -222,7 +222,8 @@ impl Attention {
                 config.attention.rotary_dim.unwrap_or(config.head_dim),
                 config.rope_theta,
                 &config.rope_scaling,
-            ),
+            )
+            .with_mrope(config.attention.mrope_section),
             scale: 1.0 / (config.head_dim as f32).sqrt(),
             sinks: None,
             window: config
@@ -411,8 +412,8 @@ impl Attention {
     ) -> Result<Array> {
         let l = q.shape()[2];
         let offset = cache.len();
-        let q = self.rope.apply(&q, offset)?;
-        let k = self.rope.apply(&k, offset)?;
+        let q = self.rope.apply_in(&q, offset, cache.mrope())?;
+        let k = self.rope.apply_in(&k, offset, cache.mrope())?;
         if let (Some(indexer), Some(index)) = (&self.block_index, index) {
             // The index keys are cached as one more value head; the layer decodes alone.
             let v = indexer.values_with_keys(&v, &index, offset)?;

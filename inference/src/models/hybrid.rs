@@ -175,6 +175,19 @@ pub(crate) fn configure_hybrid(
     };
     config.rope_theta = theta as f32;
     config.attention.rotary_dim = Some((config.head_dim as f64 * partial) as usize);
+    config.attention.mrope_section = keys
+        .rope_parameters
+        .get("mrope_section")
+        .and_then(Value::as_array)
+        .filter(|_| layout.rope_parameters)
+        .and_then(|s| {
+            let n: Vec<usize> = s
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as usize)
+                .collect();
+            <[usize; 3]>::try_from(n).ok()
+        });
     Ok(())
 }
 

@@ -195,6 +195,18 @@ pub fn decode_rgb(encoded: &[u8]) -> Result<(u32, u32, Vec<u8>)> {
     Ok((width, height, rgb))
 }
 
+/// Decodes an image to RGB bytes as PIL's `convert("RGB")` makes them, which the Qwen3-VL
+/// processors use: transparency is dropped, not composited. Returns `(width, height, bytes)`.
+pub fn decode_dropping_alpha(encoded: &[u8]) -> Result<(u32, u32, Vec<u8>)> {
+    let decoded = image::load_from_memory(encoded)
+        .map_err(|e| InferenceError::InvalidRequest(format!("the image cannot be decoded: {e}")))?;
+    Ok((
+        decoded.width(),
+        decoded.height(),
+        decoded.into_rgb8().into_raw(),
+    ))
+}
+
 /// One channel of PIL's `alpha_composite(white, pixel)`: 7 fraction bits, division by 255 as
 /// `((x >> 8) + x) >> 8`.
 fn over_white(value: u32, alpha: u32) -> u8 {
@@ -244,7 +256,7 @@ fn clip8(sum: i64) -> u8 {
 
 /// PIL's `Image.resize` of an RGB image: horizontal pass, then vertical, each rounded to bytes;
 /// a pass whose size does not change is skipped (an image already at the size is copied).
-fn resize(
+pub(crate) fn resize(
     rgb: &[u8],
     width: u32,
     height: u32,

@@ -8,9 +8,10 @@
 //! The releases are multimodal (`Qwen3_5ForConditionalGeneration`): the text model's numbers
 //! are under `text_config` and its weights under `model.language_model.` (Hugging Face) or
 //! `language_model.model.` (mlx-lm's save, as mlx-community publishes); both are read as a
-//! text model's ([`crate::config`], [`crate::weights::text_model_name`]), the vision tower is
-//! never read. RoPE parameters come from `rope_parameters` (its `mrope_section` places image
-//! positions, which text alone does not use: plain RoPE). Hugging Face's own files store the
+//! text model's ([`crate::config`], [`crate::weights::text_model_name`]); the vision tower is
+//! read apart, on the rank that embeds ([`super::qwen3_5_vision`]). RoPE parameters come from
+//! `rope_parameters`; its `mrope_section` places image tokens' positions ([`crate::mrope`]),
+//! which text alone does not need (plain RoPE). Hugging Face's own files store the
 //! block norms zero-centred (`1 + w`) and the convolution as `[channels, 1, kernel]`; mlx-lm
 //! converts both when it sees that convolution shape, and so does [`super::hybrid`] (the layers
 //! both Qwen3.5 families share).

@@ -144,6 +144,7 @@ pub fn check_batched(
                 tokens,
                 wants_logits: *wants_logits,
                 images: Vec::new(),
+                mrope: None,
             })
             .collect();
         let mut logits = forward.step(&parts).unwrap().into_iter();
