@@ -24,6 +24,7 @@ import io
 import json
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -64,7 +65,11 @@ def shoal_ttft():
                                      headers={"content-type": "application/json"})
     start = time.perf_counter()
     first, prompt_tokens = None, None
-    with urllib.request.urlopen(request, timeout=600) as answer:
+    try:
+        answer = urllib.request.urlopen(request, timeout=600)
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"FAILED: shoal answered {e.code}: {e.read().decode(errors='replace')}")
+    with answer:
         for line in answer:
             line = line.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":

@@ -60,11 +60,26 @@ pub fn bench_vision(args: &[String]) -> Result<(), String> {
     let python = mlx_vlm_venv()?;
     eprintln!("bench: building shoal (release) ...");
     run(crate::cargo().args(["build", "--release", "--package", "shoal", "--bin", "shoal"]))?;
-    let (tb, url) = start_shoal("vis", vec!["--model".into(), fixture.display().to_string()])?;
+    // Every round sends the same image: without the prompt cache off, rounds after the first
+    // would reuse the image's positions instead of running the tower.
+    let (tb, url) = start_shoal(
+        "vis",
+        vec![
+            "--model".into(),
+            fixture.display().to_string(),
+            "--prompt-cache-tokens".into(),
+            "0".into(),
+        ],
+    )?;
     let models = tb.get(0, "/v1/models")?;
-    let model = models["data"][0]["id"]
-        .as_str()
-        .ok_or(format!("no model listed: {models}"))?
+    // The catalog lists other models too: the one placed is the one ready.
+    let model = models["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["ready"] == true)
+        .and_then(|m| m["id"].as_str())
+        .ok_or(format!("no ready model listed: {models}"))?
         .to_string();
     let image = cache_dir().join("fixtures/vision-bench/image-1024.png");
     let script = workspace_root().join("xtask/scripts/bench_vision.py");
