@@ -5,7 +5,8 @@
 //!   the image-token expansion ([`inference::ImagePrompt`]), to exactly mlx-vlm's prompt ids;
 //! - the batcher (the runner's only path) with the vision tower answers each test image as
 //!   mlx-vlm does, token for token, the three images in one batch and the prompt chunked so
-//!   that a chunk boundary cuts the image span;
+//!   that a chunk boundary cuts the image span; the reference image's sequence gets mlx-vlm's
+//!   logits there (f32 within 1e-4, 4-bit within 1e-3);
 //! - the prompt cache keys image spans by the image's content hash: a follow-up turn with the
 //!   same image reuses the first turn's state with the same answer as without the cache;
 //!   with another image (the same token ids) it reuses none of it and answers as without the
@@ -25,8 +26,10 @@ use inference::{
     WeightFormat,
 };
 use mlx_rs::Array;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::rc::Rc;
 
 fn reference(dir: &Path) -> (Vec<u32>, serde_json::Value) {
     let arrays = Array::load_safetensors(dir.join("reference.safetensors")).unwrap();
@@ -87,11 +90,20 @@ fn a_chat_with_an_image_renders_to_mlx_vlms_prompt_ids() {
     assert!(vision.expand("no image here", 1).is_err());
 }
 
+/// The slots a batch opened, in order, and the first logits each slot's sequence got (those of
+/// its prompt's last position).
+#[derive(Default)]
+struct FirstLogits {
+    opened: Vec<Slot>,
+    logits: BTreeMap<Slot, Vec<f32>>,
+}
+
 /// [`LocalBatch`] whose steps take at most `step` tokens: prompt chunks end inside the image
-/// span.
+/// span. It records each sequence's first logits.
 struct Chunked<'a> {
     inner: LocalBatch<'a>,
     step: usize,
+    seen: Rc<RefCell<FirstLogits>>,
 }
 
 impl BatchForward for Chunked<'_> {
@@ -105,7 +117,9 @@ impl BatchForward for Chunked<'_> {
         self.step
     }
     fn open(&mut self) -> inference::Result<Slot> {
-        self.inner.open()
+        let slot = self.inner.open()?;
+        self.seen.borrow_mut().opened.push(slot);
+        Ok(slot)
     }
     fn close(&mut self, slot: Slot) {
         self.inner.close(slot)
@@ -120,7 +134,13 @@ impl BatchForward for Chunked<'_> {
         self.inner.take(slot)
     }
     fn step(&mut self, parts: &[BatchPart<'_>]) -> inference::Result<Vec<Vec<f32>>> {
-        self.inner.step(parts)
+        let logits = self.inner.step(parts)?;
+        let mut seen = self.seen.borrow_mut();
+        let wanting = parts.iter().filter(|p| p.wants_logits);
+        for (part, row) in wanting.zip(&logits) {
+            seen.logits.entry(part.slot).or_insert_with(|| row.clone());
+        }
+        Ok(logits)
     }
 }
 
@@ -149,7 +169,7 @@ fn run(b: &mut Batcher<'_>, requests: &[GenerateRequest]) -> BTreeMap<u64, (Vec<
     panic!("the batch never finished");
 }
 
-fn served_like_mlx_vlm(layout: &str, format: WeightFormat) {
+fn served_like_mlx_vlm(layout: &str, format: WeightFormat, tolerance: f32) {
     inference::cpu_kernels::round_x_to_int8(false);
     let dir = root().join("gemma3").join(layout);
     let (prompt, json) = reference(&dir);
@@ -185,9 +205,11 @@ fn served_like_mlx_vlm(layout: &str, format: WeightFormat) {
     };
     let mut cache = PromptCache::<KvCache>::new(2048);
     // The first chunk ends two positions into the image span.
+    let seen = Rc::new(RefCell::new(FirstLogits::default()));
     let forward = Chunked {
         inner: LocalBatch::new(&shard, 4).unwrap(),
         step: first_image + 2,
+        seen: seen.clone(),
     };
     let mut b = Batcher::new(Box::new(forward), &tokenizer, limits)
         .with_prompt_cache(&mut cache)
@@ -199,6 +221,31 @@ fn served_like_mlx_vlm(layout: &str, format: WeightFormat) {
         eprintln!("gemma3/{layout} {name}: {:?}", got[&(i as u64)]);
         assert_eq!(got[&(i as u64)].0, want(name), "{layout}: {name}");
     }
+    // mlx-vlm's logits of the prompt's last position with the reference image, against those
+    // the batch gave that image's sequence beside the two others (requests are admitted in
+    // order, so request i has the i-th slot opened).
+    let at = names
+        .iter()
+        .position(|n| n.as_str() == json["image"].as_str().unwrap())
+        .expect("the reference image among the answers");
+    let seen = seen.borrow();
+    let got = &seen.logits[&seen.opened[at]];
+    let expected = Array::load_safetensors(dir.join("reference.safetensors")).unwrap()["logits"]
+        .as_dtype(mlx_rs::Dtype::Float32)
+        .unwrap();
+    expected.eval().unwrap();
+    let expected = expected.as_slice::<f32>();
+    let last = &expected[expected.len() - got.len()..];
+    let gap = got
+        .iter()
+        .zip(last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!("gemma3/{layout}: logits inside a batch of 3 within {gap:e} of mlx-vlm's");
+    assert!(
+        gap <= tolerance,
+        "{layout}: logits in a batch differ by {gap}"
+    );
     // A follow-up turn: the first turn's whole context (prompt, then the answer as fed) and
     // more, in a fresh cache that holds only the first turn with square.png. Another image
     // (the same token ids) reuses at most the text before its span (keyed by token ids alone
@@ -247,12 +294,12 @@ fn served_like_mlx_vlm(layout: &str, format: WeightFormat) {
 
 #[test]
 fn the_batcher_answers_each_image_as_mlx_vlm_does_f32() {
-    served_like_mlx_vlm("f32", WeightFormat::F32);
+    served_like_mlx_vlm("f32", WeightFormat::F32, 1e-4);
 }
 
 #[test]
 fn the_batcher_answers_each_image_as_mlx_vlm_does_q4() {
-    served_like_mlx_vlm("q4", WeightFormat::Quantized);
+    served_like_mlx_vlm("q4", WeightFormat::Quantized, 1e-3);
 }
 
 /// What placement counts for the tower is what its files hold: the parameters of every
