@@ -64,18 +64,23 @@ pub struct ImageProcessor {
     pub normalize: Option<([f32; 3], [f32; 3])>,
 }
 
-fn bad(message: String) -> InferenceError {
+/// An error in the folder's `preprocessor_config.json`.
+pub(super) fn bad(message: String) -> InferenceError {
     InferenceError::BadConfig(format!("preprocessor_config.json: {message}"))
+}
+
+/// `dir/preprocessor_config.json`, parsed (every image processor starts from it).
+pub(super) fn preprocessor_json(dir: &Path) -> Result<Value> {
+    let path = dir.join("preprocessor_config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))
 }
 
 impl ImageProcessor {
     /// Reads `dir/preprocessor_config.json`.
     pub fn read(dir: &Path) -> Result<ImageProcessor> {
-        let path = dir.join("preprocessor_config.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-        ImageProcessor::from_json(&json)
+        ImageProcessor::from_json(&preprocessor_json(dir)?)
     }
 
     /// The processor a configuration describes; a setting shoal does not implement is an

@@ -12,7 +12,7 @@
 //! what [`QwenImageProcessor::grid`] says, before any pixel is read, so the prompt can be
 //! expanded where it is rendered.
 
-use super::image_processor::{decode_dropping_alpha, resize, Resample};
+use super::image_processor::{bad, decode_dropping_alpha, preprocessor_json, resize, Resample};
 use crate::error::{InferenceError, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -47,19 +47,11 @@ pub struct QwenPatches {
     pub grid: (u32, u32, u32),
 }
 
-fn bad(message: String) -> InferenceError {
-    InferenceError::BadConfig(format!("preprocessor_config.json: {message}"))
-}
-
 impl QwenImageProcessor {
     /// Reads `dir/preprocessor_config.json`, with `processor_config.json`'s `image_processor`
     /// keys over it, as mlx-vlm reads them.
     pub fn read(dir: &Path) -> Result<QwenImageProcessor> {
-        let path = dir.join("preprocessor_config.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
-        let mut json: Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let mut json = preprocessor_json(dir)?;
         let extra = std::fs::read_to_string(dir.join("processor_config.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<Value>(&t).ok())
