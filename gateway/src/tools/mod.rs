@@ -202,10 +202,15 @@ pub fn parse_tools(
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
             Some(_) => {
+                let param = if shape == ToolShape::Nested {
+                    format!("{at}.function.strict")
+                } else {
+                    format!("{at}.strict")
+                };
                 return Err(ApiError::invalid_field(
-                    &format!("{at}.strict"),
+                    &param,
                     "`strict` must be a boolean",
-                ))
+                ));
             }
         };
         out.push(Tool {
@@ -395,4 +400,37 @@ pub fn call_id() -> String {
             c
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn strict_is_read_in_each_shape_and_a_non_boolean_is_refused() {
+        let schema = json!({"type": "object"});
+        let nested = json!([{"type": "function", "function": {"name": "a", "parameters": schema, "strict": true}}]);
+        let flat = json!([{"type": "function", "name": "a", "parameters": schema, "strict": true}]);
+        let anthropic = json!([{"name": "a", "input_schema": schema, "strict": true}]);
+        for (tools, shape) in [
+            (&nested, ToolShape::Nested),
+            (&flat, ToolShape::Flat),
+            (&anthropic, ToolShape::Anthropic),
+        ] {
+            let parsed = parse_tools(Some(tools), None, shape).unwrap();
+            assert!(parsed[0].strict, "{tools}");
+        }
+        let plain = json!([{"type": "function", "function": {"name": "a"}}]);
+        assert!(!parse_tools(Some(&plain), None, ToolShape::Nested).unwrap()[0].strict);
+        let bad = json!([{"type": "function", "function": {"name": "a", "strict": "yes"}}]);
+        let e = parse_tools(Some(&bad), None, ToolShape::Nested).unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("tools[0].function.strict"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("boolean"), "{}", e.message);
+    }
 }
