@@ -7,7 +7,8 @@
 //!   gateway answers the official `openai` client with mlx-lm's own greedy answer to the same
 //!   chat, token for token (its `chat_reference.json`), in one answer and streamed.
 //! - As a 2-rank tensor ring, the 4-bit experts cut at their quantization groups: the same
-//!   answer.
+//!   answer; and structured outputs (JSON Schema in every API, forced calls) validate on the
+//!   ring, asked of its node and of the node outside it that forwards.
 //! - On one node: the same answer.
 //!
 //! And every family mlx-lm made a 4-bit fixture of (Qwen3-MoE, GLM-4.5, MiniMax M2,
@@ -70,6 +71,32 @@ fn answers_as_mlx_lm(node: &ShoalNode, repo: &str, reference: &Path) -> Result<S
         .arg(script)
         .args([url.as_str(), repo, "answer"])
         .arg(reference)
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() && stdout.contains("all passed") {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Runs `tests/structured_checks.py ROOT_URL REPO --bounded` inside `node`'s namespace: every
+/// answer of the structured-output checks whose answers the schema bounds (JSON Schema through
+/// chat, Responses, Ollama and a stream; forced calls in OpenAI and Anthropic) validates. On a
+/// random-weight model the checks cannot pass by the model's judgement, only by the grammar.
+fn fits_schemas(node: &ShoalNode, repo: &str) -> Result<String, String> {
+    let python = kit::dirs::python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_checks.py");
+    let url = format!("http://{}:{API_PORT}", node.node.ip());
+    let out = node
+        .node
+        .command(&python.display().to_string())
+        .arg(script)
+        .args([url.as_str(), repo, "--bounded"])
         .output()
         .map_err(|e| format!("{}: {e}", python.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -378,6 +405,29 @@ fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
         "tensor: {}",
         answer.lines().rev().nth(1).unwrap_or_default()
     );
+    // Structured outputs on the ring, from a node of the ring and through one that forwards:
+    // the grammar travels with the request and masks the logits where the ring samples.
+    let on_ring = ranks(&created);
+    let held = |i: &usize| {
+        let (_, me) = call(&nodes[*i], "GET", "/node_id", None);
+        on_ring.contains_key(me.as_str().unwrap_or_default())
+    };
+    let inside = (0..nodes.len()).find(held).expect("a node holds a rank");
+    let outside = (0..nodes.len())
+        .find(|i| !held(i))
+        .expect("a 2-rank ring on 3 nodes leaves one out");
+    for i in [inside, outside] {
+        let summary = fits_schemas(&nodes[i], REPO).unwrap_or_else(|e| {
+            panic!(
+                "structured outputs on the tensor ring, node {i}: {e}\n{}",
+                logs(nodes)
+            )
+        });
+        eprintln!(
+            "tensor, structured, node {i}: {}",
+            summary.lines().rev().nth(1).unwrap_or_default()
+        );
+    }
     delete(nodes, REPO, &created);
 
     // One node.
