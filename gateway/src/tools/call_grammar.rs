@@ -136,8 +136,10 @@ fn call_text(opener: Opener, name: &str, index: Option<usize>) -> Option<(Vec<Pi
             ],
             Vec::new(),
         ),
-        Opener::MistralArgs
-        | Opener::Qwen3Coder
+        // Mistral's newer templates (Small 3.2, Magistral): `[TOOL_CALLS]NAME[ARGS]{…}`, each
+        // call after its own marker, nothing after the arguments but the end of turn.
+        Opener::MistralArgs => (vec![text(name), Control("[ARGS]")], Vec::new()),
+        Opener::Qwen3Coder
         | Opener::Glm
         | Opener::MiniMax
         | Opener::Dsml
@@ -480,8 +482,31 @@ mod tests {
             g.lark
         );
         assert_eq!(
-            call_grammar(Opener::MistralArgs, &ToolChoice::Required, &[&t], 0),
+            call_grammar(Opener::Gemma4, &ToolChoice::Required, &[&t], 0),
             None
+        );
+        // Mistral's `[ARGS]` form: the name, the control token, the arguments, nothing after.
+        let g = call_grammar(Opener::MistralArgs, &ToolChoice::Required, &[&t], 0).unwrap();
+        assert!(
+            g.lark.starts_with(
+                "start: call_0\ncall_0: \"get_weather\" ctl_0 args_0 \nargs_0: %json {"
+            ),
+            "{}",
+            g.lark
+        );
+        assert!(g.lark.ends_with("\nctl_0: \"[ARGS]\"\n"), "{}", g.lark);
+        let g = call_grammar(
+            Opener::MistralArgs,
+            &ToolChoice::Function("get_weather".into()),
+            &[&t],
+            0,
+        )
+        .unwrap();
+        assert!(g.without_brace);
+        assert!(
+            g.lark.starts_with("start: args\nargs: %json {"),
+            "{}",
+            g.lark
         );
         assert_eq!(
             call_grammar(Opener::Hermes, &ToolChoice::Auto, &[&t], 0),
@@ -575,7 +600,7 @@ mod tests {
             "{}",
             g.lark
         );
-        assert_eq!(call_grammar(Opener::MistralArgs, &named, &[&t], 0), None);
+        assert_eq!(call_grammar(Opener::Gemma4, &named, &[&t], 0), None);
         // MiniMax M3: each tag behind its marker, the closing tag named by the key.
         let g = call_grammar(Opener::MiniMaxM3, &named, &[&t], 0).unwrap();
         assert!(

@@ -14,8 +14,8 @@
 //! TOKEN (llguidance's lazy lexeme, which commits at its first match).
 //!
 //! Families without one: harmony (its answers are control-token channels; a call is a
-//! channel's recipient), MiniMax M3 (its marker opens its thinking tags too), Mistral's
-//! `[ARGS]` and Gemma 4's notation (no call grammar). Their strict calls are checked against
+//! channel's recipient), MiniMax M3 (its marker opens its thinking tags too) and Gemma 4's
+//! notation (no call grammar). Their strict calls are checked against
 //! the schema after the fact, as every call is.
 
 use super::call_grammar::{required_rules, text, Piece, Writer};
@@ -29,6 +29,7 @@ fn opening(opener: Opener) -> Option<(&'static str, Vec<Piece>)> {
         Opener::Hermes => ("<tool_call>", vec![text("\n{\"name\": \"")]),
         Opener::Llama => ("{\"name\": \"", Vec::new()),
         Opener::MistralList => ("[TOOL_CALLS]", vec![text("[{\"name\": \"")]),
+        Opener::MistralArgs => ("[TOOL_CALLS]", Vec::new()),
         Opener::Qwen3Coder => ("<tool_call>", vec![text("\n<function=")]),
         Opener::Glm => ("<tool_call>", Vec::new()),
         Opener::MiniMax => ("<minimax:tool_call>", vec![text("\n<invoke name=\"")]),
@@ -56,7 +57,7 @@ fn opening(opener: Opener) -> Option<(&'static str, Vec<Piece>)> {
             "<｜DSML｜tool_calls>",
             vec![text("\n<｜DSML｜invoke name=\"")],
         ),
-        Opener::Harmony | Opener::MiniMaxM3 | Opener::MistralArgs | Opener::Gemma4 => return None,
+        Opener::Harmony | Opener::MiniMaxM3 | Opener::Gemma4 => return None,
     })
 }
 
@@ -144,6 +145,13 @@ mod tests {
             g.starts_with("lazy_start: \"<tool_call>\" lazy_call\n"),
             "{g}"
         );
+        // Mistral's `[ARGS]`: the name right after the marker.
+        let g = lazy_grammar(Opener::MistralArgs, &[&a]).unwrap();
+        assert!(
+            g.starts_with("lazy_start: \"[TOOL_CALLS]\" lazy_call\nlazy_call: call_0\n"),
+            "{g}"
+        );
+        assert!(g.contains("call_0: \"get_weather\" ctl_0 args_0"), "{g}");
     }
 
     #[test]
@@ -152,12 +160,7 @@ mod tests {
         assert_eq!(lazy_grammar(Opener::Hermes, &[&strict, &loose]), None);
         assert_eq!(lazy_grammar(Opener::Hermes, &[&loose]), None);
         assert_eq!(lazy_grammar(Opener::Hermes, &[]), None);
-        for opener in [
-            Opener::Harmony,
-            Opener::MiniMaxM3,
-            Opener::MistralArgs,
-            Opener::Gemma4,
-        ] {
+        for opener in [Opener::Harmony, Opener::MiniMaxM3, Opener::Gemma4] {
             assert_eq!(lazy_grammar(opener, &[&strict]), None, "{opener:?}");
         }
     }

@@ -239,6 +239,22 @@ fn a_forced_calls_text_regex_and_control_rules_compile() {
     assert!(grammar.accepts());
 }
 
+#[test]
+fn mistrals_args_form_compiles_and_ends_after_the_arguments() {
+    // The `required` rules the gateway writes for `[TOOL_CALLS]NAME[ARGS]{…}`, `[ARGS]` left
+    // as text (this vocabulary has it only as bytes): nothing may follow the arguments.
+    let c = OutputConstraint::Lark {
+        grammar: "start: call_0\ncall_0: \"get_weather\" ctl_0 args_0 \n\
+                  args_0: %json {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"], \"additionalProperties\": false}\n\
+                  ctl_0: \"[ARGS]\"\n"
+            .into(),
+    };
+    let mut grammar = compiler().start(&c).unwrap();
+    commit_text(&mut grammar, "get_weather[ARGS]{\"city\": \"Bern\"}");
+    assert!(grammar.accepts());
+    assert!(grammar.commit(u32::from(b'}')).is_err());
+}
+
 /// Whether `grammar` allows `token` next (its mask leaves the logit finite).
 fn allows(grammar: &mut Grammar, token: u32) -> bool {
     let vocab = compiler().env.tok_trie().vocab_size();
