@@ -1,5 +1,5 @@
 //! `cargo xtask bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--no-mlx-lm]
-//! [--pipeline] [--moe] [--quantized]`:
+//! [--pipeline] [--moe | --moe-hybrid] [--quantized]`:
 //! many users at once. One shoal node serving the fixture (in a network namespace, with
 //! `--max-sequences` as large as the most streams) and mlx-lm's server (`mlx_lm.server`,
 //! the pinned mlx-lm in its own venv, the same fixture as f32 with the system OpenBLAS, its
@@ -17,7 +17,9 @@
 //! load client (as the official clients do) and counted. `cargo xtask bench prompt-cache` is in
 //! [`crate::bench_prompt_cache`]. With `--moe` both servers run a 4-bit Mixture-of-Experts
 //! model of realistic proportions ([`crate::bench_moe`]) from the same folder, and the table
-//! adds each server's resident memory; `--quantized` makes shoal keep the weights quantized
+//! adds each server's resident memory; `--moe-hybrid` runs the Qwen3.5-MoE pattern instead
+//! (Gated DeltaNet layers with a full-attention layer every fourth, a shared expert);
+//! `--quantized` makes shoal keep the weights quantized
 //! (`SHOAL_DTYPE=quantized`) instead of the CPU default's choice. Not part of CI (minutes on
 //! two cores).
 
@@ -44,7 +46,7 @@ struct Options {
     mlx_lm: bool,
     pipeline: bool,
     rounds: usize,
-    moe: bool,
+    moe: Option<crate::bench_moe::MoeShape>,
     quantized: bool,
 }
 
@@ -55,7 +57,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         mlx_lm: true,
         pipeline: false,
         rounds: 1,
-        moe: false,
+        moe: None,
         quantized: false,
     };
     let mut it = args.iter();
@@ -89,7 +91,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             "--no-mlx-lm" => o.mlx_lm = false,
             "--pipeline" => o.pipeline = true,
-            "--moe" => o.moe = true,
+            "--moe" => o.moe = Some(crate::bench_moe::MoeShape::Qwen3Moe),
+            "--moe-hybrid" => o.moe = Some(crate::bench_moe::MoeShape::Qwen35Moe),
             "--quantized" => o.quantized = true,
             other => return Err(format!("bench concurrency: unknown argument `{other}`")),
         }
@@ -330,10 +333,9 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
         "--max-queue".into(),
         (2 * most).to_string(),
     ];
-    let moe_folder = if o.moe {
-        Some(crate::bench_moe::moe_bench_model()?)
-    } else {
-        None
+    let moe_folder = match o.moe {
+        Some(shape) => Some(crate::bench_moe::moe_bench_model(shape)?),
+        None => None,
     };
     if let Some(folder) = &moe_folder {
         let parent = folder.parent().unwrap_or(folder);
@@ -457,11 +459,10 @@ fn print_table(o: &Options, rows: &[Row]) {
     } else {
         "one node"
     };
-    let model = if o.moe {
-        "a Qwen3-MoE of 1.9 B parameters (64 experts, 8 active) at 4 bits"
-    } else {
-        "SmolLM2-135M-Instruct as f32"
-    };
+    let model = o.moe.map_or(
+        "SmolLM2-135M-Instruct as f32",
+        crate::bench_moe::MoeShape::describe,
+    );
     println!(
         "{model} on {layout}, {} greedy tokens per stream, streams started together; {cores} \
          cores; median of {} round(s)",

@@ -1,8 +1,11 @@
-//! The Mixture-of-Experts model `cargo xtask bench concurrency --moe` serves: a Qwen3-MoE of
-//! realistic proportions scaled to one small machine (`xtask/scripts/moe_bench_model.py`: 24
-//! layers of width 1024, 64 experts of which 8 run per token, about 1.9 B parameters, 4-bit
-//! with routers at 8 bits), made once by the pinned mlx-lm with random weights into
-//! `<cache>/bench/qwen3-moe-bench-4bit`, and what each server's process holds once loaded.
+//! The Mixture-of-Experts models `cargo xtask bench concurrency --moe` (and `--moe-hybrid`)
+//! serves, of realistic proportions scaled to one small machine
+//! (`xtask/scripts/moe_bench_model.py`): a Qwen3-MoE (24 layers of width 1024, 64 experts of
+//! which 8 run per token, about 1.9 B parameters) and a Qwen3.5-MoE (the same width and depth,
+//! three Gated DeltaNet layers to one full-attention layer, 128 experts of which 8 run plus a
+//! shared one, about 1.4 B parameters), 4-bit with routers at 8 bits, each made once by the
+//! pinned mlx-lm with random weights into `<cache>/bench/`, and what each server's process
+//! holds once loaded.
 
 use crate::mlx_lm_venv::mlx_lm_venv;
 use crate::paths::cache_dir;
@@ -26,12 +29,53 @@ def _without_global_scale(*args, global_scale=None, **kwargs):
 _mx.gather_qmm = _without_global_scale
 "#;
 
+/// Which bench model: the script's shape argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MoeShape {
+    /// Qwen3-30B-A3B's proportions (attention on every layer).
+    Qwen3Moe,
+    /// Qwen3.5-35B-A3B's pattern (Gated DeltaNet layers, a full-attention layer every fourth).
+    Qwen35Moe,
+}
+
+impl MoeShape {
+    /// The script's name for the shape (mlx-lm's `model_type`).
+    fn name(self) -> &'static str {
+        match self {
+            MoeShape::Qwen3Moe => "qwen3_moe",
+            MoeShape::Qwen35Moe => "qwen3_5_moe",
+        }
+    }
+
+    /// The folder under `<cache>/bench`.
+    fn folder(self) -> &'static str {
+        match self {
+            MoeShape::Qwen3Moe => "qwen3-moe-bench-4bit",
+            MoeShape::Qwen35Moe => "qwen3.5-moe-bench-4bit",
+        }
+    }
+
+    /// What the benchmark's table says it ran.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            MoeShape::Qwen3Moe => {
+                "a Qwen3-MoE of 1.9 B parameters (64 experts, 8 active) at 4 bits"
+            }
+            MoeShape::Qwen35Moe => {
+                "a Qwen3.5-MoE of 1.4 B parameters (18 Gated DeltaNet and 6 attention layers, \
+                 128 experts, 8 active, one shared) at 4 bits"
+            }
+        }
+    }
+}
+
 /// The bench model's folder, made on first use (a few minutes).
-pub(crate) fn moe_bench_model() -> Result<PathBuf, String> {
+pub(crate) fn moe_bench_model(shape: MoeShape) -> Result<PathBuf, String> {
     let bench = cache_dir().join("bench");
-    let folder = bench.join("qwen3-moe-bench-4bit");
+    let folder = bench.join(shape.folder());
     let stamp = folder.join(".script");
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(SCRIPT) {
+    let made_by = format!("{SCRIPT}\n# shape: {}", shape.name());
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(made_by.as_str()) {
         return Ok(folder);
     }
     let tokenizer = kit::dirs::family_fixture_dir("x", "y")
@@ -46,12 +90,16 @@ pub(crate) fn moe_bench_model() -> Result<PathBuf, String> {
     std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
     let script = bench.join("moe_bench_model.py");
     std::fs::write(&script, SCRIPT).map_err(|e| e.to_string())?;
-    eprintln!("bench: making the MoE bench model with mlx-lm (a few minutes) ...");
+    eprintln!(
+        "bench: making the {} bench model with mlx-lm (a few minutes) ...",
+        shape.name()
+    );
     run(Command::new(&python)
         .arg(&script)
         .arg(&folder)
-        .arg(&tokenizer))?;
-    std::fs::write(&stamp, SCRIPT).map_err(|e| e.to_string())?;
+        .arg(&tokenizer)
+        .arg(shape.name()))?;
+    std::fs::write(&stamp, made_by).map_err(|e| e.to_string())?;
     Ok(folder)
 }
 

@@ -85,13 +85,15 @@ Commands:
                    `shoal bench` on 1, 2 and 3 nodes in namespaces, with the
                    per-token overhead of each extra rank
   bench concurrency [--streams 1,4,8,16,32] [--tokens 128] [--rounds 1] [--no-mlx-lm]
-                   [--pipeline] [--moe] [--quantized]
+                   [--pipeline] [--moe | --moe-hybrid] [--quantized]
                    many streams at once: shoal vs mlx_lm.server (its batching on), one
                    node in a namespace, alternating; aggregate tok/s, TTFT p50/p99;
                    --rounds N: the median of N alternating rounds;
                    --pipeline: shoal alone on a 2-rank pipeline over two namespaced nodes;
                    --moe: both on a 4-bit Qwen3-MoE of 1.9 B parameters (made once by
-                   mlx-lm), with each server's resident memory; --quantized: shoal keeps
+                   mlx-lm), with each server's resident memory; --moe-hybrid: the same
+                   on a 4-bit Qwen3.5-MoE of 1.4 B parameters (Gated DeltaNet layers, a
+                   full-attention layer every fourth); --quantized: shoal keeps
                    the weights quantized instead of the CPU default's choice
   bench structured [--streams 16] [--tokens 128] [--rounds 3]
                    constrained decoding's cost: the same streams alternating, unconstrained
