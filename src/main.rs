@@ -20,6 +20,7 @@ mod chat;
 mod cmd;
 mod context;
 mod executor;
+mod late_removals;
 mod logging;
 mod mesh_state;
 mod node;

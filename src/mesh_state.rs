@@ -20,6 +20,9 @@ pub struct MeshContext {
     pub files_alpn: Vec<u8>,
     /// Open chat connections by peer, reused across requests.
     pub connections: tokio::sync::Mutex<BTreeMap<mesh::NodeId, Connection>>,
+    /// A test fault, off unless its environment variable is set
+    /// ([`crate::late_removals`]).
+    pub late_removals: Option<crate::late_removals::LateRemovals>,
 }
 
 impl models::Cluster for MeshContext {
@@ -28,7 +31,14 @@ impl models::Cluster for MeshContext {
     }
 
     fn snapshot(&self) -> Snapshot {
-        self.mesh.read(snapshot_of)
+        let Some(late) = &self.late_removals else {
+            return self.mesh.read(snapshot_of);
+        };
+        let (mut snapshot, now_ms) = self
+            .mesh
+            .read(|replica, now_ms| (snapshot_of(replica, now_ms), now_ms));
+        late.apply(&mut snapshot, now_ms);
+        snapshot
     }
 
     fn write(&self, key: &str, value: &serde_json::Value) -> Result<(), String> {

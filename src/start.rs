@@ -133,6 +133,7 @@ async fn run_node(args: &NodeArgs, data_dir: PathBuf) -> anyhow::Result<ExitCode
         chat_alpn,
         files_alpn,
         connections: tokio::sync::Mutex::default(),
+        late_removals: crate::late_removals::LateRemovals::from_env(),
     });
     // Model files: served to members, and what this node's cache holds announced to them.
     let cache = hub::HfCache::from_env();

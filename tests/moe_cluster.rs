@@ -10,6 +10,9 @@
 //!   answer; and structured outputs (JSON Schema in every API, forced calls) validate on the
 //!   ring, asked of its node and of the node outside it that forwards.
 //! - On one node: the same answer.
+//! - After each deletion the instance stays gone, while two of the three nodes see other
+//!   nodes' removals of their copies 2 s late (`SHOAL_FAULT_LATE_COPY_REMOVALS_MS`): the order
+//!   in which a deleted instance once came back, made certain.
 //!
 //! And every family mlx-lm made a 4-bit fixture of (Qwen3-MoE, GLM-4.5, MiniMax M2,
 //! DeepSeek V3, gpt-oss, Gemma 3; gpt-oss also in its own mxfp4), each served as a repo of its
@@ -227,6 +230,12 @@ fn ranks(created: &Value) -> BTreeMap<String, (usize, usize)> {
         .collect()
 }
 
+/// How late the nodes named in [`HubCluster::start`]'s `late_view` see other nodes' removals
+/// of instance copies (`SHOAL_FAULT_LATE_COPY_REMOVALS_MS`, `src/late_removals.rs`): the order
+/// in which a deleted instance once came back, made certain. Shorter than [`delete`]'s wait
+/// after the deletion, so a copy that stays is one written again.
+const LATE_VIEW_MS: u64 = 2_000;
+
 /// Each test runs its own cluster of model runners: one at a time on a small machine (run
 /// side by side, a deletion once took over 60 s to reach every node's model list).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -244,7 +253,7 @@ struct HubCluster {
 
 impl HubCluster {
     /// `None` when the test cannot run here (no namespaces, or setup's fixtures missing: a
-    /// counted skip). `exact_x`: the nodes keep x in f32 in quantized CPU products
+    /// counted skip). `late_view`: the workers that see copy removals late ([`LATE_VIEW_MS`]). `exact_x`: the nodes keep x in f32 in quantized CPU products
     /// (`SHOAL_QMM=exact`, also the default; said explicitly so that a changed default cannot
     /// loosen this test), for answers compared token for token with mlx-lm's (int8 x, opt-in
     /// through `SHOAL_QMM=int8`, is bounded in `inference/tests/cpu_qmm_int8.rs`; on
@@ -253,6 +262,7 @@ impl HubCluster {
         tag: &str,
         workers: usize,
         exact_x: bool,
+        late_view: &[usize],
         make_repos: impl FnOnce(&Path) -> Result<BTreeMap<String, ServedRepo>, String>,
     ) -> Option<HubCluster> {
         let python = kit::dirs::python();
@@ -295,6 +305,12 @@ impl HubCluster {
             if exact_x {
                 node.env.push(("SHOAL_QMM".into(), "exact".into()));
             }
+            if late_view.contains(&i) {
+                node.env.push((
+                    "SHOAL_FAULT_LATE_COPY_REMOVALS_MS".into(),
+                    LATE_VIEW_MS.to_string(),
+                ));
+            }
             caches.push(cache);
             node.start();
         }
@@ -326,7 +342,9 @@ impl HubCluster {
 fn a_4bit_moe_model_answers_as_mlx_lm_as_pipeline_tensor_ring_and_one_node() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut reference = PathBuf::new();
-    let Some(cluster) = HubCluster::start("moe", 3, false, |dir| {
+    // Nodes 1 and 2 see copy removals late: node 0, which deletes, must keep its deletion
+    // while they still see a copy.
+    let Some(cluster) = HubCluster::start("moe", 3, false, &[1, 2], |dir| {
         let (repo, answer) = moe_repo(dir)?;
         reference = answer;
         let served = ServedRepo::from_dir(&repo, false).map_err(|e| e.to_string())?;
@@ -515,7 +533,7 @@ const ONE_KEY_HEAD: &str = "shoal-fixtures/qwen3.5-moe-one-key-head-4bit";
 #[test]
 fn every_family_at_4_bits_answers_as_mlx_lm_on_one_node_a_pipeline_and_a_tensor_ring() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(cluster) = HubCluster::start("fam", 2, true, family_repos) else {
+    let Some(cluster) = HubCluster::start("fam", 2, true, &[], family_repos) else {
         return;
     };
     let nodes = &cluster.nodes;
