@@ -17,11 +17,16 @@ use std::sync::Mutex;
 /// The environment variable that turns the fault on, in milliseconds.
 const ENV: &str = "SHOAL_FAULT_LATE_COPY_REMOVALS_MS";
 
+/// An (author, key) pair: whose record, under which key.
+type RecordAt = (String, String);
+
+/// A record's value as last seen, and when it was first seen gone (mesh clock).
+type LastSeen = (String, Option<u64>);
+
 /// Other nodes' instance copies as last seen, kept in the view after their removal.
 pub struct LateRemovals {
     delay_ms: u64,
-    /// By (author, key): the record's value, and when it was first seen gone (mesh clock).
-    seen: Mutex<BTreeMap<(String, String), (String, Option<u64>)>>,
+    seen: Mutex<BTreeMap<RecordAt, LastSeen>>,
 }
 
 impl LateRemovals {

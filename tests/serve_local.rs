@@ -12,6 +12,9 @@
 //! `cargo xtask setup` provides; without root it fails, or with `SHOAL_ALLOW_SKIP=1` is
 //! skipped and counted (see `kit::skip`).
 
+#[path = "serve_local/prompt_limits.rs"]
+mod prompt_limits;
+
 use kit::netns::{self, Netns, Spec};
 use kit::node_process::{ShoalNode, API_PORT};
 use serde_json::Value;
@@ -272,7 +275,8 @@ fn one_node_serves_smollm2_in_a_namespace() {
     }
 
     prompt_cache_reports_cached_tokens(&node);
-    huge_prompts_are_refused_before_tokenizing(&node);
+    prompt_limits::a_long_system_prompt_is_refused_in_bounded_memory(&node);
+    prompt_limits::huge_prompts_are_refused_before_tokenizing(&node);
     sampling_controls(&node, &url, &checks);
 
     // The gateway's model-agnostic checks with the official client, and a call that
@@ -350,54 +354,6 @@ fn post(node: &Node, path: &str, body: &Value) -> Value {
             api.json(kit::client::Method::POST, path, Some(body))
         })
         .unwrap_or_else(|e| panic!("POST {path}: {}\nnode log:\n{}", e.message, node.log_tail()))
-}
-
-/// A 20 MB conversation against an 8,192-token context is refused at once, before it is
-/// rendered and tokenized: the probe saw `count_tokens` take 9.8 s and grow the node by
-/// 2.1 GB before its 400 (7 M tokens encoded whole); a chat of the same size likewise.
-fn huge_prompts_are_refused_before_tokenizing(node: &Node) {
-    let pid = node.node.pid().expect("the node runs");
-    let before = peak_rss_bytes(pid as u64).unwrap_or(0);
-    let content = "hello there ".repeat(20 * 1024 * 1024 / 12);
-    for path in ["/v1/messages/count_tokens", "/v1/chat/completions"] {
-        let body = serde_json::json!({
-            "model": "default",
-            "max_tokens": 8,
-            "messages": [{"role": "user", "content": content}],
-        });
-        let started = Instant::now();
-        let failure = node
-            .node
-            .api
-            .run(Duration::from_secs(60), |api| {
-                api.json(kit::client::Method::POST, path, Some(&body))
-            })
-            .expect_err("a 20 MB conversation is refused");
-        let took = started.elapsed();
-        eprintln!("{path}: 20 MB refused in {:.2} s", took.as_secs_f64());
-        assert_eq!(
-            failure.status.map(|s| s.as_u16()),
-            Some(400),
-            "{}",
-            failure.message
-        );
-        assert!(
-            failure.message.contains("context"),
-            "{path}: {}",
-            failure.message
-        );
-        // Reading and parsing 20 MB takes a fraction of a second; tokenizing it took 9.8 s.
-        assert!(
-            took < Duration::from_secs(4),
-            "{path}: refused after {took:?}"
-        );
-    }
-    let after = peak_rss_bytes(pid as u64).unwrap_or(0);
-    let grown = after.saturating_sub(before) / (1024 * 1024);
-    eprintln!("node peak RSS grew {grown} MiB over the two 20 MB conversations");
-    // The bodies themselves (20 MB read, parsed to a JSON value and a chat request) stay;
-    // the tokenized prompt (2.1 GB for count_tokens) must not.
-    assert!(grown < 400, "the node's peak RSS grew {grown} MiB");
 }
 
 /// The prompt cache end to end: a request repeating a long system prompt reuses the first

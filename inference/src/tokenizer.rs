@@ -89,6 +89,31 @@ pub const TOOL_MARKUP_TOKENS: &[&str] = &[
     "</mm:think>",
 ];
 
+/// The most bytes [`Tokenizer::holds_more_than`] encodes at once.
+pub const COUNT_PIECE_BYTES: usize = 16 * 1024;
+
+/// The most tokens a cut between two pieces may add to their count (a word cut in two).
+pub const CUT_SLACK_TOKENS: usize = 4;
+
+/// `text`'s first piece for [`Tokenizer::holds_more_than`] and the rest: at most
+/// [`COUNT_PIECE_BYTES`], ending before the last whitespace in it where there is one, else at
+/// a character boundary.
+fn split_piece(text: &str) -> (&str, &str) {
+    if text.len() <= COUNT_PIECE_BYTES {
+        return (text, "");
+    }
+    let mut end = COUNT_PIECE_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let window = &text[..end];
+    let cut = window
+        .rfind(char::is_whitespace)
+        .filter(|&at| at > 0)
+        .unwrap_or(end);
+    text.split_at(cut)
+}
+
 /// A tokenizer with the model's special tokens and chat template.
 pub struct Tokenizer {
     pub(crate) inner: tokenizers::Tokenizer,
@@ -415,6 +440,36 @@ impl Tokenizer {
                 .max(1)
         });
         bytes / 4 / longest > tokens
+    }
+
+    /// Whether `texts` together surely hold more than `tokens` tokens, found by encoding them
+    /// a piece of at most [`COUNT_PIECE_BYTES`] at a time and stopping as soon as the count
+    /// passes: memory stays that of one piece, however long the text (a 1 MB system prompt
+    /// encoded whole grew the node by 141 MB before its 400). Pieces end before whitespace
+    /// where they can, where byte-level pre-tokenizers split anyway; each cut is still allowed
+    /// to have added [`CUT_SLACK_TOKENS`], so the answer is true only when the text surely does.
+    pub fn holds_more_than<'t>(
+        &self,
+        texts: impl IntoIterator<Item = &'t str>,
+        tokens: usize,
+    ) -> Result<bool> {
+        let mut counted = 0usize;
+        let mut cuts = 0usize;
+        for text in texts {
+            let mut rest = text;
+            while !rest.is_empty() {
+                let (piece, after) = split_piece(rest);
+                counted += self.inner.encode(piece, false).map_err(tok_err)?.len();
+                if !after.is_empty() {
+                    cuts += 1;
+                }
+                if counted.saturating_sub(cuts * CUT_SLACK_TOKENS) > tokens {
+                    return Ok(true);
+                }
+                rest = after;
+            }
+        }
+        Ok(false)
     }
 
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are recognised.

@@ -65,6 +65,33 @@ pub fn generate_request(
         )
         .with_code("context_length_exceeded"));
     }
+    // Longer in bytes than the context in tokens (every token spells at least a byte): count
+    // the client's texts piece by piece, stopping once they pass the context, rather than
+    // render and encode them whole first (a 1 MB system prompt grew the node by 141 MB).
+    if sent_bytes > facts.context_length {
+        let texts = request.messages.iter().flat_map(|m| {
+            [m.content.as_str()].into_iter().chain(
+                m.tool_calls
+                    .iter()
+                    .flat_map(|c| [c.name.as_str(), c.arguments.as_str()]),
+            )
+        });
+        let over = facts
+            .tokenizer
+            .holds_more_than(texts, facts.context_length)
+            .map_err(|e| ApiError::invalid_field("messages", e.to_string()))?;
+        if over {
+            return Err(ApiError::invalid_field(
+                "messages",
+                format!(
+                    "the conversation holds more than the model's context of {} tokens; \
+                     shorten the conversation",
+                    facts.context_length
+                ),
+            )
+            .with_code("context_length_exceeded"));
+        }
+    }
     let client_texts = request
         .messages
         .iter()
