@@ -1,7 +1,8 @@
 //! A real node, attacked as the issue's findings did, in its own network namespace: a flood of
 //! huge bodies leaves its memory where it was (measured from /proc), a model path that blocks
 //! (a FIFO, or a folder whose config is one) holds up no other request, and with API keys the
-//! cluster routes refuse anyone without one while `shoal status --api-key` still works.
+//! cluster routes refuse anyone without one while `shoal status --api-key` still works; a
+//! start that cannot serve its API fails saying why, its mesh endpoint closed.
 //!
 //! Needs root (namespaces) and the model fixture (`cargo xtask setup`): fails otherwise, or
 //! with `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
@@ -453,5 +454,64 @@ fn an_offline_node_does_not_repeat_discovery_warnings() {
         repeated.join("\n")
     );
     assert_eq!(call(&nodes[0], "GET", "/node_id", None).0, 200);
+    net.teardown(nodes);
+}
+
+#[test]
+fn a_start_that_cannot_serve_its_api_fails_saying_why_with_its_endpoint_closed() {
+    let Some((net, mut nodes)) = one_node("hport") else {
+        return;
+    };
+    // Something else holds the API port in the node's namespace.
+    let python = kit::dirs::python();
+    let mut holder = nodes[0]
+        .node
+        .command(&python.display().to_string())
+        .args([
+            "-c",
+            &format!(
+                "import socket, sys, time\ns = socket.socket()\n\
+                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                 s.bind(('0.0.0.0', {}))\ns.listen()\nprint('held', flush=True)\n\
+                 time.sleep(120)",
+                support::API_PORT
+            ),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("a python that holds the port");
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    nodes[0].start();
+    let exited = wait_for(LIMIT, || nodes[0].exit_code());
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let log = std::fs::read_to_string(&nodes[0].log).unwrap_or_default();
+    let Some((code, _)) = exited else {
+        panic!("the node kept running without its API port\n{log}");
+    };
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "the node exited with {code:?}\n{log}"
+    );
+    assert!(
+        log.contains(&support::API_PORT.to_string()) && log.to_lowercase().contains("in use"),
+        "the failure does not say the port is in use:\n{log}"
+    );
+    // Before the fix every failed start also logged iroh's own error for an endpoint dropped
+    // unclosed, which hid the real one.
+    assert!(
+        !log.contains("Endpoint dropped without calling"),
+        "the mesh endpoint was dropped unclosed:\n{log}"
+    );
+    eprintln!(
+        "failed start, exit {code:?}: {}",
+        log.lines()
+            .rev()
+            .find(|l| l.contains("in use"))
+            .unwrap_or("")
+    );
     net.teardown(nodes);
 }
