@@ -36,6 +36,7 @@ const FOLDERS: &[(&str, &str)] = &[
     ("step3p5", "q4"),
     ("nemotron_h", "hf"),
     ("nemotron_h", "q4"),
+    ("nemotron_h_latent", "q4"),
     ("deepseek_v32", "q4"),
     ("glm_moe_dsa", "hf"),
     ("mistral4", "q4"),

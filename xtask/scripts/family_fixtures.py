@@ -439,6 +439,30 @@ FAMILIES = {
         "layouts": ["q4"],
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5), ("embeddings", 1.0)],
     },
+    "nemotron_h_latent": {
+        # Nemotron 3 Super's shape: the pattern MEM*E (Mamba-2, latent experts, Mamba-2,
+        # attention without positions, latent experts; a 2-stage split at 1 leaves rank 0 only
+        # a Mamba-2 layer), experts on a latent projection (moe_latent_size 64 of hidden 128:
+        # fc1_latent_proj before them, fc2_latent_proj after their weighted sum; the router and
+        # the shared expert read the hidden state), sigmoid routing in 2 groups of which 1 is
+        # kept. Every width a 2-rank tensor ring cuts is 128 and every input width a multiple
+        # of 64, so q4 quantizes every matrix.
+        "config": {
+            "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+            "hidden_size": 128, "num_hidden_layers": 5, "hybrid_override_pattern": "MEM*E",
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "attention_bias": False, "intermediate_size": 128, "mlp_bias": False,
+            "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 2,
+            "conv_kernel": 4, "use_conv_bias": True, "mamba_proj_bias": False,
+            "use_bias": False, "layer_norm_epsilon": 1e-5, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 128, "moe_latent_size": 64,
+            "moe_shared_expert_intermediate_size": 128, "n_shared_experts": 1, "n_group": 2,
+            "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5), ("embeddings", 1.0)],
+    },
     "kimi_linear": {
         # Kimi Linear (48B-A3B's shape): Kimi Delta Attention on layers 1, 2 and 4 (1-based
         # `kda_layers`; a 2-stage split at layer 1 leaves rank 0 only a linear layer), NoPE
@@ -847,6 +871,7 @@ HF_LAYOUT = {
     "gemma4_text": hf_gemma4_text,
     "step3p5": hf_step3p5,
     "nemotron_h": hf_nemotron_h,
+    "nemotron_h_latent": hf_nemotron_h,
     "deepseek_v32": hf_dsa("deepseek_v32"),
     "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
     "mistral4": hf_mistral4,

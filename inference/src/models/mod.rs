@@ -24,6 +24,7 @@ pub mod deepseek_v32;
 mod dense_and_experts;
 pub mod dsa_indexer;
 mod expert_activation;
+mod experts;
 pub mod gated_delta;
 pub mod gemma3;
 pub mod gemma3_vision;
