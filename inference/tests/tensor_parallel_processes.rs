@@ -12,7 +12,8 @@
 mod common;
 
 use common::tensor_ranks::{
-    family_4bit, run_ranks_with, run_tensor_parallel, run_tensor_parallel_as,
+    family_4bit, family_ring_matches_mlx_lm, run_ranks_with, run_tensor_parallel,
+    run_tensor_parallel_as,
 };
 use common::{smollm2, temp_dir, write_tiny_model};
 use std::path::PathBuf;
@@ -238,6 +239,20 @@ fn gemma4_text_4bit_two_ranks_match_one_node() {
         "single",
         "quantized",
     );
+}
+
+/// Gemma 4 E2B's shape at 4 bits: the KV-shared layers' query heads cut as their source
+/// layers' are (each rank's queries read the key/value heads its slice of the source holds),
+/// the per-layer inputs' table, projection and gates whole on every rank.
+#[test]
+fn gemma4_text_e2b_4bit_two_ranks_match_mlx_lm() {
+    family_ring_matches_mlx_lm("gemma4_text_e2b", "q4", 42);
+}
+
+/// The same in f32 (the cut itself, to mlx-lm's 1e-4).
+#[test]
+fn gemma4_text_e2b_f32_two_ranks_match_mlx_lm() {
+    family_ring_matches_mlx_lm("gemma4_text_e2b", "hf", 43);
 }
 
 /// Llama 4's text model at 4 bits: heads reordered for RoPE at load, then cut as any.

@@ -331,6 +331,32 @@ FAMILIES = {
         "std": [("embed_tokens", 0.1), ("router.scale", 1.0), ("router.proj", 1.0),
                 ("per_expert_scale", 1.0)],
     },
+    "gemma4_text_e2b": {
+        # Gemma 4 E2B's shape scaled down: per-layer inputs (64 per layer and token, from their
+        # own table and a projection of the embedding), 6 layers (sliding, sliding, full, ...)
+        # of which the last 3 share keys and values (layers 3 and 4 read sliding layer 1's,
+        # layer 5 full layer 2's) and have double-wide MLPs, windows of 4 (below the 12-token
+        # prompt), full layers twice as wide with proportional RoPE, tied embeddings, logits
+        # soft-capped at 10. Two key/value heads (E2B has one) so a 2-rank ring can cut them.
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+            "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "global_head_dim": 64,
+            "intermediate_size": 128, "attention_k_eq_v": False, "enable_moe_block": False,
+            "hidden_size_per_layer_input": 64, "vocab_size_per_layer_input": VOCAB,
+            "num_kv_shared_layers": 3, "use_double_wide_mlp": True, "sliding_window": 4,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                   "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },
+            "final_logit_softcapping": 10.0, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        },
+        "layouts": ["q4"],
+        "std": [("embed_tokens", 0.1), ("embed_tokens_per_layer", 0.5)],
+    },
     "step3p5": {
         # Step 3.5 Flash's shape: sliding layers with their own head counts, per-layer RoPE
         # bases and rotated fractions, YaRN on the full layers only, head-wise gates, the
@@ -869,6 +895,7 @@ HF_LAYOUT = {
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
     "llama4_text": lambda weights, cfg: weights,  # no sanitize
     "gemma4_text": hf_gemma4_text,
+    "gemma4_text_e2b": hf_gemma4_text,
     "step3p5": hf_step3p5,
     "nemotron_h": hf_nemotron_h,
     "nemotron_h_latent": hf_nemotron_h,

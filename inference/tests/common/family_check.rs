@@ -105,6 +105,25 @@ pub fn check(family: &str, layout: &str, format: WeightFormat, tolerance: f32) {
         if cuts.windows(2).any(|w| w[0] >= w[1]) {
             continue;
         }
+        // A cut between a KV-shared layer and the layer whose keys it reads is refused
+        // (`gemma4_text_e2b`; its own test asserts the reason), and only such a cut.
+        let options = |w: &[usize]| LoadOptions {
+            layers: Some(w[0]..w[1]),
+            format: Some(format),
+        };
+        let refused = cuts.windows(2).find_map(|w| {
+            load_shard(&dir, &options(w), &mut |_, _| {})
+                .err()
+                .map(|e| e.to_string())
+        });
+        if let Some(reason) = refused {
+            assert!(
+                reason.contains("a cut must keep a KV-shared layer with its source"),
+                "{family}/{layout}: a split at {cuts:?} refused: {reason}"
+            );
+            println!("{family}/{layout} stages {cuts:?}: refused ({reason})");
+            continue;
+        }
         let stages: Vec<ModelShard> = cuts
             .windows(2)
             .map(|w| load(&dir, Some(w[0]..w[1]), format))
