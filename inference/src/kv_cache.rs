@@ -60,6 +60,24 @@ pub struct LayerCache {
     /// The sequence's image spans, when its positions are M-RoPE's ([`crate::mrope`]): its
     /// attention rotates by them, and it decodes on its own cache.
     mrope: Option<Arc<MropeSpans>>,
+    /// During a step, the keys and values this layer attended over, lent to the later layers
+    /// that read them (Gemma 4's KV-shared layers); a sharing layer holds its source's here.
+    lent: Option<Box<LentKv>>,
+}
+
+/// The keys and values one layer attended over in a step, `[batch, kv_heads, held, head_dim]`
+/// holding positions from `held_from`, and the position of the step's first new token: what a
+/// layer sharing that layer's cache attends over in the same step.
+#[derive(Debug, Clone)]
+pub struct LentKv {
+    /// The held keys, after the step's new ones were written.
+    pub keys: Array,
+    /// The held values.
+    pub values: Array,
+    /// The position of the first held column.
+    pub held_from: usize,
+    /// The position of the step's first new token.
+    pub offset: usize,
 }
 
 fn grow(buffer: Option<Array>, like: &Array, used: i32, needed: i32) -> Result<Array> {
@@ -140,6 +158,33 @@ impl LayerCache {
     /// The sequence's M-RoPE image spans, if it has images (see [`crate::mrope`]).
     pub fn mrope(&self) -> Option<&MropeSpans> {
         self.mrope.as_deref()
+    }
+
+    /// Lends the keys and values this layer attended over in this step to the layers that
+    /// share its cache ([`LayerCache::follow`]).
+    pub fn lend(&mut self, kv: LentKv) {
+        self.lent = Some(Box::new(kv));
+    }
+
+    /// What this layer lends (or, in a sharing layer, was lent) in this step.
+    pub fn lent(&self) -> Option<&LentKv> {
+        self.lent.as_deref()
+    }
+
+    /// Ends a step's lending: the buffers are this layer's alone again (so the next step
+    /// writes them in place).
+    pub fn end_lending(&mut self) {
+        self.lent = None;
+    }
+
+    /// Makes this layer, which keeps no keys of its own, read `source`'s this step: its
+    /// lent keys and values, its length and what it has forgotten. Such a layer counts
+    /// positions only ([`LayerCache::counts_only`]): its sequence decodes on its own cache.
+    pub fn follow(&mut self, source: &LayerCache) {
+        self.lent = source.lent.clone();
+        self.len = source.len;
+        self.dropped = source.dropped;
+        self.window = source.window;
     }
 
     /// Marks the layer as one whose sequence decodes on its own cache, never in the shared
@@ -279,6 +324,7 @@ impl LayerCache {
             state: None,
             alone: false,
             mrope: None,
+            lent: None,
         }
     }
 

@@ -76,6 +76,34 @@ impl StepKv<'_> {
         }
     }
 
+    /// Makes layer `layer` read layer `source`'s keys and values this step
+    /// ([`LayerCache::follow`]); shared decode rows hold no such layer (its sequence decodes
+    /// on its own cache).
+    pub fn follow(&mut self, layer: usize, source: usize) -> Result<()> {
+        match self {
+            StepKv::Own(_, cache) if source < layer && layer < cache.layers.len() => {
+                let (before, from) = cache.layers.split_at_mut(layer);
+                from[0].follow(&before[source]);
+                Ok(())
+            }
+            StepKv::Own(..) => Err(InferenceError::InvalidRequest(format!(
+                "layer {layer} cannot share the cache of layer {source}"
+            ))),
+            StepKv::Rows(..) => Err(InferenceError::InvalidRequest(
+                "a layer sharing another's keys was given shared decode rows".into(),
+            )),
+        }
+    }
+
+    /// Ends layer `layer`'s lending of its keys and values.
+    pub fn end_lending(&mut self, layer: usize) {
+        if let StepKv::Own(_, cache) = self {
+            if let Some(l) = cache.layers.get_mut(layer) {
+                l.end_lending();
+            }
+        }
+    }
+
     /// Layers it holds.
     pub fn layers(&self) -> usize {
         match self {

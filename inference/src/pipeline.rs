@@ -131,7 +131,7 @@ impl PipelineStage {
             self.group.send(&message, right)?.eval()?;
         }
         let (plan, _) = StepPlan::decode(message.as_slice::<i32>())?;
-        let hidden = self.shard.config.hidden_size as i32;
+        let hidden = self.shard.activation_width() as i32;
         // The plan comes at once, the hidden state only when the ranks before this one have
         // run their layers: sleep until it is there, or MLX's receive spins a core meanwhile
         // (taking it from the rank that computes, where ranks share a machine).

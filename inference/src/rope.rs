@@ -2,10 +2,11 @@
 
 use crate::config::RopeScaling;
 use crate::cpu_layer_ops::RopePositions;
-use crate::error::Result;
+use crate::error::{InferenceError, Result};
 use crate::mrope::MropeSpans;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
+use serde_json::Value;
 
 /// RoPE over the full head width, in the Hugging Face ("half split") layout.
 #[derive(Debug, Clone)]
@@ -293,5 +294,74 @@ pub fn yarn_mscale(factor: f32, m: f32) -> f32 {
         1.0
     } else {
         0.1 * m * factor.ln() + 1.0
+    }
+}
+
+/// One layer kind's RoPE, as Gemma 4's `rope_parameters` gives it per kind (`default`,
+/// `linear`, or `proportional`: only a fraction of the head turns).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RopeSpec {
+    theta: f32,
+    /// Proportional: only the first `fraction` of the head turns, at periods
+    /// `factor · theta^(2i / head_dim)`.
+    proportional: bool,
+    fraction: f32,
+    /// Linear scaling (positions divided) or the proportional factor.
+    factor: f32,
+}
+
+impl RopeSpec {
+    /// The spec of layer kind `kind` (`sliding_attention`, `full_attention`) in
+    /// `parameters`.
+    pub(crate) fn read(parameters: &Value, kind: &str) -> Result<RopeSpec> {
+        let p = parameters.get(kind).cloned().unwrap_or(Value::Null);
+        let f = |key: &str, default: f64| p.get(key).and_then(Value::as_f64).unwrap_or(default);
+        let spec = |proportional: bool| RopeSpec {
+            theta: f("rope_theta", 10_000.0) as f32,
+            proportional,
+            fraction: f("partial_rotary_factor", 1.0) as f32,
+            factor: f("factor", 1.0) as f32,
+        };
+        match p
+            .get("rope_type")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+        {
+            "default" => Ok(RopeSpec {
+                factor: 1.0,
+                ..spec(false)
+            }),
+            "linear" => Ok(spec(false)),
+            "proportional" => Ok(spec(true)),
+            other => Err(InferenceError::BadConfig(format!(
+                "a config.json's {kind} rope_type `{other}` is not supported \
+                 (default, linear and proportional are)"
+            ))),
+        }
+    }
+
+    /// The RoPE of a head `head_dim` wide.
+    pub(crate) fn rope(&self, head_dim: usize) -> Rope {
+        if !self.proportional {
+            let scaling = if self.factor == 1.0 {
+                crate::config::RopeScaling::None
+            } else {
+                crate::config::RopeScaling::Linear {
+                    factor: self.factor,
+                }
+            };
+            return Rope::new(head_dim, self.theta, &scaling);
+        }
+        let rotated = (head_dim as f32 * self.fraction) as usize / 2;
+        let periods: Vec<f32> = (0..head_dim / 2)
+            .map(|i| {
+                if i < rotated {
+                    self.factor * self.theta.powf(2.0 * i as f32 / head_dim as f32)
+                } else {
+                    f32::INFINITY
+                }
+            })
+            .collect();
+        Rope::from_periods(head_dim, &periods)
     }
 }

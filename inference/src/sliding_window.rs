@@ -85,6 +85,61 @@ pub(crate) fn window_mask(
     Some(Array::from_slice(&mask, &[new as i32, keys as i32]))
 }
 
+/// How queries attend to what [`visible`] gives them.
+pub(crate) enum VisibleMask {
+    /// Every query sees every key.
+    All,
+    /// Each query sees the keys up to its own position.
+    Causal,
+    /// `[new, keys]` booleans.
+    Array(Array),
+}
+
+impl VisibleMask {
+    /// The mask as attention takes it.
+    pub(crate) fn as_sdpa(&self) -> Option<mlx_rs::fast::ScaledDotProductAttentionMask<'_>> {
+        use mlx_rs::fast::ScaledDotProductAttentionMask as Mask;
+        match self {
+            VisibleMask::All => None,
+            VisibleMask::Causal => Some(Mask::Causal),
+            VisibleMask::Array(m) => Some(Mask::Array(m)),
+        }
+    }
+}
+
+/// What `new` queries at positions `[offset, offset + new)` read of a layer's held keys and
+/// values (`k`, `v`: positions `held_from..offset + new`): in a sliding layer of `window`
+/// (once the positions pass it) only the columns some query still sees, masked to each
+/// query's window; else all of them, causal when there are several queries. A layer and the
+/// layers sharing its cache read the same.
+pub(crate) fn visible(
+    k: &Array,
+    v: &Array,
+    held_from: usize,
+    offset: usize,
+    new: usize,
+    window: Option<usize>,
+) -> (Array, Array, VisibleMask) {
+    use mlx_rs::ops::indexing::IndexOp;
+    let total = offset + new;
+    match window.filter(|&w| total > w) {
+        Some(window) => {
+            // Keys before the first query's window are seen by no query (and a sliding
+            // cache holds positions from `held_from` on).
+            let first = (offset + 1).saturating_sub(window);
+            let column = (first - held_from) as i32;
+            let keys = |t: &Array| t.index((.., .., column.., ..));
+            let mask = match window_mask(offset, new, first, total, window) {
+                Some(m) => VisibleMask::Array(m),
+                None => VisibleMask::All,
+            };
+            (keys(k), keys(v), mask)
+        }
+        None if new > 1 => (k.clone(), v.clone(), VisibleMask::Causal),
+        None => (k.clone(), v.clone(), VisibleMask::All),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -464,3 +464,44 @@ fn a_hybrid_model_reuses_a_cached_state_only_where_it_ends() {
     let (tokens3, _) = alone(&e, &turn3);
     assert_eq!(c3.tokens, tokens3);
 }
+
+/// Gemma 4 E2B's shape (the family fixture): per-layer inputs, and KV-shared layers that keep
+/// no keys of their own but follow their source layer's cache. The prompt cache's entry of a
+/// first request is reused by a second that extends it (the shared layers follow their
+/// sources' restored caches), and both answer exactly as alone.
+#[test]
+fn kv_shared_layers_reuse_a_cached_prompt_through_their_sources() {
+    let dir = kit::dirs::family_fixture_dir("gemma4_text_e2b", "hf");
+    assert!(
+        dir.join("reference.safetensors").exists(),
+        "{} is missing: run `cargo xtask setup`",
+        dir.display()
+    );
+    let e = Engine::load(dir, Some(WeightFormat::F32)).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7919) % 48000 + 100).collect();
+    let mut turn1 = GenerateRequest::new(Prompt::Tokens(prompt.clone()), 6);
+    turn1.ignore_eos = true;
+    let mut cache: PromptCache<KvCache> = PromptCache::new(4096);
+    let (c1, none) = run_cached(&e, &mut cache, &turn1);
+    assert_eq!(none, None);
+    let (tokens1, _) = alone(&e, &turn1);
+    assert_eq!(c1.tokens, tokens1);
+    let held = prompt.len() + c1.tokens.len() - 1;
+    assert_eq!(cache.tokens(), held);
+
+    let mut extended = prompt.clone();
+    extended.extend(&c1.tokens[..c1.tokens.len() - 1]);
+    extended.extend([500, 9000, 31000]);
+    let mut turn2 = GenerateRequest::new(Prompt::Tokens(extended), 6);
+    turn2.ignore_eos = true;
+    let (c2, reused) = run_cached(&e, &mut cache, &turn2);
+    assert_eq!(reused, Some(held), "the entry is reused whole");
+    let (tokens2, fresh2) = alone(&e, &turn2);
+    assert_eq!(c2.tokens, tokens2);
+    for (a, b) in c2.logprobs.iter().zip(&fresh2.logprobs) {
+        assert!(
+            (a - b).abs() < 1e-4,
+            "logprob {a} with the cache vs {b} without"
+        );
+    }
+}

@@ -11,205 +11,19 @@
 
 mod common;
 
-use common::reference::{rows_of, worst, Reference};
-use common::{
-    argmax, host, hosts_field, max_abs_diff, parse_hosts_field, run_ranks, smollm2, temp_dir,
-    write_tiny_model, RankNet,
+use common::tensor_ranks::{
+    family_4bit, family_ring_matches_mlx_lm, run_ranks_with, run_tensor_parallel,
+    run_tensor_parallel_as,
 };
-use inference::loader::{load_shard, LoadOptions};
-use inference::ring::{RingConfig, RingGroup};
-use inference::stage::Stage;
-use inference::tensor_stage::TensorStage;
-use inference::ShardInput;
+use common::{smollm2, temp_dir, write_tiny_model};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-
-const CHILD_ENV: &str = "SHOAL_TP_CHILD";
-/// Partial sums are added in a different order than one matmul adds them: rounding differs.
-const TOLERANCE: f32 = 1e-3;
-const DECODE_STEPS: usize = 3;
 
 /// One rank's process, not a test of its own: ignored in a plain run (so it is never counted
 /// as passing), run by its parent test with `--ignored --exact` and its spec in `CHILD_ENV`.
 #[test]
 #[ignore = "one rank's process: its parent test runs it"]
 fn tensor_parallel_child() {
-    // The ranks' logits are compared with one process's to float rounding: x stays f32 (the
-    // int8 x of decode-sized CPU products turns a float-order difference into a different
-    // rounding step, up to its bound: see `inference::cpu_kernels`).
-    inference::cpu_kernels::round_x_to_int8(false);
-    let spec = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
-        panic!("a rank's process: run only by its parent test, with {CHILD_ENV} set")
-    });
-    // model|rank|hosts (JSON)|prompt "1,2,3"|single or batched|weight format
-    // [|tolerance against mlx-lm's logits: `single` on a family fixture checks them too]
-    let parts: Vec<&str> = spec.split('|').collect();
-    let model = PathBuf::from(parts[0]);
-    let rank: usize = parts[1].parse().unwrap();
-    let hosts = parse_hosts_field(parts[2]);
-    let prompt: Vec<u32> = parts[3].split(',').map(|t| t.parse().unwrap()).collect();
-    let options = LoadOptions {
-        layers: None,
-        format: Some(parts[5].parse().unwrap()),
-    };
-
-    let (whole, _) = load_shard(&model, &options, &mut |_, _| {}).unwrap();
-    let (mine, _) = load_shard(&model, &options, &mut |_, _| {}).unwrap();
-    let config = RingConfig { rank, hosts };
-    let dir = std::env::temp_dir().join(format!("shoal-tp-{}", std::process::id()));
-    let group = Arc::new(RingGroup::join(&config, &dir, Duration::from_secs(60)).unwrap());
-    let sliced = mine.into_tensor_parallel(group.clone()).unwrap();
-    if parts[4] == "batched" {
-        // Rank 0 drives the batched scenario through `RingBatch`; the others serve.
-        let mut stage = TensorStage::new(sliced, group).unwrap();
-        if rank > 0 {
-            let steps = stage.serve().unwrap();
-            println!("RANK {rank} SERVED {steps}");
-            return;
-        }
-        common::batched::drive(&mut stage, &whole, &prompt, DECODE_STEPS, TOLERANCE);
-        return;
-    }
-
-    let (mut whole_cache, mut cache) = (whole.new_cache(), sliced.new_cache());
-    let mut tokens = prompt;
-    let mut worst = 0.0f32;
-    let mut generated = Vec::new();
-    for step in 0..=DECODE_STEPS {
-        let want = host(
-            &whole
-                .forward(ShardInput::Tokens(&tokens), &mut whole_cache, true)
-                .unwrap(),
-        );
-        let got = host(
-            &sliced
-                .forward(ShardInput::Tokens(&tokens), &mut cache, true)
-                .unwrap(),
-        );
-        let diff = max_abs_diff(&want, &got);
-        assert!(
-            diff < TOLERANCE,
-            "rank {rank} step {step}: logits differ by {diff}"
-        );
-        worst = worst.max(diff);
-        let next = argmax(&got);
-        assert_eq!(
-            next,
-            argmax(&want),
-            "rank {rank} step {step}: greedy tokens differ"
-        );
-        generated.push(next);
-        tokens = vec![next];
-    }
-    if let Some(tolerance) = parts.get(6) {
-        let (prefill, decode) = against_mlx_lm(&sliced, &model, tolerance.parse().unwrap());
-        println!("RANK {rank} mlx-lm max_diff prefill={prefill:e} decode={decode:e}");
-    }
-    println!("RANK {rank} OK max_diff={worst:e} tokens={generated:?}");
-}
-
-/// Runs mlx-lm's prompt of fixture folder `model` through the tensor-parallel `sliced` model
-/// (every position's logits), then its greedy tokens one at a time on the cache, and checks
-/// both against mlx-lm's logits within `tolerance`; returns the worst differences.
-fn against_mlx_lm(
-    sliced: &inference::ModelShard,
-    model: &std::path::Path,
-    tolerance: f32,
-) -> (f32, f32) {
-    let reference = Reference::read(model);
-    let mut cache = sliced.new_cache();
-    let mut pass = |tokens: &[u32]| {
-        rows_of(
-            &sliced
-                .forward(ShardInput::Tokens(tokens), &mut cache, false)
-                .unwrap(),
-        )
-    };
-    let prefill = pass(&reference.prompt);
-    let decode: Vec<Vec<f32>> = reference
-        .decode_tokens
-        .iter()
-        .map(|&t| pass(&[t]).remove(0))
-        .collect();
-    let (p, d) = (
-        worst(&reference.prefill, &prefill),
-        worst(&reference.decode, &decode),
-    );
-    assert!(p < tolerance, "prefill logits differ from mlx-lm's by {p}");
-    assert!(d < tolerance, "decode logits differ from mlx-lm's by {d}");
-    (p, d)
-}
-
-/// Runs `size` ranks (`single`: every rank checks one sequence; `batched`: rank 0 runs the
-/// batched scenario) and checks what they report.
-fn run_tensor_parallel(model: &std::path::Path, size: usize, prompt: &str, slot: u16, mode: &str) {
-    run_tensor_parallel_as(model, size, prompt, slot, mode, "f32");
-}
-
-/// [`run_tensor_parallel`] with the weights in `format` (`f32`, `quantized`).
-fn run_tensor_parallel_as(
-    model: &std::path::Path,
-    size: usize,
-    prompt: &str,
-    slot: u16,
-    mode: &str,
-    format: &str,
-) {
-    run_ranks_with(model, size, prompt, slot, &format!("{mode}|{format}"));
-}
-
-/// Two ranks of fixture `family`/`layout` (`hf`: f32; else quantized) in ring slot `slot`:
-/// the whole model against its slices over a prompt and greedy steps, then mlx-lm's prompt and
-/// tokens against mlx-lm's logits (f32 within 1e-4, quantized within 1e-3).
-fn family_ring_matches_mlx_lm(family: &str, layout: &str, slot: u16) {
-    let dir = kit::dirs::family_fixture_dir(family, layout);
-    let (format, tolerance) = if layout == "hf" {
-        ("f32", 1e-4)
-    } else {
-        ("quantized", 1e-3)
-    };
-    run_ranks_with(
-        &dir,
-        2,
-        "3,17,42,5,88",
-        slot,
-        &format!("single|{format}|{tolerance}"),
-    );
-}
-
-/// Runs `size` ranks with `tail` (`mode|format[|tolerance]`) ending their specs.
-fn run_ranks_with(model: &std::path::Path, size: usize, prompt: &str, slot: u16, tail: &str) {
-    let mode = tail.split('|').next().unwrap_or_default();
-    let base = 46000 + (std::process::id() % 300) as u16 * 40 + slot * 8;
-    // Two digits: a tag must not begin another's (creating namespaces removes those whose
-    // names begin with the tag, so `tp1` would remove `tp17`'s while it runs).
-    let net = RankNet::new(&format!("tp{slot:02}"), size, base);
-    let specs: Vec<String> = (0..size)
-        .map(|rank| {
-            let hosts = hosts_field(&net.hosts(rank));
-            format!("{}|{rank}|{hosts}|{prompt}|{tail}", model.display())
-        })
-        .collect();
-    let place = if net.in_namespaces() {
-        "namespaces"
-    } else {
-        "loopback"
-    };
-    if mode == "batched" {
-        let outputs = run_ranks(&net, "tensor_parallel_child", CHILD_ENV, &specs, "");
-        let report = common::batched::check_served(&outputs);
-        eprintln!("{size} ranks ({place}): {report}");
-        return;
-    }
-    for stdout in run_ranks(&net, "tensor_parallel_child", CHILD_ENV, &specs, "OK") {
-        for line in stdout
-            .lines()
-            .filter(|l| l.contains("OK max_diff") || l.contains("mlx-lm max_diff"))
-        {
-            eprintln!("{size} ranks ({place}): {line}");
-        }
-    }
+    common::tensor_ranks::child();
 }
 
 #[test]
@@ -249,17 +63,6 @@ fn smollm2_three_ranks_batch_like_one_node_alone() {
 /// sliced at the quantization groups; the router stays whole.
 fn qwen3_moe_4bit() -> PathBuf {
     family_4bit("qwen3_moe")
-}
-
-/// The 4-bit fixture of `family`; setup must have made it.
-fn family_4bit(family: &str) -> PathBuf {
-    let dir = kit::dirs::family_fixture_dir(family, "q4");
-    assert!(
-        dir.join("config.json").exists(),
-        "{} is missing: run `cargo xtask setup`",
-        dir.display()
-    );
-    dir
 }
 
 #[test]
@@ -438,6 +241,20 @@ fn gemma4_text_4bit_two_ranks_match_one_node() {
     );
 }
 
+/// Gemma 4 E2B's shape at 4 bits: the KV-shared layers' query heads cut as their source
+/// layers' are (each rank's queries read the key/value heads its slice of the source holds),
+/// the per-layer inputs' table, projection and gates whole on every rank.
+#[test]
+fn gemma4_text_e2b_4bit_two_ranks_match_mlx_lm() {
+    family_ring_matches_mlx_lm("gemma4_text_e2b", "q4", 42);
+}
+
+/// The same in f32 (the cut itself, to mlx-lm's 1e-4).
+#[test]
+fn gemma4_text_e2b_f32_two_ranks_match_mlx_lm() {
+    family_ring_matches_mlx_lm("gemma4_text_e2b", "hf", 43);
+}
+
 /// Llama 4's text model at 4 bits: heads reordered for RoPE at load, then cut as any.
 #[test]
 fn llama4_text_4bit_two_ranks_match_one_node() {
@@ -517,75 +334,6 @@ fn mistral4_4bit_two_ranks_match_one_node() {
         "3,17,42,5,88,7,9,11,13,15",
         24,
         "single",
-        "quantized",
-    );
-}
-
-/// Qwen3.5 in f32: each rank keeps one of the 2 key heads of every Gated DeltaNet layer with
-/// its 2 value heads (their rows of `in_proj_qkv` section by section, of `in_proj_z/b/a`, their
-/// convolution channels, `A_log`, `dt_bias`), `out_proj` by columns; the gated attention
-/// layers by heads.
-#[test]
-fn qwen3_5_f32_two_ranks_match_mlx_lm() {
-    family_ring_matches_mlx_lm("qwen3_5", "hf", 25);
-}
-
-/// The same at 4 bits (`out_proj` cut at its quantization groups).
-#[test]
-fn qwen3_5_4bit_two_ranks_match_mlx_lm() {
-    family_ring_matches_mlx_lm("qwen3_5", "q4", 26);
-}
-
-/// Qwen3.5-MoE at 4 bits: Qwen3.5's cut, the experts and the shared expert at half width.
-#[test]
-fn qwen3_5_moe_4bit_two_ranks_match_mlx_lm() {
-    family_ring_matches_mlx_lm("qwen3_5_moe", "q4", 27);
-}
-
-/// Qwen3-Next at 4 bits: `in_proj_qkvz` and `in_proj_ba` hold each key head's rows together,
-/// so a rank's heads are one run of rows.
-#[test]
-fn qwen3_next_4bit_two_ranks_match_mlx_lm() {
-    family_ring_matches_mlx_lm("qwen3_next", "q4", 28);
-}
-
-/// Nemotron-H at 4 bits: Mamba-2 by heads and groups (`in_proj`'s gate, values and `dt` by
-/// head, `B` and `C` by group, the group-wise norm on whole groups), attention by heads.
-#[test]
-fn nemotron_h_4bit_two_ranks_match_mlx_lm() {
-    family_ring_matches_mlx_lm("nemotron_h", "q4", 29);
-}
-
-/// Kimi Linear at 4 bits: Kimi Delta Attention by heads (with their decay and gate rows; the
-/// low-rank first projections whole), the NoPE latent attention as DeepSeek V3's.
-#[test]
-fn kimi_linear_4bit_two_ranks_match_mlx_lm() {
-    family_ring_matches_mlx_lm("kimi_linear", "q4", 30);
-}
-
-/// The hybrid families in f32 (no quantization groups: the cut itself, to mlx-lm's 1e-4).
-#[test]
-fn hybrid_families_f32_two_ranks_match_mlx_lm() {
-    for (family, slot) in [
-        ("qwen3_5_moe", 31),
-        ("qwen3_next", 32),
-        ("nemotron_h", 33),
-        ("kimi_linear", 34),
-    ] {
-        family_ring_matches_mlx_lm(family, "hf", slot);
-    }
-}
-
-/// Qwen3.5-MoE at 4 bits through the batched path: sequences on their own recurrent caches
-/// joining and leaving, each as it runs alone.
-#[test]
-fn qwen3_5_moe_4bit_two_ranks_batch_like_one_node_alone() {
-    run_tensor_parallel_as(
-        &family_4bit("qwen3_5_moe"),
-        2,
-        "3,17,42,5,88,7",
-        35,
-        "batched",
         "quantized",
     );
 }

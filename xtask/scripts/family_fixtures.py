@@ -331,6 +331,32 @@ FAMILIES = {
         "std": [("embed_tokens", 0.1), ("router.scale", 1.0), ("router.proj", 1.0),
                 ("per_expert_scale", 1.0)],
     },
+    "gemma4_text_e2b": {
+        # Gemma 4 E2B's shape scaled down: per-layer inputs (64 per layer and token, from their
+        # own table and a projection of the embedding), 6 layers (sliding, sliding, full, ...)
+        # of which the last 3 share keys and values (layers 3 and 4 read sliding layer 1's,
+        # layer 5 full layer 2's) and have double-wide MLPs, windows of 4 (below the 12-token
+        # prompt), full layers twice as wide with proportional RoPE, tied embeddings, logits
+        # soft-capped at 10. Two key/value heads (E2B has one) so a 2-rank ring can cut them.
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+            "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "global_head_dim": 64,
+            "intermediate_size": 128, "attention_k_eq_v": False, "enable_moe_block": False,
+            "hidden_size_per_layer_input": 64, "vocab_size_per_layer_input": VOCAB,
+            "num_kv_shared_layers": 3, "use_double_wide_mlp": True, "sliding_window": 4,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                   "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },
+            "final_logit_softcapping": 10.0, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        },
+        "layouts": ["q4"],
+        "std": [("embed_tokens", 0.1), ("embed_tokens_per_layer", 0.5)],
+    },
     "step3p5": {
         # Step 3.5 Flash's shape: sliding layers with their own head counts, per-layer RoPE
         # bases and rotated fractions, YaRN on the full layers only, head-wise gates, the
@@ -433,6 +459,30 @@ FAMILIES = {
             "use_bias": False, "layer_norm_epsilon": 1e-5, "n_routed_experts": 8,
             "num_experts_per_tok": 2, "moe_intermediate_size": 128,
             "moe_shared_expert_intermediate_size": 128, "n_shared_experts": 1, "n_group": 1,
+            "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv1d", 0.5), ("embeddings", 1.0)],
+    },
+    "nemotron_h_latent": {
+        # Nemotron 3 Super's shape: the pattern MEM*E (Mamba-2, latent experts, Mamba-2,
+        # attention without positions, latent experts; a 2-stage split at 1 leaves rank 0 only
+        # a Mamba-2 layer), experts on a latent projection (moe_latent_size 64 of hidden 128:
+        # fc1_latent_proj before them, fc2_latent_proj after their weighted sum; the router and
+        # the shared expert read the hidden state), sigmoid routing in 2 groups of which 1 is
+        # kept. Every width a 2-rank tensor ring cuts is 128 and every input width a multiple
+        # of 64, so q4 quantizes every matrix.
+        "config": {
+            "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+            "hidden_size": 128, "num_hidden_layers": 5, "hybrid_override_pattern": "MEM*E",
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "attention_bias": False, "intermediate_size": 128, "mlp_bias": False,
+            "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 2,
+            "conv_kernel": 4, "use_conv_bias": True, "mamba_proj_bias": False,
+            "use_bias": False, "layer_norm_epsilon": 1e-5, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 128, "moe_latent_size": 64,
+            "moe_shared_expert_intermediate_size": 128, "n_shared_experts": 1, "n_group": 2,
             "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
             "max_position_embeddings": 4096, "tie_word_embeddings": False,
         },
@@ -845,8 +895,10 @@ HF_LAYOUT = {
     "gemma3_text": lambda weights, cfg: weights,  # no sanitize; tied, so no lm_head
     "llama4_text": lambda weights, cfg: weights,  # no sanitize
     "gemma4_text": hf_gemma4_text,
+    "gemma4_text_e2b": hf_gemma4_text,
     "step3p5": hf_step3p5,
     "nemotron_h": hf_nemotron_h,
+    "nemotron_h_latent": hf_nemotron_h,
     "deepseek_v32": hf_dsa("deepseek_v32"),
     "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
     "mistral4": hf_mistral4,

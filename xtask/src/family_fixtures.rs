@@ -60,7 +60,7 @@ pub fn family_fixtures(step: Step) -> Result<(), String> {
     step.progress("the pinned mlx-lm venv");
     let (python, _) = mlx_lm_venv()?;
     step.progress(
-        "building each family with mlx-lm (measured on 2 cores: 24 s; 6 minutes on a fresh \
+        "building each family with mlx-lm (measured on 2 cores: 79 s; 6 minutes on a fresh \
          machine, most of it installing mlx-lm)",
     );
     run_fixture_script(&python, &script, &root, &tokenizer, &[])?;

@@ -13,6 +13,7 @@ use crate::linear::Linear;
 use crate::quantized::slice_axis;
 use crate::ring::RingGroup;
 use crate::rope::Rope;
+use crate::sliding_window::visible;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::IndexOp;
@@ -135,6 +136,8 @@ pub struct Attention {
     /// MiniMax M3's block-sparse attention: the indexer choosing which blocks of past
     /// positions each query reads.
     pub(crate) block_index: Option<Box<BlockIndexer>>,
+    /// Whether later layers read this layer's keys and values ([`Attention::lending_kv`]).
+    pub(crate) lends_kv: bool,
 }
 
 impl Attention {
@@ -235,6 +238,7 @@ impl Attention {
             value_norm: false,
             head_gate: None,
             block_index: None,
+            lends_kv: false,
         })
     }
 
@@ -428,23 +432,24 @@ impl Attention {
             return self.sdpa(&q, &k, &v, mask);
         }
         let (k, v, held_from) = cache.append_within(k, v, self.window)?;
-        let total = offset + l as usize;
-        match self.window.filter(|&w| total > w) {
-            Some(window) => {
-                // Keys before the first query's window are seen by no query (and a sliding
-                // cache holds positions from `held_from` on).
-                let first = (offset + 1).saturating_sub(window);
-                let column = (first - held_from) as i32;
-                let keys = |t: &Array| t.index((.., .., column.., ..));
-                let mask =
-                    crate::sliding_window::window_mask(offset, l as usize, first, total, window);
-                let mask = mask.as_ref().map(ScaledDotProductAttentionMask::Array);
-                self.sdpa(&q, &keys(&k), &keys(&v), mask)
-            }
-            None => {
-                let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
-                self.sdpa(&q, &k, &v, mask)
-            }
+        if self.lends_kv {
+            cache.lend(crate::kv_cache::LentKv {
+                keys: k.clone(),
+                values: v.clone(),
+                held_from,
+                offset,
+            });
+        }
+        let (k, v, mask) = visible(&k, &v, held_from, offset, l as usize, self.window);
+        self.sdpa(&q, &k, &v, mask.as_sdpa())
+    }
+
+    /// With this step's keys and values lent to the layers that share this layer's cache
+    /// (Gemma 4's KV-shared layers, [`super::shared_kv`]).
+    pub(crate) fn lending_kv(self) -> Attention {
+        Attention {
+            lends_kv: true,
+            ..self
         }
     }
 
@@ -567,6 +572,7 @@ impl Attention {
                 .as_ref()
                 .map(|b| b.cut(rank, size).map(Box::new))
                 .transpose()?,
+            lends_kv: self.lends_kv,
         })
     }
 

@@ -8,6 +8,7 @@ pub use super::attention::{Attention, HeadNorms, NormSpan};
 pub use super::mlp::{GateActivation, Mlp};
 use super::moe::MoeBlock;
 pub(crate) use super::parts::{check_shape, gguf_part_in, layer_tensor, norm_weight};
+use super::per_layer_inputs::{PerLayerEmbedding, PerLayerGate};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::LayerCache;
@@ -104,6 +105,39 @@ pub trait Family: GgufNames + Sync {
     /// groups): what placement checks before it places, and the cut checks again.
     fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_divisors::TensorDivisor> {
         crate::tensor_divisors::standard_divisors(config)
+    }
+
+    /// The first shard's half of the per-layer inputs (Gemma 4 E2B/E4B,
+    /// [`super::per_layer_inputs`]); `None` for a family without them.
+    fn per_layer_embedding(
+        &self,
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        format: WeightFormat,
+    ) -> Result<Option<PerLayerEmbedding>> {
+        let _ = (config, source, format);
+        Ok(None)
+    }
+
+    /// Columns carried after the hidden state from layer to layer and rank to rank (the
+    /// per-layer inputs); 0 for none.
+    fn carried_columns(&self, config: &ModelConfig) -> usize {
+        let _ = config;
+        0
+    }
+
+    /// Hugging Face names of the model-level tensors besides the embedding, the final norm
+    /// and the head (the per-layer inputs' table and projection).
+    fn model_tensor_names(&self, config: &ModelConfig) -> Vec<String> {
+        let _ = config;
+        Vec::new()
+    }
+
+    /// The earlier layer whose keys and values layer `layer` reads (Gemma 4's KV-shared
+    /// layers); `None` for a layer with its own.
+    fn kv_source(&self, config: &ModelConfig, layer: usize) -> Option<usize> {
+        let _ = (config, layer);
+        None
     }
 }
 
@@ -210,6 +244,8 @@ pub enum SelfAttention {
     Absent,
     /// Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel.
     Kda(Box<super::kda::KimiDeltaAttention>),
+    /// Queries over an earlier layer's keys and values (Gemma 4's KV-shared layers).
+    SharedKv(Box<super::shared_kv::SharedKvAttention>),
 }
 
 impl From<Attention> for SelfAttention {
@@ -229,6 +265,7 @@ impl SelfAttention {
                 "a block without attention has no attention to run".into(),
             )),
             SelfAttention::Kda(a) => a.forward_segments(x, segments),
+            SelfAttention::SharedKv(a) => a.forward_segments(x, segments),
         }
     }
 
@@ -246,6 +283,9 @@ impl SelfAttention {
             SelfAttention::Mamba(a) => SelfAttention::Mamba(a.cut(rank, size, group, what)?),
             SelfAttention::Absent => SelfAttention::Absent,
             SelfAttention::Kda(a) => SelfAttention::Kda(Box::new(a.cut(rank, size, group, what)?)),
+            SelfAttention::SharedKv(a) => {
+                SelfAttention::SharedKv(Box::new(a.cut(rank, size, group, what)?))
+            }
         })
     }
 
@@ -257,6 +297,7 @@ impl SelfAttention {
             SelfAttention::Mamba(a) => a.arrays(),
             SelfAttention::Absent => Vec::new(),
             SelfAttention::Kda(a) => a.arrays(),
+            SelfAttention::SharedKv(a) => a.arrays(),
         }
     }
 }
@@ -275,6 +316,10 @@ pub struct DecoderLayer {
     /// A learned factor on the block's whole output, residual included (Gemma 4's
     /// `layer_scalar`, `[1]`).
     pub(crate) output_scale: Option<Array>,
+    /// The gate on this layer's per-layer input (Gemma 4 E2B/E4B), applied after the
+    /// feed-forward and before `output_scale`; its input comes as columns after the hidden
+    /// state ([`super::per_layer_inputs`]). Boxed: most layers have none.
+    pub(crate) per_layer: Option<Box<PerLayerGate>>,
 }
 
 /// Norms on a block's attention and feed-forward outputs (Gemma's `post_attention_layernorm`
@@ -334,6 +379,7 @@ impl DecoderLayer {
             eps: config.rms_norm_eps,
             output_norms: None,
             output_scale: None,
+            per_layer: None,
         }
     }
 
@@ -341,6 +387,14 @@ impl DecoderLayer {
     pub(crate) fn with_output_norms(self, norms: OutputNorms) -> DecoderLayer {
         DecoderLayer {
             output_norms: Some(norms),
+            ..self
+        }
+    }
+
+    /// With a gate on the per-layer input carried after the hidden state.
+    pub(crate) fn with_per_layer_gate(self, gate: PerLayerGate) -> DecoderLayer {
+        DecoderLayer {
+            per_layer: Some(Box::new(gate)),
             ..self
         }
     }
@@ -370,6 +424,8 @@ impl DecoderLayer {
             eps: self.eps,
             output_norms: self.output_norms.clone(),
             output_scale: self.output_scale.clone(),
+            // Whole on every rank: each has the same hidden state after the all-sums.
+            per_layer: self.per_layer.clone(),
         })
     }
 
@@ -382,6 +438,25 @@ impl DecoderLayer {
     /// The block over several sequences' positions at once (see
     /// [`Attention::forward_segments`]).
     pub fn forward_segments(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        let scale = |h: Array| -> Result<Array> {
+            Ok(match &self.output_scale {
+                Some(scale) => ops::multiply(&h, scale)?,
+                None => h,
+            })
+        };
+        match &self.per_layer {
+            Some(gate) => {
+                let (x, carried) = gate.split(x);
+                let h = self.block(&x, segments)?;
+                let h = scale(gate.apply(&h, &carried, self.eps)?)?;
+                Ok(ops::concatenate(&[h, carried], -1)?)
+            }
+            None => scale(self.block(x, segments)?),
+        }
+    }
+
+    /// The attention and feed-forward with their residuals, before any output scale.
+    fn block(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
         let norm = |t: &Array, w: &Array| crate::cpu_layer_ops::rms_norm(t, Some(w), self.eps);
         let out = self.output_norms.as_ref();
         let h = if let SelfAttention::Absent = self.attention {
@@ -409,10 +484,7 @@ impl DecoderLayer {
             };
             ops::add(&h, &m)?
         };
-        Ok(match &self.output_scale {
-            Some(scale) => ops::multiply(&h, scale)?,
-            None => h,
-        })
+        Ok(h)
     }
 
     /// Every array of the block (to evaluate them eagerly).
@@ -426,6 +498,7 @@ impl DecoderLayer {
                 .flat_map(|n| [&n.attention, &n.ffn]),
         );
         v.extend(self.output_scale.iter());
+        v.extend(self.per_layer.iter().flat_map(|g| g.arrays()));
         v
     }
 }

@@ -14,21 +14,29 @@
 //! - embeddings times `sqrt(hidden)`, tied head, logits soft-capped at
 //!   `final_logit_softcapping`.
 //!
-//! The small releases' per-layer inputs (`hidden_size_per_layer_input`, E2B/E4B) and layers
-//! that reuse another layer's keys and values (`num_kv_shared_layers`) are refused with the
-//! reason: both carry state across layers that a pipeline rank does not have.
+//! The small releases (E2B/E4B) have two more pieces:
+//!
+//! - per-layer inputs (`hidden_size_per_layer_input`): a second embedding table and a
+//!   projection of the embedded token give each layer a small vector per token, which the
+//!   layer gates with its output and adds ([`super::per_layer_inputs`]; the vectors travel
+//!   after the hidden state, so a pipeline rank gets its layers');
+//! - the last `num_kv_shared_layers` layers have no keys or values of their own: each reads
+//!   those of the last earlier layer of its kind ([`super::shared_kv`]; a pipeline cut must
+//!   keep them with that layer), and with `use_double_wide_mlp` their MLP is twice as wide.
 
 use super::base::{
     layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, HeadNorms, Mlp,
-    OutputNorms,
+    OutputNorms, SelfAttention,
 };
 use super::config_keys::family_keys;
 use super::dense_and_experts::DenseAndExperts;
 use super::moe::{ExpertActivation, Experts, MoeBlock};
+use super::per_layer_inputs::{PerLayerEmbedding, PerLayerGate};
+use super::shared_kv::{self, SharedKvAttention};
 use super::sparse_moe::fused_experts;
 use crate::config::{FamilyParams, ModelConfig, MoeConfig, RouterKind, SlidingWindow};
 use crate::error::{InferenceError, Result};
-use crate::rope::Rope;
+use crate::rope::RopeSpec;
 use crate::tensor_divisors::TensorDivisor;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::{ops, Array};
@@ -44,6 +52,10 @@ struct Gemma4Keys {
     num_kv_shared_layers: usize,
     #[serde(default = "defaults::per_layer_input")]
     hidden_size_per_layer_input: usize,
+    #[serde(default = "defaults::per_layer_vocab")]
+    vocab_size_per_layer_input: usize,
+    #[serde(default = "defaults::double_wide")]
+    use_double_wide_mlp: bool,
     #[serde(default)]
     rope_traditional: bool,
     rope_parameters: Option<Value>,
@@ -76,6 +88,12 @@ mod defaults {
     pub fn per_layer_input() -> usize {
         256
     }
+    pub fn per_layer_vocab() -> usize {
+        262_144
+    }
+    pub fn double_wide() -> bool {
+        true
+    }
     pub fn window() -> usize {
         512
     }
@@ -87,71 +105,6 @@ mod defaults {
     }
     pub fn tied() -> bool {
         true
-    }
-}
-
-/// One layer kind's RoPE, as `rope_parameters` gives it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct RopeSpec {
-    theta: f32,
-    /// Proportional: only the first `fraction` of the head turns, at periods
-    /// `factor · theta^(2i / head_dim)`.
-    proportional: bool,
-    fraction: f32,
-    /// Linear scaling (positions divided) or the proportional factor.
-    factor: f32,
-}
-
-impl RopeSpec {
-    fn read(parameters: &Value, kind: &str) -> Result<RopeSpec> {
-        let p = parameters.get(kind).cloned().unwrap_or(Value::Null);
-        let f = |key: &str, default: f64| p.get(key).and_then(Value::as_f64).unwrap_or(default);
-        let spec = |proportional: bool| RopeSpec {
-            theta: f("rope_theta", 10_000.0) as f32,
-            proportional,
-            fraction: f("partial_rotary_factor", 1.0) as f32,
-            factor: f("factor", 1.0) as f32,
-        };
-        match p
-            .get("rope_type")
-            .and_then(Value::as_str)
-            .unwrap_or("default")
-        {
-            "default" => Ok(RopeSpec {
-                factor: 1.0,
-                ..spec(false)
-            }),
-            "linear" => Ok(spec(false)),
-            "proportional" => Ok(spec(true)),
-            other => Err(InferenceError::BadConfig(format!(
-                "a gemma4_text config.json's {kind} rope_type `{other}` is not supported \
-                 (default, linear and proportional are)"
-            ))),
-        }
-    }
-
-    fn rope(&self, head_dim: usize) -> Rope {
-        if !self.proportional {
-            let scaling = if self.factor == 1.0 {
-                crate::config::RopeScaling::None
-            } else {
-                crate::config::RopeScaling::Linear {
-                    factor: self.factor,
-                }
-            };
-            return Rope::new(head_dim, self.theta, &scaling);
-        }
-        let rotated = (head_dim as f32 * self.fraction) as usize / 2;
-        let periods: Vec<f32> = (0..head_dim / 2)
-            .map(|i| {
-                if i < rotated {
-                    self.factor * self.theta.powf(2.0 * i as f32 / head_dim as f32)
-                } else {
-                    f32::INFINITY
-                }
-            })
-            .collect();
-        Rope::from_periods(head_dim, &periods)
     }
 }
 
@@ -167,18 +120,34 @@ struct Gemma4Params {
     softcap: Option<f32>,
     sliding_rope: RopeSpec,
     full_rope: RopeSpec,
+    /// Per layer and token, the width of its per-layer input (0: none).
+    #[serde(default)]
+    per_layer_width: usize,
+    /// Rows of the per-layer inputs' table.
+    #[serde(default)]
+    per_layer_vocab: usize,
+    /// Per layer, the earlier layer whose keys and values it reads (KV-shared layers).
+    #[serde(default)]
+    kv_sources: Vec<Option<usize>>,
+    /// Whether the KV-shared layers' MLPs are twice `intermediate_size` wide.
+    #[serde(default)]
+    double_wide: bool,
 }
 
 /// The Gemma 4 text family.
 pub struct Gemma4Text;
 
 impl Gemma4Text {
-    /// The configuration of layer `layer`'s attention (a full layer's wider heads).
+    /// The configuration of layer `layer` (a full layer's wider heads, a KV-shared layer's
+    /// double-wide MLP).
     fn layer_config(config: &ModelConfig, params: &Gemma4Params, layer: usize) -> ModelConfig {
         let mut c = config.clone();
         if params.full[layer] {
             c.head_dim = params.global_head_dim;
             c.num_kv_heads = params.global_kv_heads;
+        }
+        if params.double_wide && params.kv_sources.get(layer).is_some_and(Option::is_some) {
+            c.intermediate_size *= 2;
         }
         c
     }
@@ -193,16 +162,10 @@ impl Family for Gemma4Text {
         let keys: Gemma4Keys = family_keys(json, "gemma4_text")?;
         let refuse = |what: &str| {
             Err(InferenceError::BadConfig(format!(
-                "this Gemma 4 model has {what}, which shoal does not run yet (the small E2B/E4B \
-                 releases have them; the 26B-A4B and 31B releases run)"
+                "this Gemma 4 model has {what}, which shoal does not run yet (no Gemma 4 \
+                 release has it)"
             )))
         };
-        if keys.hidden_size_per_layer_input > 0 {
-            return refuse("per-layer inputs (hidden_size_per_layer_input)");
-        }
-        if keys.num_kv_shared_layers > 0 {
-            return refuse("layers that share another layer's keys (num_kv_shared_layers)");
-        }
         if keys.rope_traditional {
             return refuse("interleaved RoPE (rope_traditional)");
         }
@@ -237,6 +200,17 @@ impl Family for Gemma4Text {
             .iter()
             .map(|t| t == "sliding_attention")
             .collect();
+        let kv_sources = shared_kv::kv_sources(&sliding, keys.num_kv_shared_layers)?;
+        let per_layer_width = keys.hidden_size_per_layer_input;
+        if per_layer_width > 0
+            && (per_layer_width > 1 << 14 || keys.vocab_size_per_layer_input == 0)
+        {
+            return Err(InferenceError::BadConfig(format!(
+                "a gemma4_text config.json's per-layer inputs of {per_layer_width} over a \
+                 table of {} rows",
+                keys.vocab_size_per_layer_input
+            )));
+        }
         let parameters = keys.rope_parameters.unwrap_or_else(|| {
             serde_json::json!({
                 "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0,
@@ -310,6 +284,10 @@ impl Family for Gemma4Text {
                 .map(|c| c as f32),
             sliding_rope: RopeSpec::read(&parameters, "sliding_attention")?,
             full_rope: RopeSpec::read(&parameters, "full_attention")?,
+            per_layer_width,
+            per_layer_vocab: keys.vocab_size_per_layer_input,
+            kv_sources,
+            double_wide: keys.use_double_wide_mlp,
         })?;
         Ok(())
     }
@@ -326,21 +304,38 @@ impl Family for Gemma4Text {
         let lc = Gemma4Text::layer_config(config, &params, layer);
         let dtype = format.compute_dtype();
         let name = |part: &str| layer_tensor(layer, &format!("{part}.weight"));
-        let mut norm = |part: &str| source.dense(&name(part), dtype);
-        let head_norms = HeadNorms::each_head(norm("self_attn.q_norm")?, norm("self_attn.k_norm")?);
-        let attention = if full && params.keys_are_values {
-            Attention::load_keys_as_values(&lc, source, layer, format, Some(head_norms))?
-        } else {
-            Attention::load(&lc, source, layer, format, Some(head_norms))?
-        };
         let rope = if full {
             params.full_rope.rope(lc.head_dim)
         } else {
             params.sliding_rope.rope(lc.head_dim)
         };
-        let attention = attention.with_scale(1.0).with_rope(rope).with_value_norm();
+        let attention = match params.kv_sources.get(layer).copied().flatten() {
+            Some(kv_source) => SelfAttention::SharedKv(Box::new(SharedKvAttention::load(
+                &lc,
+                source,
+                (layer, kv_source),
+                format,
+                (rope, 1.0),
+            )?)),
+            None => {
+                let mut norm = |part: &str| source.dense(&name(part), dtype);
+                let head_norms =
+                    HeadNorms::each_head(norm("self_attn.q_norm")?, norm("self_attn.k_norm")?);
+                let attention = if full && params.keys_are_values {
+                    Attention::load_keys_as_values(&lc, source, layer, format, Some(head_norms))?
+                } else {
+                    Attention::load(&lc, source, layer, format, Some(head_norms))?
+                };
+                let attention = attention.with_scale(1.0).with_rope(rope).with_value_norm();
+                if params.kv_sources.contains(&Some(layer)) {
+                    SelfAttention::Heads(attention.lending_kv())
+                } else {
+                    SelfAttention::Heads(attention)
+                }
+            }
+        };
         let mlp =
-            Mlp::load(config, source, layer, format)?.with_activation(GateActivation::GeluApprox);
+            Mlp::load(&lc, source, layer, format)?.with_activation(GateActivation::GeluApprox);
         let (pre_ffn, ffn) = match &config.moe {
             None => (
                 source.dense(&name("pre_feedforward_layernorm"), dtype)?,
@@ -381,11 +376,58 @@ impl Family for Gemma4Text {
         };
         let input_norm = norm("input_layernorm")?;
         let scalar = source.dense(&layer_tensor(layer, "layer_scalar"), dtype)?;
-        Ok(
-            DecoderLayer::new(config, input_norm, attention, pre_ffn, ffn)
-                .with_output_norms(output_norms)
-                .with_output_scale(scalar),
-        )
+        let block = DecoderLayer::new(config, input_norm, attention, pre_ffn, ffn)
+            .with_output_norms(output_norms)
+            .with_output_scale(scalar);
+        Ok(match params.per_layer_width {
+            0 => block,
+            width => block.with_per_layer_gate(PerLayerGate::load(
+                source,
+                format,
+                layer,
+                width,
+                config.hidden_size,
+            )?),
+        })
+    }
+
+    fn per_layer_embedding(
+        &self,
+        config: &ModelConfig,
+        source: &mut dyn TensorSource,
+        format: WeightFormat,
+    ) -> Result<Option<PerLayerEmbedding>> {
+        let params: Gemma4Params = config.family_params.get("gemma4_text")?;
+        if params.per_layer_width == 0 {
+            return Ok(None);
+        }
+        let shape = (
+            config.num_layers,
+            params.per_layer_width,
+            config.hidden_size,
+            params.per_layer_vocab,
+        );
+        let eps = config.rms_norm_eps;
+        Ok(Some(PerLayerEmbedding::load(source, format, shape, eps)?))
+    }
+
+    fn carried_columns(&self, config: &ModelConfig) -> usize {
+        config
+            .family_params
+            .get::<Gemma4Params>("gemma4_text")
+            .map_or(0, |p| p.per_layer_width * config.num_layers)
+    }
+
+    fn model_tensor_names(&self, config: &ModelConfig) -> Vec<String> {
+        match self.carried_columns(config) {
+            0 => Vec::new(),
+            _ => PerLayerEmbedding::tensor_names(),
+        }
+    }
+
+    fn kv_source(&self, config: &ModelConfig, layer: usize) -> Option<usize> {
+        let params: Gemma4Params = config.family_params.get("gemma4_text").ok()?;
+        params.kv_sources.get(layer).copied().flatten()
     }
 
     fn logit_softcap(&self, config: &ModelConfig) -> Option<f32> {
@@ -405,12 +447,13 @@ impl Family for Gemma4Text {
         let keys_are_values = params
             .as_ref()
             .is_some_and(|p| p.keys_are_values && p.full[layer]);
+        let shared = params
+            .as_ref()
+            .is_some_and(|p| p.kv_sources.get(layer).is_some_and(Option::is_some));
         let mut parts: Vec<&str> = vec![
             "self_attn.q_proj.weight",
-            "self_attn.k_proj.weight",
             "self_attn.o_proj.weight",
             "self_attn.q_norm.weight",
-            "self_attn.k_norm.weight",
             "mlp.gate_proj.weight",
             "mlp.up_proj.weight",
             "mlp.down_proj.weight",
@@ -420,8 +463,11 @@ impl Family for Gemma4Text {
             "post_feedforward_layernorm.weight",
             "layer_scalar",
         ];
-        if !keys_are_values {
-            parts.push("self_attn.v_proj.weight");
+        if !shared {
+            parts.extend(["self_attn.k_proj.weight", "self_attn.k_norm.weight"]);
+            if !keys_are_values {
+                parts.push("self_attn.v_proj.weight");
+            }
         }
         if config.moe.is_some() {
             parts.extend([
@@ -435,7 +481,11 @@ impl Family for Gemma4Text {
                 "post_feedforward_layernorm_2.weight",
             ]);
         }
-        parts.iter().map(|p| layer_tensor(layer, p)).collect()
+        let mut names: Vec<String> = parts.iter().map(|p| layer_tensor(layer, p)).collect();
+        if params.is_some_and(|p| p.per_layer_width > 0) {
+            names.extend(PerLayerGate::tensor_names(layer));
+        }
+        names
     }
 
     fn tensor_divisors(&self, config: &ModelConfig) -> Vec<TensorDivisor> {

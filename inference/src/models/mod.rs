@@ -24,6 +24,7 @@ pub mod deepseek_v32;
 mod dense_and_experts;
 pub mod dsa_indexer;
 mod expert_activation;
+mod experts;
 pub mod gated_delta;
 pub mod gemma3;
 pub mod gemma3_vision;
@@ -49,6 +50,7 @@ pub mod mlp;
 pub mod moe;
 pub mod nemotron_h;
 mod parts;
+pub mod per_layer_inputs;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
@@ -60,6 +62,7 @@ pub mod qwen_image_processor;
 mod recurrent_split;
 pub mod registry;
 pub mod shard;
+pub mod shared_kv;
 pub mod siglip;
 mod sigmoid_moe;
 mod sparse_moe;
@@ -79,6 +82,7 @@ pub fn family(architecture: Architecture) -> &'static dyn Family {
 pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
     let family = family(config.architecture);
     let mut names = vec!["model.embed_tokens.weight".to_owned()];
+    names.extend(family.model_tensor_names(config));
     for layer in 0..config.num_layers {
         names.extend(family.layer_tensor_names(config, layer));
     }

@@ -10,8 +10,11 @@
 //! the MLP and MoE layers keep nothing, their caches count positions. Memory counts the state
 //! of every layer without keys and values (the MLP and MoE layers' too: an over-count of the
 //! fixed per-sequence bytes, never of the per-token KV). Tensor parallelism cuts the Mamba-2
-//! layers by heads and groups ([`super::recurrent_split`]). Experts with a latent projection
-//! (`moe_latent_size`, Nemotron 3 Super) are refused too.
+//! layers by heads and groups ([`super::recurrent_split`]). Nemotron 3 Super's experts run on a
+//! latent projection (`moe_latent_size`): `fc1_latent_proj` narrows the hidden state before
+//! them and `fc2_latent_proj` widens their weighted sum back, while the router and the shared
+//! expert read the hidden state itself ([`super::moe`]'s latent block; every rank keeps both
+//! projections whole).
 
 use super::base::{
     layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, Mlp, SelfAttention,
@@ -20,7 +23,7 @@ use super::config_keys::family_keys;
 use super::expert_activation::ExpertActivation;
 use super::gated_delta::DeltaNetShape;
 use super::mamba2::{Mamba2, Mamba2Shape};
-use super::moe::{Experts, MoeBlock};
+use super::moe::{Experts, LatentProjection, MoeBlock};
 use crate::config::{FamilyParams, LinearLayers, ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
@@ -44,6 +47,7 @@ struct NemotronKeys {
     moe_intermediate_size: Option<usize>,
     moe_shared_expert_intermediate_size: Option<usize>,
     moe_latent_size: Option<usize>,
+    mlp_bias: Option<bool>,
     n_group: Option<usize>,
     n_routed_experts: Option<usize>,
     n_shared_experts: Option<usize>,
@@ -61,6 +65,12 @@ struct NemotronParams {
     mamba: Mamba2Shape,
     /// The shared expert's width (0: none).
     shared_width: usize,
+    /// The width the experts run on when it is not the hidden size (`moe_latent_size`).
+    #[serde(default)]
+    latent: Option<usize>,
+    /// Whether the MLPs and latent projections have biases (`mlp_bias`).
+    #[serde(default)]
+    mlp_bias: bool,
 }
 
 /// A block kind by its name in `layers_block_type` (transformers' names and their older ones).
@@ -112,12 +122,8 @@ impl Family for NemotronH {
                 "has the layer kind `{c}` (M, *, - and E are known)"
             ));
         }
-        if keys.moe_latent_size.is_some() {
-            return bad(
-                "has experts on a latent projection (moe_latent_size, Nemotron 3 Super), which \
-                 shoal does not run yet"
-                    .into(),
-            );
+        if keys.moe_latent_size == Some(0) {
+            return bad("has moe_latent_size 0".into());
         }
         let (dt_min, dt_max) = keys.time_step_limit.unwrap_or((0.0, f64::INFINITY));
         let mamba = Mamba2Shape {
@@ -180,6 +186,8 @@ impl Family for NemotronH {
             pattern,
             mamba,
             shared_width,
+            latent: keys.moe_latent_size,
+            mlp_bias: keys.mlp_bias.unwrap_or(false),
         })?;
         Ok(())
     }
@@ -292,7 +300,24 @@ impl Family for NemotronH {
                         .map(m),
                     );
                 }
+                if params.latent.is_some() {
+                    parts.extend(["fc1_latent_proj.weight", "fc2_latent_proj.weight"].map(m));
+                }
             }
+        }
+        if params.mlp_bias {
+            // The MLPs' and latent projections' biases (`mlp_bias`); the experts have none.
+            let biased: Vec<String> = parts
+                .iter()
+                .filter(|p| {
+                    !p.contains(".experts.")
+                        && ["up_proj.weight", "down_proj.weight", "latent_proj.weight"]
+                            .iter()
+                            .any(|s| p.ends_with(s))
+                })
+                .map(|p| p.replace(".weight", ".bias"))
+                .collect();
+            parts.extend(biased);
         }
         parts.iter().map(|p| layer_tensor(layer, p)).collect()
     }
@@ -399,28 +424,45 @@ fn load_moe(
     };
     let up = read("fc1", "up_proj")?;
     let down = read("fc2", "down_proj")?;
-    let experts = Experts::new(
-        config,
+    // Experts on a latent projection read and write `moe_latent_size` wide vectors.
+    let io = params.latent.unwrap_or(config.hidden_size);
+    let experts = Experts::new_in(
         moe,
+        io,
         &format!("{mixer}.switch_mlp"),
         [up.clone(), up, down],
         None,
         ExpertActivation::Relu2,
     )?;
+    let latent = match params.latent {
+        Some(width) => {
+            let down = source.linear(&format!("{mixer}.fc1_latent_proj"), format)?;
+            let up = source.linear(&format!("{mixer}.fc2_latent_proj"), format)?;
+            super::parts::check_shape(&down.weight, &format!("{mixer}.fc1_latent_proj"), width)?;
+            let hidden = config.hidden_size;
+            super::parts::check_shape(&up.weight, &format!("{mixer}.fc2_latent_proj"), hidden)?;
+            Some(LatentProjection { down, up })
+        }
+        None => None,
+    };
     let shared = if params.shared_width > 0 {
         let at = format!("{mixer}.shared_experts");
         Some(relu2_mlp(config, source, &at, params.shared_width, format)?)
     } else {
         None
     };
-    MoeBlock::from_parts(
+    let block = MoeBlock::from_parts(
         moe,
         router,
         Some(correction),
         experts,
         shared,
         &format!("{mixer}.gate.weight"),
-    )
+    )?;
+    Ok(match latent {
+        Some(l) => block.with_latent(l),
+        None => block,
+    })
 }
 
 impl GgufNames for NemotronH {

@@ -6,6 +6,7 @@
 //! logits (last shard), so pipeline stages can pass activations rank to rank.
 
 use super::base::{check_shape, DecoderLayer};
+use super::per_layer_inputs::PerLayerEmbedding;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
@@ -38,6 +39,14 @@ pub struct ModelShard {
     pub(super) head: Option<Matrix>,
     /// The factor on token embeddings, where the family has one (Gemma).
     pub(crate) embed_scale: Option<f32>,
+    /// The first shard's half of the per-layer inputs (Gemma 4 E2B/E4B).
+    pub(crate) per_layer: Option<Box<PerLayerEmbedding>>,
+    /// Columns carried after the hidden state between layers and ranks (the per-layer
+    /// inputs; 0 for none).
+    pub(crate) carried: usize,
+    /// Per layer of the shard, the earlier layer of the shard (its index here) whose keys and
+    /// values it reads (Gemma 4's KV-shared layers).
+    pub(crate) kv_sources: Vec<Option<usize>>,
 }
 
 impl ModelShard {
@@ -60,6 +69,22 @@ impl ModelShard {
         let first = range.start == 0;
         let last = range.end == config.num_layers;
         let dtype = format.compute_dtype();
+        let family = super::family(config.architecture);
+        let mut kv_sources = Vec::with_capacity(range.len());
+        for layer in range.clone() {
+            kv_sources.push(match family.kv_source(config, layer) {
+                Some(s) if s >= range.start && s < layer => Some(s - range.start),
+                Some(s) => {
+                    return Err(InferenceError::BadConfig(format!(
+                        "layers {}..{} cannot be a pipeline stage: layer {layer} reads the keys \
+                         and values of layer {s}, which another stage holds (a cut must keep a \
+                         KV-shared layer with its source)",
+                        range.start, range.end
+                    )))
+                }
+                None => None,
+            });
+        }
         let total = range.len() + 2;
         let embed = if first || (last && config.tie_word_embeddings) {
             Some(source.matrix("model.embed_tokens", format)?)
@@ -70,9 +95,16 @@ impl ModelShard {
             check_shape(e, "model.embed_tokens", config.vocab_size)?;
             mlx_rs::transforms::eval(e.arrays())?;
         }
+        let per_layer = if first {
+            family.per_layer_embedding(config, source, format)?
+        } else {
+            None
+        };
+        if let Some(p) = &per_layer {
+            mlx_rs::transforms::eval(p.arrays())?;
+        }
         progress(1, total);
         let mut layers = Vec::with_capacity(range.len());
-        let family = super::family(config.architecture);
         for (done, i) in range.clone().enumerate() {
             let layer = family.block(config, source, i, format)?;
             mlx_rs::transforms::eval(layer.arrays())?;
@@ -111,6 +143,9 @@ impl ModelShard {
             norm,
             head,
             embed_scale: family.embedding_scale(config),
+            per_layer: per_layer.map(Box::new),
+            carried: family.carried_columns(config),
+            kv_sources,
         };
         shard.prefer_huge_pages();
         progress(total, total);
@@ -161,10 +196,20 @@ impl ModelShard {
             ids.size() as i32,
             self.config.hidden_size as i32,
         ])?;
-        Ok(match self.embed_scale {
+        let h = match self.embed_scale {
             Some(scale) => mlx_rs::ops::multiply(&h, Array::from_f32(scale).as_dtype(h.dtype())?)?,
             None => h,
-        })
+        };
+        match &self.per_layer {
+            Some(p) => p.append(&h, ids),
+            None => Ok(h),
+        }
+    }
+
+    /// Values per position passed from rank to rank: the hidden state and the columns carried
+    /// after it (the per-layer inputs).
+    pub fn activation_width(&self) -> usize {
+        self.config.hidden_size + self.carried
     }
 
     /// Backs the weights with huge pages where the platform allows (see
@@ -192,8 +237,15 @@ impl ModelShard {
                 "the cache belongs to a different shard".into(),
             ));
         }
-        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            h = layer.forward(&h, c)?;
+        for (j, layer) in self.layers.iter().enumerate() {
+            if let Some(s) = self.kv_sources[j] {
+                let (before, from) = cache.layers.split_at_mut(j);
+                from[0].follow(&before[s]);
+            }
+            h = layer.forward(&h, &mut cache.layers[j])?;
+        }
+        for c in cache.layers.iter_mut() {
+            c.end_lending();
         }
         Ok(h)
     }
@@ -210,8 +262,20 @@ impl ModelShard {
             ));
         }
         for (j, layer) in self.layers.iter().enumerate() {
+            if let Some(s) = self.kv_sources[j] {
+                for segment in segments.iter_mut() {
+                    segment.follow(j, s)?;
+                }
+            }
             let mut per_layer: Vec<LayerKv<'_>> = segments.iter_mut().map(|s| s.layer(j)).collect();
             h = layer.forward_segments(&h, &mut per_layer)?;
+        }
+        if self.kv_sources.iter().any(Option::is_some) {
+            for segment in segments.iter_mut() {
+                for j in 0..self.layers.len() {
+                    segment.end_lending(j);
+                }
+            }
         }
         Ok(h)
     }
@@ -242,6 +306,15 @@ impl ModelShard {
             }
         };
         let seq = h.shape()[1];
+        // The head reads the hidden state, not the columns carried after it.
+        let stripped;
+        let h = if self.carried > 0 {
+            let hidden = self.config.hidden_size as i32;
+            stripped = mlx_rs::ops::indexing::IndexOp::index(h, (.., .., ..hidden));
+            &stripped
+        } else {
+            h
+        };
         let h = if last_only && seq > 1 {
             h.take_axis(Array::from_slice(&[seq - 1], &[1]), 1)?
         } else {

@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 pub mod batched;
+pub mod family_check;
 pub mod qmm_case;
 pub mod reference;
+pub mod tensor_ranks;
 
 pub use kit::netns;
 
