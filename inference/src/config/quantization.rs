@@ -139,7 +139,7 @@ impl QuantizationConfig {
         let Some((&(bits, group_size), _)) = weights.iter().max_by_key(|&(layout, n)| (n, *layout))
         else {
             // Only MXFP4 stacks (gpt-oss's experts beside float attention).
-            return (mxfp4 > 0).then(|| QuantizationConfig {
+            return (mxfp4 > 0).then_some(QuantizationConfig {
                 group_size: 32,
                 bits: 4,
                 mode: QuantMode::Mxfp4,
