@@ -1,6 +1,7 @@
 //! A Mixture-of-Experts GGUF file as a Linux user downloads it, served by a real node (issue
-//! 46): the tiny Qwen3-MoE that llama.cpp's own `convert_hf_to_gguf.py` wrote (f32; see
-//! `inference/tests/moe_gguf.rs` for the logits), named on the node's command line. Its greedy
+//! 46): the tiny Qwen3-MoE, gpt-oss (MXFP4 experts) and DeepSeek V3 that llama.cpp's own
+//! `convert_hf_to_gguf.py` wrote (see `inference/tests/moe_gguf.rs` for the logits), each
+//! named on a node's command line. Its greedy
 //! answer to the fixture's chat, through the OpenAI API and the chat template the file
 //! carries, is llama.cpp's greedy answer (libllama on the same file and the same prompt
 //! tokens, `reference.json`): the same text and the same number of tokens, in one answer and
@@ -18,6 +19,25 @@ use support::TestNet;
 
 #[test]
 fn a_node_answers_a_chat_with_a_moe_gguf_as_llama_cpp_does() {
+    node_answers_as_llama_cpp("moegguf", "qwen3moe", "F32");
+}
+
+/// gpt-oss's file with its experts in MXFP4, run as MLX's mxfp4 (llama.cpp's answer on the
+/// same weights: its F32 file's, which is also its answer on this file).
+#[test]
+fn a_node_answers_a_chat_with_gpt_oss_mxfp4_experts_as_llama_cpp_does() {
+    node_answers_as_llama_cpp("moeoss", "gpt-oss", "MXFP4");
+}
+
+/// DeepSeek V3's layout (llama.cpp's `deepseek2`: latent attention, shared expert).
+#[test]
+fn a_node_answers_a_chat_with_a_deepseek2_gguf_as_llama_cpp_does() {
+    node_answers_as_llama_cpp("moeds", "deepseek2", "F32");
+}
+
+/// One node in namespaces `tag` serving `arch`'s `label` file answers the fixture's chat as
+/// llama.cpp did on it.
+fn node_answers_as_llama_cpp(tag: &str, arch: &str, label: &str) {
     let dir = kit::dirs::moe_gguf_fixtures_dir();
     let reference = std::fs::read_to_string(dir.join("reference.json"))
         .map_err(|e| format!("{}: {e}", dir.join("reference.json").display()));
@@ -28,12 +48,12 @@ fn a_node_answers_a_chat_with_a_moe_gguf_as_llama_cpp_does() {
         return;
     }
     let reference: Value = serde_json::from_str(&reference.unwrap()).unwrap();
-    let model = &reference["models"]["qwen3moe"];
-    let file = &model["files"]["F32"];
+    let model = &reference["models"][arch];
+    let file = &model["files"][label];
     let want_text = file["chat_text"].as_str().unwrap().to_string();
     let want_tokens = file["chat_tokens"].as_array().unwrap().len();
     let Some((net, mut nodes)) = TestNet::create(
-        "moegguf",
+        tag,
         &Spec {
             nodes: 1,
             ..Spec::default()

@@ -95,6 +95,10 @@ pub enum GgmlType {
     /// 4-bit non-linear, blocks of 32: f16 scale `d`, `w = d * level[q]` (16 fixed levels);
     /// `llama-quantize`'s fallback for IQ4_XS on rows not a multiple of 256.
     Iq4Nl,
+    /// OCP microscaling FP4, blocks of 32: an E8M0 exponent byte `e`, then 16 bytes of E2M1
+    /// codes (byte `j`: element `j` low, element `j + 16` high); `w = fp4(q) · 2^(e - 127)`.
+    /// gpt-oss's experts, as llama.cpp's converter writes the released checkpoint.
+    Mxfp4,
 }
 
 impl GgmlType {
@@ -114,6 +118,7 @@ impl GgmlType {
             14 => GgmlType::Q6K,
             20 => GgmlType::Iq4Nl,
             30 => GgmlType::Bf16,
+            39 => GgmlType::Mxfp4,
             _ => return None,
         })
     }
@@ -135,6 +140,7 @@ impl GgmlType {
             GgmlType::Q6K => 14,
             GgmlType::Iq4Nl => 20,
             GgmlType::Bf16 => 30,
+            GgmlType::Mxfp4 => 39,
         }
     }
 
@@ -205,6 +211,7 @@ impl GgmlType {
             GgmlType::Q5K => (kq::QK_K, kq::Q5_K_BYTES),
             GgmlType::Q6K => (kq::QK_K, kq::Q6_K_BYTES),
             GgmlType::Iq4Nl => (32, kq::IQ4_NL_BYTES),
+            GgmlType::Mxfp4 => (32, 17),
         }
     }
 }
@@ -456,7 +463,7 @@ impl GgufFile {
                 name: name.to_owned(),
                 reason: format!(
                     "GGML type {id} ({}) is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, \
-                     Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_NL are)",
+                     Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and MXFP4 are)",
                     GgmlType::name_of_id(id)
                 ),
             });
@@ -489,6 +496,8 @@ mod tests {
         assert_eq!(GgmlType::Iq4Nl.name(), "IQ4_NL");
         assert_eq!(GgmlType::from_id(12), Some(GgmlType::Q4K));
         assert_eq!(GgmlType::Q6K.block(), (256, 210));
+        assert_eq!(GgmlType::from_id(39), Some(GgmlType::Mxfp4));
+        assert_eq!(GgmlType::Mxfp4.name(), "MXFP4");
     }
 
     #[test]

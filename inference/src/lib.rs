@@ -27,6 +27,7 @@ pub mod engine;
 pub mod error;
 pub mod export;
 pub mod generate;
+pub mod ggml_mxfp4;
 pub mod ggml_repack;
 pub mod gguf;
 pub mod gguf_kquant;

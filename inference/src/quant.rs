@@ -66,6 +66,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
         GgmlType::Q5K => kq::dequantize_q5_k(bytes, &mut out),
         GgmlType::Q6K => kq::dequantize_q6_k(bytes, &mut out),
         GgmlType::Iq4Nl => kq::dequantize_iq4_nl(bytes, &mut out),
+        GgmlType::Mxfp4 => crate::ggml_mxfp4::dequantize(bytes, &mut out),
     }
     out
 }

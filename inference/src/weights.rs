@@ -6,7 +6,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgmlType, GgufFile};
 use crate::linear::{Linear, Matrix};
 use crate::quant;
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
@@ -245,7 +245,15 @@ pub fn gguf_name(names: &dyn GgufNames, hf: &str) -> Option<String> {
                 // llama.cpp's one name for every family's router correction.
                 return Some(format!("blk.{layer}.exp_probs_b.bias"));
             }
-            format!("blk.{layer}.{}", names.gguf_part(part)?)
+            match names.gguf_part(part) {
+                Some(gguf) => format!("blk.{layer}.{gguf}"),
+                // A tensor HF names without a suffix (gpt-oss's `self_attn.sinks`) is the
+                // whole part, and llama.cpp's `.weight`.
+                None => {
+                    let whole = names.gguf_part(&format!("{part}.{suffix}"))?;
+                    return Some(format!("blk.{layer}.{whole}.weight"));
+                }
+            }
         }
     };
     Some(format!("{mapped}.{suffix}"))
@@ -327,6 +335,9 @@ impl TensorSource for GgufSource {
                 reason: format!("expected a matrix, found shape {:?}", info.shape),
             });
         }
+        if format == WeightFormat::Quantized && info.ggml_type == Ok(GgmlType::Mxfp4) {
+            return Ok(Matrix::Quantized(self.mxfp4(&gname)?));
+        }
         let stays_quantized = info.ggml_type.is_ok_and(crate::ggml_repack::runs_repacked);
         if format != WeightFormat::Quantized || !stays_quantized {
             return Ok(Matrix::Dense(self.dense(&name, format.compute_dtype())?));
@@ -353,6 +364,9 @@ impl TensorSource for GgufSource {
                 reason: format!("expected [experts, out, in], found shape {:?}", info.shape),
             });
         }
+        if format == WeightFormat::Quantized && info.ggml_type == Ok(GgmlType::Mxfp4) {
+            return Ok(Some(Stacked::Quantized(self.mxfp4(&gname)?)));
+        }
         let stays_quantized = info.ggml_type.is_ok_and(crate::ggml_repack::runs_repacked);
         if format != WeightFormat::Quantized || !stays_quantized {
             return Ok(Some(Stacked::Dense(
@@ -366,6 +380,29 @@ impl TensorSource for GgufSource {
 }
 
 impl GgufSource {
+    /// The MXFP4 tensor `gname` in MLX's own `mxfp4` layout (codes moved, not expanded; see
+    /// [`crate::ggml_mxfp4`]), every leading axis kept: MLX's quantized and gathered products
+    /// read it as the released gpt-oss checkpoint's experts.
+    fn mxfp4(&self, gname: &str) -> Result<QuantizedMatrix> {
+        let (info, bytes) = self.file.read_tensor_bytes(gname)?;
+        let (words, exponents) = crate::ggml_mxfp4::to_mlx(&bytes);
+        let mut shape = to_i32_shape(&info.shape);
+        let cols = shape.pop().unwrap_or(0);
+        let (mut packed, mut scales) = (shape.clone(), shape);
+        packed.push(cols / 8);
+        scales.push(cols / 32);
+        Ok(QuantizedMatrix {
+            packed: Array::from_slice(&words, &packed),
+            scales: Array::from_slice(&exponents, &scales),
+            biases: None,
+            spec: QuantSpec {
+                group_size: 32,
+                bits: 4,
+                mode: QuantMode::Mxfp4,
+            },
+        })
+    }
+
     /// The GGUF tensor `gname` (Hugging Face name `name`, a matrix or experts stacked on a
     /// first axis) repacked into MLX's affine layout: every leading axis kept, the last one
     /// packed. Scales and biases stay f16 where the type stores them so and they are exact.

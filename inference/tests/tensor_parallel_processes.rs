@@ -339,16 +339,15 @@ fn mistral4_4bit_two_ranks_match_one_node() {
 }
 
 /// The MoE GGUF files llama.cpp wrote (see `tests/moe_gguf.rs`): 2 ranks cut the f32 files'
-/// experts, and the Q4_K_M files' experts repacked and kept quantized, like one node.
+/// experts, and the quantized files' (Q4_K_M repacked, gpt-oss's MXFP4 as MLX's mxfp4) kept
+/// quantized, like one node.
 #[test]
 fn moe_gguf_two_ranks_match_one_node() {
     let dir = kit::dirs::moe_gguf_fixtures_dir();
-    for (slot, file, tail) in [
-        (36, "qwen3moe.F32", "single|f32"),
-        (37, "qwen3moe.Q4_K_M", "single|quantized"),
-        (38, "glm4moe.F32", "single|f32"),
-        (39, "glm4moe.Q4_K_M", "single|quantized"),
-    ] {
+    let files = "qwen3moe.F32 qwen3moe.Q4_K_M glm4moe.F32 glm4moe.Q4_K_M gpt-oss.F32 \
+                 gpt-oss.MXFP4 deepseek2.F32 deepseek2.Q4_K_M";
+    for (slot, file) in (36..).zip(files.split_whitespace()) {
+        let tail = ["single|quantized", "single|f32"][usize::from(file.ends_with("F32"))];
         let model = dir.join(format!("{file}.gguf"));
         run_ranks_with(&model, 2, "3,17,42,5,88", slot, tail);
     }

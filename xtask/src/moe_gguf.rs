@@ -2,9 +2,11 @@
 //! llama.cpp's reader defines the layout shoal loads and llama.cpp's graph gives the logits
 //! shoal must equal.
 //!
-//! `scripts/moe_gguf_fixtures.py` (embedded) makes a tiny random-weight Qwen3-MoE and GLM-4.5
-//! as Hugging Face folders, converts each with the pinned sdist's `convert_hf_to_gguf.py` (f32), quantizes
-//! it with `llama-quantize` (Q8_0, Q4_K_M) and runs `scripts/llama_logits.cpp` (compiled here
+//! `scripts/moe_gguf_fixtures.py` (embedded) makes a tiny random-weight Qwen3-MoE, GLM-4.5 and
+//! DeepSeek V3 as Hugging Face folders, converts each with the pinned sdist's
+//! `convert_hf_to_gguf.py` (f32), quantizes it with `llama-quantize` (Q8_0, Q4_K_M), converts a
+//! tiny gpt-oss in OpenAI's released layout twice (its MXFP4 experts through the converter's
+//! MXFP4 path, and the same weights as floats) and runs `scripts/llama_logits.cpp` (compiled here
 //! against the `libllama.a` that building `llama-quantize` leaves) on each file: every prompt
 //! position's logits and the greedy answer to a chat. The converter imports torch, so it runs
 //! in its own venv, `<cache>/gguf-convert-venv`, with what llama.cpp's
@@ -81,8 +83,8 @@ pub fn moe_gguf_fixtures(step: Step) -> Result<(), String> {
     let script = work.join("moe_gguf_fixtures.py");
     fs::write(&script, SCRIPT).map_err(|e| e.to_string())?;
     step.progress(
-        "converting, quantizing and running llama.cpp on the tiny Qwen3-MoE and GLM-4.5 \
-         (about 1 minute on 2 idle cores)",
+        "converting, quantizing and running llama.cpp on the tiny Qwen3-MoE, GLM-4.5, gpt-oss \
+         and DeepSeek V3 (about 2 minutes on 2 idle cores)",
     );
     run(Command::new(&python)
         .arg(&script)

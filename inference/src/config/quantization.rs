@@ -85,8 +85,9 @@ impl QuantizationConfig {
     /// How a GGUF file runs quantized: its quantized matrices repacked into MLX's affine
     /// layout ([`crate::ggml_repack::repacked_layout`]), the encoding holding the most
     /// weights as the default and the others as overrides by GGML type, and
-    /// [`Self::running_bytes`]. `None` when the file holds no quantized matrix, or one that
-    /// does not repack (IQ4_NL): such a file runs dequantized. Read from the tensor directory
+    /// [`Self::running_bytes`]; MXFP4 experts stay MLX's `mxfp4` (an override, or the default
+    /// when they are the only quantized tensors). `None` when the file holds no quantized
+    /// matrix, or one that does not repack (IQ4_NL): such a file runs dequantized. Read from the tensor directory
     /// alone, so every node decides the same; only the byte count depends on the node's kind:
     /// where shoal's CPU kernel does not run (GPUs, `SHOAL_QMM=mlx`), the groups of 16 that
     /// MLX's kernels refuse load as floats of the quantized form's compute dtype, and count
@@ -99,9 +100,16 @@ impl QuantizationConfig {
         let mut weights: BTreeMap<(i32, i32), u64> = BTreeMap::new();
         let mut overrides = BTreeMap::new();
         let mut running = 0u64;
+        let mut mxfp4 = 0u64;
         for info in file.tensors.values() {
             let elements = info.elements() as u64;
             let ty = info.ggml_type.ok()?;
+            if ty == GgmlType::Mxfp4 {
+                // MLX's own mxfp4: the codes and one exponent byte per 32, as stored.
+                running += elements * 17 / 32;
+                mxfp4 += elements;
+                continue;
+            }
             let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16);
             if float || info.shape.len() != 2 {
                 // Floats, and quantized vectors or stacks, load as f32.
@@ -123,8 +131,26 @@ impl QuantizationConfig {
             };
             overrides.insert(format!("gguf:{}", ty.name()), spec);
         }
-        let (&(bits, group_size), _) = weights.iter().max_by_key(|&(layout, n)| (n, *layout))?;
+        let mxfp4_spec = QuantSpec {
+            group_size: 32,
+            bits: 4,
+            mode: QuantMode::Mxfp4,
+        };
+        let Some((&(bits, group_size), _)) = weights.iter().max_by_key(|&(layout, n)| (n, *layout))
+        else {
+            // Only MXFP4 stacks (gpt-oss's experts beside float attention).
+            return (mxfp4 > 0).then_some(QuantizationConfig {
+                group_size: 32,
+                bits: 4,
+                mode: QuantMode::Mxfp4,
+                overrides,
+                running_bytes: Some(running),
+            });
+        };
         overrides.retain(|_, s| (s.bits, s.group_size) != (bits, group_size));
+        if mxfp4 > 0 {
+            overrides.insert(format!("gguf:{}", GgmlType::Mxfp4.name()), mxfp4_spec);
+        }
         Some(QuantizationConfig {
             group_size,
             bits,

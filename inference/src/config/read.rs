@@ -202,9 +202,10 @@ impl ModelConfig {
                 factor: fl("rope.scaling.factor", 1.0),
             },
             Some("none") | None => RopeScaling::None,
+            Some("yarn") => gguf_yarn(file, &arch_name)?,
             Some(other) => {
                 return Err(InferenceError::BadConfig(format!(
-                    "rope scaling type `{other}` is not supported (linear and llama3 are)"
+                    "rope scaling type `{other}` is not supported (linear, llama3 and yarn are)"
                 )))
             }
         };
@@ -237,4 +238,46 @@ impl ModelConfig {
         config.validate()?;
         Ok(config)
     }
+}
+
+/// A GGUF's YaRN as llama.cpp's context reads it: the stretch `rope.scaling.factor` over
+/// `rope.scaling.original_context_length`, `yarn_beta_fast`/`yarn_beta_slow` (32 and 1 when
+/// absent), and the magnitude `mscale(factor, m) / mscale(factor, yarn_log_multiplier)` with
+/// `m` 1 (DeepSeek 2's files store `0.1 · mscale_all_dim` as the multiplier, and `m` is that
+/// `mscale_all_dim` unless it is 1, as llama.cpp special-cases them). An extrapolation or attention factor other than 1 is refused: shoal's YaRN has none.
+fn gguf_yarn(file: &GgufFile, arch: &str) -> Result<RopeScaling> {
+    let f = |k: &str| {
+        file.get(&format!("{arch}.rope.scaling.{k}"))
+            .and_then(GgufValue::as_f64)
+            .map(|v| v as f32)
+    };
+    for k in ["yarn_ext_factor", "yarn_attn_factor", "attn_factor"] {
+        if let Some(v) = f(k).filter(|&v| v != 1.0) {
+            return Err(InferenceError::BadConfig(format!(
+                "`{arch}.rope.scaling.{k}` is {v}; YaRN with a factor other than 1 there is \
+                 not supported"
+            )));
+        }
+    }
+    let mut log_mul = f("yarn_log_multiplier").unwrap_or(0.0);
+    let mut mscale = 1.0;
+    if arch == "deepseek2" && log_mul != 0.0 {
+        // Its converter writes 0.1 · mscale_all_dim; llama.cpp divides the 0.1 back out.
+        log_mul /= 0.1;
+        if log_mul != 1.0 {
+            mscale = log_mul;
+        }
+    }
+    Ok(RopeScaling::Yarn {
+        factor: f("factor").unwrap_or(1.0),
+        original_max_position: f("original_context_length").ok_or_else(|| {
+            InferenceError::BadConfig(format!(
+                "GGUF metadata has YaRN but no `{arch}.rope.scaling.original_context_length`"
+            ))
+        })?,
+        beta_fast: f("yarn_beta_fast").unwrap_or(32.0),
+        beta_slow: f("yarn_beta_slow").unwrap_or(1.0),
+        mscale,
+        mscale_all_dim: log_mul,
+    })
 }

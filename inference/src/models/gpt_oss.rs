@@ -14,11 +14,13 @@
 //! (mxfp4, with `.bias`).
 
 use super::base::{gguf_part_in, layer_tensor, Attention, DecoderLayer, Family, FeedForward};
+use super::gguf_moe::{gguf_count, gguf_experts};
 use super::moe::{ExpertActivation, ExpertBiases, Experts, MoeBlock};
 #[cfg(test)]
 use crate::config::RopeScaling;
 use crate::config::{FamilyParams, ModelConfig, MoeConfig, RouterKind, SlidingWindow};
 use crate::error::{InferenceError, Result};
+use crate::gguf::GgufValue;
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
 use crate::tensor_divisors::TensorDivisor;
 use crate::weights::{GgufNames, Stacked, TensorSource, WeightFormat};
@@ -45,6 +47,11 @@ const TENSORS: &[(&str, &str)] = &[
     ("mlp.router", "ffn_gate_inp"),
     ("input_layernorm", "attn_norm"),
     ("post_attention_layernorm", "post_attention_norm"),
+    // llama.cpp's converter splits the released `gate_up_proj` (even rows gate, odd rows up)
+    // into two stacks and keeps the experts' biases beside them (`ffn_*_exps.bias`).
+    ("mlp.experts.gate_proj", "ffn_gate_exps"),
+    ("mlp.experts.up_proj", "ffn_up_exps"),
+    ("mlp.experts.down_proj", "ffn_down_exps"),
 ];
 
 /// The gpt-oss family.
@@ -68,6 +75,56 @@ impl Family for GptOss {
 
     fn gguf_architectures(&self) -> &'static [&'static str] {
         &["gpt-oss"]
+    }
+
+    /// llama.cpp's `gpt-oss`: the experts' keys ([`gguf_experts`]; its graph takes the softmax
+    /// of the top k router logits, as here), `attention.sliding_window` on the layers
+    /// `attention.sliding_window_pattern` marks (absent: every other layer, the first sliding,
+    /// as llama.cpp's `load_swa_pattern(2)`), and the SwiGLU limit llama.cpp fixes at 7.
+    fn configure_gguf(
+        &self,
+        file: &crate::gguf::GgufFile,
+        arch: &str,
+        config: &mut ModelConfig,
+    ) -> Result<()> {
+        let experts = gguf_experts(file, arch)?;
+        config.moe = Some(MoeConfig {
+            num_experts: experts.count,
+            experts_per_token: experts.used,
+            expert_width: experts.width,
+            router: RouterKind::TopKSoftmax,
+            dense_layers: Vec::new(),
+            sparse_step: 1,
+            first_dense: 0,
+            shared_width: 0,
+        });
+        let size = gguf_count(file, arch, "attention.sliding_window").ok_or_else(|| {
+            bad(format!(
+                "GGUF metadata has no `{arch}.attention.sliding_window`"
+            ))
+        })?;
+        let layers = match file.get(&format!("{arch}.attention.sliding_window_pattern")) {
+            Some(GgufValue::Array(flags)) => flags
+                .iter()
+                .map(|f| f.as_bool().or_else(|| f.as_u64().map(|n| n != 0)))
+                .collect::<Option<Vec<bool>>>()
+                .filter(|l| l.len() == config.num_layers)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "`{arch}.attention.sliding_window_pattern` is not one flag per layer"
+                    ))
+                })?,
+            other => {
+                let n = other.and_then(GgufValue::as_u64).unwrap_or(2) as usize;
+                (0..config.num_layers)
+                    .map(|l| n == 0 || l % n < n - 1)
+                    .collect()
+            }
+        };
+        config.sliding_window = Some(SlidingWindow { size, layers });
+        config.family_params = FamilyParams::of(&GptOssParams { swiglu_limit: 7.0 })?;
+        config.attention_bias = true;
+        Ok(())
     }
 
     fn configure(&self, json: &Value, config: &mut ModelConfig) -> Result<()> {
