@@ -238,7 +238,12 @@ impl Family for GptOss {
 
     fn layer_tensor_names(&self, _config: &ModelConfig, layer: usize) -> Vec<String> {
         let mut names = Vec::new();
-        for (part, _) in TENSORS {
+        // The experts' split stacks are GGUF's (and mlx_lm.convert's) layout; the released
+        // checkpoint's own names follow.
+        for (part, _) in TENSORS
+            .iter()
+            .filter(|(part, _)| !part.starts_with("mlp.experts."))
+        {
             let suffixes: &[&str] = match *part {
                 "self_attn.sinks" => &[""],
                 "input_layernorm" | "post_attention_layernorm" => &[".weight"],
