@@ -514,6 +514,7 @@ mod tests {
             sparse_step: 1,
             first_dense: 0,
             shared_width: 0,
+            latent_width: 0,
         });
         assert_eq!(
             WeightFormat::choose(&moe, &(0..2), 1 << 20),

@@ -64,6 +64,11 @@ pub struct MoeConfig {
     /// (`n_shared_experts × moe_intermediate_size`; 0: none).
     #[serde(default)]
     pub shared_width: usize,
+    /// Width the routed experts read and write when it is not the hidden size: Nemotron 3
+    /// Super's `moe_latent_size`, with a projection down before them and one up after (0:
+    /// the hidden size, no projections).
+    #[serde(default)]
+    pub latent_width: usize,
 }
 
 impl MoeConfig {
@@ -75,15 +80,64 @@ impl MoeConfig {
             && (layer + 1).is_multiple_of(self.sparse_step.max(1))
     }
 
-    /// Parameters of one MoE feed-forward (router, every expert and the shared expert).
+    /// Parameters of one MoE feed-forward (router, every expert, the shared expert and the
+    /// latent projections).
     pub fn parameters(&self, hidden: usize) -> usize {
-        hidden * self.num_experts
-            + 3 * hidden * (self.expert_width * self.num_experts + self.shared_width)
+        self.parameters_with(hidden, self.num_experts)
     }
 
     /// Parameters one token runs through in one MoE feed-forward.
     pub fn active_parameters(&self, hidden: usize) -> usize {
+        self.parameters_with(hidden, self.experts_per_token)
+    }
+
+    /// The router, `experts` routed experts at their input width, the shared expert and the
+    /// latent projections (the router and shared expert read the hidden state itself).
+    fn parameters_with(&self, hidden: usize, experts: usize) -> usize {
+        let (io, projections) = match self.latent_width {
+            0 => (hidden, 0),
+            latent => (latent, 2 * hidden * latent),
+        };
         hidden * self.num_experts
-            + 3 * hidden * (self.expert_width * self.experts_per_token + self.shared_width)
+            + 3 * io * self.expert_width * experts
+            + 3 * hidden * self.shared_width
+            + projections
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn experts(latent_width: usize) -> MoeConfig {
+        MoeConfig {
+            num_experts: 8,
+            experts_per_token: 2,
+            expert_width: 32,
+            router: RouterKind::TopKSoftmax,
+            dense_layers: Vec::new(),
+            sparse_step: 1,
+            first_dense: 0,
+            shared_width: 16,
+            latent_width,
+        }
+    }
+
+    #[test]
+    fn latent_experts_are_counted_at_their_width_with_both_projections() {
+        let hidden = 128;
+        let (wide, latent) = (experts(0), experts(64));
+        assert_eq!(
+            wide.parameters(hidden),
+            128 * 8 + 3 * 128 * 32 * 8 + 3 * 128 * 16
+        );
+        assert_eq!(
+            latent.parameters(hidden),
+            128 * 8 + 3 * 64 * 32 * 8 + 3 * 128 * 16 + 2 * 128 * 64
+        );
+        assert_eq!(
+            latent.active_parameters(hidden),
+            128 * 8 + 3 * 64 * 32 * 2 + 3 * 128 * 16 + 2 * 128 * 64
+        );
     }
 }

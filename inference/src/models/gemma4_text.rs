@@ -271,6 +271,7 @@ impl Family for Gemma4Text {
                 first_dense: 0,
                 // The dense MLP beside the experts, counted as a shared expert is.
                 shared_width: config.intermediate_size,
+                latent_width: 0,
             });
         }
         config.family_params = FamilyParams::of(&Gemma4Params {

@@ -92,5 +92,6 @@ pub(crate) fn gguf_sigmoid_moe(file: &GgufFile, arch: &str) -> Result<crate::con
         sparse_step: 1,
         first_dense: gguf_count(file, arch, "leading_dense_block_count").unwrap_or(0),
         shared_width: gguf_count(file, arch, "expert_shared_count").unwrap_or(0) * experts.width,
+        latent_width: 0,
     })
 }

@@ -97,6 +97,7 @@ impl Family for GptOss {
             sparse_step: 1,
             first_dense: 0,
             shared_width: 0,
+            latent_width: 0,
         });
         let size = gguf_count(file, arch, "attention.sliding_window").ok_or_else(|| {
             bad(format!(
@@ -143,6 +144,7 @@ impl Family for GptOss {
             sparse_step: 1,
             first_dense: 0,
             shared_width: 0,
+            latent_width: 0,
         });
         // Without `layer_types`, mlx-lm alternates sliding and full layers, sliding first.
         config.sliding_window =

@@ -168,6 +168,7 @@ impl Family for KimiLinear {
             sparse_step: 1,
             first_dense: keys.first_k_dense_replace,
             shared_width: keys.num_shared_experts * keys.moe_intermediate_size,
+            latent_width: 0,
         });
         Ok(())
     }

@@ -78,6 +78,7 @@ impl Family for MiniMax {
             sparse_step: 1,
             first_dense: 0,
             shared_width: 0,
+            latent_width: 0,
         });
         let rotary = required(v, "rotary_dim")?;
         config.attention.rotary_dim = (rotary != config.head_dim).then_some(rotary);

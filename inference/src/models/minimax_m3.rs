@@ -268,6 +268,7 @@ impl Family for MiniMaxM3 {
             sparse_step: 1,
             first_dense: 0,
             shared_width: keys.shared_intermediate_size,
+            latent_width: 0,
         });
         if let Some(shape) = keys.block_index(n)? {
             shape.check(config.num_heads, config.head_dim, FAMILY)?;

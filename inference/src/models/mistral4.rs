@@ -135,6 +135,7 @@ impl Family for Mistral4 {
             sparse_step: 1,
             first_dense: usize_or(v, "first_k_dense_replace", 0),
             shared_width: usize_or(v, "n_shared_experts", 0) * expert_width,
+            latent_width: 0,
         });
         configure_latent(v, config, LATENT_NORM_EPS)?;
         if let Some(latent) = config.attention.latent.as_mut() {

@@ -180,6 +180,7 @@ impl Family for NemotronH {
                 sparse_step: 1,
                 first_dense: 0,
                 shared_width,
+                latent_width: keys.moe_latent_size.unwrap_or(0),
             });
         }
         config.family_params = FamilyParams::of(&NemotronParams {

@@ -77,6 +77,7 @@ impl Family for Qwen3Moe {
             sparse_step: keys.decoder_sparse_step,
             first_dense: 0,
             shared_width: 0,
+            latent_width: 0,
         });
         Ok(())
     }
@@ -99,6 +100,7 @@ impl Family for Qwen3Moe {
             sparse_step: 1,
             first_dense: 0,
             shared_width: 0,
+            latent_width: 0,
         });
         Ok(())
     }

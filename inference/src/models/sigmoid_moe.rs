@@ -51,6 +51,7 @@ pub(crate) fn sigmoid_moe_config(v: &Value) -> Result<MoeConfig> {
         sparse_step: 1,
         first_dense: usize_or(v, "first_k_dense_replace", 0),
         shared_width: usize_or(v, "n_shared_experts", 0) * expert_width,
+        latent_width: 0,
     })
 }
 

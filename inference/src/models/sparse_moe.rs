@@ -81,6 +81,7 @@ pub(crate) fn sparse_moe_config(
         sparse_step,
         first_dense: 0,
         shared_width: keys.shared_expert_intermediate_size,
+        latent_width: 0,
     })
 }
 

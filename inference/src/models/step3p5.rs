@@ -234,6 +234,7 @@ impl Family for Step3p5 {
                 sparse_step: 1,
                 first_dense: 0,
                 shared_width: keys.share_expert_dim,
+                latent_width: 0,
             });
         }
         config.family_params = FamilyParams::of(&Step3p5Params {
