@@ -77,13 +77,24 @@ pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, bytes_on_disk: u
     }
 }
 
+/// Layers that keep keys and values of their own: [`ModelConfig::kv_layers`] less those that
+/// attend over an earlier layer's (Gemma 4's KV-shared layers,
+/// [`crate::models::Family::kv_source`]), which cache nothing.
+pub fn own_kv_layers(config: &ModelConfig) -> usize {
+    let family = crate::models::family(config.architecture);
+    let shared = (0..config.num_layers)
+        .filter(|&layer| family.kv_source(config, layer).is_some())
+        .count();
+    config.kv_layers().saturating_sub(shared)
+}
+
 /// Bytes of KV cache one position takes over every layer (keys and values) in `format`.
 /// Latent attention caches one latent and one rotated key per layer, for all heads. A
 /// block-sparse attention layer (MiniMax M3) adds its index key, cached as one more value head. A
 /// linear-attention layer caches nothing per position (its state is per sequence:
-/// [`state_bytes_per_sequence`]).
+/// [`state_bytes_per_sequence`]), nor does a KV-shared one ([`own_kv_layers`]).
 pub fn kv_bytes_per_token(config: &ModelConfig, format: WeightFormat) -> u64 {
-    let layers = config.kv_layers();
+    let layers = own_kv_layers(config);
     if let Some(latent) = &config.attention.latent {
         return (layers * latent.cached_width()) as u64 * element_bytes(format);
     }

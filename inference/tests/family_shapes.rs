@@ -176,6 +176,12 @@ fn gemma4_text_e2b_cut_keeps_shared_layers_with_their_source() {
     let family = inference::models::family(config.architecture);
     let sources: Vec<Option<usize>> = (0..6).map(|l| family.kv_source(&config, l)).collect();
     assert_eq!(sources, [None, None, None, Some(1), Some(1), Some(2)]);
+    // The KV budget counts the three layers with keys of their own.
+    assert_eq!(inference::memory::own_kv_layers(&config), 3);
+    assert_eq!(
+        inference::memory::kv_bytes_per_token(&config, WeightFormat::F32),
+        (3 * 2 * config.num_kv_heads * config.head_dim * 4) as u64
+    );
     let names = inference::models::tensor_names(&config);
     for name in [
         "model.embed_tokens_per_layer.weight",
