@@ -63,17 +63,18 @@ fn moe_repo(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
     Ok((repo, answer))
 }
 
-/// Runs `tests/node_checks.py BASE_URL REPO answer REFERENCE` inside `node`'s namespace.
-fn answers_as_mlx_lm(node: &ShoalNode, repo: &str, reference: &Path) -> Result<String, String> {
+/// Runs the Python check `script` (under `tests/`) with `args` inside `node`'s namespace; its
+/// output when it exits 0 and says "all passed", else its output and errors.
+fn run_checks(node: &ShoalNode, script: &str, args: &[&str]) -> Result<String, String> {
     let python = kit::dirs::python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node_checks.py");
-    let url = format!("http://{}:{API_PORT}/v1", node.node.ip());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
     let out = node
         .node
         .command(&python.display().to_string())
         .arg(script)
-        .args([url.as_str(), repo, "answer"])
-        .arg(reference)
+        .args(args)
         .output()
         .map_err(|e| format!("{}: {e}", python.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -87,30 +88,20 @@ fn answers_as_mlx_lm(node: &ShoalNode, repo: &str, reference: &Path) -> Result<S
     }
 }
 
+/// Runs `tests/node_checks.py BASE_URL REPO answer REFERENCE` inside `node`'s namespace.
+fn answers_as_mlx_lm(node: &ShoalNode, repo: &str, reference: &Path) -> Result<String, String> {
+    let url = format!("http://{}:{API_PORT}/v1", node.node.ip());
+    let reference = reference.display().to_string();
+    run_checks(node, "node_checks.py", &[&url, repo, "answer", &reference])
+}
+
 /// Runs `tests/structured_checks.py ROOT_URL REPO --bounded` inside `node`'s namespace: every
 /// answer of the structured-output checks whose answers the schema bounds (JSON Schema through
 /// chat, Responses, Ollama and a stream; forced calls in OpenAI and Anthropic) validates. On a
 /// random-weight model the checks cannot pass by the model's judgement, only by the grammar.
 fn fits_schemas(node: &ShoalNode, repo: &str) -> Result<String, String> {
-    let python = kit::dirs::python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_checks.py");
     let url = format!("http://{}:{API_PORT}", node.node.ip());
-    let out = node
-        .node
-        .command(&python.display().to_string())
-        .arg(script)
-        .args([url.as_str(), repo, "--bounded"])
-        .output()
-        .map_err(|e| format!("{}: {e}", python.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() && stdout.contains("all passed") {
-        Ok(stdout)
-    } else {
-        Err(format!(
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    run_checks(node, "structured_checks.py", &[&url, repo, "--bounded"])
 }
 
 /// Whether `node`'s `/v1/models` lists `repo` as ready.

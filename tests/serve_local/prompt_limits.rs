@@ -2,6 +2,7 @@
 //! (part of `serve_local.rs`'s one-node test).
 
 use super::{peak_rss_bytes, Node};
+use serde_json::Value;
 use std::time::{Duration, Instant};
 
 /// A 1 MB system prompt (about 190,000 tokens against a context of 8,192; too few bytes for
@@ -32,30 +33,7 @@ pub(super) fn a_long_system_prompt_is_refused_in_bounded_memory(node: &Node) {
         ),
     ];
     for (path, body) in bodies {
-        let started = Instant::now();
-        let failure = node
-            .node
-            .api
-            .run(Duration::from_secs(60), |api| {
-                api.json(kit::client::Method::POST, path, Some(&body))
-            })
-            .expect_err("a 1 MB system prompt is refused");
-        let took = started.elapsed();
-        eprintln!(
-            "{path}: a 1 MB system prompt refused in {:.2} s",
-            took.as_secs_f64()
-        );
-        assert_eq!(
-            failure.status.map(|s| s.as_u16()),
-            Some(400),
-            "{}",
-            failure.message
-        );
-        assert!(
-            failure.message.contains("context"),
-            "{path}: {}",
-            failure.message
-        );
+        refused_for_the_context(node, path, &body, "a 1 MB system prompt");
     }
     let after = peak_rss_bytes(pid as u64).unwrap_or(0);
     let grown = after.saturating_sub(before) / (1024 * 1024);
@@ -77,27 +55,7 @@ pub(super) fn huge_prompts_are_refused_before_tokenizing(node: &Node) {
             "max_tokens": 8,
             "messages": [{"role": "user", "content": content}],
         });
-        let started = Instant::now();
-        let failure = node
-            .node
-            .api
-            .run(Duration::from_secs(60), |api| {
-                api.json(kit::client::Method::POST, path, Some(&body))
-            })
-            .expect_err("a 20 MB conversation is refused");
-        let took = started.elapsed();
-        eprintln!("{path}: 20 MB refused in {:.2} s", took.as_secs_f64());
-        assert_eq!(
-            failure.status.map(|s| s.as_u16()),
-            Some(400),
-            "{}",
-            failure.message
-        );
-        assert!(
-            failure.message.contains("context"),
-            "{path}: {}",
-            failure.message
-        );
+        let took = refused_for_the_context(node, path, &body, "20 MB");
         // Reading and parsing 20 MB takes a fraction of a second; tokenizing it took 9.8 s.
         assert!(
             took < Duration::from_secs(4),
@@ -110,4 +68,31 @@ pub(super) fn huge_prompts_are_refused_before_tokenizing(node: &Node) {
     // The bodies themselves (20 MB read, parsed to a JSON value and a chat request) stay;
     // the tokenized prompt (2.1 GB for count_tokens) must not.
     assert!(grown < 400, "the node's peak RSS grew {grown} MiB");
+}
+
+/// POSTs `body` (`what`) to `path` and asserts a 400 that names the context; how long the
+/// answer took.
+fn refused_for_the_context(node: &Node, path: &str, body: &Value, what: &str) -> Duration {
+    let started = Instant::now();
+    let failure = node
+        .node
+        .api
+        .run(Duration::from_secs(60), |api| {
+            api.json(kit::client::Method::POST, path, Some(body))
+        })
+        .expect_err("refused");
+    let took = started.elapsed();
+    eprintln!("{path}: {what} refused in {:.2} s", took.as_secs_f64());
+    assert_eq!(
+        failure.status.map(|s| s.as_u16()),
+        Some(400),
+        "{path}, {what}: {}",
+        failure.message
+    );
+    assert!(
+        failure.message.contains("context"),
+        "{path}, {what}: {}",
+        failure.message
+    );
+    took
 }

@@ -35,6 +35,27 @@ pub(crate) struct GgufExperts {
     pub width: usize,
 }
 
+impl GgufExperts {
+    /// Experts on every layer, routed by `router`, with no shared expert (llama.cpp's
+    /// `qwen3moe` and `gpt-oss`).
+    pub(crate) fn on_every_layer(
+        &self,
+        router: crate::config::RouterKind,
+    ) -> crate::config::MoeConfig {
+        crate::config::MoeConfig {
+            num_experts: self.count,
+            experts_per_token: self.used,
+            expert_width: self.width,
+            router,
+            dense_layers: Vec::new(),
+            sparse_step: 1,
+            first_dense: 0,
+            shared_width: 0,
+            latent_width: 0,
+        }
+    }
+}
+
 /// `<arch>.<key>` as a count; `None` when absent.
 pub(crate) fn gguf_count(file: &GgufFile, arch: &str, key: &str) -> Option<usize> {
     file.get(&format!("{arch}.{key}"))

@@ -88,17 +88,7 @@ impl Family for GptOss {
         config: &mut ModelConfig,
     ) -> Result<()> {
         let experts = gguf_experts(file, arch)?;
-        config.moe = Some(MoeConfig {
-            num_experts: experts.count,
-            experts_per_token: experts.used,
-            expert_width: experts.width,
-            router: RouterKind::TopKSoftmax,
-            dense_layers: Vec::new(),
-            sparse_step: 1,
-            first_dense: 0,
-            shared_width: 0,
-            latent_width: 0,
-        });
+        config.moe = Some(experts.on_every_layer(RouterKind::TopKSoftmax));
         let size = gguf_count(file, arch, "attention.sliding_window").ok_or_else(|| {
             bad(format!(
                 "GGUF metadata has no `{arch}.attention.sliding_window`"

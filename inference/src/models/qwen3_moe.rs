@@ -91,17 +91,7 @@ impl Family for Qwen3Moe {
         config: &mut ModelConfig,
     ) -> Result<()> {
         let experts = gguf_experts(file, arch)?;
-        config.moe = Some(MoeConfig {
-            num_experts: experts.count,
-            experts_per_token: experts.used,
-            expert_width: experts.width,
-            router: RouterKind::SoftmaxTopK { normalize: true },
-            dense_layers: Vec::new(),
-            sparse_step: 1,
-            first_dense: 0,
-            shared_width: 0,
-            latent_width: 0,
-        });
+        config.moe = Some(experts.on_every_layer(RouterKind::SoftmaxTopK { normalize: true }));
         Ok(())
     }
 
