@@ -13,7 +13,8 @@
 //! What must hold:
 //! - per phase (each request counts in the phase it overlapped that allows the most
 //!   failures), a bound on errored requests: none under delay, after the loss settled, while
-//!   both sides of the partition serve, and once the heal is agreed; at most half under loss;
+//!   both sides of the partition serve, and once the heal is agreed; under loss only those a
+//!   re-placement explains (the instance lost, or none running yet while the new one loads);
 //!   any while a side places the instance again (reported); and in each of the phases that
 //!   allow none, every client completes a chat;
 //! - every request ends — completes, or ends with an error event and `[DONE]`, or is refused
@@ -139,17 +140,28 @@ enum Phase {
 }
 
 impl Phase {
-    /// How many of `sent` requests sent in this phase may end with an error.
+    /// How many of `sent` requests sent in this phase may end with an error, and which.
+    ///
+    /// Under loss a stalled ring fails what runs then, and the re-placement after it refuses
+    /// the next requests until it is ready; each client retries every 200 ms, so how many
+    /// refusals that makes depends on how long loading takes over the lossy link (one CI run
+    /// saw 77 of 89 in a 6 s load), not on anything a count could bound. So under loss every
+    /// error must be one a re-placement explains ([`explained_by_replacement`]), and any other
+    /// error is over the bound.
     fn errors_allowed(self, sent: usize) -> usize {
         match self {
             Phase::Delay | Phase::AfterLoss | Phase::Partitioned | Phase::Healed => 0,
-            // A stalled ring fails what runs then (a request per client) and the re-placement
-            // after it refuses the next ones until it is ready: at most half of them.
-            Phase::Loss => sent / 2,
+            Phase::Loss => 0,
             // Every request may fail while a side places the instance again (each client
             // retries every 200 ms): reported, and bounded by the phases around it.
             Phase::Cut | Phase::Healing => sent,
         }
+    }
+
+    /// Whether an error with this reason is allowed in this phase beyond
+    /// [`Phase::errors_allowed`]: under loss, the errors a re-placement explains.
+    fn excuses(self, reason: &str) -> bool {
+        self == Phase::Loss && explained_by_replacement(reason)
     }
 
     /// How much may fail in it, as an order: a request that overlaps several phases counts in
@@ -169,6 +181,14 @@ impl Phase {
             Phase::Delay | Phase::AfterLoss | Phase::Partitioned | Phase::Healed
         )
     }
+}
+
+/// Whether an error is one a re-placement explains: the request's instance was lost (a stalled
+/// step, or shut down to be placed again), or no instance was running yet while the new one
+/// loaded. What a node says in those cases is the gateway's own wording.
+fn explained_by_replacement(reason: &str) -> bool {
+    reason.contains("the instance serving this request was lost")
+        || reason.contains("no running instance of model")
 }
 
 /// One request's record: which client, when it was sent (since the load began), how it ended.
@@ -672,7 +692,11 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
         let in_phase: Vec<&Sent> = sent.iter().filter(|s| phase_of(s) == i).collect();
         let errored = in_phase
             .iter()
-            .filter(|s| matches!(s.outcome, Outcome::Errored(_)))
+            .filter(|s| matches!(&s.outcome, Outcome::Errored(reason) if !phase.excuses(reason)))
+            .count();
+        let excused = in_phase
+            .iter()
+            .filter(|s| matches!(&s.outcome, Outcome::Errored(reason) if phase.excuses(reason)))
             .count();
         let answered: Vec<usize> = (0..3)
             .map(|c| {
@@ -684,7 +708,8 @@ fn after_a_partition_under_load_one_placement_serves_and_no_request_hangs() {
             .collect();
         let allowed = phase.errors_allowed(in_phase.len());
         eprintln!(
-            "  {phase:?} from {from:.1?}: {} requests, {errored} errored (at most {allowed}), completed per client {answered:?}",
+            "  {phase:?} from {from:.1?}: {} requests, {errored} errored (at most {allowed}) \
+             and {excused} by a re-placement, completed per client {answered:?}",
             in_phase.len()
         );
         if errored > allowed {
