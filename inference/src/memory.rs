@@ -37,7 +37,9 @@ fn element_bytes(format: WeightFormat) -> u64 {
 pub fn parameters(config: &ModelConfig) -> u64 {
     let embed = (config.vocab_size * config.hidden_size) as u64;
     let heads = if config.tie_word_embeddings { 1 } else { 2 };
-    config.all_layer_parameters() as u64 + heads * embed + config.hidden_size as u64
+    (config.all_layer_parameters() + config.model_parameters_beyond_layers()) as u64
+        + heads * embed
+        + config.hidden_size as u64
 }
 
 /// The bytes a checkpoint of `config` (whose `config.json` is `json`) takes on disk, from its

@@ -139,6 +139,40 @@ pub trait Family: GgufNames + Sync {
         let _ = (config, layer);
         None
     }
+
+    /// Parameters of layer `layer` when the shared count does not describe the family's
+    /// layers ([`ModelConfig::parameters_of_layer`]: an attention or linear mixer, then a gated
+    /// MLP or experts of three matrices each). Nemotron-H's layers are each one kind (a mixer,
+    /// attention, an MLP or experts, the last two of two matrices); Gemma 4's have layers
+    /// without keys, double-wide MLPs and per-layer gates. `None`: the shared count.
+    fn layer_parameters(&self, config: &ModelConfig, layer: usize) -> Option<LayerParameters> {
+        let _ = (config, layer);
+        None
+    }
+
+    /// Parameters outside the layers beyond the token embedding, the final norm and the head
+    /// (Gemma 4's per-layer inputs' table and projection): counted in the model's size.
+    fn model_parameters_beyond_layers(&self, config: &ModelConfig) -> usize {
+        let _ = config;
+        0
+    }
+}
+
+/// One layer's parameters: every one of them, and those one token runs through (the same
+/// for a layer without experts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerParameters {
+    /// Every parameter, each expert counted.
+    pub all: usize,
+    /// The router and the experts a token runs through, with the rest of the layer.
+    pub active: usize,
+}
+
+impl LayerParameters {
+    /// A layer whose every parameter runs for each token.
+    pub fn dense(all: usize) -> LayerParameters {
+        LayerParameters { all, active: all }
+    }
 }
 
 /// Hugging Face names of the weight matrices and norms every family's layer has, with the GGUF

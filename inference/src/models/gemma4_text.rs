@@ -25,8 +25,8 @@
 //!   keep them with that layer), and with `use_double_wide_mlp` their MLP is twice as wide.
 
 use super::base::{
-    layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, HeadNorms, Mlp,
-    OutputNorms, SelfAttention,
+    layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, HeadNorms,
+    LayerParameters, Mlp, OutputNorms, SelfAttention,
 };
 use super::config_keys::family_keys;
 use super::dense_and_experts::DenseAndExperts;
@@ -424,6 +424,43 @@ impl Family for Gemma4Text {
             0 => Vec::new(),
             _ => PerLayerEmbedding::tensor_names(),
         }
+    }
+
+    fn layer_parameters(&self, config: &ModelConfig, layer: usize) -> Option<LayerParameters> {
+        let params: Gemma4Params = config.family_params.get("gemma4_text").ok()?;
+        let c = Self::layer_config(config, &params, layer);
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let shared = params.kv_sources.get(layer).is_some_and(Option::is_some);
+        // Queries, output, query norm; keys (values unless they are the keys) and key norm.
+        let same = params.keys_are_values && params.full.get(layer) == Some(&true);
+        let kv = usize::from(!shared) * (h * hd * c.num_kv_heads * (2 - usize::from(same)) + hd);
+        let attention = 2 * h * hd * c.num_heads + hd + kv;
+        // MLP (its width as layer_config says), four norms, the scalar, the per-layer gate.
+        let mut dense = attention + 3 * h * c.intermediate_size + 4 * h + 1;
+        if params.per_layer_width > 0 {
+            dense += 2 * h * params.per_layer_width + h;
+        }
+        Some(match &config.moe {
+            None => LayerParameters::dense(dense),
+            Some(moe) => {
+                // The router (projection, input scale, per-expert scale), three more norms.
+                let rest = dense + h * moe.num_experts + h + moe.num_experts + 3 * h;
+                let experts = |n: usize| 3 * h * moe.expert_width * n;
+                LayerParameters {
+                    all: rest + experts(moe.num_experts),
+                    active: rest + experts(moe.experts_per_token),
+                }
+            }
+        })
+    }
+
+    fn model_parameters_beyond_layers(&self, config: &ModelConfig) -> usize {
+        let Ok(params) = config.family_params.get::<Gemma4Params>("gemma4_text") else {
+            return 0;
+        };
+        // The per-layer inputs' table, the projection to them and its norm.
+        let columns = config.num_layers * params.per_layer_width;
+        (params.per_layer_vocab + config.hidden_size) * columns + params.per_layer_width
     }
 
     fn kv_source(&self, config: &ModelConfig, layer: usize) -> Option<usize> {

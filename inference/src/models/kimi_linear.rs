@@ -13,7 +13,8 @@
 //! ([`super::recurrent_split`]) and the latent attention as DeepSeek V3's.
 
 use super::base::{
-    gguf_part_in, DecoderLayer, Family, FeedForward, Mlp, SelfAttention, LAYER_TENSORS,
+    gguf_part_in, DecoderLayer, Family, FeedForward, LayerParameters, Mlp, SelfAttention,
+    LAYER_TENSORS,
 };
 use super::config_keys::family_keys;
 use super::gated_delta::DeltaNetShape;
@@ -100,6 +101,31 @@ fn sigmoid() -> String {
 impl Family for KimiLinear {
     fn hf_names(&self) -> (&'static str, &'static str) {
         ("kimi_linear", "KimiLinearForCausalLM")
+    }
+
+    fn layer_parameters(&self, config: &ModelConfig, layer: usize) -> Option<LayerParameters> {
+        let linear = config.attention.linear.as_ref()?;
+        if !linear.is_linear(layer) {
+            return None;
+        }
+        // A KDA layer: q, k and v projections each with its short convolution, the low-rank
+        // decay (`f_a`, `f_b`) and gate (`g_a`, `g_b`) projections, `b_proj`, `A_log`,
+        // `dt_bias`, the output norm and projection; then the shared feed-forward and norms.
+        let (h, s) = (config.hidden_size, &linear.shape);
+        let (d, keys, width) = (s.k_dim, s.k_heads * s.k_dim, s.v_heads * s.v_dim);
+        let kda = h * (2 * keys + width)
+            + (2 * keys + width) * s.kernel
+            + 2 * (h * d + d * width)
+            + s.v_heads * h
+            + s.v_heads
+            + width
+            + d
+            + width * h;
+        let (all, active) = config.ffn_parameters(layer);
+        Some(LayerParameters {
+            all: kda + all + 2 * h,
+            active: kda + active + 2 * h,
+        })
     }
 
     fn configure(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {

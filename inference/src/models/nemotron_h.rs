@@ -17,7 +17,8 @@
 //! projections whole).
 
 use super::base::{
-    layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, Mlp, SelfAttention,
+    layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, LayerParameters,
+    Mlp, SelfAttention,
 };
 use super::config_keys::family_keys;
 use super::expert_activation::ExpertActivation;
@@ -252,6 +253,53 @@ impl Family for NemotronH {
                     FeedForward::Experts(block),
                 )
             }
+        })
+    }
+
+    fn layer_parameters(&self, config: &ModelConfig, layer: usize) -> Option<LayerParameters> {
+        let params: NemotronParams = config.family_params.get("nemotron_h").ok()?;
+        let h = config.hidden_size;
+        let bias = usize::from(params.mlp_bias);
+        // Each layer is one kind, after its one norm; the MLPs and experts are relu² (an up
+        // and a down matrix, no gate).
+        let own = match *params.pattern.get(layer)? {
+            'M' => {
+                let m = &params.mamba;
+                let (inner, channels) = (m.inner(), m.conv_channels());
+                LayerParameters::dense(
+                    h * (inner + channels + m.heads)
+                        + channels * (m.kernel + 1)
+                        + 3 * m.heads
+                        + inner
+                        + inner * h,
+                )
+            }
+            '*' => LayerParameters::dense(
+                h * config.head_dim * (2 * config.num_heads + 2 * config.num_kv_heads),
+            ),
+            '-' => LayerParameters::dense(
+                2 * h * config.intermediate_size + bias * (h + config.intermediate_size),
+            ),
+            _ => {
+                let moe = config.moe.as_ref()?;
+                let (io, projections) = match params.latent {
+                    Some(latent) => (latent, 2 * h * latent + bias * (h + latent)),
+                    None => (h, 0),
+                };
+                let experts = |n: usize| 2 * io * moe.expert_width * n;
+                let rest = (h + 1) * moe.num_experts
+                    + 2 * h * params.shared_width
+                    + bias * (h + params.shared_width)
+                    + projections;
+                LayerParameters {
+                    all: rest + experts(moe.num_experts),
+                    active: rest + experts(moe.experts_per_token),
+                }
+            }
+        };
+        Some(LayerParameters {
+            all: own.all + h,
+            active: own.active + h,
         })
     }
 

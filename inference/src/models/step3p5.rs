@@ -21,7 +21,8 @@
 //! `mlp.gate.router_bias`, `mlp.share_expert.*` with the norms as they apply. Both are read.
 
 use super::base::{
-    layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, HeadNorms, Mlp,
+    layer_tensor, Attention, DecoderLayer, Family, FeedForward, GateActivation, HeadNorms,
+    LayerParameters, Mlp,
 };
 use super::config_keys::family_keys;
 use super::moe::{ExpertActivation, Experts, MoeBlock, PROJ_NAMES};
@@ -127,6 +128,22 @@ fn limit_of(list: &Option<Vec<Option<f64>>>, layer: usize) -> f32 {
 impl Family for Step3p5 {
     fn hf_names(&self) -> (&'static str, &'static str) {
         ("step3p5", "Step3p5ForCausalLM")
+    }
+
+    fn layer_parameters(&self, config: &ModelConfig, layer: usize) -> Option<LayerParameters> {
+        let params: Step3p5Params = config.family_params.get("step3p5").ok()?;
+        let spec = params.layers.get(layer)?;
+        let (h, hd) = (config.hidden_size, config.head_dim);
+        // This layer's own head counts (the sliding layers' differ), the head-wise gate, the
+        // query and key norms; the shared feed-forward and the two norms.
+        let attention = h * hd * (2 * spec.heads + 2 * spec.kv_heads)
+            + usize::from(params.head_gate) * h * spec.heads
+            + 2 * hd;
+        let (all, active) = config.ffn_parameters(layer);
+        Some(LayerParameters {
+            all: attention + all + 2 * h,
+            active: attention + active + 2 * h,
+        })
     }
 
     fn configure(&self, json: &Value, config: &mut ModelConfig) -> Result<()> {
