@@ -158,11 +158,26 @@ pub(crate) fn start_mlx_lm(
         cmd.env("LD_PRELOAD", lib);
     }
     cmd.env("PYTHONPATH", crate::bench_moe::mlx_lm_patch_dir()?);
+    let started = spawn_peer(tb, cmd, "mlx_lm.server", MLX_PORT, &log)?;
+    eprintln!("bench: mlx_lm.server ready (mlx {mlx}, mlx-lm {lm})");
+    Ok(started)
+}
+
+/// Spawns the peer server `cmd` (`name`, listening on `port` in node 0's namespace, logging
+/// to `log`) and waits until its OpenAI API answers; its URL. A peer that does not come up
+/// fails with the tail of its log.
+pub(crate) fn spawn_peer(
+    tb: &Testbed,
+    mut cmd: std::process::Command,
+    name: &str,
+    port: u16,
+    log: &std::path::Path,
+) -> Result<(Peer, String), String> {
     let peer = Peer(
         cmd.spawn()
-            .map_err(|e| format!("cannot start mlx_lm.server: {e}"))?,
+            .map_err(|e| format!("cannot start {name}: {e}"))?,
     );
-    let url = format!("http://127.0.0.1:{MLX_PORT}/v1");
+    let url = format!("http://127.0.0.1:{port}/v1");
     tb.script(
         0,
         "bench_load.py",
@@ -170,10 +185,9 @@ pub(crate) fn start_mlx_lm(
         Duration::from_secs(250),
     )
     .map_err(|e| {
-        let tail = std::fs::read_to_string(&log).unwrap_or_default();
-        format!("{e}\nmlx_lm.server's log:\n{tail}")
+        let tail = std::fs::read_to_string(log).unwrap_or_default();
+        format!("{e}\n{name}'s log:\n{tail}")
     })?;
-    eprintln!("bench: mlx_lm.server ready (mlx {mlx}, mlx-lm {lm})");
     Ok((peer, url))
 }
 
@@ -437,7 +451,7 @@ pub fn bench_concurrency(args: &[String]) -> Result<(), String> {
 }
 
 /// Resident memory of node 0's runner and of the peer server (`peer` pid), once loaded.
-fn resident_memory(tb: &Testbed, peer: Option<u32>) -> (Option<u64>, Option<u64>) {
+pub(crate) fn resident_memory(tb: &Testbed, peer: Option<u32>) -> (Option<u64>, Option<u64>) {
     use crate::bench_moe::{is_runner, resident_bytes};
     let runner = tb
         .pids(0)

@@ -512,6 +512,10 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
     if llama_bench.is_none() {
         println!("llama.cpp: not measured here (`cargo xtask bench inference --with-llama-cpp` builds llama-bench once: about 8 CPU-minutes)");
     }
+    if with_llama_cpp {
+        // Through HTTP as users run both: llama-server on the same GGUF files.
+        crate::bench_llama_server::server_tables(&crate::bench_llama_server::Options::default())?;
+    }
     Ok(())
 }
 

@@ -55,15 +55,7 @@ pub fn kquant_fixtures(step: Step) -> Result<(), String> {
         step.cached(&dir.display().to_string());
         return Ok(());
     }
-    let quantize = if llama_cpp::is_built("llama-quantize") {
-        llama_cpp::tool_path("llama-quantize")
-    } else {
-        llama_cpp::build_tool(
-            &step,
-            "llama-quantize",
-            "about 5 minutes on 2 idle cores, less after llama-bench",
-        )?
-    };
+    let quantize = llama_cpp::quantize_tool(&step)?;
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let _ = fs::remove_file(&stamp_path);
     let mut sums = String::new();

@@ -1,5 +1,6 @@
 //! llama.cpp tools built from the sources that the pinned `llama-cpp-python` sdist vendors
 //! (see `reference.rs`): `llama-bench` for `cargo xtask bench inference --with-llama-cpp`,
+//! `llama-server` for `cargo xtask bench llama-server`,
 //! `llama-quantize` for the K-quant fixtures (`kquants.rs`). One build directory,
 //! `<cache>/llama.cpp-<version>/build`, serves both, so the second tool reuses the first's
 //! objects (ggml and libllama are most of the work).
@@ -36,6 +37,18 @@ const BENCH_CONFIG: u32 = 2;
 /// Whether `target` is built (binary and stamp).
 pub fn is_built(target: &str) -> bool {
     tool_path(target).exists() && stamp(target).exists()
+}
+
+/// `llama-quantize`, built on first use (the fixtures that llama.cpp's own tools make).
+pub fn quantize_tool(step: &Step) -> Result<PathBuf, String> {
+    if is_built("llama-quantize") {
+        return Ok(tool_path("llama-quantize"));
+    }
+    build_tool(
+        step,
+        "llama-quantize",
+        "about 5 minutes on 2 idle cores, less after llama-bench",
+    )
 }
 
 /// Builds llama.cpp's `target` (Release, CPU only, static, tuned for this CPU like a local
@@ -81,7 +94,12 @@ pub fn build_tool(step: &Step, target: &str, estimate: &str) -> Result<PathBuf, 
                 "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
                 "-DLLAMA_BUILD_TESTS=OFF",
                 "-DLLAMA_BUILD_EXAMPLES=OFF",
-                "-DLLAMA_BUILD_SERVER=OFF",
+                // The server's targets exist (llama-server for `bench llama-server`); only the
+                // asked-for target is compiled. Its web page would be fetched from a hub
+                // (`LLAMA_USE_PREBUILT_UI`) or built with npm: neither, the API is enough.
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_USE_PREBUILT_UI=OFF",
+                "-DLLAMA_BUILD_UI=OFF",
                 "-DLLAMA_BUILD_APP=OFF",
                 "-DLLAMA_OPENSSL=OFF",
                 "--log-level=WARNING",

@@ -6,6 +6,7 @@ mod bench_download;
 mod bench_figures;
 mod bench_forward;
 mod bench_inference;
+mod bench_llama_server;
 mod bench_moe;
 mod bench_peer_copy;
 mod bench_prompt_cache;
@@ -72,7 +73,13 @@ Commands:
                    messages, convergence, death detection, loss
   bench inference [--with-llama-cpp]
                    shoal vs mlx-lm on the SmolLM2 fixture; with the flag also llama.cpp's
-                   llama-bench, built once into the cache from the pinned sdist
+                   llama-bench, built once into the cache from the pinned sdist, and
+                   `bench llama-server`'s tables
+  bench llama-server [--rounds 3] [--tokens 128] [--only dense|moe]
+                   shoal vs llama-server through their OpenAI streaming APIs on the same
+                   GGUF, alternating: SmolLM2 Q4_K_M at 1 and 16 streams, a Qwen3-MoE-shaped
+                   Q4_K_M (64 experts, top-8, ~1.35 B parameters, made once by llama.cpp's
+                   converter) at 1 and 8; aggregate tok/s, TTFT, resident memory
   bench forward [-n N] [--tokens T]
                    latency a forwarded request adds (2 nodes in namespaces)
   bench download [--repeat 3] [--release]
@@ -280,6 +287,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             .args(["bench", "--package", "mesh", "--bench", "mesh_sim", "--"])
             .args(&args[1..])),
         Some("inference") => bench_inference::bench_inference(&args[1..]),
+        Some("llama-server") => bench_llama_server::bench_llama_server(&args[1..]),
         Some("forward") => bench_forward::bench_forward(&args[1..]),
         Some("cluster") => bench_cluster::bench_cluster(&args[1..]),
         Some("download") => bench_download::bench_download(&args[1..]),
@@ -290,8 +298,8 @@ fn bench(args: &[String]) -> Result<(), String> {
         Some("vision") => bench_vision::bench_vision(&args[1..]),
         _ => Err(
             "bench: say what to measure: `cargo xtask bench mesh`, `inference`, \
-                  `forward`, `cluster`, `download`, `peer-copy`, `concurrency`, \
-                  `structured`, `prompt-cache` or `vision`"
+                  `llama-server`, `forward`, `cluster`, `download`, `peer-copy`, \
+                  `concurrency`, `structured`, `prompt-cache` or `vision`"
                 .into(),
         ),
     }

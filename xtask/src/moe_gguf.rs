@@ -67,15 +67,7 @@ pub fn moe_gguf_fixtures(step: Step) -> Result<(), String> {
         step.cached(&dir.display().to_string());
         return Ok(());
     }
-    let quantize = if llama_cpp::is_built("llama-quantize") {
-        llama_cpp::tool_path("llama-quantize")
-    } else {
-        llama_cpp::build_tool(
-            &step,
-            "llama-quantize",
-            "about 5 minutes on 2 idle cores, less after llama-bench",
-        )?
-    };
+    let quantize = llama_cpp::quantize_tool(&step)?;
     let python = convert_venv(&step)?;
     let work = cache_dir().join(format!("gguf-moe-work-{LLAMA_CPP_PYTHON_VERSION}"));
     let src = extract_sources(&step, &work)?;
@@ -106,7 +98,7 @@ pub fn moe_gguf_fixtures(step: Step) -> Result<(), String> {
 
 /// FNV-1a of a script embedded in this binary: it changes when the script does (a stamp, not
 /// a checksum anyone verifies).
-fn fnv(text: &str) -> String {
+pub(crate) fn fnv(text: &str) -> String {
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -114,7 +106,7 @@ fn fnv(text: &str) -> String {
 }
 
 /// The converter's venv, `<cache>/gguf-convert-venv`, with [`REQUIREMENTS`]; its Python.
-fn convert_venv(step: &Step) -> Result<PathBuf, String> {
+pub(crate) fn convert_venv(step: &Step) -> Result<PathBuf, String> {
     let dir = cache_dir().join("gguf-convert-venv");
     let python = dir.join("bin/python");
     let stamp = dir.join(".shoal-requirements");
@@ -144,7 +136,7 @@ fn convert_venv(step: &Step) -> Result<PathBuf, String> {
 }
 
 /// Extracts [`SOURCES`] from the sdist into `<work>/llama.cpp`.
-fn extract_sources(step: &Step, work: &Path) -> Result<PathBuf, String> {
+pub(crate) fn extract_sources(step: &Step, work: &Path) -> Result<PathBuf, String> {
     let archive = sdist(step)?;
     let src = work.join("llama.cpp");
     let _ = fs::remove_dir_all(&src);
