@@ -481,6 +481,16 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/mistral-small-4-tiny-4bit", "mistral4", "q4"),
     ("shoal-fixtures/kimi-linear-tiny-4bit", "kimi_linear", "q4"),
     ("shoal-fixtures/nemotron-h-tiny-4bit", "nemotron_h", "q4"),
+    (
+        "shoal-fixtures/nemotron-3-super-tiny-4bit",
+        "nemotron_h_latent",
+        "q4",
+    ),
+    (
+        "shoal-fixtures/gemma4-e2b-tiny-4bit",
+        "gemma4_text_e2b",
+        "q4",
+    ),
     ("shoal-fixtures/minimax-m3-tiny-4bit", "minimax_m3_vl", "q4"),
 ];
 

@@ -33,6 +33,7 @@ pub fn named_cluster_input(names: &[String], ram: u64, min_nodes: u32, id: &str)
             tensor_divisors: vec![],
             layer_weights: vec![],
             rank0_bytes: 0,
+            no_cut_before: vec![],
             backends: vec![ComputeBackend::MlxCpu],
         },
         request: Request {

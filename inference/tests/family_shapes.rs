@@ -165,7 +165,8 @@ fn a_folder_without_its_weights_is_described_from_its_configuration() {
 
 /// What Gemma 4 E2B's configuration makes: which layer each KV-shared layer reads, the
 /// per-layer tensors among the names a pipeline rank fetches, a pipeline cut between a
-/// KV-shared layer and its source refused with the reason, and a 2-rank ring allowed.
+/// KV-shared layer and its source refused with the reason (and the layers placement must not
+/// begin a stage at), and a 2-rank ring allowed.
 #[test]
 fn gemma4_text_e2b_cut_keeps_shared_layers_with_their_source() {
     use inference::loader::{load_shard, LoadOptions};
@@ -207,6 +208,9 @@ fn gemma4_text_e2b_cut_keeps_shared_layers_with_their_source() {
             "{layers:?}: {err}"
         );
     }
+    // Placement is told the same: no stage may begin at layers 2..=5 (layers 3 and 4 read
+    // layer 1, layer 5 reads layer 2), so a 2-rank pipeline is cut at 1.
+    assert_eq!(inference::models::no_cut_before(&config), [2, 3, 4, 5]);
     assert_eq!(inference::tensor_split::tensor_refusal(&config, 2), None);
 }
 

@@ -162,6 +162,9 @@ pub struct ModelFacts {
     /// Each layer's parameters when the layers differ (dense leading layers before
     /// Mixture-of-Experts ones), else empty: placement splits a pipeline by them.
     pub layer_weights: Vec<u64>,
+    /// Layers no pipeline stage may begin at (a KV-shared layer and the layers between it and
+    /// the layer whose keys it reads stay on one rank), for placement.
+    pub no_cut_before: Vec<u32>,
     /// What an instance holds while it runs (weights as they run, KV budget, runner
     /// overhead): what placement counts.
     pub memory: inference::memory::InstanceMemory,
@@ -226,6 +229,7 @@ impl ModelFacts {
                 .filter(|d| d.what != "key/value heads")
                 .collect(),
             layer_weights: layer_weights(&opened.config),
+            no_cut_before: inference::models::no_cut_before(&opened.config),
             memory: inference::memory::InstanceMemory {
                 vision: image_prompt.as_ref().map_or(0, |v| v.tower_bytes),
                 ..inference::memory::InstanceMemory::of(&opened.config, opened.bytes_on_disk)
@@ -251,6 +255,7 @@ impl ModelFacts {
             layer_weights: self.layer_weights.clone(),
             // The tower runs whole on rank 0 (see `inference::vision`), not spread over ranks.
             rank0_bytes: self.memory.vision,
+            no_cut_before: self.no_cut_before.clone(),
             backends: vec![
                 ComputeBackend::MlxCpu,
                 ComputeBackend::MlxMetal,

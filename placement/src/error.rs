@@ -99,6 +99,21 @@ pub enum PlaceError {
         /// The ring size.
         nodes: usize,
     },
+    /// The ring's pipeline would have to begin a stage at a layer that must stay with the
+    /// one before it ([`crate::ModelCard::no_cut_before`]), whichever way the cuts move.
+    #[error(
+        "the model's {n_layers} layers cannot be cut into {nodes} pipeline stages: no stage may \
+         begin at layer(s) {joined:?} (those layers read the keys and values of an earlier \
+         layer, which must be on the same rank); lower min_nodes or use tensor sharding"
+    )]
+    UncuttableLayers {
+        /// The model's layer count.
+        n_layers: u32,
+        /// The ring size.
+        nodes: usize,
+        /// The layers no stage may begin at.
+        joined: Vec<u32>,
+    },
     /// A node of the chosen ring cannot hold its share of the weights.
     #[error(
         "node {node} would hold {needed} bytes of weights but has only {available} free; free \
@@ -138,6 +153,7 @@ impl PlaceError {
             PlaceError::NoRdmaRing => "no_rdma_ring",
             PlaceError::RingSearchExhausted { .. } => "ring_search_exhausted",
             PlaceError::TooFewLayers { .. } => "too_few_layers",
+            PlaceError::UncuttableLayers { .. } => "uncuttable_layers",
             PlaceError::NodeShortOfMemory { .. } => "node_short_of_memory",
             PlaceError::NeighbourUnreachable { .. } => "neighbour_unreachable",
         }

@@ -154,6 +154,7 @@ pub fn model(n_layers: u32, storage_bytes: u64) -> ModelCard {
         tensor_divisors: vec![],
         layer_weights: vec![],
         rank0_bytes: 0,
+        no_cut_before: vec![],
         backends: vec![
             ComputeBackend::MlxCpu,
             ComputeBackend::MlxMetal,

@@ -27,11 +27,12 @@
 //!   `[{"from", "to", "rdma": {"from_iface", "to_iface"}}]`; edges naming unknown nodes are
 //!   ignored;
 //! * `model`: `{"id", "n_layers", "storage_bytes", "hidden_size", "num_key_value_heads",
-//!   "supports_tensor", "tensor_divisors", "layer_weights", "rank0_bytes", "backends"}`;
+//!   "supports_tensor", "tensor_divisors", "layer_weights", "rank0_bytes", "no_cut_before",
+//!   "backends"}`;
 //!   `tensor_divisors` (`[{"what", "count"}]`, counts a tensor ring's size must also divide)
 //!   defaults to none, `layer_weights` (one relative size per layer, for layers that differ)
 //!   to equal layers, `rank0_bytes` (what rank 0 alone holds besides its share: a vision
-//!   tower) to 0;
+//!   tower) to 0, `no_cut_before` (layers no pipeline stage may begin at) to none;
 //! * `request`: `{"sharding": "pipeline" | "tensor", "backend": "ring" | "jaccl",
 //!   "min_nodes", "required_nodes", "instance_id"}`; `min_nodes` defaults to 1,
 //!   `required_nodes` to none, and `instance_id` (from which the ring port is derived) to

@@ -42,6 +42,13 @@ pub struct ModelCard {
     /// `tensor_divisors`; JSON documents may leave it out (0).
     #[serde(default)]
     pub rank0_bytes: u64,
+    /// Layers a pipeline stage may not begin at: a cut there would separate layers that must
+    /// run on one rank (Gemma 4's KV-shared layers read the keys and values an earlier layer
+    /// computed, so every layer from the source to its readers stays together). Sorted, each
+    /// in `1..n_layers`; empty for most models. Always written like `tensor_divisors`; JSON
+    /// documents may leave it out.
+    #[serde(default)]
+    pub no_cut_before: Vec<u32>,
     /// The compute backends the model runs on; every node of a ring must offer one of them.
     /// An empty list matches no node.
     pub backends: Vec<ComputeBackend>,

@@ -23,7 +23,8 @@ fn document() -> serde_json::Value {
         "model": {"id": "m", "n_layers": 4, "storage_bytes": 1000, "hidden_size": 64,
                   "num_key_value_heads": 2, "supports_tensor": false,
                   "tensor_divisors": [{"what": "attention heads", "count": 4}],
-                  "layer_weights": [1, 20, 20, 20], "rank0_bytes": 300, "backends": ["mlx_cpu"]},
+                  "layer_weights": [1, 20, 20, 20], "rank0_bytes": 300, "no_cut_before": [3],
+                  "backends": ["mlx_cpu"]},
         "request": {"sharding": "tensor", "backend": "jaccl", "min_nodes": 2, "required_nodes": ["a"],
                     "instance_id": "i-1"}
     })
@@ -44,6 +45,7 @@ fn optional_fields_have_documented_defaults() {
     model.remove("tensor_divisors");
     model.remove("layer_weights");
     model.remove("rank0_bytes");
+    model.remove("no_cut_before");
     let request = value["request"].as_object_mut().unwrap();
     request.remove("min_nodes");
     request.remove("required_nodes");
@@ -66,6 +68,7 @@ fn optional_fields_have_documented_defaults() {
     assert!(!input.nodes[0].rdma_enabled);
     assert!(input.model.tensor_divisors.is_empty() && input.model.layer_weights.is_empty());
     assert_eq!(input.model.rank0_bytes, 0);
+    assert!(input.model.no_cut_before.is_empty());
 
     // The CLI's default port is the default instance id's.
     let (out, code) = cli::run(&serde_json::to_string(&input).unwrap());

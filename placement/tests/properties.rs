@@ -141,6 +141,7 @@ fn cluster() -> impl Strategy<Value = Input> {
                     tensor_divisors: vec![],
                     layer_weights: vec![],
                     rank0_bytes: 0,
+                    no_cut_before: vec![],
                     backends: model_backends,
                 },
                 request: Request {

@@ -78,6 +78,19 @@ pub fn family(architecture: Architecture) -> &'static dyn Family {
         .expect("an Architecture is made only from a registered family's key")
 }
 
+/// Layers no pipeline stage may begin at: for each layer that reads the keys and values of
+/// an earlier one ([`base::Family::kv_source`], Gemma 4's KV-shared layers), every layer after
+/// the source up to the reader, so the source and its readers stay on one rank (what
+/// [`shard::ModelShard`]'s load refuses otherwise). Sorted; empty for most families.
+pub fn no_cut_before(config: &ModelConfig) -> Vec<u32> {
+    let family = family(config.architecture);
+    let joined: std::collections::BTreeSet<u32> = (0..config.num_layers)
+        .filter_map(|layer| family.kv_source(config, layer).map(|s| (s, layer)))
+        .flat_map(|(source, layer)| (source + 1..=layer).map(|l| l as u32))
+        .collect();
+    joined.into_iter().collect()
+}
+
 /// Hugging Face names of every tensor of a model with this configuration.
 pub fn tensor_names(config: &ModelConfig) -> Vec<String> {
     let family = family(config.architecture);
