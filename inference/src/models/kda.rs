@@ -32,6 +32,47 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
 use std::sync::Arc;
 
+/// `linear_attn_config` of Moonshot's hybrids (Kimi Linear, Kimi K3): which layers are KDA
+/// (counted from 1), their heads, and Kimi K3's variant keys.
+#[derive(serde::Deserialize)]
+pub(crate) struct KdaConfig {
+    kda_layers: Vec<usize>,
+    num_heads: usize,
+    head_dim: usize,
+    #[serde(default = "four")]
+    short_conv_kernel_size: usize,
+    /// Kimi K3's decay bound (see the module docs).
+    #[serde(default)]
+    pub(crate) gate_lower_bound: Option<f32>,
+    /// Kimi K3's full-rank output gate `g_proj`.
+    #[serde(default)]
+    pub(crate) use_full_rank_gate: bool,
+}
+
+fn four() -> usize {
+    4
+}
+
+impl KdaConfig {
+    /// Which of a model's `layers` layers are KDA, and their shape (checked).
+    pub(crate) fn layers(&self, layers: usize) -> Result<crate::config::LinearLayers> {
+        let shape = DeltaNetShape {
+            k_heads: self.num_heads,
+            v_heads: self.num_heads,
+            k_dim: self.head_dim,
+            v_dim: self.head_dim,
+            kernel: self.short_conv_kernel_size,
+        };
+        shape.validate()?;
+        Ok(crate::config::LinearLayers {
+            layers: (0..layers)
+                .map(|l| self.kda_layers.contains(&(l + 1)))
+                .collect(),
+            shape,
+        })
+    }
+}
+
 /// One KDA layer (see the module docs).
 #[derive(Debug, Clone)]
 pub struct KimiDeltaAttention {

@@ -27,14 +27,13 @@ use super::attn_res::{AttentionResiduals, ResidualBlocks};
 use super::base::{DecoderLayer, Family, FeedForward, GateActivation, Mlp, SelfAttention};
 use super::config_keys::family_keys;
 use super::expert_activation::ExpertActivation;
-use super::gated_delta::DeltaNetShape;
-use super::kda::KimiDeltaAttention;
+use super::kda::{KdaConfig, KimiDeltaAttention};
 use super::latent_moe::load_latent_attention;
 use super::mlp::Situ;
 use super::moe::{LatentProjection, MoeBlock, PROJ_NAMES};
 use super::parts::{check_shape, layer_tensor};
 use super::sigmoid_moe::{load_moonshot_moe, moonshot_moe_tensor_names};
-use crate::config::{FamilyParams, LatentConfig, LinearLayers, ModelConfig, MoeConfig, RouterKind};
+use crate::config::{FamilyParams, LatentConfig, ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use serde_json::Value;
@@ -45,7 +44,7 @@ pub struct KimiK3;
 /// The keys of a `kimi_k3` text configuration, with the reference's defaults.
 #[derive(serde::Deserialize)]
 struct KimiK3Keys {
-    linear_attn_config: LinearAttnConfig,
+    linear_attn_config: KdaConfig,
     #[serde(default = "situ")]
     hidden_act: String,
     #[serde(default)]
@@ -92,20 +91,6 @@ struct KimiK3Keys {
     latent_moe_use_norm: bool,
 }
 
-/// `linear_attn_config`: which layers are KDA, their heads and their variant.
-#[derive(serde::Deserialize)]
-struct LinearAttnConfig {
-    kda_layers: Vec<usize>,
-    num_heads: usize,
-    head_dim: usize,
-    #[serde(default = "four")]
-    short_conv_kernel_size: usize,
-    #[serde(default)]
-    gate_lower_bound: Option<f32>,
-    #[serde(default)]
-    use_full_rank_gate: bool,
-}
-
 /// What Kimi K3's blocks need beyond the shared configuration.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct KimiK3Params {
@@ -129,10 +114,6 @@ fn sixteen() -> usize {
 
 fn one() -> usize {
     1
-}
-
-fn four() -> usize {
-    4
 }
 
 fn one_f64() -> f64 {
@@ -173,20 +154,7 @@ impl Family for KimiK3 {
             return bad("attn_res_block_size and moe_layer_freq must be positive".into());
         }
         let la = &keys.linear_attn_config;
-        let shape = DeltaNetShape {
-            k_heads: la.num_heads,
-            v_heads: la.num_heads,
-            k_dim: la.head_dim,
-            v_dim: la.head_dim,
-            kernel: la.short_conv_kernel_size,
-        };
-        shape.validate()?;
-        config.attention.linear = Some(LinearLayers {
-            layers: (0..config.num_layers)
-                .map(|l| la.kda_layers.contains(&(l + 1)))
-                .collect(),
-            shape,
-        });
+        config.attention.linear = Some(la.layers(config.num_layers)?);
         let latent = LatentConfig {
             q_lora_rank: keys.q_lora_rank,
             kv_lora_rank: keys.kv_lora_rank,

@@ -16,13 +16,12 @@ use super::base::{
     gguf_part_in, DecoderLayer, Family, FeedForward, Mlp, SelfAttention, LAYER_TENSORS,
 };
 use super::config_keys::family_keys;
-use super::gated_delta::DeltaNetShape;
-use super::kda::KimiDeltaAttention;
+use super::kda::{KdaConfig, KimiDeltaAttention};
 use super::latent_moe::load_latent_attention;
 use super::moe::PROJ_NAMES;
 use super::parts::layer_tensor;
 use super::sigmoid_moe::{load_moonshot_moe, moonshot_moe_tensor_names};
-use crate::config::{LatentConfig, LinearLayers, ModelConfig, MoeConfig, RouterKind};
+use crate::config::{LatentConfig, ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use serde_json::Value;
@@ -33,7 +32,7 @@ pub struct KimiLinear;
 /// The keys of a `kimi_linear` config.json, with the reference's defaults.
 #[derive(serde::Deserialize)]
 struct KimiLinearKeys {
-    linear_attn_config: LinearAttnConfig,
+    linear_attn_config: KdaConfig,
     head_dim: usize,
     kv_lora_rank: usize,
     #[serde(default)]
@@ -64,22 +63,8 @@ struct KimiLinearKeys {
     topk_group: usize,
 }
 
-/// `linear_attn_config`: which layers are KDA, and their heads.
-#[derive(serde::Deserialize)]
-struct LinearAttnConfig {
-    kda_layers: Vec<usize>,
-    num_heads: usize,
-    head_dim: usize,
-    #[serde(default = "four")]
-    short_conv_kernel_size: usize,
-}
-
 fn one() -> usize {
     1
-}
-
-fn four() -> usize {
-    4
 }
 
 fn one_f64() -> f64 {
@@ -108,21 +93,7 @@ impl Family for KimiLinear {
                 keys.moe_router_activation_func, keys.moe_layer_freq
             ));
         }
-        let la = &keys.linear_attn_config;
-        let shape = DeltaNetShape {
-            k_heads: la.num_heads,
-            v_heads: la.num_heads,
-            k_dim: la.head_dim,
-            v_dim: la.head_dim,
-            kernel: la.short_conv_kernel_size,
-        };
-        shape.validate()?;
-        config.attention.linear = Some(LinearLayers {
-            layers: (0..config.num_layers)
-                .map(|l| la.kda_layers.contains(&(l + 1)))
-                .collect(),
-            shape,
-        });
+        config.attention.linear = Some(keys.linear_attn_config.layers(config.num_layers)?);
         let latent = LatentConfig {
             q_lora_rank: None,
             kv_lora_rank: keys.kv_lora_rank,
