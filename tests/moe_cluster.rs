@@ -480,6 +480,7 @@ const FAMILY_REPOS: &[(&str, &str, &str)] = &[
     ("shoal-fixtures/glm-5-tiny-4bit", "glm_moe_dsa", "q4"),
     ("shoal-fixtures/mistral-small-4-tiny-4bit", "mistral4", "q4"),
     ("shoal-fixtures/kimi-linear-tiny-4bit", "kimi_linear", "q4"),
+    ("shoal-fixtures/kimi-k3-tiny-4bit", "kimi_k3", "q4"),
     ("shoal-fixtures/nemotron-h-tiny-4bit", "nemotron_h", "q4"),
     (
         "shoal-fixtures/nemotron-3-super-tiny-4bit",

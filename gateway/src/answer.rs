@@ -80,6 +80,7 @@ impl Calls {
             Dialect::Glm => &dialects::glm::GRAMMAR,
             Dialect::MiniMax => &dialects::minimax::GRAMMAR,
             Dialect::Kimi => &dialects::kimi::GRAMMAR,
+            Dialect::KimiK3 => &dialects::kimi_k3::GRAMMAR,
             Dialect::DeepSeek => &dialects::deepseek::GRAMMAR,
             Dialect::Dsml => &dialects::dsml::GRAMMAR_V32,
             Dialect::DsmlV4 => &dialects::dsml::GRAMMAR_V4,

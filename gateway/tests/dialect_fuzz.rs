@@ -28,6 +28,14 @@ const FRAGMENTS: &[&str] = &[
     "<|tool_call_argument_begin|>",
     "<|tool_call_end|>",
     "<|tool_calls_section_end|>",
+    "<|open|>tools<|sep|>",
+    "<|open|>call tool=\"get_weather\"<|sep|>",
+    "<|open|>argument key=\"city\" type=\"string\"<|sep|>",
+    "<|close|>argument<|sep|>",
+    "<|open|>json type=\"object\"<|sep|>",
+    "<|close|>json<|sep|>",
+    "<|close|>call<|sep|>",
+    "<|close|>tools<|sep|>",
     "<｜tool▁calls▁begin｜>",
     "<｜tool▁call▁begin｜>",
     "<｜tool▁sep｜>",
@@ -61,6 +69,7 @@ const DIALECTS: &[Dialect] = &[
     Dialect::MiniMax,
     Dialect::Harmony,
     Dialect::Kimi,
+    Dialect::KimiK3,
     Dialect::DeepSeek,
 ];
 

@@ -418,7 +418,20 @@ fn a_sliding_window_model_reuses_what_its_cache_still_holds() {
 /// has folded in what follows). Both answer exactly as alone.
 #[test]
 fn a_hybrid_model_reuses_a_cached_state_only_where_it_ends() {
-    let dir = kit::dirs::family_fixture_dir("qwen3_5", "hf");
+    reuses_a_cached_state_only_where_it_ends("qwen3_5");
+}
+
+/// The same for Kimi K3: KDA states and the latent attention's cache restored together, the
+/// attention residuals' blocks made again from the restored caches' outputs.
+#[test]
+fn kimi_k3_reuses_a_cached_state_only_where_it_ends() {
+    reuses_a_cached_state_only_where_it_ends("kimi_k3");
+}
+
+/// A prompt-cache entry of family `family`'s f32 fixture, reused by a request that extends it
+/// and not by one that parts from it within (see the tests above).
+fn reuses_a_cached_state_only_where_it_ends(family: &str) {
+    let dir = kit::dirs::family_fixture_dir(family, "hf");
     assert!(
         dir.join("reference.safetensors").exists(),
         "{} is missing: run `cargo xtask setup`",

@@ -307,6 +307,54 @@ fn kimi_linear_4bit() {
     check("kimi_linear", "q4", WeightFormat::Quantized, 1e-3);
 }
 
+/// Kimi K3 as released (a vision-language checkpoint, the text model under `text_config`):
+/// fused-q/k/v KDA with a bounded decay and a full-rank gate on layers 1, 2 and 4, NoPE latent
+/// attention with a query bottleneck and an output gate on layer 3, attention residuals in
+/// blocks of 2 layers (the 2- and 3-stage splits at 1 and 2 hand the embedding's block to the
+/// next rank), SiTU in the dense MLP, the experts on a normed latent width and the shared
+/// expert.
+#[test]
+fn kimi_k3_hf_f32() {
+    check("kimi_k3", "hf", WeightFormat::F32, 1e-4);
+}
+
+#[test]
+fn kimi_k3_4bit() {
+    check("kimi_k3", "q4", WeightFormat::Quantized, 1e-3);
+}
+
+/// Kimi K3's attention residuals cross a pipeline cut: the activations a rank passes on carry
+/// the blocks stored so far after the hidden state (two hidden-wide slots for 4 layers in
+/// blocks of 2), so a cut at 3 hands layer 3 (which mixes blocks 0 and 2, then makes the
+/// output mix) everything it reads, and the logits stay mlx-lm's.
+#[test]
+fn kimi_k3_pipeline_carries_the_attention_residual_blocks() {
+    use common::family_check::{load, run_stages};
+    use common::reference::{fixture, worst, Reference};
+    for (layout, format, tolerance) in [
+        ("hf", WeightFormat::F32, 1e-4),
+        ("q4", WeightFormat::Quantized, 1e-3),
+    ] {
+        inference::cpu_kernels::round_x_to_int8(false);
+        let dir = fixture("kimi_k3", layout);
+        let reference = Reference::read(&dir);
+        for cut in [1, 3] {
+            let stages = [
+                load(&dir, Some(0..cut), format),
+                load(&dir, Some(cut..4), format),
+            ];
+            assert_eq!(stages[0].activation_width(), 3 * 128, "{layout}");
+            let (prefill, decode) = run_stages(&stages, &reference);
+            let worst = worst(&reference.prefill, &prefill).max(worst(&reference.decode, &decode));
+            println!("kimi_k3/{layout} cut at {cut}: {worst:.2e}");
+            assert!(
+                worst < tolerance,
+                "kimi_k3/{layout}: a cut at {cut} differs from mlx-lm by {worst}"
+            );
+        }
+    }
+}
+
 /// MiniMax M3 as released (a vision-language checkpoint, the text model under `text_config`):
 /// block-sparse attention on layers 0, 2 and 3 (blocks of 4, 2 read: the 12-token prompt's
 /// last queries and every decode step drop a block), a dense first layer, then sigmoid-routed

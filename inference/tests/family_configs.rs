@@ -42,6 +42,8 @@ const FOLDERS: &[(&str, &str)] = &[
     ("glm_moe_dsa", "hf"),
     ("mistral4", "q4"),
     ("kimi_linear", "q4"),
+    ("kimi_k3", "hf"),
+    ("kimi_k3", "q4"),
 ];
 
 /// The configuration keys the families read.
@@ -137,6 +139,12 @@ const KEYS: &[&str] = &[
     "num_shared_experts",
     "num_expert_group",
     "moe_renormalize",
+    "attn_res_block_size",
+    "routed_expert_hidden_size",
+    "latent_moe_use_norm",
+    "activation_situ_beta",
+    "activation_situ_linear_beta",
+    "mla_use_output_gate",
 ];
 
 /// What a key may be set to.

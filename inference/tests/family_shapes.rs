@@ -267,6 +267,65 @@ fn kimi_linear_configuration_reads_its_layer_kinds() {
     assert!(four.contains("2 Kimi Delta Attention heads"), "{four}");
 }
 
+/// What Kimi K3's configuration makes (read from `text_config`): KDA on the layers
+/// `kda_layers` names (from 1), a latent cache per position only for the attention layer, a
+/// fixed state per sequence for the KDA ones, the attention residuals' 2 blocks carried after
+/// the hidden state, the residual, gate and latent-expert weights among the names a pipeline
+/// rank fetches, and a tensor ring of 2 (4 would cut a KDA head).
+#[test]
+fn kimi_k3_configuration_reads_its_layer_kinds_and_blocks() {
+    use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
+    for layout in ["hf", "q4"] {
+        let dir = fixture("kimi_k3", layout);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        assert_eq!(config.architecture.key(), "kimi_k3");
+        let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
+        assert_eq!(linear, [true, true, false, true], "{layout}");
+        // One latent attention layer: the latent (64) and the unrotated key part (32), f32.
+        assert_eq!(
+            kv_bytes_per_token(&config, WeightFormat::F32),
+            (64 + 32) * 4
+        );
+        // 3 KDA layers: 3 kept inputs of 3 x 128 channels, 2 matrices of 64 x 64 (f32).
+        assert_eq!(
+            state_bytes_per_sequence(&config, WeightFormat::F32),
+            3 * (3 * 384 * 4 + 2 * 64 * 64 * 4)
+        );
+        let family = inference::models::family(config.architecture);
+        assert_eq!(family.carried_columns(&config), 2 * 128);
+        let moe = config.moe.as_ref().unwrap();
+        assert_eq!((moe.latent_width, moe.first_dense), (64, 1));
+        // Router 128 x 8, the 8 experts' three 64 x 128 matrices, the shared expert's three
+        // 128 x 128, the latent projections 2 x 128 x 64.
+        assert_eq!(
+            moe.parameters(128),
+            128 * 8 + 8 * 3 * 64 * 128 + 3 * 128 * 128 + 2 * 128 * 64
+        );
+        let names = inference::models::tensor_names(&config);
+        for name in [
+            "model.layers.0.self_attention_res.proj_weight",
+            "model.layers.3.mlp_res.norm_weight",
+            "model.output_attn_res.proj_weight",
+            "model.layers.2.self_attn.g_proj.weight",
+            "model.layers.2.self_attn.q_a_proj.weight",
+            "model.layers.1.block_sparse_moe.routed_expert_norm.weight",
+            "model.layers.3.self_attn.g_proj.weight",
+        ] {
+            assert!(
+                names.iter().any(|n| n == name),
+                "{layout}: {name} not named"
+            );
+        }
+        assert!(!names.iter().any(|n| n.contains("g_a_proj")), "{layout}");
+        assert_eq!(inference::tensor_split::tensor_refusal(&config, 2), None);
+        let four = inference::tensor_split::tensor_refusal(&config, 4).unwrap();
+        assert!(four.contains("2 Kimi Delta Attention heads"), "{four}");
+    }
+}
+
 /// What Nemotron-H's configuration allows a tensor ring: 2 ranks split the 4 Mamba-2 heads in
 /// their 2 groups, the attention heads and (at 4 bits) every width in whole groups of 64; 4
 /// would cut a group (each group's `B` and `C` are read by its heads alone) and are refused,

@@ -58,6 +58,21 @@ fn kimi_linear_4bit_two_ranks_match_mlx_lm() {
     family_ring_matches_mlx_lm("kimi_linear", "q4", 30);
 }
 
+/// Kimi K3 at 4 bits: Kimi Linear's cut (its fused q/k/v read as three, the full-rank gate
+/// by heads), the latent attention's output gate by heads, the experts at half width on the
+/// latent, whose norm reads the ring's sum (one all-sum with the shared expert's, as mlx-lm's
+/// `shard`); the attention residuals' blocks are the same on both ranks.
+#[test]
+fn kimi_k3_4bit_two_ranks_match_mlx_lm() {
+    family_ring_matches_mlx_lm("kimi_k3", "q4", 60);
+}
+
+/// The same in f32 (no quantization groups: the cut itself, to mlx-lm's 1e-4).
+#[test]
+fn kimi_k3_f32_two_ranks_match_mlx_lm() {
+    family_ring_matches_mlx_lm("kimi_k3", "hf", 61);
+}
+
 /// The hybrid families in f32 (no quantization groups: the cut itself, to mlx-lm's 1e-4).
 #[test]
 fn hybrid_families_f32_two_ranks_match_mlx_lm() {

@@ -516,6 +516,47 @@ FAMILIES = {
         "layouts": ["q4"],
         "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv", 0.5)],
     },
+    "kimi_k3": {
+        # Kimi K3 as released (a vision-language checkpoint): the text model under
+        # `text_config`, `language_model.*` weights. KDA on layers 1, 2 and 4 (1-based; its
+        # fused q/k/v, a full-rank output gate and the decay's lower bound), NoPE latent
+        # attention with a query bottleneck and an output gate on layer 3. Attention residuals
+        # in blocks of 2 layers: layers 0 and 2 start blocks, so a 2-stage cut at 1 or 3 must
+        # carry the earlier blocks to the next rank. A dense SiTU first layer, then
+        # sigmoid-routed SiTU experts on a latent width of 64 (with its norm) and a shared
+        # expert. Moonshot's layout: `block_sparse_moe.*` with w1/w2/w3 experts, `q_proj` ...
+        # and `q_conv1d` ... `[channels, 1, kernel]`, `kv_b_proj`, `*_res.proj_weight`. Every
+        # width a 2-rank tensor ring cuts is 128 and every input width a multiple of 64.
+        "config": {
+            "architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
+            "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "kimi_k3", "hidden_size": 128, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 256,
+                "rms_norm_eps": 1e-5, "hidden_act": "situ", "activation_situ_beta": 2.0,
+                "activation_situ_linear_beta": 1.5, "attn_res_block_size": 2,
+                "q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 64,
+                "qk_rope_head_dim": 32, "v_head_dim": 32, "mla_use_nope": True,
+                "mla_use_output_gate": True, "num_experts": 8, "num_experts_per_token": 2,
+                "num_shared_experts": 1, "moe_intermediate_size": 128,
+                "moe_router_activation_func": "sigmoid", "moe_renormalize": True,
+                "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+                "use_grouped_topk": True, "num_expert_group": 2, "topk_group": 1,
+                "routed_expert_hidden_size": 64, "latent_moe_use_norm": True,
+                "linear_attn_config": {
+                    "kda_layers": [1, 2, 4], "full_attn_layers": [3], "num_heads": 2,
+                    "head_dim": 64, "short_conv_kernel_size": 4, "gate_lower_bound": -5.0,
+                    "use_full_rank_gate": True,
+                },
+                "max_position_embeddings": 1048576, "tie_word_embeddings": False,
+            },
+            "vision_config": {"model_type": "kimi_k3_vision", "hidden_size": 64},
+        },
+        "layouts": ["q4"],
+        "std": [("A_log", 1.0), ("dt_bias", 1.0), ("conv", 0.5), ("res_proj", 0.15)],
+        # mlx-lm's quant_predicate keeps the attention residuals' projections in floats.
+        "float_layers": ("res_proj",),
+    },
     "minimax_m3_vl": {
         # MiniMax M3 as released (a vision-language checkpoint, `minimax_m3_vl`): the text
         # model under `text_config` and `language_model.*` weights; block-sparse attention on
@@ -882,6 +923,50 @@ def hf_kimi_linear(weights, cfg):
     return hf_deepseek_v3(out, cfg)
 
 
+# Kimi K3's attention residual weights as Moonshot stores them: `<src>.proj_weight` and
+# `<src>.norm_weight` (mlx-lm's `<src>_proj.weight`, `<src>_norm.weight`).
+KIMI_K3_RESIDUALS = ("self_attention_res", "mlp_res", "output_attn_res")
+
+
+def hf_kimi_k3(weights, cfg):
+    """Moonshot's layout of the text model under `language_model.`: Kimi Linear's (experts
+    w1/w2/w3 under `block_sparse_moe` with the latent projections, `kv_b_proj`, convolutions
+    `[channels, 1, kernel]`), the fused `qkv_proj` and `qkv_conv` split into `q/k/v_proj` and
+    `q/k/v_conv1d`, the residual weights as `<src>.proj_weight`/`norm_weight`; plus a vision
+    tower the text model never reads."""
+    text = cfg["text_config"]
+    inner = {k[len("language_model."):]: v for k, v in weights.items()}
+    out = {}
+    for key, value in inner.items():
+        if key.endswith(".self_attn.qkv_proj.weight"):
+            prefix = key[: -len("qkv_proj.weight")]
+            for c, part in zip("qkv", mx.split(value, 3, axis=0)):
+                out[f"{prefix}{c}_proj.weight"] = part
+            continue
+        if key.endswith(".self_attn.qkv_conv.conv.weight"):
+            prefix = key[: -len("qkv_conv.conv.weight")]
+            for c, part in zip("qkv", mx.split(value, 3, axis=0)):
+                out[f"{prefix}{c}_conv.conv.weight"] = part
+            continue
+        moe = key.split(".mlp.")
+        if len(moe) == 2 and moe[1].startswith(("routed_expert_", "switch_mlp.")):
+            key = f"{moe[0]}.block_sparse_moe.{moe[1]}"
+        for src in KIMI_K3_RESIDUALS:
+            for part in ("proj", "norm"):
+                if key.endswith(f"{src}_{part}.weight"):
+                    key = key[: -len(f"{src}_{part}.weight")] + f"{src}.{part}_weight"
+        out[key] = value
+    names = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+    out = unstack_experts(out, "block_sparse_moe.switch_mlp", "block_sparse_moe.experts",
+                          names)
+    # The router, its correction and the shared expert move with Kimi Linear's layout.
+    out = hf_kimi_linear(out, text)
+    out = {f"language_model.{k}": v for k, v in out.items()}
+    out["vision_tower.patch_embed.proj.weight"] = 0.05 * mx.random.normal(
+        (64, 3, 2, 2), key=key_for("kimi_k3", "vision_tower"))
+    return out
+
+
 HF_LAYOUT = {
     "qwen3_next": hf_qwen3_next,
     "qwen3_5": hf_qwen3_5,
@@ -903,6 +988,7 @@ HF_LAYOUT = {
     "glm_moe_dsa": hf_dsa("glm_moe_dsa"),
     "mistral4": hf_mistral4,
     "kimi_linear": hf_kimi_linear,
+    "kimi_k3": hf_kimi_k3,
     "minimax_m3_vl": hf_minimax_m3,
 }
 
@@ -997,13 +1083,15 @@ def copy_tokenizer(tokenizer, folder):
         shutil.copyfile(tokenizer / name, folder / name)
 
 
-def unquantized_layers(model):
+def unquantized_layers(model, kept=()):
     """Paths of layers that could be quantized but are not (what convert leaves behind when a
-    width is not a multiple of the group size)."""
-    return [p for p, m in model.named_modules() if hasattr(m, "to_quantized")]
+    width is not a multiple of the group size), except those the family's own quant_predicate
+    keeps in floats (`kept`: patterns of their paths)."""
+    return [p for p, m in model.named_modules()
+            if hasattr(m, "to_quantized") and not any(k in p for k in kept)]
 
 
-def quantized_folder(hf, out, layout, tokenizer):
+def quantized_folder(hf, out, layout, tokenizer, kept=()):
     bits, group, mode = {"q4": (4, 64, "affine"), "q8": (8, 64, "affine"),
                          "mxfp4": (4, 32, "mxfp4"), "mxfp8": (8, 32, "mxfp8")}[layout]
     # What mlx_lm.convert does (load lazily, quantize_model with the model's own
@@ -1012,7 +1100,7 @@ def quantized_folder(hf, out, layout, tokenizer):
     model, config = load_model(hf, lazy=True)
     with contextlib.redirect_stdout(io.StringIO()):  # its "[INFO] Quantized ..." line
         model, config = quantize_model(model, config, group, bits, mode=mode)
-    left = unquantized_layers(model)
+    left = unquantized_layers(model, kept)
     if left:
         raise SystemExit(f"{out}: layers left unquantized: {left}")
     out.mkdir(parents=True)
@@ -1064,7 +1152,8 @@ def build_family(family, root, tokenizer):
                     {"in_memory_max_abs_diff": float(f"{roundtrip:.3e}")})
     done = ["hf"]
     for layout in spec["layouts"]:
-        qconfig = quantized_folder(hf, out / layout, layout, tokenizer)
+        qconfig = quantized_folder(hf, out / layout, layout, tokenizer,
+                                   spec.get("float_layers", ()))
         write_reference(out / layout, family, layout, qconfig)
         done.append(layout)
     final = root / family

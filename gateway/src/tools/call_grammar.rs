@@ -145,7 +145,8 @@ fn call_text(opener: Opener, name: &str, index: Option<usize>) -> Option<(Vec<Pi
         | Opener::Dsml
         | Opener::DsmlV4
         | Opener::Gemma4
-        | Opener::MiniMaxM3 => return None,
+        | Opener::MiniMaxM3
+        | Opener::KimiK3 => return None,
     })
 }
 

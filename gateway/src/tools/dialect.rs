@@ -24,6 +24,9 @@ pub enum Dialect {
     Harmony,
     /// Kimi K2: `<|tool_calls_section_begin|>` sections of `functions.NAME:IDX` calls.
     Kimi,
+    /// Kimi K3's XTML: `<|open|>tools<|sep|>` sections of `<|open|>call tool="NAME"<|sep|>`
+    /// calls, arguments typed one by one or as one JSON object.
+    KimiK3,
     /// DeepSeek V3/V3.1/R1: `<｜tool▁calls▁begin｜>` ... `<｜tool▁sep｜>` ... calls.
     DeepSeek,
     /// DeepSeek V3.2: DSML `<｜DSML｜function_calls>` blocks of `invoke`s.
@@ -63,6 +66,7 @@ impl Dialect {
             ("<|channel|>", Dialect::Harmony),
             ("<minimax:tool_call>", Dialect::MiniMax),
             ("<|tool_calls_section_begin|>", Dialect::Kimi),
+            ("<|open|>", Dialect::KimiK3),
             ("tool▁calls▁begin", Dialect::DeepSeek),
             ("<arg_key>", Dialect::Glm),
             ("<|tool_call>call:", Dialect::Gemma4),
@@ -101,6 +105,10 @@ mod tests {
                 Dialect::MiniMax,
             ),
             ("<|tool_calls_section_begin|>{{ calls }}", Dialect::Kimi),
+            (
+                "{{- '<|open|>call tool=\"' ~ name ~ '\"<|sep|>' -}}",
+                Dialect::KimiK3,
+            ),
             (
                 "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'}}",
                 Dialect::DeepSeek,

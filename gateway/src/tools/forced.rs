@@ -60,6 +60,8 @@ pub enum Opener {
     Gemma4,
     /// MiniMax M3's marked `invoke`s.
     MiniMaxM3,
+    /// Kimi K3's XTML `call`s.
+    KimiK3,
 }
 
 impl Opener {
@@ -77,6 +79,7 @@ impl Opener {
             Dialect::DsmlV4 => Opener::DsmlV4,
             Dialect::Gemma4 => Opener::Gemma4,
             Dialect::MiniMaxM3 => Opener::MiniMaxM3,
+            Dialect::KimiK3 => Opener::KimiK3,
             Dialect::DeepSeek if template.contains("```json") => Opener::DeepSeekFenced,
             Dialect::DeepSeek => Opener::DeepSeek,
             Dialect::Common if template.contains("[TOOL_CALLS]") => {
@@ -116,6 +119,7 @@ impl Opener {
             Opener::DsmlV4 => "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"",
             Opener::Gemma4 => "<|tool_call>call:",
             Opener::MiniMaxM3 => "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"",
+            Opener::KimiK3 => "<|open|>tools<|sep|><|open|>call tool=\"",
         }
     }
 
@@ -154,6 +158,7 @@ impl Opener {
             Opener::Dsml | Opener::DsmlV4 => format!("{marker}{name}\">\n"),
             Opener::Gemma4 => format!("{marker}{name}{{"),
             Opener::MiniMaxM3 => format!("{marker}{name}\">"),
+            Opener::KimiK3 => format!("{marker}{name}\"<|sep|>"),
         }
     }
 }
@@ -242,7 +247,7 @@ pub fn apply(
 
 /// Every opener, for tests that go over the families.
 #[cfg(test)]
-pub(crate) const ALL_OPENERS: [Opener; 15] = [
+pub(crate) const ALL_OPENERS: [Opener; 16] = [
     Opener::Hermes,
     Opener::Llama,
     Opener::MistralList,
@@ -258,6 +263,7 @@ pub(crate) const ALL_OPENERS: [Opener; 15] = [
     Opener::DsmlV4,
     Opener::Gemma4,
     Opener::MiniMaxM3,
+    Opener::KimiK3,
 ];
 
 #[cfg(test)]
@@ -279,6 +285,7 @@ mod tests {
             Opener::DsmlV4 => Dialect::DsmlV4,
             Opener::Gemma4 => Dialect::Gemma4,
             Opener::MiniMaxM3 => Dialect::MiniMaxM3,
+            Opener::KimiK3 => Dialect::KimiK3,
             _ => Dialect::Common,
         }
     }
@@ -316,6 +323,10 @@ mod tests {
             Opener::MiniMaxM3 => {
                 "]<]minimax[>[<city>Paris]<]minimax[>[</city>]<]minimax[>[</invoke>\n\
                  ]<]minimax[>[</tool_call>"
+            }
+            Opener::KimiK3 => {
+                "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris\
+                 <|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
             }
         }
     }

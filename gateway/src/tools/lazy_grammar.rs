@@ -57,7 +57,7 @@ fn opening(opener: Opener) -> Option<(&'static str, Vec<Piece>)> {
             "<｜DSML｜tool_calls>",
             vec![text("\n<｜DSML｜invoke name=\"")],
         ),
-        Opener::Harmony | Opener::MiniMaxM3 | Opener::Gemma4 => return None,
+        Opener::Harmony | Opener::MiniMaxM3 | Opener::Gemma4 | Opener::KimiK3 => return None,
     })
 }
 

@@ -5,6 +5,7 @@
 //! tensor names; nothing here asks which family it serves.
 
 pub use super::attention::{Attention, HeadNorms, NormSpan};
+use super::attn_res::AttentionResiduals;
 pub use super::mlp::{GateActivation, Mlp};
 use super::moe::MoeBlock;
 pub(crate) use super::parts::{check_shape, gguf_part_in, layer_tensor, norm_weight};
@@ -354,6 +355,10 @@ pub struct DecoderLayer {
     /// feed-forward and before `output_scale`; its input comes as columns after the hidden
     /// state ([`super::per_layer_inputs`]). Boxed: most layers have none.
     pub(crate) per_layer: Option<Box<PerLayerGate>>,
+    /// Kimi K3's attention residuals: the block mixes earlier blocks' inputs, carried as
+    /// columns after the hidden state, in place of the running residual
+    /// ([`super::attn_res`]). Boxed: most layers have none.
+    pub(crate) residuals: Option<Box<AttentionResiduals>>,
 }
 
 /// Norms on a block's attention and feed-forward outputs (Gemma's `post_attention_layernorm`
@@ -414,6 +419,15 @@ impl DecoderLayer {
             output_norms: None,
             output_scale: None,
             per_layer: None,
+            residuals: None,
+        }
+    }
+
+    /// With attention residuals in place of the running residual.
+    pub(crate) fn with_attention_residuals(self, residuals: AttentionResiduals) -> DecoderLayer {
+        DecoderLayer {
+            residuals: Some(Box::new(residuals)),
+            ..self
         }
     }
 
@@ -460,6 +474,7 @@ impl DecoderLayer {
             output_scale: self.output_scale.clone(),
             // Whole on every rank: each has the same hidden state after the all-sums.
             per_layer: self.per_layer.clone(),
+            residuals: self.residuals.clone(),
         })
     }
 
@@ -478,6 +493,9 @@ impl DecoderLayer {
                 None => h,
             })
         };
+        if let Some(residuals) = &self.residuals {
+            return residuals.forward(self, x, segments);
+        }
         match &self.per_layer {
             Some(gate) => {
                 let (x, carried) = gate.split(x);
@@ -487,6 +505,18 @@ impl DecoderLayer {
             }
             None => scale(self.block(x, segments)?),
         }
+    }
+
+    /// The attention over `x`'s norm, without the residual.
+    pub(crate) fn attend(&self, x: &Array, segments: &mut [LayerKv<'_>]) -> Result<Array> {
+        let normed = crate::cpu_layer_ops::rms_norm(x, Some(&self.input_norm), self.eps)?;
+        self.attention.forward_segments(&normed, segments)
+    }
+
+    /// The feed-forward over `h`'s norm, without the residual.
+    pub(crate) fn feed_forward(&self, h: &Array) -> Result<Array> {
+        let normed = crate::cpu_layer_ops::rms_norm(h, Some(&self.post_attention_norm), self.eps)?;
+        self.ffn.forward(&normed)
     }
 
     /// The attention and feed-forward with their residuals, before any output scale.
@@ -499,9 +529,7 @@ impl DecoderLayer {
             }
             x.clone()
         } else {
-            let a = self
-                .attention
-                .forward_segments(&norm(x, &self.input_norm)?, segments)?;
+            let a = self.attend(x, segments)?;
             let a = match out {
                 Some(n) => norm(&a, &n.attention)?,
                 None => a,
@@ -511,7 +539,7 @@ impl DecoderLayer {
         let h = if let FeedForward::Absent = self.ffn {
             h
         } else {
-            let m = self.ffn.forward(&norm(&h, &self.post_attention_norm)?)?;
+            let m = self.feed_forward(&h)?;
             let m = match out {
                 Some(n) => norm(&m, &n.ffn)?,
                 None => m,
@@ -533,6 +561,7 @@ impl DecoderLayer {
         );
         v.extend(self.output_scale.iter());
         v.extend(self.per_layer.iter().flat_map(|g| g.arrays()));
+        v.extend(self.residuals.iter().flat_map(|r| r.arrays()));
         v
     }
 }

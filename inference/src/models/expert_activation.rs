@@ -26,6 +26,8 @@ pub enum ExpertActivation {
         /// `swiglu_limit` (7).
         limit: f32,
     },
+    /// Kimi K3's SiTU ([`super::mlp::Situ`]).
+    Situ(super::mlp::Situ),
 }
 
 impl ExpertActivation {
@@ -39,6 +41,7 @@ impl ExpertActivation {
             ExpertActivation::ClampedSwiGlu { alpha, limit } => {
                 super::mlp::clamped_swiglu(gate, up, alpha, limit)?
             }
+            ExpertActivation::Situ(situ) => situ.apply(gate, up)?,
         })
     }
 }

@@ -182,7 +182,11 @@ impl Experts {
         biases: Option<ExpertBiases>,
         activation: ExpertActivation,
     ) -> Result<Experts> {
-        let io = config.hidden_size;
+        // Experts on a latent projection (`MoeConfig::latent_width`) read and write it.
+        let io = match moe.latent_width {
+            0 => config.hidden_size,
+            latent => latent,
+        };
         Experts::new_in(moe, io, prefix, projections, biases, activation)
     }
 

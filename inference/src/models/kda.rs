@@ -6,9 +6,14 @@
 //!   depthwise convolution of `short_conv_kernel_size` and SiLU (kept here as one convolution
 //!   over the three concatenated, which is the same arithmetic), `q`, `k` l2-normalized;
 //! - the decay `g = exp(−exp(A_log)·softplus(f_b(f_a(x)) + dt_bias))`, one per head and key
-//!   channel, and the write strength `β = sigmoid(b_proj(x))`;
+//!   channel (Kimi K3's, with `gate_lower_bound` `lb`: `exp(lb·sigmoid(exp(A_log)·(a +
+//!   dt_bias)))`), and the write strength `β = sigmoid(b_proj(x))`;
 //! - `S ← g ⊙ S;  S ← S + k ⊗ β(v − S k);  y = S q`, then an RMS norm per head gated by
-//!   `sigmoid(g_b(g_a(x)))` and the output projection.
+//!   `sigmoid(g_b(g_a(x)))` (Kimi K3's full-rank gate: `sigmoid(g_proj(x))`) and the output
+//!   projection.
+//!
+//! Kimi K3's layers store the three projections as one `qkv_proj` and the three convolutions
+//! as one `qkv_conv` (mlx-lm's layout); they are read as the three.
 //!
 //! The state per sequence is Gated DeltaNet's ([`crate::kv_cache::RecurrentState`]: the last
 //! `kernel − 1` convolution inputs and one `[head_dim, head_dim]` matrix per head), so its
@@ -27,6 +32,47 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
 use std::sync::Arc;
 
+/// `linear_attn_config` of Moonshot's hybrids (Kimi Linear, Kimi K3): which layers are KDA
+/// (counted from 1), their heads, and Kimi K3's variant keys.
+#[derive(serde::Deserialize)]
+pub(crate) struct KdaConfig {
+    kda_layers: Vec<usize>,
+    num_heads: usize,
+    head_dim: usize,
+    #[serde(default = "four")]
+    short_conv_kernel_size: usize,
+    /// Kimi K3's decay bound (see the module docs).
+    #[serde(default)]
+    pub(crate) gate_lower_bound: Option<f32>,
+    /// Kimi K3's full-rank output gate `g_proj`.
+    #[serde(default)]
+    pub(crate) use_full_rank_gate: bool,
+}
+
+fn four() -> usize {
+    4
+}
+
+impl KdaConfig {
+    /// Which of a model's `layers` layers are KDA, and their shape (checked).
+    pub(crate) fn layers(&self, layers: usize) -> Result<crate::config::LinearLayers> {
+        let shape = DeltaNetShape {
+            k_heads: self.num_heads,
+            v_heads: self.num_heads,
+            k_dim: self.head_dim,
+            v_dim: self.head_dim,
+            kernel: self.short_conv_kernel_size,
+        };
+        shape.validate()?;
+        Ok(crate::config::LinearLayers {
+            layers: (0..layers)
+                .map(|l| self.kda_layers.contains(&(l + 1)))
+                .collect(),
+            shape,
+        })
+    }
+}
+
 /// One KDA layer (see the module docs).
 #[derive(Debug, Clone)]
 pub struct KimiDeltaAttention {
@@ -37,8 +83,9 @@ pub struct KimiDeltaAttention {
     /// The decay's low-rank input, `f_a_proj` then `f_b_proj`.
     pub(super) f: [Linear; 2],
     pub(super) b_proj: Linear,
-    /// The output gate's low-rank projection, `g_a_proj` then `g_b_proj`.
-    pub(super) gate: [Linear; 2],
+    /// The output gate's projections applied in turn, the last one per head: `g_a_proj` then
+    /// `g_b_proj`, or Kimi K3's full-rank `g_proj` alone.
+    pub(super) gate: Vec<Linear>,
     /// `A_log`, `[heads, 1]`, float32.
     pub(super) a_log: Array,
     /// `[heads, head_dim]`.
@@ -48,11 +95,13 @@ pub struct KimiDeltaAttention {
     pub(super) shape: DeltaNetShape,
     pub(super) eps: f32,
     pub(super) reduce: Option<Arc<RingGroup>>,
+    /// Kimi K3's `gate_lower_bound` (the decay's other form, see the module docs).
+    pub(super) lower_bound: Option<f32>,
 }
 
 /// The names of a KDA layer's tensors under `self_attn.` in Moonshot's layout (mlx-lm's names
 /// for the convolutions are `{q,k,v}_conv.conv.weight`, and its `dt_bias` is flat).
-const TENSORS: [&str; 15] = [
+const TENSORS: [&str; 13] = [
     "q_proj.weight",
     "k_proj.weight",
     "v_proj.weight",
@@ -62,8 +111,6 @@ const TENSORS: [&str; 15] = [
     "f_a_proj.weight",
     "f_b_proj.weight",
     "b_proj.weight",
-    "g_a_proj.weight",
-    "g_b_proj.weight",
     "A_log",
     "dt_bias",
     "o_norm.weight",
@@ -83,23 +130,42 @@ impl KimiDeltaAttention {
         let p = |part: &str| layer_tensor(layer, &format!("self_attn.{part}"));
         let (heads, dim) = (shape.v_heads, shape.v_dim);
         let width = heads * dim;
+        let fused_qkv = source.contains(&p("qkv_proj.weight"));
+        let full_rank_gate = source.contains(&p("g_proj.weight"));
         let mut proj = |part: &str, rows: usize| -> Result<Linear> {
             let linear = source.linear(&p(part), format)?;
             check_shape(&linear.weight, &p(part), rows)?;
             Ok(linear)
         };
-        let qkv = [
-            proj("q_proj", width)?,
-            proj("k_proj", width)?,
-            proj("v_proj", width)?,
-        ];
+        let qkv = if fused_qkv {
+            let fused = proj("qkv_proj", 3 * width)?;
+            let third = |i: usize| fused.slice_rows(i * width, (i + 1) * width);
+            [third(0)?, third(1)?, third(2)?]
+        } else {
+            [
+                proj("q_proj", width)?,
+                proj("k_proj", width)?,
+                proj("v_proj", width)?,
+            ]
+        };
         let f = [proj("f_a_proj", dim)?, proj("f_b_proj", width)?];
         let b_proj = proj("b_proj", heads)?;
-        let gate = [proj("g_a_proj", dim)?, proj("g_b_proj", width)?];
+        let gate = if full_rank_gate {
+            vec![proj("g_proj", width)?]
+        } else {
+            vec![proj("g_a_proj", dim)?, proj("g_b_proj", width)?]
+        };
         let o_proj = proj("o_proj", hidden)?;
         let dtype = format.compute_dtype();
+        let fused_conv = p("qkv_conv.conv.weight");
+        let parts: &[&str] = if source.contains(&fused_conv) {
+            &["qkv"]
+        } else {
+            &["q", "k", "v"]
+        };
         let mut convs = Vec::with_capacity(3);
-        for c in ["q", "k", "v"] {
+        for &c in parts {
+            let width = width * c.len();
             let (hf, mlx) = (
                 p(&format!("{c}_conv1d.weight")),
                 p(&format!("{c}_conv.conv.weight")),
@@ -145,14 +211,31 @@ impl KimiDeltaAttention {
             shape,
             eps,
             reduce: None,
+            lower_bound: None,
         })
     }
 
-    /// Hugging Face names of layer `layer`'s KDA tensors.
-    pub(crate) fn tensor_names(layer: usize) -> impl Iterator<Item = String> {
+    /// With Kimi K3's decay, bounded below by `exp(lower_bound)` (none: Kimi Linear's).
+    pub(crate) fn with_lower_bound(self, lower_bound: Option<f32>) -> KimiDeltaAttention {
+        KimiDeltaAttention {
+            lower_bound,
+            ..self
+        }
+    }
+
+    /// Hugging Face names of layer `layer`'s KDA tensors, its output gate low-rank or
+    /// `full_rank_gate` (Kimi K3's `use_full_rank_gate`).
+    pub(crate) fn tensor_names(layer: usize, full_rank_gate: bool) -> Vec<String> {
+        let gate: &[&str] = if full_rank_gate {
+            &["g_proj.weight"]
+        } else {
+            &["g_a_proj.weight", "g_b_proj.weight"]
+        };
         TENSORS
             .iter()
-            .map(move |t| layer_tensor(layer, &format!("self_attn.{t}")))
+            .chain(gate)
+            .map(|t| layer_tensor(layer, &format!("self_attn.{t}")))
+            .collect()
     }
 
     /// The layer over several sequences' new positions, each on its own cache (see
@@ -191,7 +274,11 @@ impl KimiDeltaAttention {
         } else {
             ops::concatenate(&outs, 1)?
         };
-        let gate = per_head(self.gate[1].forward(&self.gate[0].forward(x)?)?)?;
+        let mut gate = x.clone();
+        for g in &self.gate {
+            gate = g.forward(&gate)?;
+        }
+        let gate = per_head(gate)?;
         let normed = crate::cpu_layer_ops::rms_norm(&out, Some(&self.o_norm), self.eps)?;
         let gated = ops::multiply(&normed, &ops::sigmoid(&gate)?)?.reshape(&[1, n, -1])?;
         all_sum(self.o_proj.forward(&gated)?, &self.reduce)
@@ -212,7 +299,10 @@ impl KimiDeltaAttention {
         };
         let (q, k) = normalize_qk(&heads(0)?, &heads(1)?, s.k_dim)?;
         let v = heads(2)?;
-        let g = decay(&self.a_log, a, &self.dt_bias)?;
+        let g = match self.lower_bound {
+            Some(bound) => bounded_decay(&self.a_log, a, &self.dt_bias, bound)?,
+            None => decay(&self.a_log, a, &self.dt_bias)?,
+        };
         let beta = ops::sigmoid(b)?;
         let (ys, matrix) = delta_rule(&q, &k, &v, &g, &beta, matrix)?;
         cache.set_state(
@@ -238,4 +328,13 @@ impl KimiDeltaAttention {
         v.extend([&self.conv, &self.a_log, &self.dt_bias, &self.o_norm]);
         v
     }
+}
+
+/// Kimi K3's decay `exp(lower_bound · sigmoid(exp(A_log) · (a + dt_bias)))`, float32, per head
+/// and key channel (mlx-lm's `compute_lower_bound_g`).
+fn bounded_decay(a_log: &Array, a: &Array, dt_bias: &Array, lower_bound: f32) -> Result<Array> {
+    let a = a.as_dtype(Dtype::Float32)?;
+    let rate = ops::multiply(&ops::exp(a_log)?, &ops::add(&a, dt_bias)?)?;
+    let bound = Array::from_f32(lower_bound);
+    Ok(ops::exp(&ops::multiply(&ops::sigmoid(&rate)?, &bound)?)?)
 }

@@ -17,13 +17,12 @@ use super::base::{
     LAYER_TENSORS,
 };
 use super::config_keys::family_keys;
-use super::gated_delta::DeltaNetShape;
-use super::kda::KimiDeltaAttention;
+use super::kda::{KdaConfig, KimiDeltaAttention};
 use super::latent_moe::load_latent_attention;
-use super::moe::{MoeBlock, PROJ_NAMES};
+use super::moe::PROJ_NAMES;
 use super::parts::layer_tensor;
-use super::sigmoid_moe::load_sigmoid_moe_named;
-use crate::config::{LatentConfig, LinearLayers, ModelConfig, MoeConfig, RouterKind};
+use super::sigmoid_moe::{load_moonshot_moe, moonshot_moe_tensor_names};
+use crate::config::{LatentConfig, ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use serde_json::Value;
@@ -31,13 +30,10 @@ use serde_json::Value;
 /// The Kimi Linear family.
 pub struct KimiLinear;
 
-/// Moonshot's names of the experts' projections (gate, up, down).
-const EXPERT_NAMES: [&str; 3] = ["w1", "w3", "w2"];
-
 /// The keys of a `kimi_linear` config.json, with the reference's defaults.
 #[derive(serde::Deserialize)]
 struct KimiLinearKeys {
-    linear_attn_config: LinearAttnConfig,
+    linear_attn_config: KdaConfig,
     head_dim: usize,
     kv_lora_rank: usize,
     #[serde(default)]
@@ -68,22 +64,8 @@ struct KimiLinearKeys {
     topk_group: usize,
 }
 
-/// `linear_attn_config`: which layers are KDA, and their heads.
-#[derive(serde::Deserialize)]
-struct LinearAttnConfig {
-    kda_layers: Vec<usize>,
-    num_heads: usize,
-    head_dim: usize,
-    #[serde(default = "four")]
-    short_conv_kernel_size: usize,
-}
-
 fn one() -> usize {
     1
-}
-
-fn four() -> usize {
-    4
 }
 
 fn one_f64() -> f64 {
@@ -137,21 +119,7 @@ impl Family for KimiLinear {
                 keys.moe_router_activation_func, keys.moe_layer_freq
             ));
         }
-        let la = &keys.linear_attn_config;
-        let shape = DeltaNetShape {
-            k_heads: la.num_heads,
-            v_heads: la.num_heads,
-            k_dim: la.head_dim,
-            v_dim: la.head_dim,
-            kernel: la.short_conv_kernel_size,
-        };
-        shape.validate()?;
-        config.attention.linear = Some(LinearLayers {
-            layers: (0..config.num_layers)
-                .map(|l| la.kda_layers.contains(&(l + 1)))
-                .collect(),
-            shape,
-        });
+        config.attention.linear = Some(keys.linear_attn_config.layers(config.num_layers)?);
         let latent = LatentConfig {
             q_lora_rank: None,
             kv_lora_rank: keys.kv_lora_rank,
@@ -230,7 +198,7 @@ impl Family for KimiLinear {
             )?)
         };
         let ffn = if moe.is_moe_layer(layer) {
-            FeedForward::Experts(load_moe(config, moe, source, layer, format)?)
+            FeedForward::Experts(load_moonshot_moe(config, moe, source, layer, format)?.0)
         } else {
             FeedForward::Dense(Mlp::load(config, source, layer, format)?)
         };
@@ -239,7 +207,7 @@ impl Family for KimiLinear {
 
     fn layer_tensor_names(&self, config: &ModelConfig, layer: usize) -> Vec<String> {
         let mut names: Vec<String> = if config.is_linear_layer(layer) {
-            KimiDeltaAttention::tensor_names(layer).collect()
+            KimiDeltaAttention::tensor_names(layer, false)
         } else {
             [
                 "q_proj",
@@ -256,21 +224,7 @@ impl Family for KimiLinear {
             names.push(layer_tensor(layer, &format!("{norm}.weight")));
         }
         match config.moe.as_ref().filter(|m| m.is_moe_layer(layer)) {
-            Some(moe) => {
-                let p = |part: &str| layer_tensor(layer, &format!("block_sparse_moe.{part}"));
-                names.push(p("gate.weight"));
-                names.push(p("gate.e_score_correction_bias"));
-                for e in 0..moe.num_experts {
-                    for w in EXPERT_NAMES {
-                        names.push(p(&format!("experts.{e}.{w}.weight")));
-                    }
-                }
-                if moe.shared_width > 0 {
-                    for proj in PROJ_NAMES {
-                        names.push(p(&format!("shared_experts.{proj}.weight")));
-                    }
-                }
-            }
+            Some(moe) => names.extend(moonshot_moe_tensor_names(moe, layer)),
             None => {
                 for proj in PROJ_NAMES {
                     names.push(layer_tensor(layer, &format!("mlp.{proj}.weight")));
@@ -283,36 +237,6 @@ impl Family for KimiLinear {
     fn tensor_divisors(&self, config: &ModelConfig) -> Vec<crate::tensor_divisors::TensorDivisor> {
         super::recurrent_split::linear_divisors(config, super::recurrent_split::RecurrentKind::Kda)
     }
-}
-
-/// Layer `layer`'s experts: Moonshot's `block_sparse_moe` (its router, correction, per-expert
-/// `w1`/`w3`/`w2` and shared expert) or mlx-community's `mlp` (`switch_mlp`, the correction
-/// beside the router).
-fn load_moe(
-    config: &ModelConfig,
-    moe: &MoeConfig,
-    source: &mut dyn TensorSource,
-    layer: usize,
-    format: WeightFormat,
-) -> Result<MoeBlock> {
-    let moonshot = layer_tensor(layer, "block_sparse_moe");
-    let (prefix, correction) = if source.contains(&format!("{moonshot}.gate.weight")) {
-        let c = format!("{moonshot}.gate.e_score_correction_bias");
-        (moonshot, c)
-    } else {
-        let mlp = layer_tensor(layer, "mlp");
-        let c = format!("{mlp}.e_score_correction_bias");
-        (mlp, c)
-    };
-    load_sigmoid_moe_named(
-        config,
-        moe,
-        source,
-        &prefix,
-        Some(&correction),
-        EXPERT_NAMES,
-        format,
-    )
 }
 
 impl GgufNames for KimiLinear {

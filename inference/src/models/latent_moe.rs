@@ -171,6 +171,11 @@ pub(crate) fn load_latent_attention(
         reduce: None,
         indexer,
         position_scale: latent.position_scale,
+        // Kimi K3's output gate, where the checkpoint has one.
+        gate: match source.contains(&format!("{}.weight", p("g_proj"))) {
+            true => Some(source.linear(&p("g_proj"), format)?),
+            false => None,
+        },
     })
 }
 

@@ -228,6 +228,9 @@ pub struct LatentAttention {
     pub(crate) indexer: Option<Box<Indexer>>,
     /// Llama 4's attention scale on the queries by position (Mistral 4).
     pub(crate) position_scale: Option<PositionScale>,
+    /// Kimi K3's output gate `g_proj` (`[heads · v_head_dim, hidden]`): the heads' outputs
+    /// are scaled by `sigmoid(g_proj(x))` before `o_proj`.
+    pub(crate) gate: Option<Linear>,
 }
 
 /// Llama 4's attention scale (Mistral 4): the queries at position p are multiplied by
@@ -332,6 +335,10 @@ impl LatentAttention {
             l,
             self.num_heads * s.v_head_dim as i32,
         ])?;
+        let o = match &self.gate {
+            Some(g) => ops::multiply(&o, &ops::sigmoid(&g.forward(x)?)?)?,
+            None => o,
+        };
         all_sum(self.o_proj.forward(&o)?, &self.reduce)
     }
 
@@ -526,6 +533,10 @@ impl LatentAttention {
             reduce: Some(group.clone()),
             indexer: self.indexer.clone(),
             position_scale: self.position_scale,
+            gate: match &self.gate {
+                Some(g) => Some(g.slice_rows(h0 * v, h1 * v)?),
+                None => None,
+            },
         })
     }
 
@@ -540,6 +551,7 @@ impl LatentAttention {
         if let Some(indexer) = &self.indexer {
             v.extend(indexer.arrays());
         }
+        v.extend(self.gate.iter().flat_map(Linear::arrays));
         v
     }
 }

@@ -33,6 +33,37 @@ pub enum GateActivation {
         /// `swiglu_limit` (7).
         limit: f32,
     },
+    /// Kimi K3's SiTU: `beta·tanh(gate/beta)·sigmoid(gate) · up`, `up` first squashed to
+    /// `linear_beta·tanh(up/linear_beta)` when the family sets it; in float32.
+    Situ(Situ),
+}
+
+/// The constants of Kimi K3's SiTU (`activation_situ_beta`, `activation_situ_linear_beta`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Situ {
+    /// The gate's bound, `beta·tanh(gate/beta)` (1 when the configuration leaves it out).
+    pub beta: f32,
+    /// The bound on the up projection, none when absent.
+    pub linear_beta: Option<f32>,
+}
+
+impl Situ {
+    /// `up` gated by `gate` (each `[..., width]`), computed in float32 as mlx-lm's `_situ`
+    /// and returned in `up`'s dtype.
+    pub(crate) fn apply(self, gate: Array, up: Array) -> Result<Array> {
+        let dtype = up.dtype();
+        let f32 = mlx_rs::Dtype::Float32;
+        let (gate, mut up) = (gate.as_dtype(f32)?, up.as_dtype(f32)?);
+        let bounded = |x: &Array, bound: f32| -> Result<Array> {
+            let b = Array::from_f32(bound);
+            Ok(ops::multiply(&ops::tanh(&ops::divide(x, &b)?)?, &b)?)
+        };
+        let a = ops::multiply(&bounded(&gate, self.beta)?, &ops::sigmoid(&gate)?)?;
+        if let Some(lb) = self.linear_beta {
+            up = bounded(&up, lb)?;
+        }
+        Ok(ops::multiply(&a, &up)?.as_dtype(dtype)?)
+    }
 }
 
 /// gpt-oss's clamped SwiGLU of `gate` and `up` (see [`GateActivation::ClampedSwiGlu`]).
@@ -135,6 +166,7 @@ impl Mlp {
             GateActivation::ClampedSwiGlu { alpha, limit } => {
                 clamped_swiglu(gate, up, alpha, limit)?
             }
+            GateActivation::Situ(situ) => situ.apply(gate, up)?,
         };
         all_sum(self.down_proj.forward(&h)?, &self.reduce)
     }

@@ -4,7 +4,8 @@
 //! [`minimax`], [`deepseek_v3`] with its latent attention [`mla`] (sparse in [`deepseek_v32`] and
 //! [`glm_moe_dsa`], through the indexer [`dsa_indexer`]), [`qwen3_5`], [`qwen3_5_moe`],
 //! [`qwen3_next`] with their hybrid layers `hybrid` and Gated DeltaNet [`gated_delta`],
-//! [`kimi_linear`] with Kimi Delta Attention [`kda`]), the
+//! [`kimi_linear`] with Kimi Delta Attention [`kda`], [`kimi_k3`] with attention residuals
+//! [`attn_res`]), the
 //! Mixture-of-Experts feed-forward the MoE families share ([`moe`]; Qwen3-Next's sparse block
 //! with its gated shared expert in `sparse_moe`), and the shard that runs a layer range of any
 //! of them ([`shard`]), cut for tensor parallelism in [`tensor_parallel`].
@@ -16,6 +17,7 @@
 //! the MLP, experts and their routers, the sigmoid-routed MoE) are a library they call.
 
 pub mod attention;
+pub mod attn_res;
 pub mod base;
 pub mod block_index;
 pub(crate) mod config_keys;
@@ -37,6 +39,7 @@ pub mod gpt_oss;
 mod hybrid;
 pub mod image_processor;
 pub mod kda;
+pub mod kimi_k3;
 pub mod kimi_linear;
 mod latent_moe;
 pub mod llama;

@@ -10,7 +10,7 @@
 
 pub use super::experts::{ExpertActivation, ExpertBiases, Experts};
 pub(crate) use super::experts::{ExpertNames, PROJ_NAMES};
-use super::mlp::Mlp;
+use super::mlp::{GateActivation, Mlp};
 use super::parts::layer_tensor;
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
@@ -57,6 +57,9 @@ pub(crate) struct LatentProjection {
     pub(crate) down: Linear,
     /// Latent to hidden (`fc2_latent_proj`).
     pub(crate) up: Linear,
+    /// An RMS norm's weight on the experts' weighted sum before `up`, with its epsilon (Kimi
+    /// K3's `routed_expert_norm`); `None` for none.
+    pub(crate) norm: Option<(Array, f32)>,
 }
 
 impl MoeBlock {
@@ -168,6 +171,20 @@ impl MoeBlock {
         }
     }
 
+    /// The block with its experts combining gate and up by `experts` and its shared expert
+    /// gating by `shared` (Kimi K3's SiTU on both).
+    pub(crate) fn with_activations(
+        self,
+        experts: ExpertActivation,
+        shared: GateActivation,
+    ) -> Self {
+        MoeBlock {
+            experts: self.experts.with_activation(experts),
+            shared: self.shared.map(|m| Box::new(m.with_activation(shared))),
+            ..self
+        }
+    }
+
     /// The block with each expert's routing weight multiplied by `scale[expert]`
     /// (`[experts]`).
     pub(crate) fn with_expert_scale(self, scale: Array) -> MoeBlock {
@@ -260,21 +277,60 @@ impl MoeBlock {
             Some(latent) => self.experts.forward(&latent.down.forward(x)?, &picked)?,
             None => self.experts.forward(x, &picked)?,
         };
-        let mut y = ops::multiply(&y, &weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
-        if let Some(latent) = &self.latent {
-            y = latent.up.forward(&y)?;
-        }
-        if let Some(shared) = &self.shared {
-            let mut s = shared.forward(x)?;
-            if let Some(gate) = &self.shared_gate {
-                s = ops::multiply(&s, &ops::sigmoid(&gate.forward(x)?)?)?;
+        let y = ops::multiply(&y, &weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        let shared = match &self.shared {
+            Some(shared) => {
+                let mut s = shared.forward(x)?;
+                if let Some(gate) = &self.shared_gate {
+                    s = ops::multiply(&s, &ops::sigmoid(&gate.forward(x)?)?)?;
+                }
+                Some(s)
             }
+            None => None,
+        };
+        if let Some(LatentProjection {
+            norm: Some((norm, eps)),
+            up,
+            ..
+        }) = self.latent.as_deref()
+        {
+            // A norm is not linear: the ring adds the experts' partial sums (with the shared
+            // expert's, in the same all-sum, as mlx-lm's `shard` does) before it.
+            let (y, shared) = self.reduce_latent(y, shared)?;
+            let y = up.forward(&crate::cpu_layer_ops::rms_norm(&y, Some(norm), *eps)?)?;
+            return Ok(match shared {
+                Some(s) => ops::add(&y, &s)?,
+                None => y,
+            });
+        }
+        let mut y = match &self.latent {
+            Some(latent) => latent.up.forward(&y)?,
+            None => y,
+        };
+        if let Some(s) = shared {
             y = ops::add(&y, &s)?;
         }
         match &self.reduce {
             Some(group) => Ok(group.all_sum(&y)?),
             None => Ok(y),
         }
+    }
+
+    /// The experts' latent sum and the shared expert's output, each summed over the ring
+    /// (one all-sum of the two side by side); as they are without one.
+    fn reduce_latent(&self, y: Array, shared: Option<Array>) -> Result<(Array, Option<Array>)> {
+        let Some(group) = &self.reduce else {
+            return Ok((y, shared));
+        };
+        let Some(s) = shared else {
+            return Ok((group.all_sum(&y)?, None));
+        };
+        let split = *y.shape().last().unwrap_or(&0);
+        let both = group.all_sum(&ops::concatenate(&[y, s], -1)?)?;
+        Ok((
+            both.index((.., .., ..split)),
+            Some(both.index((.., .., split..))),
+        ))
     }
 
     /// Rank `rank`'s slice of a `size`-way tensor-parallel instance over `group`.
@@ -311,17 +367,20 @@ impl MoeBlock {
             reduce: Some(group.clone()),
             expert_scale: self.expert_scale.clone(),
             // Whole on every rank: `up` is linear, so each rank lifts its partial sum and the
-            // ring adds them; its bias, added by every rank, is divided among them.
+            // ring adds them; its bias, added by every rank, is divided among them. With a
+            // norm before `up` the ring adds the latent sums first and every rank lifts the
+            // whole sum, bias and all.
             latent: match &self.latent {
                 Some(l) => Some(Box::new(LatentProjection {
                     down: l.down.clone(),
                     up: Linear {
                         weight: l.up.weight.clone(),
-                        bias: match &l.up.bias {
-                            Some(b) => Some(ops::divide(b, Array::from_f32(size as f32))?),
-                            None => None,
+                        bias: match (&l.up.bias, &l.norm) {
+                            (Some(b), None) => Some(ops::divide(b, Array::from_f32(size as f32))?),
+                            (bias, _) => bias.clone(),
                         },
                     },
+                    norm: l.norm.clone(),
                 })),
                 None => None,
             },
@@ -339,6 +398,7 @@ impl MoeBlock {
         if let Some(l) = &self.latent {
             v.extend(l.down.arrays());
             v.extend(l.up.arrays());
+            v.extend(l.norm.iter().map(|(w, _)| w));
         }
         v
     }

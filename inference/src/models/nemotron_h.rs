@@ -490,7 +490,11 @@ fn load_moe(
             super::parts::check_shape(&down.weight, &format!("{mixer}.fc1_latent_proj"), width)?;
             let hidden = config.hidden_size;
             super::parts::check_shape(&up.weight, &format!("{mixer}.fc2_latent_proj"), hidden)?;
-            Some(LatentProjection { down, up })
+            Some(LatentProjection {
+                down,
+                up,
+                norm: None,
+            })
         }
         None => None,
     };

@@ -193,7 +193,11 @@ impl KimiDeltaAttention {
         let channels = section_rows(&[width, width, width], rank, size);
         let [q, k, v] = &self.qkv;
         let [f_a, f_b] = &self.f;
-        let [g_a, g_b] = &self.gate;
+        // The gate's last projection is per head; a low-rank first one stays whole.
+        let mut gate = self.gate.clone();
+        if let Some(last) = gate.last_mut() {
+            *last = share_rows(last, rank, size)?;
+        }
         Ok(KimiDeltaAttention {
             qkv: [
                 share_rows(q, rank, size)?,
@@ -203,7 +207,7 @@ impl KimiDeltaAttention {
             conv: take_rows(&self.conv, &channels)?,
             f: [f_a.clone(), share_rows(f_b, rank, size)?],
             b_proj: share_rows(&self.b_proj, rank, size)?,
-            gate: [g_a.clone(), share_rows(g_b, rank, size)?],
+            gate,
             a_log: share(&self.a_log, rank, size)?,
             dt_bias: share(&self.dt_bias, rank, size)?,
             o_norm: self.o_norm.clone(),
@@ -215,6 +219,7 @@ impl KimiDeltaAttention {
             },
             eps: self.eps,
             reduce: Some(group.clone()),
+            lower_bound: self.lower_bound,
         })
     }
 }

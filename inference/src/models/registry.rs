@@ -9,7 +9,7 @@ use super::{
     deepseek_v3, gemma3, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax, qwen2, qwen3, qwen3_5,
     qwen3_5_moe, qwen3_moe, qwen3_next,
 };
-use super::{deepseek_v32, glm_moe_dsa, kimi_linear, mistral4};
+use super::{deepseek_v32, glm_moe_dsa, kimi_k3, kimi_linear, mistral4};
 use super::{gemma4_text, llama4_text, minimax_m3, nemotron_h, step3p5};
 use crate::error::{InferenceError, Result};
 
@@ -36,6 +36,7 @@ pub const FAMILIES: &[(&str, &dyn Family)] = &[
     ("glm_moe_dsa", &glm_moe_dsa::GlmMoeDsa),
     ("mistral4", &mistral4::Mistral4),
     ("kimi_linear", &kimi_linear::KimiLinear),
+    ("kimi_k3", &kimi_k3::KimiK3),
     ("minimax_m3_vl", &minimax_m3::MiniMaxM3),
 ];
 
@@ -58,13 +59,7 @@ pub const MODEL_REMAPPING: &[(&str, &str)] = &[
 
 /// `model_type`s of 2026 releases mlx-lm runs that shoal does not yet, with what is missing:
 /// the refusal says so rather than only listing what loads.
-pub const NOT_YET: &[(&str, &str)] = &[(
-    "kimi_k3",
-    "Kimi K3's attention residuals (each layer mixes the outputs of earlier blocks, which a \
-         pipeline must carry between ranks), its SiTU experts in a latent space and its KDA \
-         variant are not implemented yet; Kimi Linear (`kimi_linear`) and Kimi K2 (`kimi_k2`) \
-         load",
-)];
+pub const NOT_YET: &[(&str, &str)] = &[];
 
 /// The registry key of a `model_type` (after mlx-lm's remapping) or GGUF architecture name.
 pub fn resolve(name: &str) -> Result<&'static str> {
@@ -133,11 +128,7 @@ mod tests {
         }
         assert!(err.contains("minimax_m2"), "{err}");
         assert!(err.contains("`gpt_neox`"), "{err}");
-        let k3 = resolve("kimi_k3").unwrap_err().to_string();
-        assert!(
-            k3.contains("attention residuals") && k3.contains("kimi_linear"),
-            "{k3}"
-        );
+        assert_eq!(resolve("kimi_k3").unwrap(), "kimi_k3");
     }
 
     #[test]

@@ -202,6 +202,13 @@ impl ModelShard {
         };
         match &self.per_layer {
             Some(p) => p.append(&h, ids),
+            // Carried columns the layers fill (Kimi K3's attention-residual blocks) start
+            // empty.
+            None if self.carried > 0 => {
+                let n = ids.size() as i32;
+                let empty = mlx_rs::ops::zeros_dtype(&[1, n, self.carried as i32], h.dtype())?;
+                Ok(mlx_rs::ops::concatenate(&[h, empty], -1)?)
+            }
             None => Ok(h),
         }
     }

@@ -1,7 +1,8 @@
 //! The sigmoid-routed, group-limited Mixture of Experts with a shared expert that DeepSeek V3,
 //! GLM-4.5 and their descendants configure and name alike: its configuration keys, its
 //! tensors and their names. A library piece the families call ([`super::deepseek_v3`],
-//! [`super::glm4_moe`]), so no family imports another.
+//! [`super::glm4_moe`], and under Moonshot's names [`super::kimi_linear`] and
+//! [`super::kimi_k3`]), so no family imports another.
 
 use super::config_keys::{required, usize_or};
 use super::mlp::Mlp;
@@ -132,4 +133,57 @@ pub(crate) fn sigmoid_moe_tensor_names(moe: &MoeConfig, layer: usize) -> Vec<Str
 /// Whether the router has a score correction (`e_score_correction_bias`): sigmoid routers do.
 fn has_correction(moe: &MoeConfig) -> bool {
     matches!(moe.router, RouterKind::SigmoidGroupedTopK { .. })
+}
+
+/// Moonshot's names of the experts' projections (gate, up, down).
+pub(crate) const MOONSHOT_EXPERT_NAMES: ExpertNames = ["w1", "w3", "w2"];
+
+/// Layer `layer`'s experts as Moonshot's checkpoints (Kimi Linear, Kimi K3) hold them:
+/// `block_sparse_moe` with its router, correction (`gate.e_score_correction_bias`),
+/// per-expert `w1`/`w3`/`w2` and shared expert; or as mlx-lm writes them, under `mlp`
+/// (`switch_mlp`, the correction beside the router). Returns the block and the prefix it was
+/// read under (where a family finds what else it keeps beside the experts).
+pub(crate) fn load_moonshot_moe(
+    config: &ModelConfig,
+    moe: &MoeConfig,
+    source: &mut dyn TensorSource,
+    layer: usize,
+    format: WeightFormat,
+) -> Result<(MoeBlock, String)> {
+    let moonshot = layer_tensor(layer, "block_sparse_moe");
+    let (prefix, correction) = if source.contains(&format!("{moonshot}.gate.weight")) {
+        let c = format!("{moonshot}.gate.e_score_correction_bias");
+        (moonshot, c)
+    } else {
+        let mlp = layer_tensor(layer, "mlp");
+        let c = format!("{mlp}.e_score_correction_bias");
+        (mlp, c)
+    };
+    let block = load_sigmoid_moe_named(
+        config,
+        moe,
+        source,
+        &prefix,
+        Some(&correction),
+        MOONSHOT_EXPERT_NAMES,
+        format,
+    )?;
+    Ok((block, prefix))
+}
+
+/// Moonshot's names of layer `layer`'s experts (see [`load_moonshot_moe`]).
+pub(crate) fn moonshot_moe_tensor_names(moe: &MoeConfig, layer: usize) -> Vec<String> {
+    let p = |part: &str| layer_tensor(layer, &format!("block_sparse_moe.{part}"));
+    let mut names = vec![p("gate.weight"), p("gate.e_score_correction_bias")];
+    for e in 0..moe.num_experts {
+        for w in MOONSHOT_EXPERT_NAMES {
+            names.push(p(&format!("experts.{e}.{w}.weight")));
+        }
+    }
+    if moe.shared_width > 0 {
+        for proj in PROJ_NAMES {
+            names.push(p(&format!("shared_experts.{proj}.weight")));
+        }
+    }
+    names
 }

@@ -26,7 +26,7 @@ pub fn load(dir: &Path, layers: Option<Range<usize>>, format: WeightFormat) -> M
 
 /// Runs the reference's prompt and decode tokens through `stages` (a layer split of the
 /// model, in order) and returns (prefill logits, decode logits).
-fn run_stages(stages: &[ModelShard], reference: &Reference) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+pub fn run_stages(stages: &[ModelShard], reference: &Reference) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let mut caches: Vec<_> = stages.iter().map(ModelShard::new_cache).collect();
     let mut pass = |tokens: &[u32]| -> Vec<Vec<f32>> {
         let mut input = ShardInput::Tokens(tokens);

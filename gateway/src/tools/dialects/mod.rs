@@ -8,6 +8,7 @@ pub mod dsml;
 pub mod gemma4;
 pub mod glm;
 pub mod kimi;
+pub mod kimi_k3;
 pub mod minimax;
 pub mod minimax_m3;
 pub mod qwen3_coder;
