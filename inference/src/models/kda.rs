@@ -223,6 +223,32 @@ impl KimiDeltaAttention {
         }
     }
 
+    /// Parameters of one KDA layer of `shape` over `hidden`: the q, k and v projections each
+    /// with its short convolution, the low-rank decay (`f_a`, `f_b`), the output gate (low
+    /// rank `g_a`, `g_b`, or `full_rank_gate`'s `g_proj`), `b_proj`, `A_log`, `dt_bias`, the
+    /// output norm and projection.
+    pub(crate) fn parameters(
+        hidden: usize,
+        shape: &super::gated_delta::DeltaNetShape,
+        full_rank_gate: bool,
+    ) -> usize {
+        let (h, s) = (hidden, shape);
+        let (d, keys, width) = (s.k_dim, s.k_heads * s.k_dim, s.v_heads * s.v_dim);
+        let gate = match full_rank_gate {
+            true => h * width,
+            false => h * d + d * width,
+        };
+        h * (2 * keys + width)
+            + (2 * keys + width) * s.kernel
+            + (h * d + d * width)
+            + gate
+            + s.v_heads * h
+            + s.v_heads
+            + width
+            + d
+            + width * h
+    }
+
     /// Hugging Face names of layer `layer`'s KDA tensors, its output gate low-rank or
     /// `full_rank_gate` (Kimi K3's `use_full_rank_gate`).
     pub(crate) fn tensor_names(layer: usize, full_rank_gate: bool) -> Vec<String> {

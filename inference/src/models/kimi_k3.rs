@@ -24,7 +24,9 @@
 //! `*_res_proj.weight`); the multi-token-prediction tensors are not read.
 
 use super::attn_res::{AttentionResiduals, ResidualBlocks};
-use super::base::{DecoderLayer, Family, FeedForward, GateActivation, Mlp, SelfAttention};
+use super::base::{
+    DecoderLayer, Family, FeedForward, GateActivation, LayerParameters, Mlp, SelfAttention,
+};
 use super::config_keys::family_keys;
 use super::expert_activation::ExpertActivation;
 use super::kda::{KdaConfig, KimiDeltaAttention};
@@ -135,6 +137,40 @@ fn params(config: &ModelConfig) -> Result<KimiK3Params> {
 impl Family for KimiK3 {
     fn hf_names(&self) -> (&'static str, &'static str) {
         ("kimi_k3", "KimiK3ForCausalLM")
+    }
+
+    fn layer_parameters(&self, config: &ModelConfig, layer: usize) -> Option<LayerParameters> {
+        let params = params(config).ok()?;
+        let h = config.hidden_size;
+        let (ffn_all, ffn_active) = config.ffn_parameters(layer);
+        // The mixer and the two norms: a KDA layer (its gate full-rank or low-rank), or the
+        // shared count's latent attention with K3's output gate (one per head and value).
+        let mixer = match config
+            .attention
+            .linear
+            .as_ref()
+            .filter(|l| l.is_linear(layer))
+        {
+            Some(linear) => {
+                KimiDeltaAttention::parameters(h, &linear.shape, params.full_rank_gate) + 2 * h
+            }
+            None => {
+                config.shared_parameters_of_layer(layer) - ffn_all
+                    + usize::from(params.output_gate) * h * config.num_heads * config.head_dim
+            }
+        };
+        // Attention residuals: a norm and a one-row projection before the mixer and the
+        // feed-forward; the experts' latent sum's norm.
+        let residuals = usize::from(params.residual_block.is_some()) * 4 * h;
+        let latent_norm = match &config.moe {
+            Some(moe) if params.latent_norm && moe.is_moe_layer(layer) => moe.latent_width,
+            _ => 0,
+        };
+        let rest = mixer + residuals + latent_norm;
+        Some(LayerParameters {
+            all: rest + ffn_all,
+            active: rest + ffn_active,
+        })
     }
 
     fn configure(&self, v: &Value, config: &mut ModelConfig) -> Result<()> {

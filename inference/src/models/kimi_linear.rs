@@ -90,19 +90,9 @@ impl Family for KimiLinear {
         if !linear.is_linear(layer) {
             return None;
         }
-        // A KDA layer: q, k and v projections each with its short convolution, the low-rank
-        // decay (`f_a`, `f_b`) and gate (`g_a`, `g_b`) projections, `b_proj`, `A_log`,
-        // `dt_bias`, the output norm and projection; then the shared feed-forward and norms.
-        let (h, s) = (config.hidden_size, &linear.shape);
-        let (d, keys, width) = (s.k_dim, s.k_heads * s.k_dim, s.v_heads * s.v_dim);
-        let kda = h * (2 * keys + width)
-            + (2 * keys + width) * s.kernel
-            + 2 * (h * d + d * width)
-            + s.v_heads * h
-            + s.v_heads
-            + width
-            + d
-            + width * h;
+        // A KDA layer, then the shared feed-forward and the two norms.
+        let h = config.hidden_size;
+        let kda = KimiDeltaAttention::parameters(h, &linear.shape, false);
         let (all, active) = config.ffn_parameters(layer);
         Some(LayerParameters {
             all: kda + all + 2 * h,
