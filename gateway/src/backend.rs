@@ -42,7 +42,7 @@ pub use tokio_util::sync::CancellationToken;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the cluster offers to the HTTP layer. Implemented once by the `shoal` binary (over mesh,
-/// placement and inference) and by [`crate::fake::FakeBackend`] in tests.
+/// placement and inference) and by `fake::FakeBackend` in tests (the `test-support` feature).
 ///
 /// Every method may be called from many connections at once.
 pub trait Backend: Send + Sync + 'static {

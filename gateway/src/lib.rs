@@ -43,6 +43,7 @@ pub mod drain;
 pub mod error;
 pub mod events;
 pub mod exo;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub mod fields;
 pub mod generation;
