@@ -25,11 +25,11 @@
 //! [`ChatRequest`] and [`ChatEvent`] are also what travels between nodes when a chat is
 //! forwarded (their serde forms are that wire format; see [`ChatEvent`]).
 
-pub use crate::answer::AnswerForm;
 use crate::error::ApiError;
 pub use crate::exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use crate::response_format::ResponseFormat;
 pub use crate::tools::{Tool, ToolCall, ToolChoice};
+pub use dialects::answer::AnswerForm;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;
