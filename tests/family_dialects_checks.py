@@ -43,7 +43,7 @@ def check(case, what, ok, seen):
 def prompt_counted(got, case):
     """Whether `got` is the prompt's token count the route's template makes (see above). A
     named call of a JSON dialect is forced up to its arguments' `{`, which the grammar then
-    writes (gateway/src/tools/call_grammar.rs): the route's tail holds it, the prompt not."""
+    writes (dialects/src/tools/call_grammar.rs): the route's tail holds it, the prompt not."""
     want = case["prompt_tokens"]
     if case["kind"] == "named" and case["dialect"].startswith(JSON_ARGUMENTS):
         want -= 1
@@ -173,7 +173,7 @@ TIME = {"type": "function", "function": {
 def required_of_two(case, client):
     """`tool_choice: "required"` with two tools offered: the answer is a typed call of one of
     them whose arguments validate against its schema (issue 49 item 6). The JSON dialects
-    decode the rest of the call under a grammar (gateway/src/tools/call_grammar.rs); the XML
+    decode the rest of the call under a grammar (dialects/src/tools/call_grammar.rs); the XML
     ones get the opening and the model writes the rest."""
     tools = [case["tool"], TIME]
     r = client.chat.completions.create(

@@ -5,7 +5,7 @@
 //! and the pieces are replayed by the gateway's fake backend (`pieces: {...}`) with the
 //! answer's form a node would give it: the dialect and the thought the prompt opens, from
 //! the family's real chat template rendered with the tool offered
-//! (`gateway::answer::AnswerForm::of_prompt`, as the node that renders the prompt does). The
+//! (`dialects::answer::AnswerForm::of_prompt`, as the node that renders the prompt does). The
 //! official `openai` (chat, whole and streamed; Responses), `anthropic` (whole and streamed)
 //! and `ollama` clients must each get the thought in their reasoning field and the typed call,
 //! and the OpenAI stream its arguments in several deltas (Qwen3-Coder's XML call parameter by
@@ -43,9 +43,9 @@
 //! Needs the reference data and the venv (`cargo xtask setup`): fails otherwise, or with
 //! `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
-use gateway::answer::AnswerForm;
+use dialects::answer::AnswerForm;
+use dialects::tools::dialect::Dialect;
 use gateway::fake::FakeBackend;
-use gateway::tools::dialect::Dialect;
 use inference::detokenizer::StreamDecoder;
 use inference::gguf::GgufFile;
 use inference::{TemplateInput, Tokenizer, ToolSpec};

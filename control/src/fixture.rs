@@ -1,5 +1,6 @@
 //! Test fixtures shared by control's own tests, its integration tests and the node's tests
-//! (public so that the node's reconciler tests build the same records, not a copy of them).
+//! (public, behind the `test-support` feature, so that the node's reconciler tests build the
+//! same records, not a copy of them; production builds leave them out).
 
 use crate::intent::{InstanceRecord, Intent};
 use crate::snapshot::Author;

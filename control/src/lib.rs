@@ -40,6 +40,7 @@ pub mod cache;
 pub mod commitments;
 pub mod fetch;
 pub mod files;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fixture;
 pub mod intent;
 pub mod reconcile;

@@ -25,11 +25,11 @@
 //! [`ChatRequest`] and [`ChatEvent`] are also what travels between nodes when a chat is
 //! forwarded (their serde forms are that wire format; see [`ChatEvent`]).
 
-pub use crate::answer::AnswerForm;
 use crate::error::ApiError;
 pub use crate::exo::{CreateInstanceRequest, PlaceInstanceRequest};
 pub use crate::response_format::ResponseFormat;
 pub use crate::tools::{Tool, ToolCall, ToolChoice};
+pub use dialects::answer::AnswerForm;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;
@@ -42,7 +42,7 @@ pub use tokio_util::sync::CancellationToken;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the cluster offers to the HTTP layer. Implemented once by the `shoal` binary (over mesh,
-/// placement and inference) and by [`crate::fake::FakeBackend`] in tests.
+/// placement and inference) and by `fake::FakeBackend` in tests (the `test-support` feature).
 ///
 /// Every method may be called from many connections at once.
 pub trait Backend: Send + Sync + 'static {

@@ -8,19 +8,19 @@
 //!   that reasons does;
 //! - `opened: THOUGHT | ANSWER` streams `THOUGHT\n</think>\n\nANSWER` as the answer to a
 //!   prompt whose template opened the thought (DeepSeek-R1 distills'), and says so in the
-//!   stream's [`crate::answer::AnswerForm`];
+//!   stream's [`dialects::answer::AnswerForm`];
 //! - `params` streams the received request's sampling settings as JSON (stop strings as
 //!   lists of character codes, so that they do not stop the answer);
 //! - `call: NAME {ARGS}` streams a Hermes-style tool call, `<tool_call>\n{"name": "NAME",
 //!   "arguments": {ARGS}}\n</tool_call>`, as Qwen writes one (several `call:` scripts joined by
 //!   ` && ` stream several calls, after the text of an `echo:` before them, if any); with a
 //!   `tool_choice` that forces a call, the part of that text the node would have forced
-//!   into the prompt (`crate::tools::forced`, Hermes' opening) is not streamed but primed,
+//!   into the prompt (`dialects::tools::forced`, Hermes' opening) is not streamed but primed,
 //!   as a real node does;
 //! - `pieces: ["a", "b", ...]` streams each string of the JSON array as one token (a token
 //!   stream recorded from a real tokenizer and its detokenizer, replayed);
 //!   `pieces: {"form": FORM, "pieces": [...]}` does the same as the answer of a node whose
-//!   template and prompt gave that [`crate::answer::AnswerForm`] (its dialect, a thought the
+//!   template and prompt gave that [`dialects::answer::AnswerForm`] (its dialect, a thought the
 //!   prompt opened), so that a family's own dialect parses it;
 //! - `request` streams what the request carried for tools, as JSON: `tools`, `tool_choice`,
 //!   `enable_thinking`, `reasoning_effort` and each message's role, content and tool fields;
@@ -130,8 +130,8 @@ impl FakeBackend {
                     ));
                 }
             }
-            let mut form = crate::answer::AnswerForm::default();
-            crate::tools::forced::apply(request, None, &mut String::new(), &mut form, &|n| {
+            let mut form = dialects::answer::AnswerForm::default();
+            crate::tools::forced_call::apply(request, None, &mut String::new(), &mut form, &|n| {
                 n.to_string()
             });
             if let Some(rest) = text.strip_prefix(form.primed.as_str()) {
@@ -263,7 +263,7 @@ impl FakeBackend {
 enum Recorded {
     Pieces(Vec<String>),
     WithForm {
-        form: crate::answer::AnswerForm,
+        form: dialects::answer::AnswerForm,
         pieces: Vec<String>,
     },
 }
@@ -281,7 +281,7 @@ struct Script {
     /// The answer starts inside a thought the prompt opened.
     opens_in_thought: bool,
     /// How the model writes its calls.
-    dialect: crate::tools::dialect::Dialect,
+    dialect: dialects::tools::dialect::Dialect,
     /// A forced call's opening, which the prompt would end with.
     primed: String,
 }
@@ -460,7 +460,7 @@ impl Backend for FakeBackend {
             let counters = self.counters.clone();
             counters.started.fetch_add(1, Ordering::Relaxed);
             let (tx, stream) = ChatStream::channel(prompt_tokens, 16);
-            let stream = stream.with_form(crate::answer::AnswerForm {
+            let stream = stream.with_form(dialects::answer::AnswerForm {
                 opens_in_thought: script.opens_in_thought,
                 dialect: script.dialect,
                 primed: script.primed.clone(),

@@ -3,12 +3,10 @@
 //!
 //! Every API's events go through the gateway's guarantees (`steps.rs`: stop strings,
 //! `max_tokens`, cancellation, an end to every stream) and the reasoning split
-//! ([`crate::reasoning`]). The APIs differ only in how they spell requests and events, so
+//! ([`dialects::reasoning`]). The APIs differ only in how they spell requests and events, so
 //! routing and forwarding (the backend's) are the same for all of them.
 
 use crate::access::Caller;
-use crate::answer::AnswerSplitter;
-use crate::answer_part::AnswerPart;
 use crate::backend::{Backend, ChatEvent, ChatRequest, ChatStream, FinishReason, TokenLogprob};
 use crate::body::{GatewayBody, SseBody};
 use crate::cancel::{Registration, Running};
@@ -16,9 +14,11 @@ use crate::config::GatewayConfig;
 use crate::drain::{cut_error, Drain, InFlight};
 use crate::error::{ApiError, ErrorKind};
 use crate::steps::{Generation, Step};
-use crate::tools::stream::CallDelta;
 use crate::tools::ToolCall;
 use bytes::Bytes;
+use dialects::answer::AnswerSplitter;
+use dialects::answer_part::AnswerPart;
+use dialects::tools::stream::CallDelta;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::Response;
 use std::time::Duration;
@@ -61,7 +61,7 @@ pub struct Timings {
 pub struct Collected {
     pub text: String,
     /// What the model thought before answering (`<think>…</think>`, see
-    /// [`crate::reasoning`]); empty for models that do not think.
+    /// [`dialects::reasoning`]); empty for models that do not think.
     pub reasoning: String,
     /// Per token, when asked for.
     pub logprobs: Vec<TokenLogprob>,
@@ -93,7 +93,7 @@ pub trait Encoder: Send + 'static {
         frames
     }
     /// The `index`th call of the answer begins (its name is an offered tool); its arguments
-    /// follow ([`crate::tools::stream`]).
+    /// follow ([`dialects::tools::stream`]).
     fn tool_call_start(&mut self, index: usize, id: &str, name: &str) -> Vec<Bytes>;
     /// More of the open call's arguments (never empty).
     fn tool_call_arguments(&mut self, index: usize, fragment: &str) -> Vec<Bytes>;

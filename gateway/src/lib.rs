@@ -29,8 +29,6 @@
 //! ```
 
 pub mod access;
-pub mod answer;
-pub mod answer_part;
 pub mod anthropic;
 pub mod backend;
 pub mod body;
@@ -43,6 +41,7 @@ pub mod drain;
 pub mod error;
 pub mod events;
 pub mod exo;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub mod fields;
 pub mod generation;
@@ -51,14 +50,12 @@ pub mod images;
 mod memory;
 pub mod ollama;
 pub mod openai;
-pub mod reasoning;
 mod request_body;
 pub mod response_format;
 pub mod responses;
 pub mod router;
 pub mod server;
 mod steps;
-pub mod text_scan;
 pub mod tools;
 #[cfg(test)]
 mod writers_tests;

@@ -8,7 +8,7 @@
 //! that order).
 
 use crate::error::{echo, ApiError};
-use crate::tools::json::Ordered;
+use dialects::tools::json::Ordered;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -125,7 +125,7 @@ check("tools: a tool result turn gets a valid answer",
       with_result.usage.prompt_tokens > tooled.usage.prompt_tokens, (with_result.usage, tooled.usage))
 
 # A forced call: `tool_choice` names get_weather, so the node opens the answer with the call
-# (gateway/src/tools/forced.rs) and the model writes its arguments. A typed call must come
+# (dialects/src/tools/forced.rs) and the model writes its arguments. A typed call must come
 # back, named right, its arguments JSON that fits the schema: whole, streamed (deltas joined)
 # and through the client's stream helper. Real models whose template does not render `tools`
 # (SmolLM2's) learn of the tool from the system message, as their clients must tell them.

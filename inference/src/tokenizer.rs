@@ -39,7 +39,7 @@ const FALCON_DIGIT_GROUPS: &str = "[0-9][0-9][0-9]";
 /// Control tokens that spell tool calls and reasoning in each family's dialect (Hermes/Qwen,
 /// Llama 3.1, Mistral, GLM, MiniMax, Kimi, DeepSeek, gpt-oss harmony). Decoding skips special
 /// tokens, but these stay in the text, so that the gateway can parse the calls out of it
-/// (`gateway::tools`); they are marked as ordinary added tokens, which changes nothing in how
+/// (`dialects::tools`); they are marked as ordinary added tokens, which changes nothing in how
 /// the template's text is encoded. Those that were special stay control tokens that a
 /// client's text cannot spell ([`Tokenizer::kept_controls`], `untrusted_text`).
 pub const TOOL_MARKUP_TOKENS: &[&str] = &[

@@ -1,5 +1,5 @@
 //! The real chat templates of the families whose call dialects the gateway parses
-//! (`gateway::tools::dialects`, `gateway::tools::harmony`): GLM-4.6, GLM-4.7-Flash, MiniMax
+//! (`dialects::tools::dialects`, `dialects::tools::harmony`): GLM-4.6, GLM-4.7-Flash, MiniMax
 //! M2, Kimi K2, DeepSeek V3.1, DeepSeek-R1-Distill, gpt-oss and Qwen3-Coder. Shoal's renders
 //! (minijinja) of the tool conversation — tools, an earlier call, its result, the thinking
 //! switch off and on — are byte-identical to jinja2's as `transformers` configures it, and

@@ -1,7 +1,8 @@
 //! Builders of clusters (nodes, topologies, model cards, requests) for tests and benchmarks:
 //! placement's own tests and benchmark, and the control plane's fixtures, build their inputs
 //! from these rather than from copies of them. Public because integration tests, benchmarks
-//! and other crates cannot reach a `#[cfg(test)]` module.
+//! and other crates cannot reach a `#[cfg(test)]` module; behind the `test-support` feature, so
+//! production builds leave them out.
 
 use crate::{
     CollectiveBackend, ComputeBackend, Edge, Input, Interface, InterfaceKind, Link, ModelCard,

@@ -148,6 +148,7 @@ pub mod accel;
 pub mod cli;
 pub mod edge;
 pub mod error;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fixture;
 pub mod input;
 pub mod model;

@@ -18,7 +18,7 @@ use models::ModelFacts;
 /// settings the request gave (the engine's defaults, greedy among them, for the others).
 /// Also how to read the answer, which only the rendered prompt tells: whether it ended in an
 /// open thought, the template's tool-call dialect, and the opening of a call that
-/// `tool_choice` forced (`gateway::tools::forced`).
+/// `tool_choice` forced (`gateway::tools::forced_call`).
 pub fn generate_request(
     request: &ChatRequest,
     facts: &ModelFacts,
@@ -187,7 +187,7 @@ pub fn generate_request(
     let mut form = AnswerForm::of_prompt(template, &text);
     // `tool_choice` required or named: the answer opens with the call.
     let call_grammar =
-        gateway::tools::forced::apply(request, template, &mut text, &mut form, &mark);
+        gateway::tools::forced_call::apply(request, template, &mut text, &mut form, &mark);
     // Structured output (or the forced call's arguments): decoded under a grammar.
     let constraint = super::structured::output_constraint(
         request.response_format.as_ref(),

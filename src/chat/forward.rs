@@ -513,7 +513,7 @@ mod tests {
             prompt_tokens: 12,
             form: AnswerForm {
                 opens_in_thought: true,
-                dialect: gateway::tools::dialect::Dialect::Glm,
+                dialect: dialects::tools::dialect::Dialect::Glm,
                 primed: "<tool_call>get_weather".into(),
             },
         };

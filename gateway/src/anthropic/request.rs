@@ -11,8 +11,8 @@ use crate::fields::{
     required_string,
 };
 use crate::images::{check_request_images, image_from_base64, image_from_url, ChatImage};
-use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_anthropic_tool_choice, parse_tools, ToolShape};
+use dialects::tools::json::Ordered;
 use serde_json::Value;
 
 /// A parsed Messages request plus how to answer it.

@@ -13,8 +13,8 @@ use crate::fields::{
 };
 use crate::images::{check_request_images, image_from_base64, ChatImage};
 use crate::response_format::parse_ollama_format;
-use crate::tools::json::Ordered;
 use crate::tools::{parse_tool_calls, parse_tools, ToolShape};
+use dialects::tools::json::Ordered;
 use serde_json::{Map, Value};
 
 /// A parsed chat or generate request.

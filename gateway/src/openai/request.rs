@@ -12,8 +12,8 @@ use crate::fields::{
 };
 use crate::images::{check_request_images, image_url_part};
 use crate::response_format::parse_chat_response_format;
-use crate::tools::json::Ordered;
 use crate::tools::{parse_openai_tool_choice, parse_tool_calls, parse_tools, ToolShape};
+use dialects::tools::json::Ordered;
 use serde_json::Value;
 
 pub use crate::fields::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS};

@@ -13,8 +13,8 @@ use crate::fields::{
 };
 use crate::images::{check_request_images, image_from_url, ChatImage};
 use crate::response_format::parse_text_format;
-use crate::tools::json::Ordered;
 use crate::tools::{arguments_text, parse_openai_tool_choice, parse_tools, ToolShape};
+use dialects::tools::json::Ordered;
 use serde_json::{Map, Value};
 
 /// A parsed Responses request plus what the answer echoes.

@@ -1,87 +1,18 @@
-//! Tool calling, the same for every API: the tools a request offers ([`Tool`], rendered into
-//! the prompt by the model's own chat template on the node that runs it), the calls of
-//! earlier assistant turns and the tools' results (carried in [`crate::ChatMessage`]), and
-//! the calls parsed back out of the answer ([`parse::ToolCallParser`]), which each API then
-//! writes in its own shape (`tool_calls`, `tool_use` blocks, `function_call` items, Ollama's
-//! `message.tool_calls`).
-//!
-//! Schemas and arguments travel as JSON *text* with their keys in the order the client (or
-//! the model) wrote them ([`json::Ordered`]): the model reads them in its prompt.
+//! Tool calling at the APIs: each API's spelling of the tools a request offers, its
+//! `tool_choice` and the calls of earlier assistant turns (carried in [`crate::ChatMessage`]),
+//! read into the `dialects` crate's types ([`Tool`], [`ToolChoice`], [`ToolCall`]), and a
+//! `tool_choice` forced on the prompt ([`forced_call`]). The calls parsed back out of the
+//! answer (`dialects::tools::parse`) each API then writes in its own shape (`tool_calls`,
+//! `tool_use` blocks, `function_call` items, Ollama's `message.tool_calls`).
 
-pub mod block;
-pub mod call_grammar;
-pub mod dialect;
-pub mod dialects;
-pub mod forced;
-pub mod harmony;
-#[cfg(test)]
-mod harmony_tests;
-pub mod json;
-pub mod lazy_grammar;
-pub mod offered;
-pub mod parse;
-#[cfg(test)]
-mod parse_tests;
-pub mod schema;
-pub mod stream;
+pub mod forced_call;
+
+/// The request's tool types, from the dialects that parse and force their calls.
+pub use dialects::tools::{Tool, ToolCall, ToolChoice};
 
 use crate::error::{echo, ApiError};
-use json::Ordered;
-use serde::{Deserialize, Serialize};
+use dialects::tools::json::Ordered;
 use serde_json::Value;
-
-/// A function the model may call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tool {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// Its JSON Schema, as JSON text in the client's key order.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<String>,
-    /// The client asked for arguments that always fit the schema (`strict: true`, OpenAI's
-    /// function tools and Anthropic's): under `auto` a call the model opens is decoded under
-    /// a grammar ([`lazy_grammar::lazy_grammar`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub strict: bool,
-}
-
-/// A call: made by an earlier assistant turn (sent back by the client), or parsed out of
-/// this answer. One type with the chat template's ([`wire::chat`]).
-pub use wire::chat::ToolCall;
-
-/// Which tools the model may call (`tool_choice`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolChoice {
-    /// Any of them, or none (the default).
-    #[default]
-    Auto,
-    /// None: the tools are left out of the prompt and calls are not parsed.
-    None,
-    /// One or more calls are wanted: the node opens the answer with the model's call marker
-    /// ([`forced`]).
-    Required,
-    /// Only this function: the only tool rendered and parsed, and the node opens the answer
-    /// with the start of its call ([`forced`]).
-    Function(String),
-}
-
-impl ToolChoice {
-    /// Whether this is the default (left out of a forwarded request's JSON).
-    pub fn is_auto(&self) -> bool {
-        *self == ToolChoice::Auto
-    }
-
-    /// The tools the prompt offers and the parser accepts, under this choice.
-    pub fn offered<'a>(&self, tools: &'a [Tool]) -> Vec<&'a Tool> {
-        match self {
-            ToolChoice::None => Vec::new(),
-            ToolChoice::Function(name) => tools.iter().filter(|t| &t.name == name).collect(),
-            ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
-        }
-    }
-}
 
 /// The JSON text of `value`, keys in the order the body wrote them when `ordered` (the same
 /// value, parsed order-preserving) is at hand.
@@ -377,29 +308,6 @@ pub fn parse_tool_calls(
         });
     }
     Ok(out)
-}
-
-/// A fresh call id: 9 letters and digits, the shape Mistral's templates demand of the ids a
-/// client sends back (the other families take any string).
-pub fn call_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    // Mix so that consecutive ids differ in every position.
-    let mut x = micros ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 29;
-    (0..9)
-        .map(|_| {
-            let c = ALPHABET[(x % 62) as usize] as char;
-            x /= 62;
-            c
-        })
-        .collect()
 }
 
 #[cfg(test)]

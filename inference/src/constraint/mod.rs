@@ -85,7 +85,7 @@ impl OutputConstraint {
 }
 
 /// A forced call's grammar with its control tokens made to fit this vocabulary: each line
-/// `ctl_N: "TOKEN"` (how `gateway::tools::call_grammar` writes a family's control tokens)
+/// `ctl_N: "TOKEN"` (how `dialects::tools::call_grammar` writes a family's control tokens)
 /// becomes a reference to the token by its id (`<[ID]>`) where `special_id(TOKEN)` finds it
 /// special in the vocabulary, and stays text otherwise (the tokenizer holds it as ordinary,
 /// as DeepSeek publishes its tool markers). Other lines are left as they are: a schema is one
@@ -110,7 +110,7 @@ pub fn resolve_controls(grammar: &str, special_id: impl Fn(&str) -> Option<u32>)
         .collect()
 }
 
-/// A lazy call grammar's first line (`gateway::tools::lazy_grammar`, `strict` tools under
+/// A lazy call grammar's first line (`dialects::tools::lazy_grammar`, `strict` tools under
 /// `auto`), `lazy_start: "TOKEN" REST`, made into the start rule that fits this vocabulary:
 /// where `special_id(TOKEN)` finds TOKEN special, free text is any token but it and a call
 /// starts with it (`start: lazy_free (<[ID]> REST lazy_free)*`); otherwise free text is text

@@ -2,10 +2,10 @@
 //! panics, and however the text is cut into deltas, the answer is the same (texts and
 //! reasonings joined, calls by name and arguments).
 
-use gateway::answer::{AnswerForm, AnswerSplitter};
-use gateway::answer_part::AnswerPart;
-use gateway::tools::dialect::Dialect;
-use gateway::Tool;
+use dialects::answer::{AnswerForm, AnswerSplitter};
+use dialects::answer_part::AnswerPart;
+use dialects::tools::dialect::Dialect;
+use dialects::tools::Tool;
 use proptest::prelude::*;
 
 const FRAGMENTS: &[&str] = &[

@@ -5,7 +5,7 @@
 //! the engine cuts it); where the prompt opens a thought, a thought and `</think>` come first,
 //! as the model writes them.
 //!
-//! A `tool_choice` naming the function forces an opening ([`gateway::tools::forced`]) that must
+//! A `tool_choice` naming the function forces an opening ([`dialects::tools::forced`]) that must
 //! be how the template itself begins that call, and a parser primed with it reads the rest of
 //! the turn as the call, whole and with its arguments streamed.
 //!
@@ -16,19 +16,25 @@
 //! Needs the reference templates and jinja2 (`cargo xtask setup`): fails otherwise, or with
 //! `SHOAL_ALLOW_SKIP=1` is skipped and counted (see `kit::skip`).
 
-mod common;
-
-use gateway::answer::{AnswerForm, AnswerSplitter};
-use gateway::answer_part::AnswerPart;
-use gateway::tools::dialect::Dialect;
-use gateway::tools::forced::{self, Opener};
-use gateway::tools::stream::CallDelta;
-use gateway::tools::ToolChoice;
-use gateway::Tool;
+use dialects::answer::{AnswerForm, AnswerSplitter};
+use dialects::answer_part::AnswerPart;
+use dialects::tools::dialect::Dialect;
+use dialects::tools::forced::{self, Opener};
+use dialects::tools::stream::CallDelta;
+use dialects::tools::{Tool, ToolChoice};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+
+/// This package's folder, as cargo names it to the running test (a test binary reused from
+/// another checkout of the same sources, in a shared target folder, carries that checkout's
+/// path in `env!`), else as it was at compile time.
+fn package_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
 
 fn templates() -> PathBuf {
     kit::dirs::cache_dir()
@@ -39,7 +45,7 @@ fn templates() -> PathBuf {
 
 /// Renders `jobs` with jinja2 (the inference tests' renderer): text, or jinja2's error.
 fn jinja2(jobs: &[Value]) -> Vec<Result<String, String>> {
-    let script = common::package_dir().join("../inference/tests/reference/jinja2_render.py");
+    let script = package_dir().join("../inference/tests/reference/jinja2_render.py");
     let mut child = Command::new(kit::dirs::python())
         .arg(script)
         .stdin(Stdio::piped())

@@ -1,6 +1,6 @@
 //! The parts of an answer as it streams: the model's reasoning ([`crate::reasoning`]), then
 //! text and, when the request offered tools, the calls parsed out of it
-//! ([`crate::tools::parse`]). Every API's driver ([`crate::generation`]) feeds the text after
+//! ([`crate::tools::parse`]). Every API's driver (the gateway's `generation`) feeds the text after
 //! the gateway's own guarantees through this, so all APIs split answers the same way.
 
 use crate::answer_part::AnswerPart;
