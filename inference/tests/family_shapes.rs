@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::reference::fixture;
+use common::reference::{config_of, fixture};
 use inference::WeightFormat;
 
 /// What Qwen3.5's released configuration makes: every second layer attention, a quarter of
@@ -17,10 +17,7 @@ fn qwen3_5_configuration_is_read_from_text_config() {
     use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
     for layout in ["hf", "q4"] {
         let dir = fixture("qwen3_5", layout);
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        let config = config_of(&dir);
         assert_eq!(config.architecture.key(), "qwen3_5");
         assert_eq!(
             (config.hidden_size, config.num_layers, config.vocab_size),
@@ -68,10 +65,7 @@ fn qwen3_5_moe_configuration_is_read_from_text_config() {
     use inference::config::RouterKind;
     for layout in ["hf", "q4"] {
         let dir = fixture("qwen3_5_moe", layout);
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        let config = config_of(&dir);
         assert_eq!(config.architecture.key(), "qwen3_5_moe");
         let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
         assert_eq!(linear, [true, false, true, false]);
@@ -95,10 +89,7 @@ fn qwen3_next_configuration_is_read_from_top_level_keys() {
     use inference::config::RouterKind;
     for layout in ["hf", "q4"] {
         let dir = fixture("qwen3_next", layout);
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        let config = config_of(&dir);
         assert_eq!(config.architecture.key(), "qwen3_next");
         let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
         assert_eq!(linear, [true, false, true, false]);
@@ -171,9 +162,7 @@ fn a_folder_without_its_weights_is_described_from_its_configuration() {
 fn gemma4_text_e2b_cut_keeps_shared_layers_with_their_source() {
     use inference::loader::{load_shard, LoadOptions};
     let dir = fixture("gemma4_text_e2b", "hf");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+    let config = config_of(&dir);
     let family = inference::models::family(config.architecture);
     let sources: Vec<Option<usize>> = (0..6).map(|l| family.kv_source(&config, l)).collect();
     assert_eq!(sources, [None, None, None, Some(1), Some(1), Some(2)]);
@@ -222,10 +211,7 @@ fn nemotron_h_latent_configuration_names_its_projections() {
     use inference::tensor_split::tensor_refusal;
     for layout in ["hf", "q4"] {
         let dir = fixture("nemotron_h_latent", layout);
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        let config = config_of(&dir);
         let names = inference::models::tensor_names(&config);
         for layer in [1, 4] {
             for proj in ["fc1_latent_proj", "fc2_latent_proj"] {
@@ -247,9 +233,7 @@ fn nemotron_h_latent_configuration_names_its_projections() {
 fn kimi_linear_configuration_reads_its_layer_kinds() {
     use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
     let dir = fixture("kimi_linear", "hf");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+    let config = config_of(&dir);
     let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
     assert_eq!(linear, [true, true, false, true]);
     // One latent attention layer: the latent (64) and the unrotated key part (32), f32.
@@ -277,10 +261,7 @@ fn kimi_k3_configuration_reads_its_layer_kinds_and_blocks() {
     use inference::memory::{kv_bytes_per_token, state_bytes_per_sequence};
     for layout in ["hf", "q4"] {
         let dir = fixture("kimi_k3", layout);
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        let config = config_of(&dir);
         assert_eq!(config.architecture.key(), "kimi_k3");
         let linear: Vec<bool> = (0..4).map(|l| config.is_linear_layer(l)).collect();
         assert_eq!(linear, [true, true, false, true], "{layout}");
@@ -335,10 +316,7 @@ fn nemotron_h_tensor_ring_splits_heads_in_whole_groups() {
     use inference::tensor_split::tensor_refusal;
     for layout in ["hf", "q4"] {
         let dir = fixture("nemotron_h", layout);
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+        let config = config_of(&dir);
         assert_eq!(tensor_refusal(&config, 2), None, "{layout}");
         let four = tensor_refusal(&config, 4).unwrap();
         assert!(four.contains("2 Mamba-2 groups"), "{layout}: {four}");
@@ -353,9 +331,7 @@ fn nemotron_h_tensor_ring_splits_heads_in_whole_groups() {
 fn minimax_m3_configuration_reads_its_sparse_layers() {
     use inference::memory::kv_bytes_per_token;
     let dir = fixture("minimax_m3_vl", "hf");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let config = inference::config::ModelConfig::from_hf_json(&json).unwrap();
+    let config = config_of(&dir);
     let shape = config.attention.block_index.as_ref().unwrap();
     let sparse: Vec<bool> = (0..4).map(|l| shape.is_sparse(l)).collect();
     assert_eq!(sparse, [true, false, true, true]);

@@ -5,6 +5,8 @@
 //! differ from the shared count (Nemotron-H's one-kind layers of relu² matrices, Gemma 4's
 //! KV-shared layers and per-layer inputs) must count its own.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -82,11 +84,7 @@ fn every_family_counts_the_parameters_its_checkpoint_holds() {
             .to_string_lossy()
             .into_owned();
         let dir = family_dir.join("hf");
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let config = inference::config::ModelConfig::from_hf_json(&json)
-            .unwrap_or_else(|e| panic!("{family}: {e}"));
+        let config = common::reference::config_of(&dir);
         let tensors: BTreeMap<String, usize> = tensor_elements(&dir)
             .into_iter()
             .filter(|(name, _)| !outside_the_text_model(name))

@@ -60,6 +60,15 @@ pub fn fixture(family: &str, layout: &str) -> PathBuf {
     dir
 }
 
+/// The configuration shoal reads from the `config.json` of folder `dir`.
+pub fn config_of(dir: &std::path::Path) -> inference::config::ModelConfig {
+    let text = std::fs::read_to_string(dir.join("config.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    inference::config::ModelConfig::from_hf_json(&json)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
 /// The largest difference between rows of logits.
 pub fn worst(want: &[Vec<f32>], got: &[Vec<f32>]) -> f32 {
     assert_eq!(want.len(), got.len());
