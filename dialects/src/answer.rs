@@ -12,6 +12,7 @@ use crate::tools::harmony::HarmonyParser;
 use crate::tools::parse::{ToolCallParser, ToolPiece};
 use crate::tools::stream::CallDelta;
 use crate::tools::Tool;
+use crate::xtml_channels::ChannelTags;
 use serde::{Deserialize, Serialize};
 
 /// How the model's output is to be read, as the node that rendered the prompt knows it (its
@@ -52,6 +53,8 @@ impl AnswerForm {
 #[derive(Debug, Clone, Default)]
 pub struct AnswerSplitter {
     think: ThinkSplitter,
+    /// Kimi K3: the channel tags around its answer, dropped from the text.
+    channel_tags: Option<ChannelTags>,
     /// Only when tools are offered: without them a call-like text is text.
     tools: Option<Calls>,
     /// gpt-oss: the harmony channels carry reasoning and calls both, in place of the two
@@ -126,9 +129,12 @@ impl AnswerSplitter {
                 };
                 match form.dialect {
                     Dialect::MiniMaxM3 => splitter.with_tags(crate::reasoning::MINIMAX_M3_TAGS),
+                    Dialect::KimiK3 => splitter.with_tags(crate::reasoning::KIMI_K3_TAGS),
                     _ => splitter,
                 }
             },
+            channel_tags: (form.dialect == Dialect::KimiK3)
+                .then(|| ChannelTags::new(crate::xtml_channels::KIMI_K3_SCAFFOLD)),
             tools: (!tools.is_empty()).then(|| Calls::new(form.dialect, tools)),
             harmony: (form.dialect == Dialect::Harmony).then(|| HarmonyParser::new(tools)),
             held: Vec::new(),
@@ -212,7 +218,18 @@ impl AnswerSplitter {
         out
     }
 
-    fn route(&mut self, pieces: Vec<Piece>, end: bool) -> Vec<AnswerPart> {
+    fn route(&mut self, mut pieces: Vec<Piece>, end: bool) -> Vec<AnswerPart> {
+        if let Some(tags) = &mut self.channel_tags {
+            for piece in &mut pieces {
+                if let Piece::Text(t) = piece {
+                    *t = tags.push(t);
+                }
+            }
+            if end {
+                pieces.push(Piece::Text(tags.finish()));
+            }
+            pieces.retain(|p| !matches!(p, Piece::Text(t) if t.is_empty()));
+        }
         let mut out = Vec::new();
         for piece in pieces {
             match (piece, &mut self.tools) {
@@ -345,6 +362,35 @@ mod tests {
                 "{dialect:?}"
             );
         }
+        // Kimi K3's channels: the thought's, the response's (dropped) and its tools section.
+        let k3 = AnswerForm {
+            opens_in_thought: true,
+            dialect: Dialect::KimiK3,
+            primed: String::new(),
+        };
+        let turn = "hm<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|>\
+            <|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument \
+            key=\"n\" type=\"number\"<|sep|>1.5<|close|>argument<|sep|><|close|>call<|sep|>\
+            <|close|>tools<|sep|><|close|>message<|sep|>";
+        let parts = collect(&tools, k3.clone(), &[turn]);
+        assert_eq!(parts.len(), 3, "{parts:?}");
+        assert_eq!(parts[0], AnswerPart::Reasoning("hm".into()));
+        assert_eq!(parts[1], AnswerPart::Text("ok".into()));
+        assert!(is_call(&parts[2]), "{parts:?}");
+        let pieces: Vec<String> = turn.chars().map(String::from).collect();
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let text: String = collect(&[], k3, &pieces)
+            .iter()
+            .filter_map(|p| match p {
+                AnswerPart::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(text.starts_with("ok<|open|>tools<|sep|>"), "{text}");
+        assert!(
+            !text.contains("response") && !text.contains("message"),
+            "{text}"
+        );
         // The DeepSeek-R1 distill / V3.1 thinking prompt: the output starts in the thought.
         let opened = AnswerForm {
             opens_in_thought: true,

@@ -14,3 +14,4 @@ pub mod answer_part;
 pub mod reasoning;
 pub mod text_scan;
 pub mod tools;
+pub mod xtml_channels;

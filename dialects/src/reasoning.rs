@@ -64,11 +64,15 @@ impl Default for ThinkSplitter {
 /// reasoning.
 pub fn prompt_opens_thought(prompt: &str) -> bool {
     let end = prompt.trim_end();
-    end.ends_with(OPEN) || end.ends_with(MINIMAX_M3_TAGS.0)
+    end.ends_with(OPEN) || end.ends_with(MINIMAX_M3_TAGS.0) || end.ends_with(KIMI_K3_TAGS.0)
 }
 
 /// MiniMax M3's reasoning tags.
 pub const MINIMAX_M3_TAGS: (&str, &str) = ("<mm:think>", "</mm:think>");
+
+/// Kimi K3's thinking channel ([`crate::xtml_channels`]); its template opens it in the
+/// prompt unless thinking is off.
+pub const KIMI_K3_TAGS: (&str, &str) = ("<|open|>think<|sep|>", "<|close|>think<|sep|>");
 
 impl ThinkSplitter {
     /// A splitter for an output that starts inside the thought (the prompt opened it): all
@@ -238,6 +242,13 @@ mod tests {
             "<|im_start|>assistant\n<think>\n\n</think>\n\n"
         ));
         assert!(!prompt_opens_thought("<|im_start|>assistant\n"));
+        // Kimi K3 opens its thinking channel; with thinking off, the response channel.
+        assert!(prompt_opens_thought(
+            "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"
+        ));
+        assert!(!prompt_opens_thought(
+            "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>"
+        ));
         assert!(!prompt_opens_thought(""));
     }
 

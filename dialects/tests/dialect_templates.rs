@@ -148,6 +148,8 @@ fn each_family_reads_back_the_call_its_template_renders() {
             "<｜end▁of▁sentence｜>",
         ),
         ("MiniMax-M3.jinja", Dialect::MiniMaxM3, "]~!b[", "[e~["),
+        // Kimi K3's XTML; a turn ends with `<|end_of_msg|>`.
+        ("Kimi-K3.jinja", Dialect::KimiK3, "", "<|end_of_msg|>"),
         // Gemma 4 ends a turn that calls with the opening of the tool's response.
         (
             "google-gemma-4-31B-it.jinja",
@@ -204,12 +206,14 @@ fn each_family_reads_back_the_call_its_template_renders() {
             .unwrap_or_default()
             .trim_end();
         let form = AnswerForm::of_prompt(Some(&sources[n]), prompt);
-        let answer = match (
-            form.opens_in_thought,
-            turn.trim_start().starts_with("</think>"),
-        ) {
+        // Where the thought ends: `</think>`, or Kimi K3's thinking channel's close.
+        let close = match dialect {
+            Dialect::KimiK3 => dialects::reasoning::KIMI_K3_TAGS.1,
+            _ => "</think>",
+        };
+        let answer = match (form.opens_in_thought, turn.trim_start().starts_with(close)) {
             (true, true) => format!("The user wants the weather.{turn}"),
-            (true, false) => format!("The user wants the weather.</think>{turn}"),
+            (true, false) => format!("The user wants the weather.{close}{turn}"),
             // The prompt closed an empty thought (DeepSeek V3.2 with thinking off), which
             // the history renders after the turn's start: the model goes on after it.
             (false, true) if prompt.ends_with("</think>") => {
@@ -259,10 +263,15 @@ fn each_family_reads_back_the_call_its_template_renders() {
         // the turn as that call, whole and streamed.
         let opener = Opener::of_template(Some(&sources[n]));
         let choice = ToolChoice::Function("get_weather".into());
-        let forced = forced::opening(opener, &choice, 0, false, &|n: &str| n.to_string())
+        // Kimi K3's forced opening closes its thinking channel itself, passing an empty
+        // response channel as its template writes a turn that only calls: it is checked
+        // from the thought's close on.
+        let k3_thought = *dialect == Dialect::KimiK3 && form.opens_in_thought;
+        let forced = forced::opening(opener, &choice, 0, k3_thought, &|n: &str| n.to_string())
             .expect("a named function is forced");
         let thought_end = ["</think>", "</mm:think>"]
             .into_iter()
+            .filter(|_| !k3_thought)
             .find_map(|tag| turn.find(tag).map(|at| at + tag.len()));
         let call_turn = match thought_end {
             Some(at) => &turn[at..],
@@ -275,7 +284,7 @@ fn each_family_reads_back_the_call_its_template_renders() {
         });
         for stream in [false, true] {
             let primed = AnswerForm {
-                opens_in_thought: false,
+                opens_in_thought: k3_thought,
                 primed: forced.primed.clone(),
                 ..form.clone()
             };

@@ -30,13 +30,14 @@ pub enum InferenceError {
         reason: String,
     },
     /// The model's architecture is not one this crate implements.
-    #[error("unsupported model architecture `{name}`{why} (supported model_types: {supported})")]
+    #[error("unsupported model architecture `{name}`{why} (supported: {supported})")]
     UnsupportedArchitecture {
         /// The `model_type` or GGUF architecture asked for.
         name: String,
         /// For a family known but not run yet, what is missing (`": …"`); else empty.
         why: String,
-        /// Every name that would load, from the family registry.
+        /// Every name that would load, from the family registry (GGUF and safetensors names
+        /// apart for a GGUF).
         supported: String,
     },
     /// A configuration value is missing or out of range.

@@ -208,6 +208,24 @@ fn a_gguf_of_an_unknown_architecture_is_refused() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A GGUF of a family shoal runs only from safetensors (Qwen3.5-MoE's, as llama.cpp writes
+/// it) is refused before any tensor is read, naming the family and the release to take.
+#[test]
+fn a_gguf_of_a_family_run_from_safetensors_only_says_which_release_to_take() {
+    let dir = temp_dir("bad-input-hybrid-arch");
+    let path = dir.join("qwen35moe.gguf");
+    std::fs::write(&path, small_llama_gguf("qwen35moe")).unwrap();
+    let err = Engine::load(&path, Some(WeightFormat::F32)).err().unwrap();
+    let message = err.to_string();
+    assert!(
+        matches!(err, InferenceError::UnsupportedArchitecture { ref name, .. } if name == "qwen35moe"),
+        "{message}"
+    );
+    assert!(message.contains("(`qwen3_5_moe`)"), "{message}");
+    assert!(message.contains("safetensors release"), "{message}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 

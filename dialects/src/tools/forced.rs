@@ -156,7 +156,23 @@ impl Opener {
             Opener::Dsml | Opener::DsmlV4 => format!("{marker}{name}\">\n"),
             Opener::Gemma4 => format!("{marker}{name}{{"),
             Opener::MiniMaxM3 => format!("{marker}{name}\">"),
-            Opener::KimiK3 => format!("{marker}{name}\"<|sep|>"),
+            // The template numbers a turn's calls from 1 (`index="1"` for its first).
+            Opener::KimiK3 => format!("{marker}{name}\" index=\"1\"<|sep|>"),
+        }
+    }
+
+    /// What closes the channel the prompt left open before a forced call: an open thought
+    /// (`</think>`); for Kimi K3 its thinking channel and then an empty response channel (a
+    /// turn that only calls is written `<|open|>response<|sep|><|close|>response<|sep|>`
+    /// before its tools), or with thinking off the response channel its prompt opened.
+    pub(crate) fn channel_close(self, in_thought: bool) -> &'static str {
+        match (self, in_thought) {
+            (Opener::KimiK3, true) => {
+                "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|>"
+            }
+            (Opener::KimiK3, false) => "<|close|>response<|sep|>",
+            (_, true) => "</think>\n\n",
+            (_, false) => "",
         }
     }
 }
@@ -185,7 +201,7 @@ pub fn opening(
         ToolChoice::Required => (opener.required(), opener.required()),
         ToolChoice::Function(name) => (opener.named(&mark(name), index), opener.named(name, index)),
     };
-    let close = if in_thought { "</think>\n\n" } else { "" };
+    let close = opener.channel_close(in_thought);
     Some(Forced {
         prompt: format!("{close}{prompt}"),
         primed: format!("{close}{primed}"),
@@ -339,12 +355,16 @@ mod tests {
         let mark = |n: &str| n.to_string();
         for opener in ALL_OPENERS {
             let forced = opening(opener, &ToolChoice::Required, 0, false, &mark).unwrap();
-            assert!(forced.prompt.starts_with(opener.marker()), "{opener:?}");
+            let after_channel = forced.prompt.strip_prefix(opener.channel_close(false));
+            assert!(
+                after_channel.is_some_and(|p| p.starts_with(opener.marker())),
+                "{opener:?}"
+            );
             assert_eq!(forced.primed, forced.prompt);
             // Every named opening goes on from `required`'s: it forces nothing a call of
             // some function would not write.
             let named = opener.named("f", 0);
-            assert!(named.starts_with(&forced.prompt), "{opener:?}");
+            assert!(named.starts_with(after_channel.unwrap()), "{opener:?}");
             assert_eq!(opening(opener, &ToolChoice::Auto, 0, false, &mark), None);
             assert_eq!(opening(opener, &ToolChoice::None, 0, false, &mark), None);
         }

@@ -26,6 +26,12 @@ impl Architecture {
         crate::models::registry::resolve(name).map(Architecture)
     }
 
+    /// The family of a GGUF file's `general.architecture` (llama.cpp's names), refused with
+    /// what to download instead where shoal runs the family from safetensors only.
+    pub fn parse_gguf(name: &str) -> Result<Architecture> {
+        crate::models::registry::resolve_gguf(name).map(Architecture)
+    }
+
     /// The registry key (mlx-lm's module name).
     pub fn key(self) -> &'static str {
         self.0

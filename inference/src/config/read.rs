@@ -161,7 +161,7 @@ impl ModelConfig {
                 InferenceError::BadConfig("GGUF metadata has no general.architecture".into())
             })?
             .to_owned();
-        let architecture = Architecture::parse(&arch_name)?;
+        let architecture = Architecture::parse_gguf(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> {
             file.get(&key(k))

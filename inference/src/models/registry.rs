@@ -61,6 +61,74 @@ pub const MODEL_REMAPPING: &[(&str, &str)] = &[
 /// the refusal says so rather than only listing what loads.
 pub const NOT_YET: &[(&str, &str)] = &[];
 
+/// llama.cpp's GGUF architecture names (its `llama-arch.cpp`) of families shoal runs from
+/// their safetensors releases but whose GGUF tensor layout it does not read yet, with the
+/// registry key of that family: a user holding such a GGUF is told the family is supported
+/// and which download to take instead, rather than only that the name is unknown.
+pub const GGUF_NOT_YET: &[(&str, &str)] = &[
+    ("deepseek32", "deepseek_v32"),
+    ("gemma3", "gemma3_text"),
+    ("gemma4", "gemma4_text"),
+    ("glm-dsa", "glm_moe_dsa"),
+    ("kimi-k3", "kimi_k3"),
+    ("kimi-linear", "kimi_linear"),
+    ("llama4", "llama4_text"),
+    ("minimax-m2", "minimax"),
+    ("minimax-m3", "minimax_m3_vl"),
+    ("mistral4", "mistral4"),
+    ("nemotron_h", "nemotron_h"),
+    ("nemotron_h_moe", "nemotron_h"),
+    ("qwen35", "qwen3_5"),
+    ("qwen35moe", "qwen3_5_moe"),
+    ("qwen3next", "qwen3_next"),
+    ("step35", "step3p5"),
+];
+
+/// The registry key of a GGUF file's `general.architecture`: only the names a family declares
+/// it reads ([`Family::gguf_architectures`]), never a `model_type` of the same spelling (a
+/// `gemma3` or `mistral4` GGUF is llama.cpp's layout, not the safetensors one the family
+/// reads). A family shoal runs only from safetensors is refused with the download to take.
+pub fn resolve_gguf(name: &str) -> Result<&'static str> {
+    if let Some((key, _)) = FAMILIES
+        .iter()
+        .find(|(_, family)| family.gguf_architectures().contains(&name))
+    {
+        return Ok(key);
+    }
+    let why = GGUF_NOT_YET
+        .iter()
+        .find(|(gguf, _)| *gguf == name)
+        .map(|(_, key)| {
+            format!(
+                ": shoal runs this family (`{key}`) from its safetensors release (config.json \
+                 and *.safetensors, as mlx-community publishes it, 4-bit or full precision) \
+                 but does not read llama.cpp's GGUF layout of it yet; download that release \
+                 instead"
+            )
+        })
+        .unwrap_or_default();
+    Err(InferenceError::UnsupportedArchitecture {
+        name: name.to_owned(),
+        why,
+        supported: format!(
+            "as GGUF, architectures {}; as safetensors, model_types {}",
+            supported_gguf_names(),
+            supported_names()
+        ),
+    })
+}
+
+/// Every GGUF `general.architecture` shoal reads, sorted and comma-separated.
+pub fn supported_gguf_names() -> String {
+    let mut names: Vec<&str> = FAMILIES
+        .iter()
+        .flat_map(|(_, family)| family.gguf_architectures().iter().copied())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names.join(", ")
+}
+
 /// The registry key of a `model_type` (after mlx-lm's remapping) or GGUF architecture name.
 pub fn resolve(name: &str) -> Result<&'static str> {
     let remapped = MODEL_REMAPPING
@@ -81,7 +149,7 @@ pub fn resolve(name: &str) -> Result<&'static str> {
                 .find(|(known, _)| *known == name)
                 .map(|(_, why)| format!(": {why}"))
                 .unwrap_or_default(),
-            supported: supported_names(),
+            supported: format!("model_types {}", supported_names()),
         })
 }
 
@@ -129,6 +197,39 @@ mod tests {
         assert!(err.contains("minimax_m2"), "{err}");
         assert!(err.contains("`gpt_neox`"), "{err}");
         assert_eq!(resolve("kimi_k3").unwrap(), "kimi_k3");
+    }
+
+    #[test]
+    fn a_gguf_resolves_only_by_the_names_its_family_reads() {
+        assert_eq!(resolve_gguf("qwen3moe").unwrap(), "qwen3_moe");
+        assert_eq!(resolve_gguf("deepseek2").unwrap(), "deepseek_v3");
+        // `mistral4` is a `model_type` too; as a GGUF it is llama.cpp's layout.
+        let err = resolve_gguf("mistral4").unwrap_err().to_string();
+        assert!(
+            err.contains("`mistral4`") && err.contains("safetensors release"),
+            "{err}"
+        );
+        let err = resolve_gguf("qwen35moe").unwrap_err().to_string();
+        assert!(err.contains("(`qwen3_5_moe`)"), "{err}");
+        assert!(
+            err.contains("as GGUF, architectures deepseek2, glm4moe, gpt-oss, llama"),
+            "{err}"
+        );
+        // An unknown name gets no family's reason, and still every name that loads.
+        let err = resolve_gguf("mamba").unwrap_err().to_string();
+        assert!(!err.contains("safetensors release"), "{err}");
+        assert!(err.contains("qwen3_5_moe"), "{err}");
+    }
+
+    #[test]
+    fn every_gguf_not_yet_names_a_family_that_does_not_read_it() {
+        for (gguf, key) in GGUF_NOT_YET {
+            let family = by_key(key).unwrap_or_else(|| panic!("{key} is not registered"));
+            assert!(
+                !family.gguf_architectures().contains(gguf),
+                "{gguf} is read"
+            );
+        }
     }
 
     #[test]
