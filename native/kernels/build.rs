@@ -22,10 +22,7 @@ fn main() {
     // This crate's test binaries load libmlx.so from the prepared MLX (a library target links
     // nothing, so only they see this).
     let mlx_lib = from_mlx_sys("LIB_DIR");
-    println!(
-        "cargo:rustc-link-arg=-Wl,-rpath,{}",
-        mlx_lib.display()
-    );
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", mlx_lib.display());
 
     // The primitives, compiled like mlx-c against the prepared MLX's headers; this crate depends
     // on mlx-sys, so they are linked before mlx-c and MLX.
