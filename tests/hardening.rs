@@ -414,7 +414,7 @@ fn an_unknown_hub_id_without_a_route_to_the_hub_fails_fast() {
 /// A node with no network but loopback (a laptop offline): the mDNS library fails every
 /// query it sends, about three times a second (850 warnings in five minutes, probed
 /// 2026-12-04). The node shows each discovery warning once a minute per call site
-/// (`src/logging.rs`), so after 10 s its log holds a handful, not thirty, and it still serves.
+/// (`node/src/logging.rs`), so after 10 s its log holds a handful, not thirty, and it still serves.
 #[test]
 fn an_offline_node_does_not_repeat_discovery_warnings() {
     let Some((net, mut nodes)) = TestNet::create(

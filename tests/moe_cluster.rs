@@ -222,7 +222,7 @@ fn ranks(created: &Value) -> BTreeMap<String, (usize, usize)> {
 }
 
 /// How late the nodes named in [`HubCluster::start`]'s `late_view` see other nodes' removals
-/// of instance copies (`SHOAL_FAULT_LATE_COPY_REMOVALS_MS`, `src/late_removals.rs`): the order
+/// of instance copies (`SHOAL_FAULT_LATE_COPY_REMOVALS_MS`, `node/src/late_removals.rs`): the order
 /// in which a deleted instance once came back, made certain. Shorter than [`delete`]'s wait
 /// after the deletion, so a copy that stays is one written again.
 const LATE_VIEW_MS: u64 = 2_000;

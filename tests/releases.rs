@@ -1,6 +1,6 @@
 //! Releases across a cluster, with real nodes in namespaces and two builds of the binary that
 //! differ only in their release: a copy of this test's `shoal` whose build stamp (the one
-//! string every part of the binary reads its release from, `src/release.rs`) is rewritten in
+//! string every part of the binary reads its release from, `node/src/release.rs`) is rewritten in
 //! place, byte for byte the same length.
 //!
 //! - A node whose protocol differs is refused: both nodes log the refusal naming both

@@ -1,5 +1,6 @@
 //! shoal's own CPU products with MLX affine-quantized weights (the C++ primitive in
-//! `native/mlx-sys/kernels/cpu_qmm.cpp`), and when a quantized product uses them.
+//! `native/kernels/cpp/cpu_qmm.cpp`, wrapped by the `shoal-kernels` crate's `kernels::qmm`), and
+//! when a quantized product uses them.
 //!
 //! MLX's CPU `quantized_matmul` unpacks weights one at a time: on this 2-core machine a 4-bit
 //! 2048 → 5632 product for one token takes 10.1 ms, where reading those 7.2 MB at the
@@ -35,7 +36,6 @@
 
 use crate::error::Result;
 use crate::quant_spec::{QuantMode, QuantSpec};
-use crate::raw_op::raw_op;
 use mlx_rs::{Array, Dtype};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -43,99 +43,14 @@ use std::sync::OnceLock;
 /// The variable that chooses the CPU quantized kernels (see the module docs).
 pub const QMM_ENV: &str = "SHOAL_QMM";
 
-/// Which path and instructions shoal's kernel uses (the numbers of
-/// `native/mlx-sys/kernels/affine_kernels.h`'s `Isa`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelIsa {
-    /// The fastest this CPU has (`SHOAL_QMM=int8`): below 32 rows the int8-activation
-    /// products (AVX-VNNI, AVX-512 VNNI or AVX2), from 32 rows dequantized tiles through sgemm.
-    Best,
-    /// x stays f32 everywhere (sgemm for many rows, AVX2 + FMA or plain C++ for few): the
-    /// same sums as a dequantize-then-multiply, to the float rounding. The default.
-    Exact,
-    /// Plain C++ with f32 x: the reference path, and what other CPUs run.
-    Scalar,
-    /// AVX2 + FMA with f32 x (what `Exact` uses for few rows).
-    Avx2,
-    /// int8 x in plain C++: the reference for the instruction-set forms below.
-    Int8Scalar,
-    /// int8 x with AVX2's `vpmaddubsw`.
-    Int8Avx2,
-    /// int8 x with AVX-VNNI's `vpdpbusd`.
-    Int8AvxVnni,
-    /// int8 x with AVX-512 VNNI's `vpdpbusd` on 256-bit registers.
-    Int8Avx512Vnni,
-}
+pub use kernels::{AffineOperands, KernelIsa};
 
-impl KernelIsa {
-    /// Every path, for tests that check each one this CPU has.
-    pub const ALL: [KernelIsa; 8] = [
-        KernelIsa::Best,
-        KernelIsa::Exact,
-        KernelIsa::Scalar,
-        KernelIsa::Avx2,
-        KernelIsa::Int8Scalar,
-        KernelIsa::Int8Avx2,
-        KernelIsa::Int8AvxVnni,
-        KernelIsa::Int8Avx512Vnni,
-    ];
-
-    fn code(self) -> i32 {
-        match self {
-            KernelIsa::Best => 0,
-            KernelIsa::Scalar => 1,
-            KernelIsa::Avx2 => 2,
-            KernelIsa::Int8Scalar => 3,
-            KernelIsa::Int8Avx2 => 4,
-            KernelIsa::Int8AvxVnni => 5,
-            KernelIsa::Int8Avx512Vnni => 6,
-            KernelIsa::Exact => 7,
-        }
+/// The kernels' name for a matrix's quantization.
+fn layout(spec: QuantSpec) -> kernels::Layout {
+    kernels::Layout {
+        group_size: spec.group_size,
+        bits: spec.bits,
     }
-
-    /// Whether this CPU runs this path (a path it lacks falls back to plain C++ with f32 x).
-    pub fn is_available(self) -> bool {
-        // SAFETY: a pure query of the CPU's features.
-        unsafe { mlx_sys::shoal_cpu_qmm_isa_available(self.code()) == 1 }
-    }
-
-    /// The paths this CPU runs.
-    pub fn available() -> Vec<KernelIsa> {
-        KernelIsa::ALL
-            .into_iter()
-            .filter(|isa| isa.is_available())
-            .collect()
-    }
-
-    /// Whether this path rounds x to int8 for a product of `rows` rows with groups of
-    /// `group_size` and `bits`-bit weights (then each output may differ from the exact sum
-    /// by up to `sum |s * (q - middle)| * dx / 2`, `dx` the row's `max|x| / 127` per chunk of
-    /// 32).
-    pub fn rounds_x(self, rows: usize, group_size: i32, bits: i32) -> bool {
-        let fits = matches!(bits, 4 | 8) && group_size % 32 == 0;
-        match self {
-            KernelIsa::Best => fits && rows < INT8_BELOW_ROWS && best_int8_exists(),
-            KernelIsa::Int8Scalar
-            | KernelIsa::Int8Avx2
-            | KernelIsa::Int8AvxVnni
-            | KernelIsa::Int8Avx512Vnni => fits && self.is_available(),
-            _ => false,
-        }
-    }
-}
-
-/// Rows from which `Best` multiplies dequantized tiles with sgemm (x in f32) instead of
-/// rounding x to int8 (`SGEMM_FROM_ROWS` in `affine_kernels.cpp`).
-const INT8_BELOW_ROWS: usize = 32;
-
-fn best_int8_exists() -> bool {
-    [
-        KernelIsa::Int8Avx2,
-        KernelIsa::Int8AvxVnni,
-        KernelIsa::Int8Avx512Vnni,
-    ]
-    .into_iter()
-    .any(KernelIsa::is_available)
 }
 
 /// Set by [`round_x_to_int8`]: 0 as `SHOAL_QMM` says, 1 x exact, 2 x rounded to int8.
@@ -230,18 +145,13 @@ pub fn affine_dequantize(
     spec: QuantSpec,
     isa: KernelIsa,
 ) -> Result<Array> {
-    raw_op("shoal_cpu_affine_dequantize", |res, stream| unsafe {
-        mlx_sys::shoal_cpu_affine_dequantize(
-            res,
-            packed.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-            spec.group_size,
-            spec.bits,
-            isa.code(),
-            stream,
-        )
-    })
+    Ok(kernels::affine_dequantize(
+        packed,
+        scales,
+        biases,
+        layout(spec),
+        isa,
+    )?)
 }
 
 /// `x @ dequantize(packed, scales, biases)^T` with shoal's CPU kernel: `x` f32 `[..., k]`,
@@ -255,19 +165,14 @@ pub fn affine_product(
     spec: QuantSpec,
     isa: KernelIsa,
 ) -> Result<Array> {
-    raw_op("shoal_cpu_affine_qmm", |res, stream| unsafe {
-        mlx_sys::shoal_cpu_affine_qmm(
-            res,
-            x.as_ptr(),
-            packed.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-            spec.group_size,
-            spec.bits,
-            isa.code(),
-            stream,
-        )
-    })
+    Ok(kernels::affine_product(
+        x,
+        packed,
+        scales,
+        biases,
+        layout(spec),
+        isa,
+    )?)
 }
 
 /// The gathered product (MLX's `gather_qmm` with expert indices only) with shoal's CPU
@@ -283,31 +188,15 @@ pub fn affine_gather_product(
     spec: QuantSpec,
     isa: KernelIsa,
 ) -> Result<Array> {
-    raw_op("shoal_cpu_affine_gather_qmm", |res, stream| unsafe {
-        mlx_sys::shoal_cpu_affine_gather_qmm(
-            res,
-            x.as_ptr(),
-            packed.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-            experts.as_ptr(),
-            spec.group_size,
-            spec.bits,
-            isa.code(),
-            stream,
-        )
-    })
-}
-
-/// One quantized matrix's arrays as shoal's kernel reads them (`[n, k * bits / 32]` packed
-/// words, `[n, k / group]` scales and biases).
-pub struct AffineOperands<'a> {
-    /// The packed words.
-    pub packed: &'a Array,
-    /// Per-group scales.
-    pub scales: &'a Array,
-    /// Per-group biases.
-    pub biases: &'a Array,
+    Ok(kernels::affine_gather_product(
+        x,
+        packed,
+        scales,
+        biases,
+        experts,
+        layout(spec),
+        isa,
+    )?)
 }
 
 /// `silu(x @ gate^T) * (x @ up^T)` with shoal's CPU kernel, as one primitive (SwiGLU's two
@@ -320,21 +209,5 @@ pub fn swiglu_product(
     spec: QuantSpec,
     isa: KernelIsa,
 ) -> Result<Array> {
-    raw_op("shoal_cpu_swiglu_qmm", |res, stream| unsafe {
-        // SAFETY: live handles, which the entry only reads; it fills `res` or reports.
-        mlx_sys::shoal_cpu_swiglu_qmm(
-            res,
-            x.as_ptr(),
-            gate.packed.as_ptr(),
-            gate.scales.as_ptr(),
-            gate.biases.as_ptr(),
-            up.packed.as_ptr(),
-            up.scales.as_ptr(),
-            up.biases.as_ptr(),
-            spec.group_size,
-            spec.bits,
-            isa.code(),
-            stream,
-        )
-    })
+    Ok(kernels::swiglu_product(x, gate, up, layout(spec), isa)?)
 }

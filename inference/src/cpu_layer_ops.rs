@@ -1,6 +1,7 @@
 //! A layer's small operations — RMS norm, rotary embeddings, attention of a few new positions —
-//! as one MLX primitive each on the CPU (`native/mlx-sys/kernels/cpu_layer_ops.cpp`), and as
-//! MLX's `fast::` operations everywhere else.
+//! as one MLX primitive each on the CPU (`native/kernels/cpp/cpu_layer_ops.cpp`, wrapped by the
+//! `shoal-kernels` crate's `kernels::layer_ops`), and as MLX's `fast::` operations everywhere
+//! else.
 //!
 //! MLX 0.32 has no CPU kernels for `fast::rms_norm`, `fast::rope` or
 //! `fast::scaled_dot_product_attention`: on the CPU each becomes its composition (5, ~15 and 8
@@ -14,7 +15,7 @@
 //! MLX's form, whose matrix products go through the BLAS.
 
 use crate::error::Result;
-use crate::raw_op::raw_op;
+pub use kernels::RopePositions;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{Array, Dtype};
 use std::sync::OnceLock;
@@ -41,12 +42,6 @@ pub fn enabled() -> bool {
     })
 }
 
-/// An empty mlx-c handle: "no array" for an optional operand.
-fn no_array() -> mlx_sys::mlx_array {
-    // SAFETY: an empty handle, which the entry points read as absent and never free.
-    unsafe { mlx_sys::mlx_array_new() }
-}
-
 /// `x / sqrt(mean(x²) + eps) · w` over the last axis (`fast::rms_norm`).
 pub fn rms_norm<'a>(
     x: impl AsRef<Array>,
@@ -65,19 +60,7 @@ pub fn rms_norm<'a>(
 /// [`rms_norm`] as shoal's primitive, whatever the device (float32 `x`, and `w` one weight per
 /// element of `x`'s last axis; anything else is an error).
 pub fn fused_rms_norm(x: &Array, w: &Array, eps: f32) -> Result<Array> {
-    raw_op("shoal_cpu_rms_norm", |res, stream| unsafe {
-        // SAFETY: live handles; the entry fills `res` or reports an error.
-        mlx_sys::shoal_cpu_rms_norm(res, x.as_ptr(), w.as_ptr(), eps, stream)
-    })
-}
-
-/// How a rotation's positions are given.
-#[derive(Clone, Copy)]
-pub enum RopePositions<'a> {
-    /// Position `offset + i` for the `i`-th of `x`'s positions, in every batch entry.
-    From(i32),
-    /// Batch entry `b`'s single position is `starts[b]` (`[batch]`, int32).
-    PerEntry(&'a Array),
+    Ok(kernels::fused_rms_norm(x, w, eps)?)
 }
 
 /// Rotary embeddings in the half-split layout over the first `dims` features of `x` `[batch,
@@ -119,25 +102,9 @@ pub fn fused_rope(
     positions: RopePositions<'_>,
     periods: Option<&Array>,
 ) -> Result<Array> {
-    let (offset, starts) = match positions {
-        RopePositions::From(offset) => (offset, no_array()),
-        RopePositions::PerEntry(starts) => (0, starts.as_ptr()),
-    };
-    let periods = periods.map_or_else(no_array, Array::as_ptr);
-    raw_op("shoal_cpu_rope", |res, stream| unsafe {
-        // SAFETY: live handles (or empty ones for absent operands), which the entry only reads.
-        mlx_sys::shoal_cpu_rope(
-            res,
-            x.as_ptr(),
-            dims,
-            base.unwrap_or(0.0),
-            scale,
-            offset,
-            starts,
-            periods,
-            stream,
-        )
-    })
+    Ok(kernels::fused_rope(
+        x, dims, base, scale, positions, periods,
+    )?)
 }
 
 /// Scaled dot-product attention (`fast::scaled_dot_product_attention`): queries `[batch,
@@ -181,22 +148,5 @@ pub fn fused_attention(
     scale: f32,
     mask: Option<ScaledDotProductAttentionMask<'_>>,
 ) -> Result<Array> {
-    let (mode, mask) = match mask {
-        None => (0, no_array()),
-        Some(ScaledDotProductAttentionMask::Causal) => (1, no_array()),
-        Some(ScaledDotProductAttentionMask::Array(m)) => (0, m.as_ptr()),
-    };
-    raw_op("shoal_cpu_attention", |res, stream| unsafe {
-        // SAFETY: live handles (or an empty one for no mask), which the entry only reads.
-        mlx_sys::shoal_cpu_attention(
-            res,
-            q.as_ptr(),
-            k.as_ptr(),
-            v.as_ptr(),
-            scale,
-            mode,
-            mask,
-            stream,
-        )
-    })
+    Ok(kernels::fused_attention(q, k, v, scale, mask)?)
 }

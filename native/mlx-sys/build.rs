@@ -72,59 +72,6 @@ fn main() {
         .write_to_file(out.join("bindings.rs"))
         .expect("cannot write bindings.rs");
 
-    // shoal's CPU kernels, as MLX primitives (`kernels/`): compiled like mlx-c, against the
-    // prepared MLX's headers, and linked before it.
-    println!("cargo:rerun-if-changed=kernels");
-    let mlx_include = mlx_lib
-        .parent()
-        .map(|root| root.join("include"))
-        .expect("MLX's library directory has a parent");
-    cc::Build::new()
-        .cpp(true)
-        .std("c++20")
-        .opt_level(3)
-        .flag_if_supported("-Wno-unused-parameter")
-        .flag_if_supported("-Wno-unused-variable")
-        .include(&mlx_include)
-        .include(&mlx_c_src)
-        .file("kernels/cpu_qmm.cpp")
-        .file("kernels/affine_kernels.cpp")
-        .file("kernels/int8_path.cpp")
-        .file("kernels/cpu_layer_ops.cpp")
-        .compile("shoal_kernels");
-    // The int8 products, one library per instruction set, each compiled for its instructions
-    // (chosen at run time by `int8_path.cpp`, so the rest of the build stays baseline x86-64),
-    // linked after the kernels that call them.
-    if env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
-        let avx2: &[&str] = &["-mavx2", "-mfma", "-mf16c"];
-        let evex: &[&str] = &[
-            "-mavx512f",
-            "-mavx512vl",
-            "-mavx512bw",
-            "-mavx512vnni",
-            "-DSHOAL_EVEX_VNNI",
-        ];
-        for (library, file, extra) in [
-            ("int8_avx2", "int8_avx2", &[][..]),
-            ("int8_avxvnni", "int8_vnni", &["-mavxvnni"][..]),
-            ("int8_avx512vnni", "int8_vnni", evex),
-        ] {
-            let mut build = cc::Build::new();
-            // One object folder per library: int8_vnni.cpp is compiled twice.
-            build
-                .cpp(true)
-                .std("c++20")
-                .opt_level(3)
-                .out_dir(out.join(library));
-            for flag in avx2.iter().chain(extra) {
-                build.flag(flag);
-            }
-            build
-                .file(format!("kernels/{file}.cpp"))
-                .compile(&format!("shoal_{library}"));
-        }
-    }
-
     println!("cargo:rustc-link-search=native={}", mlx_c_lib.display());
     println!("cargo:rustc-link-lib=static=mlxc");
     println!("cargo:rustc-link-search=native={}", mlx_lib.display());
@@ -135,6 +82,15 @@ fn main() {
     } else {
         println!("cargo:rustc-link-lib=dylib=stdc++");
     }
+    // shoal's CPU kernels (`native/kernels`, the `shoal-kernels` crate) are compiled by their own
+    // build script against the headers of this very MLX and mlx-c: it reads them as
+    // DEP_MLX_INCLUDE and DEP_MLX_C_INCLUDE, so a kernel edit never reruns bindgen.
+    let mlx_include = mlx_lib
+        .parent()
+        .map(|root| root.join("include"))
+        .expect("MLX's library directory has a parent");
+    println!("cargo::metadata=include={}", mlx_include.display());
+    println!("cargo::metadata=c_include={}", mlx_c_src.display());
     // Final binaries read this as DEP_MLX_LIB_DIR to set their run path to MLX's shared library.
     println!("cargo::metadata=lib_dir={}", mlx_lib.display());
     // ... and this as DEP_MLX_BACKEND: which build setup prepared (`cpu`, `cuda-12`, `cuda-13`,

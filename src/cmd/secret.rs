@@ -1,6 +1,6 @@
 //! `shoal secret`: makes the `cluster.secret` file in the data directory (or shows it) and
 //! prints how to start the other machines. A node reads it at start
-//! ([`crate::start::resolve_secret`]: the flag or variable first, then this file).
+//! ([`node::start::resolve_secret`]: the flag or variable first, then this file).
 
 use anyhow::Context;
 use clap::Args;
@@ -72,7 +72,7 @@ fn write_private(dir: &Path, path: &Path, text: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::start::resolve_secret as resolve;
+    use node::start::resolve_secret as resolve;
 
     #[test]
     fn the_flag_wins_then_the_file_then_none() {

@@ -315,7 +315,7 @@ pub fn bench_inference(args: &[String]) -> Result<(), String> {
             shoal_generate("f32", None, streams),
         ));
         // The same file kept 4-bit (Q4_1 repacked as MLX affine 4-bit), its products on
-        // shoal's CPU kernel (`native/mlx-sys/kernels`): an eighth of f32's weight bytes.
+        // shoal's CPU kernel (`native/kernels`): an eighth of f32's weight bytes.
         contenders.push((
             if streams == 1 {
                 "shoal 4-bit (the default)"

@@ -51,7 +51,7 @@ const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea3
 /// suggest for a first request (the tests and the xtask use the kit's cluster-API client);
 /// Chromium and its chromedriver run the dashboard's browser tests (headless, driven by
 /// Selenium from the venv); the aarch64 cross compiler and qemu-user run the CPU kernel's NEON
-/// paths (`native/mlx-sys/tests/aarch64_under_qemu.rs`).
+/// paths (`native/kernels/tests/aarch64_under_qemu.rs`).
 const DEBIAN_PACKAGES: &[&str] = &[
     "cmake",
     "g++",

@@ -3,9 +3,9 @@
 //! settings.
 //!
 //! The node has two faces over this state, each in a file of its own:
-//! - **the API** (`Api`, src/api/): the gateway's `Backend`, answering HTTP requests
+//! - **the API** (`Api`, `api/`): the gateway's `Backend`, answering HTTP requests
 //!   (instances, the model list, chat through `chat::route`);
-//! - **the executor** (`Executor`, src/executor.rs): applies the control plane's effects
+//! - **the executor** (`Executor`, `executor.rs`): applies the control plane's effects
 //!   (records written, runners started, commanded and stopped).
 //!
 //! Neither face owns the other: both read and change the node through this type.

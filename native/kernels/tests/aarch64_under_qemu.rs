@@ -1,7 +1,7 @@
 //! The CPU product's aarch64 paths (NEON for 4-bit decode rows), cross-compiled with Debian's
 //! `aarch64-linux-gnu-g++` and run under `qemu-aarch64` (both installed by `cargo xtask
 //! setup`): no aarch64 machine is at hand, and the product's tests in `inference` run on the
-//! host's instructions only. The check itself is `kernels/check/aarch64_product.cpp` (against
+//! host's instructions only. The check itself is `cpp/check/aarch64_product.cpp` (against
 //! an f64 reference and the plain C++ path); a broken NEON path fails it (offsetting its x by
 //! one half block gave 0.56).
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
@@ -37,7 +37,7 @@ fn neon_products_equal_the_reference_under_qemu() {
     let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    let kernels = crate_dir.join("kernels");
+    let kernels = crate_dir.join("cpp");
     let out = std::env::temp_dir().join(format!("shoal-aarch64-check-{}", std::process::id()));
     let compiled = Command::new(tool("aarch64-linux-gnu-g++"))
         .args(["-std=c++20", "-O2", "-static", "-Wall"])

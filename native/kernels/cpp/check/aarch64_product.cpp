@@ -1,5 +1,5 @@
 // shoal: a check of the CPU product's aarch64 paths (NEON for 4-bit decode rows), built with a
-// cross compiler and run under qemu-aarch64 by `native/mlx-sys/tests/aarch64_under_qemu.rs`:
+// cross compiler and run under qemu-aarch64 by `native/kernels/tests/aarch64_under_qemu.rs`:
 // no aarch64 machine is at hand, and the product's tests in `inference` run on the host's
 // instruction set only. 4-bit weights in MLX's packing, groups of 32/64/128, 1 to 9 rows,
 // f32 and f16 scales; each output against an f64 reference and against the plain C++ path.

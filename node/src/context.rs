@@ -1,7 +1,7 @@
 //! [`NodeContext`]: what the node needs from the rest of the process (the mesh): its id, the
 //! replicated state, writes of its own records (the part the models need too,
 //! [`models::Cluster`]), the state's changes, and connections to other nodes for chat
-//! forwarding. The mesh supplies it (`MeshContext`, src/mesh_state.rs); unit tests use
+//! forwarding. The mesh supplies it (`MeshContext`, `mesh_state.rs`); unit tests use
 //! [`LocalOnly`], an in-memory lone node.
 
 #[cfg(test)]
@@ -23,7 +23,7 @@ pub trait NodeContext: models::Cluster {
     fn generation(&self) -> u64;
     /// Changes of the state, to react at once (the executor also ticks).
     fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<mesh::Event>>;
-    /// A connection to `node` on the chat-forwarding ALPN (src/chat/forward.rs), kept
+    /// A connection to `node` on the chat-forwarding ALPN (`chat/forward.rs`), kept
     /// open across requests; a node outside a mesh has none.
     fn open_chat(&self, node: String) -> BoxFuture<'_, Result<iroh::endpoint::Connection, String>> {
         Box::pin(async move { Err(format!("no mesh to reach node {node} through")) })

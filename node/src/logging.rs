@@ -48,6 +48,8 @@ pub fn init(verbose: u8) {
     use tracing_subscriber::filter::{dynamic_filter_fn, FilterExt};
     use tracing_subscriber::prelude::*;
     use tracing_subscriber::{fmt, EnvFilter};
+    // `shoal` selects the binary's events and this crate's (`shoal_node::…`): directives match
+    // targets by prefix.
     let default = match verbose {
         0 => "info",
         1 => "info,shoal=debug,mesh=debug,gateway=debug,inference=debug,placement=debug",
