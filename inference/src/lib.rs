@@ -3,12 +3,13 @@
 //! - [`models`]: the decoders as mlx-lm lays them out (a shared base, one file per family:
 //!   Llama, Qwen2, Qwen3) and the shard of a layer range; [`config`], [`rope`], [`kv_cache`],
 //!   [`linear`] under them.
-//! - [`gguf`], [`gguf_kquant`], [`quant`], [`weights`]: reading GGUF files and Hugging Face folders into the
-//!   fastest representation for the backend; [`loader`]: the one model loader (with the load
-//!   watchdog the runner uses).
-//! - [`tokenizer`], [`chat_template`], [`detokenizer`]: tokens in and out, chat templates.
-//! - [`request`], [`forward`], [`generate`], [`sampling`]: generation, one loop over any
-//!   [`forward::Forward`]; [`engine`]: a whole model in this process.
+//! - [`quant`], [`weights`]: reading GGUF files (through the `formats` crate) and Hugging Face
+//!   folders into the fastest representation for the backend; [`loader`]: the one model loader
+//!   (with the load watchdog the runner uses).
+//! - Tokens in and out (tokenizer, chat templates, detokenizer, constraints, the sampler) are the
+//!   `text` crate's; the request and the runner protocol are `wire`'s: neither links MLX.
+//! - [`generate`]: generation, one loop over any model; [`engine`]: a whole model in this
+//!   process.
 //! - [`batch`]: many requests at once (continuous batching), [`sequence`]: each token's
 //!   fate, the same alone and in a batch.
 //! - [`ring`], [`stage`], [`pipeline`], [`tensor_stage`]: one model across several processes
