@@ -73,8 +73,8 @@ fn a_node_builds_the_prompt_transformers_builds_from_an_openai_request() {
             .iter()
             .map(|v| v.as_u64().expect("a token id") as u32)
             .collect();
-        let mut facts = models::ModelFacts::read(&folder)
-            .unwrap_or_else(|e| panic!("{dialect}: the model's facts: {e}"));
+        let mut facts =
+            facts::read(&folder).unwrap_or_else(|e| panic!("{dialect}: the model's facts: {e}"));
         facts.tokenizer.template_clock = TemplateClock::Fixed(RENDERED_AT);
         let parsed = gateway::openai::request::parse_chat_request(&body)
             .unwrap_or_else(|e| panic!("{dialect}: the gateway refused the request: {e:?}"));

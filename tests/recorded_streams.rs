@@ -1,7 +1,7 @@
 //! Tool calls and reasoning from real tokenizers' token streams, through every API's official
 //! client. A model's answer, written in its family's dialect, is encoded with the family's
 //! real tokenizer, decoded one token at a time by the runner's own streaming detokenizer
-//! (`inference::detokenizer::StreamDecoder`, up to the end token, where the runner stops),
+//! (`text::detokenizer::StreamDecoder`, up to the end token, where the runner stops),
 //! and the pieces are replayed by the gateway's fake backend (`pieces: {...}`) with the
 //! answer's form a node would give it: the dialect and the thought the prompt opens, from
 //! the family's real chat template rendered with the tool offered
@@ -45,14 +45,14 @@
 
 use dialects::answer::AnswerForm;
 use dialects::tools::dialect::Dialect;
+use formats::gguf::GgufFile;
 use gateway::fake::FakeBackend;
-use inference::detokenizer::StreamDecoder;
-use inference::gguf::GgufFile;
 use inference::{TemplateInput, Tokenizer, ToolSpec};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use text::detokenizer::StreamDecoder;
 
 /// `<cache>/reference`, where setup puts llama.cpp's files and the real tokenizers.
 fn reference() -> PathBuf {
@@ -250,7 +250,7 @@ fn load(r: &Recorded) -> (Tokenizer, AnswerForm) {
         description: Some("Weather of a city".into()),
         parameters: Some(spec["parameters"].to_string()),
     }];
-    let messages = [inference::tokenizer::ChatMessage::new(
+    let messages = [text::tokenizer::ChatMessage::new(
         "user",
         "What is the weather in Paris?",
     )];

@@ -1,11 +1,9 @@
 //! `shoal runner` as a real child process: frames on stdin/stdout, the SmolLM2 fixture, a
 //! failed load, and the load watchdog's exit.
 
-use inference::runner::protocol::{
-    read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding,
-};
 use inference::{ChatMessage, GenerateRequest, Prompt};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use wire::runner::{read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding};
 
 fn fixture() -> String {
     let p = kit::dirs::default_model_path();

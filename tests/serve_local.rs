@@ -15,6 +15,7 @@
 #[path = "serve_local/prompt_limits.rs"]
 mod prompt_limits;
 
+use inference::memory::MemoryOf;
 use kit::netns::{self, Netns, Spec};
 use kit::node_process::{ShoalNode, API_PORT};
 use serde_json::Value;

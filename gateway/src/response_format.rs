@@ -2,7 +2,7 @@
 //! chat's `response_format`, Responses' `text.format`, Ollama's `format`. The node that
 //! renders the prompt compiles it into the engine's output constraint (llguidance), which
 //! refuses a schema keyword it cannot enforce with a 400 naming it; the answer is then
-//! decoded under it, so it always parses (see `inference::constraint`).
+//! decoded under it, so it always parses (see `text::constraint`).
 //!
 //! A schema keeps its keys in the order the client wrote them (its properties come out in
 //! that order).

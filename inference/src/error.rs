@@ -105,6 +105,42 @@ impl From<crate::ring::RingError> for InferenceError {
     }
 }
 
+/// A model file's fault, as this crate reports it (the same message).
+impl From<formats::FormatError> for InferenceError {
+    fn from(e: formats::FormatError) -> Self {
+        use formats::FormatError as F;
+        match e {
+            F::Io { path, source } => InferenceError::Io { path, source },
+            F::BadGguf { path, reason } => InferenceError::BadGguf { path, reason },
+            F::MissingTensor(name) => InferenceError::MissingTensor(name),
+            F::BadTensor { name, reason } => InferenceError::BadTensor { name, reason },
+        }
+    }
+}
+
+/// The text side's fault (tokenizer, template, constraint), as this crate reports it (the same
+/// message).
+impl From<text::TextError> for InferenceError {
+    fn from(e: text::TextError) -> Self {
+        use text::TextError as T;
+        match e {
+            T::Format(e) => e.into(),
+            T::Io { path, source } => InferenceError::Io { path, source },
+            T::BadConfig(m) => InferenceError::BadConfig(m),
+            T::Tokenizer(m) => InferenceError::Tokenizer(m),
+            T::ChatTemplate(m) => InferenceError::ChatTemplate(m),
+            T::InvalidRequest(m) => InferenceError::InvalidRequest(m),
+        }
+    }
+}
+
+/// A request's parameter out of range (`wire` checks sampling parameters and weight formats).
+impl From<wire::sampling::InvalidRequest> for InferenceError {
+    fn from(e: wire::sampling::InvalidRequest) -> Self {
+        InferenceError::InvalidRequest(e.0)
+    }
+}
+
 impl From<mlx_rs::error::Exception> for InferenceError {
     fn from(e: mlx_rs::error::Exception) -> Self {
         InferenceError::Mlx(e.what().to_owned())

@@ -15,10 +15,10 @@ use std::time::Instant;
 /// The prompt as token ids.
 pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>> {
     match prompt {
-        Prompt::Text(t) => tokenizer.encode_prompt(t),
+        Prompt::Text(t) => Ok(tokenizer.encode_prompt(t)?),
         Prompt::Chat(messages) => {
             let text = tokenizer.apply_chat_template(messages, true)?;
-            tokenizer.encode(&text)
+            Ok(tokenizer.encode(&text)?)
         }
         Prompt::Tokens(ids) => Ok(ids.clone()),
     }

@@ -3,12 +3,13 @@
 //! - [`models`]: the decoders as mlx-lm lays them out (a shared base, one file per family:
 //!   Llama, Qwen2, Qwen3) and the shard of a layer range; [`config`], [`rope`], [`kv_cache`],
 //!   [`linear`] under them.
-//! - [`gguf`], [`gguf_kquant`], [`quant`], [`weights`]: reading GGUF files and Hugging Face folders into the
-//!   fastest representation for the backend; [`loader`]: the one model loader (with the load
-//!   watchdog the runner uses).
-//! - [`tokenizer`], [`chat_template`], [`detokenizer`]: tokens in and out, chat templates.
-//! - [`request`], [`forward`], [`generate`], [`sampling`]: generation, one loop over any
-//!   [`forward::Forward`]; [`engine`]: a whole model in this process.
+//! - [`quant`], [`weights`]: reading GGUF files (through the `formats` crate) and Hugging Face
+//!   folders into the fastest representation for the backend; [`loader`]: the one model loader
+//!   (with the load watchdog the runner uses).
+//! - Tokens in and out (tokenizer, chat templates, detokenizer, constraints, the sampler) are the
+//!   `text` crate's; the request and the runner protocol are `wire`'s: neither links MLX.
+//! - [`generate`]: generation, one loop over any model; [`engine`]: a whole model in this
+//!   process.
 //! - [`batch`]: many requests at once (continuous batching), [`sequence`]: each token's
 //!   fate, the same alone and in a batch.
 //! - [`ring`], [`stage`], [`pipeline`], [`tensor_stage`]: one model across several processes
@@ -17,20 +18,15 @@
 //! - [`runner`]: one instance (or one rank of it) in its own process, driven by its node.
 
 pub mod batch;
-pub mod chat_template;
 pub mod config;
-pub mod constraint;
 pub mod cpu_kernels;
 pub mod cpu_layer_ops;
-pub mod detokenizer;
 pub mod engine;
 pub mod error;
 pub mod export;
 pub mod generate;
 pub mod ggml_mxfp4;
 pub mod ggml_repack;
-pub mod gguf;
-pub mod gguf_kquant;
 pub mod kv_cache;
 pub mod kv_rows;
 pub mod linear;
@@ -44,36 +40,39 @@ pub mod quant;
 pub mod quant_spec;
 pub mod quantized;
 mod raw_op;
-pub mod request;
 pub mod ring;
 pub mod rope;
 pub mod runner;
-pub mod sampling;
 pub mod sequence;
 pub mod sequence_forward;
 pub mod sliding_window;
 pub mod stage;
-pub mod template_json;
 pub mod tensor_divisors;
 pub mod tensor_split;
 pub mod tensor_stage;
-mod token_bytes;
-pub mod tokenizer;
-pub mod untrusted_text;
 pub mod vision;
 pub mod weights;
 
-pub use chat_template::{DateTime, TemplateClock, TemplateInput, ToolCall, ToolSpec};
+// The text side and the GGUF reader are crates below this one (`text`, `formats`), the request
+// and the runner protocol `wire`'s; they keep their paths inside this crate.
+use formats::{gguf, gguf_kquant};
+use text::{constraint, detokenizer, sampling, tokenizer};
+use wire::request;
+
 pub use config::{Architecture, ModelConfig};
-pub use constraint::OutputConstraint;
 pub use engine::Engine;
 pub use error::{InferenceError, Result};
 pub use loader::LoadOptions;
 pub use models::shard::{ModelShard, ShardInput};
-pub use request::{
-    Completion, FinishReason, GenerateRequest, Prompt, TokenEvent, TokenLogprobs, TopLogprob,
-};
-pub use sampling::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};
-pub use tokenizer::{ChatMessage, Tokenizer};
 pub use vision::{ChatImage, ImagePrompt};
 pub use weights::WeightFormat;
+// The types of this crate's own API (`Engine::generate`, the runner, the tokenizer a model
+// loads with), defined below it, so that a caller of a model names them through it.
+pub use text::{
+    ChatMessage, DateTime, TemplateClock, TemplateInput, Tokenizer, ToolCall, ToolSpec,
+};
+pub use wire::constraint::OutputConstraint;
+pub use wire::request::{
+    Completion, FinishReason, GenerateRequest, Prompt, TokenEvent, TokenLogprobs, TopLogprob,
+};
+pub use wire::sampling::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS};

@@ -9,6 +9,7 @@ use crate::gguf::GgufFile;
 use crate::models::shard::ModelShard;
 use crate::ring::RingGroup;
 use crate::tokenizer::Tokenizer;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufSource, SafetensorsSource, TensorSource, WeightFormat};
 use std::ops::Range;
 use std::path::Path;

@@ -9,7 +9,7 @@
 //! placement counts is the memory the runner holds.
 
 use crate::config::ModelConfig;
-use crate::weights::{available_memory_bytes, WeightFormat};
+use crate::weights::{available_memory_bytes, FormatOnMlx, WeightFormat};
 
 /// What a runner process holds besides weights and KV cache: MLX and its allocator's pools,
 /// one step's activations, the tokenizer, the process (measured: an idle SmolLM2 runner's RSS
@@ -168,25 +168,20 @@ impl KvGrowth {
     }
 }
 
-/// What one instance of a model holds while it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InstanceMemory {
-    /// The weights as they run.
-    pub weights: u64,
-    /// The KV-cache budget (of [`DEFAULT_KV_TOKENS`] positions, at most the context).
-    pub kv_budget: u64,
-    /// [`RUNNER_OVERHEAD_BYTES`].
-    pub overhead: u64,
-    /// The vision tower and projector as they run (float32), held by the rank that embeds
-    /// (see [`crate::vision`]); 0 for a model without one.
-    pub vision: u64,
-}
+pub use placement::InstanceMemory;
 
-impl InstanceMemory {
+/// Counting an instance's memory from its model: a trait because [`InstanceMemory`] is plain
+/// data in `placement` (what it counts, and what the node's model facts carry), while counting it
+/// needs the model's configuration and the runner's weight format.
+pub trait MemoryOf: Sized {
     /// The memory of an instance of `config` (stored in `bytes_on_disk`) on this build's
     /// backend, in the representation it runs by default
-    /// ([`WeightFormat::preferred`]).
-    pub fn of(config: &ModelConfig, bytes_on_disk: u64) -> InstanceMemory {
+    /// ([`crate::weights::FormatOnMlx::preferred`]).
+    fn of(config: &ModelConfig, bytes_on_disk: u64) -> Self;
+}
+
+impl MemoryOf for InstanceMemory {
+    fn of(config: &ModelConfig, bytes_on_disk: u64) -> InstanceMemory {
         let format = WeightFormat::preferred(config);
         let tokens = DEFAULT_KV_TOKENS.min(config.max_position_embeddings as u64);
         InstanceMemory {
@@ -196,11 +191,6 @@ impl InstanceMemory {
             overhead: RUNNER_OVERHEAD_BYTES,
             vision: 0,
         }
-    }
-
-    /// Everything: what placement counts.
-    pub fn total(&self) -> u64 {
-        self.weights + self.kv_budget + self.overhead + self.vision
     }
 }
 

@@ -11,7 +11,6 @@ use crate::linear::{Linear, Matrix};
 use crate::quant;
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
 use mlx_rs::{Array, Dtype};
-use std::str::FromStr;
 
 mod safetensors;
 
@@ -39,58 +38,14 @@ pub fn text_model_name(name: &str) -> std::borrow::Cow<'_, str> {
 
 pub use safetensors::{safetensors_files, weight_bytes_of_folder, SafetensorsSource};
 
-/// The in-memory form of the weight matrices.
-///
-/// On MLX's CPU backend f32 is by far the fastest: f32 matmuls go to BLAS, while bf16 matmuls
-/// and quantized kernels do not (measured with mlx-lm: 16.5 tok/s f32, 7.3 bf16, about 1 with
-/// 4-bit). On GPUs the quantized form is fastest and smallest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WeightFormat {
-    /// Dequantize everything to f32.
-    F32,
-    /// Dequantize to f16.
-    F16,
-    /// Dequantize to bf16.
-    Bf16,
-    /// Keep quantized tensors quantized (MLX affine layout); float tensors stay as stored.
-    Quantized,
-}
+pub use wire::weight_format::WeightFormat;
 
-impl FromStr for WeightFormat {
-    type Err = InferenceError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(WeightFormat::F32),
-            "f16" | "float16" => Ok(WeightFormat::F16),
-            "bf16" | "bfloat16" => Ok(WeightFormat::Bf16),
-            "quantized" | "q" | "native" => Ok(WeightFormat::Quantized),
-            other => Err(InferenceError::InvalidRequest(format!(
-                "unknown weight format `{other}` (use f32, f16, bf16 or quantized)"
-            ))),
-        }
-    }
-}
-
-impl WeightFormat {
-    /// The environment variable that overrides the default.
-    pub const ENV: &'static str = "SHOAL_DTYPE";
-
-    /// The fastest form for the backend this build runs on: f32 on the CPU backend (Linux
-    /// builds of shoal use MLX's CPU backend), quantized on Apple GPUs. `SHOAL_DTYPE` overrides.
-    pub fn default_for_backend() -> WeightFormat {
-        if let Some(f) = std::env::var(Self::ENV).ok().and_then(|v| v.parse().ok()) {
-            return f;
-        }
-        if cfg!(target_vendor = "apple") {
-            WeightFormat::Quantized
-        } else {
-            WeightFormat::F32
-        }
-    }
-
+/// What a [`WeightFormat`] means to a model on MLX: the form a model prefers and the one it
+/// loads in, and the dtype it computes in. A trait because the format itself is plain data in
+/// `wire` (the runner protocol names it), while these read the model and MLX.
+pub trait FormatOnMlx: Sized {
     /// The form a model runs in unless memory forbids it, the same on every node (placement
-    /// counts it): the backend's default ([`Self::default_for_backend`]), except that on the
+    /// counts it): the backend's default ([`WeightFormat::default_for_backend`]), except that on the
     /// CPU backend a model stored quantized stays quantized when shoal's CPU kernel serves its
     /// encoding ([`crate::cpu_kernels::serves`]: affine 2- to 8-bit, which GGUF files' Q4_0,
     /// Q4_1, Q8_0, Q5_0, Q5_1 and K-quants repack into, see
@@ -104,7 +59,20 @@ impl WeightFormat {
     /// every expert at 8 times the file for the few a token reads (the 1.9 B Qwen3-MoE bench
     /// model at 4 bits holds 9.27 GB as f32 against 1.26 GB), and a cluster of CPU boxes could
     /// not place Qwen3-30B-A3B (17 GB at 4 bits) if placement counted its 122 GB of f32.
-    pub fn preferred(config: &ModelConfig) -> WeightFormat {
+    fn preferred(config: &ModelConfig) -> Self;
+
+    /// The form to load layers `range` of a model in when the caller did not choose: the
+    /// model's preferred form ([`Self::preferred`]); f32 only if its f32 weights take at most
+    /// 60% of the memory available now, otherwise the stored quantization (when the file on
+    /// disk, `bytes_on_disk`, is much smaller than f32) or bf16.
+    fn choose(config: &ModelConfig, range: &std::ops::Range<usize>, bytes_on_disk: u64) -> Self;
+
+    /// The dtype of activations and dense weights.
+    fn compute_dtype(self) -> Dtype;
+}
+
+impl FormatOnMlx for WeightFormat {
+    fn preferred(config: &ModelConfig) -> WeightFormat {
         let default = Self::default_for_backend();
         if default != WeightFormat::F32 || std::env::var_os(Self::ENV).is_some() {
             return default;
@@ -117,11 +85,7 @@ impl WeightFormat {
         }
     }
 
-    /// The form to load layers `range` of a model in when the caller did not choose: the
-    /// model's preferred form ([`Self::preferred`]); f32 only if its f32 weights take at most
-    /// 60% of the memory available now, otherwise the stored quantization (when the file on
-    /// disk, `bytes_on_disk`, is much smaller than f32) or bf16.
-    pub fn choose(
+    fn choose(
         config: &ModelConfig,
         range: &std::ops::Range<usize>,
         bytes_on_disk: u64,
@@ -153,8 +117,7 @@ impl WeightFormat {
         }
     }
 
-    /// The dtype of activations and dense weights.
-    pub fn compute_dtype(self) -> Dtype {
+    fn compute_dtype(self) -> Dtype {
         match self {
             WeightFormat::F32 => Dtype::Float32,
             WeightFormat::F16 => Dtype::Float16,

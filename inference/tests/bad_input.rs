@@ -9,8 +9,8 @@ mod common;
 mod reference;
 
 use common::{temp_dir, write_tiny_model};
+use formats::gguf::GgufFile;
 use inference::config::ModelConfig;
-use inference::gguf::GgufFile;
 use inference::loader::{load_shard, LoadOptions};
 use inference::{
     ChatMessage, Engine, GenerateRequest, InferenceError, Prompt, Tokenizer, WeightFormat,
@@ -256,7 +256,7 @@ proptest! {
         let path = dir.join("cut.gguf");
         std::fs::write(&path, &bytes[..cut]).unwrap();
         match GgufFile::open(&path) {
-            Err(err) => prop_assert!(matches!(err, InferenceError::BadGguf { .. }), "{}", err),
+            Err(err) => prop_assert!(matches!(err, formats::FormatError::BadGguf { .. }), "{}", err),
             Ok(file) => {
                 let failed = file
                     .tensors

@@ -7,8 +7,9 @@
 //! These run without any download; `real_chat_templates.rs` renders the real Qwen2.5, Llama 3.x
 //! and SmolLM2 templates (and every template llama.cpp ships) against jinja2 at test time.
 
-use inference::chat_template::render_chat_template;
-use inference::{ChatMessage, DateTime, InferenceError, TemplateClock};
+use inference::{ChatMessage, DateTime, TemplateClock};
+use text::chat_template::render_chat_template;
+use text::TextError;
 
 const QWEN: &str = include_str!("templates/qwen2.5-style.jinja");
 const LLAMA3: &str = include_str!("templates/llama3-style.jinja");
@@ -73,11 +74,11 @@ fn template_errors_are_reported_not_panicked() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, InferenceError::ChatTemplate(ref m) if m.contains("Unknown role: wizard")),
+        matches!(err, TextError::ChatTemplate(ref m) if m.contains("Unknown role: wizard")),
         "{err}"
     );
     let err = render_chat_template("{% for %}", &[], true, "", "", &PINNED).unwrap_err();
-    assert!(matches!(err, InferenceError::ChatTemplate(_)));
+    assert!(matches!(err, TextError::ChatTemplate(_)));
 }
 
 /// `date -u +FORMAT` in the C locale: the system's own idea of today, not this crate's.

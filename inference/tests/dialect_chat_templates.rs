@@ -15,13 +15,13 @@
 
 mod reference;
 
-use inference::chat_template::{render_template, template_variables};
 use inference::{TemplateInput, ToolSpec};
 use reference::tool_chat::{
     assert_same_as_jinja2, assert_same_as_jinja2_with, conversation, CLOCK,
 };
 use reference::{python_with_jinja2, reference_dir, render_with_jinja2, skip_without_reference};
 use serde_json::json;
+use text::chat_template::{render_template, template_variables};
 
 #[test]
 fn glm_4_6_renders_like_jinja2_with_arg_key_calls() {

@@ -8,6 +8,7 @@
 
 use inference::config::ModelConfig;
 use inference::loader::{load_shard, LoadOptions};
+use inference::memory::MemoryOf;
 use inference::{ShardInput, WeightFormat};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;

@@ -21,8 +21,10 @@
 mod common;
 
 use common::{max_abs_diff, prompt_logits};
-use inference::gguf::{GgmlType, GgufFile};
+use formats::gguf::{GgmlType, GgufFile};
+use inference::memory::MemoryOf;
 use inference::quant::dequantize;
+use inference::weights::FormatOnMlx;
 use inference::{Engine, GenerateRequest, Prompt, WeightFormat};
 use std::collections::BTreeSet;
 use std::io::{BufReader, Read};

@@ -20,6 +20,7 @@ mod common;
 
 use common::reference::{rows_of, worst};
 use inference::loader::{load_shard, LoadOptions};
+use inference::weights::FormatOnMlx;
 use inference::weights::{Stacked, WeightFormat};
 use inference::{ModelShard, ShardInput};
 use std::ops::Range;

@@ -18,6 +18,7 @@ use inference::pipeline::PipelineStage;
 use inference::ring::{RingConfig, RingGroup};
 use inference::sequence_forward::{last_logits_to_host, Forward};
 use inference::stage::Stage;
+use inference::vision::ReadImagePrompt;
 use inference::vision::VisionTower;
 use inference::{
     ChatImage, ChatMessage, GenerateRequest, ImagePrompt, Prompt, ShardInput, TemplateInput,

@@ -20,6 +20,7 @@ use inference::loader::{load_shard, open_model, LoadOptions};
 use inference::models::qwen3_5_vision::Qwen3_5Vision;
 use inference::models::qwen_image_processor::QwenImageProcessor;
 use inference::models::shard::ModelShard;
+use inference::vision::ReadImagePrompt;
 use inference::vision::{splice, PromptImages, VisionTower};
 use inference::weights::SafetensorsSource;
 use inference::{

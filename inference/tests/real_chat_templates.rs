@@ -9,11 +9,11 @@
 
 mod reference;
 
-use inference::chat_template::{render_chat_template, template_variables};
-use inference::gguf::{GgufFile, GgufValue};
+use formats::gguf::{GgufFile, GgufValue};
 use inference::{ChatMessage, DateTime, TemplateClock, TemplateInput};
 use reference::{python_with_jinja2, reference_dir, render_with_jinja2, skip_without_reference};
 use serde_json::json;
+use text::chat_template::{render_chat_template, template_variables};
 
 /// A template, the conversation and the special tokens to render it with.
 #[derive(Clone)]

@@ -5,15 +5,13 @@
 mod common;
 
 use common::{temp_dir, write_tiny_model};
-use inference::runner::protocol::{
-    read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding,
-};
 use inference::runner::{load_timeout, serve, RunnerOptions};
 use inference::{FinishReason, GenerateRequest, Prompt, WeightFormat};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use wire::runner::{read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding};
 
 struct Runner {
     commands: std::io::PipeWriter,

@@ -13,9 +13,6 @@
 mod common;
 
 use common::{smollm2, temp_dir, write_tiny_model, RankNet};
-use inference::runner::protocol::{
-    read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding,
-};
 use inference::runner::{serve, RunnerOptions};
 use inference::{Completion, GenerateRequest, Prompt, WeightFormat};
 use std::os::fd::AsFd;
@@ -25,6 +22,7 @@ use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wire::runner::{read_frame, write_frame, Event, NodeCommand, RunnerStatus, Sharding};
 
 const CHILD_ENV: &str = "SHOAL_RUNNER_RING_CHILD";
 /// Longest wait for any one expected event (loading SmolLM2 takes about a second).

@@ -2,7 +2,7 @@
 //! answers, first-step logits against an independent pure-Rust reference, tokenizer and chat
 //! template against reference outputs, and a truncated copy of the file.
 
-use inference::gguf::GgufFile;
+use formats::gguf::GgufFile;
 use inference::quant::dequantize;
 use inference::{ChatMessage, Engine, GenerateRequest, InferenceError, Prompt, WeightFormat};
 use std::ops::ControlFlow;
@@ -109,7 +109,7 @@ fn streaming_never_splits_a_character() {
     // Emoji take several byte-level tokens; every streamed piece must be valid on its own.
     let e = engine();
     let ids = e.tokenizer.encode("🚀🚀 東京").unwrap();
-    let mut dec = inference::detokenizer::StreamDecoder::new();
+    let mut dec = text::detokenizer::StreamDecoder::new();
     let mut out = String::new();
     for &id in &ids {
         let piece = dec.push(&e.tokenizer, id).unwrap();
@@ -283,8 +283,8 @@ fn first_step_logits_match_an_independent_reference() {
     // Both are f32 over the same dequantized weights; only summation order differs.
     // Logits are of order 25; measured difference about 7e-5, tolerance 1e-3 (4e-5 relative).
     assert!(diff < 1e-3, "max |logit difference| = {diff}");
-    let top = inference::sampling::argmax(&reference);
-    assert_eq!(inference::sampling::argmax(&got), top);
+    let top = text::sampling::argmax(&reference);
+    assert_eq!(text::sampling::argmax(&got), top);
     eprintln!(
         "max |logit difference| vs reference: {diff}; top token {top} ({:?}) logit {}",
         e.tokenizer.id_to_token(top as u32),

@@ -5,8 +5,8 @@
 
 mod common;
 
-use inference::gguf::GgufFile;
-use inference::tokenizer::{Tokenizer, COUNT_PIECE_BYTES, CUT_SLACK_TOKENS};
+use formats::gguf::GgufFile;
+use text::tokenizer::{Tokenizer, COUNT_PIECE_BYTES, CUT_SLACK_TOKENS};
 
 fn tokenizer() -> Tokenizer {
     let file = GgufFile::open(common::smollm2()).unwrap();

@@ -8,7 +8,7 @@
 
 mod reference;
 
-use inference::gguf::{GgufFile, GgufValue};
+use formats::gguf::{GgufFile, GgufValue};
 use inference::{InferenceError, Tokenizer};
 use reference::{reference_dir, skip_without_reference};
 use std::path::Path;

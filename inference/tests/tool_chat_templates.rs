@@ -13,11 +13,11 @@
 
 mod reference;
 
-use inference::chat_template::{render_template, template_variables};
 use inference::TemplateInput;
 use reference::tool_chat::{assert_same_as_jinja2, conversation, tools, CLOCK};
 use reference::{python_with_jinja2, reference_dir, render_with_jinja2, skip_without_reference};
 use serde_json::json;
+use text::chat_template::{render_template, template_variables};
 
 #[test]
 fn qwen2_5_renders_tools_like_jinja2() {

@@ -7,10 +7,10 @@
 mod common;
 mod reference;
 
-use inference::chat_template::render_template;
-use inference::gguf::GgufFile;
-use inference::tokenizer::Tokenizer;
+use formats::gguf::GgufFile;
 use inference::{ChatMessage, TemplateClock, TemplateInput, ToolCall, ToolSpec};
+use text::chat_template::render_template;
+use text::tokenizer::Tokenizer;
 
 fn tokenizer() -> Tokenizer {
     let file = GgufFile::open(common::smollm2()).unwrap();

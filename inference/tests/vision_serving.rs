@@ -15,6 +15,7 @@
 mod common;
 
 use common::vision_fixtures as root;
+use inference::vision::ReadImagePrompt;
 
 use inference::batch::{BatchEvent, BatchForward, BatchLimits, BatchPart, Batcher, LocalBatch};
 use inference::batch::{PromptCache, Slot};

@@ -14,6 +14,11 @@ use std::sync::Arc;
 /// How long reading one model's facts (header, config, tokenizer) may take.
 pub const FACTS_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How the node reads a model file's facts (its configuration and tokenizer, not its weights):
+/// given by the node, because reading needs the model families (`inference`, so MLX), which
+/// this crate does not link.
+pub type ReadFacts = fn(&std::path::Path) -> Result<ModelFacts, String>;
+
 /// One file's facts, read at most once at a time and kept once read.
 type FactsCell = tokio::sync::OnceCell<Arc<ModelFacts>>;
 
@@ -30,17 +35,20 @@ pub struct ModelRegistry {
     /// The file each model id's facts were last read from: a model id's path changes once its
     /// snapshot is downloaded, and the model list finds its facts by id.
     read_from: std::sync::Mutex<BTreeMap<String, PathBuf>>,
+    /// The node's reader of a file's facts.
+    read: ReadFacts,
 }
 
 impl ModelRegistry {
     /// A registry whose `default` model is the file at `default_model`, with models looked
-    /// for in `dirs`.
-    pub fn new(default_model: PathBuf, dirs: ModelDirs) -> ModelRegistry {
+    /// for in `dirs` and their facts read by `read`.
+    pub fn new(default_model: PathBuf, dirs: ModelDirs, read: ReadFacts) -> ModelRegistry {
         ModelRegistry {
             default_model,
             dirs,
             facts: std::sync::Mutex::default(),
             read_from: std::sync::Mutex::default(),
+            read,
         }
     }
 
@@ -107,6 +115,7 @@ impl ModelRegistry {
             .with_code("model_unreadable")
         };
         let path = spec.path.clone();
+        let read_facts = self.read;
         let read = cell.get_or_try_init(|| async move {
             // stat never blocks on a FIFO or device, opening may: look before opening.
             let meta = tokio::fs::metadata(&path)
@@ -115,7 +124,7 @@ impl ModelRegistry {
             if !meta.is_file() && !meta.is_dir() {
                 return Err("it is not a regular file or a folder".to_string());
             }
-            let reading = tokio::task::spawn_blocking(move || ModelFacts::read(&path));
+            let reading = tokio::task::spawn_blocking(move || read_facts(&path));
             match tokio::time::timeout(FACTS_READ_LIMIT, reading).await {
                 Ok(Ok(Ok(facts))) => Ok(Arc::new(facts)),
                 Ok(Ok(Err(e))) => Err(e.to_string()),

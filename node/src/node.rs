@@ -54,7 +54,7 @@ impl Node {
         Node {
             context,
             runner_command,
-            models: ModelRegistry::new(default_model, dirs),
+            models: ModelRegistry::new(default_model, dirs, facts::read),
             runners: Runners::default(),
             placements: PlacementCache::new(),
             downloads: Arc::default(),

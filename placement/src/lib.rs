@@ -166,7 +166,7 @@ pub mod views;
 pub use edge::{Edge, Link, RdmaLink};
 pub use error::PlaceError;
 pub use input::Input;
-pub use model::{ModelCard, TensorDivisor};
+pub use model::{InstanceMemory, ModelCard, TensorDivisor};
 pub use node::{ComputeBackend, Interface, InterfaceKind, NodeId, NodeProfile};
 pub use place::{place, JacclPlan, Placement, RankPlacement};
 pub use planning::{

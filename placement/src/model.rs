@@ -117,3 +117,26 @@ impl ModelCard {
         self.storage_bytes.saturating_add(self.rank0_bytes)
     }
 }
+
+/// What one instance of a model holds while it runs, as `inference::memory` counts it: the
+/// node's model facts carry it and the model card's size is its total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceMemory {
+    /// The weights as they run.
+    pub weights: u64,
+    /// The KV-cache budget (of `inference::memory::DEFAULT_KV_TOKENS` positions, at most the
+    /// context).
+    pub kv_budget: u64,
+    /// `inference::memory::RUNNER_OVERHEAD_BYTES`.
+    pub overhead: u64,
+    /// The vision tower and projector as they run (float32), held by the rank that embeds
+    /// (see `inference::vision`); 0 for a model without one.
+    pub vision: u64,
+}
+
+impl InstanceMemory {
+    /// Everything: what placement counts.
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_budget + self.overhead + self.vision
+    }
+}

@@ -11,8 +11,8 @@
 
 use super::tools_prompt::{describe_tools, ListedTool};
 use gateway::{AnswerForm, ApiError, ChatRequest, ErrorKind};
-use inference::{GenerateRequest, Prompt};
 use models::ModelFacts;
+use wire::request::{GenerateRequest, Prompt};
 
 /// Builds the engine's request from the gateway's: the prompt as token ids, and the sampling
 /// settings the request gave (the engine's defaults, greedy among them, for the others).
@@ -36,7 +36,7 @@ pub fn generate_request(
         .with_code("images_not_supported"));
     }
     // Every text the client sent, marked so that none can become a control token (see
-    // `inference::untrusted_text`): contents, names, call ids, arguments, tool specs.
+    // `text::untrusted_text`): contents, names, call ids, arguments, tool specs.
     let offered = request.tool_choice.offered(&request.tools);
     // A conversation whose text alone surely exceeds the context is refused before it is
     // rendered and tokenized (which would cost memory in proportion to its size).
@@ -120,7 +120,7 @@ pub fn generate_request(
         Some(marks) => marks.mark(text),
         None => text.to_string(),
     };
-    let mut messages: Vec<inference::ChatMessage> = request
+    let mut messages: Vec<text::ChatMessage> = request
         .messages
         .iter()
         .map(|m| {
@@ -130,11 +130,11 @@ pub fn generate_request(
             } else {
                 &m.role
             };
-            inference::ChatMessage {
+            text::ChatMessage {
                 tool_calls: m
                     .tool_calls
                     .iter()
-                    .map(|c| inference::ToolCall {
+                    .map(|c| text::ToolCall {
                         id: mark(&c.id),
                         name: mark(&c.name),
                         arguments: mark(&c.arguments),
@@ -144,14 +144,14 @@ pub fn generate_request(
                 name: m.name.as_deref().map(mark),
                 // The template shows each image where the message has it.
                 images: m.images.clone(),
-                ..inference::ChatMessage::new(role, mark(&m.content))
+                ..text::ChatMessage::new(role, mark(&m.content))
             }
         })
         .collect();
     // The tools the choice keeps (none for `tool_choice: "none"`), as the template lists them.
-    let tools: Vec<inference::ToolSpec> = offered
+    let tools: Vec<text::ToolSpec> = offered
         .iter()
-        .map(|t| inference::ToolSpec {
+        .map(|t| text::ToolSpec {
             name: mark(&t.name),
             description: t.description.as_deref().map(mark),
             parameters: t.parameters.as_deref().map(mark),
@@ -172,13 +172,13 @@ pub fn generate_request(
         &mut messages,
         &mark,
     );
-    let input = inference::TemplateInput {
+    let input = text::TemplateInput {
         messages: &messages,
         tools: (!tools.is_empty()).then_some(&tools[..]),
         add_generation_prompt: true,
         enable_thinking: request.enable_thinking,
         reasoning_effort: request.reasoning_effort.as_deref(),
-        ..inference::TemplateInput::default()
+        ..text::TemplateInput::default()
     };
     let mut text = facts.tokenizer.render_chat(&input).map_err(|e| {
         ApiError::invalid_field("messages", format!("cannot apply the chat template: {e}"))
@@ -196,7 +196,7 @@ pub fn generate_request(
     )?;
     // Each image the template placed becomes the model's image-token run (a client's text
     // cannot place one: its special-token texts are marked). The runner gets the files.
-    let images: Vec<inference::ChatImage> = messages
+    let images: Vec<wire::chat::ChatImage> = messages
         .iter_mut()
         .flat_map(|m| std::mem::take(&mut m.images))
         .collect();

@@ -9,8 +9,8 @@
 
 use gateway::response_format::ResponseFormat;
 use gateway::ApiError;
-use inference::OutputConstraint;
 use models::ModelFacts;
+use wire::constraint::OutputConstraint;
 
 /// The constraint for a request with `format` and (for a forced call) `call_grammar`:
 /// the call's grammar wins, since a forced call's answer is the call. Checked by compiling.

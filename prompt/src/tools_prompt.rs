@@ -7,8 +7,8 @@
 //! turn's calls into that turn's text the same way, as llama.cpp and Ollama do for templates
 //! without tool support. A template that mentions `tools` renders them itself: nothing is added.
 
-use inference::ChatMessage;
 use serde_json::{json, Value};
+use text::ChatMessage;
 
 /// Whether `template` renders the offered tools itself (it reads a variable named `tools`).
 pub fn renders_tools(template: Option<&str>) -> bool {
@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn earlier_calls_are_written_into_their_turn_and_client_text_is_marked() {
         let mut assistant = ChatMessage::new("assistant", String::new());
-        assistant.tool_calls = vec![inference::ToolCall {
+        assistant.tool_calls = vec![text::ToolCall {
             id: "a1".into(),
             name: "get_weather".into(),
             arguments: r#"{"city": "Paris"}"#.into(),

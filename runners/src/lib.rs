@@ -1,5 +1,5 @@
 //! A node's runners, from the node's side: one runner process per instance the node holds a
-//! rank of (`shoal runner`, serving `inference::runner`'s protocol on stdin/stdout).
+//! rank of (`shoal runner`, serving the protocol of `wire::runner` on stdin/stdout).
 //!
 //! - [`settings`]: the node's settings for its runners, built once from its flags;
 //! - [`supervisor`]: the node's handle on one such process (start it, send it lifecycle

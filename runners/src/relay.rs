@@ -2,9 +2,9 @@
 //! scheduler routes them) into the gateway's stream of [`ChatEvent`]s.
 
 use gateway::{ApiError, ChatEvent, FinishReason, TokenLogprob};
-use inference::runner::protocol::Event;
-use inference::TokenLogprobs;
 use placement::RunnerStatus;
+use wire::request::TokenLogprobs;
+use wire::runner::Event;
 
 /// Relays a runner's events for one request into the gateway's stream.
 pub async fn relay(
@@ -28,8 +28,8 @@ pub async fn relay(
             }),
             Event::Done { completion, .. } => Ok(ChatEvent::Done {
                 finish_reason: match completion.finish_reason {
-                    inference::FinishReason::Length => FinishReason::Length,
-                    inference::FinishReason::Stop | inference::FinishReason::Cancelled => {
+                    wire::request::FinishReason::Length => FinishReason::Length,
+                    wire::request::FinishReason::Stop | wire::request::FinishReason::Cancelled => {
                         FinishReason::Stop
                     }
                 },
@@ -86,7 +86,7 @@ fn token_logprob(text: &str, logprob: f32, top: Option<TokenLogprobs>) -> TokenL
 #[cfg(test)]
 mod tests {
     use super::*;
-    use inference::TopLogprob;
+    use wire::request::TopLogprob;
 
     #[test]
     fn a_tokens_alternatives_reach_the_gateway_in_order() {

@@ -22,8 +22,6 @@
 //! ([`Scheduler::hung_flag`], published as [`control::RunnerRecord::hung`]), which makes the
 //! control plane place the instance again.
 
-use inference::runner::protocol::{Event, NodeCommand};
-use inference::GenerateRequest;
 use placement::RunnerStatus;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::process::Child;
@@ -32,6 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+use wire::request::GenerateRequest;
+use wire::runner::{Event, NodeCommand};
 
 /// Where one request's events go (see the module docs for what it receives).
 pub type RequestEvents = mpsc::UnboundedSender<Event>;

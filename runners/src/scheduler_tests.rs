@@ -1,7 +1,7 @@
 //! The scheduler's unit tests: a scheduler driven by hand, with a `sleep` as its runner.
 
 use super::*;
-use inference::{Completion, FinishReason, Prompt};
+use wire::request::{Completion, FinishReason, Prompt};
 
 /// A scheduler driven by hand: events go in as if from the runner, commands come out as
 /// they would go to it. The "runner" process is a `sleep` that the test kills.

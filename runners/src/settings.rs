@@ -35,7 +35,7 @@ impl Default for RunnerSettings {
     fn default() -> RunnerSettings {
         RunnerSettings {
             fast_synch: false,
-            max_sequences: inference::batch::DEFAULT_MAX_SEQUENCES,
+            max_sequences: wire::runner::env::DEFAULT_MAX_SEQUENCES,
             max_queue: DEFAULT_MAX_QUEUE,
             step_timeout: Duration::from_secs(DEFAULT_STEP_TIMEOUT_S as u64),
             kv_budget_mb: None,
@@ -55,20 +55,20 @@ impl RunnerSettings {
     pub fn env(&self) -> Vec<(String, String)> {
         let mut env = vec![
             (
-                inference::runner::FAST_SYNCH_ENV.to_string(),
+                wire::runner::env::FAST_SYNCH_ENV.to_string(),
                 self.fast_synch.to_string(),
             ),
             (
-                inference::batch::MAX_SEQUENCES_ENV.to_string(),
+                wire::runner::env::MAX_SEQUENCES_ENV.to_string(),
                 self.max_sequences.max(1).to_string(),
             ),
         ];
         if let Some(mb) = self.kv_budget_mb {
-            env.push((inference::batch::KV_BUDGET_ENV.to_string(), mb.to_string()));
+            env.push((wire::runner::env::KV_BUDGET_ENV.to_string(), mb.to_string()));
         }
         if let Some(tokens) = self.prompt_cache_tokens {
             env.push((
-                inference::batch::PROMPT_CACHE_ENV.to_string(),
+                wire::runner::env::PROMPT_CACHE_ENV.to_string(),
                 tokens.to_string(),
             ));
         }

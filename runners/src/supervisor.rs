@@ -1,5 +1,5 @@
 //! A handle on one runner process: [`Supervisor`] starts `shoal runner` as a child, speaks
-//! the framed protocol of `inference::runner::protocol` on its stdin and stdout, and hands
+//! the framed protocol of `wire::runner` on its stdin and stdout, and hands
 //! requests to the [`Scheduler`](crate::scheduler).
 //!
 //! Why a process per instance: an MLX distributed group cannot be re-formed inside a process,
@@ -15,8 +15,6 @@
 
 use crate::scheduler::{instance_lost, Scheduler, SchedulerInput};
 use crate::settings::RunnerSettings;
-use inference::runner::protocol::{read_frame, write_frame, Event, FrameError, NodeCommand};
-use inference::GenerateRequest;
 use placement::{RunnerStatus, Sharding};
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
@@ -25,6 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use wire::request::GenerateRequest;
+use wire::runner::{read_frame, write_frame, Event, FrameError, NodeCommand};
 
 /// How to start a runner process.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@
 //! harmony's `<|channel|>`): those are written as rules `ctl_N: "TOKEN"` on lines of their
 //! own, and the runner, which knows the tokenizer, makes each the special token itself (by
 //! id) where its vocabulary has it as one, and leaves it text where the token is ordinary
-//! (`inference::constraint::resolve_controls`).
+//! (`text::constraint::resolve_controls`).
 
 use super::forced::Opener;
 use super::json::Ordered;

@@ -179,7 +179,7 @@ impl Opener {
 
 /// A forced opening: the text appended to the prompt, and the same text as the parser reads
 /// it (the prompt's copy has the client's function name marked so that it cannot become a
-/// control token, see `inference::untrusted_text`).
+/// control token, see `text::untrusted_text`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Forced {
     pub prompt: String,

@@ -7,7 +7,7 @@
 //!
 //! The gateway does not hold the vocabulary, so the marker's first token is written on a line
 //! of its own, `lazy_start: "TOKEN" REST`, and the runner
-//! (`inference::constraint::resolve_lazy_start`) writes the start rule that fits: where the
+//! (`text::constraint::resolve_lazy_start`) writes the start rule that fits: where the
 //! vocabulary has TOKEN as one special token, free text is any token but it (so a thinking
 //! model's `</think>` and other control tokens stay possible), and the call begins with it;
 //! where TOKEN is text, free text is text, and a call begins the moment the text ends with

@@ -6,12 +6,7 @@ use crate::config::ModelConfig;
 use crate::memory::KvBudget;
 use crate::weights::WeightFormat;
 
-/// Sequences one instance decodes together at most (`--max-sequences`).
-pub const MAX_SEQUENCES_ENV: &str = "SHOAL_MAX_SEQUENCES";
-/// The KV-cache budget of one instance in MiB (`--kv-budget-mb`).
-pub const KV_BUDGET_ENV: &str = "SHOAL_KV_BUDGET_MB";
-/// The default of [`MAX_SEQUENCES_ENV`] (mlx-lm's server decodes 32 at once by default).
-pub const DEFAULT_MAX_SEQUENCES: usize = 32;
+pub use wire::runner::env::{DEFAULT_MAX_SEQUENCES, KV_BUDGET_ENV, MAX_SEQUENCES_ENV};
 
 /// The limits of a runner of `config`: [`MAX_SEQUENCES_ENV`] (default
 /// [`DEFAULT_MAX_SEQUENCES`]) and [`KV_BUDGET_ENV`] (default: [`KvBudget::new`], at most a

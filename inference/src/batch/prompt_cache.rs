@@ -15,9 +15,7 @@
 //! Generic over what an entry holds (the batcher keeps [`crate::kv_cache::KvCache`]s) so
 //! the bookkeeping can be tested on its own.
 
-/// Environment variable sizing the prompt cache in positions (the node's
-/// `--prompt-cache-tokens`); 0 disables it. Default: half the instance's KV budget.
-pub const PROMPT_CACHE_ENV: &str = "SHOAL_PROMPT_CACHE_TOKENS";
+pub use wire::runner::env::PROMPT_CACHE_ENV;
 
 /// The prompt cache's capacity in positions for an instance whose KV budget is `kv_tokens`:
 /// [`PROMPT_CACHE_ENV`] if set (0 disables the cache), else half the budget.

@@ -4,6 +4,7 @@
 use crate::error::{InferenceError, Result};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::quantized::{QuantMode, QuantSpec};
+use crate::weights::FormatOnMlx;
 use serde_json::Value;
 use std::collections::BTreeMap;
 

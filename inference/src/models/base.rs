@@ -16,6 +16,7 @@ use crate::kv_cache::LayerCache;
 use crate::kv_rows::LayerKv;
 use crate::linear::Matrix;
 use crate::ring::RingGroup;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::{ops, Array};
 use std::sync::Arc;

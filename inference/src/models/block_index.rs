@@ -21,6 +21,7 @@ use super::parts::check_shape;
 use crate::error::{InferenceError, Result};
 use crate::linear::Linear;
 use crate::rope::Rope;
+use crate::weights::FormatOnMlx;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};

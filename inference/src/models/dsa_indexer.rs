@@ -20,6 +20,7 @@ use super::parts::check_shape;
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::linear::Linear;
+use crate::weights::FormatOnMlx;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::fast;
 use mlx_rs::ops::indexing::IndexOp;

@@ -12,6 +12,7 @@ use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{InferenceError, Result};
 use crate::linear::Matrix;
 use crate::quantized::slice_axis;
+use crate::weights::FormatOnMlx;
 use crate::weights::{Stacked, TensorSource, WeightFormat};
 use mlx_rs::{ops, Array};
 

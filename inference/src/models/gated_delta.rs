@@ -22,6 +22,7 @@ use crate::kv_cache::{LayerCache, RecurrentState};
 use crate::kv_rows::LayerKv;
 use crate::linear::Linear;
 use crate::ring::RingGroup;
+use crate::weights::FormatOnMlx;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};

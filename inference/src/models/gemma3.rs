@@ -16,6 +16,7 @@ use super::base::{
 use crate::config::{FamilyParams, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;

@@ -38,6 +38,7 @@ use crate::config::{FamilyParams, ModelConfig, MoeConfig, RouterKind, SlidingWin
 use crate::error::{InferenceError, Result};
 use crate::rope::RopeSpec;
 use crate::tensor_divisors::TensorDivisor;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::{ops, Array};
 use serde_json::Value;

@@ -22,6 +22,7 @@ use super::moe::PROJ_NAMES;
 use super::sigmoid_moe::{load_sigmoid_moe, sigmoid_moe_config, sigmoid_moe_tensor_names};
 use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use serde_json::Value;
 

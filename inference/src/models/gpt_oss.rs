@@ -23,6 +23,7 @@ use crate::error::{InferenceError, Result};
 use crate::gguf::GgufValue;
 use crate::quantized::{QuantMode, QuantSpec, QuantizedMatrix};
 use crate::tensor_divisors::TensorDivisor;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, Stacked, TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;

@@ -16,6 +16,7 @@ use super::config_keys::family_keys;
 use super::gated_delta::{DeltaNetShape, GatedDeltaNet};
 use crate::config::{LinearLayers, ModelConfig, RopeScaling};
 use crate::error::{InferenceError, Result};
+use crate::weights::FormatOnMlx;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::{ops, Array, Dtype};
 use serde_json::Value;

@@ -37,6 +37,7 @@ use super::parts::{check_shape, layer_tensor};
 use super::sigmoid_moe::{load_moonshot_moe, moonshot_moe_tensor_names};
 use crate::config::{FamilyParams, LatentConfig, ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use serde_json::Value;
 

@@ -17,6 +17,7 @@ use crate::config::{LatentConfig, ModelConfig, RopeScaling};
 use crate::error::{InferenceError, Result};
 use crate::linear::Matrix;
 use crate::rope::{yarn_mscale, yarn_periods};
+use crate::weights::FormatOnMlx;
 use crate::weights::{Stacked, TensorSource, WeightFormat};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;

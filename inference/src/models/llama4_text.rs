@@ -15,6 +15,7 @@ use crate::config::{FamilyParams, ModelConfig};
 use crate::error::{InferenceError, Result};
 use crate::linear::interleaved_to_half_split;
 use crate::rope::Rope;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::Array;
 

@@ -20,6 +20,7 @@ use super::config_keys::required;
 use super::moe::{ExpertNames, Experts, MoeBlock};
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use serde_json::Value;
 

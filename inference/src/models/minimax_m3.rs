@@ -27,6 +27,7 @@ use super::config_keys::family_keys;
 use super::moe::{ExpertActivation, ExpertNames, Experts, MoeBlock};
 use crate::config::{FamilyParams, ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;

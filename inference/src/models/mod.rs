@@ -37,7 +37,6 @@ pub mod glm4_moe_lite;
 pub mod glm_moe_dsa;
 pub mod gpt_oss;
 mod hybrid;
-pub mod image_processor;
 pub mod kda;
 pub mod kimi_k3;
 pub mod kimi_linear;
@@ -61,7 +60,6 @@ pub mod qwen3_5_moe;
 pub mod qwen3_5_vision;
 pub mod qwen3_moe;
 pub mod qwen3_next;
-pub mod qwen_image_processor;
 mod recurrent_split;
 pub mod registry;
 pub mod shard;
@@ -71,6 +69,10 @@ mod sigmoid_moe;
 mod sparse_moe;
 pub mod step3p5;
 mod tensor_parallel;
+
+// The image processors turn an image into pixels and count its tokens without MLX: the node
+// counts a prompt's image tokens with them (`text`), the towers here take their pixels.
+pub use text::{image_processor, qwen_image_processor};
 
 use crate::config::{Architecture, ModelConfig};
 use base::Family;

@@ -28,6 +28,7 @@ use super::moe::{Experts, LatentProjection, MoeBlock};
 use crate::config::{FamilyParams, LinearLayers, ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, Stacked, TensorSource, WeightFormat};
 use mlx_rs::{ops, Array, Dtype};
 use serde_json::Value;

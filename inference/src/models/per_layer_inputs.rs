@@ -12,6 +12,7 @@
 
 use crate::error::{InferenceError, Result};
 use crate::linear::{Linear, Matrix};
+use crate::weights::FormatOnMlx;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{nn, ops, Array};

@@ -6,6 +6,7 @@ use super::base::{
 };
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 
 /// Qwen3's per-head norms, with their GGUF names.

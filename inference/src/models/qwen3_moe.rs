@@ -13,6 +13,7 @@ use super::gguf_moe::{gguf_experts, EXPERT_TENSORS};
 use super::moe::MoeBlock;
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 
 /// Qwen3's per-head norms, with their GGUF names.

@@ -12,6 +12,7 @@ use crate::error::{InferenceError, Result};
 use crate::kv_cache::KvCache;
 use crate::kv_rows::{LayerKv, StepKv};
 use crate::linear::Matrix;
+use crate::weights::FormatOnMlx;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use std::ops::Range;

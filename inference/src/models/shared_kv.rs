@@ -19,6 +19,7 @@ use crate::linear::Linear;
 use crate::ring::RingGroup;
 use crate::rope::Rope;
 use crate::sliding_window::visible;
+use crate::weights::FormatOnMlx;
 use crate::weights::{TensorSource, WeightFormat};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};

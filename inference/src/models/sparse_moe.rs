@@ -17,6 +17,7 @@ use super::moe::{ExpertActivation, Experts, MoeBlock, PROJ_NAMES};
 use crate::config::{ModelConfig, MoeConfig, RouterKind};
 use crate::error::{InferenceError, Result};
 use crate::quantized::slice_axis;
+use crate::weights::FormatOnMlx;
 use crate::weights::{Stacked, TensorSource, WeightFormat};
 use serde_json::Value;
 

@@ -29,6 +29,7 @@ use super::moe::{ExpertActivation, Experts, MoeBlock, PROJ_NAMES};
 use crate::config::{FamilyParams, ModelConfig, MoeConfig, RopeScaling, RouterKind, SlidingWindow};
 use crate::error::{InferenceError, Result};
 use crate::rope::Rope;
+use crate::weights::FormatOnMlx;
 use crate::weights::{GgufNames, TensorSource, WeightFormat};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;

@@ -27,7 +27,7 @@
 pub mod core;
 mod io;
 pub mod process;
-pub mod protocol;
+use wire::runner as protocol;
 
 pub use crate::loader::{base_load_timeout, load_timeout, LOAD_TIMEOUT_ENV};
 pub use io::{serve, RunnerOptions};

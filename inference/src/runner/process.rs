@@ -3,9 +3,7 @@
 
 use crate::error::Result;
 
-/// Environment variable asking for MLX's fast synchronisation: `1`/`true`/`on` or
-/// `0`/`false`/`off` (the node's `--fast-synch`/`--no-fast-synch`).
-pub const FAST_SYNCH_ENV: &str = "SHOAL_FAST_SYNCH";
+pub use wire::runner::env::FAST_SYNCH_ENV;
 
 /// The variable MLX reads. It matters to the JACCL backend over Thunderbolt on macOS; on Linux
 /// (the ring backend over TCP) nothing reads it: the setting only reaches MLX's environment.

@@ -6,6 +6,7 @@ use crate::config::ModelConfig;
 use crate::error::{InferenceError, Result};
 use crate::linear::Matrix;
 use crate::quantized::QuantizedMatrix;
+use crate::weights::FormatOnMlx;
 use mlx_rs::{Array, Dtype};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

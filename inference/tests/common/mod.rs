@@ -11,9 +11,9 @@ pub mod tensor_ranks;
 
 pub use kit::netns;
 
-use inference::sampling::Rng;
 use mlx_rs::Array;
 use std::path::Path;
+use text::sampling::Rng;
 
 /// The vision fixtures `cargo xtask setup` makes with mlx-vlm (`kit::dirs::vision_fixtures_dir`),
 /// checked to be there.

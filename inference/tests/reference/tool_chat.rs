@@ -3,9 +3,9 @@
 //! comparison itself, in the variants every family is checked with.
 
 use super::{python_with_jinja2, reference_dir, render_with_jinja2, skip_without_reference};
-use inference::chat_template::{render_template, template_variables};
 use inference::{ChatMessage, DateTime, TemplateClock, TemplateInput, ToolCall, ToolSpec};
 use serde_json::json;
+use text::chat_template::{render_template, template_variables};
 
 /// Two tools; the schemas keep a non-alphabetical key order, nested objects, an enum and a
 /// float Python prints in exponent form, all of which reach the prompt through `tojson`.

@@ -457,7 +457,7 @@ mod tests {
     #[test]
     fn the_fixture_is_placed_by_what_its_runner_holds_not_its_file() {
         let path = models::locate::default_model_path();
-        let facts = models::ModelFacts::read(&path).expect("the SmolLM2 fixture");
+        let facts = facts::read(&path).expect("the SmolLM2 fixture");
         let card = facts.card("default");
         assert!(facts.bytes_on_disk < 110_000_000, "{}", facts.bytes_on_disk);
         // Weights as the CPU runs them (its Q4_1 and Q8_0 repacked with their f16 scales: the

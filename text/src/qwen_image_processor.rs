@@ -12,8 +12,8 @@
 //! what [`QwenImageProcessor::grid`] says, before any pixel is read, so the prompt can be
 //! expanded where it is rendered.
 
-use super::image_processor::{bad, decode_dropping_alpha, preprocessor_json, resize, Resample};
-use crate::error::{InferenceError, Result};
+use crate::error::{Result, TextError};
+use crate::image_processor::{bad, decode_dropping_alpha, preprocessor_json, resize, Resample};
 use serde_json::Value;
 use std::path::Path;
 
@@ -156,13 +156,11 @@ impl QwenImageProcessor {
     /// An error for an empty image or one whose sides differ more than 200 times.
     pub fn resized_size(&self, width: u32, height: u32) -> Result<(u32, u32)> {
         if width == 0 || height == 0 {
-            return Err(InferenceError::InvalidRequest(
-                "the image has no pixels".into(),
-            ));
+            return Err(TextError::InvalidRequest("the image has no pixels".into()));
         }
         let (h, w) = (f64::from(height), f64::from(width));
         if h.max(w) / h.min(w) > MAX_ASPECT {
-            return Err(InferenceError::InvalidRequest(format!(
+            return Err(TextError::InvalidRequest(format!(
                 "the image is {width}×{height}: its sides may differ at most {MAX_ASPECT} times"
             )));
         }

@@ -9,7 +9,7 @@
 //! bit on PNG input; a JPEG's pixels can differ by the decoders' rounding (libjpeg's in PIL, the
 //! `image` crate's here). Pan-and-scan (`do_pan_and_scan`) is refused for now.
 
-use crate::error::{InferenceError, Result};
+use crate::error::{Result, TextError};
 use serde_json::Value;
 use std::path::Path;
 
@@ -65,12 +65,12 @@ pub struct ImageProcessor {
 }
 
 /// An error in the folder's `preprocessor_config.json`.
-pub(super) fn bad(message: String) -> InferenceError {
-    InferenceError::BadConfig(format!("preprocessor_config.json: {message}"))
+pub(crate) fn bad(message: String) -> TextError {
+    TextError::BadConfig(format!("preprocessor_config.json: {message}"))
 }
 
 /// `dir/preprocessor_config.json`, parsed (every image processor starts from it).
-pub(super) fn preprocessor_json(dir: &Path) -> Result<Value> {
+pub(crate) fn preprocessor_json(dir: &Path) -> Result<Value> {
     let path = dir.join("preprocessor_config.json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
@@ -184,7 +184,7 @@ impl ImageProcessor {
 /// converted. Returns `(width, height, bytes)`.
 pub fn decode_rgb(encoded: &[u8]) -> Result<(u32, u32, Vec<u8>)> {
     let decoded = image::load_from_memory(encoded)
-        .map_err(|e| InferenceError::InvalidRequest(format!("the image cannot be decoded: {e}")))?;
+        .map_err(|e| TextError::InvalidRequest(format!("the image cannot be decoded: {e}")))?;
     let (width, height) = (decoded.width(), decoded.height());
     if !decoded.color().has_alpha() {
         return Ok((width, height, decoded.into_rgb8().into_raw()));
@@ -204,7 +204,7 @@ pub fn decode_rgb(encoded: &[u8]) -> Result<(u32, u32, Vec<u8>)> {
 /// processors use: transparency is dropped, not composited. Returns `(width, height, bytes)`.
 pub fn decode_dropping_alpha(encoded: &[u8]) -> Result<(u32, u32, Vec<u8>)> {
     let decoded = image::load_from_memory(encoded)
-        .map_err(|e| InferenceError::InvalidRequest(format!("the image cannot be decoded: {e}")))?;
+        .map_err(|e| TextError::InvalidRequest(format!("the image cannot be decoded: {e}")))?;
     Ok((
         decoded.width(),
         decoded.height(),

@@ -1,10 +1,9 @@
 //! What a caller asks for and gets back: the prompt, the request's controls, streamed tokens
 //! and the finished completion (also the runner protocol's payloads).
 
+use crate::chat::{ChatImage, ChatMessage};
 use crate::constraint::OutputConstraint;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::ChatMessage;
-use wire::chat::ChatImage;
 
 /// What to generate from.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -43,7 +42,7 @@ pub struct GenerateRequest {
     pub constraint: Option<OutputConstraint>,
     /// The images of the prompt, in the order their image-token runs appear in it: the
     /// encoded files (base64 in the runner protocol's JSON), not pixels, because they are far
-    /// smaller and only rank 0's runner turns them into features (see [`crate::vision`]). Left
+    /// smaller and only rank 0's runner turns them into features (see `inference::vision`). Left
     /// out of the JSON when there are none (a text request's frame is unchanged).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ChatImage>,
@@ -76,7 +75,7 @@ pub struct TokenEvent<'a> {
     /// Its log-probability under the model.
     pub logprob: f32,
     /// Its own text and the most likely tokens, when the request asked for
-    /// [`crate::SamplingParams::top_logprobs`].
+    /// [`crate::sampling::SamplingParams::top_logprobs`].
     pub top_logprobs: Option<&'a TokenLogprobs>,
 }
 
@@ -89,7 +88,7 @@ pub struct TopLogprob {
     pub text: String,
     /// Its log-probability under the model (unbiased, before penalties and temperature).
     pub logprob: f32,
-    /// The bytes it stands for ([`crate::Tokenizer::token_bytes`]), which differ from
+    /// The bytes it stands for (`text::Tokenizer::token_bytes`), which differ from
     /// `text`'s when it holds part of a multi-byte character (absent from older runners).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bytes: Vec<u8>,

@@ -4,8 +4,8 @@
 
 pub use crate::chat_template::ChatMessage;
 use crate::chat_template::{render_template, TemplateClock, TemplateInput};
-use crate::error::{InferenceError, Result};
-use crate::gguf::{GgufFile, GgufValue};
+use crate::error::{Result, TextError};
+use formats::gguf::{GgufFile, GgufValue};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::str::FromStr;
@@ -154,8 +154,8 @@ fn strings(file: &GgufFile, key: &str) -> Option<Vec<String>> {
     }
 }
 
-fn tok_err(e: impl std::fmt::Display) -> InferenceError {
-    InferenceError::Tokenizer(e.to_string())
+fn tok_err(e: impl std::fmt::Display) -> TextError {
+    TextError::Tokenizer(e.to_string())
 }
 
 /// A token id or a list of them (`eos_token_id` in config.json or generation_config.json).
@@ -176,7 +176,7 @@ impl Tokenizer {
             .and_then(GgufValue::as_str)
             .unwrap_or("");
         if model != "gpt2" {
-            return Err(InferenceError::Tokenizer(format!(
+            return Err(TextError::Tokenizer(format!(
                 "GGUF tokenizer model `{model}` is not supported (byte-level BPE, `gpt2`, is)"
             )));
         }
@@ -532,9 +532,7 @@ impl Tokenizer {
     /// switches), with this model's special tokens in place of the input's.
     pub fn render_chat(&self, input: &TemplateInput) -> Result<String> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
-            InferenceError::ChatTemplate(
-                "the model has no chat template; send a plain prompt".into(),
-            )
+            TextError::ChatTemplate("the model has no chat template; send a plain prompt".into())
         })?;
         let bos = self.token_text(self.bos_token_id);
         let eos = self.token_text(self.eos_token_ids.first().copied());

@@ -2,10 +2,10 @@
 //! raw bytes of single tensors, read on demand so a shard reads only its own layers.
 //!
 //! Every length and offset read from the file is checked against the file's size, so a
-//! truncated or corrupt file gives [`InferenceError::BadGguf`], never a panic or a huge
+//! truncated or corrupt file gives [`FormatError::BadGguf`], never a panic or a huge
 //! allocation.
 
-use crate::error::{InferenceError, Result};
+use crate::error::{FormatError, Result};
 use crate::gguf_kquant as kq;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -331,13 +331,13 @@ impl GgufFile {
     /// Opens a GGUF file and reads its header, metadata and tensor directory (not the data).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |source| InferenceError::Io {
+        let io_err = |source| FormatError::Io {
             path: path.clone(),
             source,
         };
         let file = File::open(&path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
-        let bad = |reason: String| InferenceError::BadGguf {
+        let bad = |reason: String| FormatError::BadGguf {
             path: path.clone(),
             reason,
         };
@@ -457,9 +457,9 @@ impl GgufFile {
         let info = self
             .tensors
             .get(name)
-            .ok_or_else(|| InferenceError::MissingTensor(name.to_owned()))?;
+            .ok_or_else(|| FormatError::MissingTensor(name.to_owned()))?;
         if let Err(id) = info.ggml_type {
-            return Err(InferenceError::BadTensor {
+            return Err(FormatError::BadTensor {
                 name: name.to_owned(),
                 reason: format!(
                     "GGML type {id} ({}) is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, \
@@ -472,7 +472,7 @@ impl GgufFile {
         use std::os::unix::fs::FileExt;
         self.file
             .read_exact_at(&mut buf, info.offset)
-            .map_err(|source| InferenceError::Io {
+            .map_err(|source| FormatError::Io {
                 path: self.path.clone(),
                 source,
             })?;

@@ -16,7 +16,7 @@
 //! client text contains a special token's text there are no marks and the prompt is encoded
 //! exactly as before.
 
-use crate::error::{InferenceError, Result};
+use crate::error::{Result, TextError};
 use crate::tokenizer::Tokenizer;
 
 /// The two Unicode private-use planes (15 and 16) whose characters can stand for special
@@ -98,7 +98,7 @@ impl Tokenizer {
             })
         };
         let Some(base) = MARK_PLANES.into_iter().find(|b| !uses_plane(*b)) else {
-            return Err(InferenceError::Tokenizer(
+            return Err(TextError::Tokenizer(
                 "the request holds the model's control tokens as text and also characters of \
                  both Unicode private-use planes 15 and 16, so the control tokens cannot be kept \
                  as plain text; remove one or the other"
@@ -106,7 +106,7 @@ impl Tokenizer {
             ));
         };
         if specials.len() as u32 > PLANE_MARKS {
-            return Err(InferenceError::Tokenizer(format!(
+            return Err(TextError::Tokenizer(format!(
                 "the tokenizer has {} special tokens, more than can be marked",
                 specials.len()
             )));
@@ -152,7 +152,7 @@ impl Tokenizer {
         });
         let enc = plain
             .encode(text, false)
-            .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+            .map_err(|e| TextError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 

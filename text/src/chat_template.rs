@@ -2,7 +2,7 @@
 //! with the date their `strftime_now` helper tells coming from a [`TemplateClock`] (the system
 //! clock in production; tests pin a date to compare with reference renders).
 
-use crate::error::{InferenceError, Result};
+use crate::error::{Result, TextError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One message of a chat and a call an assistant turn made, as the gateway receives them and
@@ -239,7 +239,7 @@ pub fn render_template(
     clock: &TemplateClock,
 ) -> Result<String> {
     use minijinja::{Environment, Error, ErrorKind};
-    let err = |e: Error| InferenceError::ChatTemplate(e.to_string());
+    let err = |e: Error| TextError::ChatTemplate(e.to_string());
     let mut env = Environment::new();
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
@@ -261,7 +261,7 @@ pub fn render_template(
     env.add_template("chat", &template).map_err(err)?;
     let tpl = env.get_template("chat").map_err(err)?;
     let variables: minijinja::Value = serde_json::from_str(&template_variables(input))
-        .map_err(|e| InferenceError::ChatTemplate(e.to_string()))?;
+        .map_err(|e| TextError::ChatTemplate(e.to_string()))?;
     tpl.render(variables).map_err(err)
 }
 

@@ -67,7 +67,7 @@ pub fn dequantize_iq4_nl(bytes: &[u8], out: &mut Vec<f32>) {
 
 /// The 5-bit values of a Q5_0/Q5_1 block: low nibbles from `qs` (element `j` and `j + 16`
 /// share byte `j`), the fifth bit from `qh` (bit `i` for element `i`).
-pub(crate) fn q5_values(qh: u32, qs: &[u8]) -> [u8; 32] {
+pub fn q5_values(qh: u32, qs: &[u8]) -> [u8; 32] {
     let mut v = [0u8; 32];
     for j in 0..16 {
         let h0 = ((qh >> j) & 1) as u8;
@@ -132,7 +132,7 @@ pub fn dequantize_q2_k(bytes: &[u8], out: &mut Vec<f32>) {
 /// The 16 signed 6-bit scales of a Q3_K block, packed in 12 bytes: the low four bits of
 /// scale `i` are the low (`i < 8`) or high nibble of byte `i % 8`, the top two bits are bits
 /// `2 * (i / 4)` of byte `8 + i % 4`; stored with an offset of 32.
-pub(crate) fn q3_k_scales(packed: &[u8]) -> [i32; 16] {
+pub fn q3_k_scales(packed: &[u8]) -> [i32; 16] {
     std::array::from_fn(|i| {
         let low = if i < 8 {
             packed[i] & 0x0f
@@ -180,7 +180,7 @@ pub fn dequantize_q3_k(bytes: &[u8], out: &mut Vec<f32>) {
 /// Scale and minimum `j` (0..8) of a Q4_K/Q5_K block, 6 bits each, packed in 12 bytes: for
 /// `j < 4` the low six bits of bytes `j` and `j + 4`; for `j >= 4` a nibble of byte `j + 4`
 /// with the top two bits of bytes `j - 4` and `j`.
-pub(crate) fn k4_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+pub fn k4_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

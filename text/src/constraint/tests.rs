@@ -2,8 +2,9 @@
 //! token): the sampler's own logits prefer prose, the constraint makes the text fit.
 
 use super::*;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::Sampler;
 use toktrie::{ApproximateTokEnv, TokenizerEnv};
+use wire::sampling::SamplingParams;
 
 /// Byte tokens 0..=255, then special tokens; the last, `<|end|>`, ends generation.
 fn compiler() -> GrammarCompiler {

@@ -1,7 +1,7 @@
 //! The runner's wire format: length-prefixed, versioned JSON frames over a byte stream
 //! (the runner's stdin and stdout).
 //!
-//! Frames are the shared codec's ([`wire::frame`]): a 4-byte little-endian length followed
+//! Frames are the shared codec's ([`crate::frame`]): a 4-byte little-endian length followed
 //! by that many bytes of JSON `{"v": VERSION, "msg": ...}`. Frames larger than [`MAX_FRAME`]
 //! and frames of another version are refused; decoding never panics.
 //!
@@ -25,13 +25,30 @@
 //!   reported as `failed`). A request in flight on rank 0 when the ring breaks ends with an
 //!   `Error` event for it, then `failed`.
 
+pub use crate::frame::FrameError;
 use crate::request::{Completion, GenerateRequest, TokenLogprobs};
-use crate::weights::WeightFormat;
+use crate::weight_format::WeightFormat;
+use crate::Codec;
 pub use placement::{RunnerStatus, Sharding};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::io::{Read, Write};
-pub use wire::frame::FrameError;
-use wire::Codec;
+
+/// The environment variables the node sets for its runner: named here, by the protocol both
+/// ends share, so the node's side (`runners`) need not link the runner's code (`inference`).
+pub mod env {
+    /// Environment variable asking for MLX's fast synchronisation: `1`/`true`/`on` or
+    /// `0`/`false`/`off` (the node's `--fast-synch`/`--no-fast-synch`).
+    pub const FAST_SYNCH_ENV: &str = "SHOAL_FAST_SYNCH";
+    /// Sequences one instance decodes together at most (`--max-sequences`).
+    pub const MAX_SEQUENCES_ENV: &str = "SHOAL_MAX_SEQUENCES";
+    /// The KV-cache budget of one instance in MiB (`--kv-budget-mb`).
+    pub const KV_BUDGET_ENV: &str = "SHOAL_KV_BUDGET_MB";
+    /// The default of [`MAX_SEQUENCES_ENV`] (mlx-lm's server decodes 32 at once by default).
+    pub const DEFAULT_MAX_SEQUENCES: usize = 32;
+    /// Environment variable sizing the prompt cache in positions (the node's
+    /// `--prompt-cache-tokens`); 0 disables it. Default: half the instance's KV budget.
+    pub const PROMPT_CACHE_ENV: &str = "SHOAL_PROMPT_CACHE_TOKENS";
+}
 
 /// Version of this protocol; both ends must speak the same.
 pub const VERSION: u32 = 2;
@@ -89,9 +106,9 @@ pub enum NodeCommand {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// The runner's state changed (spelled `{"type": "state", "state": "loading", "done": 3,
-    /// "total": 30}`, see [`wire::runner_status`]). A runner reports only the start-up states,
+    /// "total": 30}`, see [`crate::runner_status`]). A runner reports only the start-up states,
     /// `ready`, `running` and `failed`; the stopping states are the node's.
-    State(#[serde(with = "wire::runner_status")] RunnerStatus),
+    State(#[serde(with = "crate::runner_status")] RunnerStatus),
     /// A generated token.
     Token {
         /// The request.

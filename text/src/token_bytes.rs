@@ -17,7 +17,7 @@ impl Tokenizer {
     }
 
     /// [`Tokenizer::token_bytes`] of a token already decoded alone to `text`.
-    pub(crate) fn bytes_of_decoded(&self, id: u32, text: String) -> Vec<u8> {
+    pub fn bytes_of_decoded(&self, id: u32, text: String) -> Vec<u8> {
         if !text.contains('\u{FFFD}') {
             return text.into_bytes();
         }

@@ -15,7 +15,7 @@
 
 mod vocab;
 
-use crate::error::{InferenceError, Result};
+use crate::error::{Result, TextError};
 use crate::tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use toktrie::{SimpleVob, TokEnv, TokTrie};
+use wire::constraint::OutputConstraint;
 
 /// Largest constraint text accepted (a schema or grammar of this size compiles in well under
 /// a second; real response formats are a few kilobytes).
@@ -35,53 +36,24 @@ pub const MAX_MASK: Duration = Duration::from_millis(200);
 /// Compiled grammars kept per tokenizer.
 const CACHE_ENTRIES: usize = 64;
 
-/// What the generated text must match.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum OutputConstraint {
-    /// Any JSON object (OpenAI's `json_object`, Ollama's `"json"`).
-    JsonObject,
-    /// A JSON Schema, as JSON text (OpenAI's `json_schema`, Ollama's schema `format`).
-    JsonSchema {
-        /// The schema.
-        schema: String,
-    },
-    /// A Lark grammar in llguidance's dialect (which embeds schemas with `%json {…}`): what
-    /// forced tool calls compile to.
-    Lark {
-        /// The grammar.
-        grammar: String,
-    },
-}
-
-impl OutputConstraint {
-    /// The grammar llguidance compiles. JSON comes out with `", "` and `": "` between items
-    /// and no other whitespace: a model cannot fill its budget with blank lines, and the
-    /// text reads as the templates' own `tojson` writes it.
-    /// `trie`: the vocabulary, which says which of a grammar's control tokens are special.
-    fn grammar(&self, trie: &TokTrie) -> Result<TopLevelGrammar> {
-        let text = match self {
-            OutputConstraint::JsonObject => "{\"type\": \"object\"}",
-            OutputConstraint::JsonSchema { schema } => schema.as_str(),
-            OutputConstraint::Lark { grammar } => {
-                let special = |token: &str| trie.get_special_token(token);
-                let grammar = resolve_controls(&resolve_lazy_start(grammar, special), special);
-                return Ok(TopLevelGrammar::from_lark(grammar));
-            }
-        };
-        let mut schema: Value = serde_json::from_str(text)
-            .map_err(|e| invalid(format!("the JSON schema is not valid JSON: {e}")))?;
-        with_compact_json(&mut schema);
-        Ok(TopLevelGrammar::from_json_schema(schema))
-    }
-
-    fn text_len(&self) -> usize {
-        match self {
-            OutputConstraint::JsonObject => 0,
-            OutputConstraint::JsonSchema { schema } => schema.len(),
-            OutputConstraint::Lark { grammar } => grammar.len(),
+/// The grammar llguidance compiles. JSON comes out with `", "` and `": "` between items
+/// and no other whitespace: a model cannot fill its budget with blank lines, and the
+/// text reads as the templates' own `tojson` writes it.
+/// `trie`: the vocabulary, which says which of a grammar's control tokens are special.
+fn grammar(constraint: &OutputConstraint, trie: &TokTrie) -> Result<TopLevelGrammar> {
+    let text = match constraint {
+        OutputConstraint::JsonObject => "{\"type\": \"object\"}",
+        OutputConstraint::JsonSchema { schema } => schema.as_str(),
+        OutputConstraint::Lark { grammar } => {
+            let special = |token: &str| trie.get_special_token(token);
+            let grammar = resolve_controls(&resolve_lazy_start(grammar, special), special);
+            return Ok(TopLevelGrammar::from_lark(grammar));
         }
-    }
+    };
+    let mut schema: Value = serde_json::from_str(text)
+        .map_err(|e| invalid(format!("the JSON schema is not valid JSON: {e}")))?;
+    with_compact_json(&mut schema);
+    Ok(TopLevelGrammar::from_json_schema(schema))
 }
 
 /// A forced call's grammar with its control tokens made to fit this vocabulary: each line
@@ -140,7 +112,7 @@ pub fn resolve_lazy_start(grammar: &str, special_id: impl Fn(&str) -> Option<u32
     format!("{start}{others}")
 }
 
-/// The JSON layout llguidance is asked for (see [`OutputConstraint::grammar`]), unless the
+/// The JSON layout llguidance is asked for (see [`grammar`]), unless the
 /// schema names its own.
 pub fn with_compact_json(schema: &mut Value) {
     if let Some(object) = schema.as_object_mut() {
@@ -154,8 +126,8 @@ pub fn with_compact_json(schema: &mut Value) {
     }
 }
 
-fn invalid(message: String) -> InferenceError {
-    InferenceError::InvalidRequest(message)
+fn invalid(message: String) -> TextError {
+    TextError::InvalidRequest(message)
 }
 
 /// Compiles constraints for one tokenizer and keeps the compiled grammars by their text.
@@ -177,7 +149,7 @@ impl GrammarCompiler {
     /// A compiler over `env` (llguidance's default limits, logging off).
     pub fn new(env: TokEnv) -> Result<GrammarCompiler> {
         let mut factory = ParserFactory::new_simple(&env)
-            .map_err(|e| InferenceError::Tokenizer(format!("grammar engine: {e}")))?;
+            .map_err(|e| TextError::Tokenizer(format!("grammar engine: {e}")))?;
         factory.quiet();
         Ok(GrammarCompiler {
             factory,
@@ -225,7 +197,7 @@ impl GrammarCompiler {
         let start = Instant::now();
         let parser = self
             .factory
-            .create_parser(constraint.grammar(self.env.tok_trie())?)
+            .create_parser(grammar(constraint, self.env.tok_trie())?)
             .map_err(|e| invalid(describe_compile_error(&e.to_string())))?;
         let mut matcher = Matcher::new(Ok(parser));
         // The first mask compiles most of the lexer: its time counts as the compile's.
@@ -271,7 +243,7 @@ impl Tokenizer {
                 .map(Arc::new)
                 .map_err(|e| e.to_string())
         });
-        made.clone().map_err(InferenceError::Tokenizer)
+        made.clone().map_err(TextError::Tokenizer)
     }
 }
 
@@ -306,7 +278,7 @@ impl Clone for Grammar {
 
 impl Grammar {
     /// Computes the next step's mask now (on another thread while the step runs, see
-    /// [`crate::batch::Batcher`]), so that sampling finds it ready.
+    /// `inference::batch::Batcher`), so that sampling finds it ready.
     pub fn prepare(&mut self) {
         if self.next_mask.is_none() {
             let mask = self.compute();
